@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One-step set-up and run: `bash dev.sh demo` or `bash dev.sh test [pytest args]`.
+# Makes ./.venv if missing, installs gpuwatch with its extras (CPU torch 2.13.0), then runs.
+set -euo pipefail
+cd "$(dirname "$0")"
+if [ ! -x .venv/bin/gpuwatch ] || [ pyproject.toml -nt .venv/.installed ]; then
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  # The CPU build; a bare `torch` requirement could pull a multi-GB CUDA build.
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -e ".[torch,dev]"
+  touch .venv/.installed
+fi
+what=${1:-demo}
+shift || true
+case "$what" in
+  demo) exec .venv/bin/gpuwatch demo "$@" ;;
+  test) exec .venv/bin/python -m pytest -q "$@" ;;
+  *) echo "usage: bash dev.sh demo|test [args]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,34 @@
+"""The `gpuwatch` command: thin click commands over the library, loaded lazily.
+
+Each command lives in its own module of this package; COMMANDS maps its name to
+"module:attribute" so `gpuwatch --help` imports none of them (and never textual or torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from gpuwatch import __version__
+
+COMMANDS: dict[str, str] = {
+    # name: "gpuwatch.cli.<module>:<click command>"
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(COMMANDS))
+
+    def get_command(self, ctx, name):
+        if name in COMMANDS:
+            module, attr = COMMANDS[name].split(":")
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpuwatch")
+def main() -> None:
+    """Watch the GPUs of a shared server and the PyTorch runs on them."""

@@ -1,0 +1,49 @@
+"""Options and error handling shared by the commands."""
+
+from __future__ import annotations
+
+import functools
+
+import click
+
+from gpuwatch import config as config_mod
+from gpuwatch.store import StoreError
+
+
+def db_option(f):
+    return click.option("--db", "db", type=click.Path(dir_okay=False),
+                        help="Database file (default: the system daemon's if one runs, else yours).")(f)
+
+
+def friendly_errors(f):
+    """Turn the library's known failures into one-line click errors."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        try:
+            return f(*args, **kwargs)
+        except (config_mod.ConfigError, StoreError) as e:
+            raise click.ClickException(str(e)) from None
+
+    return wrapper
+
+
+def load_config(**flags) -> config_mod.Config:
+    try:
+        return config_mod.load(flags)
+    except config_mod.ConfigError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def reader_db_path(db: str | None) -> str:
+    """The database a reader opens: --db, else config/env, else the system daemon's, else the user's."""
+    from gpuwatch import paths
+
+    if db:
+        return db
+    cfg = load_config()
+    if cfg.db:
+        return cfg.db
+    if paths.system_daemon_present():
+        return str(paths.default_db_path(system=True))
+    return str(paths.default_db_path(system=False))

@@ -1,0 +1,167 @@
+"""One typed config.
+
+Precedence, highest first: command-line flags > environment (GPUWATCH_<KEY>) > user file
+($GPUWATCH_CONFIG, else $XDG_CONFIG_HOME/gpuwatch/gpuwatch.toml) > /etc/gpuwatch/gpuwatch.toml
+> defaults. Unknown keys are refused with one line naming the key and where it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+from gpuwatch import paths
+
+ENV_PREFIX = "GPUWATCH_"
+
+
+class ConfigError(ValueError):
+    """A config value or key is wrong; the message is one line naming what and where."""
+
+
+@dataclass(frozen=True)
+class Config:
+    # Where things live. Empty means "the default for the mode" (see gpuwatch.paths).
+    db: str = ""
+    socket: str = ""
+    runs_dir: str = ""
+    system: bool = False  # system mode: /var/lib/gpuwatch and /run/gpuwatch
+
+    # Sampling intervals, seconds.
+    interval: float = 1.0  # GPUs and GPU processes
+    host_interval: float = 1.0
+    process_interval: float = 5.0  # full host process scan (user, cmdline, env tags)
+
+    # Retention and size.
+    raw_retention_hours: float = 24.0
+    minute_retention_days: float = 14.0
+    hour_retention_days: float = 365.0
+    max_db_mb: float = 2048.0
+
+    # Daemon.
+    metrics_listen: str = ""  # e.g. "127.0.0.1:9400"; empty = off
+    admin_group: str = "gpuwatch-admin"  # members may control every run
+    socket_group: str = ""  # if set, only this group may connect; else everyone may
+    rate_limit_events: int = 5000  # events per second per uid
+    stall_factor: float = 10.0  # a run is stalled after max(factor x median step, floor)
+    stall_floor: float = 120.0
+
+    # Client.
+    memory_stats_every: int = 50  # full torch.cuda.memory_stats() every N steps
+    record_memory_history: bool = False  # costs ~5-10% step time; gives OOM allocation stacks
+    memory_history_entries: int = 100000
+    profile_wait: int = 0
+    profile_warmup: int = 0
+    profile_active: int = 0  # 0 = no scheduled profiling
+    profile_repeat: int = 1
+    profile_max_mb: float = 200.0
+
+    # Where each value came from, for error messages and `gpuwatch config`.
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def db_path(self) -> Path:
+        return Path(self.db) if self.db else paths.default_db_path(self.system)
+
+    @property
+    def socket_path(self) -> Path:
+        return Path(self.socket) if self.socket else paths.default_socket_path(self.system)
+
+    @property
+    def runs_path(self) -> Path:
+        return Path(self.runs_dir) if self.runs_dir else paths.state_dir(self.system) / "runs"
+
+
+_FIELDS = {f.name: f for f in fields(Config) if f.name != "sources"}
+
+
+def _coerce(key: str, value: Any, origin: str) -> Any:
+    kind = _FIELDS[key].type
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind == "int":
+            if isinstance(value, bool):
+                raise ValueError
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if isinstance(value, (dict, list)):
+            raise ValueError
+        return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{origin}: {key} must be {kind}, got {value!r}") from None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except PermissionError:
+        raise ConfigError(f"{path}: not readable") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    for key in data:
+        if key not in _FIELDS:
+            raise ConfigError(f"{path}: unknown key '{key}'")
+    return {k: _coerce(k, v, str(path)) for k, v in data.items()}
+
+
+def user_file() -> Path:
+    explicit = os.environ.get(ENV_PREFIX + "CONFIG")
+    return Path(explicit) if explicit else paths.user_config_file()
+
+
+def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+         system_file: Path = paths.SYSTEM_CONFIG_FILE) -> Config:
+    """Build the config from every layer; flags whose value is None are treated as not given."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    def apply(layer: Mapping[str, Any], origin: str) -> None:
+        for key, value in layer.items():
+            values[key] = value
+            sources[key] = origin
+
+    apply(_read_file(system_file), str(system_file))
+    ufile = user_file()
+    apply(_read_file(ufile), str(ufile))
+    env_layer = {}
+    for name, raw in env.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        key = name[len(ENV_PREFIX):].lower()
+        if key not in _FIELDS:
+            raise ConfigError(f"environment: unknown key '{name}'")
+        env_layer[key] = _coerce(key, raw, f"environment {name}")
+    apply(env_layer, "environment")
+    flag_layer = {}
+    for key, value in (flags or {}).items():
+        if value is None:
+            continue
+        if key not in _FIELDS:
+            raise ConfigError(f"flags: unknown key '{key}'")
+        flag_layer[key] = _coerce(key, value, f"--{key.replace('_', '-')}")
+    apply(flag_layer, "flags")
+    return dataclasses.replace(Config(), **values, sources=sources)

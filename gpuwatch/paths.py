@@ -1,0 +1,51 @@
+"""Where gpuwatch keeps its database, socket and run files, in system and per-user mode."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SYSTEM_STATE_DIR = Path("/var/lib/gpuwatch")
+SYSTEM_RUNTIME_DIR = Path("/run/gpuwatch")
+SYSTEM_CONFIG_FILE = Path("/etc/gpuwatch/gpuwatch.toml")
+DB_NAME = "gpuwatch.db"
+SOCKET_NAME = "gpuwatch.sock"
+
+
+def user_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "gpuwatch"
+
+
+def user_runtime_dir() -> Path:
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if base:
+        return Path(base) / "gpuwatch"
+    # No logind session (plain SSH without pam_systemd, containers): a private dir under /tmp.
+    return Path("/tmp") / f"gpuwatch-{os.getuid()}"
+
+
+def user_config_file() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "gpuwatch" / "gpuwatch.toml"
+
+
+def state_dir(system: bool) -> Path:
+    return SYSTEM_STATE_DIR if system else user_data_dir()
+
+
+def runtime_dir(system: bool) -> Path:
+    return SYSTEM_RUNTIME_DIR if system else user_runtime_dir()
+
+
+def default_db_path(system: bool) -> Path:
+    return state_dir(system) / DB_NAME
+
+
+def default_socket_path(system: bool) -> Path:
+    return runtime_dir(system) / SOCKET_NAME
+
+
+def system_daemon_present() -> bool:
+    """True when a system-wide daemon's socket exists: readers and clients then use it."""
+    return (SYSTEM_RUNTIME_DIR / SOCKET_NAME).exists()

@@ -1,0 +1,262 @@
+"""The database schema, as an ordered list of migrations.
+
+Conventions: timestamps are integer milliseconds since the Unix epoch in `*_ms` columns;
+sizes are bytes (`*_bytes`); units live in column names. Sample tables are WITHOUT ROWID
+with a (key, ts_ms) primary key so a sample costs little more than its values.
+"""
+
+from __future__ import annotations
+
+# Metrics of gpu_samples and host_samples that the rollup tiers keep as min/avg/max.
+GPU_METRICS = (
+    "gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_free_bytes", "temp_c", "power_mw",
+    "sm_clock_mhz", "mem_clock_mhz", "pcie_tx_kbps", "pcie_rx_kbps", "fan_pct",
+)
+HOST_METRICS = (
+    "cpu_pct", "load1", "mem_used_bytes", "mem_available_bytes", "swap_used_bytes",
+    "shm_used_bytes",
+)
+
+
+def _rollup_table(name: str, key: str | None, metrics: tuple[str, ...]) -> str:
+    """A min/avg/max tier: one row per (key, period start); n = raw samples folded in."""
+    key_col = f"{key} INTEGER NOT NULL, " if key else ""
+    pk = f"{key}, ts_ms" if key else "ts_ms"
+    cols = ", ".join(f"{m}_min, {m}_avg, {m}_max" for m in metrics)
+    return (f"CREATE TABLE {name} ({key_col}ts_ms INTEGER NOT NULL, n INTEGER NOT NULL, "
+            f"{cols}, PRIMARY KEY ({pk})) WITHOUT ROWID;")
+
+
+_V1 = """
+CREATE TABLE gpus (                      -- static facts, read once per GPU
+  gpu_index INTEGER PRIMARY KEY,
+  uuid TEXT NOT NULL,
+  name TEXT,
+  pci_bus_id TEXT,
+  mem_total_bytes INTEGER,
+  power_limit_mw INTEGER,
+  mig_mode INTEGER,
+  driver_version TEXT,
+  cuda_driver_version TEXT,
+  first_seen_ms INTEGER NOT NULL,
+  last_seen_ms INTEGER NOT NULL,
+  state TEXT NOT NULL DEFAULT 'ok'       -- ok | lost
+);
+
+CREATE TABLE gpu_samples (
+  gpu_index INTEGER NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  gpu_util_pct INTEGER, mem_util_pct INTEGER,
+  mem_used_bytes INTEGER, mem_free_bytes INTEGER, mem_reserved_bytes INTEGER,
+  temp_c INTEGER, power_mw INTEGER, energy_mj INTEGER,
+  sm_clock_mhz INTEGER, mem_clock_mhz INTEGER,
+  pcie_tx_kbps INTEGER, pcie_rx_kbps INTEGER,
+  fan_pct INTEGER, pstate INTEGER,
+  throttle_reasons INTEGER,              -- NVML clock-event reason bitmask
+  ecc_corrected INTEGER, ecc_uncorrected INTEGER,   -- volatile counts
+  state TEXT,                            -- NULL = ok; 'lost' when the GPU fell off the bus
+  PRIMARY KEY (gpu_index, ts_ms)
+) WITHOUT ROWID;
+
+CREATE TABLE xid_events (
+  ts_ms INTEGER NOT NULL,
+  gpu_index INTEGER NOT NULL,
+  xid INTEGER NOT NULL,
+  PRIMARY KEY (gpu_index, ts_ms, xid)
+) WITHOUT ROWID;
+
+CREATE TABLE processes (                 -- one row per process ever seen on a GPU or in a run
+  pid INTEGER NOT NULL,
+  start_ms INTEGER NOT NULL,             -- pid + start time identify a process across pid reuse
+  uid INTEGER, user TEXT, cmdline TEXT,
+  container_id TEXT,
+  slurm_job_id TEXT, rank INTEGER, local_rank INTEGER, world_size INTEGER,
+  cuda_visible_devices TEXT,
+  run_id TEXT,
+  first_seen_ms INTEGER NOT NULL,
+  last_seen_ms INTEGER NOT NULL,
+  PRIMARY KEY (pid, start_ms)
+);
+
+CREATE TABLE gpu_process_samples (
+  gpu_index INTEGER NOT NULL,
+  pid INTEGER NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  kind TEXT,                             -- compute | graphics
+  used_mem_bytes INTEGER,
+  sm_util_pct INTEGER, mem_util_pct INTEGER,
+  rss_bytes INTEGER, cpu_pct REAL,
+  PRIMARY KEY (gpu_index, pid, ts_ms)
+) WITHOUT ROWID;
+
+CREATE TABLE host_samples (
+  ts_ms INTEGER PRIMARY KEY,
+  cpu_pct REAL, load1 REAL, load5 REAL, load15 REAL,
+  mem_total_bytes INTEGER, mem_used_bytes INTEGER, mem_available_bytes INTEGER,
+  swap_used_bytes INTEGER,
+  disk_read_bytes INTEGER, disk_write_bytes INTEGER,   -- cumulative counters
+  net_rx_bytes INTEGER, net_tx_bytes INTEGER,          -- cumulative counters
+  shm_total_bytes INTEGER, shm_used_bytes INTEGER
+) WITHOUT ROWID;
+
+CREATE TABLE runs (
+  run_id TEXT PRIMARY KEY,               -- client-made, unique; events refer to it
+  job_id TEXT,                           -- groups the ranks of one torchrun/Slurm job
+  name TEXT,
+  uid INTEGER NOT NULL,                  -- from SO_PEERCRED, never from the message
+  user TEXT,
+  pid INTEGER,
+  host TEXT,
+  status TEXT NOT NULL DEFAULT 'running',-- running | finished | failed | oom | killed | lost
+  exit_code INTEGER, signal INTEGER, error_type TEXT, error_message TEXT,
+  started_ms INTEGER NOT NULL,
+  ended_ms INTEGER,
+  last_step_ms INTEGER,
+  command TEXT, cwd TEXT, git_commit TEXT,
+  config_json TEXT,
+  torch_version TEXT, cuda_version TEXT,
+  gpu_uuids TEXT,                        -- comma-separated, from CUDA_VISIBLE_DEVICES
+  rank INTEGER, local_rank INTEGER, world_size INTEGER,
+  slurm_job_id TEXT,
+  parent_run_id TEXT,                    -- `gpuwatch run` wrapper that an instrumented child joined
+  flops_per_token REAL,
+  mode TEXT                              -- daemon | embedded
+);
+CREATE INDEX runs_started ON runs(started_ms);
+CREATE INDEX runs_status ON runs(status);
+
+CREATE TABLE steps (
+  run_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  tokens INTEGER, samples INTEGER, seq_len INTEGER,
+  loss REAL,
+  step_time_ms REAL,
+  tokens_per_s REAL,
+  mfu REAL,
+  mem_allocated_bytes INTEGER, mem_reserved_bytes INTEGER, mem_peak_bytes INTEGER,
+  rss_bytes INTEGER,
+  PRIMARY KEY (run_id, step)
+) WITHOUT ROWID;
+
+CREATE TABLE generations (
+  run_id TEXT NOT NULL,
+  gen_id INTEGER NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  prompt_tokens INTEGER, new_tokens INTEGER,
+  ttft_ms REAL, itl_p50_ms REAL, itl_p90_ms REAL,
+  tokens_per_s REAL,
+  PRIMARY KEY (run_id, gen_id)
+) WITHOUT ROWID;
+
+CREATE TABLE memory_stats (              -- full torch.cuda.memory_stats() every N steps
+  run_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  device INTEGER NOT NULL DEFAULT 0,
+  num_alloc_retries INTEGER, num_ooms INTEGER,
+  inactive_split_bytes INTEGER,
+  stats_json TEXT,
+  PRIMARY KEY (run_id, step, device)
+) WITHOUT ROWID;
+
+CREATE TABLE run_events (                -- free-form run events: idempotent by (run_id, seq)
+  run_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  payload_json TEXT,
+  PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+
+CREATE TABLE oom_postmortems (
+  id INTEGER PRIMARY KEY,
+  run_id TEXT NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  kind TEXT NOT NULL,                    -- gpu | host
+  device INTEGER,
+  requested_bytes INTEGER,
+  total_bytes INTEGER, free_bytes INTEGER,
+  allocated_bytes INTEGER, reserved_bytes INTEGER,
+  rss_bytes INTEGER, available_bytes INTEGER, cgroup_limit_bytes INTEGER,
+  step INTEGER, seq_len INTEGER, batch INTEGER, phase TEXT,
+  error_message TEXT,
+  traceback TEXT,
+  memory_summary TEXT,
+  stats_json TEXT,
+  largest_blocks_json TEXT,              -- [{size_bytes, stack: [...]}, ...]
+  neighbours_json TEXT,                  -- [{pid, user, used_mem_bytes, run_id}, ...] on that GPU
+  advice_json TEXT,                      -- [{title, detail}, ...], computed from the numbers
+  snapshot_path TEXT                     -- memory_viz pickle, if recorded
+);
+CREATE INDEX oom_run ON oom_postmortems(run_id);
+
+CREATE TABLE profiles (
+  id INTEGER PRIMARY KEY,
+  run_id TEXT NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  rank INTEGER,
+  trigger TEXT NOT NULL,                 -- scheduled | on_demand
+  first_step INTEGER, steps INTEGER,
+  trace_path TEXT, trace_bytes INTEGER
+);
+CREATE INDEX profiles_run ON profiles(run_id);
+
+CREATE TABLE profile_ops (
+  profile_id INTEGER NOT NULL,
+  name TEXT NOT NULL,
+  calls INTEGER,
+  self_cpu_us REAL, cpu_total_us REAL,
+  self_device_us REAL, device_total_us REAL,
+  self_mem_bytes INTEGER,
+  PRIMARY KEY (profile_id, name)
+) WITHOUT ROWID;
+
+CREATE TABLE stack_dumps (
+  id INTEGER PRIMARY KEY,
+  run_id TEXT,
+  pid INTEGER NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  reason TEXT NOT NULL,                  -- stall | on_demand
+  stacks_json TEXT,                      -- py-spy dump --json output
+  error TEXT                             -- why no stacks (e.g. ptrace not permitted)
+);
+CREATE INDEX stack_dumps_run ON stack_dumps(run_id);
+
+CREATE TABLE capacity_points (
+  study_id INTEGER NOT NULL,
+  batch INTEGER NOT NULL,
+  seq_len INTEGER NOT NULL,
+  peak_bytes INTEGER,
+  ok INTEGER NOT NULL,                   -- 0 if the point itself ran out of memory
+  kind TEXT NOT NULL,                    -- measured | verify
+  PRIMARY KEY (study_id, batch, seq_len, kind)
+) WITHOUT ROWID;
+
+CREATE TABLE capacity_studies (
+  id INTEGER PRIMARY KEY,
+  ts_ms INTEGER NOT NULL,
+  uid INTEGER,
+  command TEXT NOT NULL,
+  device TEXT,                           -- GPU name or 'cpu'
+  limit_bytes INTEGER, margin REAL,
+  fit_json TEXT,                         -- {batch: {a, b, c}}
+  predicted_json TEXT                    -- {batch: {max_seq_len, predicted_peak_bytes, verified_peak_bytes}}
+);
+
+CREATE TABLE daemon_stats (              -- the monitor's own cost, published and queryable
+  ts_ms INTEGER PRIMARY KEY,
+  cpu_pct REAL, rss_bytes INTEGER,
+  tick_ms REAL, queue_depth INTEGER, dropped_events INTEGER, db_bytes INTEGER
+) WITHOUT ROWID;
+"""
+
+_V1_ROLLUPS = "\n".join(
+    _rollup_table(f"{src}_samples_{tier}", key, metrics)
+    for tier in ("1m", "1h")
+    for src, key, metrics in (("gpu", "gpu_index", GPU_METRICS), ("host", None, HOST_METRICS))
+)
+
+# Each entry is one schema version; index + 1 is the version number stored in user_version.
+MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS]
+SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,49 @@
+"""Shared test set-up: every test gets private XDG dirs and no GPUWATCH_* settings from outside."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # lets tests and bench/ import fake_pynvml
+
+
+def _nvidia_driver_present() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        return True
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if any("gpu" in item.keywords for item in items) and not _nvidia_driver_present():
+        skip = pytest.mark.skip(reason="needs a real NVIDIA GPU and driver (none here)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path, monkeypatch):
+    """Point every per-user path at tmp_path so tests never read or write the real home."""
+    for name in list(os.environ):
+        if name.startswith("GPUWATCH_"):
+            monkeypatch.delenv(name)
+    # Short runtime dir: Unix socket paths are limited to 107 bytes.
+    runtime = Path(f"/tmp/gw-rt-{os.getpid()}-{abs(hash(str(tmp_path))) % 10**8}")
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("GPUWATCH_CONFIG", str(tmp_path / "config" / "gpuwatch.toml"))
+    yield tmp_path
+    shutil.rmtree(runtime, ignore_errors=True)
