@@ -1,7 +1,16 @@
-"""Opening the database: pragmas, migrations recorded in the database, read-only opens."""
+"""Opening the database: pragmas, migrations recorded in the database, read-only opens.
+
+Sharing with other accounts: the daemon's database, its -wal and -shm files are created 0644
+(SQLite gives -wal/-shm the database file's mode) in a 0755 directory, so any user can read it.
+A reader that cannot write there opens with `mode=ro`, which SQLite >= 3.22 allows while the
+-wal and -shm files exist (that is, while the daemon has the database open). When they do not
+exist (no writer running) and cannot be created, `open_ro` falls back to `immutable=1`: the
+file is then a frozen snapshot, marked by `conn.frozen`, and the reader should reopen later.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import time
@@ -9,9 +18,17 @@ from pathlib import Path
 
 from gpuwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 
+log = logging.getLogger(__name__)
+
 
 class StoreError(RuntimeError):
     """The database cannot be used as asked; the message is one line saying why."""
+
+
+class ReadConnection(sqlite3.Connection):
+    """A read-only connection; `frozen` is True when opened as an immutable snapshot."""
+
+    frozen = False
 
 
 def now_ms() -> int:
@@ -28,49 +45,100 @@ def _check_version(conn: sqlite3.Connection, path: Path) -> int:
 
 
 def migrate(conn: sqlite3.Connection, path: Path) -> None:
-    """Apply each missing migration in its own transaction; the version lives in user_version."""
+    """Apply each missing migration in its own transaction.
+
+    The version lives in user_version (what the code checks); the `migrations` table records
+    when each was applied, for humans.
+    """
     version = _check_version(conn, path)
     for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
         # executescript commits first, so BEGIN/COMMIT are spelled out to keep it atomic.
-        conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+        conn.executescript(
+            f"BEGIN IMMEDIATE;\n{script}\n"
+            "CREATE TABLE IF NOT EXISTS migrations "
+            "(version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL);\n"
+            f"INSERT INTO migrations VALUES ({number}, {now_ms()});\n"
+            f"PRAGMA user_version = {number};\nCOMMIT;")
+
+
+def _create(path: Path, mode: int) -> None:
+    if not path.parent.exists():
+        # Directories get x wherever the file gets r, so readers can reach the file.
+        dir_mode = 0o700 | (mode & 0o044) | ((mode & 0o044) >> 2)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, dir_mode)
+    if not path.exists():
+        # Create with the final mode (past the umask) so readers in other accounts never see a
+        # private file; SQLite copies this mode onto -wal and -shm.
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY, mode)
+        os.fchmod(fd, mode)
+        os.close(fd)
 
 
 def open_rw(path: str | os.PathLike, *, mode: int = 0o644) -> sqlite3.Connection:
     """Open (creating if needed) for writing, migrate, and set WAL + synchronous=NORMAL."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        # Create with the final mode so readers in other accounts never see a private file.
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, mode))
-    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout = 5000")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute("PRAGMA foreign_keys = ON")
     try:
+        _create(path, mode)
+    except OSError as e:
+        raise StoreError(f"{path}: cannot create: {e.strerror}") from None
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+            # Only possible before the first table exists; lets the size cap give space back.
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
         migrate(conn, path)
     except sqlite3.DatabaseError as e:
         conn.close()
-        raise StoreError(f"{path}: cannot migrate: {e}") from None
+        raise StoreError(f"{path}: cannot open for writing: {e}") from None
     except StoreError:
         conn.close()
         raise
     return conn
 
 
-def open_ro(path: str | os.PathLike) -> sqlite3.Connection:
+def _connect_ro(path: Path, immutable: bool) -> ReadConnection:
+    uri = f"{path.resolve().as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
+    conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None,
+                           factory=ReadConnection)
+    conn.frozen = immutable
+    try:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        conn.execute("PRAGMA query_only = ON")
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError:
+        conn.close()
+        raise
+    return conn
+
+
+def open_ro(path: str | os.PathLike) -> ReadConnection:
     """Open for reading only; works for users who cannot write the file or its directory."""
     path = Path(path)
     if not path.exists():
         raise StoreError(f"{path}: no such database (is the daemon running, or has a run been tracked?)")
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
-                               check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA busy_timeout = 5000")
-        conn.execute("PRAGMA query_only = ON")
-        version = _check_version(conn, path)
+        try:
+            conn = _connect_ro(path, immutable=False)
+        except sqlite3.OperationalError:
+            wal = path.with_name(path.name + "-wal")
+            if wal.exists() or os.access(path.parent, os.W_OK):
+                raise
+            # No writer has it open (its last close removed -wal and -shm) and we may not
+            # create -shm: the file alone is the whole database, read it as a snapshot.
+            log.info("store: %s has no writer; reading it as an immutable snapshot", path)
+            conn = _connect_ro(path, immutable=True)
     except sqlite3.DatabaseError as e:
-        raise StoreError(f"{path}: cannot open: {e}") from None
+        raise StoreError(f"{path}: cannot open for reading: {e}") from None
+    try:
+        version = _check_version(conn, path)
+    except (StoreError, sqlite3.DatabaseError) as e:
+        conn.close()
+        raise StoreError(str(e) if isinstance(e, StoreError) else f"{path}: cannot read: {e}") from None
     if version < SCHEMA_VERSION:
         conn.close()
         raise StoreError(f"{path} has schema version {version}; open it once with the daemon "

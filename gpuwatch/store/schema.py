@@ -86,7 +86,7 @@ CREATE TABLE gpu_process_samples (
   used_mem_bytes INTEGER,
   sm_util_pct INTEGER, mem_util_pct INTEGER,
   rss_bytes INTEGER, cpu_pct REAL,
-  PRIMARY KEY (gpu_index, pid, ts_ms)
+  PRIMARY KEY (gpu_index, ts_ms, pid)    -- ts before pid: the newest tick and retention are range scans
 ) WITHOUT ROWID;
 
 CREATE TABLE host_samples (
@@ -243,6 +243,11 @@ CREATE TABLE capacity_studies (
   fit_json TEXT,                         -- {batch: {a, b, c}}
   predicted_json TEXT                    -- {batch: {max_seq_len, predicted_peak_bytes, verified_peak_bytes}}
 );
+
+CREATE TABLE rollup_state (              -- rollup high-water marks: periods before done_until_ms are folded in
+  tier TEXT PRIMARY KEY,                 -- destination table, e.g. gpu_samples_1m
+  done_until_ms INTEGER NOT NULL
+) WITHOUT ROWID;
 
 CREATE TABLE daemon_stats (              -- the monitor's own cost, published and queryable
   ts_ms INTEGER PRIMARY KEY,

@@ -13,6 +13,7 @@ from gpuwatch.store.db import open_rw
 log = logging.getLogger(__name__)
 
 Job = Callable[[sqlite3.Connection], None]
+OnCommit = Callable[[bool], None]
 _STOP = object()
 
 
@@ -33,10 +34,11 @@ def insert_rows(conn: sqlite3.Connection, table: str, rows: Iterable[Mapping], c
 
 
 class Writer:
-    """Queue of jobs; the thread drains up to `batch` jobs per transaction.
+    """Bounded queue of jobs; the thread drains up to `batch` jobs per transaction.
 
-    A job is a callable taking the connection. `on_commit` callbacks run after the
-    transaction holding their job committed, so ingest can acknowledge only durable events.
+    A job is a callable taking the connection. `on_commit(ok)` callbacks run after the
+    transaction holding their job committed (ok=True) or after the job or its transaction
+    failed (ok=False), so ingest can acknowledge only durable events.
     """
 
     def __init__(self, path, batch: int = 2000, maxsize: int = 100_000):
@@ -44,30 +46,49 @@ class Writer:
         self.conn = open_rw(path)
         self.batch = batch
         self._queue: queue.Queue = queue.Queue(maxsize=maxsize)
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-writer", daemon=True)
+        self._closed = False
         self.failed_jobs = 0
+        self.dropped_jobs = 0
+        self._thread = threading.Thread(target=self._run, name="gpuwatch-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job, on_commit: Callable[[bool], None] | None = None) -> None:
-        """Queue a job; on_commit(ok) is called from the writer thread after the commit."""
-        self._queue.put((job, on_commit))
+    def submit(self, job: Job, on_commit: OnCommit | None = None, *, block: bool = True,
+               timeout: float | None = None) -> bool:
+        """Queue a job; False (and counted in dropped_jobs) if the queue stayed full or the
+        writer is closed. block=False never waits: what ingest and samplers should use."""
+        if self._closed:
+            return False
+        try:
+            self._queue.put((job, on_commit), block=block, timeout=timeout)
+        except queue.Full:
+            self.dropped_jobs += 1
+            return False
+        return True
 
     def insert(self, table: str, rows: Iterable[Mapping], conflict: str = "",
-               on_commit: Callable[[bool], None] | None = None) -> None:
+               on_commit: OnCommit | None = None, *, block: bool = True,
+               timeout: float | None = None) -> bool:
         rows = list(rows)
-        if rows:
-            self.submit(lambda conn: insert_rows(conn, table, rows, conflict), on_commit)
+        if not rows:
+            return True
+        return self.submit(lambda conn: insert_rows(conn, table, rows, conflict), on_commit,
+                           block=block, timeout=timeout)
 
     def depth(self) -> int:
         return self._queue.qsize()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Block until every job submitted before this call is committed."""
+        """Block until every job submitted before this call is committed (False on timeout)."""
         done = threading.Event()
-        self.submit(lambda conn: None, lambda ok: done.set())
+        if not self.submit(lambda conn: None, lambda ok: done.set(), timeout=timeout):
+            return False
         return done.wait(timeout)
 
     def close(self) -> None:
+        """Commit what is queued, stop the thread and close the connection."""
+        if self._closed:
+            return
+        self._closed = True
         self._queue.put(_STOP)
         self._thread.join()
         self.conn.close()
@@ -94,21 +115,30 @@ class Writer:
 
     def _commit(self, jobs: list) -> None:
         results = []
-        self.conn.execute("BEGIN IMMEDIATE")
-        for job, on_commit in jobs:
-            # A savepoint per job: one bad job is rolled back alone, the batch still commits.
-            self.conn.execute("SAVEPOINT job")
-            try:
-                job(self.conn)
-                self.conn.execute("RELEASE job")
-                results.append((on_commit, True))
-            except sqlite3.Error:
-                log.exception("store: a write job failed and was rolled back")
-                self.failed_jobs += 1
-                self.conn.execute("ROLLBACK TO job")
-                self.conn.execute("RELEASE job")
-                results.append((on_commit, False))
-        self.conn.execute("COMMIT")
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            for job, on_commit in jobs:
+                # A savepoint per job: one bad job is rolled back alone, the batch still commits.
+                self.conn.execute("SAVEPOINT job")
+                try:
+                    job(self.conn)
+                    self.conn.execute("RELEASE job")
+                    results.append((on_commit, True))
+                except Exception:  # a buggy job must not kill the thread callers wait on
+                    log.exception("store: a write job failed and was rolled back")
+                    self.failed_jobs += 1
+                    self.conn.execute("ROLLBACK TO job")
+                    self.conn.execute("RELEASE job")
+                    results.append((on_commit, False))
+            self.conn.execute("COMMIT")
+        except sqlite3.Error:
+            # BEGIN or COMMIT failed (disk full, database locked past busy_timeout): nothing
+            # in this batch is durable, and every caller is told so.
+            log.exception("store: a batch of %d jobs could not be committed", len(jobs))
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            self.failed_jobs += len(jobs)
+            results = [(on_commit, False) for _, on_commit in jobs]
         for on_commit, ok in results:
             if on_commit is not None:
                 try:
