@@ -1,0 +1,304 @@
+"""The Prometheus endpoint: a collector that reads the newest stored samples on each scrape.
+
+No NVML call happens on the scrape path; the sampler has already stored everything. GPU metrics
+use dcgm-exporter's names, units and labels so existing dashboards and alerts work unchanged.
+dcgm-exporter's counters are exposed untyped: prometheus-client would rename a counter to
+`<name>_total`, which would break those dashboards; rate() works on untyped series alike.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+from gpuwatch.config import ConfigError
+from gpuwatch.store import StoreError, now_ms, open_ro
+
+DEFAULT_HOST = "127.0.0.1"
+MIB = 1024 * 1024
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+RUN_LABELS = ("run_id", "name", "user", "rank")
+
+# (dcgm name, gpu_samples column, scale to dcgm's unit, kind, help) — help text as dcgm-exporter's.
+DCGM_FIELDS = (
+    ("DCGM_FI_DEV_SM_CLOCK", "sm_clock_mhz", 1, "gauge", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEM_CLOCK", "mem_clock_mhz", 1, "gauge", "Memory clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "temp_c", 1, "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "power_mw", 1 / 1000, "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_mj", 1, "counter",
+     "Total energy consumption since boot (in mJ)."),
+    ("DCGM_FI_DEV_GPU_UTIL", "gpu_util_pct", 1, "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_util_pct", 1, "gauge", "Memory utilization (in %)."),
+    ("DCGM_FI_DEV_FB_FREE", "mem_free_bytes", 1 / MIB, "gauge", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_FB_USED", "mem_used_bytes", 1 / MIB, "gauge", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "ecc_corrected", 1, "counter",
+     "Total number of single-bit volatile ECC errors."),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_uncorrected", 1, "counter",
+     "Total number of double-bit volatile ECC errors."),
+)
+# NVML gives PCIe throughput as a rate, not dcgm's cumulative KB counter, so it gets our own name.
+OWN_GPU_FIELDS = (
+    ("gpuwatch_gpu_pcie_tx_bytes_per_second", "pcie_tx_kbps", 1024, "PCIe transmit throughput."),
+    ("gpuwatch_gpu_pcie_rx_bytes_per_second", "pcie_rx_kbps", 1024, "PCIe receive throughput."),
+    ("gpuwatch_gpu_fan_percent", "fan_pct", 1, "Fan speed (in %)."),
+    ("gpuwatch_gpu_sample_age_seconds", "age_ms", 1 / 1000, "Seconds since this GPU was last sampled."),
+)
+HOST_FIELDS = (
+    ("gpuwatch_host_cpu_percent", "cpu_pct", 1, "Host CPU utilisation (in %)."),
+    ("gpuwatch_host_load1", "load1", 1, "Host 1-minute load average."),
+    ("gpuwatch_host_memory_total_bytes", "mem_total_bytes", 1, "Host memory."),
+    ("gpuwatch_host_memory_used_bytes", "mem_used_bytes", 1, "Host memory in use."),
+    ("gpuwatch_host_memory_available_bytes", "mem_available_bytes", 1, "Host memory available."),
+    ("gpuwatch_host_swap_used_bytes", "swap_used_bytes", 1, "Swap in use."),
+    ("gpuwatch_host_shm_total_bytes", "shm_total_bytes", 1, "Size of /dev/shm."),
+    ("gpuwatch_host_shm_used_bytes", "shm_used_bytes", 1, "/dev/shm in use."),
+)
+DAEMON_FIELDS = (
+    ("gpuwatch_daemon_cpu_percent", "cpu_pct", 1, "CPU used by the gpuwatch daemon (in %)."),
+    ("gpuwatch_daemon_rss_bytes", "rss_bytes", 1, "Resident memory of the gpuwatch daemon."),
+    ("gpuwatch_daemon_tick_seconds", "tick_ms", 1 / 1000, "Duration of the last sampler tick."),
+    ("gpuwatch_daemon_writer_queue_depth", "queue_depth", 1, "Jobs waiting for the database writer."),
+    ("gpuwatch_daemon_dropped_events", "dropped_events", 1, "Events the daemon had to drop."),
+)
+
+_GPU_SQL = """
+SELECT g.gpu_index, g.uuid, g.name, g.pci_bus_id, s.*, ? - s.ts_ms AS age_ms
+FROM gpus g JOIN gpu_samples s ON s.gpu_index = g.gpu_index
+ AND s.ts_ms = (SELECT MAX(ts_ms) FROM gpu_samples WHERE gpu_index = g.gpu_index)
+WHERE g.state = 'ok' AND s.state IS NULL AND s.ts_ms >= ?
+ORDER BY g.gpu_index
+"""
+# SQLite returns the xid of the row holding MAX(ts_ms): the last XID per GPU.
+_XID_SQL = "SELECT gpu_index, xid, MAX(ts_ms) FROM xid_events GROUP BY gpu_index"
+_RUNS_SQL = "SELECT run_id, name, user, rank FROM runs WHERE status = 'running'"
+_LAST_STEP_SQL = "SELECT step, tokens_per_s FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1"
+_PEAK_SINCE_SQL = "SELECT MAX(step), MAX(mem_peak_bytes) FROM steps WHERE run_id = ? AND step > ?"
+
+
+def _family(name: str, doc: str, labels: tuple[str, ...], kind: str = "gauge"):
+    from prometheus_client.core import GaugeMetricFamily, UnknownMetricFamily
+
+    cls = UnknownMetricFamily if kind == "counter" else GaugeMetricFamily
+    return cls(name, doc, labels=list(labels))
+
+
+class StoreCollector:
+    """A prometheus-client custom collector over the database the daemon writes.
+
+    `extra` is called on each scrape for the daemon's live figures ({name: value}); each becomes
+    `gpuwatch_daemon_<name>`. GPUs whose newest sample is older than `stale_after_s` are left out
+    so Prometheus marks their series stale instead of repeating old values.
+    """
+
+    def __init__(self, db_path: str | os.PathLike, extra: Callable[[], Mapping[str, float]] | None = None,
+                 stale_after_s: float = 60.0, hostname: str | None = None):
+        self.db_path = Path(db_path)
+        self.extra = extra
+        self.stale_after_ms = int(stale_after_s * 1000)
+        self.hostname = hostname or socket.gethostname()
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()  # the HTTP server is threaded; one scrape reads at a time
+        # run_id -> (last step folded in, peak bytes so far): each scrape reads only new steps.
+        self._peaks: dict[str, tuple[int, int | None]] = {}
+
+    def describe(self):
+        return []  # built per scrape; stops the registry calling collect() at register time
+
+    def collect(self) -> Iterator:
+        start = time.perf_counter()
+        with self._lock:
+            conn = self._connection()
+            families = [] if conn is None else self._from_store(conn)
+        families.extend(self._extra_families())
+        up = _family("gpuwatch_store_up", "1 if the database could be read on this scrape.", ())
+        up.add_metric([], 0 if conn is None else 1)
+        families.append(up)
+        took = _family("gpuwatch_scrape_collect_seconds", "Time spent building this scrape.", ())
+        took.add_metric([], time.perf_counter() - start)
+        families.append(took)
+        return iter(families)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def _connection(self) -> sqlite3.Connection | None:
+        if self._conn is None:
+            try:
+                self._conn = open_ro(self.db_path)
+            except StoreError:
+                return None  # not created yet: exporter stays up, gpuwatch_store_up says 0
+        return self._conn
+
+    def _from_store(self, conn: sqlite3.Connection) -> list:
+        try:
+            return self._gpu_families(conn) + self._run_families(conn) + self._host_families(conn)
+        except sqlite3.Error:
+            self._conn = None  # reopen next time (e.g. the file was replaced)
+            conn.close()
+            return []
+
+    def _gpu_families(self, conn: sqlite3.Connection) -> list:
+        now = now_ms()
+        cur = conn.execute(_GPU_SQL, (now, now - self.stale_after_ms))
+        cols = [d[0] for d in cur.description]
+        rows = [dict(zip(cols, r)) for r in cur.fetchall()]
+        xids = {idx: xid for idx, xid, _ in conn.execute(_XID_SQL)}
+        labels_of = {r["gpu_index"]: [str(r["gpu_index"]), r["uuid"] or "", r["pci_bus_id"] or "",
+                                      f"nvidia{r['gpu_index']}", r["name"] or "", self.hostname]
+                     for r in rows}
+        families = []
+        for name, column, scale, kind, doc in DCGM_FIELDS:
+            fam = _family(name, doc, GPU_LABELS, kind)
+            for r in rows:
+                if r[column] is not None:
+                    fam.add_metric(labels_of[r["gpu_index"]], r[column] * scale)
+            families.append(fam)
+        xid = _family("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", GPU_LABELS)
+        for r in rows:
+            xid.add_metric(labels_of[r["gpu_index"]], xids.get(r["gpu_index"], 0))
+        families.append(xid)
+        for name, column, scale, doc in OWN_GPU_FIELDS:
+            fam = _family(name, doc, GPU_LABELS)
+            for r in rows:
+                if r[column] is not None:
+                    fam.add_metric(labels_of[r["gpu_index"]], r[column] * scale)
+            families.append(fam)
+        return families
+
+    def _run_families(self, conn: sqlite3.Connection) -> list:
+        """Only running runs: finished ones would grow the series count without bound."""
+        tps = _family("gpuwatch_run_tokens_per_second", "Tokens per second of the run's last step.",
+                      RUN_LABELS)
+        peak = _family("gpuwatch_run_peak_memory_bytes", "Peak CUDA memory of the run so far.",
+                       RUN_LABELS)
+        step = _family("gpuwatch_run_step", "Last step the run reported.", RUN_LABELS)
+        active = set()
+        for run_id, name, user, rank in conn.execute(_RUNS_SQL).fetchall():
+            active.add(run_id)
+            labels = [run_id, name or "", user or "", "" if rank is None else str(rank)]
+            last = conn.execute(_LAST_STEP_SQL, (run_id,)).fetchone()
+            if last is None:
+                continue
+            step.add_metric(labels, last[0])
+            if last[1] is not None:
+                tps.add_metric(labels, last[1])
+            peak_bytes = self._peak(conn, run_id)
+            if peak_bytes is not None:
+                peak.add_metric(labels, peak_bytes)
+        for gone in set(self._peaks) - active:
+            del self._peaks[gone]
+        counts = _family("gpuwatch_runs", "Runs in the database by status.", ("status",))
+        for status, n in conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status"):
+            counts.add_metric([status], n)
+        return [tps, peak, step, counts]
+
+    def _peak(self, conn: sqlite3.Connection, run_id: str) -> int | None:
+        seen, best = self._peaks.get(run_id, (-1, None))
+        new_last, new_peak = conn.execute(_PEAK_SINCE_SQL, (run_id, seen)).fetchone()
+        if new_last is not None:
+            if new_peak is not None and (best is None or new_peak > best):
+                best = new_peak
+            self._peaks[run_id] = (new_last, best)
+        return best
+
+    def _host_families(self, conn: sqlite3.Connection) -> list:
+        families = []
+        host = conn.execute("SELECT * FROM host_samples ORDER BY ts_ms DESC LIMIT 1")
+        families += _row_families(host, HOST_FIELDS, now_ms() - self.stale_after_ms)
+        stats = conn.execute("SELECT * FROM daemon_stats ORDER BY ts_ms DESC LIMIT 1")
+        families += _row_families(stats, DAEMON_FIELDS, now_ms() - self.stale_after_ms)
+        size = _family("gpuwatch_database_size_bytes", "Database file plus its write-ahead log.", ())
+        size.add_metric([], sum(_file_size(self.db_path.with_name(self.db_path.name + suffix))
+                                for suffix in ("", "-wal")))
+        families.append(size)
+        return families
+
+    def _extra_families(self) -> list:
+        if self.extra is None:
+            return []
+        families = []
+        for key, value in sorted(self.extra().items()):
+            fam = _family(f"gpuwatch_daemon_{key}", f"Daemon figure '{key}'.", ())
+            fam.add_metric([], float(value))
+            families.append(fam)
+        return families
+
+
+def _row_families(cur: sqlite3.Cursor, fields, min_ts_ms: int) -> list:
+    row = cur.fetchone()
+    if row is None:
+        return []
+    data = dict(zip([d[0] for d in cur.description], row))
+    if data["ts_ms"] < min_ts_ms:
+        return []
+    families = []
+    for name, column, scale, doc in fields:
+        if data.get(column) is not None:
+            fam = _family(name, doc, ())
+            fam.add_metric([], data[column] * scale)
+            families.append(fam)
+    return families
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """'host:port', '[v6]:port', ':port' or 'port' -> (host, port); loopback when no host is given."""
+    text = listen.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        host, port_text = "", text
+    host = host.strip("[]") or DEFAULT_HOST
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"metrics_listen: expected HOST:PORT such as 127.0.0.1:9400, got {listen!r}")
+    return host, int(port_text)
+
+
+@dataclass
+class MetricsServer:
+    host: str
+    port: int  # the bound port (useful when asked for port 0)
+    collector: StoreCollector
+    _httpd: object
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+        self.collector.close()
+
+
+def start_metrics_server(listen: str, db_path, extra: Callable[[], Mapping[str, float]] | None = None,
+                         stale_after_s: float = 60.0) -> MetricsServer:
+    """Serve /metrics on `listen` from a background thread; close() stops it."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    host, port = parse_listen(listen)
+    registry = CollectorRegistry(auto_describe=False)
+    collector = StoreCollector(db_path, extra=extra, stale_after_s=stale_after_s)
+    registry.register(collector)
+    try:
+        httpd, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        raise ConfigError(f"metrics_listen: cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return MetricsServer(host, httpd.server_port, collector, httpd, thread)
