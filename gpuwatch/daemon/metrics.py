@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from gpuwatch.config import ConfigError
-from gpuwatch.store import StoreError, now_ms, open_ro
+from gpuwatch.store import StoreError, now_ms, open_ro, queries
 
 DEFAULT_HOST = "127.0.0.1"
 MIB = 1024 * 1024
@@ -67,13 +67,6 @@ DAEMON_FIELDS = (
     ("gpuwatch_daemon_dropped_events", "dropped_events", 1, "Events the daemon had to drop."),
 )
 
-_GPU_SQL = """
-SELECT g.gpu_index, g.uuid, g.name, g.pci_bus_id, s.*, ? - s.ts_ms AS age_ms
-FROM gpus g JOIN gpu_samples s ON s.gpu_index = g.gpu_index
- AND s.ts_ms = (SELECT MAX(ts_ms) FROM gpu_samples WHERE gpu_index = g.gpu_index)
-WHERE g.state = 'ok' AND s.state IS NULL AND s.ts_ms >= ?
-ORDER BY g.gpu_index
-"""
 # SQLite returns the xid of the row holding MAX(ts_ms): the last XID per GPU.
 _XID_SQL = "SELECT gpu_index, xid, MAX(ts_ms) FROM xid_events GROUP BY gpu_index"
 _RUNS_SQL = "SELECT run_id, name, user, rank FROM runs WHERE status = 'running'"
@@ -148,29 +141,32 @@ class StoreCollector:
 
     def _gpu_families(self, conn: sqlite3.Connection) -> list:
         now = now_ms()
-        cur = conn.execute(_GPU_SQL, (now, now - self.stale_after_ms))
-        cols = [d[0] for d in cur.description]
-        rows = [dict(zip(cols, r)) for r in cur.fetchall()]
+        fresh_after = now - self.stale_after_ms
+        latest = queries.latest_gpu_samples(conn)
+        rows = [(gpu, latest[gpu.gpu_index]) for gpu in queries.gpus(conn)
+                if gpu.state == "ok" and gpu.gpu_index in latest
+                and latest[gpu.gpu_index].state is None and latest[gpu.gpu_index].ts_ms >= fresh_after]
         xids = {idx: xid for idx, xid, _ in conn.execute(_XID_SQL)}
-        labels_of = {r["gpu_index"]: [str(r["gpu_index"]), r["uuid"] or "", r["pci_bus_id"] or "",
-                                      f"nvidia{r['gpu_index']}", r["name"] or "", self.hostname]
-                     for r in rows}
+        gpu_labels = [[str(g.gpu_index), g.uuid or "", g.pci_bus_id or "", f"nvidia{g.gpu_index}",
+                       g.name or "", self.hostname] for g, _ in rows]
+        values = [dict(vars(sample), age_ms=now - sample.ts_ms)
+                  for _, sample in rows]
         families = []
         for name, column, scale, kind, doc in DCGM_FIELDS:
             fam = _family(name, doc, GPU_LABELS, kind)
-            for r in rows:
-                if r[column] is not None:
-                    fam.add_metric(labels_of[r["gpu_index"]], r[column] * scale)
+            for labels, v in zip(gpu_labels, values):
+                if v[column] is not None:
+                    fam.add_metric(labels, v[column] * scale)
             families.append(fam)
         xid = _family("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", GPU_LABELS)
-        for r in rows:
-            xid.add_metric(labels_of[r["gpu_index"]], xids.get(r["gpu_index"], 0))
+        for labels, (gpu, _) in zip(gpu_labels, rows):
+            xid.add_metric(labels, xids.get(gpu.gpu_index, 0))
         families.append(xid)
         for name, column, scale, doc in OWN_GPU_FIELDS:
             fam = _family(name, doc, GPU_LABELS)
-            for r in rows:
-                if r[column] is not None:
-                    fam.add_metric(labels_of[r["gpu_index"]], r[column] * scale)
+            for labels, v in zip(gpu_labels, values):
+                if v[column] is not None:
+                    fam.add_metric(labels, v[column] * scale)
             families.append(fam)
         return families
 
