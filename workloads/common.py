@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import json
 import resource
-import time
 
 import torch
 
@@ -113,24 +112,6 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"  # unreachable; keeps type checkers quiet
-
-
-class Stopwatch:
-    """Wall-clock seconds of a block, synchronised with the device at both ends."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.seconds = 0.0
-
-    def __enter__(self):
-        synchronize(self.device)
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        synchronize(self.device)
-        self.seconds = time.perf_counter() - self._t0
-        return False
 
 
 def print_result(**fields) -> None:

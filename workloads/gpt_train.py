@@ -173,6 +173,11 @@ def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # tied weights are counted once
 
 
+def matmul_params(model: nn.Module) -> int:
+    """Weights used in a matmul per token (FLOPs count): every Linear, the tied output head included."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+
+
 def train(args: argparse.Namespace) -> dict:
     """Train for --steps steps under gpuwatch.track; returns what the summary and result line show."""
     import gpuwatch
@@ -189,7 +194,7 @@ def train(args: argparse.Namespace) -> dict:
     config = {k: getattr(args, k) for k in (*SIZES, "attn", "precision", "checkpointing", "compile", "lr", "seed")}
     config.update(device=str(device), n_params=params)
     flops = transformer_flops_per_token(args.layers, args.d_model, args.seq_len, args.vocab,
-                                        n_params=params, training=True)
+                                        n_params=matmul_params(model), training=True)
     tokens_per_step = args.batch * args.seq_len
     common.reset_peak(device)
     losses = []
