@@ -1,0 +1,127 @@
+"""What a run records about itself at start: command, place, code version, GPUs, distributed ranks.
+
+Everything here is best effort and quick: a field that cannot be learned cheaply is None.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from typing import Mapping
+
+GIT_TIMEOUT_S = 1.0
+
+
+def command_line() -> str:
+    """The interpreter command as typed (`python train.py --lr 3e-4`)."""
+    return shlex.join(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+
+
+def git_commit(cwd: str | None = None) -> str | None:
+    """HEAD of the repository holding cwd, or None outside a repository (or without git)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                             timeout=GIT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit else None
+
+
+def torch_versions() -> tuple[str | None, str | None]:
+    """(torch version, CUDA version torch was built with), only if the workload imported torch."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None, None
+    return getattr(torch, "__version__", None), getattr(getattr(torch, "version", None), "cuda", None)
+
+
+def _int_env(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        try:
+            return int(env[name])
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
+def ranks(env: Mapping[str, str]) -> tuple[int | None, int | None, int | None]:
+    """(rank, local_rank, world_size) from torchrun, else from Slurm's task variables."""
+    return (_int_env(env, "RANK", "SLURM_PROCID"),
+            _int_env(env, "LOCAL_RANK", "SLURM_LOCALID"),
+            _int_env(env, "WORLD_SIZE", "SLURM_NTASKS"))
+
+
+def _parent_start_s() -> int | None:
+    """Start time of our parent (torchrun's agent): the same for every local rank it spawned."""
+    try:
+        import psutil
+
+        return int(psutil.Process(os.getppid()).create_time())
+    except Exception:  # the parent may be gone, or hidden in a container pid namespace
+        return None
+
+
+def job_id(env: Mapping[str, str], wrapper_run_id: str | None = None) -> str | None:
+    """An id every rank of one distributed job shares, or None for a lone process.
+
+    Slurm's job (and step) id first, then torchrun's rendezvous id, then the `gpuwatch run`
+    wrapper's run id, then MASTER_ADDR:PORT plus the launcher's start time (ports are reused).
+    """
+    if env.get("SLURM_JOB_ID"):
+        step = env.get("SLURM_STEP_ID")
+        return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
+    elastic = env.get("TORCHELASTIC_RUN_ID")
+    if elastic and elastic != "none":
+        return f"torchrun-{elastic}"
+    if wrapper_run_id:
+        return wrapper_run_id
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        return f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}@{_parent_start_s()}"
+    return None
+
+
+def gpu_uuids(env: Mapping[str, str]) -> str | None:
+    """The GPUs CUDA_VISIBLE_DEVICES allows, as NVML UUIDs when NVML answers, else as given."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if not entries or not all(e.isdigit() for e in entries):
+        return ",".join(entries) or None  # already UUIDs (or MIG ids), or nothing visible
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            uuids = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(int(e))) for e in entries]
+        finally:
+            pynvml.nvmlShutdown()
+        return ",".join(u.decode() if isinstance(u, bytes) else u for u in uuids)
+    except Exception:  # no driver, or an index NVML does not know: keep the indices
+        return ",".join(entries)
+
+
+def collect(env: Mapping[str, str] | None = None, wrapper_run_id: str | None = None) -> dict:
+    """The run_start fields that describe the process (not the user's name/config)."""
+    env = os.environ if env is None else env
+    rank, local_rank, world_size = ranks(env)
+    torch_version, cuda_version = torch_versions()
+    cwd = os.getcwd()
+    return {
+        "command": command_line(),
+        "cwd": cwd,
+        "git_commit": git_commit(cwd),
+        "host": socket.gethostname(),
+        "torch_version": torch_version,
+        "cuda_version": cuda_version,
+        "gpu_uuids": gpu_uuids(env),
+        "rank": rank,
+        "local_rank": local_rank,
+        "world_size": world_size,
+        "slurm_job_id": env.get("SLURM_JOB_ID"),
+        "job_id": job_id(env, wrapper_run_id),
+    }

@@ -1,0 +1,354 @@
+"""gpuwatch.track(): a run, its steps and generations, and how it ended."""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import secrets
+import signal
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from gpuwatch import config as config_mod
+from gpuwatch import paths
+from gpuwatch.client import flops, metadata, torch_stats
+from gpuwatch.store import now_ms
+
+log = logging.getLogger(__name__)
+
+# Set by `gpuwatch run` for its child: an instrumented child adds its steps to that run.
+ENV_RUN_ID = "GPUWATCH_RUN_ID"
+END_FLUSH_TIMEOUT_S = 10.0
+_OOM_MESSAGES = ("CUDA out of memory", "DefaultCPUAllocator: can't allocate memory",
+                 "DefaultCPUAllocator: not enough memory")
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(6)
+
+
+def client_config() -> config_mod.Config:
+    """The config, ignoring ENV_RUN_ID (a handshake variable, not a config key)."""
+    return config_mod.load(env={k: v for k, v in os.environ.items() if k != ENV_RUN_ID})
+
+
+def end_state_path(run_id: str) -> Path:
+    """Where an attached child leaves its end state (status, error) for the `gpuwatch run` wrapper."""
+    return paths.user_runtime_dir() / "runs" / f"{run_id}.end.json"
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Out of memory on the GPU (torch.OutOfMemoryError, 'CUDA out of memory') or the host."""
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    oom_type = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    message = str(exc)
+    return any(m in message for m in _OOM_MESSAGES)
+
+
+def error_type(exc: BaseException) -> str:
+    kind = type(exc)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _plain_config(config: Any) -> dict | None:
+    """A JSON object from a dict, dataclass or argparse Namespace; odd values become strings."""
+    if config is None:
+        return None
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        config = dataclasses.asdict(config)
+    elif not isinstance(config, Mapping) and hasattr(config, "__dict__"):
+        config = vars(config)
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a dict, dataclass or Namespace, got {type(config).__name__}")
+    return json.loads(json.dumps(dict(config), default=str))
+
+
+class Generation:
+    """Decode-loop helper: call token() as each token is produced; reports on exit."""
+
+    def __init__(self, run: "Run", prompt_tokens: int | None, clock: Callable[[], float]):
+        self._run = run
+        self._prompt_tokens = prompt_tokens
+        self._clock = clock
+        self._start = clock()
+        self._last: float | None = None
+        self._ttft_ms: float | None = None
+        self._itl_ms: list[float] = []
+        self.new_tokens = 0
+
+    def token(self, n: int = 1) -> None:
+        now = self._clock()
+        if self._last is None:
+            self._ttft_ms = (now - self._start) * 1000.0
+        else:
+            self._itl_ms.append((now - self._last) * 1000.0)
+        self._last = now
+        self.new_tokens += n
+
+    def __enter__(self) -> "Generation":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        total_ms = None if self._last is None else (self._last - self._start) * 1000.0
+        self._run.generation(prompt_tokens=self._prompt_tokens, new_tokens=self.new_tokens,
+                             ttft_ms=self._ttft_ms, itl_ms=self._itl_ms, total_ms=total_ms)
+        return False
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in 0..100), None for no values."""
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+class Run:
+    """One tracked run. Made by track(); usable as a context manager or ended with finish()."""
+
+    def __init__(self, transport, cfg: config_mod.Config, *, run_id: str, name: str | None,
+                 config: Any, flops_per_token: float | Callable[[int], float] | None,
+                 precision: str, attached: bool, parent_run_id: str | None):
+        self.run_id = run_id
+        self.attached = attached  # True: steps go to the `gpuwatch run` wrapper's run
+        self._transport = transport
+        self._cfg = cfg
+        self._flops_per_token = flops_per_token
+        self._precision = flops.normalize_dtype(precision)
+        self._ids = (f"{secrets.token_hex(4)}-{n}" for n in itertools.count())
+        self._last_seq = 0
+        self._step = 0
+        self._gen = 0
+        self._ended = False
+        self._pending: collections.deque = collections.deque()
+        self._rss = torch_stats.RssReader()
+        self._torch = None  # set at the first step if the workload runs on CUDA
+        self._clock = None
+        self._peak_flops: float | None = None
+        cuda = torch_stats.cuda_torch()
+        self._start_event = torch_stats.CudaClock.start_event(cuda) if cuda else None
+        self._cpu_start = torch_stats.CpuClock()
+        self._saved_handlers: dict[int, Any] = {}
+        self._saved_excepthook = None
+
+        fields = metadata.collect(wrapper_run_id=parent_run_id)
+        plain = _plain_config(config)
+        fixed_flops = flops_per_token if isinstance(flops_per_token, (int, float)) else None
+        if attached:
+            # The wrapper sent run_start; record who joined and what it was told.
+            self.event("attached", {"pid": os.getpid(), "name": name, "config": plain,
+                                    "flops_per_token": fixed_flops, **fields})
+        else:
+            self._send("run_start", name=name, config=plain, flops_per_token=fixed_flops,
+                       parent_run_id=parent_run_id, **fields)
+            self._install_signal_handlers()
+        self._saved_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        atexit.register(self._at_exit)
+
+    # ---- events -------------------------------------------------------------------------
+    def _send(self, kind: str, ts_ms: int | None = None, **fields) -> None:
+        self._transport.send({"id": next(self._ids), "kind": kind, "run_id": self.run_id,
+                              "ts_ms": now_ms() if ts_ms is None else ts_ms, **fields})
+
+    def event(self, kind: str, payload: Mapping | None = None) -> None:
+        """A free-form run event (e.g. 'checkpoint_saved'); seq is unique across processes of a run."""
+        # Microseconds keep the wrapper's and an attached child's sequence numbers apart.
+        self._last_seq = max(self._last_seq + 1, time.time_ns() // 1000)
+        self._send("run_event", seq=self._last_seq, event_kind=kind, payload=dict(payload or {}))
+
+    # ---- steps --------------------------------------------------------------------------
+    def step(self, tokens: int | None = None, samples: int | None = None, seq_len: int | None = None,
+             loss: Any = None) -> None:
+        """Record one optimiser step. Never synchronises the GPU: timings and a tensor loss are
+        read once the GPU has passed this point, at a later step() or at the end of the run."""
+        if self._clock is None:
+            self._choose_clock()
+        self._step += 1
+        captured = torch_stats.capture_loss(loss)  # queued before the event: ready with it
+        mark = self._clock.mark()
+        if self._torch is not None:
+            alloc, reserved, peak = torch_stats.cuda_memory(self._torch)
+        else:
+            alloc = reserved = peak = None
+        self._pending.append((self._step, now_ms(), mark, tokens, samples, seq_len, captured,
+                              alloc, reserved, peak, self._rss.read()))
+        self._drain(wait=False)
+        every = self._cfg.memory_stats_every
+        if self._torch is not None and every > 0 and self._step % every == 0:
+            self._send("memory_stats", step=self._step, device=self._torch.cuda.current_device(),
+                       **torch_stats.memory_stats_fields(self._torch.cuda.memory_stats()))
+
+    def _choose_clock(self) -> None:
+        torch = torch_stats.cuda_torch()
+        if torch is None:
+            self._clock = self._cpu_start
+            return
+        self._torch = torch
+        self._clock = torch_stats.CudaClock(torch, self._start_event)
+        self._peak_flops = flops.peak_flops(torch.cuda.get_device_name(), self._precision)
+
+    def _drain(self, wait: bool) -> None:
+        while self._pending and self._clock.ready(self._pending[0][2], wait):
+            (step, ts, mark, tokens, samples, seq_len, loss, alloc, reserved, peak,
+             rss) = self._pending.popleft()
+            step_ms = self._clock.elapsed_ms(mark)
+            tps = tokens / (step_ms / 1000.0) if tokens and step_ms else None
+            fpt = self._flops_per_token
+            if callable(fpt):
+                fpt = fpt(seq_len) if seq_len else None
+            self._send("step", ts_ms=ts, step=step, tokens=tokens, samples=samples,
+                       seq_len=seq_len, loss=torch_stats.resolve_loss(loss), step_time_ms=step_ms,
+                       tokens_per_s=tps, mfu=flops.mfu(tps, fpt, self._peak_flops),
+                       mem_allocated_bytes=alloc, mem_reserved_bytes=reserved,
+                       mem_peak_bytes=peak, rss_bytes=rss)
+
+    # ---- generations --------------------------------------------------------------------
+    def generation(self, prompt_tokens: int | None = None, new_tokens: int | None = None,
+                   ttft_ms: float | None = None, itl_ms: list[float] | None = None,
+                   total_ms: float | None = None) -> None:
+        """Record one generation: time to first token, inter-token latencies (ms), throughput.
+
+        tokens_per_s = new_tokens / total time; total_ms defaults to ttft + sum(itl)."""
+        itl = sorted(itl_ms or [])
+        if total_ms is None and ttft_ms is not None:
+            total_ms = ttft_ms + sum(itl)
+        self._gen += 1
+        self._send("generation", gen_id=self._gen, prompt_tokens=prompt_tokens,
+                   new_tokens=new_tokens, ttft_ms=ttft_ms, itl_p50_ms=_percentile(itl, 50),
+                   itl_p90_ms=_percentile(itl, 90),
+                   tokens_per_s=new_tokens / (total_ms / 1000.0) if new_tokens and total_ms else None)
+
+    def generate(self, prompt_tokens: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> Generation:
+        """`with run.generate(prompt_tokens=P) as g: ... g.token()` times a decode loop."""
+        return Generation(self, prompt_tokens, clock)
+
+    # ---- ending ---------------------------------------------------------------------------
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None:
+            self.finish()
+        else:
+            self._end_from_exception(exc)
+        return False  # never swallow the user's exception
+
+    def finish(self, status: str = "finished") -> None:
+        self._end(status)
+
+    def _end_from_exception(self, exc: BaseException) -> None:
+        if isinstance(exc, KeyboardInterrupt):
+            self._end("killed", signal=int(signal.SIGINT), error_type="KeyboardInterrupt")
+        elif isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            self._end("finished" if code == 0 else "failed", exit_code=code,
+                      error_type=None if code == 0 else "SystemExit")
+        elif is_oom(exc):
+            self._on_oom(exc)
+        else:
+            self._end("failed", error_type=error_type(exc), error_message=str(exc)[:2000])
+
+    def _on_oom(self, exc: BaseException) -> None:
+        """The one place an out-of-memory ends a run (the OOM postmortem hooks in here)."""
+        self._end("oom", error_type=error_type(exc), error_message=str(exc)[:2000])
+
+    def _end(self, status: str, *, drain: bool = True, **fields) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        try:
+            if drain and self._pending:
+                self._drain(wait=True)
+        except Exception:  # a broken CUDA context must not hide the user's own error
+            log.warning("gpuwatch: could not read the last steps' timings", exc_info=True)
+        self._restore_hooks()
+        if self.attached:
+            self.event("child_end", {"status": status, **fields})
+            self._leave_end_state(status, fields)
+        else:
+            self._send("run_end", status=status, **fields)
+        if not self._transport.flush(END_FLUSH_TIMEOUT_S):
+            log.warning("gpuwatch: run %s: some events were not confirmed before exit", self.run_id)
+        self._transport.close()
+        self._rss.close()
+
+    def _leave_end_state(self, status: str, fields: dict) -> None:
+        path = end_state_path(self.run_id)
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"status": status, **fields}))
+            tmp.replace(path)
+        except OSError:
+            log.warning("gpuwatch: could not leave the end state for the wrapper at %s", path)
+
+    # ---- process hooks ------------------------------------------------------------------
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM ends the run as killed, then dies as SIGTERM would; only if the user set none.
+        SIGINT needs nothing: its default raises KeyboardInterrupt, which __exit__ handles."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            self._saved_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self._end("killed", drain=False, signal=int(signum))
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    def _excepthook(self, exc_type, exc, tb) -> None:
+        """For runs used without `with`: an uncaught exception ends the run before Python exits."""
+        previous = self._saved_excepthook or sys.__excepthook__
+        self._end_from_exception(exc)
+        previous(exc_type, exc, tb)
+
+    def _at_exit(self) -> None:
+        self._end("finished")
+
+    def _restore_hooks(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._saved_handlers.items():
+                if signal.getsignal(signum) == self._on_signal:
+                    signal.signal(signum, handler)
+        self._saved_handlers.clear()
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._saved_excepthook
+        atexit.unregister(self._at_exit)
+
+
+def track(name: str | None = None, config: Any = None,
+          flops_per_token: float | Callable[[int], float] | None = None, run_id: str | None = None,
+          precision: str = "bf16") -> Run:
+    """Start a run and return it; use as `with gpuwatch.track(...) as run:`.
+
+    flops_per_token: model FLOPs per token (see flops.transformer_flops_per_token), or a function
+    of seq_len for runs whose sequence length varies; with it each step gets an MFU against the
+    GPU's dense peak for `precision`. Under `gpuwatch run`, the run joins the wrapper's run
+    (single process), or becomes a rank run whose parent is the wrapper's (world_size > 1).
+    """
+    from gpuwatch.client.transport import connect
+
+    cfg = client_config()
+    wrapper_id = os.environ.get(ENV_RUN_ID) if run_id is None else None
+    _, _, world_size = metadata.ranks(os.environ)
+    attached = bool(wrapper_id) and (world_size or 1) == 1
+    transport = connect(cfg)
+    return Run(transport, cfg, run_id=wrapper_id if attached else (run_id or new_run_id()),
+               name=name, config=config, flops_per_token=flops_per_token, precision=precision,
+               attached=attached, parent_run_id=None if attached else wrapper_id)

@@ -1,0 +1,140 @@
+"""Cheap per-step figures: step clocks, allocator / RSS memory, losses resolved without a sync.
+
+Nothing here imports torch: the CUDA variants are made only when the workload already
+initialised CUDA, and receive the torch module from `cuda_torch()`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def cuda_torch():
+    """The torch module if the workload imported it and initialised CUDA, else None."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch
+    return None
+
+
+class CpuClock:
+    """Step time = wall time between step() calls; on CPU the work is done when step() is called."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+
+    def mark(self) -> float:
+        now = time.perf_counter()
+        elapsed_ms = (now - self._last) * 1000.0
+        self._last = now
+        return elapsed_ms
+
+    @staticmethod
+    def ready(mark: float, wait: bool = False) -> bool:
+        return True
+
+    @staticmethod
+    def elapsed_ms(mark: float) -> float:
+        return mark
+
+
+class CudaClock:
+    """Step time = GPU time between CUDA events recorded at consecutive step() calls.
+
+    Recording an event does not wait for the GPU; the elapsed time is read later, once
+    event.query() says the GPU got there, so the training loop never gains a synchronize.
+    """
+
+    def __init__(self, torch, start_event=None) -> None:
+        self._torch = torch
+        self._last = start_event
+
+    @staticmethod
+    def start_event(torch):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def mark(self) -> tuple:
+        event = self.start_event(self._torch)
+        pair = (self._last, event)
+        self._last = event
+        return pair
+
+    @staticmethod
+    def ready(mark: tuple, wait: bool = False) -> bool:
+        if wait:
+            mark[1].synchronize()
+            return True
+        return mark[1].query()
+
+    @staticmethod
+    def elapsed_ms(mark: tuple) -> float | None:
+        start, end = mark
+        return None if start is None else start.elapsed_time(end)  # first step: no start event
+
+
+def capture_loss(loss):
+    """Keep a loss without reading it now: a CUDA tensor starts an async copy to host memory.
+
+    The copy is queued before the step's CUDA event, so once that event completed the host copy
+    holds the value and `.item()` no longer waits for the GPU.
+    """
+    if loss is None or isinstance(loss, (int, float)):
+        return loss
+    detach = getattr(loss, "detach", None)
+    if detach is None:
+        return float(loss)
+    loss = detach()
+    if loss.is_cuda:
+        return loss.to("cpu", non_blocking=True)
+    return loss
+
+
+def resolve_loss(captured) -> float | None:
+    if captured is None:
+        return None
+    value = captured.item() if hasattr(captured, "item") else captured
+    return float(value)
+
+
+class RssReader:
+    """Resident set size of this process from /proc/self/statm (one pread, a few µs)."""
+
+    def __init__(self) -> None:
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        try:
+            self._fd: int | None = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # not Linux
+            self._fd = None
+
+    def read(self) -> int | None:
+        if self._fd is None:
+            return None
+        try:
+            return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def cuda_memory(torch) -> tuple[int, int, int]:
+    """(allocated, reserved, peak allocated) bytes of the current device: host-side counters, no sync."""
+    cuda = torch.cuda
+    return cuda.memory_allocated(), cuda.memory_reserved(), cuda.max_memory_allocated()
+
+
+def memory_stats_fields(stats: dict) -> dict:
+    """Columns of `memory_stats` from torch.cuda.memory_stats(); keys vary by version, so .get()."""
+    return {
+        "num_alloc_retries": stats.get("num_alloc_retries"),
+        "num_ooms": stats.get("num_ooms"),
+        "inactive_split_bytes": stats.get("inactive_split_bytes.all.current"),
+        "stats": stats,
+    }
