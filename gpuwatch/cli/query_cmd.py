@@ -1,0 +1,104 @@
+"""`gpuwatch query "SQL"`: read-only SQL over the database, as a table, CSV or JSON."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sqlite3
+import sys
+
+import click
+
+from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
+
+# Statements a read may need; anything else (writes, ATTACH, schema changes) is refused.
+_READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
+                 sqlite3.SQLITE_PRAGMA, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
+
+
+def _only_reads(action, *_args):
+    return sqlite3.SQLITE_OK if action in _READ_ACTIONS else sqlite3.SQLITE_DENY
+
+
+def run_query(conn: sqlite3.Connection, sql: str) -> tuple[list[str], list[tuple]]:
+    """Run one read-only statement; raise click.ClickException with one line on any failure."""
+    conn.set_authorizer(_only_reads)
+    try:
+        cur = conn.execute(sql)
+        rows = cur.fetchall()
+    except sqlite3.DatabaseError as e:
+        if "not authorized" in str(e) or "readonly" in str(e):
+            raise click.ClickException(
+                "query is read-only: only SELECT, WITH and PRAGMA reads run; nothing was changed") from None
+        raise click.ClickException(f"query failed: {e}") from None
+    except sqlite3.ProgrammingError as e:  # e.g. two statements at once
+        raise click.ClickException(f"query failed: {e}") from None
+    headers = [d[0] for d in cur.description or ()]
+    return headers, rows
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    return str(value).replace("\n", " ")
+
+
+def format_table(headers: list[str], rows: list, width: int = 80,
+                 right: set[int] | None = None) -> str:
+    """Aligned plain-text columns; the widest columns are cut (with …) until the line fits `width`."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    gap = 2
+    while sum(widths) + gap * (len(widths) - 1) > width and max(widths, default=0) > 4:
+        widest = widths.index(max(widths))
+        widths[widest] -= 1
+    if right is None:
+        right = {i for i in range(len(headers))
+                 if rows and all(isinstance(r[i], (int, float)) or r[i] is None for r in rows)}
+
+    def fit(text: str, i: int) -> str:
+        if len(text) > widths[i]:
+            text = text[: widths[i] - 1] + "…"
+        return text.rjust(widths[i]) if i in right else text.ljust(widths[i])
+
+    lines = [(" " * gap).join(fit(h, i) for i, h in enumerate(headers)).rstrip()]
+    lines += [(" " * gap).join(fit(c, i) for i, c in enumerate(r)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+@click.command("query")
+@click.argument("sql")
+@db_option
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
+              show_default=True, help="Output format.")
+@friendly_errors
+def query(sql, db, fmt):
+    """Run one read-only SQL statement against the database.
+
+    \b
+    Examples:
+      gpuwatch query "SELECT gpu_index, max(temp_c) FROM gpu_samples GROUP BY 1"
+      gpuwatch query "SELECT * FROM runs" --format csv > runs.csv
+    """
+    from gpuwatch.store import open_ro
+
+    conn = open_ro(reader_db_path(db))
+    try:
+        headers, rows = run_query(conn, sql)
+    finally:
+        conn.close()
+    if fmt == "json":
+        click.echo(json.dumps([dict(zip(headers, r)) for r in rows], default=_cell, indent=2))
+    elif fmt == "csv":
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(headers)
+        writer.writerows(rows)
+    elif headers:
+        width = shutil.get_terminal_size((80, 24)).columns
+        click.echo(format_table(headers, rows, width))
+        click.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
