@@ -1,0 +1,429 @@
+"""Read queries returning frozen dataclasses: what the TUI, CLI, /metrics and reports call.
+
+Every function takes an open connection (usually from `open_ro`) and never writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field, fields
+from typing import Iterable, TypeVar
+
+from gpuwatch.store.db import StoreError, now_ms
+from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS
+
+MINUTE_MS = 60_000
+HOUR_MS = 3_600_000
+# Series tiers: raw only for ranges up to RAW_MAX_RANGE_MS, minutes up to MINUTE_MAX_RANGE_MS.
+RAW_MAX_RANGE_MS = 2 * HOUR_MS
+MINUTE_MAX_RANGE_MS = 2 * 24 * HOUR_MS
+# A GPU's newest process tick counts as current unless its GPU samples are this much newer
+# (process samples may carry a slightly different timestamp than the GPU sample of a tick).
+PROCESS_TICK_SLACK_MS = 5_000
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    gpu_index: int
+    uuid: str
+    name: str | None
+    pci_bus_id: str | None
+    mem_total_bytes: int | None
+    power_limit_mw: int | None
+    mig_mode: int | None
+    driver_version: str | None
+    cuda_driver_version: str | None
+    first_seen_ms: int
+    last_seen_ms: int
+    state: str
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    gpu_index: int
+    ts_ms: int
+    gpu_util_pct: int | None
+    mem_util_pct: int | None
+    mem_used_bytes: int | None
+    mem_free_bytes: int | None
+    mem_reserved_bytes: int | None
+    temp_c: int | None
+    power_mw: int | None
+    energy_mj: int | None
+    sm_clock_mhz: int | None
+    mem_clock_mhz: int | None
+    pcie_tx_kbps: int | None
+    pcie_rx_kbps: int | None
+    fan_pct: int | None
+    pstate: int | None
+    throttle_reasons: int | None
+    ecc_corrected: int | None
+    ecc_uncorrected: int | None
+    state: str | None
+
+
+@dataclass(frozen=True)
+class HostSample:
+    ts_ms: int
+    cpu_pct: float | None
+    load1: float | None
+    load5: float | None
+    load15: float | None
+    mem_total_bytes: int | None
+    mem_used_bytes: int | None
+    mem_available_bytes: int | None
+    swap_used_bytes: int | None
+    disk_read_bytes: int | None
+    disk_write_bytes: int | None
+    net_rx_bytes: int | None
+    net_tx_bytes: int | None
+    shm_total_bytes: int | None
+    shm_used_bytes: int | None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    gpu_index: int
+    pid: int
+    ts_ms: int
+    kind: str | None
+    used_mem_bytes: int | None
+    sm_util_pct: int | None
+    mem_util_pct: int | None
+    rss_bytes: int | None
+    cpu_pct: float | None
+    uid: int | None
+    user: str | None
+    cmdline: str | None
+    run_id: str | None
+    run_name: str | None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    job_id: str | None
+    name: str | None
+    user: str | None
+    uid: int
+    pid: int | None
+    host: str | None
+    status: str
+    started_ms: int
+    ended_ms: int | None
+    last_step_ms: int | None
+    steps: int
+    tokens_per_s_avg: float | None
+    tokens_per_s_last: float | None
+    peak_mem_bytes: int | None
+    oom: bool
+    rank: int | None
+    world_size: int | None
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    job_id: str | None
+    name: str | None
+    uid: int
+    user: str | None
+    pid: int | None
+    host: str | None
+    status: str
+    exit_code: int | None
+    signal: int | None
+    error_type: str | None
+    error_message: str | None
+    started_ms: int
+    ended_ms: int | None
+    last_step_ms: int | None
+    command: str | None
+    cwd: str | None
+    git_commit: str | None
+    config_json: str | None
+    torch_version: str | None
+    cuda_version: str | None
+    gpu_uuids: str | None
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    slurm_job_id: str | None
+    parent_run_id: str | None
+    flops_per_token: float | None
+    mode: str | None
+    config: dict = field(default_factory=dict)  # config_json parsed; {} when absent or not JSON
+
+
+@dataclass(frozen=True)
+class StepRow:
+    run_id: str
+    step: int
+    ts_ms: int
+    tokens: int | None
+    samples: int | None
+    seq_len: int | None
+    loss: float | None
+    step_time_ms: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    mem_allocated_bytes: int | None
+    mem_reserved_bytes: int | None
+    mem_peak_bytes: int | None
+    rss_bytes: int | None
+
+
+@dataclass(frozen=True)
+class SeriesPoint:
+    ts_ms: int  # start of the bucket
+    min: float | None
+    avg: float | None
+    max: float | None
+
+
+T = TypeVar("T")
+
+
+def columns_of(cls: type, prefix: str = "") -> str:
+    """The SELECT list for a dataclass whose fields are column names."""
+    return ", ".join(prefix + f.name for f in fields(cls) if f.name != "config")
+
+
+def _build(cls: type[T], rows: Iterable[tuple]) -> list[T]:
+    return [cls(*row) for row in rows]
+
+
+def _distinct_keys(table: str, col: str) -> str:
+    """A CTE `keys(k)` listing distinct leading-key values by seeking the primary key,
+    instead of scanning every sample."""
+    return (f"WITH RECURSIVE keys(k) AS (SELECT min({col}) FROM {table} UNION ALL "
+            f"SELECT (SELECT min({col}) FROM {table} WHERE {col} > keys.k) FROM keys "
+            f"WHERE keys.k IS NOT NULL) ")
+
+
+# --- GPUs and host ---------------------------------------------------------------------------
+
+def gpus(conn: sqlite3.Connection) -> list[GpuInfo]:
+    return _build(GpuInfo, conn.execute(f"SELECT {columns_of(GpuInfo)} FROM gpus ORDER BY gpu_index"))
+
+
+def latest_gpu_samples(conn: sqlite3.Connection) -> dict[int, GpuSample]:
+    """The newest sample of each GPU, one primary-key seek per GPU."""
+    rows = conn.execute(
+        _distinct_keys("gpu_samples", "gpu_index")
+        + f"SELECT {columns_of(GpuSample, 's.')} FROM keys JOIN gpu_samples s "
+        "ON s.gpu_index = keys.k AND s.ts_ms = "
+        "(SELECT max(ts_ms) FROM gpu_samples WHERE gpu_index = keys.k) ORDER BY s.gpu_index")
+    return {sample.gpu_index: sample for sample in _build(GpuSample, rows)}
+
+
+def latest_host_sample(conn: sqlite3.Connection) -> HostSample | None:
+    row = conn.execute(f"SELECT {columns_of(HostSample)} FROM host_samples "
+                       "ORDER BY ts_ms DESC LIMIT 1").fetchone()
+    return HostSample(*row) if row else None
+
+
+def gpu_series(conn: sqlite3.Connection, gpu_index: int, metric: str, since_ms: int,
+               until_ms: int | None = None, max_points: int = 240) -> list[SeriesPoint]:
+    """min/avg/max of one GPU metric in at most max_points buckets over [since_ms, until_ms)."""
+    if metric not in GPU_METRICS:
+        raise StoreError(f"unknown GPU metric '{metric}'; known: {', '.join(GPU_METRICS)}")
+    return _series(conn, "gpu_samples", ("gpu_index", gpu_index), metric, since_ms, until_ms, max_points)
+
+
+def host_series(conn: sqlite3.Connection, metric: str, since_ms: int, until_ms: int | None = None,
+                max_points: int = 240) -> list[SeriesPoint]:
+    """min/avg/max of one host metric in at most max_points buckets over [since_ms, until_ms)."""
+    if metric not in HOST_METRICS:
+        raise StoreError(f"unknown host metric '{metric}'; known: {', '.join(HOST_METRICS)}")
+    return _series(conn, "host_samples", None, metric, since_ms, until_ms, max_points)
+
+
+def series_tier(conn: sqlite3.Connection, table: str, key: tuple[str, int] | None,
+                since_ms: int, until_ms: int) -> tuple[str, int]:
+    """(table, period_ms) to read a range from: the finest tier the range length allows whose
+    data reaches back to since_ms (older raw data is deleted once rolled up); when none does
+    (a young database), the finest allowed tier."""
+    span = until_ms - since_ms
+    tiers = [(table, 0), (f"{table}_1m", MINUTE_MS), (f"{table}_1h", HOUR_MS)]
+    if span > MINUTE_MAX_RANGE_MS:
+        tiers = tiers[2:]
+    elif span > RAW_MAX_RANGE_MS:
+        tiers = tiers[1:]
+    where, params = (f"WHERE {key[0]} = ?", (key[1],)) if key else ("", ())
+    for name, period in tiers:
+        oldest = conn.execute(f"SELECT min(ts_ms) FROM {name} {where}", params).fetchone()[0]
+        if oldest is not None and oldest <= since_ms:
+            return name, period
+    return tiers[0]
+
+
+def _series(conn, table, key, metric, since_ms, until_ms, max_points) -> list[SeriesPoint]:
+    until_ms = now_ms() if until_ms is None else until_ms
+    if until_ms <= since_ms or max_points < 1:
+        return []
+    tier, period = series_tier(conn, table, key, since_ms, until_ms)
+    width = max(-(-(until_ms - since_ms) // max_points), period, 1)
+    if period:  # a rollup tier: weight each period's average by its sample count
+        values = (f"min({metric}_min), sum({metric}_avg * n) / "
+                  f"sum(CASE WHEN {metric}_avg IS NOT NULL THEN n END), max({metric}_max)")
+        present = f"{metric}_avg IS NOT NULL"
+    else:
+        values = f"min({metric}), avg({metric}), max({metric})"
+        present = f"{metric} IS NOT NULL"
+    where = f"{key[0]} = ? AND " if key else ""
+    params = ((key[1],) if key else ()) + (since_ms, until_ms)
+    rows = conn.execute(
+        f"SELECT (ts_ms - {since_ms}) / {width} AS bucket, {values} FROM {tier} "
+        f"WHERE {where}ts_ms >= ? AND ts_ms < ? AND {present} GROUP BY bucket ORDER BY bucket",
+        params)
+    return [SeriesPoint(since_ms + bucket * width, lo, avg, hi) for bucket, lo, avg, hi in rows]
+
+
+def gpu_processes(conn: sqlite3.Connection) -> list[GpuProcess]:
+    """Processes in the newest tick of each GPU, with their user, command line and run.
+
+    A GPU whose newest process tick is older than its newest GPU sample (by more than
+    PROCESS_TICK_SLACK_MS) has no processes now. The run is processes.run_id, else a running
+    run with that pid.
+    """
+    rows = conn.execute(
+        _distinct_keys("gpu_process_samples", "gpu_index")
+        + ", ticks(gpu_index, ts_ms) AS ("
+        "  SELECT k, (SELECT max(ts_ms) FROM gpu_process_samples WHERE gpu_index = k) FROM keys"
+        "  WHERE k IS NOT NULL) "
+        "SELECT s.gpu_index, s.pid, s.ts_ms, s.kind, s.used_mem_bytes, s.sm_util_pct, "
+        "  s.mem_util_pct, s.rss_bytes, s.cpu_pct, p.uid, p.user, p.cmdline, "
+        "  coalesce(p.run_id, (SELECT run_id FROM runs WHERE pid = s.pid AND status = 'running' "
+        "                      ORDER BY started_ms DESC LIMIT 1)) AS rid, "
+        "  NULL "
+        "FROM ticks JOIN gpu_process_samples s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
+        "LEFT JOIN processes p ON p.rowid = (SELECT rowid FROM processes WHERE pid = s.pid "
+        "                                    ORDER BY last_seen_ms DESC LIMIT 1) "
+        f"WHERE ticks.ts_ms >= coalesce((SELECT max(ts_ms) FROM gpu_samples "
+        f"  WHERE gpu_index = ticks.gpu_index), 0) - {PROCESS_TICK_SLACK_MS} "
+        "ORDER BY s.gpu_index, s.used_mem_bytes DESC, s.pid").fetchall()
+    names = _run_names(conn, {row[12] for row in rows if row[12]})
+    return [GpuProcess(*row[:13], names.get(row[12])) for row in rows]
+
+
+def _run_names(conn: sqlite3.Connection, run_ids: set[str]) -> dict[str, str | None]:
+    if not run_ids:
+        return {}
+    marks = ", ".join("?" * len(run_ids))
+    return dict(conn.execute(f"SELECT run_id, name FROM runs WHERE run_id IN ({marks})", tuple(run_ids)))
+
+
+# --- runs and steps --------------------------------------------------------------------------
+
+def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None = None,
+         since_ms: int | None = None, limit: int = 200) -> list[RunSummary]:
+    """Runs newest first, with their steps aggregated in one GROUP BY.
+
+    since_ms keeps runs still going at or after that time (not ended, or ended since).
+    tokens_per_s_avg is tokens / step time over steps that have both, else tokens over the
+    wall time from start to the newest step; peak_mem_bytes is the largest of the steps'
+    mem_peak_bytes and rss_bytes; oom is status 'oom' or a recorded postmortem.
+    """
+    where, params = [], []
+    if user is not None:
+        where.append("user = ?")
+        params.append(user)
+    if status is not None:
+        where.append("status = ?")
+        params.append(status)
+    if since_ms is not None:
+        where.append("(ended_ms IS NULL OR ended_ms >= ?)")
+        params.append(since_ms)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    rows = conn.execute(
+        f"WITH sel AS (SELECT * FROM runs {clause} ORDER BY started_ms DESC, run_id LIMIT ?), "
+        "agg AS (SELECT run_id, count(*) AS n, "
+        "  sum(CASE WHEN step_time_ms > 0 THEN tokens END) AS timed_tokens, "
+        "  sum(CASE WHEN tokens IS NOT NULL THEN step_time_ms END) AS step_ms, "
+        "  sum(tokens) AS tokens, max(ts_ms) AS newest_ms, "
+        "  max(mem_peak_bytes) AS peak_gpu, max(rss_bytes) AS peak_rss, "
+        "  max(step) AS last_step "
+        "  FROM steps WHERE run_id IN (SELECT run_id FROM sel) GROUP BY run_id) "
+        "SELECT sel.run_id, sel.job_id, sel.name, sel.user, sel.uid, sel.pid, sel.host, sel.status, "
+        "  sel.started_ms, sel.ended_ms, sel.last_step_ms, coalesce(agg.n, 0), "
+        "  agg.timed_tokens, agg.step_ms, agg.tokens, agg.newest_ms, "
+        "  (SELECT tokens_per_s FROM steps WHERE run_id = sel.run_id AND step = agg.last_step), "
+        "  agg.peak_gpu, agg.peak_rss, "
+        "  sel.status = 'oom' OR EXISTS (SELECT 1 FROM oom_postmortems o WHERE o.run_id = sel.run_id), "
+        "  sel.rank, sel.world_size "
+        "FROM sel LEFT JOIN agg ON agg.run_id = sel.run_id "
+        "ORDER BY sel.started_ms DESC, sel.run_id", (*params, limit))
+    out = []
+    for (run_id, job_id, name, user_, uid, pid, host, status_, started, ended, last_step_ms, n,
+         timed_tokens, step_ms, tokens, newest_ms, tps_last, peak_gpu, peak_rss, oom, rank,
+         world_size) in rows:
+        if timed_tokens is not None and step_ms:
+            tps_avg = timed_tokens / (step_ms / 1000.0)
+        elif tokens is not None and newest_ms is not None and newest_ms > started:
+            tps_avg = tokens / ((newest_ms - started) / 1000.0)
+        else:
+            tps_avg = None
+        peaks = [p for p in (peak_gpu, peak_rss) if p is not None]
+        out.append(RunSummary(run_id, job_id, name, user_, uid, pid, host, status_, started, ended,
+                              last_step_ms, n, tps_avg, tps_last, max(peaks) if peaks else None,
+                              bool(oom), rank, world_size))
+    return out
+
+
+_CONFIG_JSON = [f.name for f in fields(Run)].index("config_json")
+
+
+def _run_from_row(row: tuple) -> Run:
+    text = row[_CONFIG_JSON]
+    try:
+        config = json.loads(text) if text else {}
+    except ValueError:
+        config = {}
+    return Run(*row, config=config if isinstance(config, dict) else {})
+
+
+def run(conn: sqlite3.Connection, run_ref: str) -> Run:
+    """The run named by its full id, the newest run with that exact name, or a unique id prefix."""
+    cols = columns_of(Run)
+    row = conn.execute(f"SELECT {cols} FROM runs WHERE run_id = ?", (run_ref,)).fetchone()
+    if row is None:
+        row = conn.execute(f"SELECT {cols} FROM runs WHERE name = ? "
+                           "ORDER BY started_ms DESC LIMIT 1", (run_ref,)).fetchone()
+    if row is None and run_ref:
+        # A range on the primary key instead of LIKE, so '_' and '%' in a ref mean themselves.
+        found = conn.execute(f"SELECT {cols} FROM runs WHERE run_id >= ? AND run_id < ? "
+                             "ORDER BY started_ms DESC LIMIT 6",
+                             (run_ref, run_ref + "\U0010ffff")).fetchall()
+        if len(found) > 1:
+            total = conn.execute("SELECT count(*) FROM runs WHERE run_id >= ? AND run_id < ?",
+                                 (run_ref, run_ref + "\U0010ffff")).fetchone()[0]
+            shown = ", ".join(r[0] for r in found[:5]) + (", ..." if total > 5 else "")
+            raise StoreError(f"'{run_ref}' matches {total} runs: {shown}")
+        row = found[0] if found else None
+    if row is None:
+        raise StoreError(f"no run matches '{run_ref}'")
+    return _run_from_row(row)
+
+
+def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
+          limit: int | None = None) -> list[StepRow]:
+    """A run's steps in step order; limit keeps the newest `limit` of them."""
+    where, params = "run_id = ?", [run_id]
+    if since_ms is not None:
+        where += " AND ts_ms >= ?"
+        params.append(since_ms)
+    sql = f"SELECT {columns_of(StepRow)} FROM steps WHERE {where} ORDER BY step DESC"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return _build(StepRow, reversed(conn.execute(sql, params).fetchall()))
+
+
+__all__ = [
+    "GpuInfo", "GpuSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
+    "SeriesPoint", "gpus", "latest_gpu_samples", "gpu_series", "latest_host_sample",
+    "host_series", "gpu_processes", "runs", "run", "steps", "series_tier",
+]
+
