@@ -14,6 +14,10 @@ from gpuwatch import __version__
 
 COMMANDS: dict[str, str] = {
     # name: "gpuwatch.cli.<module>:<click command>"
+    "daemon": "gpuwatch.cli.daemon_cmd:daemon",
+    "status": "gpuwatch.cli.status_cmd:status",
+    "query": "gpuwatch.cli.query_cmd:query",
+    "install-service": "gpuwatch.cli.service_cmd:install_service",
 }
 
 

@@ -1,0 +1,180 @@
+"""`gpuwatch status`: a one-shot table of GPUs, the host and GPU processes, like gpustat.
+
+Reads the newest samples when a daemon is writing the database (newest host sample under
+FRESH_MS old); otherwise samples once with the collectors and says so.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+
+import click
+
+from gpuwatch import fmt
+from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader_db_path
+from gpuwatch.cli.query_cmd import format_table
+
+FRESH_MS = 10_000
+GPU_HEADERS = ["GPU", "name", "util", "memory used/total", "temp", "power", "state"]
+PROC_HEADERS = ["pid", "user", "GPU", "GPU mem", "command"]
+
+
+@dataclass
+class View:
+    source: str  # where the figures come from, shown on the first line
+    gpu_note: str = ""  # why there are no GPU rows, if there are none
+    gpus: list[list] = field(default_factory=list)
+    host: str = ""
+    procs: list[list] = field(default_factory=list)
+
+
+def _gpu_row(index, name, util, used, total, temp, power_mw, state) -> list:
+    return [index, name or "-", "-" if util is None else f"{util}%",
+            f"{fmt.size(used)} / {fmt.size(total)}", "-" if temp is None else f"{temp}C",
+            "-" if power_mw is None else f"{power_mw / 1000:.0f}W", state or "ok"]
+
+
+def _host_line(h) -> str:
+    if h is None:
+        return "host: no sample"
+    shm = f"/dev/shm {fmt.size(h.shm_used_bytes)} / {fmt.size(h.shm_total_bytes)}" \
+        if h.shm_total_bytes else "/dev/shm -"
+    cpu = "-" if h.cpu_pct is None else f"{h.cpu_pct:.0f}%"
+    return (f"host: CPU {cpu}  load {h.load1:.2f}  RAM {fmt.size(h.mem_used_bytes)} / "
+            f"{fmt.size(h.mem_total_bytes)}  {shm}")
+
+
+def view_from_db(conn, now: int) -> View | None:
+    """The daemon's newest samples, or None when the database is not being written."""
+    from gpuwatch.store import queries
+
+    host = queries.latest_host_sample(conn)
+    if host is None or now - host.ts_ms > FRESH_MS:
+        return None
+    view = View(source=f"daemon data, {fmt.duration(now - host.ts_ms)} old", host=_host_line(host))
+    samples = queries.latest_gpu_samples(conn)
+    for gpu in queries.gpus(conn):
+        s = samples.get(gpu.gpu_index)
+        if s is None or now - s.ts_ms > FRESH_MS:
+            view.gpus.append(_gpu_row(gpu.gpu_index, gpu.name, None, None, gpu.mem_total_bytes,
+                                      None, None, "no recent sample"))
+            continue
+        view.gpus.append(_gpu_row(gpu.gpu_index, gpu.name, s.gpu_util_pct, s.mem_used_bytes,
+                                  gpu.mem_total_bytes, s.temp_c, s.power_mw, s.state))
+    if not view.gpus:
+        view.gpu_note = "no NVIDIA GPUs: the daemon samples the host only"
+    for p in queries.gpu_processes(conn):
+        view.procs.append([p.pid, p.user or p.uid or "-", p.gpu_index, fmt.size(p.used_mem_bytes),
+                           p.cmdline or "-"])
+    return view
+
+
+class Direct:
+    """Samples with the collectors in this process (no daemon is writing the database)."""
+
+    def __init__(self, nvml_module=None):
+        from collectors.host import HostCollector
+        from collectors.nvml import NvmlCollector, NvmlUnavailable
+        from collectors.processes import ProcessCollector
+
+        self.host = HostCollector()
+        self.procs = ProcessCollector()
+        self.host.sample(0)  # primes the CPU % baseline
+        self.nvml_error = ""
+        try:
+            self.nvml = NvmlCollector(nvml=nvml_module)
+        except NvmlUnavailable as e:
+            self.nvml, self.nvml_error = None, str(e)
+
+    def view(self) -> View:
+        from gpuwatch.store import now_ms
+
+        view = View(source="no daemon: sampled now")
+        ts = now_ms()
+        view.host = _host_line(self.host.sample(ts))
+        if self.nvml is None:
+            view.gpu_note = f"no NVIDIA driver: {self.nvml_error}"
+            return view
+        samples, procs = self.nvml.sample(ts)
+        by_index = {s.gpu_index: s for s in samples}
+        for g in self.nvml.static:
+            s = by_index.get(g.gpu_index)
+            view.gpus.append(_gpu_row(g.gpu_index, g.name, s and s.gpu_util_pct, s and s.mem_used_bytes,
+                                      g.mem_total_bytes, s and s.temp_c, s and s.power_mw,
+                                      s.state if s else "lost"))
+        for p in procs:
+            info = self.procs.info(p.pid)
+            view.procs.append([p.pid, info.user if info else "-", p.gpu_index,
+                               fmt.size(p.used_mem_bytes), info.cmdline if info else "-"])
+        return view
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            self.nvml.close()
+
+
+def render(view: View, width: int) -> str:
+    parts = [view.source]
+    if view.gpu_note:
+        parts.append(view.gpu_note)
+    if view.gpus:
+        parts.append(format_table(GPU_HEADERS, view.gpus, width, right={0, 2, 4, 5}))
+    parts.append(view.host)
+    if view.procs:
+        parts.append(format_table(PROC_HEADERS, sorted(view.procs, key=lambda r: (r[2], r[0])),
+                                  width, right={0, 2, 3}))
+    elif view.gpus:
+        parts.append("no GPU processes")
+    return "\n".join(parts)
+
+
+def _read_view(db_path: str, now: int) -> View | None:
+    from pathlib import Path
+
+    from gpuwatch.store import open_ro
+
+    if not Path(db_path).exists():
+        return None
+    conn = open_ro(db_path)
+    try:
+        return view_from_db(conn, now)
+    finally:
+        conn.close()
+
+
+@click.command("status")
+@db_option
+@click.option("--live", is_flag=True, help="Refresh every sampling interval until Ctrl-C.")
+@friendly_errors
+def status(db, live):
+    """Show every GPU (utilisation, memory, temperature, power), the host and GPU processes.
+
+    Uses the daemon's newest samples when it is running, else samples once directly.
+    """
+    from gpuwatch.store import now_ms
+
+    db_path = reader_db_path(db)
+    interval = load_config().interval
+    direct: Direct | None = None
+    try:
+        while True:
+            view = _read_view(db_path, now_ms())
+            if view is None:
+                if direct is None:
+                    direct = Direct()
+                    time.sleep(0.2)  # lets the first CPU % cover a real interval
+                view = direct.view()
+            width = shutil.get_terminal_size((80, 24)).columns
+            if live:
+                click.clear()
+            click.echo(render(view, width))
+            if not live:
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if direct is not None:
+            direct.close()
