@@ -1,0 +1,481 @@
+"""How a workload's events reach the database: through the daemon's socket, or embedded.
+
+`connect(cfg)` returns a DaemonTransport when a daemon answers on its socket, else an
+EmbeddedTransport that writes the same schema to the per-user database with the same rules
+(gpuwatch.store.events) and samples GPUs/host in a background thread.
+
+DaemonTransport never blocks the caller: `send()` puts the event on a bounded queue and a
+sender thread batches, sends and waits for acks (sent only after the daemon committed). When
+the queue is full the event is DROPPED and counted in `dropped` (newest lost, never a wait:
+the training loop matters more). When the daemon is away, the connection breaks, or the
+daemon says "rate limited"/"busy", unacknowledged events go to a spool file
+($XDG_DATA_HOME/gpuwatch/spool/<pid>-<token>.jsonl); the sender reconnects with backoff,
+replays the spool in order, then deletes it. Acked ids are never resent; anything resent
+after a lost ack is deduplicated by the database's natural keys. A spool left by a process
+that died is replayed by the next client of the same user that reaches the daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import select
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+from gpuwatch import __version__, paths, protocol
+from gpuwatch.config import Config
+
+log = logging.getLogger(__name__)
+
+HELLO = {"type": "hello", "client": f"gpuwatch/{__version__}"}
+
+
+class TransportClosed(RuntimeError):
+    pass
+
+
+class Transport:
+    """What gpuwatch.client uses; see the module docstring."""
+
+    mode: str = ""
+    control_handler: Callable[[dict], None] | None = None
+    dropped = 0  # events lost because the queue was full
+    rejected = 0  # events the protocol or the daemon refused (bugs, other users' runs)
+
+    def send(self, event: dict) -> None:
+        raise NotImplementedError
+
+    def request(self, msg: dict, timeout: float = 5.0) -> dict:
+        raise NotImplementedError
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _reject(self, n: int, why: str) -> None:
+        if not self.rejected:
+            log.warning("gpuwatch: events refused: %s", why)
+        self.rejected += n
+
+
+def socket_candidates(cfg: Config) -> list[Path]:
+    """The configured socket; with no explicit choice, also a system daemon's."""
+    found = [cfg.socket_path]
+    if not cfg.socket and not cfg.system:
+        found.append(paths.default_socket_path(system=True))
+    return found
+
+
+def connect(cfg: Config, **options) -> Transport:
+    for path in socket_candidates(cfg):
+        try:
+            link = _Link.open(path, timeout=2.0)
+        except (OSError, TransportClosed, protocol.ProtocolError):
+            continue
+        return DaemonTransport(cfg, path, link, **options)
+    return EmbeddedTransport(cfg)
+
+
+class _Link:
+    """One greeted connection: frames out, reply frames in, pushed control frames aside."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buf = bytearray()
+
+    @classmethod
+    def open(cls, path: Path, timeout: float) -> _Link:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(path))
+            link = cls(sock)
+            link.sock.sendall(protocol.encode(HELLO))
+            welcome = link.read_frame(timeout)
+        except BaseException:
+            sock.close()
+            raise
+        if welcome.get("type") != "welcome":
+            sock.close()
+            raise TransportClosed(f"{path}: {welcome.get('error', welcome)}")
+        return link
+
+    def read_frame(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TransportClosed("no reply from the daemon in time")
+            self.sock.settimeout(left)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise TransportClosed("the daemon closed the connection")
+            self.buf += chunk
+        end = self.buf.index(b"\n") + 1
+        line = bytes(self.buf[:end])
+        del self.buf[:end]
+        return protocol.decode(line)
+
+    def pending(self) -> bool:
+        """True if a frame (or the end of the stream) can be read now without waiting."""
+        return b"\n" in self.buf or bool(select.select([self.sock], [], [], 0)[0])
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _frames(encoded: list[bytes]) -> list[list[int]]:
+    """Split event indexes into frames under the event-count and byte caps."""
+    groups: list[list[int]] = []
+    size = protocol.MAX_FRAME_BYTES  # forces a new group first
+    for i, data in enumerate(encoded):
+        if size + len(data) + 1 > protocol.MAX_FRAME_BYTES - 64 or len(groups[-1]) >= protocol.MAX_EVENTS_PER_BATCH:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += len(data) + 1
+    return groups
+
+
+def _events_frame(parts: list[bytes]) -> bytes:
+    return b'{"v":%d,"type":"events","events":[%s]}\n' % (protocol.VERSION, b",".join(parts))
+
+
+class DaemonTransport(Transport):
+    mode = "daemon"
+
+    def __init__(self, cfg: Config, path: Path, link: _Link | None = None, *,
+                 queue_size: int = 10_000, max_backoff: float = 5.0, ack_timeout: float = 30.0,
+                 spool_dir: Path | None = None):
+        self.cfg = cfg
+        self.path = path
+        self.max_backoff = max_backoff
+        self.ack_timeout = ack_timeout
+        self.spool_dir = spool_dir or paths.user_data_dir() / "spool"
+        self.spool_path = self.spool_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+        self._link = link
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._backoff = 0.0
+        self._retry_at = 0.0
+        self._enqueued = 0
+        self._finished = 0
+        self._progress = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="gpuwatch-sender", daemon=True)
+        self._thread.start()
+
+    # --- caller side ---
+
+    def send(self, event: dict) -> None:
+        with self._progress:
+            if self._closing:
+                return
+            try:
+                self._queue.put_nowait(event)
+            except queue.Full:
+                if not self.dropped:
+                    log.warning("gpuwatch: event queue full; dropping events (counted in dropped)")
+                self.dropped += 1
+                return
+            self._enqueued += 1
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything sent so far is acknowledged by the daemon or spooled."""
+        with self._progress:
+            target = self._enqueued
+            return self._progress.wait_for(lambda: self._finished >= target, timeout)
+
+    def close(self) -> None:
+        self.flush(timeout=30.0)
+        with self._progress:
+            self._closing = True
+        self._thread.join()
+        if self._spool_exists():
+            log.warning("gpuwatch: daemon unreachable; events kept in %s for replay", self.spool_path)
+
+    def request(self, msg: dict, timeout: float = 5.0) -> dict:
+        """One frame on a connection of its own; returns the daemon's reply. If the daemon
+        cannot take an events frame now, its events are queued (spooled) like send()."""
+        try:
+            link = _Link.open(self.path, timeout)
+            try:
+                link.sock.sendall(protocol.encode(msg))
+                reply = link.read_frame(timeout)
+            finally:
+                link.close()
+        except (OSError, TransportClosed, protocol.ProtocolError) as e:
+            reply = protocol.error(f"daemon unavailable: {e}", "unavailable")
+        if msg.get("type") == "events" and reply.get("code") in protocol.RETRYABLE_CODES:
+            acked = set(reply.get("ids", ()))
+            for event in msg.get("events", ()):
+                if event.get("id") not in acked:
+                    self.send(event)
+            reply["queued"] = True
+        return reply
+
+    # --- the sender thread ---
+
+    def _run(self) -> None:
+        while True:
+            batch = self._collect()
+            if batch:
+                self._dispatch(batch)
+                with self._progress:
+                    self._finished += len(batch)
+                    self._progress.notify_all()
+            elif self._closing:
+                break
+            if self._spool_exists() and self._ready():
+                self._replay(self.spool_path)
+            elif self._link is not None and not batch:
+                self._poll_control()
+        if self._spool_exists() and (self._link is not None or self._reconnect()):
+            self._replay(self.spool_path)  # one last try before the process goes
+        if self._link is not None:
+            self._link.close()
+
+    def _collect(self) -> list[dict]:
+        try:
+            batch = [self._queue.get(timeout=0.2)]
+        except queue.Empty:
+            return []
+        while len(batch) < protocol.MAX_EVENTS_PER_BATCH:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _dispatch(self, batch: list[dict]) -> None:
+        encoded = []
+        for event in batch:
+            try:
+                protocol.validate_event(event)
+                data = json.dumps(event, separators=(",", ":")).encode()
+            except (protocol.ProtocolError, TypeError, ValueError) as e:
+                self._reject(1, str(e))
+                continue
+            if len(data) > protocol.MAX_FRAME_BYTES - 64:
+                self._reject(1, f"event {event.get('id')!r} of {len(data)} bytes exceeds the frame cap")
+                continue
+            encoded.append(data)
+        if not encoded:
+            return
+        if not self._spool_exists() and self._ready():
+            encoded = self._deliver(encoded)
+        if encoded:
+            self._spool(encoded)
+
+    def _ready(self) -> bool:
+        """Connected, or reconnected now, and not told to wait."""
+        if time.monotonic() < self._retry_at:
+            return False
+        return self._link is not None or self._reconnect()
+
+    def _reconnect(self) -> bool:
+        try:
+            self._link = _Link.open(self.path, timeout=2.0)
+        except (OSError, TransportClosed, protocol.ProtocolError):
+            self._wait_longer()
+            return False
+        self._backoff = 0.0
+        log.info("gpuwatch: connected to the daemon at %s", self.path)
+        self._adopt_orphan_spools()
+        return True
+
+    def _wait_longer(self, at_least: float = 0.0) -> None:
+        self._backoff = min(self.max_backoff, max(0.1, self._backoff * 2, at_least))
+        self._retry_at = time.monotonic() + self._backoff
+
+    def _disconnect(self, why: str) -> None:
+        log.info("gpuwatch: lost the daemon (%s); spooling", why)
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+        self._wait_longer()
+
+    def _deliver(self, encoded: list[bytes]) -> list[bytes]:
+        """Send events in capped frames; return those still to be delivered later (in order)."""
+        for n, group in enumerate(_frames(encoded)):
+            parts = [encoded[i] for i in group]
+            try:
+                self._link.sock.sendall(_events_frame(parts))
+                reply = self._reply()
+            except (OSError, TransportClosed, protocol.ProtocolError) as e:
+                self._disconnect(str(e))
+                return encoded[group[0]:]
+            if reply.get("type") == "ack":
+                continue
+            acked = set(reply.get("ids", ()))
+            left = [p for p in parts if json.loads(p)["id"] not in acked]
+            if reply.get("code") in protocol.RETRYABLE_CODES:
+                self._wait_longer(reply.get("retry_after_ms", 0) / 1000)
+                return left + encoded[group[-1] + 1:]
+            if reply.get("code") == "invalid" and len(left) > 1:
+                # One event an older daemon does not understand: send one by one, lose only it.
+                for i, part in enumerate(left):
+                    if self._deliver([part]):
+                        return left[i:] + encoded[group[-1] + 1:]
+                continue
+            self._reject(len(left), reply.get("error", str(reply)))
+        return []
+
+    def _reply(self) -> dict:
+        """The reply to the frame just sent; pushed control frames on the way are handled."""
+        while True:
+            frame = self._link.read_frame(self.ack_timeout)
+            if frame.get("type") != "control":
+                return frame
+            self._on_control(frame)
+
+    def _poll_control(self) -> None:
+        try:
+            while self._link.pending():
+                frame = self._link.read_frame(self.ack_timeout)
+                if frame.get("type") == "control":
+                    self._on_control(frame)
+        except (OSError, TransportClosed, protocol.ProtocolError) as e:
+            self._disconnect(str(e))
+
+    def _on_control(self, frame: dict) -> None:
+        handler = self.control_handler
+        if handler is None:
+            log.info("gpuwatch: control %s ignored (no handler)", frame.get("action"))
+            return
+        try:
+            handler(frame)
+        except Exception:
+            log.exception("gpuwatch: control handler failed")
+
+    # --- the spool ---
+
+    def _spool_exists(self) -> bool:
+        return self.spool_path.exists()
+
+    def _spool(self, encoded: list[bytes]) -> None:
+        self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(self.spool_path, "ab") as f:
+            f.write(b"".join(data + b"\n" for data in encoded))
+
+    def _replay(self, path: Path) -> bool:
+        """Send a spool file's events in order; delete it when all are delivered."""
+        try:
+            encoded = [line for line in path.read_bytes().split(b"\n") if line]
+        except FileNotFoundError:
+            return True
+        left = self._deliver(encoded)
+        if left:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(b"".join(data + b"\n" for data in left))
+            os.replace(tmp, path)
+            return False
+        path.unlink()
+        log.info("gpuwatch: replayed %d spooled events from %s", len(encoded), path)
+        return True
+
+    def _adopt_orphan_spools(self) -> None:
+        """Replay spools whose writing process has died (same user: same spool directory)."""
+        try:
+            names = os.listdir(self.spool_dir)
+        except FileNotFoundError:
+            return
+        for name in sorted(names):
+            pid = name.split("-", 1)[0]
+            if not name.endswith(".jsonl") or not pid.isdigit() or _pid_alive(int(pid)):
+                continue
+            mine = self.spool_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+            try:
+                os.rename(self.spool_dir / name, mine)  # atomic: one adopter wins
+            except FileNotFoundError:
+                continue
+            if not self._replay(mine):
+                return  # left under our pid; the next adopter after us takes it
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class EmbeddedTransport(Transport):
+    """No daemon: the same rules into the per-user database, plus the sampler in a thread."""
+
+    mode = "embedded"
+
+    def __init__(self, cfg: Config):
+        import pwd
+
+        from gpuwatch.sampler import Sampler
+        from gpuwatch.store import Writer
+        from gpuwatch.store.events import Peer
+
+        uid = os.getuid()
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = str(uid)
+        self.cfg = cfg
+        self.peer = Peer(uid, user, os.getpid(), "embedded")
+        self.writer = Writer(cfg.db_path)
+        try:
+            self.sampler = Sampler(self.writer, cfg)
+            self.sampler.start()
+        except BaseException:
+            self.writer.close()
+            raise
+
+    def send(self, event: dict) -> None:
+        if not self.writer.submit(lambda conn: self._apply(conn, [event]), block=False):
+            self.dropped += 1
+
+    def _apply(self, conn, events: list[dict]):
+        from gpuwatch.store.events import apply_events
+
+        valid = []
+        for event in events:
+            try:
+                valid.append(protocol.validate_event(event)[0])
+            except protocol.ProtocolError as e:
+                self._reject(1, str(e))
+        outcome = apply_events(conn, valid, self.peer)
+        for _, _, message in outcome.rejected:
+            self._reject(1, message)
+        return outcome
+
+    def request(self, msg: dict, timeout: float = 5.0) -> dict:
+        if msg.get("type") != "events":
+            return protocol.error(f"{msg.get('type')}: needs the gpuwatch daemon (this run is in "
+                                  f"embedded mode)", "unavailable")
+        try:
+            events = protocol.validate(dict(msg, v=protocol.VERSION)).events
+        except protocol.ProtocolError as e:
+            return protocol.error(str(e), "invalid")
+        done = threading.Event()
+        result = []
+        if not self.writer.submit(lambda conn: result.append(self._apply(conn, events)),
+                                  lambda ok: done.set(), timeout=timeout) or not done.wait(timeout):
+            return protocol.error("database busy; try again", "busy")
+        if not result:
+            return protocol.error("database write failed", "store")
+        return {"v": protocol.VERSION, **result[0].reply()}
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        return self.writer.flush(timeout)
+
+    def close(self) -> None:
+        self.sampler.stop()
+        self.writer.close()

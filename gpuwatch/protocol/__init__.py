@@ -1,0 +1,271 @@
+"""The wire format between workloads and the daemon: the one place that says what is valid.
+
+Newline-delimited JSON frames over a Unix stream socket. Every frame is a JSON object with
+`"v": 1` and a `"type"`. A client first sends `hello` and gets `welcome` (or an `error` naming
+the version problem); then it sends `events` batches and gets, for each, an `ack` listing the
+ids that the daemon's writer has COMMITTED. Any reply may carry `ids`: those are durable.
+
+Client -> daemon: hello, events, control_request.
+Daemon -> client: welcome, ack, error (with `code`), control (pushed), control_result.
+
+Frames are capped at MAX_FRAME_BYTES. OOM postmortems (traceback, memory summary, largest
+blocks with their stacks) are the large ones - a few hundred KiB - so the cap is 4 MiB; a
+sender packs batches under it and a single event must fit alone.
+
+Adding an event kind is one entry in EVENT_KINDS (field specs) plus its applier in
+gpuwatch.store.events. Identity fields (uid, user, pid) are never believed: they are dropped
+with a warning, the daemon takes identity from SO_PEERCRED.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+VERSION = 1
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+MAX_EVENTS_PER_BATCH = 1000
+MAX_ID_CHARS = 128
+
+# Error codes a client acts on: retryable ones mean "keep it spooled and try later".
+RETRYABLE_CODES = frozenset({"rate_limited", "busy", "store", "unavailable"})
+
+RUN_END_STATUSES = ("finished", "failed", "oom", "killed")
+IDENTITY_FIELDS = ("uid", "user", "pid")
+
+
+class ProtocolError(ValueError):
+    """A frame or event is not valid; the message is one line naming the field and the problem."""
+
+
+# --- field specs -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Spec:
+    """What one field may hold. `check(value)` returns an error phrase or None."""
+
+    expected: str
+    check: Callable[[Any], bool]
+    required: bool = False
+
+    def problem(self, value: Any) -> str | None:
+        if self.check(value):
+            return None
+        return f"expected {self.expected}, got {_show(value)}"
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    # NaN and inf are allowed: a diverging loss is a fact worth storing, not a protocol error.
+    return (_is_int(v) or isinstance(v, float)) and not isinstance(v, bool)
+
+
+def text(max_chars: int = 65536, required: bool = False) -> Spec:
+    return Spec(f"string of at most {max_chars} characters",
+                lambda v: isinstance(v, str) and len(v) <= max_chars, required)
+
+
+def ident(required: bool = True) -> Spec:
+    return Spec(f"non-empty string of at most {MAX_ID_CHARS} characters",
+                lambda v: isinstance(v, str) and 0 < len(v) <= MAX_ID_CHARS, required)
+
+
+def integer(minimum: int | None = None, required: bool = False) -> Spec:
+    if minimum is None:
+        return Spec("integer", _is_int, required)
+    return Spec(f"integer >= {minimum}", lambda v: _is_int(v) and v >= minimum, required)
+
+
+def number(minimum: float | None = None, required: bool = False) -> Spec:
+    if minimum is None:
+        return Spec("number", _is_num, required)
+    return Spec(f"number >= {minimum:g}",
+                lambda v: _is_num(v) and (math.isnan(v) or v >= minimum), required)
+
+
+def obj(required: bool = False) -> Spec:
+    return Spec("JSON object", lambda v: isinstance(v, dict), required)
+
+
+def list_of_text(required: bool = False) -> Spec:
+    return Spec("list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+                required)
+
+
+def one_of(choices: tuple[str, ...], required: bool = False) -> Spec:
+    return Spec(f"one of {', '.join(choices)}", lambda v: v in choices, required)
+
+
+COMMON_FIELDS: dict[str, Spec] = {
+    "id": ident(),
+    "kind": ident(),
+    "run_id": ident(),
+    "ts_ms": integer(0, required=True),
+}
+
+# kind -> field specs (beyond COMMON_FIELDS). Field names are the table's column names, except
+# object fields, stored as <name>_json, and run_event's event_kind (the envelope owns "kind").
+EVENT_KINDS: dict[str, dict[str, Spec]] = {
+    "run_start": {
+        "name": text(512), "job_id": text(256), "config": obj(), "command": text(),
+        "cwd": text(4096), "git_commit": text(64), "host": text(256),
+        "torch_version": text(64), "cuda_version": text(64),
+        "gpu_uuids": text(4096),
+        "rank": integer(0), "local_rank": integer(0), "world_size": integer(1),
+        "slurm_job_id": text(64), "parent_run_id": text(MAX_ID_CHARS),
+        "flops_per_token": number(0),
+    },
+    "step": {
+        "step": integer(0, required=True),
+        "tokens": integer(0), "samples": integer(0), "seq_len": integer(0),
+        "loss": number(), "step_time_ms": number(0), "tokens_per_s": number(0), "mfu": number(0),
+        "mem_allocated_bytes": integer(0), "mem_reserved_bytes": integer(0),
+        "mem_peak_bytes": integer(0), "rss_bytes": integer(0),
+    },
+    "generation": {
+        "gen_id": integer(0, required=True),
+        "prompt_tokens": integer(0), "new_tokens": integer(0),
+        "ttft_ms": number(0), "itl_p50_ms": number(0), "itl_p90_ms": number(0),
+        "tokens_per_s": number(0),
+    },
+    "memory_stats": {
+        "step": integer(0, required=True), "device": integer(0),
+        "num_alloc_retries": integer(0), "num_ooms": integer(0),
+        "inactive_split_bytes": integer(0), "stats": obj(),
+    },
+    "run_end": {
+        "status": one_of(RUN_END_STATUSES, required=True),
+        "exit_code": integer(), "signal": integer(0),
+        "error_type": text(256), "error_message": text(),
+    },
+    "run_event": {
+        "seq": integer(0, required=True), "event_kind": ident(), "payload": obj(),
+    },
+}
+
+# Control actions the daemon may push to a run's client: action -> extra field specs.
+CONTROL_ACTIONS: dict[str, dict[str, Spec]] = {
+    "profile": {"steps": integer(1)},
+}
+
+
+# --- messages ----------------------------------------------------------------------------------
+
+@dataclass
+class Message:
+    """A validated client frame. `events` hold only known fields, nulls removed."""
+
+    type: str
+    frame: dict
+    events: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def encode(frame: dict) -> bytes:
+    """One frame as a line; `v` is added. Raises ProtocolError if it would exceed the cap."""
+    data = json.dumps({"v": VERSION, **frame}, separators=(",", ":")).encode() + b"\n"
+    if len(data) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {len(data)} bytes exceeds the {MAX_FRAME_BYTES}-byte cap")
+    return data
+
+
+def decode(line: bytes) -> dict:
+    """Parse one frame line (without the cap check, done by the reader)."""
+    try:
+        frame = json.loads(line)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ProtocolError(f"frame is not JSON: {e}") from None
+    if not isinstance(frame, dict):
+        raise ProtocolError(f"frame must be a JSON object, got {type(frame).__name__}")
+    return frame
+
+
+def check_version(frame: dict) -> None:
+    v = frame.get("v")
+    if v != VERSION:
+        raise ProtocolError(f"unsupported protocol version {_show(v)}; this daemon speaks {VERSION}")
+
+
+def validate_event(event: Any, where: str = "event") -> tuple[dict, list[str]]:
+    """Check one event; return it cleaned (unknown and identity fields dropped) and warnings."""
+    if not isinstance(event, dict):
+        raise ProtocolError(f"{where}: expected JSON object, got {_show(event)}")
+    kind = event.get("kind")
+    if kind not in EVENT_KINDS:
+        if not isinstance(kind, str):
+            raise ProtocolError(f"{where}.kind: expected one of {', '.join(EVENT_KINDS)}, got {_show(kind)}")
+        raise ProtocolError(f"{where}.kind: unknown event kind {kind!r}")
+    specs = {**COMMON_FIELDS, **EVENT_KINDS[kind]}
+    clean: dict = {}
+    warnings: list[str] = []
+    for name, value in event.items():
+        spec = specs.get(name)
+        if spec is None:
+            why = "identity comes from the socket" if name in IDENTITY_FIELDS else "unknown field"
+            warnings.append(f"{where}.{name}: ignored ({why})")
+            continue
+        if value is None and not spec.required:
+            continue
+        problem = spec.problem(value)
+        if problem:
+            raise ProtocolError(f"{where}.{name}: {problem}")
+        clean[name] = value
+    for name, spec in specs.items():
+        if spec.required and name not in clean:
+            raise ProtocolError(f"{where}.{name}: required for {kind} events")
+    return clean, warnings
+
+
+def _check_fields(frame: dict, specs: dict[str, Spec]) -> None:
+    for name, spec in specs.items():
+        value = frame.get(name)
+        if value is None:
+            if spec.required:
+                raise ProtocolError(f"{frame['type']}.{name}: required")
+            continue
+        problem = spec.problem(value)
+        if problem:
+            raise ProtocolError(f"{frame['type']}.{name}: {problem}")
+
+
+def validate(frame: dict) -> Message:
+    """Validate a decoded client frame; raise ProtocolError with one exact line otherwise."""
+    check_version(frame)
+    kind = frame.get("type")
+    if kind == "hello":
+        _check_fields(frame, {"client": text(256)})
+        return Message("hello", frame)
+    if kind == "events":
+        events = frame.get("events")
+        if not isinstance(events, list):
+            raise ProtocolError(f"events: expected list of events, got {_show(events)}")
+        if len(events) > MAX_EVENTS_PER_BATCH:
+            raise ProtocolError(f"events: {len(events)} events in one frame, at most {MAX_EVENTS_PER_BATCH}")
+        msg = Message("events", frame)
+        for i, event in enumerate(events):
+            clean, warnings = validate_event(event, f"events[{i}]")
+            msg.events.append(clean)
+            msg.warnings.extend(warnings)
+        return msg
+    if kind == "control_request":
+        action = frame.get("action")
+        if action not in CONTROL_ACTIONS:
+            raise ProtocolError(f"control_request.action: expected one of {', '.join(CONTROL_ACTIONS)}, "
+                                f"got {_show(action)}")
+        _check_fields(frame, {"run_id": ident(), **CONTROL_ACTIONS[action]})
+        return Message("control_request", frame)
+    raise ProtocolError(f"type: unknown frame type {_show(kind)}")
+
+
+def error(message: str, code: str, **extra) -> dict:
+    return {"type": "error", "code": code, "error": message, **extra}
