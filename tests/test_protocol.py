@@ -1,0 +1,110 @@
+"""The wire format: what is valid, and the exact one-line errors for what is not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuwatch import protocol
+from gpuwatch.protocol import ProtocolError, validate
+
+
+def frame(*events, **extra):
+    return {"v": 1, "type": "events", "events": list(events), **extra}
+
+
+def step(i=0, **fields):
+    return {"id": f"e{i}", "kind": "step", "run_id": "r1", "ts_ms": 1000 + i, "step": i, **fields}
+
+
+def test_valid_batch_keeps_known_fields():
+    msg = validate(frame(step(0, tokens=4096, loss=2.5), step(1, tokens=4096, loss=None)))
+    assert msg.type == "events"
+    assert msg.events[0]["tokens"] == 4096 and msg.events[0]["loss"] == 2.5
+    assert "loss" not in msg.events[1]  # null means "not given"
+
+
+def test_bad_field_names_index_field_and_value():
+    bad = frame(step(0), step(1), step(2), step(3, tokens="abc"))
+    with pytest.raises(ProtocolError) as e:
+        validate(bad)
+    assert str(e.value) == "events[3].tokens: expected integer >= 0, got 'abc'"
+
+
+@pytest.mark.parametrize("event, message", [
+    ({"id": "a", "kind": "teleport", "run_id": "r", "ts_ms": 1}, "events[0].kind: unknown event kind 'teleport'"),
+    ({"id": "a", "kind": "step", "run_id": "r", "ts_ms": 1}, "events[0].step: required for step events"),
+    ({"id": "", "kind": "step", "run_id": "r", "ts_ms": 1, "step": 0},
+     "events[0].id: expected non-empty string of at most 128 characters, got ''"),
+    ({"id": "a", "kind": "run_end", "run_id": "r", "ts_ms": 1, "status": "exploded"},
+     "events[0].status: expected one of finished, failed, oom, killed, got 'exploded'"),
+    ({"id": "a", "kind": "step", "run_id": "r", "ts_ms": -5, "step": 0},
+     "events[0].ts_ms: expected integer >= 0, got -5"),
+    ({"id": "a", "kind": "step", "run_id": "r", "ts_ms": 1, "step": True},
+     "events[0].step: expected integer >= 0, got True"),
+    ({"id": "a", "kind": "run_start", "run_id": "r", "ts_ms": 1, "config": [1, 2]},
+     "events[0].config: expected JSON object, got [1, 2]"),
+    ("step", "events[0]: expected JSON object, got 'step'"),
+])
+def test_each_kind_of_bad_event_has_its_line(event, message):
+    with pytest.raises(ProtocolError) as e:
+        validate(frame(event))
+    assert str(e.value) == message
+
+
+def test_identity_fields_are_dropped_with_a_warning():
+    msg = validate(frame({"id": "a", "kind": "run_start", "run_id": "r", "ts_ms": 1,
+                          "uid": 0, "user": "root", "pid": 1, "colour": "blue"}))
+    assert set(msg.events[0]) == {"id", "kind", "run_id", "ts_ms"}
+    assert "events[0].uid: ignored (identity comes from the socket)" in msg.warnings
+    assert "events[0].colour: ignored (unknown field)" in msg.warnings
+
+
+def test_nan_loss_is_a_fact_not_an_error():
+    decoded = protocol.decode(json.dumps(frame(step(0, loss=float("nan")))).encode())
+    assert validate(decoded).events[0]["loss"] != validate(decoded).events[0]["loss"]
+
+
+def test_wrong_version_and_unknown_type():
+    with pytest.raises(ProtocolError, match=r"^unsupported protocol version 7; this daemon speaks 1$"):
+        validate({"v": 7, "type": "hello"})
+    with pytest.raises(ProtocolError, match=r"^unsupported protocol version None"):
+        validate({"type": "hello"})
+    with pytest.raises(ProtocolError, match=r"^type: unknown frame type 'dance'$"):
+        validate({"v": 1, "type": "dance"})
+
+
+def test_decode_refuses_non_json_and_non_objects():
+    with pytest.raises(ProtocolError, match=r"^frame is not JSON"):
+        protocol.decode(b"{nope\n")
+    with pytest.raises(ProtocolError, match=r"^frame must be a JSON object, got list$"):
+        protocol.decode(b"[1]\n")
+
+
+def test_batch_size_cap():
+    events = [step(i) for i in range(protocol.MAX_EVENTS_PER_BATCH + 1)]
+    with pytest.raises(ProtocolError, match=r"^events: 1001 events in one frame, at most 1000$"):
+        validate(frame(*events))
+
+
+def test_encode_refuses_frames_over_the_cap():
+    big = {"type": "events", "events": [step(0, note="x" * protocol.MAX_FRAME_BYTES)]}
+    with pytest.raises(ProtocolError, match="exceeds the"):
+        protocol.encode(big)
+    assert protocol.encode({"type": "hello"}).endswith(b"\n")
+
+
+def test_control_request_actions():
+    ok = validate({"v": 1, "type": "control_request", "run_id": "r", "action": "profile", "steps": 5})
+    assert ok.type == "control_request"
+    with pytest.raises(ProtocolError, match=r"^control_request.action: expected one of profile, got 'reboot'$"):
+        validate({"v": 1, "type": "control_request", "run_id": "r", "action": "reboot"})
+    with pytest.raises(ProtocolError, match=r"^control_request.steps: expected integer >= 1, got 0$"):
+        validate({"v": 1, "type": "control_request", "run_id": "r", "action": "profile", "steps": 0})
+
+
+def test_adding_a_kind_is_one_table_entry(monkeypatch):
+    monkeypatch.setitem(protocol.EVENT_KINDS, "stack_dump", {"reason": protocol.text(64, required=True)})
+    msg = validate(frame({"id": "a", "kind": "stack_dump", "run_id": "r", "ts_ms": 1, "reason": "stall"}))
+    assert msg.events[0]["reason"] == "stall"
