@@ -1,0 +1,183 @@
+"""The gpuwatch TUI app: one poller feeds the visible screen with snapshots from a data source.
+
+The source is passed in (tests give a fixed one, the CLI gives the store reader). Polls never
+overlap: the next one is armed only after the last snapshot arrived. Modal screens pause it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Protocol
+
+from textual.app import App, ScreenStackError
+from textual.binding import Binding
+from textual.message import Message
+from textual.timer import Timer
+
+from gpuwatch.tui.screens.base import LiveScreen
+from gpuwatch.tui.screens.modals import ConfirmSignal, HelpScreen
+from gpuwatch.tui.screens.overview import OverviewScreen
+from gpuwatch.tui.screens.runs import RunsScreen
+from gpuwatch.tui.snapshot import ProcessRow, Snapshot, View
+
+TERMINAL_CHECK_S = 2.0  # how often to check the terminal is still there (SSH hang-up)
+HARD_EXIT_AFTER_S = 3.0  # if a clean exit cannot finish writing to a dead terminal
+
+
+class DataSource(Protocol):
+    def fetch(self, view: View) -> Snapshot: ...
+
+    def close(self) -> None: ...
+
+
+class SnapshotReady(Message):
+    def __init__(self, view: View, snapshot: Snapshot) -> None:
+        super().__init__()
+        self.view, self.snapshot = view, snapshot
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:  # containers without a passwd entry for us
+        return str(uid)
+
+
+class GpuwatchApp(App):
+    TITLE = "gpuwatch"
+    CSS_PATH = "app.tcss"
+    ENABLE_COMMAND_PALETTE = False
+    MODES = {"overview": OverviewScreen, "runs": RunsScreen}
+    DEFAULT_MODE = "overview"
+    BINDINGS = [
+        Binding("o", "switch_mode('overview')", "Overview"),
+        Binding("r", "switch_mode('runs')", "Runs"),
+        Binding("question_mark", "help", "Help"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, source: DataSource, refresh_s: float = 1.0, user: str | None = None,
+                 uid: int | None = None) -> None:
+        super().__init__()
+        self.source = source
+        self.refresh_s = refresh_s
+        self.my_uid = os.getuid() if uid is None else uid
+        self.my_user = _user_name(self.my_uid)
+        self.user_filter: str | None = user
+        self.only_mine = False
+        self._polling = False
+        self._again = False
+        self._timer: Timer | None = None
+
+    def on_mount(self) -> None:
+        if not self.is_headless:
+            # SSH hang-up: SIGHUP, or a terminal that is no longer one. Exit instead of spinning.
+            import asyncio
+
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.terminal_gone)
+            self.set_interval(TERMINAL_CHECK_S, self._check_terminal)
+
+    def on_ready(self) -> None:
+        self.poll_now()  # the first screen exists only now
+
+    def on_unmount(self) -> None:
+        self.source.close()
+
+    # -- polling ---------------------------------------------------------------------------
+
+    def poll_now(self) -> None:
+        """Fetch for the visible screen now, or right after the poll in flight finishes."""
+        if self._polling:
+            self._again = True
+            return
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        try:
+            screen = self.screen
+        except ScreenStackError:  # shutting down: screens are already gone
+            return
+        if not isinstance(screen, LiveScreen):  # a modal is open: nothing visible to update
+            self._timer = self.set_timer(self.refresh_s, self.poll_now)
+            return
+        self._polling = True
+        view = screen.view()
+        self.run_worker(lambda: self._fetch(view), thread=True, group="poll", exit_on_error=False)
+
+    def _fetch(self, view: View) -> None:  # runs in a worker thread
+        try:
+            snap = self.source.fetch(view)
+        except Exception as e:  # a bad read must not kill the UI; say what happened
+            snap = Snapshot(now_ms=0, problem=f"cannot read the store: {e}")
+        self.post_message(SnapshotReady(view, snap))
+
+    def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        self._polling = False
+        screen = self.screen
+        if isinstance(screen, LiveScreen) and screen.view() == message.view:
+            screen.update_snapshot(message.snapshot)
+        elif isinstance(screen, LiveScreen):
+            self._again = True  # the user moved on while we fetched: fetch their view now
+        if self._again:
+            self._again = False
+            self.poll_now()
+        else:
+            self._timer = self.set_timer(self.refresh_s, self.poll_now)
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def may_signal(self, proc: ProcessRow) -> str | None:
+        """Why this user may not signal `proc`, or None when they may."""
+        if self.my_uid == 0 or proc.uid == self.my_uid:
+            return None
+        owner = proc.user or f"uid {proc.uid}"
+        return (f"Not allowed: pid {proc.pid} belongs to {owner}, and you ({self.my_user}) "
+                f"can signal only your own processes")
+
+    def signal_process(self, proc: ProcessRow) -> None:
+        refusal = self.may_signal(proc)
+        if refusal:
+            self.notify(refusal, severity="error", timeout=8)
+            return
+
+        def send(signum: int | None) -> None:
+            if signum is None:
+                return
+            name = signal.Signals(signum).name
+            try:
+                os.kill(proc.pid, signum)
+            except ProcessLookupError:
+                self.notify(f"pid {proc.pid} has already exited", severity="warning")
+            except PermissionError:
+                self.notify(f"Not allowed: the kernel refused {name} to pid {proc.pid}", severity="error")
+            else:
+                self.notify(f"sent {name} to pid {proc.pid}")
+            self.poll_now()
+
+        self.push_screen(ConfirmSignal(proc), send)
+
+    # -- terminal loss ---------------------------------------------------------------------
+
+    def _check_terminal(self) -> None:
+        try:
+            alive = os.isatty(sys.__stdin__.fileno()) and os.isatty(sys.__stdout__.fileno())
+        except (OSError, ValueError, AttributeError):
+            alive = False
+        if not alive:
+            self.terminal_gone()
+
+    def terminal_gone(self) -> None:
+        # Restoring a terminal that is gone can block on writes; don't let that keep us alive.
+        watchdog = threading.Timer(HARD_EXIT_AFTER_S, os._exit, args=(129,))
+        watchdog.daemon = True
+        watchdog.start()
+        self.exit(return_code=129)

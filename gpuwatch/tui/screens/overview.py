@@ -1,0 +1,176 @@
+"""Overview: every GPU, the host, and the GPU process table (sortable, filterable, signal-able)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Footer, Input, Static
+
+from gpuwatch import fmt
+from gpuwatch.tui import panels
+from gpuwatch.tui.screens.base import Line, LiveScreen
+from gpuwatch.tui.snapshot import ProcessRow, Snapshot, View
+
+# (header, sort key); None sorts last whichever the direction.
+PROCESS_COLUMNS = (
+    ("PID", lambda p: p.pid),
+    ("USER", lambda p: p.user or ""),
+    ("GPU", lambda p: p.gpu_index),
+    ("GPU MEM", lambda p: p.used_mem_bytes or 0),
+    ("SM%", lambda p: p.sm_util_pct or 0),
+    ("CPU%", lambda p: p.cpu_pct or 0),
+    ("RUN", lambda p: p.run_name or ""),
+    ("COMMAND", lambda p: p.cmdline or ""),
+)
+
+
+class OverviewScreen(LiveScreen):
+    BINDINGS = [
+        Binding("s", "cycle_sort", "Sort"),
+        Binding("S", "reverse_sort", "Reverse", show=False),
+        Binding("slash", "filter_user", "User filter"),
+        Binding("m", "only_mine", "Only mine"),
+        Binding("k", "signal", "Signal"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sort_column = 3          # GPU memory, biggest first: who is using the GPUs
+        self.sort_reverse = True
+        self.snapshot: Snapshot | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Line(id="status")
+        yield Static(id="gpus")
+        yield Static(id="host")
+        yield Static(id="proc-title")
+        yield DataTable(id="processes", cursor_type="row", zebra_stripes=False)
+        yield Input(placeholder="show processes of user (empty = all), Enter to apply",
+                    id="user-filter", classes="hidden")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#processes", DataTable)
+        for i, (name, _) in enumerate(PROCESS_COLUMNS):
+            table.add_column(name, key=str(i))
+
+    def view(self) -> View:
+        return View("overview")
+
+    # -- rendering -------------------------------------------------------------------------
+
+    def show(self, snap: Snapshot, previous: Snapshot | None) -> None:
+        self.snapshot = snap
+        width = self.size.width
+        self.set_line("#status", panels.status_line(snap))
+        if previous is None or (snap.gpus, snap.driver) != (previous.gpus, previous.driver):
+            self.query_one("#gpus", Static).update(self._gpu_panel(snap, width))
+        if previous is None or snap.host != previous.host:
+            self.query_one("#host", Static).update(panels.host_line(snap.host, width))
+        if previous is None or snap.processes != previous.processes:
+            self._fill_processes()
+
+    @staticmethod
+    def _gpu_panel(snap: Snapshot, width: int):
+        if snap.gpus:
+            return panels.gpu_table(snap.gpus, width)
+        if not snap.driver:
+            return Text("No NVIDIA driver or GPU found on this host: showing host and runs only.",
+                        style="yellow")
+        return Text("no GPU samples yet", style="dim")
+
+    def _visible_processes(self) -> list[ProcessRow]:
+        snap = self.snapshot
+        rows = list(snap.processes) if snap else []
+        user = self.app.user_filter
+        if self.app.only_mine:
+            rows = [p for p in rows if p.uid == self.app.my_uid]
+        elif user:
+            rows = [p for p in rows if p.user == user]
+        key = PROCESS_COLUMNS[self.sort_column][1]
+        rows.sort(key=key, reverse=self.sort_reverse)
+        return rows
+
+    def _fill_processes(self) -> None:
+        table = self.query_one("#processes", DataTable)
+        rows = self._visible_processes()
+        selected = self.selected_process()
+        table.clear()
+        for p in rows:
+            table.add_row(
+                str(p.pid), p.user or str(p.uid or "-"), str(p.gpu_index), fmt.size(p.used_mem_bytes),
+                "-" if p.sm_util_pct is None else f"{p.sm_util_pct:.0f}",
+                "-" if p.cpu_pct is None else f"{p.cpu_pct:.0f}",
+                p.run_name or "", p.cmdline or "", key=p.key)
+        if selected is not None and any(p.key == selected.key for p in rows):
+            table.move_cursor(row=table.get_row_index(selected.key), animate=False)
+        name, _ = PROCESS_COLUMNS[self.sort_column]
+        arrow = "▼" if self.sort_reverse else "▲"
+        scope = ("only mine" if self.app.only_mine
+                 else f"user {self.app.user_filter}" if self.app.user_filter else "all users")
+        self.query_one("#proc-title", Static).update(
+            Text(f"GPU processes: {len(rows)} ({scope}) · sorted by {name} {arrow}", style="bold"))
+
+    def selected_process(self) -> ProcessRow | None:
+        table = self.query_one("#processes", DataTable)
+        if not self.snapshot or table.row_count == 0:
+            return None
+        try:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        except Exception:  # cursor outside the table after a refresh emptied it
+            return None
+        return next((p for p in self.snapshot.processes if p.key == key), None)
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def action_cycle_sort(self) -> None:
+        self._sort_by((self.sort_column + 1) % len(PROCESS_COLUMNS))
+
+    def action_reverse_sort(self) -> None:
+        self.sort_reverse = not self.sort_reverse
+        self._fill_processes()
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        column = int(event.column_key.value)
+        if column == self.sort_column:
+            self.action_reverse_sort()
+        else:
+            self._sort_by(column)
+
+    def _sort_by(self, column: int) -> None:
+        self.sort_column = column
+        self.sort_reverse = column in (3, 4, 5)  # numbers: biggest first
+        self._fill_processes()
+
+    def action_only_mine(self) -> None:
+        self.app.only_mine = not self.app.only_mine
+        self._fill_processes()
+
+    def action_filter_user(self) -> None:
+        box = self.query_one("#user-filter", Input)
+        box.remove_class("hidden")
+        box.value = self.app.user_filter or ""
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.app.user_filter = event.value.strip() or None
+        self.app.only_mine = False
+        event.input.add_class("hidden")
+        self.query_one("#processes", DataTable).focus()
+        self._fill_processes()
+
+    def action_clear_filter(self) -> None:
+        self.query_one("#user-filter", Input).add_class("hidden")
+        self.app.user_filter = None
+        self.app.only_mine = False
+        self.query_one("#processes", DataTable).focus()
+        self._fill_processes()
+
+    def action_signal(self) -> None:
+        proc = self.selected_process()
+        if proc is None:
+            self.notify("no process selected", severity="warning")
+            return
+        self.app.signal_process(proc)

@@ -1,0 +1,120 @@
+"""One run: throughput, step time, memory and its GPUs over a chosen time range; config, ranks,
+how it ended. Other run views (OOM postmortem, profiles, stack dumps) push from here."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widget import Widget
+from textual.widgets import Footer, Static
+
+from gpuwatch import fmt
+from gpuwatch.tui import panels
+from gpuwatch.tui.chart import render_chart
+from gpuwatch.tui.screens.base import Line, LiveScreen
+from gpuwatch.tui.snapshot import Chart, RunDetail, Snapshot, View
+
+RANGES = {"1": (300, "5 min"), "2": (3600, "1 h"), "3": (86400, "24 h"), "0": (None, "whole run")}
+
+
+class ChartView(Widget):
+    """Renders one Chart at whatever size layout gives it."""
+
+    def __init__(self, chart: Chart, until_ms: int) -> None:
+        super().__init__(classes="chart")
+        self.chart, self.until_ms = chart, until_ms
+
+    def set_chart(self, chart: Chart, until_ms: int) -> None:
+        self.chart, self.until_ms = chart, until_ms
+        self.refresh()
+
+    def render(self) -> Text:
+        return render_chart(self.chart, self.size.width, self.size.height, self.until_ms)
+
+
+class RunScreen(LiveScreen):
+    BINDINGS = [
+        Binding("escape,backspace", "app.pop_screen", "Back"),
+        Binding("1", "range('1')", "5 min"),
+        Binding("2", "range('2')", "1 h"),
+        Binding("3", "range('3')", "24 h"),
+        Binding("0", "range('0')", "Whole run"),
+    ]
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.range_key = "0"
+
+    def compose(self) -> ComposeResult:
+        yield Line(id="status")
+        with VerticalScroll(id="run-body"):
+            yield Static(id="run-summary")
+            yield Static(id="run-charts-title")
+            yield Static(id="run-config")
+        yield Footer()
+
+    def view(self) -> View:
+        return View("run", run_id=self.run_id, range_s=RANGES[self.range_key][0])
+
+    def action_range(self, key: str) -> None:
+        self.range_key = key
+        self.app.poll_now()
+
+    def show(self, snap: Snapshot, previous: Snapshot | None) -> None:
+        self.set_line("#status", panels.status_line(snap))
+        detail = snap.detail
+        if detail is None:
+            self.query_one("#run-summary", Static).update(
+                Text(f"run {self.run_id} not found", style="bold red"))
+            return
+        self.query_one("#run-summary", Static).update(summary(detail, snap.now_ms))
+        self.query_one("#run-charts-title", Static).update(Text(
+            f"Range: {RANGES[self.range_key][1]} (keys 1 2 3 0)", style="bold"))
+        self._show_charts(detail, snap.now_ms)
+        self.query_one("#run-config", Static).update(config_table(detail))
+
+    def _show_charts(self, detail: RunDetail, now_ms: int) -> None:
+        until = detail.run.ended_ms or now_ms
+        views = list(self.query(ChartView))
+        if len(views) == len(detail.charts):
+            for view, chart in zip(views, detail.charts):
+                view.set_chart(chart, until)
+        else:
+            for view in views:
+                view.remove()
+            self.query_one("#run-body", VerticalScroll).mount_all(
+                [ChartView(c, until) for c in detail.charts], before="#run-config")
+
+
+def summary(d: RunDetail, now_ms: int) -> Table:
+    r = d.run
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("run", Text(f"{r.name or '-'}  ({r.run_id})"))
+    t.add_row("status", panels.status_text(r.status) + Text(f"  {d.end_state}" if d.end_state else ""))
+    t.add_row("who/where", f"{r.user or '-'} · pid {d.pid or '-'} on {d.host or '-'}")
+    t.add_row("started", f"{fmt.local_time(r.started_ms)} · ran {fmt.duration(panels.run_duration_ms(r, now_ms))}")
+    t.add_row("tokens/s", f"now {fmt.count(r.tokens_per_s_last)} · avg {fmt.count(r.tokens_per_s_avg)}"
+                          f" · peak mem {fmt.size(r.peak_mem_bytes)}")
+    if r.world_size:
+        ranks = ", ".join(f"{x.rank}:{x.status}" for x in d.ranks) or "-"
+        t.add_row("ranks", f"rank {r.rank} of {r.world_size} (job {d.job_id or '-'}) · {ranks}")
+    if d.command:
+        t.add_row("command", Text(d.command, overflow="ellipsis", no_wrap=True))
+    return t
+
+
+def config_table(d: RunDetail) -> Table | Text:
+    if not d.config:
+        return Text("config: none recorded", style="dim")
+    t = Table(title="config", title_justify="left", box=None, show_header=False, padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column(overflow="fold")
+    for k, v in d.config:
+        t.add_row(k, v)
+    return t

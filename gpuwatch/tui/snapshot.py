@@ -1,0 +1,159 @@
+"""What the TUI shows, as frozen values: a source builds these off the event loop, widgets render them.
+
+A `View` says which screen is visible (so a poll fetches only what can be seen); a `Snapshot`
+is everything that screen needs at one instant. `now_ms` comes from the source, so rendering
+never reads the clock (tests pass a fixed one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# NVML clock-event ("throttle") reason bits worth telling a user about; idle and
+# application-clock settings are normal operation, not throttling.
+THROTTLE_REASONS = (
+    (0x4, "power cap"),
+    (0x8, "HW slowdown"),
+    (0x10, "sync boost"),
+    (0x20, "SW thermal"),
+    (0x40, "HW thermal"),
+    (0x80, "power brake"),
+)
+
+
+def throttle_words(mask: int | None) -> list[str]:
+    """Decode an NVML clock-event reason bitmask into words: 0x44 -> ["power cap", "HW thermal"]."""
+    return [word for bit, word in THROTTLE_REASONS if mask and mask & bit]
+
+
+@dataclass(frozen=True)
+class View:
+    """Which screen wants data: "overview", "runs" or "run" (with run_id and a range in seconds;
+    range_s None = the whole run)."""
+
+    kind: str
+    run_id: str | None = None
+    range_s: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    index: int
+    name: str
+    state: str = "ok"                      # ok | lost
+    util_pct: float | None = None
+    util_history: tuple[float | None, ...] = ()   # last minutes, oldest first
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    temp_c: int | None = None
+    power_mw: int | None = None
+    power_limit_mw: int | None = None
+    throttle_reasons: int | None = None
+    ecc_uncorrected: int | None = None
+
+    def problems(self) -> list[str]:
+        """What is wrong with this GPU, in words; empty when nothing is."""
+        if self.state == "lost":
+            return ["LOST"]
+        words = throttle_words(self.throttle_reasons)
+        if self.ecc_uncorrected:
+            words.append(f"ECC errors: {self.ecc_uncorrected}")
+        return words
+
+
+@dataclass(frozen=True)
+class HostRow:
+    cpu_pct: float | None = None
+    load1: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    shm_used_bytes: int | None = None
+    shm_total_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    gpu_index: int
+    pid: int
+    uid: int | None
+    user: str | None
+    used_mem_bytes: int | None
+    sm_util_pct: float | None
+    cpu_pct: float | None
+    run_name: str | None
+    cmdline: str | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.gpu_index}:{self.pid}"
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    name: str | None
+    user: str | None
+    status: str
+    started_ms: int
+    ended_ms: int | None = None
+    tokens_per_s_last: float | None = None
+    tokens_per_s_avg: float | None = None
+    peak_mem_bytes: int | None = None
+    oom: bool = False
+    rank: int | None = None
+    world_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line of a chart; `unit` picks the axis format: bytes | pct | per_s | ms."""
+
+    label: str
+    unit: str
+    points: tuple[tuple[int, float], ...]   # (ts_ms, value), oldest first
+
+
+@dataclass(frozen=True)
+class Chart:
+    title: str
+    series: tuple[Series, ...]
+
+
+@dataclass(frozen=True)
+class RunDetail:
+    run: RunRow
+    host: str | None = None
+    pid: int | None = None
+    command: str | None = None
+    job_id: str | None = None
+    end_state: str = ""                    # e.g. "exit 1: RuntimeError: ..." ; "" while running
+    ranks: tuple[RunRow, ...] = ()         # the other ranks of the same job
+    config: tuple[tuple[str, str], ...] = ()
+    charts: tuple[Chart, ...] = ()
+    since_ms: int = 0                      # start of the time range shown
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now_ms: int
+    data_ms: int | None = None             # newest sample in the store; None = no samples
+    driver: bool = True                    # False: no gpus rows (no NVIDIA driver seen)
+    gpus: tuple[GpuRow, ...] = ()
+    host: HostRow | None = None
+    processes: tuple[ProcessRow, ...] = ()
+    runs: tuple[RunRow, ...] = ()
+    detail: RunDetail | None = None
+    problem: str | None = None             # the store could not be read: why
+
+    def staleness(self, stale_after_ms: int = 15_000) -> str | None:
+        """A plain sentence when the data is old (the daemon stopped), else None."""
+        if self.problem:
+            return self.problem
+        if self.data_ms is None:
+            return "no samples yet: is the daemon running?"
+        age = self.now_ms - self.data_ms
+        if age > stale_after_ms:
+            # Whole minutes: the line then changes once a minute, not every refresh.
+            old = f"{age // 60_000} min" if age >= 60_000 else "less than a minute"
+            return f"daemon not running: data is {old} old"
+        return None
