@@ -18,6 +18,9 @@ COMMANDS: dict[str, str] = {
     "status": "gpuwatch.cli.status_cmd:status",
     "query": "gpuwatch.cli.query_cmd:query",
     "install-service": "gpuwatch.cli.service_cmd:install_service",
+    "compare": "gpuwatch.cli.analysis_cmd:compare_cmd",
+    "export": "gpuwatch.cli.analysis_cmd:export_cmd",
+    "report": "gpuwatch.cli.analysis_cmd:report_cmd",
 }
 
 

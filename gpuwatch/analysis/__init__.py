@@ -1,0 +1,1 @@
+"""Post-run analysis: pure functions over a read-only connection (compare, export, report)."""

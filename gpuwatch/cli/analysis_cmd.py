@@ -1,0 +1,112 @@
+"""`gpuwatch compare`, `gpuwatch export`, `gpuwatch report`: post-run analysis commands."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from contextlib import closing
+from pathlib import Path
+
+import click
+
+from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
+from gpuwatch.store import open_ro
+
+
+def _open(db: str | None):
+    return closing(open_ro(reader_db_path(db)))
+
+
+@click.command("compare")
+@click.argument("runs", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option("--color/--no-color", default=None, help="Colour changes (default: when a terminal).")
+@db_option
+@friendly_errors
+def compare_cmd(runs, as_json, color, db):
+    """Compare RUNS side by side; changes are against the first run.
+
+    Each RUN is a run id, a unique id prefix or a run name (the newest with that name).
+    Shown: tokens/s and step time (mean, p50, p90), peak CUDA memory, mean MFU, GPU
+    utilisation of the run's GPUs while it ran, duration, steps and end state.
+    """
+    from gpuwatch.analysis.compare import compare, table
+
+    with _open(db) as conn:
+        stats = compare(conn, runs)
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(s) for s in stats], indent=1))
+        return
+    header, rows = table(stats)
+    colour = sys.stdout.isatty() if color is None else color
+    widths = [max(len(r[i][0]) for r in [[(h, 0) for h in header], *rows]) for i in range(len(header))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+    for row in rows:
+        cells = []
+        for (text, verdict), w in zip(row, widths):
+            padded = text.ljust(w)
+            if colour and verdict:
+                padded = click.style(padded, fg="green" if verdict > 0 else "red")
+            cells.append(padded)
+        lines.append("  ".join(cells).rstrip())
+    click.echo("\n".join(lines), color=colour)
+
+
+@click.command("export")
+@click.argument("run")
+@click.option("--format", "fmt", type=click.Choice(["csv", "json", "parquet"]), default="csv",
+              show_default=True, help="json: one document; csv/parquet: one file per table.")
+@click.option("-o", "--output", type=click.Path(), default=None,
+              help="json: a file ('-' or none: stdout). csv/parquet: a directory (default: ./RUN_ID-export).")
+@db_option
+@friendly_errors
+def export_cmd(run, fmt, output, db):
+    """Export RUN's row, steps, its GPUs' samples over its lifetime and its events.
+
+    Parquet needs pyarrow (pip install pyarrow). GPU samples are the raw samples still kept
+    (raw_retention_hours); older parts of a long run survive only as rollups.
+    """
+    from gpuwatch.analysis.export import ExportError, run_tables, write_files, write_json
+
+    with _open(db) as conn:
+        tables = run_tables(conn, run)
+        if fmt == "json":
+            if output in (None, "-"):
+                write_json(tables, sys.stdout)
+            else:
+                with open(output, "w") as f:
+                    write_json(tables, f)
+                click.echo(f"wrote {output}", err=True)
+            return
+        run_id = tables["run"][0]["run_id"]
+        directory = Path(output) if output else Path(f"{run_id}-export")
+        try:
+            written = write_files(conn, tables, fmt, directory)
+        except ExportError as e:
+            raise click.ClickException(str(e)) from None
+        except OSError as e:
+            raise click.ClickException(f"cannot write {directory}: {e.strerror or e}") from None
+    for path in written:
+        click.echo(f"wrote {path}", err=True)
+
+
+@click.command("report")
+@click.argument("run")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="HTML file to write (default: ./RUN_ID.html).")
+@db_option
+@friendly_errors
+def report_cmd(run, output, db):
+    """Write one self-contained HTML report of RUN: figures, charts, config, OOM postmortem."""
+    from gpuwatch.analysis.report import render
+    from gpuwatch.store import queries
+
+    with _open(db) as conn:
+        html = render(conn, run)
+        path = Path(output) if output else Path(f"{queries.run(conn, run).run_id}.html")
+    try:
+        path.write_text(html, encoding="utf-8")
+    except OSError as e:
+        raise click.ClickException(f"cannot write {path}: {e.strerror or e}") from None
+    click.echo(f"wrote {path}")

@@ -1,0 +1,209 @@
+"""compare / export / report over a real database holding two known runs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuwatch.cli import main
+from gpuwatch.store import insert_rows, open_ro, open_rw
+
+GIB = 1024 ** 3
+T0 = 1_700_000_000_000
+EVIL = '<script>alert("x")</script>'
+
+
+def fill_two_runs(path: Path) -> None:
+    """Run A 'baseline' (finished, GPU 0 via CUDA_VISIBLE_DEVICES) for 100 s, 10 steps;
+    run B (OOM, GPU 1 found through its process) for 60 s, 5 steps, with an evil name."""
+    conn = open_rw(path)
+    conn.execute("BEGIN")
+    insert_rows(conn, "gpus", [dict(gpu_index=i, uuid=f"GPU-{i:04d}", name="NVIDIA H100",
+                                    first_seen_ms=T0 - 60_000, last_seen_ms=T0 + 400_000) for i in range(2)])
+    insert_rows(conn, "runs", [
+        dict(run_id="aaaa1111", name="baseline", uid=1000, user="alice", status="finished",
+             started_ms=T0, ended_ms=T0 + 100_000, gpu_uuids="GPU-0000", command="python train.py",
+             config_json=json.dumps({"lr": 3e-4, "note": EVIL})),
+        dict(run_id="bbbb2222", name=EVIL, uid=1000, user="alice", status="oom", pid=4242,
+             started_ms=T0 + 200_000, ended_ms=T0 + 260_000),
+    ])
+    insert_rows(conn, "steps", [
+        dict(run_id="aaaa1111", step=s, ts_ms=T0 + 10_000 * (s + 1), tokens=1000,
+             tokens_per_s=1000.0 + 100 * s, step_time_ms=100.0 + s, mfu=0.4,
+             mem_allocated_bytes=GIB, mem_reserved_bytes=2 * GIB, mem_peak_bytes=(s + 1) * GIB)
+        for s in range(10)])
+    insert_rows(conn, "steps", [
+        dict(run_id="bbbb2222", step=s, ts_ms=T0 + 200_000 + 10_000 * (s + 1), tokens=1000,
+             tokens_per_s=2000.0, step_time_ms=50.0, mfu=0.5, mem_peak_bytes=20 * GIB)
+        for s in range(5)])
+    # GPU 0 busy (80 %) only during A; idle samples outside the window must not count.
+    samples = [dict(gpu_index=0, ts_ms=T0 + k * 1000, gpu_util_pct=80, power_mw=300_000,
+                    mem_used_bytes=GIB) for k in range(0, 101)]
+    samples += [dict(gpu_index=0, ts_ms=T0 - k * 1000, gpu_util_pct=0, power_mw=60_000) for k in range(1, 30)]
+    samples += [dict(gpu_index=1, ts_ms=T0 + 200_000 + k * 1000, gpu_util_pct=40, power_mw=200_000)
+                for k in range(0, 61)]
+    insert_rows(conn, "gpu_samples", samples)
+    insert_rows(conn, "processes", [dict(pid=4242, start_ms=T0 + 199_000, uid=1000, user="alice",
+                                         run_id="bbbb2222", first_seen_ms=T0 + 200_000,
+                                         last_seen_ms=T0 + 260_000)])
+    insert_rows(conn, "gpu_process_samples", [dict(gpu_index=1, pid=4242, ts_ms=T0 + 210_000,
+                                                   used_mem_bytes=20 * GIB)])
+    insert_rows(conn, "run_events", [dict(run_id="aaaa1111", seq=1, ts_ms=T0, kind="start"),
+                                     dict(run_id="aaaa1111", seq=2, ts_ms=T0 + 100_000, kind="end")])
+    insert_rows(conn, "oom_postmortems", [dict(
+        run_id="bbbb2222", ts_ms=T0 + 255_000, kind="gpu", device=1, requested_bytes=4 * GIB,
+        total_bytes=80 * GIB, free_bytes=GIB, allocated_bytes=70 * GIB, reserved_bytes=75 * GIB,
+        seq_len=32768, batch=8, phase="backward", error_message="CUDA out of memory. " + EVIL,
+        advice_json=json.dumps([{"title": "Halve the batch", "detail": "batch 8 -> 4 fits " + EVIL}]),
+        neighbours_json=json.dumps([{"pid": 777, "user": "bob", "used_mem_bytes": 5 * GIB,
+                                     "run_id": None}]))])
+    conn.execute("COMMIT")
+    conn.close()
+
+
+@pytest.fixture
+def db(tmp_path) -> Path:
+    path = tmp_path / "runs.db"
+    fill_two_runs(path)
+    return path
+
+
+def gw(*args) -> str:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_compare_figures(db):
+    from gpuwatch.analysis.compare import compare
+
+    conn = open_ro(db)
+    a, b = compare(conn, ["baseline", "bbbb"])
+    conn.close()
+    assert (a.tokens_per_s.mean, a.tokens_per_s.p50) == (1450.0, 1450.0)
+    assert a.tokens_per_s.p90 == pytest.approx(1810.0)  # linear between 1800 and 1900
+    assert (a.step_time_ms.mean, a.step_time_ms.p90) == (104.5, pytest.approx(108.1))
+    assert a.peak_mem_bytes == 10 * GIB and a.mfu_mean == pytest.approx(0.4)
+    assert a.gpus == (0,) and a.gpu_util_pct == 80  # idle samples before the run are not counted
+    assert a.duration_ms == 100_000 and a.steps == 10 and a.status == "finished"
+    assert b.gpus == (1,) and b.gpu_util_pct == 40 and b.status == "oom"
+    assert b.tokens_per_s.p50 == 2000.0 and b.peak_mem_bytes == 20 * GIB
+
+
+def test_compare_cli_marks_changes_against_first_run(db):
+    out = gw("compare", "aaaa1111", "bbbb2222", "--db", db, "--no-color")
+    lines = {line.split("  ")[0]: line for line in out.splitlines()}
+    assert "+38 %" in lines["tokens/s mean"]  # 2000 vs 1450
+    assert "-52 %" in lines["step time mean"]  # 50 vs 104.5
+    assert "+100 %" in lines["peak memory"]
+    assert "-50 %" in lines["GPU util"]
+    assert "finished" in lines["end state"] and "oom" in lines["end state"]
+    assert "\x1b[" not in out
+    coloured = gw("compare", "aaaa1111", "bbbb2222", "--db", db, "--color")
+    tps = next(line for line in coloured.splitlines() if line.startswith("tokens/s mean"))
+    peak = next(line for line in coloured.splitlines() if line.startswith("peak memory"))
+    assert "\x1b[32m" in tps and "\x1b[31m" in peak  # faster is green, more memory is red
+
+
+def test_compare_json_and_unknown_run(db):
+    data = json.loads(gw("compare", "baseline", "--json", "--db", db))
+    assert data[0]["run_id"] == "aaaa1111" and data[0]["tokens_per_s"]["p50"] == 1450.0
+    result = CliRunner().invoke(main, ["compare", "baseline", "nope", "--db", str(db)])
+    assert result.exit_code == 1
+    assert result.output.strip() == "Error: no run matches 'nope'"
+
+
+def test_export_json_holds_the_runs_data(db, tmp_path):
+    out = tmp_path / "a.json"
+    gw("export", "baseline", "--format", "json", "-o", out, "--db", db)
+    doc = json.loads(out.read_text())
+    assert doc["run"]["run_id"] == "aaaa1111"
+    assert [s["step"] for s in doc["steps"]] == list(range(10))
+    assert len(doc["gpu_samples"]) == 101  # GPU 0 inside [start, end] only
+    assert {s["gpu_index"] for s in doc["gpu_samples"]} == {0}
+    assert [e["kind"] for e in doc["run_events"]] == ["start", "end"]
+
+
+def test_export_csv_one_file_per_table(db, tmp_path):
+    gw("export", "bbbb2222", "--format", "csv", "-o", tmp_path / "out", "--db", db)
+    with open(tmp_path / "out" / "steps.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 5 and float(rows[0]["tokens_per_s"]) == 2000.0
+    with open(tmp_path / "out" / "gpu_samples.csv") as f:
+        samples = list(csv.DictReader(f))
+    assert len(samples) == 61 and {s["gpu_index"] for s in samples} == {"1"}
+    with open(tmp_path / "out" / "run_events.csv") as f:
+        assert "seq" in f.readline()  # a header even with no rows
+
+
+def test_export_parquet_without_pyarrow_says_how_to_get_it(db, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if pyarrow were not installed
+    result = CliRunner().invoke(main, ["export", "baseline", "--format", "parquet",
+                                       "-o", str(tmp_path / "p"), "--db", str(db)])
+    assert result.exit_code == 1
+    assert result.output.strip() == "Error: parquet export needs pyarrow: pip install pyarrow"
+    assert not (tmp_path / "p").exists()
+
+
+def test_export_parquet_round_trip(db, tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    gw("export", "baseline", "--format", "parquet", "-o", tmp_path / "p", "--db", db)
+    assert pq.read_table(tmp_path / "p" / "steps.parquet").num_rows == 10
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[str] = []
+        self.scripts = 0
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.scripts += tag == "script"
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_report_is_self_contained_html_with_charts_and_postmortem(db, tmp_path):
+    out = tmp_path / "r.html"
+    gw("report", "bbbb2222", "-o", out, "--db", db)
+    html = out.read_text()
+    parser = _Collect()
+    parser.feed(html)
+    assert parser.tags.count("svg") == 4  # tokens/s, memory, GPU utilisation, power
+    assert parser.tags.count("polyline") >= 4
+    assert parser.scripts == 0  # the evil run name, error and advice are escaped, not run
+    text = "".join(parser.text)
+    assert EVIL in text  # shown to the reader as text
+    assert "Out of memory on GPU 1" in text and "Halve the batch" in text
+    assert "4.0 GiB" in text and "bob" in text  # requested bytes; neighbour on that GPU
+    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")  # nothing fetched
+    assert "<script" not in html and "src=" not in html
+
+
+def test_report_shows_config_and_no_data_charts(db, tmp_path):
+    out = tmp_path / "a.html"
+    gw("report", "baseline", "-o", out, "--db", db)
+    parser = _Collect()
+    parser.feed(out.read_text())
+    text = "".join(parser.text)
+    assert '"lr": 0.0003' in text and '<script>alert(' in text and parser.scripts == 0
+    assert "OOM postmortem" not in text
+    assert "no data recorded" not in text
+
+
+def test_real_entry_point_compare(db):
+    exe = Path(sys.executable).with_name("gpuwatch")
+    proc = subprocess.run([str(exe), "compare", "baseline", "bbbb2222", "--db", str(db)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "tokens/s p90" in proc.stdout and "\x1b[" not in proc.stdout  # not a tty: no colour
