@@ -69,8 +69,10 @@ def local_time(ts_ms: int | None, with_date: bool = True) -> str:
     return time.strftime("%m-%d %H:%M:%S" if with_date else "%H:%M:%S", time.localtime(ts_ms / 1000))
 
 
-def sparkline(values: Iterable[float | None], width: int | None = None) -> str:
-    """Unicode bars scaled from the series' min to max; missing values are spaces.
+def sparkline(values: Iterable[float | None], width: int | None = None,
+              lo: float | None = None, hi: float | None = None) -> str:
+    """Unicode bars scaled from the series' min to max (or fixed `lo`/`hi`, e.g. 0-100 for
+    percentages, so a steady 99 % does not look like noise); missing values are spaces.
 
     With `width`, the series is averaged into that many buckets first (long runs still fit).
     """
@@ -80,7 +82,8 @@ def sparkline(values: Iterable[float | None], width: int | None = None) -> str:
     present = [v for v in vals if v is not None and not math.isnan(v)]
     if not present:
         return " " * len(vals)
-    lo, hi = min(present), max(present)
+    lo = min(present) if lo is None else lo
+    hi = max(present) if hi is None else hi
     span = hi - lo
     top = len(SPARK_BARS) - 1
     out = []
@@ -90,7 +93,7 @@ def sparkline(values: Iterable[float | None], width: int | None = None) -> str:
         elif span == 0:
             out.append(SPARK_BARS[top // 2])
         else:
-            out.append(SPARK_BARS[round((v - lo) / span * top)])
+            out.append(SPARK_BARS[min(top, max(0, round((v - lo) / span * top)))])
     return "".join(out)
 
 
