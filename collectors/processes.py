@@ -1,0 +1,163 @@
+"""Who a GPU process is (user, command, container, torchrun/Slurm tags) and what it costs the host.
+
+Any pid may be gone by the time we look, may be a zombie, may belong to another user, or may
+not exist in our pid namespace at all (NVML reports host pids; we may run in a container):
+each of those reads as None or is skipped, never raised.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+PROC_ROOT = Path("/proc")
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
+# docker-<id>.scope, /docker/<id>, cri-containerd-<id>.scope, libpod-<id>.scope, crio-<id>,
+# kubepods/.../<id>: all a 64-hex container id in the cgroup path.
+_CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
+_UNIT = re.compile(r"\.(?:scope|service|slice)$")
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """Static facts about one process; the columns of `processes` it can know by itself."""
+    pid: int
+    start_ms: int  # pid + start time name one process across pid reuse
+    uid: int | None
+    user: str | None
+    cmdline: str | None
+    container_id: str | None
+    slurm_job_id: str | None
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    cuda_visible_devices: str | None
+
+
+def container_id_from_cgroup(text: str) -> str | None:
+    """The container id in /proc/PID/cgroup, else the innermost systemd unit, else None."""
+    paths = [line.split(":", 2)[2] for line in text.splitlines() if line.count(":") >= 2]
+    for path in paths:
+        match = _CONTAINER_ID.search(path)
+        if match:
+            return match.group(1)
+    for path in paths:
+        units = [part for part in path.split("/") if _UNIT.search(part)]
+        if units:
+            return units[-1]
+    return None
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+class ProcessCollector:
+    """Facts cached per (pid, start time); psutil.Process objects cached for cpu_percent."""
+
+    def __init__(self):
+        self._info: dict[tuple[int, float], ProcessInfo] = {}
+        self._procs: dict[int, psutil.Process] = {}
+        self._primed: set[int] = set()  # pids whose cpu_percent has a baseline
+
+    def _process(self, pid: int) -> psutil.Process | None:
+        """The cached Process for pid, replaced if the pid now names another process."""
+        p = self._procs.get(pid)
+        if p is not None and p.is_running():
+            return p
+        self._drop(pid)
+        try:
+            p = psutil.Process(pid)
+        except _GONE:
+            return None
+        self._procs[pid] = p
+        return p
+
+    def _drop(self, pid: int) -> None:
+        p = self._procs.pop(pid, None)
+        self._primed.discard(pid)
+        if p is not None:
+            self._info = {k: v for k, v in self._info.items() if k[0] != pid}
+
+    def info(self, pid: int) -> ProcessInfo | None:
+        """Facts about pid, or None if it is gone, a zombie, or not in our pid namespace."""
+        p = self._process(pid)
+        if p is None:
+            return None
+        try:
+            with p.oneshot():
+                if p.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped
+                    return None
+                key = (pid, p.create_time())
+                cached = self._info.get(key)
+                if cached is not None:
+                    return cached
+                uid = p.uids().real
+                user = p.username()
+                cmdline = shlex.join(p.cmdline()) or None
+        except _GONE:
+            return None
+        env = self._environ(p)
+        try:
+            cgroup = (PROC_ROOT / str(pid) / "cgroup").read_text()
+        except OSError:
+            cgroup = None
+        info = ProcessInfo(
+            pid=pid,
+            start_ms=int(key[1] * 1000),
+            uid=uid,
+            user=user,
+            cmdline=cmdline,
+            container_id=container_id_from_cgroup(cgroup) if cgroup else None,
+            slurm_job_id=env.get("SLURM_JOB_ID"),
+            rank=_int(env.get("RANK")),
+            local_rank=_int(env.get("LOCAL_RANK")),
+            world_size=_int(env.get("WORLD_SIZE")),
+            cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+        )
+        self._info[key] = info
+        return info
+
+    @staticmethod
+    def _environ(p: psutil.Process) -> dict[str, str]:
+        # Readable for our own processes (or as root); other users' tags stay unknown.
+        try:
+            return p.environ()
+        except (*_GONE, OSError):
+            return {}
+
+    def usage(self, pids) -> dict[int, tuple[int, float | None]]:
+        """{pid: (rss_bytes, cpu_pct)} for the pids still alive; cpu_pct is None on first sight."""
+        out: dict[int, tuple[int, float | None]] = {}
+        for pid in pids:
+            # Cached objects are trusted here (no is_running read per tick); forget_gone()
+            # catches pid reuse.
+            p = self._procs.get(pid) or self._process(pid)
+            if p is None:
+                continue
+            try:
+                with p.oneshot():
+                    if p.status() == psutil.STATUS_ZOMBIE:
+                        raise psutil.ZombieProcess(pid)
+                    rss = p.memory_info().rss
+                    cpu = p.cpu_percent(None)  # since the previous call on this object
+            except _GONE:
+                self._drop(pid)
+                continue
+            out[pid] = (rss, cpu if pid in self._primed else None)
+            self._primed.add(pid)
+        return out
+
+    def forget_gone(self) -> list[int]:
+        """Drop cached processes that exited (or whose pid was reused); returns their pids."""
+        gone = [pid for pid, p in self._procs.items() if not p.is_running()]
+        for pid in gone:
+            self._drop(pid)
+        return gone
