@@ -137,6 +137,20 @@ class Connection:
         self.writer.write(protocol.encode(frame))
 
 
+async def _discard_input(reader: asyncio.StreamReader, seconds: float = 2.0) -> None:
+    """Read and drop what the peer is still sending, briefly, before closing: closing with
+    unread input would reset the connection and destroy the error reply it has not read yet."""
+    try:
+        await asyncio.wait_for(_drain_reader(reader), seconds)
+    except (asyncio.TimeoutError, ConnectionError):
+        pass
+
+
+async def _drain_reader(reader: asyncio.StreamReader) -> None:
+    while await reader.read(65536):
+        pass
+
+
 class IngestServer:
     """Serves cfg.socket_path on the running asyncio loop; feeds `writer`."""
 
@@ -195,6 +209,8 @@ class IngestServer:
                 except ValueError:
                     conn.send(protocol.error(f"frame exceeds {protocol.MAX_FRAME_BYTES} bytes "
                                              f"without a newline; closing", "too_large"))
+                    await writer.drain()
+                    await _discard_input(reader)
                     break
                 if not line:
                     break
