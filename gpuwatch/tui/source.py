@@ -1,0 +1,152 @@
+"""The real data source: the store, read-only, turned into snapshots (runs in the poll thread).
+
+Only the store's read side is used (`open_ro` + `queries`), so the TUI works for a user who
+cannot write the database, while the daemon writes it and after it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import replace
+from typing import Callable
+
+from gpuwatch.store import StoreError, now_ms, open_ro, queries
+from gpuwatch.tui.snapshot import (Chart, GpuRow, HostRow, ProcessRow, RunDetail, RunRow, Series,
+                                   Snapshot, View)
+
+SPARK_WINDOW_MS = 5 * 60_000   # GPU util sparklines cover the last five minutes
+SPARK_POINTS = 60
+CHART_POINTS = 240             # per series; charts are at most ~160 columns x 2 dots
+MAX_STEPS = 50_000             # newest steps read for a run chart; older ones are left out
+
+
+def run_row(r: queries.RunSummary) -> RunRow:
+    return RunRow(r.run_id, r.name, r.user, r.status, r.started_ms, r.ended_ms, r.tokens_per_s_last,
+                  r.tokens_per_s_avg, r.peak_mem_bytes, r.oom, r.rank, r.world_size)
+
+
+def downsample(points: list[tuple[int, float]], n: int) -> tuple[tuple[int, float], ...]:
+    """Average consecutive points into at most n, keeping the time of each bucket's first point."""
+    if len(points) <= n:
+        return tuple(points)
+    out = []
+    for b in range(n):
+        chunk = points[b * len(points) // n:(b + 1) * len(points) // n]
+        out.append((chunk[0][0], sum(v for _, v in chunk) / len(chunk)))
+    return tuple(out)
+
+
+def end_state(run: queries.Run) -> str:
+    if run.status == "running":
+        return ""
+    parts = []
+    if run.exit_code is not None:
+        parts.append(f"exit {run.exit_code}")
+    if run.signal is not None:
+        parts.append(f"signal {run.signal}")
+    if run.error_type or run.error_message:
+        parts.append(": ".join(p for p in (run.error_type, run.error_message) if p))
+    return " · ".join(parts)
+
+
+class StoreSource:
+    def __init__(self, db_path: str, clock: Callable[[], int] = now_ms) -> None:
+        self.db_path = db_path
+        self.clock = clock
+        self.conn: sqlite3.Connection | None = None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def fetch(self, view: View) -> Snapshot:
+        now = self.clock()
+        try:
+            if self.conn is None:
+                self.conn = open_ro(self.db_path)
+            conn = self.conn
+            base = self._freshness(conn, now)
+            if view.kind == "overview":
+                return self._overview(conn, base)
+            if view.kind == "runs":
+                return replace(base, runs=tuple(map(run_row, queries.runs(conn))))
+            if view.kind == "run":
+                return replace(base, detail=self._detail(conn, view, now))
+            raise ValueError(f"unknown view {view.kind!r}")
+        except (StoreError, sqlite3.Error) as e:
+            self.close()  # reopen next poll: the file may appear or be replaced
+            return Snapshot(now_ms=now, problem=str(e))
+
+    def _freshness(self, conn: sqlite3.Connection, now: int) -> Snapshot:
+        newest = [s.ts_ms for s in queries.latest_gpu_samples(conn).values()]
+        host = queries.latest_host_sample(conn)
+        if host:
+            newest.append(host.ts_ms)
+        driver = conn.execute("SELECT 1 FROM gpus LIMIT 1").fetchone() is not None
+        return Snapshot(now_ms=now, data_ms=max(newest) if newest else None, driver=driver,
+                        host=None if host is None else HostRow(
+                            host.cpu_pct, host.load1, host.mem_used_bytes, host.mem_total_bytes,
+                            host.shm_used_bytes, host.shm_total_bytes))
+
+    def _overview(self, conn: sqlite3.Connection, base: Snapshot) -> Snapshot:
+        latest = queries.latest_gpu_samples(conn)
+        gpus = []
+        for info in queries.gpus(conn):
+            s = latest.get(info.gpu_index)
+            history = queries.gpu_series(conn, info.gpu_index, "gpu_util_pct",
+                                         base.now_ms - SPARK_WINDOW_MS, base.now_ms, SPARK_POINTS)
+            lost = info.state == "lost" or (s is not None and s.state == "lost")
+            gpus.append(GpuRow(
+                index=info.gpu_index, name=info.name or info.uuid, state="lost" if lost else "ok",
+                util_pct=s and s.gpu_util_pct, util_history=tuple(p.avg for p in history),
+                mem_used_bytes=s and s.mem_used_bytes, mem_total_bytes=info.mem_total_bytes,
+                temp_c=s and s.temp_c, power_mw=s and s.power_mw, power_limit_mw=info.power_limit_mw,
+                throttle_reasons=s and s.throttle_reasons, ecc_uncorrected=s and s.ecc_uncorrected))
+        procs = tuple(ProcessRow(p.gpu_index, p.pid, p.uid, p.user, p.used_mem_bytes, p.sm_util_pct,
+                                 p.cpu_pct, p.run_name, p.cmdline)
+                      for p in queries.gpu_processes(conn))
+        return replace(base, gpus=tuple(gpus), processes=procs)
+
+    def _detail(self, conn: sqlite3.Connection, view: View, now: int) -> RunDetail | None:
+        try:
+            run = queries.run(conn, view.run_id)
+        except StoreError:
+            return None
+        until = run.ended_ms or now
+        since = run.started_ms if view.range_s is None else max(run.started_ms, until - view.range_s * 1000)
+        summaries = queries.runs(conn)
+        me = next((r for r in summaries if r.run_id == run.run_id), None)
+        ranks = tuple(run_row(r) for r in summaries if run.job_id and r.job_id == run.job_id)
+        steps = queries.steps(conn, run.run_id, since_ms=since, limit=MAX_STEPS)
+
+        def series(label: str, unit: str, attr: str) -> Series:
+            pts = [(s.ts_ms, float(getattr(s, attr))) for s in steps if getattr(s, attr) is not None]
+            return Series(label, unit, downsample(pts, CHART_POINTS))
+
+        memory = [series(label, "bytes", attr) for label, attr in (
+            ("allocated", "mem_allocated_bytes"), ("reserved", "mem_reserved_bytes"),
+            ("peak", "mem_peak_bytes"))]
+        if not any(s.points for s in memory):  # a CPU run: the process's resident memory
+            memory = [series("RSS", "bytes", "rss_bytes")]
+        charts = [Chart("tokens/s", (series("tokens/s", "per_s", "tokens_per_s"),)),
+                  Chart("step time", (series("step", "ms", "step_time_ms"),)),
+                  Chart("memory", tuple(memory))]
+        by_uuid = {g.uuid: g.gpu_index for g in queries.gpus(conn)}
+        for uuid in filter(None, (run.gpu_uuids or "").split(",")):
+            index = by_uuid.get(uuid.strip())
+            if index is None:
+                continue
+            util, mem = (tuple((p.ts_ms, p.avg) for p in queries.gpu_series(
+                conn, index, metric, since, until, CHART_POINTS) if p.avg is not None)
+                for metric in ("gpu_util_pct", "mem_used_bytes"))
+            charts.append(Chart(f"GPU {index} utilisation", (Series("util", "pct", util),)))
+            charts.append(Chart(f"GPU {index} memory", (Series("used", "bytes", mem),)))
+        config = tuple((str(k), v if isinstance(v, str) else json.dumps(v))
+                       for k, v in sorted(run.config.items()))
+        row = run_row(me) if me else RunRow(run.run_id, run.name, run.user, run.status,
+                                            run.started_ms, run.ended_ms)
+        return RunDetail(run=row, host=run.host, pid=run.pid, command=run.command,
+                         job_id=run.job_id, end_state=end_state(run), ranks=ranks,
+                         config=config, charts=tuple(charts), since_ms=since)
