@@ -82,6 +82,9 @@ class Scheduler:
         self._thread = threading.Thread(target=self.run, name=name, daemon=True)
         self._thread.start()
 
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self, timeout: float | None = 5.0) -> None:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
