@@ -139,9 +139,6 @@ class Run:
         self._torch = None  # set at the first step if the workload runs on CUDA
         self._clock = None
         self._peak_flops: float | None = None
-        cuda = torch_stats.cuda_torch()
-        self._start_event = torch_stats.CudaClock.start_event(cuda) if cuda else None
-        self._cpu_start = torch_stats.CpuClock()
         self._saved_handlers: dict[int, Any] = {}
         self._saved_excepthook = None
 
@@ -159,6 +156,10 @@ class Run:
         self._saved_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
         atexit.register(self._at_exit)
+        # The first step is timed from here: after our own set-up, not including it.
+        cuda = torch_stats.cuda_torch()
+        self._start_event = torch_stats.CudaClock.start_event(cuda) if cuda else None
+        self._cpu_start = torch_stats.CpuClock()
 
     # ---- events -------------------------------------------------------------------------
     def _send(self, kind: str, ts_ms: int | None = None, **fields) -> None:

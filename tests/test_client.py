@@ -1,0 +1,268 @@
+"""The client API in embedded mode (no daemon): real transport, real SQLite, real torch model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import gpuwatch
+from gpuwatch import paths
+from gpuwatch.client import flops, metadata, torch_stats
+from gpuwatch.client.run import is_oom
+
+PY = sys.executable
+
+
+def db() -> sqlite3.Connection:
+    conn = sqlite3.connect(paths.default_db_path(system=False))
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def the_run() -> sqlite3.Row:
+    rows = db().execute("SELECT * FROM runs").fetchall()
+    assert len(rows) == 1, [dict(r) for r in rows]
+    return rows[0]
+
+
+def run_script(body: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-c", textwrap.dedent(body)], capture_output=True, text=True,
+                          timeout=60, **kwargs)
+
+
+def test_import_leaves_torch_and_textual_out():
+    out = run_script("""
+        import sys, gpuwatch.client, gpuwatch.cli.run_cmd, gpuwatch.cli.runs_cmd
+        print('torch' in sys.modules, 'textual' in sys.modules)
+    """)
+    assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_training_steps_are_recorded_with_rates_losses_and_memory():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch, seq = 4, 16
+    losses = []
+    with gpuwatch.track(name="tiny-lm", config={"lr": 1e-3, "seq": seq}) as run:
+        for _ in range(5):
+            x = torch.randint(0, 64, (batch, seq))
+            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+            run.step(tokens=batch * seq, samples=batch, seq_len=seq, loss=loss)
+        run_id = run.run_id
+
+    assert len(run_id) == 12 and int(run_id, 16) >= 0
+    r = the_run()
+    assert (r["run_id"], r["name"], r["status"], r["mode"]) == (run_id, "tiny-lm", "finished", "embedded")
+    assert r["config_json"] == '{"lr":0.001,"seq":16}'
+    assert r["torch_version"] == torch.__version__
+    assert r["uid"] == os.getuid() and r["ended_ms"] >= r["started_ms"]
+    steps = db().execute("SELECT * FROM steps ORDER BY step").fetchall()
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]
+    wall_ms = r["ended_ms"] - r["started_ms"] + 2
+    for s, loss in zip(steps, losses):
+        assert 0 < s["step_time_ms"] < wall_ms
+        assert s["tokens_per_s"] == pytest.approx(64 / (s["step_time_ms"] / 1000))
+        assert s["loss"] == pytest.approx(loss)
+        assert s["rss_bytes"] > 10 * 2**20  # torch alone makes the process this big
+        assert s["mem_allocated_bytes"] is None and s["mfu"] is None  # CPU: no allocator, no peak
+    assert sum(s["step_time_ms"] for s in steps) <= wall_ms
+
+
+def test_exception_marks_run_failed_with_type_and_message():
+    with pytest.raises(ValueError, match="bad batch"):
+        with gpuwatch.track(name="boom") as run:
+            run.step(tokens=1)
+            raise ValueError("bad batch at step 2")
+    r = the_run()
+    assert (r["status"], r["error_type"], r["error_message"]) == ("failed", "ValueError", "bad batch at step 2")
+
+
+def test_memory_error_marks_oom_and_is_reraised():
+    with pytest.raises(MemoryError):
+        with gpuwatch.track():
+            raise MemoryError()
+    assert (the_run()["status"], the_run()["error_type"]) == ("oom", "MemoryError")
+
+
+def test_torch_cpu_allocator_failure_is_an_oom():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RuntimeError) as caught:
+        with gpuwatch.track():
+            torch.empty(1 << 60, dtype=torch.uint8)  # 1 EiB: the allocator refuses
+    assert is_oom(caught.value)
+    assert the_run()["status"] == "oom"
+
+
+def test_keyboard_interrupt_marks_killed_by_sigint():
+    with pytest.raises(KeyboardInterrupt):
+        with gpuwatch.track():
+            raise KeyboardInterrupt
+    assert (the_run()["status"], the_run()["signal"]) == ("killed", signal.SIGINT)
+
+
+def test_sigterm_records_killed_then_dies_by_sigterm():
+    proc = subprocess.Popen([PY, "-c", textwrap.dedent("""
+        import time, gpuwatch
+        with gpuwatch.track(name="victim") as run:
+            run.step(tokens=8)
+            print("ready", flush=True)
+            time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    r = the_run()
+    assert (r["name"], r["status"], r["signal"]) == ("victim", "killed", signal.SIGTERM)
+
+
+def test_user_sigterm_handler_is_left_alone():
+    out = run_script("""
+        import signal, gpuwatch
+        mine = lambda *a: None
+        signal.signal(signal.SIGTERM, mine)
+        with gpuwatch.track():
+            print(signal.getsignal(signal.SIGTERM) is mine)
+        print(signal.getsignal(signal.SIGTERM) is mine)
+    """)
+    assert out.stdout.split() == ["True", "True"], out.stderr
+
+
+def test_run_without_with_ends_failed_on_uncaught_exception_and_finished_at_exit():
+    out = run_script("""
+        import gpuwatch
+        run = gpuwatch.track(name="loose")
+        run.step(tokens=4)
+        raise RuntimeError("late failure")
+    """)
+    assert "late failure" in out.stderr and out.returncode == 1
+    assert (the_run()["status"], the_run()["error_type"]) == ("failed", "RuntimeError")
+    run_script("import gpuwatch; gpuwatch.track(name='quiet').step(tokens=1)")
+    assert db().execute("SELECT status FROM runs WHERE name = 'quiet'").fetchone()[0] == "finished"
+
+
+def test_generation_accounting_with_a_fake_clock():
+    now = [100.0]
+    with gpuwatch.track() as run:
+        with run.generate(prompt_tokens=7, clock=lambda: now[0]) as gen:
+            for gap_s in (0.250, 0.020, 0.030, 0.040, 0.010):  # first token after 250 ms
+                now[0] += gap_s
+                gen.token()
+        run.generation(prompt_tokens=3, new_tokens=10, ttft_ms=50.0, itl_ms=[5.0] * 9)
+    g1, g2 = db().execute("SELECT * FROM generations ORDER BY gen_id").fetchall()
+    assert (g1["prompt_tokens"], g1["new_tokens"]) == (7, 5)
+    assert g1["ttft_ms"] == pytest.approx(250.0)
+    # ITLs 10, 20, 30, 40 ms: median 25; 90th percentile, linear: 30 + 0.7 * (40 - 30) = 37
+    assert g1["itl_p50_ms"] == pytest.approx(25.0)
+    assert g1["itl_p90_ms"] == pytest.approx(37.0)
+    assert g1["tokens_per_s"] == pytest.approx(5 / 0.350)
+    assert g2["tokens_per_s"] == pytest.approx(10 / 0.095) and g2["itl_p50_ms"] == pytest.approx(5.0)
+
+
+def test_run_events_keep_their_kind_and_payload():
+    with gpuwatch.track() as run:
+        run.event("checkpoint", {"path": "/ckpt/step100.pt"})
+        run.event("checkpoint", {"path": "/ckpt/step200.pt"})
+    rows = db().execute("SELECT kind, payload_json FROM run_events ORDER BY seq").fetchall()
+    assert [tuple(r) for r in rows] == [("checkpoint", '{"path":"/ckpt/step100.pt"}'),
+                                        ("checkpoint", '{"path":"/ckpt/step200.pt"}')]
+
+
+def test_transformer_flops_match_the_palm_formula_by_hand():
+    # GPT-2 small: L=12, d=768, T=1024, V=50257.
+    n = 12 * 12 * 768 ** 2 + 50257 * 768  # 84,934,656 + 38,597,376 = 123,532,032
+    assert n == 123_532_032
+    attention = 12 * 12 * 768 * 1024  # 113,246,208
+    assert flops.transformer_flops_per_token(12, 768, 1024, 50257) == 6 * n + attention == 854_438_400
+    assert flops.transformer_flops_per_token(12, 768, 1024, 50257, training=False) == pytest.approx(854_438_400 / 3)
+    assert flops.transformer_flops_per_token(2, 64, 128, 100, n_params=1000) == 6000 + 12 * 2 * 64 * 128
+    with pytest.raises(ValueError, match="seq_len"):
+        flops.transformer_flops_per_token(2, 64, 0, 100)
+
+
+def test_peak_flops_by_gpu_name_and_mfu():
+    assert flops.peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.5e12
+    assert flops.peak_flops("NVIDIA H100 PCIe", "bfloat16") == 756e12
+    assert flops.peak_flops("NVIDIA H200", "fp32") == 67e12
+    assert flops.peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+    assert flops.peak_flops("NVIDIA A10", "bf16") == 125e12  # not mistaken for an A100
+    assert flops.peak_flops("NVIDIA L40S", "bf16") == 362e12
+    assert flops.peak_flops("NVIDIA GeForce RTX 4090", "fp16") == 165.2e12
+    assert flops.peak_flops("Tesla V100-SXM2-32GB", "bf16") is None  # no bf16 tensor cores
+    assert flops.peak_flops("Some Future GPU", "bf16") is None
+    with pytest.raises(ValueError, match="int8"):
+        flops.peak_flops("NVIDIA H100", "int8")
+    # 40k tokens/s of GPT-2 small on an A100: 40,000 * 854,438,400 / 312e12 = 0.10954...
+    assert flops.mfu(40_000, 854_438_400, 312e12) == pytest.approx(0.109543, rel=1e-5)
+    assert flops.mfu(40_000, None, 312e12) is None
+
+
+def test_metadata_ranks_job_ids_and_gpus():
+    env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "abc"}
+    assert metadata.ranks(env) == (3, 1, 8)
+    assert metadata.job_id(env) == "torchrun-abc"
+    assert metadata.job_id({**env, "SLURM_JOB_ID": "991", "SLURM_STEP_ID": "0"}) == "slurm-991.0"
+    assert metadata.job_id({"TORCHELASTIC_RUN_ID": "none"}, wrapper_run_id="feedbeef0000") == "feedbeef0000"
+    assert metadata.job_id({}) is None
+    assert metadata.ranks({"SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4"}) == (2, 0, 4)
+    assert metadata.gpu_uuids({"CUDA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}) == "GPU-aaa,GPU-bbb"
+    assert metadata.gpu_uuids({}) is None
+
+
+def test_gpu_indices_become_uuids_through_nvml(monkeypatch):
+    import fake_pynvml
+
+    fake_pynvml.configure(gpus=2)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
+    uuids = metadata.gpu_uuids({"CUDA_VISIBLE_DEVICES": "1,0"}).split(",")
+    assert len(uuids) == 2 and all(u.startswith("GPU-") for u in uuids) and uuids[0] != uuids[1]
+
+
+def test_git_commit_inside_and_outside_a_repository(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=repo, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert metadata.git_commit(str(repo)) == head
+    outside = tmp_path / "plain"
+    outside.mkdir()
+    assert metadata.git_commit(str(outside)) is None
+
+
+def test_memory_stats_fields_tolerate_missing_keys():
+    full = {"num_alloc_retries": 2, "num_ooms": 1, "inactive_split_bytes.all.current": 4096}
+    assert torch_stats.memory_stats_fields(full) == {
+        "num_alloc_retries": 2, "num_ooms": 1, "inactive_split_bytes": 4096, "stats": full}
+    assert torch_stats.memory_stats_fields({})["inactive_split_bytes"] is None
+
+
+@pytest.mark.gpu
+def test_cuda_steps_have_event_timings_allocator_figures_and_mfu():
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+    with gpuwatch.track(flops_per_token=6 * 1024 * 1024) as run:
+        for _ in range(60):  # past memory_stats_every (50)
+            loss = model(x).float().pow(2).mean()
+            loss.backward()
+            run.step(tokens=64, loss=loss)
+    steps = db().execute("SELECT * FROM steps ORDER BY step").fetchall()
+    assert len(steps) == 60
+    assert steps[0]["step_time_ms"] is not None  # CUDA was initialised before track()
+    assert all(s["step_time_ms"] > 0 and s["mem_allocated_bytes"] > 0 and s["loss"] is not None
+               for s in steps)
+    assert all(s["mfu"] is None or 0 < s["mfu"] < 1 for s in steps)
+    assert db().execute("SELECT count(*) FROM memory_stats").fetchone()[0] == 1
