@@ -1,0 +1,115 @@
+"""HostCollector on this machine's real psutil, and the cgroup readers on real-format trees."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import psutil
+
+from collectors.host import HostCollector, HostSample, cgroup_memory_limit_bytes, cgroup_oom_kills
+from gpuwatch.store import insert_rows, open_rw
+
+
+def test_a_real_sample_has_sane_values(tmp_path):
+    c = HostCollector()
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:  # keep one core busy so the CPU share is clearly above zero
+        pass
+    s = c.sample(1000)
+    assert s.ts_ms == 1000
+    assert s.cpu_pct is not None and 0 < s.cpu_pct <= 100
+    assert s.load1 >= 0 and s.load5 >= 0 and s.load15 >= 0
+    assert 0 < s.mem_used_bytes < s.mem_total_bytes == psutil.virtual_memory().total
+    assert 0 < s.mem_available_bytes <= s.mem_total_bytes
+    assert s.swap_used_bytes >= 0
+    if Path("/dev/shm").is_dir():
+        assert s.shm_total_bytes > 0 and 0 <= s.shm_used_bytes <= s.shm_total_bytes
+    # The row goes straight into host_samples.
+    conn = open_rw(tmp_path / "t.db")
+    insert_rows(conn, "host_samples", [dataclasses.asdict(s)])
+    assert conn.execute("SELECT mem_total_bytes FROM host_samples").fetchone()[0] == s.mem_total_bytes
+
+
+def test_counters_are_cumulative_and_shm_use_is_seen(tmp_path):
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    c = HostCollector(shm_path=str(shm))
+    first = c.sample(1000)
+    blob = shm / f"gpuwatch-test-{os.getpid()}"
+    blob.write_bytes(os.urandom(8 * 1024 * 1024))
+    try:
+        second = c.sample(2000)
+    finally:
+        blob.unlink()
+    for name in ("disk_read_bytes", "disk_write_bytes", "net_rx_bytes", "net_tx_bytes"):
+        a, b = getattr(first, name), getattr(second, name)
+        assert (a is None) == (b is None) and (a is None or b >= a), name
+    assert second.shm_used_bytes >= first.shm_used_bytes + 4 * 1024 * 1024
+
+
+def test_missing_shm_reads_as_none():
+    s = HostCollector(shm_path="/nonexistent/shm").sample(1)
+    assert s.shm_total_bytes is None and s.shm_used_bytes is None
+    assert isinstance(s, HostSample) and s.mem_total_bytes > 0
+
+
+def _tree(tmp_path, cgroup_line: str, files: dict[str, str]) -> tuple[Path, Path]:
+    """A /proc/<pid>/cgroup file and a /sys/fs/cgroup tree, in the kernel's formats."""
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "cgroup").write_text(cgroup_line)
+    for rel, content in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(content)
+    return proc, root
+
+
+def test_cgroup_v2_limit_is_the_tightest_on_the_path(tmp_path):
+    proc, root = _tree(tmp_path, "0::/user.slice/user-1000.slice/job.scope\n", {
+        "user.slice/memory.max": "max\n",
+        "user.slice/user-1000.slice/memory.max": "68719476736\n",
+        "user.slice/user-1000.slice/job.scope/memory.max": "max\n",
+        "user.slice/user-1000.slice/job.scope/memory.events":
+            "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n",
+    })
+    assert cgroup_memory_limit_bytes(4242, root=root, proc=proc) == 64 * 1024**3
+    assert cgroup_oom_kills(4242, root=root, proc=proc) == 2
+
+
+def test_cgroup_v2_unlimited_is_none(tmp_path):
+    proc, root = _tree(tmp_path, "0::/system.slice/gpuwatch.service\n", {
+        "system.slice/gpuwatch.service/memory.max": "max\n",
+        "system.slice/gpuwatch.service/memory.events": "oom_kill 0\n",
+    })
+    assert cgroup_memory_limit_bytes(4242, root=root, proc=proc) is None
+    assert cgroup_oom_kills(4242, root=root, proc=proc) == 0
+
+
+def test_cgroup_v1_limit_and_oom_kills(tmp_path):
+    line = "12:pids:/docker/abc\n4:memory:/docker/abc\n0::/docker/abc\n"
+    proc, root = _tree(tmp_path, line, {
+        "memory/docker/abc/memory.stat": "cache 0\nrss 4096\nhierarchical_memory_limit 17179869184\n",
+        "memory/docker/abc/memory.limit_in_bytes": "9223372036854771712\n",
+        "memory/docker/abc/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n",
+    })
+    assert cgroup_memory_limit_bytes(4242, root=root, proc=proc) == 16 * 1024**3
+    assert cgroup_oom_kills(4242, root=root, proc=proc) == 5
+
+
+def test_cgroup_v1_no_limit_is_none(tmp_path):
+    # Inside a container the mount shows only its own cgroup: fall back to the mount's root.
+    proc, root = _tree(tmp_path, "4:memory:/process_api/f3d8\n", {
+        "memory/memory.limit_in_bytes": "9223372036854771712\n",
+    })
+    assert cgroup_memory_limit_bytes(4242, root=root, proc=proc) is None
+    assert cgroup_oom_kills(4242, root=root, proc=proc) is None
+
+
+def test_cgroup_readers_on_this_machine_never_raise():
+    limit = cgroup_memory_limit_bytes()
+    kills = cgroup_oom_kills()
+    assert limit is None or limit > 0
+    assert kills is None or kills >= 0
+    assert cgroup_memory_limit_bytes(2**22 + 123) is None  # no such pid

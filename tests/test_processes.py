@@ -1,0 +1,120 @@
+"""ProcessCollector on real child processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from collectors.processes import ProcessCollector, ProcessInfo, container_id_from_cgroup
+
+NO_SUCH_PID = 2**22 + 123  # above Linux's largest pid_max
+
+
+@pytest.fixture
+def child():
+    env = dict(os.environ, RANK="1", LOCAL_RANK="1", WORLD_SIZE="4", SLURM_JOB_ID="777",
+               CUDA_VISIBLE_DEVICES="2,3")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "two words"],
+                            env=env)
+    time.sleep(0.05)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_child_is_read_correctly(child):
+    before_ms = time.time() * 1000
+    info = ProcessCollector().info(child.pid)
+    assert info == ProcessInfo(
+        pid=child.pid, start_ms=info.start_ms, uid=os.getuid(), user=info.user,
+        cmdline=f"{sys.executable} -c 'import time; time.sleep(60)' 'two words'",
+        container_id=info.container_id, slurm_job_id="777", rank=1, local_rank=1, world_size=4,
+        cuda_visible_devices="2,3")
+    assert abs(info.start_ms - before_ms) < 5_000
+    assert info.user and isinstance(info.user, str)
+    assert set(dataclasses.asdict(info)) <= {
+        "pid", "start_ms", "uid", "user", "cmdline", "container_id", "slurm_job_id", "rank",
+        "local_rank", "world_size", "cuda_visible_devices", "run_id", "first_seen_ms", "last_seen_ms"}
+
+
+def test_facts_are_read_once_per_process(child):
+    c = ProcessCollector()
+    assert c.info(child.pid) is c.info(child.pid)
+
+
+def test_untagged_process_has_no_tags():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")}
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        info = ProcessCollector().info(proc.pid)
+        assert (info.rank, info.world_size, info.slurm_job_id, info.cuda_visible_devices) == (
+            None, None, None, None)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_usage_gives_rss_and_cpu_after_a_baseline():
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)  # let the interpreter start
+        c = ProcessCollector()
+        first = c.usage([busy.pid, NO_SUCH_PID])
+        assert list(first) == [busy.pid]
+        rss, cpu = first[busy.pid]
+        assert rss > 1024 * 1024 and cpu is None  # no baseline yet: unknown, not 0
+        time.sleep(0.3)
+        rss, cpu = c.usage([busy.pid])[busy.pid]
+        assert cpu > 5.0  # a busy loop, even on a crowded machine
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_a_process_that_exited_reads_as_none(child):
+    c = ProcessCollector()
+    assert c.info(child.pid) is not None and child.pid in c.usage([child.pid])
+    child.kill()
+    time.sleep(0.1)  # now a zombie: exited, not yet reaped
+    assert c.info(child.pid) is None
+    assert c.usage([child.pid]) == {}
+    child.wait()  # reaped: the pid is gone altogether
+    assert c.info(child.pid) is None
+    assert c.usage([child.pid]) == {}
+    assert c.forget_gone() == []
+
+
+def test_forget_gone_drops_exited_processes(child):
+    c = ProcessCollector()
+    c.usage([child.pid, os.getpid()])
+    child.kill()
+    child.wait()
+    assert c.forget_gone() == [child.pid]
+    assert list(c.usage([os.getpid()])) == [os.getpid()]
+
+
+def test_a_nonexistent_pid_reads_as_none():
+    c = ProcessCollector()
+    assert c.info(NO_SUCH_PID) is None
+    assert c.usage([NO_SUCH_PID]) == {}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("0::/system.slice/docker-" + "a" * 64 + ".scope\n", "a" * 64),
+    ("12:memory:/docker/" + "b" * 64 + "\n0::/docker/" + "b" * 64 + "\n", "b" * 64),
+    ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/"
+     "cri-containerd-" + "c" * 64 + ".scope\n", "c" * 64),
+    ("0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-" + "d" * 64 + ".scope/container\n",
+     "d" * 64),
+    ("0::/user.slice/user-1000.slice/session-3.scope\n", "session-3.scope"),
+    ("0::/system.slice/jupyterhub.service\n", "jupyterhub.service"),
+    ("0::/\n", None),
+])
+def test_container_id_from_real_cgroup_paths(text, expected):
+    assert container_id_from_cgroup(text) == expected
