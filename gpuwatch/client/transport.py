@@ -225,6 +225,8 @@ class DaemonTransport(Transport):
     # --- the sender thread ---
 
     def _run(self) -> None:
+        if self._link is not None:
+            self._adopt_orphan_spools()
         while True:
             batch = self._collect()
             if batch:
