@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "compare": "gpuwatch.cli.analysis_cmd:compare_cmd",
     "export": "gpuwatch.cli.analysis_cmd:export_cmd",
     "report": "gpuwatch.cli.analysis_cmd:report_cmd",
+    "doctor": "gpuwatch.cli.doctor_cmd:doctor_cmd",
     "tui": "gpuwatch.cli.tui_cmd:tui",
 }
 
