@@ -14,6 +14,9 @@ from gpuwatch import __version__
 
 COMMANDS: dict[str, str] = {
     # name: "gpuwatch.cli.<module>:<click command>"
+    "run": "gpuwatch.cli.run_cmd:run_cmd",
+    "runs": "gpuwatch.cli.runs_cmd:runs_cmd",
+    "show": "gpuwatch.cli.runs_cmd:show_cmd",
     "daemon": "gpuwatch.cli.daemon_cmd:daemon",
     "status": "gpuwatch.cli.status_cmd:status",
     "query": "gpuwatch.cli.query_cmd:query",

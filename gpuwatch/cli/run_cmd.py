@@ -1,0 +1,125 @@
+"""`gpuwatch run -- CMD ARGS...`: run a command as a tracked run, whether or not it is instrumented."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+
+import click
+
+from gpuwatch.cli.options import friendly_errors
+
+FORWARDED = {signal.SIGINT, signal.SIGTERM}
+SI_KERNEL = 0x80  # si_code of a signal the kernel raised, e.g. Ctrl-C from the terminal
+
+
+def _end_state(run_id: str) -> dict:
+    """What an instrumented child said about its end (OOM, exception), if it said anything."""
+    from gpuwatch.client.run import end_state_path
+
+    path = end_state_path(run_id)
+    try:
+        state = json.loads(path.read_text())
+        path.unlink()
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def _wait_forwarding(pid: int) -> int:
+    """Wait for the child; pass it SIGINT/SIGTERM sent to us. Returns its wait status.
+
+    A Ctrl-C from the terminal already reached the child (same process group), so a SIGINT the
+    kernel raised is not passed on again: the child sees each interrupt once.
+    """
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        info = signal.sigtimedwait(FORWARDED | {signal.SIGCHLD}, 1.0)
+        if info is None or info.si_signo == signal.SIGCHLD:
+            continue
+        if info.si_signo == signal.SIGINT and info.si_code == SI_KERNEL:
+            continue
+        try:
+            os.kill(pid, info.si_signo)
+        except ProcessLookupError:
+            pass
+
+
+def default_name(command: tuple[str, ...]) -> str:
+    """`python train.py --lr 1` -> 'train.py'; `torchrun ... x.py` -> 'x.py'; else the program."""
+    scripts = [os.path.basename(a) for a in command[1:] if a.endswith(".py")]
+    if scripts:
+        return scripts[0]
+    if os.path.basename(command[0]).startswith("python") and "-m" in command[:-1]:
+        return command[command.index("-m") + 1]
+    return os.path.basename(command[0])
+
+
+def wrap(command: tuple[str, ...], name: str | None) -> int:
+    """Run `command` as a run of its own; return the exit code the wrapper should exit with."""
+    from gpuwatch.client import metadata
+    from gpuwatch.client.run import ENV_RUN_ID, client_config, new_run_id
+    from gpuwatch.client.transport import connect
+    from gpuwatch.store import now_ms
+
+    cfg = client_config()
+    # Block before any thread starts (the transport's threads inherit the mask), so every
+    # SIGINT/SIGTERM comes to sigtimedwait below instead of interrupting us.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
+    transport = None
+    run_id = new_run_id()
+    ids = iter(f"wrap-{os.getpid()}-{n}" for n in range(1 << 30))
+
+    def send(kind: str, **fields) -> None:
+        transport.send({"id": next(ids), "kind": kind, "run_id": run_id, "ts_ms": now_ms(), **fields})
+
+    try:
+        transport = connect(cfg)
+        fields = metadata.collect()
+        fields["command"] = shlex.join(command)
+        send("run_start", name=name or default_name(command), **fields)
+        transport.flush()  # the run exists before the child can add steps to it
+        env = dict(os.environ, **{ENV_RUN_ID: run_id})
+        try:
+            pid = os.posix_spawnp(command[0], list(command), env, setsigmask=(),
+                                  setsigdef=tuple(FORWARDED))
+        except OSError as e:
+            send("run_end", status="failed", exit_code=127, error_type=type(e).__name__,
+                 error_message=f"cannot run {command[0]}: {e.strerror}")
+            raise click.ClickException(f"cannot run {command[0]!r}: {e.strerror}") from None
+        status = os.waitstatus_to_exitcode(_wait_forwarding(pid))
+        state = _end_state(run_id)
+        if status < 0:
+            send("run_end", status="killed", signal=-status)
+            return 128 - status
+        if status == 0:
+            send("run_end", status="finished", exit_code=0)
+        else:
+            send("run_end", status=state.get("status") if state.get("status") in ("failed", "oom", "killed")
+                 else "failed", exit_code=status, error_type=state.get("error_type"),
+                 error_message=state.get("error_message"), signal=state.get("signal"))
+        return status
+    finally:
+        if transport is not None:
+            transport.close()
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+@click.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--name", help="Run name shown by `gpuwatch runs` (default: the script or program).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@friendly_errors
+def run_cmd(name: str | None, command: tuple[str, ...]) -> None:
+    """Run COMMAND as a tracked run and exit with its status.
+
+    The run records the command, exit code or signal and duration; the daemon links the
+    command's processes (and their GPU memory) to it. A child that calls gpuwatch.track()
+    adds its steps to this same run. SIGINT and SIGTERM are passed on to the command.
+
+    Example: gpuwatch run --name sweep-3 -- python train.py --lr 3e-4
+    """
+    raise SystemExit(wrap(command, name))

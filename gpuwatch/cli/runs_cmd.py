@@ -1,0 +1,210 @@
+"""`gpuwatch runs` (a table of runs) and `gpuwatch show RUN` (one run in detail)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from datetime import datetime
+
+import click
+
+from gpuwatch import fmt
+from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
+
+STATUSES = ("running", "finished", "failed", "oom", "killed", "lost")
+_AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+SPARK_WIDTH = 60
+
+
+def parse_since(text: str, now_ms: int) -> int:
+    """'90m', '2h', '1d', '1w' ago, or an ISO date/time (local time unless it has an offset)."""
+    m = _AGO.match(text)
+    if m:
+        return now_ms - int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+    try:
+        return int(datetime.fromisoformat(text.strip()).timestamp() * 1000)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither a duration like 2h, 1d, 30m nor an ISO "
+                                 f"time like 2026-01-31T14:00", param_hint="--since") from None
+
+
+def _fit(text: str | None, width: int) -> str:
+    text = "-" if text is None else text
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _start(ts_ms: int, now_ms: int) -> str:
+    """'14:05' within the last day, else 'Dec02' (as ps does), so the table fits 80 columns."""
+    if now_ms - ts_ms < 86_400_000:
+        return time.strftime("%H:%M", time.localtime(ts_ms / 1000))
+    return time.strftime("%b%d", time.localtime(ts_ms / 1000))
+
+
+# (header, width, right-aligned): 8+12+8+8+5+6+6+6+9+3 columns + 9 spaces = 80.
+_COLUMNS = (("ID", 8, False), ("NAME", 12, False), ("USER", 8, False), ("STATUS", 8, False),
+            ("START", 5, False), ("DUR", 6, True), ("TOK/S", 6, True), ("LAST", 6, True),
+            ("PEAK MEM", 9, True), ("OOM", 3, False))
+
+
+def runs_table(summaries, now_ms: int) -> str:
+    def line(cells):
+        return " ".join(_fit(c, w).rjust(w) if right else _fit(c, w).ljust(w)
+                        for c, (_, w, right) in zip(cells, _COLUMNS)).rstrip()
+
+    lines = [line([h for h, _, _ in _COLUMNS])]
+    for r in summaries:
+        end = r.ended_ms if r.ended_ms is not None else now_ms
+        lines.append(line([r.run_id[:8], r.name, r.user, r.status, _start(r.started_ms, now_ms),
+                           fmt.duration(end - r.started_ms), fmt.count(r.tokens_per_s_avg),
+                           fmt.count(r.tokens_per_s_last), fmt.size(r.peak_mem_bytes),
+                           "OOM" if r.oom else ""]))
+    return "\n".join(lines)
+
+
+@click.command("runs")
+@click.option("--user", help="Only this user's runs.")
+@click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
+@click.option("--since", help="Runs active since: 2h, 1d, 30m, or an ISO time.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="At most this many runs, newest first.")
+@db_option
+@friendly_errors
+def runs_cmd(user, status, since, limit, db) -> None:
+    """List runs, newest first: status, duration, tokens/s (average and last), peak memory, OOM.
+
+    Example: gpuwatch runs --status oom --since 1d
+    """
+    from gpuwatch.store import now_ms, open_ro, queries
+
+    now = now_ms()
+    since_ms = parse_since(since, now) if since else None
+    conn = open_ro(reader_db_path(db))
+    try:
+        summaries = queries.runs(conn, user=user, status=status, since_ms=since_ms, limit=limit)
+    finally:
+        conn.close()
+    if not summaries:
+        click.echo("no runs match" if (user or status or since) else "no runs recorded yet")
+        return
+    click.echo(runs_table(summaries, now))
+
+
+def _signal_name(signum: int | None) -> str:
+    try:
+        return signal.Signals(signum).name
+    except (TypeError, ValueError):
+        return f"signal {signum}"
+
+
+def _end_line(run) -> str:
+    if run.status == "running":
+        return "running"
+    if run.status == "killed" and run.signal:
+        return f"killed by {_signal_name(run.signal)}"
+    text = run.status
+    if run.exit_code is not None:
+        text += f", exit code {run.exit_code}"
+    if run.error_type:
+        text += f": {run.error_type}" + (f": {run.error_message}" if run.error_message else "")
+    return text
+
+
+def _attached(conn, run_id: str) -> dict:
+    """What an instrumented child told a `gpuwatch run` wrapper's run (config, torch version)."""
+    row = conn.execute("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached' "
+                       "ORDER BY seq LIMIT 1", (run_id,)).fetchone()
+    try:
+        payload = json.loads(row[0]) if row and row[0] else {}
+    except ValueError:
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
+def _ranks(conn, run) -> list[tuple]:
+    """Other runs of the same distributed job, or rank runs under this wrapper."""
+    return conn.execute(
+        "SELECT run_id, rank, local_rank, status, host FROM runs WHERE run_id != ? AND "
+        "((job_id IS NOT NULL AND job_id = ?) OR parent_run_id = ?) ORDER BY rank, started_ms",
+        (run.run_id, run.job_id, run.run_id)).fetchall()
+
+
+def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int) -> str:
+    out = []
+    add = out.append
+    title = f"run {run.run_id}" + (f"  {run.name}" if run.name else "") + f"  [{run.status}]"
+    add(title)
+    end = run.ended_ms if run.ended_ms is not None else now_ms
+    add(f"  user      {run.user or run.uid} on {run.host or '-'}  pid {run.pid or '-'}  ({run.mode or '-'})")
+    add(f"  started   {fmt.local_time(run.started_ms)}   ended {fmt.local_time(run.ended_ms)}"
+        f"   duration {fmt.duration(end - run.started_ms)}")
+    add(f"  command   {run.command or '-'}")
+    add(f"  cwd       {run.cwd or '-'}   git {run.git_commit[:12] if run.git_commit else '-'}")
+    torch_version = run.torch_version or attached.get("torch_version")
+    cuda_version = run.cuda_version or attached.get("cuda_version")
+    add(f"  torch     {torch_version or '-'}   CUDA {cuda_version or '-'}"
+        f"   GPUs {run.gpu_uuids or attached.get('gpu_uuids') or '-'}")
+    if run.world_size or run.job_id or run.slurm_job_id:
+        add(f"  rank      {'-' if run.rank is None else run.rank}/{run.world_size or '-'}"
+            f" (local {'-' if run.local_rank is None else run.local_rank})"
+            f"   job {run.job_id or '-'}   slurm {run.slurm_job_id or '-'}")
+    add(f"  end       {_end_line(run)}")
+
+    add("")
+    if steps:
+        rates = [s.tokens_per_s for s in steps]
+        known = [r for r in rates if r is not None]
+        timed = [(s.tokens, s.step_time_ms) for s in steps if s.tokens and s.step_time_ms]
+        avg = sum(t for t, _ in timed) / (sum(ms for _, ms in timed) / 1000.0) if timed else None
+        add(f"  steps     {len(steps)}   tokens/s avg {fmt.count(avg)}   last {fmt.count(known[-1] if known else None)}"
+            f"   mfu last {fmt.percent(next((s.mfu for s in reversed(steps) if s.mfu is not None), None))}")
+        if known:
+            add(f"  tokens/s  {fmt.sparkline(rates, width=SPARK_WIDTH)}  "
+                f"{fmt.count(min(known))}..{fmt.count(max(known))}")
+        gpu_peak = max((s.mem_peak_bytes for s in steps if s.mem_peak_bytes is not None), default=None)
+        reserved = max((s.mem_reserved_bytes for s in steps if s.mem_reserved_bytes is not None), default=None)
+        rss = max((s.rss_bytes for s in steps if s.rss_bytes is not None), default=None)
+        add(f"  memory    GPU peak allocated {fmt.size(gpu_peak)}   reserved {fmt.size(reserved)}"
+            f"   host RSS peak {fmt.size(rss)}")
+    else:
+        add("  steps     none recorded (not instrumented, or no step() yet)")
+
+    config = run.config or attached.get("config") or {}
+    if config:
+        add("")
+        add("config")
+        width = min(max(len(str(k)) for k in config), 24)
+        for key, value in config.items():
+            add(f"  {str(key).ljust(width)}  {json.dumps(value) if not isinstance(value, str) else value}")
+    if ranks:
+        add("")
+        add("ranks")
+        for run_id, rank, local_rank, status, host in ranks:
+            add(f"  {run_id}  rank {'-' if rank is None else rank}"
+                f" (local {'-' if local_rank is None else local_rank})  {status}  {host or '-'}")
+    return "\n".join(out)
+
+
+@click.command("show")
+@click.argument("run_ref", metavar="RUN")
+@db_option
+@friendly_errors
+def show_cmd(run_ref, db) -> None:
+    """Show one run: summary, end state, tokens/s sparkline, memory peaks, config, ranks.
+
+    RUN is a run id, a unique id prefix, or a run name (the newest run with that name).
+
+    Example: gpuwatch show gpt-4k
+    """
+    from gpuwatch.store import now_ms, open_ro, queries
+
+    conn = open_ro(reader_db_path(db))
+    try:
+        run = queries.run(conn, run_ref)
+        text = show_text(run, queries.steps(conn, run.run_id), _attached(conn, run.run_id),
+                         _ranks(conn, run), now_ms())
+    finally:
+        conn.close()
+    click.echo(text)
