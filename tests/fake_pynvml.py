@@ -368,8 +368,8 @@ class FakeNvml:
         self._device("nvmlDeviceGetPowerManagementLimit", handle)
         return 700_000
 
-    def nvmlDeviceGetMigMode(self, handle):
-        self._device("nvmlDeviceGetMigMode", handle)
+    def nvmlDeviceGetMigMode(self, device):
+        self._device("nvmlDeviceGetMigMode", device)
         return [NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_DISABLE]
 
     # -- per tick ---------------------------------------------------------------------------
@@ -409,8 +409,8 @@ class FakeNvml:
             return 2619
         return 345 + self._util(i) * 15
 
-    def nvmlDeviceGetPcieThroughput(self, handle, counter):
-        i = self._device("nvmlDeviceGetPcieThroughput", handle)
+    def nvmlDeviceGetPcieThroughput(self, device, counter):
+        i = self._device("nvmlDeviceGetPcieThroughput", device)
         return _wave(self.clock(), i + counter, 7.0, 0, 25_000_000) if self._pids(i) else 0
 
     def nvmlDeviceGetFanSpeed(self, handle):

@@ -219,3 +219,22 @@ def test_real_driver():
         assert isinstance(c.xid_events(2000), list)
     finally:
         c.close()
+
+
+def test_the_fake_matches_the_real_module():
+    """Same function names and parameters, same error classes built the same way."""
+    import inspect
+
+    import pynvml
+
+    for name in [n for n in vars(fake_pynvml.FakeNvml) if n.startswith("nvml")]:
+        real = getattr(pynvml, name)
+        fake = list(inspect.signature(getattr(fake_pynvml.FakeNvml, name)).parameters)[1:]
+        assert list(inspect.signature(real).parameters) == fake, name
+    for module in (pynvml, fake_pynvml):
+        err = module.NVMLError(module.NVML_ERROR_NOT_SUPPORTED)
+        assert isinstance(err, module.NVMLError_NotSupported) and err.value == 3
+        assert module.NVMLError_GpuIsLost().value == module.NVML_ERROR_GPU_IS_LOST
+    fake_codes = {n: getattr(fake_pynvml, n) for n in dir(fake_pynvml) if n.startswith("NVML_ERROR_")}
+    assert {n: getattr(pynvml, n) for n in fake_codes} == fake_codes
+    assert {n for n in dir(fake_pynvml) if n.startswith("NVMLError_")} <= set(dir(pynvml))
