@@ -45,7 +45,9 @@ def render_chart(chart: Chart, width: int, height: int, until_ms: int) -> Text:
     lowest = min(v for _, v in points)
     lo = min(0.0, lowest) if unit in ("bytes", "pct") else lowest
     hi = max(v for _, v in points)
-    hi = hi if hi > lo else lo + 1
+    if hi - lo < 1e-9:  # a flat line: give it some room so the axis labels differ
+        pad = max(abs(hi) * 0.05, 1.0)
+        lo, hi = (lo if unit in ("bytes", "pct") else lo - pad), hi + pad
     labels = [axis_value(hi, unit), axis_value((hi + lo) / 2, unit), axis_value(lo, unit)]
     label_w = max(len(s) for s in labels)
     plot_w = max(4, width - label_w - 2)
