@@ -41,7 +41,8 @@ def probe(args: argparse.Namespace) -> dict:
     config["device"] = str(device)
     common.reset_peak(device)
     seconds = []
-    with gpuwatch.track(name=args.name or "embedding-probe", config=config) as run, torch.no_grad():
+    with gpuwatch.track(name=args.name or "embedding-probe", config=config,
+                        precision=args.precision) as run, torch.no_grad():
         for _ in range(args.repeats):
             common.synchronize(device)
             t0 = time.perf_counter()

@@ -198,7 +198,8 @@ def train(args: argparse.Namespace) -> dict:
     tokens_per_step = args.batch * args.seq_len
     common.reset_peak(device)
     losses = []
-    with gpuwatch.track(name=args.name or "gpt-train", config=config, flops_per_token=flops) as run:
+    with gpuwatch.track(name=args.name or "gpt-train", config=config, flops_per_token=flops,
+                        precision=args.precision) as run:
         started = None
         for step in range(args.steps):
             if step == 1:  # step 0 pays for warm-up (allocator, kernels, compile): time the rest

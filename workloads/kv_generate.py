@@ -52,7 +52,7 @@ def generate_once(model: gpt_train.GPT, prompt: torch.Tensor, new_tokens: int, a
         token = next_token(logits, args.temperature, generator)
         common.synchronize(device)  # a token counts when it exists, not when its kernel is queued
         times.append(time.perf_counter())
-        g.token()
+        g.token(n=token.size(0))  # one new token per sequence
         return token
 
     out = [landed(model(prompt, cache=cache)[0])]  # prefill: the whole prompt in one pass
@@ -73,8 +73,8 @@ def run(args: argparse.Namespace) -> dict:
     config["device"] = str(device)
     common.reset_peak(device)
     ttfts, itls, decode_seconds = [], [], 0.0
-    with gpuwatch.track(name=args.name or "kv-generate", config=config) as tracked, \
-            torch.no_grad(), common.autocast(device, args.precision):
+    with gpuwatch.track(name=args.name or "kv-generate", config=config, precision=args.precision) \
+            as tracked, torch.no_grad(), common.autocast(device, args.precision):
         for _ in range(args.generations):
             prompt = torch.randint(0, args.vocab, (args.batch, args.prompt_len), generator=data).to(device)
             common.synchronize(device)

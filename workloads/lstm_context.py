@@ -74,7 +74,7 @@ def train(args: argparse.Namespace) -> dict:
     common.reset_peak(device)
     real_tokens = padded_tokens = 0
     started = None
-    with gpuwatch.track(name=args.name or "lstm-context", config=config) as run:
+    with gpuwatch.track(name=args.name or "lstm-context", config=config, precision=args.precision) as run:
         for step in range(args.steps):
             if step == 1:  # step 0 pays for warm-up: time the rest
                 common.synchronize(device)
