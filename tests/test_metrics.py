@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -194,3 +197,15 @@ def test_port_in_use_is_one_clear_error(tmp_path):
             start_metrics_server(f"127.0.0.1:{first.port}", tmp_path / "g.db")
     finally:
         first.close()
+
+
+def test_grafana_dashboard_queries_exported_metrics(served):
+    """Every metric the shipped dashboard plots is one /metrics serves."""
+    server, _, _ = served
+    exported = set(samples_by_name(scrape(server)))
+    dashboard = json.loads((Path(__file__).parent.parent / "grafana" / "gpuwatch-runs.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\b(DCGM_FI_\w+|gpuwatch_\w+)", e)}
+    assert {"gpuwatch_run_tokens_per_second", "gpuwatch_run_peak_memory_bytes",
+            "DCGM_FI_DEV_GPU_UTIL"} <= used
+    assert used <= exported
