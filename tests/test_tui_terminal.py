@@ -42,7 +42,7 @@ def populate(writer: Writer, now: int, n_gpus: int = 8, n_procs: int = 50, n_run
         runs.append(dict(run_id=f"run-{r:02d}", name=f"exp-{r:02d}", uid=2000 + r % 5, user=users[r % 5],
                          pid=10_000 + r, host="node-1", status=status, started_ms=started,
                          ended_ms=None if status == "running" else started + 900_000,
-                         gpu_uuids=f"GPU-{r % n_gpus:04d}", config_json=json.dumps({"lr": 3e-4, "seq": 65536}),
+                         gpu_uuids=f"GPU-{r % n_gpus:04d}" if n_gpus else None, config_json=json.dumps({"lr": 3e-4, "seq": 65536}),
                          job_id=f"job-{r:02d}", rank=0, world_size=1))
         for s in range(120):
             steps.append(dict(run_id=f"run-{r:02d}", step=s, ts_ms=started + s * 7_000, tokens=65536,
@@ -61,7 +61,7 @@ def write_tick(writer: Writer, ts: int, n_gpus: int = 8, n_procs: int = 50) -> N
                                        throttle_reasons=0x4 if i == 7 else 0) for i in range(n_gpus)])
     writer.insert("gpu_process_samples", [dict(gpu_index=k % n_gpus, pid=10_000 + k, ts_ms=ts, kind="compute",
                                                used_mem_bytes=(k + 1) * 2**28, sm_util_pct=k % 100,
-                                               cpu_pct=float(k)) for k in range(n_procs)])
+                                               cpu_pct=float(k)) for k in range(n_procs if n_gpus else 0)])
     writer.insert("host_samples", [dict(ts_ms=ts, cpu_pct=25.0, load1=3.0, mem_total_bytes=512 * GiB,
                                         mem_used_bytes=100 * GiB, shm_total_bytes=256 * GiB,
                                         shm_used_bytes=GiB)])

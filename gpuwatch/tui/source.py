@@ -37,6 +37,16 @@ def downsample(points: list[tuple[int, float]], n: int) -> tuple[tuple[int, floa
     return tuple(out)
 
 
+def slots(points: list[queries.SeriesPoint], since_ms: int, width_ms: int) -> tuple[float | None, ...]:
+    """Averages in fixed time slots, None where nothing was sampled (a gap shows as a gap)."""
+    out: list[float | None] = [None] * SPARK_POINTS
+    for p in points:
+        slot = (p.ts_ms - since_ms) // width_ms
+        if 0 <= slot < SPARK_POINTS:
+            out[slot] = p.avg
+    return tuple(out)
+
+
 def end_state(run: queries.Run) -> str:
     if run.status == "running":
         return ""
@@ -95,12 +105,13 @@ class StoreSource:
         gpus = []
         for info in queries.gpus(conn):
             s = latest.get(info.gpu_index)
-            history = queries.gpu_series(conn, info.gpu_index, "gpu_util_pct",
-                                         base.now_ms - SPARK_WINDOW_MS, base.now_ms, SPARK_POINTS)
+            history = slots(queries.gpu_series(conn, info.gpu_index, "gpu_util_pct",
+                                               base.now_ms - SPARK_WINDOW_MS, base.now_ms, SPARK_POINTS),
+                            base.now_ms - SPARK_WINDOW_MS, SPARK_WINDOW_MS // SPARK_POINTS)
             lost = info.state == "lost" or (s is not None and s.state == "lost")
             gpus.append(GpuRow(
                 index=info.gpu_index, name=info.name or info.uuid, state="lost" if lost else "ok",
-                util_pct=s and s.gpu_util_pct, util_history=tuple(p.avg for p in history),
+                util_pct=s and s.gpu_util_pct, util_history=history,
                 mem_used_bytes=s and s.mem_used_bytes, mem_total_bytes=info.mem_total_bytes,
                 temp_c=s and s.temp_c, power_mw=s and s.power_mw, power_limit_mw=info.power_limit_mw,
                 throttle_reasons=s and s.throttle_reasons, ecc_uncorrected=s and s.ecc_uncorrected))
