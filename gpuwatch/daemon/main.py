@@ -1,0 +1,133 @@
+"""The daemon process: an asyncio loop in the main thread, the sampler in its own thread.
+
+Start-up: open the store (one Writer), start the sampler, start the servers that live on the
+loop, then tell systemd READY=1. SIGTERM/SIGINT: STOPPING=1, stop the servers, stop the
+sampler, flush and close the writer, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import threading
+from typing import Callable
+
+from gpuwatch.config import Config, ConfigError
+from gpuwatch.daemon.ingest import IngestServer
+from gpuwatch.daemon.notify import Notifier
+from gpuwatch.daemon.runs_watch import RunsWatch
+from gpuwatch.sampler import Sampler
+from gpuwatch.store import StoreError, Writer
+
+log = logging.getLogger("gpuwatch.daemon")
+
+
+def default_system_mode(environ=None) -> bool:
+    """System mode when started by systemd with a StateDirectory, or by root; else per-user."""
+    env = os.environ if environ is None else environ
+    return bool(env.get("STATE_DIRECTORY")) or os.geteuid() == 0
+
+
+def resolve_mode(cfg: Config) -> Config:
+    """Apply the default mode unless a flag, the environment or a file chose one."""
+    if "system" in cfg.sources:
+        return cfg
+    return dataclasses.replace(cfg, system=default_system_mode())
+
+
+class Daemon:
+    def __init__(self, cfg: Config, nvml_module=None, notifier: Notifier | None = None):
+        self.cfg = cfg
+        self.notifier = notifier or Notifier()
+        self.writer = Writer(cfg.db_path)
+        try:
+            self.sampler = Sampler(self.writer, cfg, nvml_module=nvml_module)
+        except BaseException:
+            self.writer.close()
+            raise
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        # Shutdown steps of the servers started on the loop, run in reverse order on stop.
+        self._on_stop: list[Callable[[], object]] = []
+        if cfg.metrics_listen:
+            # /metrics serves from its own thread; started here so a bad address fails start-up.
+            from gpuwatch.daemon.metrics import start_metrics_server
+
+            try:
+                metrics = start_metrics_server(cfg.metrics_listen, cfg.db_path, extra=lambda: {
+                    "writer_queue_depth": self.writer.depth(), "writer_failed_jobs": self.writer.failed_jobs})
+            except BaseException:
+                self.writer.close()
+                raise
+            log.info("serving Prometheus metrics on %s", metrics.url)
+            self._on_stop.append(metrics.close)
+
+    def request_stop(self) -> None:
+        """Ask the daemon to stop; safe from any thread."""
+        if self.loop is not None and self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+
+    async def serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.loop.add_signal_handler(sig, self._stop.set)
+        self.sampler.start()
+        try:
+            # Servers that run on this loop (socket ingest, /metrics) start here and append
+            # their shutdown to self._on_stop.
+            ingest = IngestServer(self.cfg, self.writer)
+            await ingest.start()
+            self._on_stop.append(ingest.stop)
+            runs_watch = RunsWatch(self.writer)
+            runs_watch.start()
+            self._on_stop.append(runs_watch.stop)
+            status = f"{self.sampler.status_line()}; db {self.cfg.db_path}"
+            # The host-only reason was logged once already; systemctl status shows it in STATUS.
+            log.info("started: %s GPUs; db %s", self.sampler.gpu_count, self.cfg.db_path)
+            self.notifier.ready(status)
+            watchdog = asyncio.create_task(self._feed_watchdog())
+            await self._stop.wait()
+            watchdog.cancel()
+            self.notifier.stopping()
+            log.info("stopping")
+            for stop in reversed(self._on_stop):
+                result = stop()
+                if asyncio.iscoroutine(result):
+                    await result
+        finally:
+            self.sampler.stop()
+            self.writer.close()
+            self.notifier.close()
+        log.info("stopped")
+
+    async def _feed_watchdog(self) -> None:
+        """WATCHDOG=1 every WATCHDOG_USEC/2, only while the sampler keeps ticking."""
+        period = self.notifier.watchdog_interval_s
+        if not period:
+            return
+        reported_stall = False
+        while True:
+            await asyncio.sleep(period)
+            if self.sampler.healthy():
+                self.notifier.watchdog()
+                reported_stall = False
+            elif not reported_stall:
+                log.error("sampler stalled: not feeding the watchdog")
+                self.notifier.status("sampler stalled")
+                reported_stall = True
+
+
+def run_daemon(cfg: Config, nvml_module=None) -> int:
+    """Run until SIGTERM/SIGINT; returns the exit status. `nvml_module` is for tests only."""
+    try:
+        daemon = Daemon(cfg, nvml_module=nvml_module)
+    except (StoreError, ConfigError, OSError) as e:
+        log.error("cannot start: %s", e)
+        return 1
+    asyncio.run(daemon.serve())
+    return 0

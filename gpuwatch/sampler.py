@@ -1,0 +1,271 @@
+"""The sampling loop: collector records in, rows out to the single writer.
+
+Used by the daemon and by the client's embedded mode, so it knows nothing of signals or asyncio:
+`start()` runs a Scheduler in a background thread, `stop()` stops it and flushes the writer.
+
+Jobs: GPUs + GPU processes every cfg.interval, host every cfg.host_interval, the run map every
+RUN_MAP_INTERVAL, store maintenance every MAINTENANCE_INTERVAL, and one daemon_stats row (the
+monitor's own cost) every cfg.interval. Without an NVIDIA driver it logs the reason once and
+samples the host only.
+
+Every write is submitted without blocking: when the writer's queue is full the rows are
+dropped and counted (writer.dropped_jobs) rather than stalling the sampling thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import sqlite3
+import time
+from typing import Callable
+
+import psutil
+
+from collectors.host import HostCollector
+from collectors.nvml import NvmlCollector, NvmlUnavailable
+from collectors.processes import ProcessCollector
+from gpuwatch.config import Config
+from gpuwatch.scheduler import Scheduler
+from gpuwatch.store import Writer, now_ms
+
+log = logging.getLogger(__name__)
+
+MAINTENANCE_INTERVAL = 60.0
+RUN_MAP_INTERVAL = 5.0
+GPU_ROW_REFRESH_MS = 60_000  # gpus.last_seen_ms is refreshed this often, or when state changes
+
+_UPSERT_GPU = """
+INSERT INTO gpus ({cols}) VALUES ({marks})
+ON CONFLICT(gpu_index) DO UPDATE SET
+  first_seen_ms = CASE WHEN gpus.uuid = excluded.uuid THEN gpus.first_seen_ms
+                       ELSE excluded.first_seen_ms END,
+  {updates}
+"""
+
+# Keep the first sighting; a run link found now wins, else keep one set earlier (e.g. by ingest).
+_UPSERT_PROCESS = """
+INSERT INTO processes ({cols}) VALUES ({marks})
+ON CONFLICT(pid, start_ms) DO UPDATE SET
+  last_seen_ms = excluded.last_seen_ms,
+  run_id = COALESCE(excluded.run_id, processes.run_id)
+"""
+
+
+def _upsert_sql(template: str, columns: list[str], keep: set[str]) -> str:
+    updates = ",\n  ".join(f"{c} = excluded.{c}" for c in columns if c not in keep)
+    return template.format(cols=", ".join(columns), marks=", ".join("?" * len(columns)),
+                           updates=updates)
+
+
+class Sampler:
+    def __init__(self, writer: Writer, config: Config, nvml_module=None,
+                 dropped_events: Callable[[], int] | None = None):
+        """`nvml_module`: a pynvml-like module (tests pass fake_pynvml); default the real one.
+
+        `dropped_events`: how many events were dropped so far, for daemon_stats (default: the
+        writer's jobs refused because its queue was full, samples included).
+        """
+        self.writer = writer
+        self.cfg = config
+        self.dropped_events = dropped_events or (lambda: writer.dropped_jobs)
+        self.host_name = socket.gethostname()
+        self.nvml: NvmlCollector | None = None
+        self.nvml_error = ""
+        try:
+            self.nvml = NvmlCollector(nvml=nvml_module)
+        except NvmlUnavailable as e:
+            self.nvml_error = str(e) or "NVML unavailable"
+            log.warning("no GPUs to sample, host only: %s", self.nvml_error)
+        self.host = HostCollector()
+        self.procs = ProcessCollector()
+        self._me = psutil.Process()
+        self._cpu_mark = (time.monotonic(), sum(self._me.cpu_times()[:2]))
+        self._gpu_rows: dict[int, tuple[str, int]] = {}  # gpu_index -> (state, last written ms)
+        self._run_by_pid: dict[int, str] = {}  # pid of a running run on this host -> run_id
+        self._lineage: dict[tuple[int, int], tuple[int, ...]] = {}  # (pid, start_ms) -> pid + ancestors
+        self.last_tick_s = 0.0  # seconds the latest GPU (or host) tick took
+        self.last_tick_at = 0.0  # monotonic time it finished; 0 = none yet
+        self.sched = Scheduler()
+        if self.nvml is not None:
+            self.sched.add("gpu", config.interval, self.gpu_tick)
+        self.sched.add("host", config.host_interval, self.host_tick)
+        self.sched.add("runs", RUN_MAP_INTERVAL, self.refresh_runs)
+        self.sched.add("stats", config.interval, self.stats_tick, first_delay=config.interval)
+        self.sched.add("maintenance", MAINTENANCE_INTERVAL, self.maintenance_tick,
+                       first_delay=MAINTENANCE_INTERVAL)
+
+    @property
+    def gpu_available(self) -> bool:
+        return self.nvml is not None
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.nvml.static) if self.nvml is not None else 0
+
+    def start(self) -> None:
+        self.sched.start("gpuwatch-sampler")
+
+    def stop(self, flush_timeout: float = 10.0) -> None:
+        self.sched.stop()
+        self.writer.flush(flush_timeout)
+        if self.nvml is not None:
+            self.nvml.close()
+
+    def healthy(self) -> bool:
+        """True while ticks keep coming: the watchdog is fed only then."""
+        if not self.sched.alive():
+            return False
+        if not self.last_tick_at:
+            return True  # just started
+        period = min(self.cfg.interval, self.cfg.host_interval) if self.nvml else self.cfg.host_interval
+        return time.monotonic() - self.last_tick_at < max(3 * period, 10.0)
+
+    def status_line(self) -> str:
+        if self.nvml is None:
+            return f"host only: {self.nvml_error}"
+        return f"sampling {self.gpu_count} GPUs every {self.cfg.interval:g}s"
+
+    # --- ticks (scheduler thread) ---
+
+    def gpu_tick(self) -> None:
+        started = time.monotonic()
+        ts = now_ms()
+        samples, proc_samples = self.nvml.sample(ts)
+        self._write_gpus(ts, samples)
+        self._insert("gpu_samples", [dataclasses.asdict(s) for s in samples])
+        self._write_processes(ts, proc_samples)
+        self._insert("xid_events", [dataclasses.asdict(x) for x in self.nvml.xid_events(ts)])
+        self._tick_done(started)
+
+    def host_tick(self) -> None:
+        started = time.monotonic()
+        ts = now_ms()
+        self._insert("host_samples", [dataclasses.asdict(self.host.sample(ts))])
+        if self.nvml is None:
+            self._tick_done(started)
+
+    def stats_tick(self) -> None:
+        now = time.monotonic()
+        cpu = sum(self._me.cpu_times()[:2])
+        then, cpu_then = self._cpu_mark
+        self._cpu_mark = (now, cpu)
+        row = {
+            "ts_ms": now_ms(),
+            "cpu_pct": round(100.0 * (cpu - cpu_then) / max(now - then, 1e-6), 3),
+            "rss_bytes": self._me.memory_info().rss,
+            "tick_ms": round(self.last_tick_s * 1000.0, 3),
+            "queue_depth": self.writer.depth(),
+            "dropped_events": self.dropped_events(),
+            "db_bytes": _db_bytes(self.writer.path),
+        }
+        self._insert("daemon_stats", [row], conflict="REPLACE")
+
+    def refresh_runs(self) -> None:
+        """Reload which pids are running runs on this host (read inside the writer thread)."""
+        host = self.host_name
+
+        def read(conn: sqlite3.Connection) -> None:
+            rows = conn.execute(
+                "SELECT pid, run_id FROM runs WHERE status = 'running' AND pid IS NOT NULL "
+                "AND (host = ? OR host IS NULL)", (host,)).fetchall()
+            self._run_by_pid = dict(rows)
+
+        self.writer.submit(read, block=False)
+        self.procs.forget_gone()
+        live = {(pid, start) for pid, start in self._lineage if psutil.pid_exists(pid)}
+        self._lineage = {k: v for k, v in self._lineage.items() if k in live}
+
+    def maintenance_tick(self) -> None:
+        from gpuwatch.store.maintenance import maintain
+
+        cfg = self.cfg
+        hour, day = 3_600_000, 86_400_000
+        self.writer.submit(lambda conn: maintain(
+            conn, now_ms(),
+            raw_retention_ms=int(cfg.raw_retention_hours * hour),
+            minute_retention_ms=int(cfg.minute_retention_days * day),
+            hour_retention_ms=int(cfg.hour_retention_days * day),
+            max_db_bytes=int(cfg.max_db_mb * 1024 * 1024)), block=False)
+
+    # --- helpers ---
+
+    def _insert(self, table: str, rows: list[dict], conflict: str = "IGNORE") -> None:
+        self.writer.insert(table, rows, conflict=conflict, block=False)
+
+    def _tick_done(self, started: float) -> None:
+        self.last_tick_at = time.monotonic()
+        self.last_tick_s = self.last_tick_at - started
+
+    def _write_gpus(self, ts: int, samples) -> None:
+        """Upsert `gpus` rows when a GPU is new or its state changed, and once a minute."""
+        state_by_index = {s.gpu_index: (s.state or "ok") for s in samples}
+        rows = []
+        for static in self.nvml.static:
+            state = state_by_index.get(static.gpu_index, "lost")
+            last = self._gpu_rows.get(static.gpu_index)
+            if last is not None and last[0] == state and ts - last[1] < GPU_ROW_REFRESH_MS:
+                continue
+            self._gpu_rows[static.gpu_index] = (state, ts)
+            rows.append({**dataclasses.asdict(static), "first_seen_ms": ts, "last_seen_ms": ts,
+                         "state": state})
+        if rows:
+            columns = list(rows[0])
+            sql = _upsert_sql(_UPSERT_GPU, columns, keep={"gpu_index", "first_seen_ms"})
+            values = [tuple(r[c] for c in columns) for r in rows]
+            self.writer.submit(lambda conn: conn.executemany(sql, values), block=False)
+
+    def _write_processes(self, ts: int, proc_samples) -> None:
+        pids = {p.pid for p in proc_samples}
+        usage = self.procs.usage(pids) if pids else {}
+        samples = []
+        for p in proc_samples:
+            rss, cpu = usage.get(p.pid, (None, None))
+            samples.append({**dataclasses.asdict(p), "rss_bytes": rss, "cpu_pct": cpu})
+        self._insert("gpu_process_samples", samples)
+        rows = []
+        for pid in sorted(pids):
+            info = self.procs.info(pid)
+            if info is None:  # gone already, or in another pid namespace
+                continue
+            rows.append({**dataclasses.asdict(info), "run_id": self._run_of(pid, info.start_ms),
+                         "first_seen_ms": ts, "last_seen_ms": ts})
+        if rows:
+            columns = list(rows[0])
+            sql = _upsert_sql(_UPSERT_PROCESS, columns, keep=set())
+            values = [tuple(r[c] for c in columns) for r in rows]
+            self.writer.submit(lambda conn: conn.executemany(sql, values), block=False)
+
+    def _run_of(self, pid: int, start_ms: int) -> str | None:
+        """The running run this pid belongs to: itself or its nearest ancestor that is a run's pid."""
+        if not self._run_by_pid:
+            return None
+        key = (pid, start_ms)
+        lineage = self._lineage.get(key)
+        if lineage is None:
+            lineage = (pid,) + _ancestors(pid)
+            self._lineage[key] = lineage
+        for candidate in lineage:
+            run_id = self._run_by_pid.get(candidate)
+            if run_id is not None:
+                return run_id
+        return None
+
+
+def _ancestors(pid: int) -> tuple[int, ...]:
+    try:
+        return tuple(p.pid for p in psutil.Process(pid).parents())
+    except (psutil.Error, OSError):
+        return ()
+
+
+def _db_bytes(path) -> int:
+    total = 0
+    for suffix in ("", "-wal"):
+        try:
+            total += os.stat(f"{path}{suffix}").st_size
+        except OSError:
+            pass
+    return total

@@ -1,0 +1,323 @@
+"""The sampler and the daemon, with real ticks into a real SQLite file.
+
+GPUs come from the fake pynvml (8 simulated GPUs), handed in as a module: in-process to
+Sampler/Daemon, and in a `python -c` child for the subprocess tests, so no fake ships in the
+product. The host-only tests use the real pynvml, which finds no driver here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import fake_pynvml
+from gpuwatch.config import Config, load
+from gpuwatch.daemon.main import Daemon
+from gpuwatch.daemon.notify import Notifier
+from gpuwatch.sampler import Sampler
+from gpuwatch.store import Writer, now_ms
+
+TESTS = Path(__file__).resolve().parent
+PYTHON = sys.executable
+GPUWATCH = TESTS.parent / ".venv" / "bin" / "gpuwatch"
+
+RUNNER = f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+import fake_pynvml
+from gpuwatch.config import load
+from gpuwatch.daemon import logging as daemon_logging
+from gpuwatch.daemon.main import run_daemon
+daemon_logging.setup()
+interval = float(sys.argv[2])
+cfg = load({{"db": sys.argv[1], "interval": interval, "host_interval": interval, "system": False}})
+sys.exit(run_daemon(cfg, nvml_module=fake_pynvml.FakeNvml(gpus=8)))
+"""
+
+
+def rows(db, sql, *args):
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def count_when_ready(db, table) -> int:
+    """Rows in table, 0 while the daemon has not created the database and schema yet."""
+    try:
+        return rows(db, f"SELECT count(*) FROM {table}")[0][0] if Path(db).exists() else 0
+    except sqlite3.OperationalError:
+        return 0
+
+
+def wait_for(predicate, timeout=15.0, step=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture
+def db(tmp_path):
+    return str(tmp_path / "gw.db")
+
+
+@pytest.fixture
+def writer(db):
+    w = Writer(db)
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def notify_socket():
+    """A real datagram socket bound as systemd's notification socket would be."""
+    path = f"/tmp/gw-notify-{os.getpid()}-{time.monotonic_ns()}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(10)
+    yield path, sock
+    sock.close()
+    os.unlink(path)
+
+
+def receive(sock, want: str, timeout=15.0) -> list[tuple[float, str]]:
+    """Datagrams (arrival time, text) up to and including the first containing `want`."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sock.settimeout(max(deadline - time.monotonic(), 0.01))
+        try:
+            data = sock.recv(4096).decode()
+        except socket.timeout:
+            break
+        got.append((time.monotonic(), data))
+        if want in data.split("\n"):
+            return got
+    raise AssertionError(f"{want} never arrived; got {[d for _, d in got]}")
+
+
+# --- sampler, ticked by hand ---
+
+def test_gpu_and_host_ticks_write_every_table(writer, db):
+    sampler = Sampler(writer, Config(), nvml_module=fake_pynvml.FakeNvml(gpus=8, procs_per_gpu=1))
+    assert sampler.gpu_available and sampler.gpu_count == 8
+    for _ in range(3):
+        sampler.gpu_tick()
+        sampler.host_tick()
+        sampler.stats_tick()
+        time.sleep(0.002)  # distinct ms timestamps
+    writer.flush()
+    gpus = rows(db, "SELECT gpu_index, name, state, first_seen_ms <= last_seen_ms FROM gpus ORDER BY 1")
+    assert [g[0] for g in gpus] == list(range(8))
+    assert all(g[1].endswith("(simulated)") and g[2] == "ok" and g[3] for g in gpus)
+    per_gpu = rows(db, "SELECT gpu_index, count(*), min(gpu_util_pct) >= 0 FROM gpu_samples GROUP BY 1")
+    assert per_gpu == [(i, 3, 1) for i in range(8)]
+    assert rows(db, "SELECT count(*) FROM gpu_process_samples")[0][0] == 24
+    assert rows(db, "SELECT count(*), min(mem_total_bytes) > 0 FROM host_samples") == [(3, 1)]
+    stats = rows(db, "SELECT rss_bytes, tick_ms, db_bytes FROM daemon_stats")
+    assert len(stats) == 3 and all(r[0] > 1_000_000 and r[1] > 0 and r[2] > 0 for r in stats)
+
+
+def test_lost_gpu_changes_its_row_while_the_others_keep_sampling(writer, db):
+    nvml = fake_pynvml.FakeNvml(gpus=8)
+    sampler = Sampler(writer, Config(), nvml_module=nvml)
+    sampler.gpu_tick()
+    nvml.set_lost(3)
+    time.sleep(0.002)
+    sampler.gpu_tick()
+    writer.flush()
+    assert rows(db, "SELECT gpu_index FROM gpus WHERE state = 'lost'") == [(3,)]
+    latest = rows(db, "SELECT gpu_index, state, gpu_util_pct FROM gpu_samples "
+                      "WHERE ts_ms = (SELECT max(ts_ms) FROM gpu_samples) ORDER BY 1")
+    assert latest[3] == (3, "lost", None)
+    assert all(r[1] is None and r[2] is not None for i, r in enumerate(latest) if i != 3)
+
+
+def test_gpu_process_of_a_run_child_gets_the_run_id_rss_and_cpu(writer, db):
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        nvml = fake_pynvml.FakeNvml(gpus=2, procs={1: [child.pid]})
+        sampler = Sampler(writer, Config(), nvml_module=nvml)
+        # This test process plays `gpuwatch run`: a running run whose pid is the GPU pid's parent.
+        writer.insert("runs", [{"run_id": "r-wrapper", "uid": os.getuid(), "pid": os.getpid(),
+                                "host": socket.gethostname(), "started_ms": now_ms()}])
+        sampler.refresh_runs()
+        writer.flush()
+        sampler.gpu_tick()
+        writer.flush()
+        assert rows(db, "SELECT run_id, user, cmdline FROM processes WHERE pid = ?", child.pid) == [
+            ("r-wrapper", "root" if os.getuid() == 0 else os.environ.get("USER"), "sleep 30")]
+        time.sleep(0.01)
+        sampler.gpu_tick()  # the second tick has a CPU % baseline
+        writer.flush()
+        usage = rows(db, "SELECT rss_bytes, cpu_pct FROM gpu_process_samples WHERE pid = ? "
+                         "ORDER BY ts_ms", child.pid)
+        assert len(usage) == 2 and all(rss > 1000 for rss, _ in usage) and usage[1][1] is not None
+        # The run finishes: the link already recorded stays, later ticks add none.
+        writer.submit(lambda c: c.execute("UPDATE runs SET status = 'finished'"))
+        sampler.refresh_runs()
+        writer.flush()
+        writer.submit(lambda c: c.execute("UPDATE processes SET run_id = NULL"))
+        time.sleep(0.01)
+        sampler.gpu_tick()
+        writer.flush()
+        assert rows(db, "SELECT run_id FROM processes WHERE pid = ?", child.pid) == [(None,)]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_no_driver_means_host_only_and_one_log_line(writer, db, caplog):
+    caplog.set_level(logging.INFO)
+    nvml = fake_pynvml.FakeNvml(init_error="DriverNotLoaded")
+    sampler = Sampler(writer, Config(), nvml_module=nvml)
+    assert not sampler.gpu_available
+    assert "Driver" in sampler.nvml_error or "driver" in sampler.nvml_error
+    assert [j.name for j in sampler.sched.jobs if j.name == "gpu"] == []
+    sampler.host_tick()
+    sampler.host_tick()
+    writer.flush()
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "host only" in warnings[0].getMessage()
+    assert rows(db, "SELECT count(*) FROM gpu_samples") == [(0,)]
+    assert rows(db, "SELECT count(*) FROM host_samples")[0][0] >= 1
+    assert sampler.status_line().startswith("host only: ")
+
+
+def test_started_sampler_ticks_on_its_own_and_stop_flushes(writer, db):
+    sampler = Sampler(writer, Config(interval=0.1, host_interval=0.1),
+                      nvml_module=fake_pynvml.FakeNvml(gpus=8))
+    sampler.start()
+    time.sleep(0.55)
+    sampler.stop()
+    n = rows(db, "SELECT count(*) FROM gpu_samples WHERE gpu_index = 0")[0][0]
+    assert 4 <= n <= 7
+    assert not sampler.healthy()
+
+
+# --- sd_notify ---
+
+def test_notifier_reaches_abstract_sockets_and_is_silent_without_one():
+    name = f"gw-test-{os.getpid()}-{time.monotonic_ns()}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(b"\0" + name.encode())
+    sock.settimeout(5)
+    try:
+        notifier = Notifier({"NOTIFY_SOCKET": "@" + name, "WATCHDOG_USEC": "4000000"})
+        assert notifier.ready("sampling 8 GPUs\nevery 1s")
+        assert sock.recv(4096) == b"READY=1\nSTATUS=sampling 8 GPUs every 1s"
+        assert notifier.watchdog_interval_s == 2.0
+    finally:
+        sock.close()
+    silent = Notifier({})
+    assert not silent.enabled and not silent.ready("x") and silent.watchdog_interval_s == 0
+    other = Notifier({"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "1000", "WATCHDOG_PID": "1"})
+    assert other.watchdog_interval_s == 0  # the watchdog is meant for another process
+
+
+# --- the daemon, in-process ---
+
+def test_daemon_in_a_thread_samples_and_stops_the_watchdog_when_the_sampler_dies(db, notify_socket):
+    path, sock = notify_socket
+    cfg = Config(db=db, interval=0.1, host_interval=0.1)
+    notifier = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"})  # feed every 0.1 s
+    daemon = Daemon(cfg, nvml_module=fake_pynvml.FakeNvml(gpus=8), notifier=notifier)
+    thread = threading.Thread(target=lambda: __import__("asyncio").run(daemon.serve()))
+    thread.start()
+    try:
+        ready = receive(sock, "READY=1")
+        assert "STATUS=sampling 8 GPUs every 0.1s; db " + db in ready[-1][1]
+        receive(sock, "WATCHDOG=1")
+        daemon.sampler.sched.stop()  # the sampling thread is gone: the watchdog must starve
+        got = receive(sock, "STATUS=sampler stalled")
+        sock.settimeout(0.6)
+        with pytest.raises(socket.timeout):
+            print(sock.recv(4096))
+    finally:
+        daemon.request_stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert rows(db, "SELECT count(DISTINCT gpu_index) FROM gpu_samples") == [(8,)]
+
+
+# --- the daemon, as a real process ---
+
+def start_runner(db, interval, env=None):
+    return subprocess.Popen([PYTHON, "-c", RUNNER, db, str(interval)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_daemon_process_ready_watchdog_period_and_sigterm_exit_0(db, notify_socket):
+    path, sock = notify_socket
+    env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="1000000")  # WATCHDOG=1 every 0.5 s
+    proc = start_runner(db, 0.2, env)
+    try:
+        ready = receive(sock, "READY=1")
+        assert "STATUS=sampling 8 GPUs" in ready[-1][1]
+        pings = [receive(sock, "WATCHDOG=1")[-1][0] for _ in range(4)]
+        gaps = [b - a for a, b in zip(pings, pings[1:])]
+        assert all(0.3 < g < 1.2 for g in gaps), gaps  # 0.5 s, with room for a busy machine
+        proc.send_signal(signal.SIGTERM)
+        receive(sock, "STOPPING=1")
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    lines = stderr.strip().splitlines()
+    assert lines and all(line[:3] in ("<6>", "<4>", "<3>") for line in lines), lines
+    assert not any(line[3:7].isdigit() for line in lines)  # no timestamps: journald adds them
+    assert rows(db, "SELECT count(DISTINCT gpu_index) FROM gpu_samples") == [(8,)]
+    assert rows(db, "PRAGMA integrity_check") == [("ok",)]
+
+
+def test_sigkill_mid_write_leaves_an_intact_database_with_samples(db):
+    proc = start_runner(db, 0.02)
+    try:
+        wait_for(lambda: count_when_ready(db, "gpu_samples") >= 400)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=20)
+    assert proc.returncode == -signal.SIGKILL
+    assert rows(db, "PRAGMA integrity_check") == [("ok",)]
+    assert rows(db, "SELECT count(*) FROM gpu_samples")[0][0] >= 400
+    assert rows(db, "SELECT count(*) FROM host_samples")[0][0] >= 1
+
+
+def test_gpuwatch_daemon_without_driver_runs_host_only_and_says_so_once(db, tmp_path):
+    proc = subprocess.Popen([str(GPUWATCH), "daemon", "--db", db, "--user", "--interval", "0.2",
+                             "--socket", str(tmp_path / "s.sock")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: count_when_ready(db, "host_samples") >= 2)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    host_only = [line for line in stderr.splitlines() if "host only" in line]
+    assert len(host_only) == 1 and host_only[0].startswith("<4>"), stderr
+    assert rows(db, "SELECT count(*) FROM gpu_samples") == [(0,)]
+
+
+def test_daemon_mode_default_and_flags():
+    from gpuwatch.daemon.main import default_system_mode, resolve_mode
+
+    assert default_system_mode({"STATE_DIRECTORY": "/var/lib/gpuwatch"})
+    assert default_system_mode({}) == (os.geteuid() == 0)
+    assert resolve_mode(load({"system": False})).system is False  # an explicit --user wins
+    assert resolve_mode(load({"system": True})).system is True
