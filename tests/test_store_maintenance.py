@@ -67,9 +67,10 @@ def test_minute_rollup_min_avg_max(conn):
     assert rows[(0, BASE)] == (60, 0, 29.5, 59)
     assert rows[(0, BASE + MIN)] == (30, 0, 14.5, 29)       # a half minute
     assert rows[(0, BASE + 61 * MIN)] == (60, 0, 29.5, 59)  # whole again in hour two
-    mem = conn.execute("SELECT mem_used_bytes_min, mem_used_bytes_max FROM gpu_samples_1m "
-                       "WHERE gpu_index = 1 AND ts_ms = ?", (BASE + 2 * MIN,)).fetchone()
-    assert mem == (2 * 10**9 + 120, 2 * 10**9 + 179)
+    mem = conn.execute("SELECT mem_used_bytes_min, mem_used_bytes_avg, mem_used_bytes_max "
+                       "FROM gpu_samples_1m WHERE gpu_index = 1 AND ts_ms = ?", (BASE + 2 * MIN,)).fetchone()
+    assert mem == (2 * 10**9 + 120, 2 * 10**9 + 150, 2 * 10**9 + 179)  # byte averages: whole bytes
+    assert isinstance(mem[1], int)
     host = conn.execute("SELECT n, cpu_pct_min, cpu_pct_max FROM host_samples_1m WHERE ts_ms = ?",
                         (BASE + 2 * MIN,)).fetchone()
     assert host == (60, 20.0, 79.0)  # seconds 120..179 -> i % 100 = 20..79

@@ -166,9 +166,17 @@ def _tier_columns(metrics: tuple[str, ...]) -> list[str]:
     return [f"{m}_{agg}" for m in metrics for agg in ("min", "avg", "max")]
 
 
+def _avg(metric: str, expr: str) -> str:
+    """Averages of byte/mW/MHz/kbps metrics are kept as whole units: an integer takes 1-6
+    bytes on disk where a REAL takes 8, and a fraction of a byte or milliwatt means nothing."""
+    if metric.endswith(("_bytes", "_mw", "_mhz", "_kbps")):
+        return f"CAST(round({expr}) AS INTEGER)"
+    return expr
+
+
 def _roll_minutes(conn, table, key, metrics, now_ms) -> int:
     until = (now_ms - ROLLUP_LAG_MS) // MINUTE_MS * MINUTE_MS
-    values = "count(*), " + ", ".join(f"min({m}), avg({m}), max({m})" for m in metrics)
+    values = "count(*), " + ", ".join(f"min({m}), {_avg(m, f'avg({m})')}, max({m})" for m in metrics)
     return _roll(conn, table, f"{table}_1m", key, MINUTE_MS, until, _tier_columns(metrics), values)
 
 
@@ -178,8 +186,9 @@ def _roll_hours(conn, table, key, metrics, now_ms) -> int:
     # The hour's average weights each minute by its sample count (n counts rows, so a metric
     # missing in some rows is weighted by the minutes where it was present).
     values = "sum(n), " + ", ".join(
-        f"min({m}_min), sum({m}_avg * n) / sum(CASE WHEN {m}_avg IS NOT NULL THEN n END), "
-        f"max({m}_max)" for m in metrics)
+        f"min({m}_min), "
+        + _avg(m, f"sum({m}_avg * n) * 1.0 / sum(CASE WHEN {m}_avg IS NOT NULL THEN n END)")
+        + f", max({m}_max)" for m in metrics)
     return _roll(conn, f"{table}_1m", f"{table}_1h", key, HOUR_MS, until,
                  _tier_columns(metrics), values)
 
