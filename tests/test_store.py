@@ -184,7 +184,7 @@ ts = 0
 while True:
     ts += 1
     procs = [{"gpu_index": g, "pid": p, "ts_ms": ts, "used_mem_bytes": 2**30 + p,
-              "sm_util_pct": p % 100} for g in range(8) for p in range(50)]
+              "sm_util_pct": p % 100} for g in range(8) for p in range(25)]
     w.insert("gpu_process_samples", procs)
     w.insert("host_samples", [{"ts_ms": ts, "cpu_pct": 1.0, "mem_used_bytes": ts}],
              on_commit=committed(ts))
@@ -199,7 +199,7 @@ def test_sigkill_mid_write_loses_nothing_acknowledged(tmp_path):
     try:
         for line in child.stdout:
             acknowledged.append(int(line))
-            if len(acknowledged) >= 300:
+            if len(acknowledged) >= 150:
                 break
     finally:
         os.kill(child.pid, signal.SIGKILL)
@@ -212,7 +212,7 @@ def test_sigkill_mid_write_loses_nothing_acknowledged(tmp_path):
     assert set(acknowledged) <= stored
     # each host sample's batch also held its tick's process samples, all or nothing
     full = conn.execute("SELECT count(*) FROM (SELECT ts_ms FROM gpu_process_samples "
-                        "GROUP BY ts_ms HAVING count(*) = 400)").fetchone()[0]
+                        "GROUP BY ts_ms HAVING count(*) = 200)").fetchone()[0]
     assert full >= len(acknowledged)
     conn.close()
 
@@ -349,12 +349,12 @@ def test_steps_in_order_and_limit_keeps_newest(db):
 def test_runs_is_one_query_for_a_thousand_runs(db):
     insert_rows(db, "runs", [{"run_id": f"r{i:04d}", "uid": 1, "started_ms": i} for i in range(1000)])
     insert_rows(db, "steps", [{"run_id": f"r{i:04d}", "step": s, "ts_ms": i + s, "tokens": 10,
-                               "step_time_ms": 10.0} for i in range(1000) for s in range(20)])
+                               "step_time_ms": 10.0} for i in range(1000) for s in range(5)])
     statements = []
     db.set_trace_callback(statements.append)
     result = queries.runs(db, limit=1000)
     db.set_trace_callback(None)
-    assert len(result) == 1000 and all(r.steps == 20 for r in result)
+    assert len(result) == 1000 and all(r.steps == 5 for r in result)
     assert len(statements) == 1
 
 
