@@ -209,3 +209,15 @@ def test_grafana_dashboard_queries_exported_metrics(served):
     assert {"gpuwatch_run_tokens_per_second", "gpuwatch_run_peak_memory_bytes",
             "DCGM_FI_DEV_GPU_UTIL"} <= used
     assert used <= exported
+
+
+def test_live_daemon_figure_replaces_the_stored_one(tmp_path):
+    db = tmp_path / "g.db"
+    conn = fill_fleet(db)  # stored daemon_stats says queue depth 2
+    server = start_metrics_server("127.0.0.1:0", db, extra=lambda: {"writer_queue_depth": 7})
+    try:
+        got = samples_by_name(scrape(server))
+    finally:
+        server.close()
+        conn.close()
+    assert [s.value for s in got["gpuwatch_daemon_writer_queue_depth"]] == [7]

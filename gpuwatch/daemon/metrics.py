@@ -108,7 +108,9 @@ class StoreCollector:
         with self._lock:
             conn = self._connection()
             families = [] if conn is None else self._from_store(conn)
-        families.extend(self._extra_families())
+        live = self._extra_families()
+        replaced = {f.name for f in live}  # a live figure from the daemon beats its stored copy
+        families = [f for f in families if f.name not in replaced] + live
         up = _family("gpuwatch_store_up", "1 if the database could be read on this scrape.", ())
         up.add_metric([], 0 if conn is None else 1)
         families.append(up)
