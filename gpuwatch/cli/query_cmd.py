@@ -48,13 +48,37 @@ def _cell(value) -> str:
     return str(value).replace("\n", " ")
 
 
+MIN_COLUMN = 5
+GAP = 2
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def format_records(headers: list[str], rows: list, width: int = 80) -> str:
+    """One `name  value` line per column, a rule between rows: for rows too wide for a table."""
+    name_width = min(max(len(h) for h in headers), width // 3)
+    out = []
+    for n, row in enumerate(rows, 1):
+        out.append(_cut(f"-[ row {n} ]" + "-" * width, width))
+        out += [f"{_cut(h, name_width).ljust(name_width)}  {_cut(_cell(v), width - name_width - 2)}".rstrip()
+                for h, v in zip(headers, row)]
+    return "\n".join(out)
+
+
 def format_table(headers: list[str], rows: list, width: int = 80,
                  right: set[int] | None = None) -> str:
-    """Aligned plain-text columns; the widest columns are cut (with …) until the line fits `width`."""
+    """Aligned plain-text columns; the widest columns are cut (with …) until the line fits `width`.
+
+    With too many columns to fit even when cut, each row is printed as records instead.
+    """
+    if MIN_COLUMN * len(headers) + GAP * (len(headers) - 1) > width:
+        return format_records(headers, rows, width)
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    gap = 2
-    while sum(widths) + gap * (len(widths) - 1) > width and max(widths, default=0) > 4:
+    gap = GAP
+    while sum(widths) + gap * (len(widths) - 1) > width:
         widest = widths.index(max(widths))
         widths[widest] -= 1
     if right is None:
@@ -62,8 +86,7 @@ def format_table(headers: list[str], rows: list, width: int = 80,
                  if rows and all(isinstance(r[i], (int, float)) or r[i] is None for r in rows)}
 
     def fit(text: str, i: int) -> str:
-        if len(text) > widths[i]:
-            text = text[: widths[i] - 1] + "…"
+        text = _cut(text, widths[i])
         return text.rjust(widths[i]) if i in right else text.ljust(widths[i])
 
     lines = [(" " * gap).join(fit(h, i) for i, h in enumerate(headers)).rstrip()]

@@ -17,7 +17,7 @@ from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader
 from gpuwatch.cli.query_cmd import format_table
 
 FRESH_MS = 10_000
-GPU_HEADERS = ["GPU", "name", "util", "memory used/total", "temp", "power", "state"]
+GPU_HEADERS = ["GPU", "name", "util", "memory", "temp", "power", "state"]
 PROC_HEADERS = ["pid", "user", "GPU", "GPU mem", "command"]
 
 
@@ -31,7 +31,8 @@ class View:
 
 
 def _gpu_row(index, name, util, used, total, temp, power_mw, state) -> list:
-    return [index, name or "-", "-" if util is None else f"{util}%",
+    name = (name or "-").removeprefix("NVIDIA ")  # room for the rest, e.g. "(simulated)"
+    return [index, name, "-" if util is None else f"{util}%",
             f"{fmt.size(used)} / {fmt.size(total)}", "-" if temp is None else f"{temp}C",
             "-" if power_mw is None else f"{power_mw / 1000:.0f}W", state or "ok"]
 

@@ -129,5 +129,9 @@ def run_daemon(cfg: Config, nvml_module=None) -> int:
     except (StoreError, ConfigError, OSError) as e:
         log.error("cannot start: %s", e)
         return 1
-    asyncio.run(daemon.serve())
+    try:
+        asyncio.run(daemon.serve())
+    except (StoreError, ConfigError, OSError) as e:  # e.g. the socket is held by another daemon
+        log.error("failed: %s", e)
+        return 1
     return 0
