@@ -1,0 +1,52 @@
+"""`gpuwatch demo` through the real entry point: a training run and a generation run land in the DB."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+GPUWATCH = str(Path(sys.executable).parent / "gpuwatch")
+
+
+def gpuwatch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([GPUWATCH, *args], env=dict(os.environ), capture_output=True, text=True, timeout=240)
+
+
+def test_demo_records_a_training_and_a_generation_run(tmp_path):
+    db = tmp_path / "demo.db"
+    done = gpuwatch("demo", "--no-tui", "--db", str(db))
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "[1/2] training" in out and "[2/2] generation" in out
+    assert "tokens/s" in out and "TTFT" in out  # each workload's own summary is passed on
+
+    conn = sqlite3.connect(db)
+    runs = dict(conn.execute("SELECT name, run_id FROM runs WHERE status = 'finished'").fetchall())
+    assert set(runs) == {"demo-train", "demo-decode"}
+    steps = conn.execute("SELECT count(*), min(tokens_per_s) FROM steps WHERE run_id = ?",
+                         (runs["demo-train"],)).fetchone()
+    assert steps[0] == 15 and steps[1] > 0
+    gens = conn.execute("SELECT count(*), min(ttft_ms) FROM generations WHERE run_id = ?",
+                        (runs["demo-decode"],)).fetchone()
+    assert gens[0] == 3 and gens[1] > 0
+    conn.close()
+
+    # The runs table (gpuwatch runs' rendering) lists both, and says where to look next.
+    table = out[out.index("runs recorded in"):]
+    assert str(db) in table and "demo-train" in table and "demo-decode" in table
+    assert f"gpuwatch show --db {db}" in out
+    # --db means that file only: the per-user default database was never created.
+    assert not (Path(os.environ["XDG_DATA_HOME"]) / "gpuwatch" / "gpuwatch.db").exists()
+
+
+def test_demo_db_must_be_a_file_path(tmp_path):
+    done = gpuwatch("demo", "--db", str(tmp_path))
+    assert done.returncode == 2
+    assert "is a directory" in done.stderr and "Traceback" not in done.stderr
