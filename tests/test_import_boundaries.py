@@ -1,0 +1,68 @@
+"""Headless parts must not drag in torch or textual: each is imported in a fresh interpreter."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "textual")
+
+# Daemon, store, protocol, client and CLI: torch and textual only inside the functions that need them.
+HEADLESS = [
+    "gpuwatch",
+    "gpuwatch.daemon.main",
+    "gpuwatch.daemon.ingest",
+    "gpuwatch.daemon.metrics",
+    "gpuwatch.sampler",
+    "gpuwatch.scheduler",
+    "gpuwatch.store",
+    "gpuwatch.store.queries",
+    "gpuwatch.store.maintenance",
+    "gpuwatch.protocol",
+    "gpuwatch.client",
+    "gpuwatch.cli",
+    "gpuwatch.cli.daemon_cmd",
+    "gpuwatch.cli.status_cmd",
+    "gpuwatch.cli.query_cmd",
+    "gpuwatch.cli.service_cmd",
+    "collectors.nvml",
+    "collectors.host",
+    "collectors.processes",
+]
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def heavy_after(code: str) -> list[str]:
+    """Run `code` in a fresh interpreter; return which heavy modules it left loaded."""
+    probe = f"{code}\nimport sys, json\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("module", [m for m in HEADLESS if _module_exists(m)])
+def test_import_loads_neither_torch_nor_textual(module):
+    assert heavy_after(f"import {module}") == []
+
+
+def test_the_core_modules_exist():
+    # The list above skips modules not written yet; these must always be there.
+    for module in ("gpuwatch.daemon.main", "gpuwatch.store", "gpuwatch.cli", "gpuwatch.sampler"):
+        assert _module_exists(module), module
+
+
+@pytest.mark.parametrize("args", [["--help"], ["status", "--help"], ["daemon", "--help"],
+                                  ["query", "--help"]])
+def test_cli_help_loads_neither(args):
+    code = ("from gpuwatch.cli import main\n"
+            f"try:\n    main({args!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code")
+    assert heavy_after(code) == []
