@@ -20,7 +20,6 @@ with a warning, the daemon takes identity from SO_PEERCRED.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -44,16 +43,11 @@ class ProtocolError(ValueError):
 
 @dataclass(frozen=True)
 class Spec:
-    """What one field may hold. `check(value)` returns an error phrase or None."""
+    """What one field may hold: `check(value)` is True when it is acceptable."""
 
     expected: str
     check: Callable[[Any], bool]
     required: bool = False
-
-    def problem(self, value: Any) -> str | None:
-        if self.check(value):
-            return None
-        return f"expected {self.expected}, got {_show(value)}"
 
 
 def _show(value: Any) -> str:
@@ -61,44 +55,40 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    # NaN and inf are allowed: a diverging loss is a fact worth storing, not a protocol error.
-    return (_is_int(v) or isinstance(v, float)) and not isinstance(v, bool)
+# Exact type tests: json.loads makes plain int/float/str, and bool (an int subclass) is refused.
+# NaN and inf are numbers: a diverging loss is a fact worth storing, not a protocol error.
+_NUMBER = (int, float)
 
 
 def text(max_chars: int = 65536, required: bool = False) -> Spec:
     return Spec(f"string of at most {max_chars} characters",
-                lambda v: isinstance(v, str) and len(v) <= max_chars, required)
+                lambda v: type(v) is str and len(v) <= max_chars, required)
 
 
 def ident(required: bool = True) -> Spec:
     return Spec(f"non-empty string of at most {MAX_ID_CHARS} characters",
-                lambda v: isinstance(v, str) and 0 < len(v) <= MAX_ID_CHARS, required)
+                lambda v: type(v) is str and 0 < len(v) <= MAX_ID_CHARS, required)
 
 
 def integer(minimum: int | None = None, required: bool = False) -> Spec:
     if minimum is None:
-        return Spec("integer", _is_int, required)
-    return Spec(f"integer >= {minimum}", lambda v: _is_int(v) and v >= minimum, required)
+        return Spec("integer", lambda v: type(v) is int, required)
+    return Spec(f"integer >= {minimum}", lambda v: type(v) is int and v >= minimum, required)
 
 
 def number(minimum: float | None = None, required: bool = False) -> Spec:
     if minimum is None:
-        return Spec("number", _is_num, required)
+        return Spec("number", lambda v: type(v) in _NUMBER, required)
     return Spec(f"number >= {minimum:g}",
-                lambda v: _is_num(v) and (math.isnan(v) or v >= minimum), required)
+                lambda v: type(v) in _NUMBER and not v < minimum, required)  # NaN passes
 
 
 def obj(required: bool = False) -> Spec:
-    return Spec("JSON object", lambda v: isinstance(v, dict), required)
+    return Spec("JSON object", lambda v: type(v) is dict, required)
 
 
 def list_of_text(required: bool = False) -> Spec:
-    return Spec("list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    return Spec("list of strings", lambda v: type(v) is list and all(type(x) is str for x in v),
                 required)
 
 
@@ -196,34 +186,44 @@ def check_version(frame: dict) -> None:
         raise ProtocolError(f"unsupported protocol version {_show(v)}; this daemon speaks {VERSION}")
 
 
+_compiled: dict[str, tuple[dict, dict[str, Spec], tuple[str, ...]]] = {}
+
+
+def _kind_specs(kind: str) -> tuple[dict[str, Spec], tuple[str, ...]]:
+    """All field specs of a kind and its required names, recomputed if EVENT_KINDS changes."""
+    fields = EVENT_KINDS[kind]
+    cached = _compiled.get(kind)
+    if cached is None or cached[0] is not fields:
+        specs = {**COMMON_FIELDS, **fields}
+        cached = (fields, specs, tuple(n for n, s in specs.items() if s.required))
+        _compiled[kind] = cached
+    return cached[1], cached[2]
+
+
 def validate_event(event: Any, where: str = "event") -> tuple[dict, list[str]]:
-    """Check one event; return it cleaned (unknown and identity fields dropped) and warnings."""
-    if not isinstance(event, dict):
+    """Check one event; return it with unknown and identity fields dropped, and warnings.
+    A null field means "not given" (it stays null); the event is copied only if it must be."""
+    if type(event) is not dict:
         raise ProtocolError(f"{where}: expected JSON object, got {_show(event)}")
     kind = event.get("kind")
     if kind not in EVENT_KINDS:
         if not isinstance(kind, str):
             raise ProtocolError(f"{where}.kind: expected one of {', '.join(EVENT_KINDS)}, got {_show(kind)}")
         raise ProtocolError(f"{where}.kind: unknown event kind {kind!r}")
-    specs = {**COMMON_FIELDS, **EVENT_KINDS[kind]}
-    clean: dict = {}
+    specs, required = _kind_specs(kind)
     warnings: list[str] = []
-    for name, value in event.items():
-        spec = specs.get(name)
-        if spec is None:
+    if not event.keys() <= specs.keys():
+        for name in event.keys() - specs.keys():
             why = "identity comes from the socket" if name in IDENTITY_FIELDS else "unknown field"
             warnings.append(f"{where}.{name}: ignored ({why})")
-            continue
-        if value is None and not spec.required:
-            continue
-        problem = spec.problem(value)
-        if problem:
-            raise ProtocolError(f"{where}.{name}: {problem}")
-        clean[name] = value
-    for name, spec in specs.items():
-        if spec.required and name not in clean:
+        event = {k: v for k, v in event.items() if k in specs}
+    for name, value in event.items():
+        if value is not None and not specs[name].check(value):
+            raise ProtocolError(f"{where}.{name}: expected {specs[name].expected}, got {_show(value)}")
+    for name in required:
+        if event.get(name) is None:
             raise ProtocolError(f"{where}.{name}: required for {kind} events")
-    return clean, warnings
+    return event, sorted(warnings)
 
 
 def _check_fields(frame: dict, specs: dict[str, Spec]) -> None:
@@ -233,9 +233,8 @@ def _check_fields(frame: dict, specs: dict[str, Spec]) -> None:
             if spec.required:
                 raise ProtocolError(f"{frame['type']}.{name}: required")
             continue
-        problem = spec.problem(value)
-        if problem:
-            raise ProtocolError(f"{frame['type']}.{name}: {problem}")
+        if not spec.check(value):
+            raise ProtocolError(f"{frame['type']}.{name}: expected {spec.expected}, got {_show(value)}")
 
 
 def validate(frame: dict) -> Message:

@@ -84,16 +84,15 @@ class _Batch:
                               "WHERE run_id = ?", (ts, run_id))
 
 
-def _row(event: dict, renames: dict[str, str] | None = None) -> dict:
-    """Event fields -> table columns: objects become <name>_json, envelope fields dropped."""
-    row = {}
-    for name, value in event.items():
-        if name in ("id", "kind"):
-            continue
-        if isinstance(value, dict):
-            row[f"{name}_json"] = json.dumps(value, separators=(",", ":"))
-        else:
-            row[(renames or {}).get(name, name)] = value
+_ENVELOPE = frozenset({"id", "kind"})
+_NO_RENAMES: dict[str, str] = {}
+
+
+def _row(event: dict, renames: dict[str, str] = _NO_RENAMES) -> dict:
+    """Event fields -> table columns: objects become <name>_json; envelope and nulls dropped."""
+    row = {renames.get(k, k): v for k, v in event.items() if v is not None and k not in _ENVELOPE}
+    for name in [k for k, v in row.items() if type(v) is dict]:
+        row[name + "_json"] = json.dumps(row.pop(name), separators=(",", ":"))
     return row
 
 
@@ -127,7 +126,7 @@ def _run_end(batch: _Batch, event: dict) -> None:
          event.get("error_message"), event["ts_ms"], event["run_id"]))
 
 
-def table_applier(table: str, renames: dict[str, str] | None = None) -> Callable[[_Batch, dict], None]:
+def table_applier(table: str, renames: dict[str, str] = _NO_RENAMES) -> Callable[[_Batch, dict], None]:
     """Events that become one row of a run's table, idempotent by the table's natural key."""
 
     def apply(batch: _Batch, event: dict) -> None:
@@ -137,8 +136,11 @@ def table_applier(table: str, renames: dict[str, str] | None = None) -> Callable
     return apply
 
 
+_insert_step = table_applier("steps")
+
+
 def _step(batch: _Batch, event: dict) -> None:
-    table_applier("steps")(batch, event)
+    _insert_step(batch, event)
     run_id = event["run_id"]
     batch.last_step_ms[run_id] = max(batch.last_step_ms.get(run_id, 0), event["ts_ms"])
 
