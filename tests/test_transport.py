@@ -119,6 +119,7 @@ def test_daemon_mode_round_trip_and_control(cfg):
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(20) == 0
+    assert not cfg.socket_path.exists()  # SIGTERM stopped the ingest and removed its socket
 
 
 def test_daemon_killed_and_restarted_mid_run_loses_nothing_and_counts_nothing_twice(cfg):

@@ -230,7 +230,11 @@ class DaemonTransport(Transport):
         while True:
             batch = self._collect()
             if batch:
-                self._dispatch(batch)
+                try:
+                    self._dispatch(batch)
+                except OSError as e:  # e.g. the spool's disk is full: lose these, keep going
+                    log.error("gpuwatch: %d events lost: %s", len(batch), e)
+                    self.dropped += len(batch)
                 with self._progress:
                     self._finished += len(batch)
                     self._progress.notify_all()
