@@ -36,7 +36,10 @@ def torch_versions() -> tuple[str | None, str | None]:
     torch = sys.modules.get("torch")
     if torch is None:
         return None, None
-    return getattr(torch, "__version__", None), getattr(getattr(torch, "version", None), "cuda", None)
+    version = getattr(torch, "__version__", None)
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    # torch.__version__ is a str subclass (TorchVersion); the wire wants plain strings.
+    return (None if version is None else str(version)), (None if cuda is None else str(cuda))
 
 
 def _int_env(env: Mapping[str, str], *names: str) -> int | None:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 from gpuwatch import config as config_mod
 from gpuwatch import paths
-from gpuwatch.client import flops, metadata, torch_stats
+from gpuwatch.client import flops, metadata, oom, torch_stats
 from gpuwatch.store import now_ms
 
 log = logging.getLogger(__name__)
@@ -129,9 +129,12 @@ class Run:
         self._cfg = cfg
         self._flops_per_token = flops_per_token
         self._precision = flops.normalize_dtype(precision)
-        self._ids = (f"{secrets.token_hex(4)}-{n}" for n in itertools.count())
+        self._id_prefix = f"{secrets.token_hex(4)}-"  # event ids: unique per Run, cheap to make
+        self._id_count = itertools.count()
         self._last_seq = 0
         self._step = 0
+        self._seq_len: int | None = None  # of the last step, for an OOM postmortem
+        self._batch: int | None = None
         self._gen = 0
         self._ended = False
         self._pending: collections.deque = collections.deque()
@@ -144,6 +147,7 @@ class Run:
 
         fields = metadata.collect(wrapper_run_id=parent_run_id)
         plain = _plain_config(config)
+        self._config = plain or {}
         fixed_flops = flops_per_token if isinstance(flops_per_token, (int, float)) else None
         if attached:
             # The wrapper sent run_start; record who joined and what it was told.
@@ -156,6 +160,7 @@ class Run:
         self._saved_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
         atexit.register(self._at_exit)
+        oom.prepare(cfg)
         # The first step is timed from here: after our own set-up, not including it.
         cuda = torch_stats.cuda_torch()
         self._start_event = torch_stats.CudaClock.start_event(cuda) if cuda else None
@@ -163,7 +168,7 @@ class Run:
 
     # ---- events -------------------------------------------------------------------------
     def _send(self, kind: str, ts_ms: int | None = None, **fields) -> None:
-        self._transport.send({"id": next(self._ids), "kind": kind, "run_id": self.run_id,
+        self._transport.send({"id": self._id_prefix + str(next(self._id_count)), "kind": kind, "run_id": self.run_id,
                               "ts_ms": now_ms() if ts_ms is None else ts_ms, **fields})
 
     def event(self, kind: str, payload: Mapping | None = None) -> None:
@@ -180,6 +185,7 @@ class Run:
         if self._clock is None:
             self._choose_clock()
         self._step += 1
+        self._seq_len, self._batch = seq_len, samples
         captured = torch_stats.capture_loss(loss)  # queued before the event: ready with it
         mark = self._clock.mark()
         if self._torch is not None:
@@ -204,19 +210,22 @@ class Run:
         self._peak_flops = flops.peak_flops(torch.cuda.get_device_name(), self._precision)
 
     def _drain(self, wait: bool) -> None:
-        while self._pending and self._clock.ready(self._pending[0][2], wait):
-            (step, ts, mark, tokens, samples, seq_len, loss, alloc, reserved, peak,
-             rss) = self._pending.popleft()
-            step_ms = self._clock.elapsed_ms(mark)
+        pending, clock, send = self._pending, self._clock, self._transport.send
+        while pending and clock.ready(pending[0][2], wait):
+            step, ts, mark, tokens, samples, seq_len, loss, alloc, reserved, peak, rss = pending.popleft()
+            step_ms = clock.elapsed_ms(mark)
             tps = tokens / (step_ms / 1000.0) if tokens and step_ms else None
             fpt = self._flops_per_token
             if callable(fpt):
                 fpt = fpt(seq_len) if seq_len else None
-            self._send("step", ts_ms=ts, step=step, tokens=tokens, samples=samples,
-                       seq_len=seq_len, loss=torch_stats.resolve_loss(loss), step_time_ms=step_ms,
-                       tokens_per_s=tps, mfu=flops.mfu(tps, fpt, self._peak_flops),
-                       mem_allocated_bytes=alloc, mem_reserved_bytes=reserved,
-                       mem_peak_bytes=peak, rss_bytes=rss)
+            # Built in place rather than through _send(**fields): this runs every step.
+            send({"id": self._id_prefix + str(next(self._id_count)), "kind": "step",
+                  "run_id": self.run_id, "ts_ms": ts, "step": step, "tokens": tokens,
+                  "samples": samples, "seq_len": seq_len, "loss": torch_stats.resolve_loss(loss),
+                  "step_time_ms": step_ms, "tokens_per_s": tps,
+                  "mfu": flops.mfu(tps, fpt, self._peak_flops),
+                  "mem_allocated_bytes": alloc, "mem_reserved_bytes": reserved,
+                  "mem_peak_bytes": peak, "rss_bytes": rss})
 
     # ---- generations --------------------------------------------------------------------
     def generation(self, prompt_tokens: int | None = None, new_tokens: int | None = None,
@@ -266,7 +275,14 @@ class Run:
             self._end("failed", error_type=error_type(exc), error_message=str(exc)[:2000])
 
     def _on_oom(self, exc: BaseException) -> None:
-        """The one place an out-of-memory ends a run (the OOM postmortem hooks in here)."""
+        """The one place an out-of-memory ends a run: postmortem first, then the end state."""
+        try:
+            self._send("oom_postmortem", **oom.capture(
+                exc, self._cfg, self.run_id, step=self._step + 1, config=self._config,
+                seq_len=self._seq_len or self._config.get("seq_len"),
+                batch=self._batch or self._config.get("batch")))
+        except Exception:  # the user's own error matters more than our postmortem of it
+            log.warning("gpuwatch: could not capture the OOM postmortem", exc_info=True)
         self._end("oom", error_type=error_type(exc), error_message=str(exc)[:2000])
 
     def _end(self, status: str, *, drain: bool = True, **fields) -> None:

@@ -87,10 +87,11 @@ def capture_loss(loss):
     detach = getattr(loss, "detach", None)
     if detach is None:
         return float(loss)
-    loss = detach()
     if loss.is_cuda:
-        return loss.to("cpu", non_blocking=True)
-    return loss
+        return detach().to("cpu", non_blocking=True)
+    if loss.device.type == "cpu":
+        return loss.item()  # reading a CPU tensor costs no more than keeping it
+    return detach()
 
 
 def resolve_loss(captured) -> float | None:
