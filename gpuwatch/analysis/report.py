@@ -35,9 +35,9 @@ def _charts(conn: sqlite3.Connection, run, stats, start: int, end: int) -> list[
                          "FROM steps WHERE run_id = ? ORDER BY step", (run.run_id,)).fetchall()
     col = lambda i: [(r[0], r[i]) for r in steps if r[i] is not None]  # noqa: E731
     charts = [
-        svg.line_chart("Tokens per second", [("tokens/s", col(1))], start, fmt.count),
+        svg.line_chart("Tokens per second", [("tokens/s", col(1))], (start, end), fmt.count),
         svg.line_chart("CUDA memory", [("allocated", col(2)), ("reserved", col(3)), ("peak", col(4))],
-                       start, fmt.size),
+                       (start, end), fmt.size),
     ]
     for title, metric, scale, y_fmt, y_max in (
             ("GPU utilisation", "gpu_util_pct", 1, lambda v: f"{v:.0f} %", 100),
@@ -46,7 +46,7 @@ def _charts(conn: sqlite3.Connection, run, stats, start: int, end: int) -> list[
         for idx in stats.gpus:
             points = queries.gpu_series(conn, idx, metric, start, end + 1, max_points=CHART_POINTS)
             series.append((f"GPU {idx}", [(p.ts_ms, p.avg * scale) for p in points if p.avg is not None]))
-        charts.append(svg.line_chart(title, series, start, y_fmt, y_max=y_max))
+        charts.append(svg.line_chart(title, series, (start, end), y_fmt, y_max=y_max))
     return charts
 
 

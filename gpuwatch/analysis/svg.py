@@ -23,10 +23,11 @@ def _downsample(points: Sequence[tuple[float, float]]) -> list[tuple[float, floa
     return out
 
 
-def line_chart(title: str, series: Sequence[Series], x0_ms: float, y_fmt: Callable[[float], str],
-               y_min: float | None = 0.0, y_max: float | None = None,
+def line_chart(title: str, series: Sequence[Series], x_range: tuple[float, float],
+               y_fmt: Callable[[float], str], y_min: float | None = 0.0, y_max: float | None = None,
                width: int = 760, height: int = 240) -> str:
-    """An <svg> of one line per series: x is epoch ms shown as time since x0_ms, y shown with y_fmt."""
+    """An <svg> of one line per series over x_range (epoch ms, shown as time since its start),
+    y shown with y_fmt. Charts of one run share x_range so they line up."""
     left, right, top, bottom = 80, 16, 28, 22
     plot_w, plot_h = width - left - right, height - top - bottom
     series = [(label, _downsample(points)) for label, points in series if points]
@@ -38,7 +39,7 @@ def line_chart(title: str, series: Sequence[Series], x0_ms: float, y_fmt: Callab
                        "no data recorded</text></svg>")
     xs = [x for _, pts in series for x, _ in pts]
     ys = [y for _, pts in series for _, y in pts]
-    x_lo, x_hi = min(xs), max(xs)
+    x_lo, x_hi = min(x_range[0], min(xs)), max(x_range[1], max(xs))
     y_lo = min(ys) if y_min is None else min(y_min, min(ys))
     y_hi = max(ys) if y_max is None else max(y_max, max(ys))
     if y_hi == y_lo:
@@ -58,8 +59,9 @@ def line_chart(title: str, series: Sequence[Series], x0_ms: float, y_fmt: Callab
                      f'<text x="{left - 6}" y="{py(y) + 4:.1f}" font-size="11" text-anchor="end">'
                      f"{escape(y_fmt(y))}</text>")
         x = x_lo + x_span * i / 4
-        parts.append(f'<text x="{px(x):.1f}" y="{height - 6}" font-size="11" text-anchor="middle">'
-                     f"{escape(fmt.duration(x - x0_ms))}</text>")
+        anchor = ("start", "middle", "middle", "middle", "end")[i]  # keep the end labels inside
+        parts.append(f'<text x="{px(x):.1f}" y="{height - 6}" font-size="11" text-anchor="{anchor}">'
+                     f"{escape(fmt.duration(x - x_lo))}</text>")
     legend_x = left + 9 * len(title) + 24  # legend on the title line, after the title
     for n, (label, pts) in enumerate(series):
         colour = PALETTE[n % len(PALETTE)]
