@@ -190,3 +190,19 @@ def test_send_never_blocks_and_counts_what_it_drops(cfg):
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(20) == 0
+
+
+def test_a_second_daemon_on_the_same_socket_refuses_in_one_line(cfg):
+    daemon = start_daemon(cfg)
+    try:
+        second = subprocess.run([sys.executable, "-c", DAEMON, str(cfg.db_path), str(cfg.socket_path)],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1
+        assert f"another daemon is already listening on {cfg.socket_path}" in second.stderr
+        assert "Traceback" not in second.stderr
+        t = connect(cfg)
+        assert t.mode == "daemon"  # the first one still serves
+        t.close()
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(20) == 0

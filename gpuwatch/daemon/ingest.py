@@ -32,8 +32,8 @@ MAX_INFLIGHT_EVENTS = 50_000
 BUSY = protocol.error("daemon busy: write queue full; retry later", "busy")
 
 
-class IngestError(RuntimeError):
-    """The server cannot start; one line saying why."""
+class IngestError(OSError):
+    """The server cannot start (socket taken or unusable); one line saying why."""
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
