@@ -92,6 +92,12 @@ def list_of_text(required: bool = False) -> Spec:
                 required)
 
 
+def list_of_obj(max_items: int = 1000, required: bool = False) -> Spec:
+    return Spec(f"list of at most {max_items} JSON objects",
+                lambda v: type(v) is list and len(v) <= max_items and all(type(x) is dict for x in v),
+                required)
+
+
 def one_of(choices: tuple[str, ...], required: bool = False) -> Spec:
     return Spec(f"one of {', '.join(choices)}", lambda v: v in choices, required)
 
@@ -141,11 +147,30 @@ EVENT_KINDS: dict[str, dict[str, Spec]] = {
     "run_event": {
         "seq": integer(0, required=True), "event_kind": ident(), "payload": obj(),
     },
+    # oom_kind is the table's `kind` column (the envelope owns "kind"); lists are stored as JSON.
+    "oom_postmortem": {
+        "oom_kind": one_of(("gpu", "host"), required=True), "device": integer(0),
+        "requested_bytes": integer(0), "total_bytes": integer(0), "free_bytes": integer(0),
+        "allocated_bytes": integer(0), "reserved_bytes": integer(0), "rss_bytes": integer(0),
+        "available_bytes": integer(0), "cgroup_limit_bytes": integer(0),
+        "step": integer(0), "seq_len": integer(0), "batch": integer(0),
+        "phase": one_of(("forward", "backward", "optimizer")),
+        "error_message": text(), "traceback": text(), "memory_summary": text(),
+        "stats": obj(), "largest_blocks": list_of_obj(100), "neighbours": list_of_obj(1000),
+        "advice": list_of_obj(50), "snapshot_path": text(4096),
+    },
+    # A profiler window -> a `profiles` row; each of `ops` -> a `profile_ops` row (its columns).
+    "profile": {
+        "trigger": one_of(("scheduled", "on_demand"), required=True),
+        "rank": integer(0), "first_step": integer(0), "steps": integer(0),
+        "trace_path": text(4096), "trace_bytes": integer(0), "ops": list_of_obj(500),
+    },
 }
 
 # Control actions the daemon may push to a run's client: action -> extra field specs.
 CONTROL_ACTIONS: dict[str, dict[str, Spec]] = {
     "profile": {"steps": integer(1)},
+    "stacks": {},  # answered by the daemon itself (py-spy dump of the run's process), never pushed
 }
 
 

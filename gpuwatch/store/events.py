@@ -145,6 +145,96 @@ def _step(batch: _Batch, event: dict) -> None:
     batch.last_step_ms[run_id] = max(batch.last_step_ms.get(run_id, 0), event["ts_ms"])
 
 
+NEIGHBOUR_SAMPLE_MAX_AGE_MS = 60_000  # older GPU process samples say nothing about the OOM moment
+
+
+def _gpu_index_of(conn: sqlite3.Connection, run_id: str, device: int) -> int:
+    """NVML index of the run's CUDA device `device`, through the run's visible GPU UUIDs if known."""
+    found = conn.execute("SELECT gpu_uuids FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    uuids = [u.strip() for u in (found[0] or "").split(",") if u.strip()] if found else []
+    if device < len(uuids):
+        row = conn.execute("SELECT gpu_index FROM gpus WHERE uuid = ?", (uuids[device],)).fetchone()
+        if row:
+            return row[0]
+        if uuids[device].isdigit():
+            return int(uuids[device])
+    return device
+
+
+def _neighbours_from_samples(conn: sqlite3.Connection, run_id: str, device: int, own_pid: int,
+                             ts_ms: int) -> list[dict] | None:
+    """Other processes on the OOM's GPU at the daemon's newest process sample before the OOM."""
+    gpu = _gpu_index_of(conn, run_id, device)
+    newest = conn.execute("SELECT MAX(ts_ms) FROM gpu_process_samples WHERE gpu_index = ? AND ts_ms <= ?",
+                          (gpu, ts_ms + 1000)).fetchone()[0]
+    if newest is None or newest < ts_ms - NEIGHBOUR_SAMPLE_MAX_AGE_MS:
+        return None
+    rows = conn.execute(
+        "SELECT s.pid, p.user, s.used_mem_bytes, p.run_id FROM gpu_process_samples s "
+        "LEFT JOIN processes p ON p.pid = s.pid AND p.start_ms = "
+        "(SELECT MAX(start_ms) FROM processes WHERE pid = s.pid) "
+        "WHERE s.gpu_index = ? AND s.ts_ms = ? AND s.pid != ? ORDER BY s.used_mem_bytes DESC",
+        (gpu, newest, own_pid)).fetchall()
+    return [{"pid": pid, "user": user, "used_mem_bytes": used, "run_id": run}
+            for pid, user, used, run in rows]
+
+
+def _oom_postmortem(batch: _Batch, event: dict) -> None:
+    run_id, ts = event["run_id"], event["ts_ms"]
+    batch.require_own(run_id)
+    # The table has no natural key: a replayed postmortem is recognised by its run and time.
+    if batch.conn.execute("SELECT 1 FROM oom_postmortems WHERE run_id = ? AND ts_ms = ?",
+                          (run_id, ts)).fetchone():
+        return
+    row = _row(event, {"oom_kind": "kind"})
+    for name in ("largest_blocks", "neighbours", "advice"):
+        if name in row:
+            row[name + "_json"] = json.dumps(row.pop(name), separators=(",", ":"))
+    if row["kind"] == "gpu" and "neighbours_json" not in row and "device" in row:
+        # The client could not read NVML: the daemon's own samples say who else was there.
+        found = _neighbours_from_samples(batch.conn, run_id, row["device"], batch.peer.pid, ts)
+        if found is not None:
+            row["neighbours_json"] = json.dumps(found, separators=(",", ":"))
+    insert_rows(batch.conn, "oom_postmortems", [row])
+
+
+_OP_COLUMNS = {"calls": int, "self_cpu_us": float, "cpu_total_us": float, "self_device_us": float,
+               "device_total_us": float, "self_mem_bytes": int}
+
+
+def _profile_op(op: dict) -> dict:
+    name = op.get("name")
+    if type(name) is not str or not 0 < len(name) <= 1024:
+        raise EventRejected("invalid", f"profile op name: expected a string of 1-1024 characters, got {name!r:.40}")
+    row = {"name": name}
+    for column, kind in _OP_COLUMNS.items():
+        value = op.get(column)
+        if value is not None:
+            if type(value) not in (int, float):
+                raise EventRejected("invalid", f"profile op {name!r:.40}.{column}: expected a number")
+            row[column] = kind(value)
+    return row
+
+
+def _profile(batch: _Batch, event: dict) -> None:
+    """A `profiles` row and its `profile_ops`; a replayed event (same run, time, rank, trigger)
+    changes nothing."""
+    batch.require_own(event["run_id"])
+    ops = [_profile_op(op) for op in event.get("ops") or ()]
+    key = (event["run_id"], event["ts_ms"], event.get("rank"), event["trigger"])
+    if batch.conn.execute("SELECT 1 FROM profiles WHERE run_id = ? AND ts_ms = ? AND rank IS ? "
+                          "AND trigger = ?", key).fetchone():
+        return
+    row = {k: event.get(k) for k in ("run_id", "ts_ms", "rank", "trigger", "first_step", "steps",
+                                      "trace_path", "trace_bytes")}
+    cur = batch.conn.execute(
+        "INSERT INTO profiles (run_id, ts_ms, rank, trigger, first_step, steps, trace_path, trace_bytes) "
+        "VALUES (:run_id, :ts_ms, :rank, :trigger, :first_step, :steps, :trace_path, :trace_bytes)", row)
+    for op in ops:
+        op["profile_id"] = cur.lastrowid
+    insert_rows(batch.conn, "profile_ops", ops, "IGNORE")
+
+
 # kind -> applier; protocol.EVENT_KINDS says which fields each kind may carry.
 APPLIERS: dict[str, Callable[[_Batch, dict], None]] = {
     "run_start": _run_start,
@@ -153,6 +243,8 @@ APPLIERS: dict[str, Callable[[_Batch, dict], None]] = {
     "generation": table_applier("generations"),
     "memory_stats": table_applier("memory_stats"),
     "run_event": table_applier("run_events", {"event_kind": "kind"}),
+    "profile": _profile,
+    "oom_postmortem": _oom_postmortem,
 }
 
 
