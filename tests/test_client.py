@@ -80,6 +80,15 @@ def test_training_steps_are_recorded_with_rates_losses_and_memory():
     assert sum(s["step_time_ms"] for s in steps) <= wall_ms
 
 
+def test_tensor_counts_and_flops_per_token_are_stored_as_plain_numbers():
+    torch = pytest.importorskip("torch")
+    with gpuwatch.track(flops_per_token=torch.tensor(1.5e9).item()) as run:
+        run.step(tokens=torch.tensor(4096), samples=torch.tensor(2), seq_len=2048, loss=1.25)
+    step = db().execute("SELECT tokens, samples, seq_len, loss FROM steps").fetchone()
+    assert tuple(step) == (4096, 2, 2048, 1.25)
+    assert the_run()["flops_per_token"] == 1.5e9
+
+
 def test_exception_marks_run_failed_with_type_and_message():
     with pytest.raises(ValueError, match="bad batch"):
         with gpuwatch.track(name="boom") as run:

@@ -89,6 +89,8 @@ def test_instrumented_child_adds_its_steps_to_the_wrapper_run():
     (r,) = runs()  # one run, not two
     assert (r["name"], r["status"]) == ("outer", "finished")
     assert steps(r["run_id"]) == [(1, 128), (2, 128), (3, 128)]
+    shown = subprocess.run([*GPUWATCH, "show", "outer"], capture_output=True, text=True).stdout
+    assert "  lr  0.5" in shown and "steps     3" in shown  # the child's config, on the wrapper's run
 
 
 def test_oom_in_an_instrumented_child_marks_the_wrapper_run_oom():

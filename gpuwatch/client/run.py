@@ -63,6 +63,11 @@ def error_type(exc: BaseException) -> str:
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
+def _whole(value) -> int | None:
+    """Counts as plain ints: numpy / torch integers would be refused by the wire's type checks."""
+    return value if value is None or type(value) is int else int(value)
+
+
 def _plain_config(config: Any) -> dict | None:
     """A JSON object from a dict, dataclass or argparse Namespace; odd values become strings."""
     if config is None:
@@ -148,7 +153,7 @@ class Run:
         fields = metadata.collect(wrapper_run_id=parent_run_id)
         plain = _plain_config(config)
         self._config = plain or {}
-        fixed_flops = flops_per_token if isinstance(flops_per_token, (int, float)) else None
+        fixed_flops = None if flops_per_token is None or callable(flops_per_token) else float(flops_per_token)
         if attached:
             # The wrapper sent run_start; record who joined and what it was told.
             self.event("attached", {"pid": os.getpid(), "name": name, "config": plain,
@@ -185,6 +190,7 @@ class Run:
         if self._clock is None:
             self._choose_clock()
         self._step += 1
+        tokens, samples, seq_len = _whole(tokens), _whole(samples), _whole(seq_len)
         self._seq_len, self._batch = seq_len, samples
         captured = torch_stats.capture_loss(loss)  # queued before the event: ready with it
         mark = self._clock.mark()
@@ -238,6 +244,7 @@ class Run:
         if total_ms is None and ttft_ms is not None:
             total_ms = ttft_ms + sum(itl)
         self._gen += 1
+        prompt_tokens, new_tokens = _whole(prompt_tokens), _whole(new_tokens)
         self._send("generation", gen_id=self._gen, prompt_tokens=prompt_tokens,
                    new_tokens=new_tokens, ttft_ms=ttft_ms, itl_p50_ms=_percentile(itl, 50),
                    itl_p90_ms=_percentile(itl, 90),
