@@ -3,9 +3,9 @@
 Used by the daemon and by the client's embedded mode, so it knows nothing of signals or asyncio:
 `start()` runs a Scheduler in a background thread, `stop()` stops it and flushes the writer.
 
-Jobs: GPUs + GPU processes every cfg.interval, host every cfg.host_interval, the run map every
-RUN_MAP_INTERVAL, store maintenance every MAINTENANCE_INTERVAL, and one daemon_stats row (the
-monitor's own cost) every cfg.interval. Without an NVIDIA driver it logs the reason once and
+Jobs: GPUs + GPU processes every cfg.interval (their RSS and CPU % every cfg.process_interval),
+host every cfg.host_interval, the run map every RUN_MAP_INTERVAL, store maintenance every
+MAINTENANCE_INTERVAL, and one daemon_stats row (the monitor's own cost) every cfg.interval. Without an NVIDIA driver it logs the reason once and
 samples the host only.
 
 Every write is submitted without blocking: when the writer's queue is full the rows are
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 MAINTENANCE_INTERVAL = 60.0
 RUN_MAP_INTERVAL = 5.0
 GPU_ROW_REFRESH_MS = 60_000  # gpus.last_seen_ms is refreshed this often, or when state changes
+PROCESS_ROW_REFRESH_MS = 10_000  # processes.last_seen_ms likewise, or when its run link changes
 
 _UPSERT_GPU = """
 INSERT INTO gpus ({cols}) VALUES ({marks})
@@ -86,6 +87,13 @@ class Sampler:
         self._gpu_rows: dict[int, tuple[str, int]] = {}  # gpu_index -> (state, last written ms)
         self._run_by_pid: dict[int, str] = {}  # pid of a running run on this host -> run_id
         self._lineage: dict[tuple[int, int], tuple[int, ...]] = {}  # (pid, start_ms) -> pid + ancestors
+        # GPU pids of the previous tick -> (info, run_id written, when written). A pid still on
+        # a GPU one tick later is taken to be the same process, so its facts are not re-read.
+        self._gpu_pids: dict[int, tuple] = {}
+        # RSS and CPU % of GPU pids, re-read every cfg.process_interval (reading /proc for
+        # every GPU process each tick would be most of the daemon's CPU); new pids at once.
+        self._usage: dict[int, tuple[int, float | None]] = {}
+        self._usage_at = 0.0
         self.last_tick_s = 0.0  # seconds the latest GPU (or host) tick took
         self.last_tick_at = 0.0  # monotonic time it finished; 0 = none yet
         self.sched = Scheduler()
@@ -135,15 +143,15 @@ class Sampler:
         ts = now_ms()
         samples, proc_samples = self.nvml.sample(ts)
         self._write_gpus(ts, samples)
-        self._insert("gpu_samples", [dataclasses.asdict(s) for s in samples])
+        self._insert("gpu_samples", [_row(s) for s in samples])
         self._write_processes(ts, proc_samples)
-        self._insert("xid_events", [dataclasses.asdict(x) for x in self.nvml.xid_events(ts)])
+        self._insert("xid_events", [_row(x) for x in self.nvml.xid_events(ts)])
         self._tick_done(started)
 
     def host_tick(self) -> None:
         started = time.monotonic()
         ts = now_ms()
-        self._insert("host_samples", [dataclasses.asdict(self.host.sample(ts))])
+        self._insert("host_samples", [_row(self.host.sample(ts))])
         if self.nvml is None:
             self._tick_done(started)
 
@@ -209,7 +217,7 @@ class Sampler:
             if last is not None and last[0] == state and ts - last[1] < GPU_ROW_REFRESH_MS:
                 continue
             self._gpu_rows[static.gpu_index] = (state, ts)
-            rows.append({**dataclasses.asdict(static), "first_seen_ms": ts, "last_seen_ms": ts,
+            rows.append({**_row(static), "first_seen_ms": ts, "last_seen_ms": ts,
                          "state": state})
         if rows:
             columns = list(rows[0])
@@ -219,24 +227,42 @@ class Sampler:
 
     def _write_processes(self, ts: int, proc_samples) -> None:
         pids = {p.pid for p in proc_samples}
-        usage = self.procs.usage(pids) if pids else {}
+        usage = self._process_usage(pids)
         samples = []
         for p in proc_samples:
             rss, cpu = usage.get(p.pid, (None, None))
-            samples.append({**dataclasses.asdict(p), "rss_bytes": rss, "cpu_pct": cpu})
+            samples.append({**_row(p), "rss_bytes": rss, "cpu_pct": cpu})
         self._insert("gpu_process_samples", samples)
         rows = []
+        current = {}
         for pid in sorted(pids):
-            info = self.procs.info(pid)
+            known = self._gpu_pids.get(pid)
+            info = known[0] if known else self.procs.info(pid)
             if info is None:  # gone already, or in another pid namespace
                 continue
-            rows.append({**dataclasses.asdict(info), "run_id": self._run_of(pid, info.start_ms),
-                         "first_seen_ms": ts, "last_seen_ms": ts})
+            run_id = self._run_of(pid, info.start_ms)
+            if known and known[1] == run_id and ts - known[2] < PROCESS_ROW_REFRESH_MS:
+                current[pid] = known
+                continue
+            current[pid] = (info, run_id, ts)
+            rows.append({**_row(info), "run_id": run_id, "first_seen_ms": ts, "last_seen_ms": ts})
+        self._gpu_pids = current
         if rows:
             columns = list(rows[0])
             sql = _upsert_sql(_UPSERT_PROCESS, columns, keep=set())
             values = [tuple(r[c] for c in columns) for r in rows]
             self.writer.submit(lambda conn: conn.executemany(sql, values), block=False)
+
+    def _process_usage(self, pids: set[int]) -> dict[int, tuple[int, float | None]]:
+        now = time.monotonic()
+        if now - self._usage_at >= self.cfg.process_interval:
+            self._usage = self.procs.usage(pids) if pids else {}
+            self._usage_at = now
+        else:
+            new = pids - self._usage.keys()
+            if new:
+                self._usage.update(self.procs.usage(new))
+        return self._usage
 
     def _run_of(self, pid: int, start_ms: int) -> str | None:
         """The running run this pid belongs to: itself or its nearest ancestor that is a run's pid."""
@@ -252,6 +278,17 @@ class Sampler:
             if run_id is not None:
                 return run_id
         return None
+
+
+_COLUMNS: dict[type, tuple[str, ...]] = {}
+
+
+def _row(record) -> dict:
+    """A collector record as a row; dataclasses.asdict deep-copies, which costs more than the tick."""
+    names = _COLUMNS.get(type(record))
+    if names is None:
+        names = _COLUMNS[type(record)] = tuple(f.name for f in dataclasses.fields(record))
+    return {name: getattr(record, name) for name in names}
 
 
 def _ancestors(pid: int) -> tuple[int, ...]:

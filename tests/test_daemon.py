@@ -152,7 +152,7 @@ def test_gpu_process_of_a_run_child_gets_the_run_id_rss_and_cpu(writer, db):
     child = subprocess.Popen(["sleep", "30"])
     try:
         nvml = fake_pynvml.FakeNvml(gpus=2, procs={1: [child.pid]})
-        sampler = Sampler(writer, Config(), nvml_module=nvml)
+        sampler = Sampler(writer, Config(process_interval=0.001), nvml_module=nvml)
         # This test process plays `gpuwatch run`: a running run whose pid is the GPU pid's parent.
         writer.insert("runs", [{"run_id": "r-wrapper", "uid": os.getuid(), "pid": os.getpid(),
                                 "host": socket.gethostname(), "started_ms": now_ms()}])
