@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "report": "gpuwatch.cli.analysis_cmd:report_cmd",
     "doctor": "gpuwatch.cli.doctor_cmd:doctor_cmd",
     "tui": "gpuwatch.cli.tui_cmd:tui",
+    "oom": "gpuwatch.cli.oom_cmd:oom_cmd",
     "demo": "gpuwatch.cli.demo_cmd:demo_cmd",
 }
 

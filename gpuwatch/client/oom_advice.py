@@ -103,15 +103,12 @@ def _neighbour(pm: dict) -> Advice | None:
 
 
 def _precision(pm: dict, config: dict) -> Advice | None:
-    if str(config.get("precision", "")) not in ("fp32", "float32"):
-        return None
-    allocated = pm.get("allocated_bytes") or pm.get("rss_bytes")
-    if not allocated:
+    requested = pm.get("requested_bytes")
+    if str(config.get("precision", "")) not in ("fp32", "float32") or not requested:
         return None
     return Advice("Activations are fp32",
-                  f"bf16 autocast halves activation memory: of the {size(allocated)} in use, the activation "
-                  f"share shrinks by half (the {size(pm.get('requested_bytes'))} request to "
-                  f"{size((pm.get('requested_bytes') or 0) // 2)})")
+                  f"bf16 autocast keeps activations in 2 bytes instead of 4: this {size(requested)} "
+                  f"request would be {size(requested // 2)}, and the activations held so far halve too")
 
 
 def _checkpointing(pm: dict, config: dict) -> Advice | None:

@@ -1,0 +1,71 @@
+"""Read side of the OOM postmortems: rows of `oom_postmortems` as dataclasses, JSON parsed."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class Postmortem:
+    id: int
+    run_id: str
+    ts_ms: int
+    kind: str  # gpu | host
+    device: int | None
+    requested_bytes: int | None
+    total_bytes: int | None
+    free_bytes: int | None
+    allocated_bytes: int | None
+    reserved_bytes: int | None
+    rss_bytes: int | None
+    available_bytes: int | None
+    cgroup_limit_bytes: int | None
+    step: int | None
+    seq_len: int | None
+    batch: int | None
+    phase: str | None
+    error_message: str | None
+    traceback: str | None
+    memory_summary: str | None
+    snapshot_path: str | None
+    stats: dict = field(default_factory=dict)
+    largest_blocks: list = field(default_factory=list)
+    neighbours: list | None = None  # None: nobody could read NVML; [] = alone on the GPU
+    advice: list = field(default_factory=list)
+
+
+_JSON = ("stats", "largest_blocks", "neighbours", "advice")
+_PLAIN = [f.name for f in fields(Postmortem) if f.name not in _JSON]
+_COLUMNS = _PLAIN + [f"{n}_json" for n in _JSON]
+_SELECT = "SELECT " + ", ".join(_COLUMNS) + " FROM oom_postmortems"
+
+
+def _parse(text: str | None, empty):
+    if not text:
+        return empty
+    try:
+        return json.loads(text)
+    except ValueError:  # written by another tool: show the rest rather than fail
+        return empty
+
+
+def _build(row: tuple) -> Postmortem:
+    plain, parsed = row[:len(_PLAIN)], row[len(_PLAIN):]
+    stats, blocks, neighbours, advice = parsed
+    return Postmortem(*plain, stats=_parse(stats, {}), largest_blocks=_parse(blocks, []),
+                      neighbours=_parse(neighbours, None), advice=_parse(advice, []))
+
+
+def for_run(conn: sqlite3.Connection, run_id: str) -> list[Postmortem]:
+    """A run's postmortems, oldest first (ranks of one run may each have one)."""
+    return [_build(r) for r in conn.execute(_SELECT + " WHERE run_id = ? ORDER BY ts_ms, id", (run_id,))]
+
+
+def recent(conn: sqlite3.Connection, limit: int = 50) -> list[tuple[Postmortem, str | None, str | None]]:
+    """The newest postmortems across all runs, newest first, with their run's name and user."""
+    rows = conn.execute(
+        "SELECT " + ", ".join("o." + c for c in _COLUMNS) + ", r.name, r.user FROM oom_postmortems o "
+        "LEFT JOIN runs r ON r.run_id = o.run_id ORDER BY o.ts_ms DESC, o.id DESC LIMIT ?", (limit,)).fetchall()
+    return [(_build(r[:-2]), r[-2], r[-1]) for r in rows]
