@@ -98,9 +98,8 @@ class GpuwatchApp(App):
         if self._timer is not None:
             self._timer.stop()
             self._timer = None
-        try:
-            screen = self.screen
-        except ScreenStackError:  # shutting down: screens are already gone
+        screen = self._visible_screen()
+        if screen is None:
             return
         if not isinstance(screen, LiveScreen):  # a modal is open: nothing visible to update
             self._timer = self.set_timer(self.refresh_s, self.poll_now)
@@ -108,6 +107,12 @@ class GpuwatchApp(App):
         self._polling = True
         view = screen.view()
         self.run_worker(lambda: self._fetch(view), thread=True, group="poll", exit_on_error=False)
+
+    def _visible_screen(self):
+        try:
+            return self.screen
+        except ScreenStackError:  # shutting down: the screens are already gone
+            return None
 
     def _fetch(self, view: View) -> None:  # runs in a worker thread
         try:
@@ -118,7 +123,9 @@ class GpuwatchApp(App):
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
         self._polling = False
-        screen = self.screen
+        screen = self._visible_screen()
+        if screen is None:
+            return
         if isinstance(screen, LiveScreen) and screen.view() == message.view:
             screen.update_snapshot(message.snapshot)
         elif isinstance(screen, LiveScreen):

@@ -5,7 +5,6 @@ They never query anything; widths decide how much fits (80 columns keeps the ess
 
 from __future__ import annotations
 
-from rich.table import Table
 from rich.text import Text
 
 from gpuwatch import fmt
@@ -28,39 +27,43 @@ def _ratio(used: float | None, total: float | None) -> float | None:
     return used / total if used is not None and total else None
 
 
-def gpu_table(gpus: tuple[GpuRow, ...], width: int) -> Table:
+def gpu_lines(gpus: tuple[GpuRow, ...], width: int) -> list[Text]:
+    """A header and one line per GPU. Plain Text lines, one per widget, so a GPU whose figures
+    did not change is not repainted, and few style runs keep each repaint small over SSH."""
     narrow = width < NARROW
-    table = Table(box=None, pad_edge=False, expand=True, show_edge=False, padding=(0, 1))
-    table.add_column("GPU", justify="right", no_wrap=True)
-    if not narrow:
-        table.add_column("NAME", no_wrap=True, max_width=22, overflow="ellipsis")
-    table.add_column("UTIL", no_wrap=True)
-    table.add_column("LAST MINUTES", no_wrap=True)
-    table.add_column("MEMORY", no_wrap=True)
-    table.add_column("TEMP", justify="right", no_wrap=True)
-    table.add_column("POWER", justify="right", no_wrap=True)
-    table.add_column("STATE", no_wrap=True, overflow="ellipsis", ratio=1)
-    bar_w, spark_w = (6, 10) if narrow else (10, 20)
+    bar_w, spark_w, name_w = (6, 10, 0) if narrow else (10, 20, 22)
+    mem_w = 10 if narrow else 21
+    power_w = 5 if narrow else 11
+    head = f"{'GPU':>3} " + (f"{'NAME':<{name_w}} " if name_w else "")
+    head += f"{'UTIL':<{bar_w + 5}} {'LAST 5 MIN':<{spark_w}} {'MEMORY':<{bar_w + mem_w}} {'TEMP':>5} {'POWER':>{power_w}} STATE"
+    lines = [Text(head, style="bold")]
     for g in gpus:
-        problems = g.problems()
-        state = Text(", ".join(problems), style="bold red") if problems else Text("ok", style="green")
+        line = Text(f"{g.index:>3} ")
+        if name_w:
+            line.append(f"{g.name[:name_w]:<{name_w}} ")
         if g.state == "lost":
-            cells = [Text("-", style="dim")] * 5
+            line.append(" " * (bar_w + 5 + spark_w + bar_w + mem_w + power_w + 9))
         else:
-            util = bar(None if g.util_pct is None else g.util_pct / 100, bar_w)
-            util.append(f" {g.util_pct:>3.0f}%" if g.util_pct is not None else "    -")
-            spark = Text(fmt.sparkline(g.util_history, width=spark_w, lo=0, hi=100).rjust(spark_w),
-                         style="cyan")
-            mem = bar(_ratio(g.mem_used_bytes, g.mem_total_bytes), bar_w)
-            mem.append(f" {fmt.size(g.mem_used_bytes)}/{fmt.size(g.mem_total_bytes)}"
-                       if not narrow else f" {fmt.size(g.mem_used_bytes)}")
+            line.append_text(bar(None if g.util_pct is None else g.util_pct / 100, bar_w))
+            line.append(f" {g.util_pct:>3.0f}% " if g.util_pct is not None else "   -  ")
+            line.append(fmt.sparkline(g.util_history, width=spark_w, lo=0, hi=100).rjust(spark_w),
+                        style="cyan")
+            line.append(" ")
+            line.append_text(bar(_ratio(g.mem_used_bytes, g.mem_total_bytes), bar_w))
+            used = (fmt.size(g.mem_used_bytes) if narrow
+                    else f"{fmt.size(g.mem_used_bytes)}/{fmt.size(g.mem_total_bytes)}")
+            line.append(f" {used:<{mem_w - 1}}")
             temp = f"{g.temp_c}°C" if g.temp_c is not None else "-"
-            power = (f"{_watts(g.power_mw)}/{_watts(g.power_limit_mw)}" if not narrow
-                     else _watts(g.power_mw))
-            cells = [util, spark, mem, temp, power]
-        row = [str(g.index)] + ([g.name] if not narrow else []) + cells + [state]
-        table.add_row(*row)
-    return table
+            power = _watts(g.power_mw) if narrow else f"{_watts(g.power_mw)}/{_watts(g.power_limit_mw)}"
+            line.append(f" {temp:>5} {power:>{power_w}} ")
+        problems = g.problems()
+        if problems:
+            line.append(", ".join(problems), style="bold red")
+        else:
+            line.append("ok", style="green")
+        line.truncate(width, overflow="ellipsis")
+        lines.append(line)
+    return lines
 
 
 def _watts(mw: int | None) -> str:

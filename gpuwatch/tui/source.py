@@ -17,6 +17,7 @@ from gpuwatch.tui.snapshot import (Chart, GpuRow, HostRow, ProcessRow, RunDetail
 
 SPARK_WINDOW_MS = 5 * 60_000   # GPU util sparklines cover the last five minutes
 SPARK_POINTS = 60
+SPARK_SLOT_MS = SPARK_WINDOW_MS // SPARK_POINTS
 CHART_POINTS = 240             # per series; charts are at most ~160 columns x 2 dots
 MAX_STEPS = 50_000             # newest steps read for a run chart; older ones are left out
 
@@ -102,12 +103,14 @@ class StoreSource:
 
     def _overview(self, conn: sqlite3.Connection, base: Snapshot) -> Snapshot:
         latest = queries.latest_gpu_samples(conn)
+        # Slots aligned to the clock, not to "now": a slot's average changes only when a sample
+        # lands in it, so an idle GPU's sparkline (and the terminal) stays still between slots.
+        spark_since = (base.now_ms // SPARK_SLOT_MS + 1) * SPARK_SLOT_MS - SPARK_WINDOW_MS
         gpus = []
         for info in queries.gpus(conn):
             s = latest.get(info.gpu_index)
-            history = slots(queries.gpu_series(conn, info.gpu_index, "gpu_util_pct",
-                                               base.now_ms - SPARK_WINDOW_MS, base.now_ms, SPARK_POINTS),
-                            base.now_ms - SPARK_WINDOW_MS, SPARK_WINDOW_MS // SPARK_POINTS)
+            history = slots(queries.gpu_series(conn, info.gpu_index, "gpu_util_pct", spark_since,
+                                               spark_since + SPARK_WINDOW_MS, SPARK_POINTS), spark_since, SPARK_SLOT_MS)
             lost = info.state == "lost" or (s is not None and s.state == "lost")
             gpus.append(GpuRow(
                 index=info.gpu_index, name=info.name or info.uuid, state="lost" if lost else "ok",

@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.containers import Vertical
+from textual.widgets import DataTable, Footer, Input
 
 from gpuwatch import fmt
 from gpuwatch.tui import panels
@@ -43,9 +44,9 @@ class OverviewScreen(LiveScreen):
 
     def compose(self) -> ComposeResult:
         yield Line(id="status")
-        yield Static(id="gpus")
-        yield Static(id="host")
-        yield Static(id="proc-title")
+        yield Vertical(id="gpus")
+        yield Line(id="host")
+        yield Line(id="proc-title")
         yield DataTable(id="processes", cursor_type="row", zebra_stripes=False)
         yield Input(placeholder="show processes of user (empty = all), Enter to apply",
                     id="user-filter", classes="hidden")
@@ -65,21 +66,29 @@ class OverviewScreen(LiveScreen):
         self.snapshot = snap
         width = self.size.width
         self.set_line("#status", panels.status_line(snap))
-        if previous is None or (snap.gpus, snap.driver) != (previous.gpus, previous.driver):
-            self.query_one("#gpus", Static).update(self._gpu_panel(snap, width))
-        if previous is None or snap.host != previous.host:
-            self.query_one("#host", Static).update(panels.host_line(snap.host, width))
+        self._show_gpus(self._gpu_panel(snap, width))
+        self.set_line("#host", panels.host_line(snap.host, width))
         if previous is None or snap.processes != previous.processes:
             self._fill_processes()
 
     @staticmethod
-    def _gpu_panel(snap: Snapshot, width: int):
+    def _gpu_panel(snap: Snapshot, width: int) -> list[Text]:
         if snap.gpus:
-            return panels.gpu_table(snap.gpus, width)
+            return panels.gpu_lines(snap.gpus, width)
         if not snap.driver:
-            return Text("No NVIDIA driver or GPU found on this host: showing host and runs only.",
-                        style="yellow")
-        return Text("no GPU samples yet", style="dim")
+            return [Text("No NVIDIA driver or GPU found on this host: showing host and runs only.",
+                         style="yellow")]
+        return [Text("no GPU samples yet", style="dim")]
+
+    def _show_gpus(self, texts: list[Text]) -> None:
+        box = self.query_one("#gpus", Vertical)
+        lines = list(box.query(Line))
+        if len(lines) != len(texts):
+            box.remove_children()
+            lines = [Line() for _ in texts]
+            box.mount_all(lines)
+        for line, text in zip(lines, texts):
+            line.set_text(text)
 
     def _visible_processes(self) -> list[ProcessRow]:
         snap = self.snapshot
@@ -110,8 +119,7 @@ class OverviewScreen(LiveScreen):
         arrow = "▼" if self.sort_reverse else "▲"
         scope = ("only mine" if self.app.only_mine
                  else f"user {self.app.user_filter}" if self.app.user_filter else "all users")
-        self.query_one("#proc-title", Static).update(
-            Text(f"GPU processes: {len(rows)} ({scope}) · sorted by {name} {arrow}", style="bold"))
+        self.set_line("#proc-title", Text(f"GPU processes: {len(rows)} ({scope}) · sorted by {name} {arrow}", style="bold"))
 
     def selected_process(self) -> ProcessRow | None:
         table = self.query_one("#processes", DataTable)

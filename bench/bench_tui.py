@@ -1,0 +1,120 @@
+"""TUI overhead in a real pty: idle CPU, bytes written to the terminal per second, first paint.
+
+A database with 8 GPUs, 50 GPU processes and 20 runs (5 minutes of 1 Hz samples), the TUI
+refreshing at 1 Hz at 80x24 and 160x48. "idle": nothing writes the database; "live": a
+writer adds a tick every second, as the daemon would. Goals: CPU <= 2 % of one core,
+<= 4 KB/s to the terminal, first paint <= 1.5 s. Prints figures; asserts nothing.
+
+    .venv/bin/python bench/bench_tui.py [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import pty
+import select
+import struct
+import sys
+import tempfile
+import termios
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_tui_terminal import SamplerThread, populate, write_tick  # noqa: E402
+
+from gpuwatch.store import Writer, now_ms  # noqa: E402
+
+GPUWATCH = str(Path(sys.executable).with_name("gpuwatch"))
+FIRST_PAINT_MARK = b"GPU processes"
+
+
+def make_db(path: Path) -> Writer:
+    writer = Writer(path)
+    now = now_ms()
+    populate(writer, now)
+    for k in range(300):
+        write_tick(writer, now - (300 - k) * 1000)
+    writer.flush()
+    return writer
+
+
+def measure(db: Path, cols: int, rows: int, seconds: float) -> dict:
+    start = time.monotonic()
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ["TERM"] = "xterm-256color"
+        os.execv(GPUWATCH, [GPUWATCH, "tui", "--db", str(db), "--refresh", "1"])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    received = bytearray()
+    counted = [0]
+    first_paint = [None]
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            if select.select([fd], [], [], 0.1)[0]:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                counted[0] += len(data)
+                if first_paint[0] is None:
+                    received.extend(data)
+                    if FIRST_PAINT_MARK in received:
+                        first_paint[0] = time.monotonic() - start
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    proc = psutil.Process(pid)
+    while first_paint[0] is None and time.monotonic() - start < 30:
+        time.sleep(0.05)
+    time.sleep(3)  # let start-up work settle
+    cpu0, bytes0, t0 = sum(proc.cpu_times()[:2]), counted[0], time.monotonic()
+    time.sleep(seconds)
+    cpu1, bytes1, t1 = sum(proc.cpu_times()[:2]), counted[0], time.monotonic()
+    os.write(fd, b"q")
+    try:
+        proc.wait(10)
+    except psutil.TimeoutExpired:
+        proc.kill()
+    stop.set()
+    thread.join()
+    os.close(fd)
+    return {"first_paint_s": first_paint[0], "cpu_pct": (cpu1 - cpu0) / (t1 - t0) * 100,
+            "bytes_per_s": (bytes1 - bytes0) / (t1 - t0)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "bench.db"
+        writer = make_db(db)
+        print(f"gpuwatch tui, 8 GPUs / 50 processes / 20 runs, refresh 1 s, {args.seconds:.0f} s windows")
+        print(f"{'size':>7}  {'db':>5}  {'first paint':>11}  {'CPU % of a core':>15}  {'terminal B/s':>12}")
+        for cols, rows in ((80, 24), (160, 48)):
+            for mode in ("idle", "live"):
+                sampler = SamplerThread(writer, period=1.0) if mode == "live" else None
+                if sampler:
+                    sampler.start()
+                r = measure(db, cols, rows, args.seconds)
+                if sampler:
+                    sampler.stopped.set()
+                    sampler.join()
+                fp = f"{r['first_paint_s']:.2f} s" if r["first_paint_s"] is not None else "never"
+                print(f"{cols:>3}x{rows:<3}  {mode:>5}  {fp:>11}  {r['cpu_pct']:>15.2f}  {r['bytes_per_s']:>12.0f}")
+        print("goals: first paint <= 1.5 s, CPU <= 2 %, <= 4096 B/s")
+        writer.close()
+
+
+if __name__ == "__main__":
+    main()
