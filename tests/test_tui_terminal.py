@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from gpuwatch.store import Writer, now_ms
 
 GPUWATCH = str(Path(sys.executable).with_name("gpuwatch"))
 GiB = 2**30
+GREYS = set(range(232, 256)) | {0, 7, 8, 15, 16, 231}  # xterm-256 greyscale ramp, black, white
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
 
@@ -138,3 +140,37 @@ def test_tui_in_real_terminal_then_hangup(tmp_path):
         sampler.stopped.set()
         sampler.join()
         writer.close()
+
+
+def test_no_color_terminal_gets_no_colours(tmp_path):
+    db = tmp_path / "gw.db"
+    writer = Writer(db)
+    populate(writer, now_ms())
+    write_tick(writer, now_ms())
+    writer.close()
+    tmux = Tmux(f"gwtest-nc-{os.getpid()}")
+    try:
+        tmux("new-session", "-d", "-s", "tui", "-x", "80", "-y", "24",
+             f"NO_COLOR=1 TERM=tmux-256color exec {GPUWATCH} tui --db {db}")
+        tmux.wait_for("GPU processes: 50")
+        screen = tmux("capture-pane", "-p", "-e", "-t", "tui")
+        # Textual renders NO_COLOR as monochrome: shades of grey only, e.g. no red "power cap".
+        palette = {int(n) for n in re.findall(r"[34]8;5;(\d+)", screen)}
+        assert palette and palette <= GREYS, sorted(palette - GREYS)
+        assert "38;2;" not in screen and "48;2;" not in screen
+    finally:
+        subprocess.run(tmux.base + ["kill-server"], capture_output=True)
+
+
+def test_cli_and_source_import_no_textual_torch_or_collectors():
+    code = ("import sys, gpuwatch.cli, gpuwatch.cli.tui_cmd, gpuwatch.tui.source; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('textual', 'torch') "
+            "or m.startswith('gpuwatch.collectors')]; print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_tui_refuses_without_a_terminal_and_names_a_bad_database(tmp_path):
+    result = subprocess.run([GPUWATCH, "tui", "--db", str(tmp_path / "gw.db")], capture_output=True,
+                            text=True, stdin=subprocess.DEVNULL)
+    assert result.returncode == 1 and "needs a terminal" in result.stderr
