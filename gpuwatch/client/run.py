@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 from gpuwatch import config as config_mod
 from gpuwatch import paths
-from gpuwatch.client import flops, metadata, oom, torch_stats
+from gpuwatch.client import flops, metadata, oom, profiling, torch_stats
 from gpuwatch.store import now_ms
 
 log = logging.getLogger(__name__)
@@ -166,6 +166,8 @@ class Run:
         sys.excepthook = self._excepthook
         atexit.register(self._at_exit)
         oom.prepare(cfg)
+        self._profiling = profiling.Profiling(self.run_id, cfg, self._send, metadata.ranks(os.environ)[0])
+        transport.control_handler = self._profiling.on_control
         # The first step is timed from here: after our own set-up, not including it.
         cuda = torch_stats.cuda_torch()
         self._start_event = torch_stats.CudaClock.start_event(cuda) if cuda else None
@@ -205,6 +207,8 @@ class Run:
         if self._torch is not None and every > 0 and self._step % every == 0:
             self._send("memory_stats", step=self._step, device=self._torch.cuda.current_device(),
                        **torch_stats.memory_stats_fields(self._torch.cuda.memory_stats()))
+        if self._profiling.active:
+            self._profiling.step(self._step)
 
     def _choose_clock(self) -> None:
         torch = torch_stats.cuda_torch()
@@ -301,6 +305,7 @@ class Run:
                 self._drain(wait=True)
         except Exception:  # a broken CUDA context must not hide the user's own error
             log.warning("gpuwatch: could not read the last steps' timings", exc_info=True)
+        self._profiling.close()
         self._restore_hooks()
         if self.attached:
             self.event("child_end", {"status": status, **fields})

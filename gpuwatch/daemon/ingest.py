@@ -23,6 +23,7 @@ from pathlib import Path
 
 from gpuwatch import __version__, protocol
 from gpuwatch.config import Config
+from gpuwatch.daemon.stalls import dump_row, stepping_pid
 from gpuwatch.store import Writer
 from gpuwatch.store.events import Outcome, Peer, apply_events
 
@@ -293,12 +294,30 @@ class IngestServer:
         if not (peer.uid in (0, owner) or in_group(peer.uid, conn.gid, self.cfg.admin_group)):
             return protocol.error(f"uid {peer.uid} may not control run {run_id!r} (owner uid {owner}; "
                                   f"root and group {self.cfg.admin_group!r} may)", "forbidden")
+        if action == "stacks":
+            return await self._stacks(run_id)
         fields = {k: frame[k] for k in protocol.CONTROL_ACTIONS[action] if frame.get(k) is not None}
         if not self.push_control(run_id, action, **fields):
             return protocol.error(f"run {run_id!r} has no client connected to this daemon "
                                   f"(finished, or running in embedded mode)", "not_connected")
         log.info("control %s for run %s sent on behalf of uid %d", action, run_id, peer.uid)
         return {"type": "control_result", "run_id": run_id, "action": action, "delivered": True}
+
+    async def _stacks(self, run_id: str) -> dict:
+        """Dump the run's stacks from here (the daemon holds CAP_SYS_PTRACE), store and return them."""
+        pids: list = []
+        if await self._on_writer(lambda db: pids.append(stepping_pid(db, run_id))) is None:
+            return BUSY
+        if not pids or pids[0] is None:
+            return protocol.error(f"run {run_id!r} has no process id", "unknown_run")
+        row = await asyncio.to_thread(dump_row, run_id, pids[0], "on_demand")
+        if not self.writer.insert("stack_dumps", [row], block=False):
+            log.warning("stacks of run %s not stored: write queue full", run_id)
+        reply = {"type": "control_result", "run_id": run_id, "action": "stacks", "delivered": True,
+                 **{k: row[k] for k in ("pid", "ts_ms", "stacks_json", "error")}}
+        if len(row["stacks_json"] or "") > protocol.MAX_FRAME_BYTES // 2:
+            reply.update(stacks_json=None, error="stacks stored but too large to send; see the database")
+        return reply
 
     async def _on_writer(self, job) -> bool | None:
         """Run `job` on the writer thread; True once committed, False if it failed, None if the

@@ -19,6 +19,7 @@ from gpuwatch.config import Config, ConfigError
 from gpuwatch.daemon.ingest import IngestServer
 from gpuwatch.daemon.notify import Notifier
 from gpuwatch.daemon.runs_watch import RunsWatch
+from gpuwatch.daemon.stalls import StallWatch
 from gpuwatch.sampler import Sampler
 from gpuwatch.store import StoreError, Writer
 
@@ -86,6 +87,9 @@ class Daemon:
             runs_watch = RunsWatch(self.writer)
             runs_watch.start()
             self._on_stop.append(runs_watch.stop)
+            stall_watch = StallWatch(self.writer, self.cfg)
+            stall_watch.start()
+            self._on_stop.append(stall_watch.stop)
             status = f"{self.sampler.status_line()}; db {self.cfg.db_path}"
             # The host-only reason was logged once already; systemctl status shows it in STATUS.
             log.info("started: %s GPUs; db %s", self.sampler.gpu_count, self.cfg.db_path)

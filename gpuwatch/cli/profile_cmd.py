@@ -1,0 +1,118 @@
+"""`gpuwatch profile RUN --steps N`: profile a live run's next steps, show its top operators."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from gpuwatch import fmt
+from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader_db_path
+
+NO_DAEMON = ("on-demand {what} needs the gpuwatch daemon, and none answers on {sockets} "
+             "(start one with `gpuwatch daemon`)")
+
+
+def daemon_request(frame: dict, what: str) -> dict:
+    """Send one control frame to the daemon on its own connection; its reply."""
+    from gpuwatch import protocol
+    from gpuwatch.client.transport import TransportClosed, _Link, socket_candidates
+
+    cfg = load_config()
+    paths = socket_candidates(cfg)
+    for path in paths:
+        try:
+            link = _Link.open(path, timeout=5.0)
+        except (OSError, TransportClosed, protocol.ProtocolError):
+            continue
+        try:
+            link.sock.sendall(protocol.encode(frame))
+            return link.read_frame(timeout=60.0)
+        except (OSError, TransportClosed, protocol.ProtocolError) as e:
+            raise click.ClickException(f"the daemon at {path} did not answer: {e}") from None
+        finally:
+            link.close()
+    raise click.ClickException(NO_DAEMON.format(what=what, sockets=" or ".join(map(str, paths))))
+
+
+def resolve_run(db: str | None):
+    """Open the readers' database; (connection, run lookup)."""
+    from gpuwatch.store import open_ro, queries
+
+    conn = open_ro(reader_db_path(db))
+    return conn, lambda ref: queries.run(conn, ref)
+
+
+def ops_table(ops, width: int = 80) -> str:
+    name_w = width - 50
+    lines = [f"{'OPERATOR':<{name_w}} {'CALLS':>6} {'SELF CPU':>8} {'CPU TOT':>8} "
+             f"{'SELF DEV':>8} {'DEV TOT':>8} {'MEM':>6}"]
+    for op in ops:
+        name = op.name if len(op.name) <= name_w else op.name[:name_w - 1] + "…"
+        lines.append(f"{name:<{name_w}} {fmt.count(op.calls):>6} {fmt.duration(us_ms(op.self_cpu_us)):>8} "
+                     f"{fmt.duration(us_ms(op.cpu_total_us)):>8} {fmt.duration(us_ms(op.self_device_us)):>8} "
+                     f"{fmt.duration(us_ms(op.device_total_us)):>8} {fmt.size(op.self_mem_bytes):>6}")
+    return "\n".join(lines)
+
+
+def us_ms(us: float | None) -> float | None:
+    return None if us is None else us / 1000.0
+
+
+def profile_text(profile, ops) -> str:
+    last = (profile.first_step or 0) + (profile.steps or 1) - 1
+    head = (f"profile {profile.id} of run {profile.run_id} ({profile.trigger}, steps "
+            f"{profile.first_step}-{last}{'' if profile.rank is None else f', rank {profile.rank}'}) "
+            f"at {fmt.local_time(profile.ts_ms)}")
+    if profile.trace_path:
+        trace = f"trace: {profile.trace_path} ({fmt.size(profile.trace_bytes)}; open in https://ui.perfetto.dev)"
+    elif profile.trace_bytes:
+        trace = f"trace dropped: {fmt.size(profile.trace_bytes)} gzipped exceeds profile_max_mb"
+    else:
+        trace = "no trace file"
+    return "\n".join([head, trace, ops_table(ops)])
+
+
+@click.command("profile")
+@click.argument("run")
+@click.option("--steps", type=click.IntRange(1, 1000), default=5, show_default=True,
+              help="How many of the run's next steps to profile.")
+@click.option("--wait", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              help="Seconds to wait for the profile to land (0: ask and return).")
+@click.option("--show", is_flag=True, help="Show the newest stored profile; ask for nothing.")
+@db_option
+@friendly_errors
+def profile_cmd(run, steps, wait, show, db) -> None:
+    """Profile RUN's next steps with torch.profiler (through the daemon) and show the top
+    operators; the Chrome trace (.json.gz) opens in Perfetto.
+
+    Example: gpuwatch profile my-run --steps 10
+    """
+    from gpuwatch.store import now_ms, profiles
+
+    conn, find = resolve_run(db)
+    try:
+        target = find(run)
+        if not show:
+            if target.status != "running":
+                raise click.ClickException(f"run {target.run_id} is {target.status}, not running")
+            asked = now_ms()
+            reply = daemon_request({"type": "control_request", "run_id": target.run_id,
+                                    "action": "profile", "steps": steps}, "profiling")
+            if reply.get("type") != "control_result":
+                raise click.ClickException(reply.get("error", str(reply)))
+            click.echo(f"asked run {target.run_id} to profile its next {steps} steps", err=True)
+            if not wait:
+                return
+            deadline = time.monotonic() + wait
+            while not profiles.profiles(conn, target.run_id, since_ms=asked):
+                if time.monotonic() > deadline:
+                    raise click.ClickException(f"no profile from run {target.run_id} within {wait:g}s "
+                                               f"(slow steps? it will still land; see --show)")
+                time.sleep(0.5)
+        found = profiles.profiles(conn, target.run_id)
+        if not found:
+            raise click.ClickException(f"run {target.run_id} has no profiles yet")
+        click.echo(profile_text(found[0], profiles.profile_ops(conn, found[0].id)))
+    finally:
+        conn.close()
