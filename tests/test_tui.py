@@ -200,7 +200,7 @@ async def test_runs_filter_by_status_and_open_detail_with_ranges():
         assert [str(c) for c in _cells(table, 0)] == ["running", "running"]
         await pilot.press("f", "f", "f")  # finished, failed, oom
         assert _cells(table, 1) == ["seq-262k"]
-        assert _cells(table, 8) == ["OOM"]
+        assert _cells(table, 7) == ["OOM"]
         await pilot.press("enter")
         await pilot.pause(0.2)
         assert type(app.screen).__name__ == "RunScreen"

@@ -21,7 +21,8 @@ HELP = """\
               k signal the selected process · Esc clear filter
               (click a column header to sort by it)
 [b]runs[/b]          Enter open run · f status filter · / user filter · m only mine
-[b]run[/b]           1 last 5 min · 2 last hour · 3 last 24 h · 0 whole run · Esc back
+[b]run[/b]           1 last 5 min · 2 last hour · 3 last 24 h · 0 whole run
+              Esc back
 
 Long ranges read the per-minute and per-hour rollups, so they stay fast.
 Data comes from the gpuwatch store, read-only; nothing here writes it.

@@ -30,8 +30,8 @@ class OverviewScreen(LiveScreen):
     BINDINGS = [
         Binding("s", "cycle_sort", "Sort"),
         Binding("S", "reverse_sort", "Reverse", show=False),
-        Binding("slash", "filter_user", "User filter"),
-        Binding("m", "only_mine", "Only mine"),
+        Binding("slash", "filter_user", "Filter"),
+        Binding("m", "only_mine", "Mine"),
         Binding("k", "signal", "Signal"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]

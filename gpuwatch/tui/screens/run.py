@@ -38,10 +38,10 @@ class ChartView(Widget):
 class RunScreen(LiveScreen):
     BINDINGS = [
         Binding("escape,backspace", "app.pop_screen", "Back"),
-        Binding("1", "range('1')", "5 min"),
-        Binding("2", "range('2')", "1 h"),
-        Binding("3", "range('3')", "24 h"),
-        Binding("0", "range('0')", "Whole run"),
+        Binding("1", "range('1')", "5m"),
+        Binding("2", "range('2')", "1h"),
+        Binding("3", "range('3')", "24h"),
+        Binding("0", "range('0')", "Whole"),
     ]
 
     def __init__(self, run_id: str) -> None:

@@ -17,9 +17,9 @@ STATUSES = (None, "running", "finished", "failed", "oom", "killed", "lost")
 
 class RunsScreen(LiveScreen):
     BINDINGS = [
-        Binding("f", "cycle_status", "Status filter"),
-        Binding("slash", "filter_user", "User filter"),
-        Binding("m", "only_mine", "Only mine"),
+        Binding("f", "cycle_status", "Status"),
+        Binding("slash", "filter_user", "Filter"),
+        Binding("m", "only_mine", "Mine"),
         Binding("enter", "open_run", "Open run", show=False),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
@@ -39,8 +39,9 @@ class RunsScreen(LiveScreen):
 
     def on_mount(self) -> None:
         table = self.query_one("#runs", DataTable)
-        for name in ("STATUS", "NAME", "USER", "STARTED", "DURATION", "TOK/S NOW", "TOK/S AVG",
-                     "PEAK MEM", "OOM"):
+        # Start time last: at 80 columns the figures and the OOM marker matter more.
+        for name in ("STATUS", "NAME", "USER", "DURATION", "TOK/S NOW", "TOK/S AVG", "PEAK MEM",
+                     "OOM", "STARTED"):
             table.add_column(name)
 
     def view(self) -> View:
@@ -72,10 +73,10 @@ class RunsScreen(LiveScreen):
             live = r.status == "running"
             table.add_row(
                 panels.status_text(r.status), r.name or r.run_id[:12], r.user or "-",
-                fmt.local_time(r.started_ms), fmt.duration(panels.run_duration_ms(r, now)),
+                fmt.duration(panels.run_duration_ms(r, now)),
                 fmt.count(r.tokens_per_s_last) if live else "", fmt.count(r.tokens_per_s_avg),
                 fmt.size(r.peak_mem_bytes), Text("OOM", style="bold red") if r.oom else "",
-                key=r.run_id)
+                fmt.local_time(r.started_ms), key=r.run_id)
         if keep and any(r.run_id == keep for r in rows):
             table.move_cursor(row=table.get_row_index(keep), animate=False)
         scope = ("only mine" if self.app.only_mine
