@@ -24,7 +24,7 @@ def test_demo_records_a_training_and_a_generation_run(tmp_path):
     done = gpuwatch("demo", "--no-tui", "--db", str(db))
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
-    assert "[1/2] training" in out and "[2/2] generation" in out
+    assert "[1/3] training" in out and "[2/3] generation" in out and "[3/3] OOM" in out
     assert "tokens/s" in out and "TTFT" in out  # each workload's own summary is passed on
 
     conn = sqlite3.connect(db)
@@ -36,6 +36,12 @@ def test_demo_records_a_training_and_a_generation_run(tmp_path):
     gens = conn.execute("SELECT count(*), min(ttft_ms) FROM generations WHERE run_id = ?",
                         (runs["demo-decode"],)).fetchone()
     assert gens[0] == 3 and gens[1] > 0
+    # The OOM stage failed for real and left its postmortem (with the allocator's own message).
+    kind, requested = conn.execute(
+        "SELECT o.kind, o.requested_bytes FROM runs r JOIN oom_postmortems o USING (run_id) "
+        "WHERE r.name = 'demo-oom' AND r.status = 'oom'").fetchone()
+    assert requested > 0 and kind in ("gpu", "host")
+    assert f"gpuwatch oom --db {db} demo-oom" in out
     conn.close()
 
     # The runs table (gpuwatch runs' rendering) lists both, and says where to look next.

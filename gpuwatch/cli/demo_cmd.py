@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ class Stage:
     run_name: str  # the run it must leave in the database
     args: tuple[str, ...] = ()
     expect_failure: bool = False  # for stages that demonstrate a failure (an OOM, say)
+    address_space_bytes: int | None = None  # RLIMIT_AS for the child: a host OOM on any machine
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", f"workloads.{self.module}", *self.args, "--name", self.run_name]
@@ -42,6 +44,22 @@ STAGES: list[Stage] = [
 ]
 
 
+def oom_stage(gpu: bool) -> Stage:
+    """Naive attention materialises B·H·L² scores: on a GPU 8·4·65536²·4 bytes (512 GiB) is past
+    any GPU; on a CPU 4·4·16384²·4 bytes (16 GiB) is refused under a 4 GiB address-space limit
+    (CUDA itself needs more address space than such a limit allows). A real allocator failure."""
+    args = ("--tiny", "--attn", "naive", "--heads", "4", "--steps", "2")
+    if gpu:
+        return Stage("OOM: naive attention at L=65536 on the GPU", "gpt_train", "demo-oom",
+                     (*args, "--seq-len", "65536", "--batch", "8"), expect_failure=True)
+    return Stage("OOM: naive attention at L=16384 under a 4 GiB memory limit", "gpt_train", "demo-oom",
+                 (*args, "--seq-len", "16384", "--batch", "4", "--device", "cpu"), expect_failure=True,
+                 address_space_bytes=4 << 30)
+
+
+STAGES.append(oom_stage(gpu=Path("/dev/nvidiactl").exists()))
+
+
 def _summary(stdout: str) -> list[str]:
     """The workload's human summary: its last lines, without the machine-readable result line."""
     lines = [line for line in stdout.splitlines() if line.strip() and not line.startswith("GPUWATCH_RESULT")]
@@ -50,8 +68,11 @@ def _summary(stdout: str) -> list[str]:
 
 def run_stage(stage: Stage, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
+    limit = stage.address_space_bytes
     try:
-        done = subprocess.run(stage.argv(), env=env, capture_output=True, text=True, timeout=STAGE_TIMEOUT_S)
+        done = subprocess.run(stage.argv(), env=env, capture_output=True, text=True, timeout=STAGE_TIMEOUT_S,
+                              preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+                              if limit else None)
     except subprocess.TimeoutExpired:
         raise click.ClickException(f"demo stage '{stage.title}' took over {STAGE_TIMEOUT_S}s; stopped it") from None
     return done, time.monotonic() - started
@@ -72,7 +93,8 @@ def _client_warnings(stderr: str) -> list[str]:
 @click.option("--no-tui", is_flag=True, help="Do not open the TUI on the runs afterwards (for now the demo only prints).")
 @friendly_errors
 def demo_cmd(db, no_tui) -> None:
-    """Run a short training and a short generation workload (seconds on a CPU), then list the runs.
+    """Run a short training and a short generation workload (seconds on a CPU), then one that runs
+    out of memory (a real allocator failure, with its postmortem), then list the runs.
 
     Needs no daemon and no root: with none running, the workloads write your own database.
 
@@ -93,7 +115,8 @@ def demo_cmd(db, no_tui) -> None:
         if (done.returncode != 0) != stage.expect_failure:
             raise click.ClickException(f"demo stage '{stage.title}' exited with code {done.returncode}: "
                                        f"{_last_error_line(done.stderr)}")
-        for line in _summary(done.stdout):
+        shown = [_last_error_line(done.stderr)[-160:]] if stage.expect_failure else _summary(done.stdout)
+        for line in shown:
             click.echo(f"      {line.strip()}")
         for line in _client_warnings(done.stderr):
             click.echo(f"      warning: {line}")
@@ -124,4 +147,5 @@ def show_runs(db: str | None, since_ms: int) -> None:
     click.echo("look closer:")
     click.echo(f"  gpuwatch show{db_flag} {train_id}    one run: tokens/s over time, memory, config")
     click.echo(f"  gpuwatch runs{db_flag}    every run")
+    click.echo(f"  gpuwatch oom{db_flag} demo-oom    the OOM postmortem: requested vs free, advice")
     click.echo(f"  gpuwatch tui{db_flag}     the live view")
