@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import signal
 import sqlite3
 import subprocess
 import time
@@ -163,3 +165,23 @@ def test_status_samples_directly_when_the_database_is_stale(db):
     result = gw("status", "--db", db)  # its newest sample is from 1970
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == "no daemon: sampled now"
+
+
+def test_status_live_redraws_until_ctrl_c(tmp_path):
+    proc = subprocess.Popen([str(GPUWATCH), "status", "--live", "--db", str(tmp_path / "none.db")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "GPUWATCH_INTERVAL": "0.3"})
+    time.sleep(3.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert out.count("no daemon: sampled now") >= 2
+
+
+def test_daemon_that_cannot_open_its_database_says_why_in_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = gw("daemon", "--user", "--db", str(blocker / "gw.db"), "--socket", str(tmp_path / "s.sock"))
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("<3>")]
+    assert len(errors) == 1 and "cannot start" in errors[0] and str(blocker) in errors[0], result.stderr
