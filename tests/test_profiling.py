@@ -1,0 +1,178 @@
+"""Profiler windows: scheduled (embedded), on demand end to end through a real daemon, refusals."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuwatch.cli import main
+from gpuwatch.store import open_ro, profiles
+
+ROOT = Path(__file__).parents[1]
+
+TRAINER = """
+import sys, time, torch, gpuwatch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+with gpuwatch.track(name="prof", run_id=sys.argv[1] if len(sys.argv) > 1 else None) as run:
+    print(run.run_id, flush=True)
+    for _ in range(int({steps})):
+        loss = model(torch.randn(16, 32)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        run.step(tokens=16, loss=loss.detach())
+        time.sleep({sleep})
+"""
+
+DAEMON = """
+import sys
+from gpuwatch.config import Config
+from gpuwatch.daemon.main import run_daemon
+sys.exit(run_daemon(Config(db=sys.argv[1], socket=sys.argv[2], system=True, interval=5.0,
+                           host_interval=5.0, process_interval=30.0)))
+"""
+
+
+def _env(**extra) -> dict:
+    return dict(os.environ, PYTHONPATH=str(ROOT), **extra)
+
+
+def _db_rows(db: Path, sql: str, *params):
+    conn = open_ro(db)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def test_scheduled_windows_store_top_ops_and_a_gzipped_chrome_trace(tmp_path):
+    db, runs = tmp_path / "gw.db", tmp_path / "runs"
+    env = _env(GPUWATCH_DB=str(db), GPUWATCH_RUNS_DIR=str(runs), GPUWATCH_PROFILE_WAIT="1",
+               GPUWATCH_PROFILE_WARMUP="1", GPUWATCH_PROFILE_ACTIVE="2", GPUWATCH_PROFILE_REPEAT="2")
+    # A hostile run id must not put files outside the runs directory.
+    out = subprocess.run([sys.executable, "-c", TRAINER.format(steps=10, sleep=0), "../../escape"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = _db_rows(db, "SELECT id, trigger, first_step, steps, trace_path, trace_bytes FROM profiles "
+                        "WHERE run_id = '../../escape' ORDER BY first_step")
+    # wait 1 + warmup 1 + active 2 per cycle: steps 3-4 and 7-8.
+    assert [(r[1], r[2], r[3]) for r in rows] == [("scheduled", 3, 2), ("scheduled", 7, 2)]
+    for _, _, _, _, path, size in rows:
+        trace = Path(path)
+        assert trace.resolve().is_relative_to(runs.resolve()) and trace.name.endswith(".json.gz")
+        assert trace.stat().st_size == size
+        events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+        assert any(e.get("name") == "aten::addmm" for e in events)
+    conn = open_ro(db)
+    try:
+        ops = profiles.profile_ops(conn, rows[0][0])
+    finally:
+        conn.close()
+    addmm = next(op for op in ops if op.name == "aten::addmm")
+    assert addmm.calls == 2 * 2  # two Linear layers in each of the two profiled steps
+    assert addmm.self_cpu_us > 0 and addmm.cpu_total_us >= addmm.self_cpu_us
+    assert not list(tmp_path.glob("escape*")) and not (tmp_path.parent / "escape").exists()
+
+
+def test_a_trace_over_the_size_cap_is_dropped_and_the_ops_kept(tmp_path):
+    db, runs = tmp_path / "gw.db", tmp_path / "runs"
+    env = _env(GPUWATCH_DB=str(db), GPUWATCH_RUNS_DIR=str(runs), GPUWATCH_PROFILE_ACTIVE="2",
+               GPUWATCH_PROFILE_MAX_MB="0.0001")
+    out = subprocess.run([sys.executable, "-c", TRAINER.format(steps=3, sleep=0)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "trace dropped" in out.stderr and "top operators kept" in out.stderr
+    [(pid_, path, size)] = _db_rows(db, "SELECT id, trace_path, trace_bytes FROM profiles")
+    assert path is None and size > 0.0001 * 2**20
+    assert _db_rows(db, "SELECT count(*) FROM profile_ops WHERE profile_id = ?", pid_)[0][0] > 5
+    assert not [p for p in runs.rglob("*") if p.is_file()]
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    """A real daemon subprocess (system mode: other users may connect) on a short temp socket."""
+    base = Path(tempfile.mkdtemp(prefix="gwp-", dir="/tmp"))
+    base.chmod(0o755)
+    db, sock = base / "gw.db", base / "gw.sock"
+    proc = subprocess.Popen([sys.executable, "-c", DAEMON, str(db), str(sock)],
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline, "the daemon did not listen in time"
+        time.sleep(0.05)
+    yield db, sock
+    proc.terminate()
+    proc.wait(10)
+    subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+REFUSED = """
+import json, os, socket, sys
+os.setgid(65534); os.setuid(65534)
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rwb")
+def ask(frame):
+    f.write(json.dumps(dict(frame, v=1)).encode() + b"\\n"); f.flush()
+    return json.loads(f.readline())
+ask({"type": "hello"})
+print(json.dumps(ask({"type": "control_request", "run_id": sys.argv[2], "action": "profile", "steps": 2})))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal test switches to uid 65534")
+def test_on_demand_profile_through_the_daemon_end_to_end(daemon, monkeypatch, tmp_path):
+    db, sock = daemon
+    runs = tmp_path / "runs"  # the client writes its traces: the run owner's files
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER.format(steps=2000, sleep=0.02)],
+                               env=_env(GPUWATCH_SOCKET=str(sock), GPUWATCH_RUNS_DIR=str(runs)),
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        run_id = trainer.stdout.readline().strip()
+        deadline = time.monotonic() + 30
+        while not _db_rows(db, "SELECT 1 FROM steps WHERE run_id = ?", run_id):
+            assert time.monotonic() < deadline, "no steps reached the daemon"
+            time.sleep(0.1)
+
+        refused = subprocess.run([sys.executable, "-c", REFUSED, str(sock), run_id],
+                                 capture_output=True, text=True, timeout=30)
+        reply = json.loads(refused.stdout)
+        assert reply["code"] == "forbidden" and "uid 65534 may not control" in reply["error"]
+
+        monkeypatch.setenv("GPUWATCH_SOCKET", str(sock))
+        result = CliRunner().invoke(main, ["profile", run_id, "--steps", "3", "--db", str(db), "--wait", "60"])
+        assert result.exit_code == 0, result.output
+        assert "on_demand" in result.output and "aten::addmm" in result.output
+    finally:
+        trainer.kill()
+        trainer.wait()
+    [(trigger, steps, path)] = _db_rows(db, "SELECT trigger, steps, trace_path FROM profiles WHERE run_id = ?",
+                                        run_id)
+    assert (trigger, steps) == ("on_demand", 3)
+    assert Path(path).is_relative_to(runs)
+    assert json.loads(gzip.decompress(Path(path).read_bytes()))["traceEvents"]
+
+
+def test_on_demand_profiling_without_a_daemon_says_it_needs_one(tmp_path, monkeypatch):
+    db = tmp_path / "gw.db"
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER.format(steps=400, sleep=0.05)],
+                               env=_env(GPUWATCH_DB=str(db)), stdout=subprocess.PIPE, text=True)
+    try:
+        run_id = trainer.stdout.readline().strip()
+        time.sleep(0.5)
+        monkeypatch.setenv("GPUWATCH_SOCKET", str(tmp_path / "nobody.sock"))
+        result = CliRunner().invoke(main, ["profile", run_id, "--db", str(db)])
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert result.exit_code == 1
+    assert "on-demand profiling needs the gpuwatch daemon" in result.output
