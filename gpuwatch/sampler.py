@@ -127,7 +127,9 @@ class Sampler:
             return False
         if not self.last_tick_at:
             return True  # just started
-        period = min(self.cfg.interval, self.cfg.host_interval) if self.nvml else self.cfg.host_interval
+        # last_tick_at comes from the GPU tick (the host tick when host-only); a hung NVML call
+        # stops it, the watchdog starves and systemd restarts the daemon.
+        period = self.cfg.interval if self.nvml else self.cfg.host_interval
         return time.monotonic() - self.last_tick_at < max(3 * period, 10.0)
 
     def status_line(self) -> str:
