@@ -23,11 +23,18 @@ TIMEOUT_S = 180
 
 def run_workload(module: str, *args: str, launcher: list[str] | None = None) -> tuple[str, float]:
     """Run `python -m workloads.<module>` as a user would; returns stdout and wall seconds."""
+    done, seconds = run_child(module, *args, launcher=launcher)
+    assert done.returncode == 0, f"{' '.join(done.args)} exited {done.returncode}:\n{done.stderr[-3000:]}"
+    return done.stdout, seconds
+
+
+def run_child(module: str, *args: str, launcher: list[str] | None = None):
     cmd = (launcher or [sys.executable, "-m"]) + [f"workloads.{module}", *args]
+    # One thread per process: on a 2-core CI box, OpenMP threads of parallel tests fight.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     started = time.monotonic()
-    done = subprocess.run(cmd, cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}"
-    return done.stdout, time.monotonic() - started
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    return done, time.monotonic() - started
 
 
 def query(sql: str, *params) -> list[sqlite3.Row]:
@@ -104,6 +111,18 @@ def test_kv_generate_records_ttft_and_inter_token_latency():
         assert (g["prompt_tokens"], g["new_tokens"]) == (48, 6)
         assert g["ttft_ms"] > 0 and 0 < g["itl_p50_ms"] <= g["itl_p90_ms"]
         assert g["tokens_per_s"] > 0
+
+
+def test_running_out_of_memory_ends_the_run_as_oom_with_a_result_line():
+    # Naive attention over a million positions asks for a 4 TB score tensor: refused at once.
+    done, _ = run_child("gpt_train", "--tiny", "--attn", "naive", "--seq-len", "1000000", "--batch", "1",
+                        "--d-model", "8", "--heads", "1", "--layers", "1", "--vocab", "16", "--steps", "1",
+                        "--device", "cpu")
+    assert done.returncode == 1
+    assert common.parse_result(done.stdout)["oom"] is True
+    assert "out of memory at batch 1 x seq 1000000" in done.stderr and "Traceback" not in done.stderr
+    (run,) = query("SELECT status FROM runs")
+    assert run["status"] == "oom"
 
 
 @pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
@@ -217,3 +236,16 @@ def test_bad_shapes_are_refused_before_anything_runs(capsys):
     with pytest.raises(SystemExit):
         lstm_context.main(["--tiny", "--min-len", "0"])
     assert "--min-len must be positive" in capsys.readouterr().err
+
+
+def test_workloads_use_only_the_public_client_api():
+    """DESIGN.md: workloads import torch and gpuwatch's client, never the store or the daemon."""
+    import ast
+
+    for path in sorted((REPO / "workloads").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                if name.startswith("gpuwatch"):
+                    assert name == "gpuwatch" or name.startswith("gpuwatch.client"), f"{path.name} imports {name}"

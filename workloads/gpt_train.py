@@ -250,11 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     check_shape(p, args)
     try:
         result = train(args)
-    except torch.OutOfMemoryError as e:
-        device = common.resolve_device(args.device)
-        print(f"out of memory at seq_len={args.seq_len} batch={args.batch}: {str(e).splitlines()[0]}",
+    except (torch.OutOfMemoryError, RuntimeError, MemoryError) as e:
+        from gpuwatch.client.run import is_oom
+
+        if not is_oom(e):
+            raise
+        # gpuwatch has recorded the run as 'oom'; say so in one line and in the result line.
+        print(f"out of memory at batch {args.batch} x seq {args.seq_len}: {str(e).splitlines()[0]}",
               file=sys.stderr)
-        common.print_result(oom=True, peak_bytes=common.peak_bytes(device), tokens_per_s=None)
+        common.print_result(oom=True, peak_bytes=common.peak_bytes(common.resolve_device(args.device)),
+                            tokens_per_s=None)
         return 1
     tps = result["tokens_per_s"]
     print(f"gpt_train: {result['n_params'] / 1e6:.2f}M params, batch {args.batch} x seq {args.seq_len}, "
