@@ -22,6 +22,9 @@ else:  # pragma: no cover - exercised only on 3.10
 from gpuwatch import paths
 
 ENV_PREFIX = "GPUWATCH_"
+# GPUWATCH_* variables that are not config keys: the config file's path, and the run id that
+# `gpuwatch run` hands its child so an instrumented child joins the wrapper's run.
+NOT_CONFIG_ENV = {"GPUWATCH_CONFIG", "GPUWATCH_RUN_ID"}
 
 
 class ConfigError(ValueError):
@@ -149,7 +152,7 @@ def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None =
     apply(_read_file(ufile), str(ufile))
     env_layer = {}
     for name, raw in env.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+        if not name.startswith(ENV_PREFIX) or name in NOT_CONFIG_ENV:
             continue
         key = name[len(ENV_PREFIX):].lower()
         if key not in _FIELDS:
