@@ -56,3 +56,12 @@ def test_demo_db_must_be_a_file_path(tmp_path):
     done = gpuwatch("demo", "--db", str(tmp_path))
     assert done.returncode == 2
     assert "is a directory" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_demo_stops_at_a_failed_stage_with_one_line(tmp_path):
+    (tmp_path / "a-file").write_text("not a directory")
+    done = gpuwatch("demo", "--no-tui", "--db", str(tmp_path / "a-file" / "demo.db"))
+    assert done.returncode == 1
+    assert "[1/" in done.stdout and "[2/" not in done.stdout  # nothing after the stage that failed
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert "demo stage 'training" in error and "demo.db" in error
