@@ -5,8 +5,9 @@ Used by the daemon and by the client's embedded mode, so it knows nothing of sig
 
 Jobs: GPUs + GPU processes every cfg.interval (their RSS and CPU % every cfg.process_interval),
 host every cfg.host_interval, the run map every RUN_MAP_INTERVAL, store maintenance every
-MAINTENANCE_INTERVAL, and one daemon_stats row (the monitor's own cost) every cfg.interval. Without an NVIDIA driver it logs the reason once and
-samples the host only.
+MAINTENANCE_INTERVAL. Each GPU tick (host tick when host-only) also writes one daemon_stats
+row: the monitor's own cost. Without an NVIDIA driver it logs the reason once and samples the
+host only.
 
 Every write is submitted without blocking: when the writer's queue is full the rows are
 dropped and counted (writer.dropped_jobs) rather than stalling the sampling thread.
@@ -29,7 +30,8 @@ from collectors.nvml import NvmlCollector, NvmlUnavailable
 from collectors.processes import ProcessCollector
 from gpuwatch.config import Config
 from gpuwatch.scheduler import Scheduler
-from gpuwatch.store import Writer, now_ms
+from gpuwatch.store import Writer, insert_rows, now_ms
+from gpuwatch.store.writer import Job
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,6 @@ class Sampler:
             self.sched.add("gpu", config.interval, self.gpu_tick)
         self.sched.add("host", config.host_interval, self.host_tick)
         self.sched.add("runs", RUN_MAP_INTERVAL, self.refresh_runs)
-        self.sched.add("stats", config.interval, self.stats_tick, first_delay=config.interval)
         self.sched.add("maintenance", MAINTENANCE_INTERVAL, self.maintenance_tick,
                        first_delay=MAINTENANCE_INTERVAL)
 
@@ -139,24 +140,30 @@ class Sampler:
 
     # --- ticks (scheduler thread) ---
 
+    # Each tick hands the writer ONE job holding all its rows: one wake-up of the writer
+    # thread and one savepoint per tick instead of one per table.
+
     def gpu_tick(self) -> None:
         started = time.monotonic()
         ts = now_ms()
         samples, proc_samples = self.nvml.sample(ts)
-        self._write_gpus(ts, samples)
-        self._insert("gpu_samples", [_row(s) for s in samples])
-        self._write_processes(ts, proc_samples)
-        self._insert("xid_events", [_row(x) for x in self.nvml.xid_events(ts)])
-        self._tick_done(started)
+        writes: list[Job] = []
+        self._write_gpus(ts, samples, writes)
+        writes.append(_inserter("gpu_samples", [_row(s) for s in samples]))
+        self._write_processes(ts, proc_samples, writes)
+        writes.append(_inserter("xid_events", [_row(x) for x in self.nvml.xid_events(ts)]))
+        self._tick_done(started, writes)
 
     def host_tick(self) -> None:
         started = time.monotonic()
-        ts = now_ms()
-        self._insert("host_samples", [_row(self.host.sample(ts))])
+        writes = [_inserter("host_samples", [_row(self.host.sample(now_ms()))])]
         if self.nvml is None:
-            self._tick_done(started)
+            self._tick_done(started, writes)
+        else:
+            self._submit(writes)
 
-    def stats_tick(self) -> None:
+    def stats_row(self) -> dict:
+        """The monitor's own cost since the previous call, for daemon_stats."""
         now = time.monotonic()
         cpu = _own_cpu_s()
         then, cpu_then = self._cpu_mark
@@ -170,7 +177,7 @@ class Sampler:
             "dropped_events": self.dropped_events(),
             "db_bytes": _db_bytes(self.writer.path),
         }
-        self._insert("daemon_stats", [row], conflict="REPLACE")
+        return row
 
     def refresh_runs(self) -> None:
         """Reload which pids are running runs on this host (read inside the writer thread)."""
@@ -201,14 +208,21 @@ class Sampler:
 
     # --- helpers ---
 
-    def _insert(self, table: str, rows: list[dict], conflict: str = "IGNORE") -> None:
-        self.writer.insert(table, rows, conflict=conflict, block=False)
+    def _submit(self, writes: list[Job]) -> None:
+        def job(conn: sqlite3.Connection) -> None:
+            for write in writes:
+                write(conn)
 
-    def _tick_done(self, started: float) -> None:
+        self.writer.submit(job, block=False)
+
+    def _tick_done(self, started: float, writes: list[Job]) -> None:
+        """Record the tick's duration, add the daemon_stats row and submit the tick's writes."""
         self.last_tick_at = time.monotonic()
         self.last_tick_s = self.last_tick_at - started
+        writes.append(_inserter("daemon_stats", [self.stats_row()], conflict="REPLACE"))
+        self._submit(writes)
 
-    def _write_gpus(self, ts: int, samples) -> None:
+    def _write_gpus(self, ts: int, samples, writes: list[Job]) -> None:
         """Upsert `gpus` rows when a GPU is new or its state changed, and once a minute."""
         state_by_index = {s.gpu_index: (s.state or "ok") for s in samples}
         rows = []
@@ -224,16 +238,16 @@ class Sampler:
             columns = list(rows[0])
             sql = _upsert_sql(_UPSERT_GPU, columns, keep={"gpu_index", "first_seen_ms"})
             values = [tuple(r[c] for c in columns) for r in rows]
-            self.writer.submit(lambda conn: conn.executemany(sql, values), block=False)
+            writes.append(lambda conn: conn.executemany(sql, values))
 
-    def _write_processes(self, ts: int, proc_samples) -> None:
+    def _write_processes(self, ts: int, proc_samples, writes: list[Job]) -> None:
         pids = {p.pid for p in proc_samples}
         usage = self._process_usage(pids)
         samples = []
         for p in proc_samples:
             rss, cpu = usage.get(p.pid, (None, None))
             samples.append({**_row(p), "rss_bytes": rss, "cpu_pct": cpu})
-        self._insert("gpu_process_samples", samples)
+        writes.append(_inserter("gpu_process_samples", samples))
         rows = []
         current = {}
         for pid in sorted(pids):
@@ -252,7 +266,7 @@ class Sampler:
             columns = list(rows[0])
             sql = _upsert_sql(_UPSERT_PROCESS, columns, keep=set())
             values = [tuple(r[c] for c in columns) for r in rows]
-            self.writer.submit(lambda conn: conn.executemany(sql, values), block=False)
+            writes.append(lambda conn: conn.executemany(sql, values))
 
     def _process_usage(self, pids: set[int]) -> dict[int, tuple[int, float | None]]:
         now = time.monotonic()
@@ -282,6 +296,10 @@ class Sampler:
 
 
 _COLUMNS: dict[type, tuple[str, ...]] = {}
+
+
+def _inserter(table: str, rows: list[dict], conflict: str = "IGNORE") -> Job:
+    return lambda conn: insert_rows(conn, table, rows, conflict)
 
 
 def _row(record) -> dict:

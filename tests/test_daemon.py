@@ -119,7 +119,6 @@ def test_gpu_and_host_ticks_write_every_table(writer, db):
     for _ in range(3):
         sampler.gpu_tick()
         sampler.host_tick()
-        sampler.stats_tick()
         time.sleep(0.002)  # distinct ms timestamps
     writer.flush()
     gpus = rows(db, "SELECT gpu_index, name, state, first_seen_ms <= last_seen_ms FROM gpus ORDER BY 1")
