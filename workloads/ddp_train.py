@@ -97,7 +97,7 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
     dist.all_reduce(totals[:1], op=dist.ReduceOp.SUM)
     dist.all_reduce(totals[1:], op=dist.ReduceOp.MAX)
     return {"tokens_per_s": totals[0].item() or None, "peak_bytes": int(totals[1].item()),
-            "last_loss": float(loss), "run_id": run.run_id}
+            "last_loss": float(loss.detach()), "run_id": run.run_id}
 
 
 def parser() -> argparse.ArgumentParser:

@@ -96,7 +96,7 @@ def train(args: argparse.Namespace) -> dict:
     return {
         "tokens_per_s": real_tokens / elapsed if elapsed else None,
         "real_fraction": real_tokens / padded_tokens,
-        "last_loss": float(loss),
+        "last_loss": float(loss.detach()),
         "peak_bytes": common.peak_bytes(device),
         "device": device,
     }
