@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import re
 
-from gpuwatch.client.oom_advice import advise, headroom_bytes
+from gpuwatch.client.oom_advice import advise
+from gpuwatch.store.postmortems import headroom_bytes
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -14,7 +14,7 @@ MEMORY_VIZ = "https://pytorch.org/memory_viz"
 
 
 def list_text(listed) -> str:
-    from gpuwatch.client.oom_advice import headroom_bytes
+    from gpuwatch.store.postmortems import headroom_bytes
 
     if not listed:
         return "no OOM postmortems recorded"

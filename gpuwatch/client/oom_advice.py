@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from gpuwatch.fmt import size
+from gpuwatch.store.postmortems import headroom_bytes
 
 # Bytes per element of activations under each run precision (autocast keeps matmul outputs in it).
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
@@ -27,21 +28,6 @@ class Advice:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def headroom_bytes(pm: dict) -> int | None:
-    """Memory the failed allocation could have had: free GPU memory, or the tightest host bound."""
-    if pm.get("oom_kind", pm.get("kind")) == "gpu":
-        return pm.get("free_bytes")
-    rss = pm.get("rss_bytes") or 0
-    bounds = [pm.get("available_bytes")]
-    stats = pm.get("stats") or {}
-    if pm.get("cgroup_limit_bytes"):
-        bounds.append(max(pm["cgroup_limit_bytes"] - rss, 0))
-    if stats.get("rlimit_as_bytes"):
-        bounds.append(max(stats["rlimit_as_bytes"] - (stats.get("vms_bytes") or rss), 0))
-    bounds = [b for b in bounds if b is not None]
-    return min(bounds) if bounds else None
 
 
 def advise(pm: dict, config: dict) -> list[Advice]:

@@ -36,6 +36,23 @@ class Postmortem:
     advice: list = field(default_factory=list)
 
 
+def headroom_bytes(pm: dict) -> int | None:
+    """Memory the failed allocation could have had: free GPU memory, or the tightest host bound
+    (available memory, cgroup limit less RSS, RLIMIT_AS less address space). `pm`: captured
+    fields (oom_kind) or a stored row as a dict (kind)."""
+    if pm.get("oom_kind", pm.get("kind")) == "gpu":
+        return pm.get("free_bytes")
+    rss = pm.get("rss_bytes") or 0
+    stats = pm.get("stats") or {}
+    bounds = [pm.get("available_bytes")]
+    if pm.get("cgroup_limit_bytes"):
+        bounds.append(max(pm["cgroup_limit_bytes"] - rss, 0))
+    if stats.get("rlimit_as_bytes"):
+        bounds.append(max(stats["rlimit_as_bytes"] - (stats.get("vms_bytes") or rss), 0))
+    bounds = [b for b in bounds if b is not None]
+    return min(bounds) if bounds else None
+
+
 _JSON = ("stats", "largest_blocks", "neighbours", "advice")
 _PLAIN = [f.name for f in fields(Postmortem) if f.name not in _JSON]
 _COLUMNS = _PLAIN + [f"{n}_json" for n in _JSON]

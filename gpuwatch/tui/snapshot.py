@@ -28,8 +28,8 @@ def throttle_words(mask: int | None) -> list[str]:
 
 @dataclass(frozen=True)
 class View:
-    """Which screen wants data: "overview", "runs" or "run" (with run_id and a range in seconds;
-    range_s None = the whole run)."""
+    """Which screen wants data: "overview", "runs", "run" (with run_id and a range in seconds;
+    range_s None = the whole run) or "oom" (with run_id)."""
 
     kind: str
     run_id: str | None = None
@@ -134,6 +134,34 @@ class RunDetail:
 
 
 @dataclass(frozen=True)
+class OomRow:
+    """One OOM postmortem as the OOM screen shows it. free_bytes: GPU free memory, or for a host
+    OOM the tightest bound (available, cgroup limit less RSS, RLIMIT_AS less address space)."""
+
+    run_id: str
+    run_name: str | None
+    ts_ms: int
+    kind: str                              # gpu | host
+    device: int | None = None
+    requested_bytes: int | None = None
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    rss_bytes: int | None = None
+    cgroup_limit_bytes: int | None = None
+    step: int | None = None
+    seq_len: int | None = None
+    batch: int | None = None
+    phase: str | None = None
+    neighbours: tuple[tuple[int, str | None, int | None, str | None], ...] | None = None  # pid, user, bytes, run
+    advice: tuple[tuple[str, str], ...] = ()       # (title, detail)
+    blocks: tuple[tuple[int, str], ...] = ()       # (size_bytes, allocating frame)
+    traceback_tail: tuple[str, ...] = ()
+    snapshot_path: str | None = None
+
+
+@dataclass(frozen=True)
 class Snapshot:
     now_ms: int
     data_ms: int | None = None             # newest sample in the store; None = no samples
@@ -143,6 +171,7 @@ class Snapshot:
     processes: tuple[ProcessRow, ...] = ()
     runs: tuple[RunRow, ...] = ()
     detail: RunDetail | None = None
+    postmortems: tuple[OomRow, ...] = ()  # view "oom": the run's OOM postmortems
     problem: str | None = None             # the store could not be read: why
 
     def staleness(self, stale_after_ms: int = 15_000) -> str | None:

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Callable
 
-from gpuwatch.store import StoreError, now_ms, open_ro, queries
-from gpuwatch.tui.snapshot import (Chart, GpuRow, HostRow, ProcessRow, RunDetail, RunRow, Series,
-                                   Snapshot, View)
+from gpuwatch.store import StoreError, now_ms, open_ro, postmortems, queries
+from gpuwatch.tui.snapshot import (Chart, GpuRow, HostRow, OomRow, ProcessRow, RunDetail, RunRow,
+                                   Series, Snapshot, View)
 
 SPARK_WINDOW_MS = 5 * 60_000   # GPU util sparklines cover the last five minutes
 SPARK_POINTS = 60
 SPARK_SLOT_MS = SPARK_WINDOW_MS // SPARK_POINTS
 CHART_POINTS = 240             # per series; charts are at most ~160 columns x 2 dots
 MAX_STEPS = 50_000             # newest steps read for a run chart; older ones are left out
+OOM_TRACEBACK_LINES = 12       # the traceback's tail on the OOM screen
 
 
 def run_row(r: queries.RunSummary) -> RunRow:
@@ -61,6 +62,30 @@ def end_state(run: queries.Run) -> str:
     return " · ".join(parts)
 
 
+def oom_rows(conn: sqlite3.Connection, run_ref: str) -> tuple[OomRow, ...]:
+    """A run's OOM postmortems as the OOM screen shows them; none for an unknown run."""
+    try:
+        run = queries.run(conn, run_ref)
+    except StoreError:
+        return ()
+    rows = []
+    for pm in postmortems.for_run(conn, run.run_id):
+        neighbours = None if pm.neighbours is None else tuple(
+            (n.get("pid"), n.get("user"), n.get("used_mem_bytes"), n.get("run_id")) for n in pm.neighbours)
+        rows.append(OomRow(
+            run_id=run.run_id, run_name=run.name, ts_ms=pm.ts_ms, kind=pm.kind, device=pm.device,
+            requested_bytes=pm.requested_bytes, free_bytes=postmortems.headroom_bytes(asdict(pm)),
+            total_bytes=pm.total_bytes, allocated_bytes=pm.allocated_bytes, reserved_bytes=pm.reserved_bytes,
+            rss_bytes=pm.rss_bytes, cgroup_limit_bytes=pm.cgroup_limit_bytes, step=pm.step,
+            seq_len=pm.seq_len, batch=pm.batch, phase=pm.phase, neighbours=neighbours,
+            advice=tuple((a.get("title", ""), a.get("detail", "")) for a in pm.advice),
+            blocks=tuple((b.get("size_bytes") or 0, (b.get("stack") or ["(no stack)"])[0])
+                         for b in pm.largest_blocks),
+            traceback_tail=tuple((pm.traceback or "").rstrip().splitlines()[-OOM_TRACEBACK_LINES:]),
+            snapshot_path=pm.snapshot_path))
+    return tuple(rows)
+
+
 class StoreSource:
     def __init__(self, db_path: str, clock: Callable[[], int] = now_ms) -> None:
         self.db_path = db_path
@@ -85,6 +110,8 @@ class StoreSource:
                 return replace(base, runs=tuple(map(run_row, queries.runs(conn))))
             if view.kind == "run":
                 return replace(base, detail=self._detail(conn, view, now))
+            if view.kind == "oom":
+                return replace(base, postmortems=oom_rows(conn, view.run_id))
             raise ValueError(f"unknown view {view.kind!r}")
         except (StoreError, sqlite3.Error) as e:
             self.close()  # reopen next poll: the file may appear or be replaced

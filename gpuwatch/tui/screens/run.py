@@ -42,6 +42,7 @@ class RunScreen(LiveScreen):
         Binding("2", "range('2')", "1h"),
         Binding("3", "range('3')", "24h"),
         Binding("0", "range('0')", "Whole"),
+        Binding("O", "oom", "OOM"),
     ]
 
     def __init__(self, run_id: str) -> None:
@@ -59,6 +60,11 @@ class RunScreen(LiveScreen):
 
     def view(self) -> View:
         return View("run", run_id=self.run_id, range_s=RANGES[self.range_key][0])
+
+    def action_oom(self) -> None:
+        from gpuwatch.tui.screens.oom import OomScreen
+
+        self.app.push_screen(OomScreen(self.run_id))
 
     def action_range(self, key: str) -> None:
         self.range_key = key

@@ -21,6 +21,7 @@ class RunsScreen(LiveScreen):
         Binding("slash", "filter_user", "Filter"),
         Binding("m", "only_mine", "Mine"),
         Binding("enter", "open_run", "Open run", show=False),
+        Binding("O", "open_oom", "OOM"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
 
@@ -124,6 +125,13 @@ class RunsScreen(LiveScreen):
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.action_open_run()
+
+    def action_open_oom(self) -> None:
+        from gpuwatch.tui.screens.oom import OomScreen
+
+        run_id = self.selected_run_id()
+        if run_id:
+            self.app.push_screen(OomScreen(run_id))
 
     def action_open_run(self) -> None:
         from gpuwatch.tui.screens.run import RunScreen
