@@ -185,3 +185,15 @@ def test_daemon_that_cannot_open_its_database_says_why_in_one_line(tmp_path):
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("<3>")]
     assert len(errors) == 1 and "cannot start" in errors[0] and str(blocker) in errors[0], result.stderr
+
+
+def test_daemon_whose_socket_cannot_be_made_exits_1_and_keeps_its_samples(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    db = tmp_path / "gw.db"
+    result = gw("daemon", "--user", "--db", str(db), "--socket", str(blocker / "s.sock"))
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("<3>")]
+    assert len(errors) == 1 and str(blocker) in errors[0], result.stderr
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)

@@ -97,13 +97,17 @@ class Daemon:
             watchdog = asyncio.create_task(self._feed_watchdog())
             await self._stop.wait()
             watchdog.cancel()
-            self.notifier.stopping()
             log.info("stopping")
-            for stop in reversed(self._on_stop):
-                result = stop()
-                if asyncio.iscoroutine(result):
-                    await result
         finally:
+            # Also reached when a server fails to start: whatever did start is stopped.
+            self.notifier.stopping()
+            for stop in reversed(self._on_stop):
+                try:
+                    result = stop()
+                    if asyncio.iscoroutine(result):
+                        await result
+                except Exception:
+                    log.exception("stopping %s failed", stop)
             self.sampler.stop()
             self.writer.close()
             self.notifier.close()
