@@ -187,7 +187,7 @@ def test_daemon_that_cannot_open_its_database_says_why_in_one_line(tmp_path):
     assert len(errors) == 1 and "cannot start" in errors[0] and str(blocker) in errors[0], result.stderr
 
 
-def test_daemon_whose_socket_cannot_be_made_exits_1_and_keeps_its_samples(tmp_path):
+def test_daemon_whose_socket_cannot_be_made_exits_1_with_an_intact_database(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     db = tmp_path / "gw.db"
