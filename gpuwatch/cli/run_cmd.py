@@ -59,8 +59,27 @@ def default_name(command: tuple[str, ...]) -> str:
     return os.path.basename(command[0])
 
 
+def _kill_cause(pid: int, signum: int, oom_kills_before: int | None) -> dict:
+    """Error fields naming the kernel OOM killer when the evidence says it sent the SIGKILL:
+    the kernel log names the pid, or our cgroup's oom_kill count rose while the child ran."""
+    from collectors.host import cgroup_oom_kills
+    from collectors.kmsg import oom_killed
+
+    if signum != signal.SIGKILL:
+        return {}
+    line = oom_killed({pid}).get(pid)
+    if line:
+        return {"error_type": "OOMKilled", "error_message": f"killed by the kernel OOM killer: {line}"}
+    after = cgroup_oom_kills()
+    if oom_kills_before is not None and after is not None and after > oom_kills_before:
+        return {"error_type": "OOMKilled", "error_message": "killed by the kernel OOM killer (this cgroup's "
+                f"memory.events oom_kill went from {oom_kills_before} to {after} while it ran)"}
+    return {}
+
+
 def wrap(command: tuple[str, ...], name: str | None) -> int:
     """Run `command` as a run of its own; return the exit code the wrapper should exit with."""
+    from collectors.host import cgroup_oom_kills
     from gpuwatch.client import metadata
     from gpuwatch.client.run import ENV_RUN_ID, client_config, new_run_id
     from gpuwatch.client.transport import connect
@@ -84,6 +103,7 @@ def wrap(command: tuple[str, ...], name: str | None) -> int:
         send("run_start", name=name or default_name(command), **fields)
         transport.flush()  # the run exists before the child can add steps to it
         env = dict(os.environ, **{ENV_RUN_ID: run_id})
+        oom_kills_before = cgroup_oom_kills()
         try:
             pid = os.posix_spawnp(command[0], list(command), env, setsigmask=(),
                                   setsigdef=tuple(FORWARDED))
@@ -94,7 +114,7 @@ def wrap(command: tuple[str, ...], name: str | None) -> int:
         status = os.waitstatus_to_exitcode(_wait_forwarding(pid))
         state = _end_state(run_id)
         if status < 0:
-            send("run_end", status="killed", signal=-status)
+            send("run_end", status="killed", signal=-status, **_kill_cause(pid, -status, oom_kills_before))
             return 128 - status
         if status == 0:
             send("run_end", status="finished", exit_code=0)
