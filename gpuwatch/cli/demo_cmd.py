@@ -104,6 +104,9 @@ def demo_cmd(db, no_tui) -> None:
         raise click.ClickException("the demo runs small PyTorch workloads, and torch is not installed "
                                    "(pip install 'gpuwatch[torch]')")
     env = dict(os.environ)
+    # The demo's models are tiny: one CPU thread runs them faster than many fighting over
+    # small matmuls, and leaves a shared server's other cores alone. The user's setting wins.
+    env.setdefault("OMP_NUM_THREADS", "1")
     if db:
         db = str(Path(db).expanduser().resolve())
         env.update(GPUWATCH_DB=db, GPUWATCH_SOCKET=NO_DAEMON_SOCKET)
