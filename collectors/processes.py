@@ -7,8 +7,10 @@ each of those reads as None or is skipped, never raised.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,8 @@ _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 # kubepods/.../<id>: all a 64-hex container id in the cgroup path.
 _CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 _UNIT = re.compile(r"\.(?:scope|service|slice)$")
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,24 @@ def container_id_from_cgroup(text: str) -> str | None:
     return None
 
 
+def _read_stat(pid: int) -> tuple[int, int, int] | None:
+    """(start time, utime + stime, both in clock ticks; RSS in pages) from /proc/PID/stat.
+
+    None if the pid is gone, a zombie, or not in our pid namespace.
+    """
+    try:
+        with open(f"{PROC_ROOT}/{pid}/stat", "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces or ')': split after it.
+    fields = text[text.rfind(b")") + 2:].split()
+    if len(fields) < 22 or fields[0] == b"Z":
+        return None
+    # fields[i] is field i + 3 of proc(5): utime 14, stime 15, starttime 22, rss 24.
+    return int(fields[19]), int(fields[11]) + int(fields[12]), int(fields[21])
+
+
 def _int(value: str | None) -> int | None:
     try:
         return int(value) if value is not None else None
@@ -60,12 +82,14 @@ def _int(value: str | None) -> int | None:
 
 
 class ProcessCollector:
-    """Facts cached per (pid, start time); psutil.Process objects cached for cpu_percent."""
+    """Facts cached per (pid, start time); CPU-time baselines per pid for usage()."""
 
     def __init__(self):
         self._info: dict[tuple[int, float], ProcessInfo] = {}
         self._procs: dict[int, psutil.Process] = {}
-        self._primed: set[int] = set()  # pids whose cpu_percent has a baseline
+        # pid -> (start time, CPU time, both in clock ticks; monotonic s): the CPU % baseline.
+        # A different start time means the pid was reused: no baseline then.
+        self._cpu_marks: dict[int, tuple[int, int, float]] = {}
 
     def _process(self, pid: int) -> psutil.Process | None:
         """The cached Process for pid, replaced if the pid now names another process."""
@@ -82,7 +106,7 @@ class ProcessCollector:
 
     def _drop(self, pid: int) -> None:
         p = self._procs.pop(pid, None)
-        self._primed.discard(pid)
+        self._cpu_marks.pop(pid, None)
         if p is not None:
             self._info = {k: v for k, v in self._info.items() if k[0] != pid}
 
@@ -134,30 +158,33 @@ class ProcessCollector:
             return {}
 
     def usage(self, pids) -> dict[int, tuple[int, float | None]]:
-        """{pid: (rss_bytes, cpu_pct)} for the pids still alive; cpu_pct is None on first sight."""
+        """{pid: (rss_bytes, cpu_pct)} for the pids still alive; cpu_pct is None on first sight.
+
+        One read of /proc/PID/stat per pid gives RSS, CPU time and the start time (psutil
+        would read several files per pid; this runs for every GPU process, periodically).
+        cpu_pct is the whole-percent share of one core since the previous call for that pid.
+        """
         out: dict[int, tuple[int, float | None]] = {}
+        now = time.monotonic()
         for pid in pids:
-            # Cached objects are trusted here (no is_running read per tick); forget_gone()
-            # catches pid reuse.
-            p = self._procs.get(pid) or self._process(pid)
-            if p is None:
+            stat = _read_stat(pid)
+            if stat is None:
+                self._cpu_marks.pop(pid, None)
                 continue
-            try:
-                with p.oneshot():
-                    if p.status() == psutil.STATUS_ZOMBIE:
-                        raise psutil.ZombieProcess(pid)
-                    rss = p.memory_info().rss
-                    cpu = p.cpu_percent(None)  # since the previous call on this object
-            except _GONE:
-                self._drop(pid)
-                continue
-            out[pid] = (rss, cpu if pid in self._primed else None)
-            self._primed.add(pid)
+            start_ticks, cpu_ticks, rss_pages = stat
+            mark = self._cpu_marks.get(pid)
+            cpu = None
+            if mark is not None and mark[0] == start_ticks and now > mark[2]:
+                cpu = float(round(100.0 * (cpu_ticks - mark[1]) / _CLK_TCK / (now - mark[2])))
+            self._cpu_marks[pid] = (start_ticks, cpu_ticks, now)
+            out[pid] = (rss_pages * _PAGE, cpu)
         return out
 
     def forget_gone(self) -> list[int]:
         """Drop cached processes that exited (or whose pid was reused); returns their pids."""
         gone = [pid for pid, p in self._procs.items() if not p.is_running()]
+        gone += [pid for pid in self._cpu_marks if pid not in self._procs
+                 and _read_stat(pid) is None]
         for pid in gone:
             self._drop(pid)
         return gone
