@@ -242,6 +242,20 @@ def test_daemon_fills_neighbours_from_its_samples_and_replay_adds_nothing(tmp_pa
     assert pm.advice == [{"title": "t", "detail": "d"}]
 
 
+def test_neighbours_from_the_client_get_their_runs_from_the_store(tmp_path):
+    conn = open_rw(tmp_path / "gw.db")
+    peer = _start_run(conn, "r1", uid=1000, pid=100)
+    insert_rows(conn, "processes", [
+        {"pid": 200, "start_ms": 1, "run_id": "old", "first_seen_ms": 1, "last_seen_ms": 2},
+        {"pid": 200, "start_ms": 5, "run_id": "bobs", "first_seen_ms": 5, "last_seen_ms": 9}])
+    event = {"id": "o1", "kind": "oom_postmortem", "run_id": "r1", "ts_ms": 9500, "oom_kind": "gpu",
+             "device": 0, "neighbours": [{"pid": 200, "user": "bob", "used_mem_bytes": GiB},
+                                         {"pid": 300, "user": None, "used_mem_bytes": GiB}]}
+    apply_events(conn, [event], peer)
+    [pm] = postmortems.for_run(conn, "r1")
+    assert [(n["pid"], n["run_id"]) for n in pm.neighbours] == [(200, "bobs"), (300, None)]
+
+
 def test_postmortem_for_someone_elses_run_is_refused(tmp_path):
     conn = open_rw(tmp_path / "gw.db")
     _start_run(conn, "r1", uid=1000)

@@ -187,6 +187,12 @@ def _oom_postmortem(batch: _Batch, event: dict) -> None:
                           (run_id, ts)).fetchone():
         return
     row = _row(event, {"oom_kind": "kind"})
+    for neighbour in row.get("neighbours") or []:
+        if neighbour.get("run_id") is None and type(neighbour.get("pid")) is int:
+            # The client saw the pid in NVML; which run it belongs to only the store knows.
+            known = batch.conn.execute("SELECT run_id FROM processes WHERE pid = ? "
+                                       "ORDER BY start_ms DESC LIMIT 1", (neighbour["pid"],)).fetchone()
+            neighbour["run_id"] = known[0] if known else None
     for name in ("largest_blocks", "neighbours", "advice"):
         if name in row:
             row[name + "_json"] = json.dumps(row.pop(name), separators=(",", ":"))
