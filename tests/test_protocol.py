@@ -112,3 +112,50 @@ def test_adding_a_kind_is_one_table_entry(monkeypatch):
     monkeypatch.setitem(protocol.EVENT_KINDS, "stack_dump", {"reason": protocol.text(64, required=True)})
     msg = validate(frame({"id": "a", "kind": "stack_dump", "run_id": "r", "ts_ms": 1, "reason": "stall"}))
     assert msg.events[0]["reason"] == "stall"
+
+
+def run_start(i=0, **fields):
+    return {"id": f"s{i}", "kind": "run_start", "run_id": "r1", "ts_ms": 1000 + i, **fields}
+
+
+ODD_VALUES = [True, -1, 0, 1.5, -0.5, float("nan"), float("inf"), 10**30, "", "x" * 200, "ok",
+              None, {}, {"a": 1}, [], ["a"], "finished"]
+
+
+@pytest.mark.parametrize("field", ["id", "run_id", "ts_ms", "step", "tokens", "loss", "step_time_ms",
+                                   "mem_peak_bytes", "name", "config", "world_size", "status"])
+def test_a_large_batch_judges_each_value_as_a_lone_event_would(field):
+    """A clean batch is checked column-wise; whatever it decides must match event-by-event
+    judgement, including the exact line naming the bad event's index."""
+    for value in ODD_VALUES:
+        odd = step(37, **{field: value}) if field != "status" else \
+            {"id": "e37", "kind": "run_end", "run_id": "r1", "ts_ms": 1, "status": value}
+        if field in ("name", "config", "world_size"):
+            odd = run_start(37, **{field: value})
+        events = [run_start()] + [step(i, loss=2.5, tokens=8) for i in range(1, 37)] + [odd] + \
+                 [step(i, loss=float("nan")) for i in range(38, 60)]
+        try:
+            expected, _ = protocol.validate_event(odd, "events[37]")
+        except ProtocolError as e:
+            with pytest.raises(ProtocolError) as got:
+                validate(frame(*events))
+            assert str(got.value) == str(e), (field, value)
+        else:
+            assert validate(frame(*events)).events[37] == expected, (field, value)
+
+
+def test_first_bad_event_is_named_when_several_are_bad():
+    events = [step(i) for i in range(1000)]
+    events[900]["loss"] = "high"
+    events[512]["seq_len"] = -1
+    with pytest.raises(ProtocolError) as e:
+        validate(frame(*events))
+    assert str(e.value) == "events[512].seq_len: expected integer >= 0, got -1"
+
+
+def test_unknown_field_late_in_a_large_batch_is_warned_and_dropped():
+    events = [step(i, tokens=1) for i in range(1000)]
+    events[999]["uid"] = 0
+    msg = validate(frame(*events))
+    assert msg.warnings == ["events[999].uid: ignored (identity comes from the socket)"]
+    assert "uid" not in msg.events[999] and len(msg.events) == 1000
