@@ -26,6 +26,9 @@ COMMANDS: dict[str, str] = {
     "report": "gpuwatch.cli.analysis_cmd:report_cmd",
     "doctor": "gpuwatch.cli.doctor_cmd:doctor_cmd",
     "tui": "gpuwatch.cli.tui_cmd:tui",
+    "profile": "gpuwatch.cli.profile_cmd:profile_cmd",
+    "stacks": "gpuwatch.cli.stacks_cmd:stacks_cmd",
+    "capacity": "gpuwatch.cli.capacity_cmd:capacity_cmd",
     "oom": "gpuwatch.cli.oom_cmd:oom_cmd",
     "demo": "gpuwatch.cli.demo_cmd:demo_cmd",
 }
