@@ -94,9 +94,10 @@ class ProcessCollector:
     def _process(self, pid: int) -> psutil.Process | None:
         """The cached Process for pid, replaced if the pid now names another process."""
         p = self._procs.get(pid)
-        if p is not None and p.is_running():
-            return p
-        self._drop(pid)
+        if p is not None:
+            if p.is_running():
+                return p
+            self._drop(pid)
         try:
             p = psutil.Process(pid)
         except _GONE:

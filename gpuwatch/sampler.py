@@ -3,11 +3,18 @@
 Used by the daemon and by the client's embedded mode, so it knows nothing of signals or asyncio:
 `start()` runs a Scheduler in a background thread, `stop()` stops it and flushes the writer.
 
-Jobs: GPUs + GPU processes every cfg.interval (their RSS and CPU % every cfg.process_interval),
-host every cfg.host_interval, the run map every RUN_MAP_INTERVAL, store maintenance every
-MAINTENANCE_INTERVAL. Each GPU tick (host tick when host-only) also writes one daemon_stats
-row: the monitor's own cost. Without an NVIDIA driver it logs the reason once and samples the
-host only.
+Jobs: GPUs every cfg.interval, host every cfg.host_interval, the run map every
+RUN_MAP_INTERVAL, store maintenance every MAINTENANCE_INTERVAL. Without an NVIDIA driver it
+logs the reason once and samples the host only.
+
+What is written, and how often (storage is most of what a monitor costs):
+- gpu_samples and host_samples every tick.
+- gpu_process_samples every cfg.process_interval, and at once when the set of GPU processes
+  changes (a process starts, leaves or changes kind), all GPUs at one ts_ms. The GPU processes
+  are still sampled every GPU tick: sm/mem util written is the mean over the ticks since the
+  previous write, used_mem_bytes the newest value; RSS and CPU % are re-read every
+  cfg.process_interval (new pids at once). `kind` is NULL for 'compute', the usual case.
+- daemon_stats (the monitor's own cost) every DAEMON_STATS_INTERVAL_MS, CPU % over that window.
 
 Every write is submitted without blocking: when the writer's queue is full the rows are
 dropped and counted (writer.dropped_jobs) rather than stalling the sampling thread.
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import os
 import socket
 import sqlite3
@@ -31,7 +39,7 @@ from collectors.processes import ProcessCollector
 from gpuwatch.config import Config
 from gpuwatch.scheduler import Scheduler
 from gpuwatch.store import Writer, insert_rows, now_ms
-from gpuwatch.store.writer import Job
+from gpuwatch.store.writer import Job, insert_sql
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +47,9 @@ MAINTENANCE_INTERVAL = 60.0
 RUN_MAP_INTERVAL = 5.0
 GPU_ROW_REFRESH_MS = 60_000  # gpus.last_seen_ms is refreshed this often, or when state changes
 PROCESS_ROW_REFRESH_MS = 10_000  # processes.last_seen_ms likewise, or when its run link changes
+DAEMON_STATS_INTERVAL_MS = 30_000
+_PROCESS_SAMPLE_COLUMNS = ("gpu_index", "pid", "ts_ms", "kind", "used_mem_bytes", "sm_util_pct",
+                           "mem_util_pct", "rss_bytes", "cpu_pct")
 
 _UPSERT_GPU = """
 INSERT INTO gpus ({cols}) VALUES ({marks})
@@ -65,14 +76,19 @@ def _upsert_sql(template: str, columns: list[str], keep: set[str]) -> str:
 
 class Sampler:
     def __init__(self, writer: Writer, config: Config, nvml_module=None,
-                 dropped_events: Callable[[], int] | None = None):
+                 dropped_events: Callable[[], int] | None = None,
+                 clock: Callable[[], int] = now_ms):
         """`nvml_module`: a pynvml-like module (tests pass fake_pynvml); default the real one.
 
         `dropped_events`: how many events were dropped so far, for daemon_stats (default: the
         writer's jobs refused because its queue was full, samples included).
+
+        `clock`: ms since the epoch, for every ts_ms written and for the write cadences above
+        (tests and the storage bench inject one to tick through hours in seconds).
         """
         self.writer = writer
         self.cfg = config
+        self.clock = clock
         self.dropped_events = dropped_events or (lambda: writer.dropped_jobs)
         self.host_name = socket.gethostname()
         self.nvml: NvmlCollector | None = None
@@ -94,7 +110,13 @@ class Sampler:
         # RSS and CPU % of GPU pids, re-read every cfg.process_interval (reading /proc for
         # every GPU process each tick would be most of the daemon's CPU); new pids at once.
         self._usage: dict[int, tuple[int, float | None]] = {}
-        self._usage_at = 0.0
+        self._usage_ms: int | None = None
+        # Process samples since the last gpu_process_samples write: (gpu, pid) -> the newest
+        # sample and the sums/counts of its sm and mem util, for the mean over the window.
+        self._proc_window: dict[tuple[int, int], list] = {}
+        self._proc_keys: frozenset = frozenset()  # (gpu, pid, kind) of the last write
+        self._proc_written_ms: int | None = None
+        self._stats_written_ms: int | None = None
         self.last_tick_s = 0.0  # seconds the latest GPU (or host) tick took
         self.last_tick_at = 0.0  # monotonic time it finished; 0 = none yet
         self.sched = Scheduler()
@@ -145,31 +167,36 @@ class Sampler:
 
     def gpu_tick(self) -> None:
         started = time.monotonic()
-        ts = now_ms()
+        ts = self.clock()
         samples, proc_samples = self.nvml.sample(ts)
         writes: list[Job] = []
         self._write_gpus(ts, samples, writes)
-        writes.append(_inserter("gpu_samples", [_row(s) for s in samples]))
-        self._write_processes(ts, proc_samples, writes)
-        writes.append(_inserter("xid_events", [_row(x) for x in self.nvml.xid_events(ts)]))
-        self._tick_done(started, writes)
+        if samples:
+            writes.append(_inserter("gpu_samples", samples))
+        self._write_process_samples(ts, proc_samples, writes)
+        self._write_processes(ts, {p.pid for p in proc_samples}, writes)
+        xids = self.nvml.xid_events(ts)
+        if xids:
+            writes.append(_inserter("xid_events", xids))
+        self._tick_done(ts, started, writes)
 
     def host_tick(self) -> None:
         started = time.monotonic()
-        writes = [_inserter("host_samples", [_row(self.host.sample(now_ms()))])]
+        ts = self.clock()
+        writes = [_inserter("host_samples", [self.host.sample(ts)])]
         if self.nvml is None:
-            self._tick_done(started, writes)
+            self._tick_done(ts, started, writes)
         else:
             self._submit(writes)
 
-    def stats_row(self) -> dict:
+    def stats_row(self, ts: int) -> dict:
         """The monitor's own cost since the previous call, for daemon_stats."""
         now = time.monotonic()
         cpu = _own_cpu_s()
         then, cpu_then = self._cpu_mark
         self._cpu_mark = (now, cpu)
         row = {
-            "ts_ms": now_ms(),
+            "ts_ms": ts,
             "cpu_pct": round(100.0 * (cpu - cpu_then) / max(now - then, 1e-6), 3),
             "rss_bytes": _own_rss_bytes(),
             "tick_ms": round(self.last_tick_s * 1000.0, 3),
@@ -200,7 +227,7 @@ class Sampler:
         cfg = self.cfg
         hour, day = 3_600_000, 86_400_000
         self.writer.submit(lambda conn: maintain(
-            conn, now_ms(),
+            conn, self.clock(),
             raw_retention_ms=int(cfg.raw_retention_hours * hour),
             minute_retention_ms=int(cfg.minute_retention_days * day),
             hour_retention_ms=int(cfg.hour_retention_days * day),
@@ -215,11 +242,14 @@ class Sampler:
 
         self.writer.submit(job, block=False)
 
-    def _tick_done(self, started: float, writes: list[Job]) -> None:
-        """Record the tick's duration, add the daemon_stats row and submit the tick's writes."""
+    def _tick_done(self, ts: int, started: float, writes: list[Job]) -> None:
+        """Record the tick's duration, add a daemon_stats row when due, submit the tick's writes."""
         self.last_tick_at = time.monotonic()
         self.last_tick_s = self.last_tick_at - started
-        writes.append(_inserter("daemon_stats", [self.stats_row()], conflict="REPLACE"))
+        if _due(ts, self._stats_written_ms, DAEMON_STATS_INTERVAL_MS):
+            self._stats_written_ms = ts
+            row = self.stats_row(ts)
+            writes.append(lambda conn: insert_rows(conn, "daemon_stats", [row], "REPLACE"))
         self._submit(writes)
 
     def _write_gpus(self, ts: int, samples, writes: list[Job]) -> None:
@@ -240,14 +270,40 @@ class Sampler:
             values = [tuple(r[c] for c in columns) for r in rows]
             writes.append(lambda conn: conn.executemany(sql, values))
 
-    def _write_processes(self, ts: int, proc_samples, writes: list[Job]) -> None:
-        pids = {p.pid for p in proc_samples}
-        usage = self._process_usage(pids)
-        samples = []
+    def _write_process_samples(self, ts: int, proc_samples, writes: list[Job]) -> None:
+        """Fold this tick into the window; write the window when due or when the set changed."""
+        window = self._proc_window
         for p in proc_samples:
+            acc = window.get((p.gpu_index, p.pid))
+            if acc is None:
+                acc = window[(p.gpu_index, p.pid)] = [p, 0, 0, 0, 0]
+            acc[0] = p
+            if p.sm_util_pct is not None:
+                acc[1] += p.sm_util_pct
+                acc[2] += 1
+            if p.mem_util_pct is not None:
+                acc[3] += p.mem_util_pct
+                acc[4] += 1
+        keys = frozenset((p.gpu_index, p.pid, p.kind) for p in proc_samples)
+        interval_ms = int(self.cfg.process_interval * 1000)
+        if keys == self._proc_keys and not _due(ts, self._proc_written_ms, interval_ms):
+            return
+        self._proc_keys, self._proc_written_ms = keys, ts
+        usage = self._process_usage(ts, {p.pid for p in proc_samples}, interval_ms)
+        values = []
+        for p in proc_samples:
+            _, sm_sum, sm_n, mem_sum, mem_n = window[(p.gpu_index, p.pid)]
             rss, cpu = usage.get(p.pid, (None, None))
-            samples.append({**_row(p), "rss_bytes": rss, "cpu_pct": cpu})
-        writes.append(_inserter("gpu_process_samples", samples))
+            values.append((p.gpu_index, p.pid, ts, None if p.kind == "compute" else p.kind,
+                           p.used_mem_bytes, round(sm_sum / sm_n) if sm_n else None,
+                           round(mem_sum / mem_n) if mem_n else None, rss, cpu))
+        window.clear()
+        if values:
+            sql = insert_sql("gpu_process_samples", _PROCESS_SAMPLE_COLUMNS, "IGNORE")
+            writes.append(lambda conn: conn.executemany(sql, values))
+
+    def _write_processes(self, ts: int, pids: set[int], writes: list[Job]) -> None:
+        """Upsert `processes` rows for GPU pids: new ones, changed run links, and every so often."""
         rows = []
         current = {}
         for pid in sorted(pids):
@@ -268,11 +324,11 @@ class Sampler:
             values = [tuple(r[c] for c in columns) for r in rows]
             writes.append(lambda conn: conn.executemany(sql, values))
 
-    def _process_usage(self, pids: set[int]) -> dict[int, tuple[int, float | None]]:
-        now = time.monotonic()
-        if now - self._usage_at >= self.cfg.process_interval:
+    def _process_usage(self, ts: int, pids: set[int],
+                       interval_ms: int) -> dict[int, tuple[int, float | None]]:
+        if _due(ts, self._usage_ms, interval_ms):
             self._usage = self.procs.usage(pids) if pids else {}
-            self._usage_at = now
+            self._usage_ms = ts
         else:
             new = pids - self._usage.keys()
             if new:
@@ -295,19 +351,35 @@ class Sampler:
         return None
 
 
-_COLUMNS: dict[type, tuple[str, ...]] = {}
+_COLUMNS: dict[type, tuple[tuple[str, ...], Callable]] = {}
 
 
-def _inserter(table: str, rows: list[dict], conflict: str = "IGNORE") -> Job:
-    return lambda conn: insert_rows(conn, table, rows, conflict)
+def _due(ts: int, last: int | None, interval_ms: int) -> bool:
+    """True when interval_ms passed since `last` (or never, or the wall clock stepped back)."""
+    return last is None or not 0 <= ts - last < interval_ms
+
+
+def _columns(record) -> tuple[tuple[str, ...], Callable]:
+    """A collector record type's field names, and a getter returning its values as a tuple."""
+    found = _COLUMNS.get(type(record))
+    if found is None:
+        names = tuple(f.name for f in dataclasses.fields(record))
+        found = _COLUMNS[type(record)] = (names, operator.attrgetter(*names))
+    return found
+
+
+def _inserter(table: str, records: list) -> Job:
+    """Insert collector records (one type, at least one) (dataclasses.asdict deep-copies: too slow per tick)."""
+    names, values_of = _columns(records[0])
+    sql = insert_sql(table, names, "IGNORE")
+    values = [values_of(r) for r in records]
+    return lambda conn: conn.executemany(sql, values)
 
 
 def _row(record) -> dict:
-    """A collector record as a row; dataclasses.asdict deep-copies, which costs more than the tick."""
-    names = _COLUMNS.get(type(record))
-    if names is None:
-        names = _COLUMNS[type(record)] = tuple(f.name for f in dataclasses.fields(record))
-    return {name: getattr(record, name) for name in names}
+    """A collector record as a dict row."""
+    names, values_of = _columns(record)
+    return dict(zip(names, values_of(record)))
 
 
 def _own_cpu_s() -> float:

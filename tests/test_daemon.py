@@ -25,7 +25,8 @@ from gpuwatch.config import Config, load
 from gpuwatch.daemon.main import Daemon
 from gpuwatch.daemon.notify import Notifier
 from gpuwatch.sampler import Sampler
-from gpuwatch.store import Writer, now_ms
+from collectors.nvml import NvmlCollector
+from gpuwatch.store import Writer, now_ms, queries
 
 TESTS = Path(__file__).resolve().parent
 PYTHON = sys.executable
@@ -113,23 +114,130 @@ def receive(sock, want: str, timeout=15.0) -> list[tuple[float, str]]:
 
 # --- sampler, ticked by hand ---
 
+class Clock:
+    """An injected clock: ms for the Sampler, seconds for the fake NVML; moved by hand."""
+
+    def __init__(self, start_ms: int = 1_700_000_000_000):
+        self.ms = start_ms
+
+    def __call__(self) -> int:
+        return self.ms
+
+    def seconds(self) -> float:
+        return self.ms / 1000
+
+
 def test_gpu_and_host_ticks_write_every_table(writer, db):
-    sampler = Sampler(writer, Config(), nvml_module=fake_pynvml.FakeNvml(gpus=8, procs_per_gpu=1))
+    clock = Clock()
+    nvml = fake_pynvml.FakeNvml(gpus=8, procs_per_gpu=1, clock=clock.seconds)
+    sampler = Sampler(writer, Config(), nvml_module=nvml, clock=clock)
     assert sampler.gpu_available and sampler.gpu_count == 8
     for _ in range(3):
         sampler.gpu_tick()
         sampler.host_tick()
-        time.sleep(0.002)  # distinct ms timestamps
+        clock.ms += 1000
     writer.flush()
     gpus = rows(db, "SELECT gpu_index, name, state, first_seen_ms <= last_seen_ms FROM gpus ORDER BY 1")
     assert [g[0] for g in gpus] == list(range(8))
     assert all(g[1].endswith("(simulated)") and g[2] == "ok" and g[3] for g in gpus)
     per_gpu = rows(db, "SELECT gpu_index, count(*), min(gpu_util_pct) >= 0 FROM gpu_samples GROUP BY 1")
     assert per_gpu == [(i, 3, 1) for i in range(8)]
-    assert rows(db, "SELECT count(*) FROM gpu_process_samples")[0][0] == 24
+    # Same processes all along: one process tick (every process_interval, 5 s), all GPUs.
+    assert rows(db, "SELECT count(*), count(DISTINCT gpu_index), count(DISTINCT ts_ms) "
+                    "FROM gpu_process_samples") == [(8, 8, 1)]
     assert rows(db, "SELECT count(*), min(mem_total_bytes) > 0 FROM host_samples") == [(3, 1)]
-    stats = rows(db, "SELECT rss_bytes, tick_ms, db_bytes FROM daemon_stats")
-    assert len(stats) == 3 and all(r[0] > 1_000_000 and r[1] > 0 and r[2] > 0 for r in stats)
+    stats = rows(db, "SELECT rss_bytes, tick_ms, db_bytes FROM daemon_stats")  # one per 30 s
+    assert len(stats) == 1 and all(r[0] > 1_000_000 and r[1] > 0 and r[2] > 0 for r in stats)
+
+
+def test_process_samples_every_process_interval_at_once_on_change_and_tui_finds_them(writer, db):
+    children = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    a, b, c = (child.pid for child in children)
+    try:
+        clock = Clock()
+        nvml = fake_pynvml.FakeNvml(gpus=2, procs={0: [a], 1: [b]}, clock=clock.seconds)
+        # The same fake GPUs read by a second collector: the per-tick values to average.
+        twin = NvmlCollector(fake_pynvml.FakeNvml(gpus=2, procs={0: [a], 1: [b]}, clock=clock.seconds))
+        sampler = Sampler(writer, Config(process_interval=5.0), nvml_module=nvml, clock=clock)
+        t0 = clock.ms
+        per_tick = []
+        for second in range(6):  # 0..5 s: written at 0 s, then at 5 s
+            clock.ms = t0 + second * 1000
+            sampler.gpu_tick()
+            per_tick.append({p.pid: p.sm_util_pct for p in twin.sample(clock.ms)[1]})
+        writer.flush()
+        ticks = rows(db, "SELECT DISTINCT ts_ms FROM gpu_process_samples ORDER BY 1")
+        assert ticks == [(t0,), (t0 + 5000,)]
+        written = dict(rows(db, "SELECT pid, sm_util_pct FROM gpu_process_samples WHERE ts_ms = ?",
+                            t0 + 5000))
+        # sm util is the mean over the ticks since the previous write (1..5 s), not the last tick.
+        assert written == {pid: round(sum(t[pid] for t in per_tick[1:]) / 5) for pid in (a, b)}
+        assert rows(db, "SELECT count(kind), min(rss_bytes) > 0 FROM gpu_process_samples") == [(0, 1)]
+
+        clock.ms = t0 + 6000  # a process starts on GPU 1: written at once, both GPUs
+        nvml.set_procs(1, [b, c])
+        sampler.gpu_tick()
+        clock.ms = t0 + 7000  # GPU 0's process leaves: written at once
+        nvml.set_procs(0, [])
+        sampler.gpu_tick()
+        for second in (8, 9, 10):  # GPU ticks go on; the process tick stays at 7 s
+            clock.ms = t0 + second * 1000
+            sampler.gpu_tick()
+        writer.flush()
+        assert rows(db, "SELECT ts_ms - ?, gpu_index, pid FROM gpu_process_samples WHERE ts_ms > ? "
+                        "ORDER BY 1, 2, 3", t0, t0 + 5000) == [
+            (6000, 0, a), (6000, 1, min(b, c)), (6000, 1, max(b, c)),
+            (7000, 1, min(b, c)), (7000, 1, max(b, c))]
+        with sqlite3.connect(db) as conn:
+            shown = queries.gpu_processes(conn)
+        # What the TUI's process table shows at 10 s: GPU 1's two processes, none on GPU 0.
+        assert sorted((p.gpu_index, p.pid, p.kind) for p in shown) == [
+            (1, b, "compute"), (1, c, "compute")]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+
+
+def test_process_table_empties_when_process_ticks_stop_while_gpu_ticks_go_on(writer, db):
+    clock = Clock()
+    nvml = fake_pynvml.FakeNvml(gpus=1, procs_per_gpu=2, clock=clock.seconds)
+    sampler = Sampler(writer, Config(), nvml_module=nvml, clock=clock)
+    sampler.gpu_tick()
+    nvml.set_procs(0, [])  # the last process on the machine leaves: no process row says so
+    for _ in range(20):
+        clock.ms += 1000
+        sampler.gpu_tick()
+        writer.flush()
+        with sqlite3.connect(db) as conn:
+            if not queries.gpu_processes(conn):
+                break
+    assert clock.ms - Clock().ms <= queries.PROCESS_TICK_SLACK_MS + 1000
+
+
+def test_daemon_stats_every_30_s_with_cpu_over_the_window(writer, db):
+    clock = Clock()
+    sampler = Sampler(writer, Config(), nvml_module=fake_pynvml.FakeNvml(gpus=1, clock=clock.seconds),
+                      clock=clock)
+    t0 = clock.ms
+    for _ in range(61):
+        sampler.gpu_tick()
+        clock.ms += 1000
+    writer.flush()
+    stats = rows(db, "SELECT ts_ms - ?, cpu_pct >= 0, rss_bytes > 0 FROM daemon_stats ORDER BY 1", t0)
+    assert stats == [(0, 1, 1), (30_000, 1, 1), (60_000, 1, 1)]
+
+
+def test_a_wall_clock_step_back_does_not_stop_process_samples(writer, db):
+    clock = Clock()
+    sampler = Sampler(writer, Config(), nvml_module=fake_pynvml.FakeNvml(gpus=1, procs_per_gpu=1,
+                                                                          clock=clock.seconds),
+                      clock=clock)
+    sampler.gpu_tick()
+    clock.ms -= 3_600_000  # NTP steps the clock back an hour
+    sampler.gpu_tick()
+    writer.flush()
+    assert rows(db, "SELECT count(DISTINCT ts_ms) FROM gpu_process_samples") == [(2,)]
 
 
 def test_lost_gpu_changes_its_row_while_the_others_keep_sampling(writer, db):

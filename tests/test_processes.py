@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from collectors.processes import ProcessCollector, ProcessInfo, container_id_from_cgroup
@@ -118,3 +119,32 @@ def test_a_nonexistent_pid_reads_as_none():
 ])
 def test_container_id_from_real_cgroup_paths(text, expected):
     assert container_id_from_cgroup(text) == expected
+
+
+def test_usage_baseline_survives_an_info_read_between_calls():
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        c = ProcessCollector()
+        c.usage([busy.pid])
+        assert c.info(busy.pid) is not None  # first sight of the facts: must not reset the baseline
+        time.sleep(0.3)
+        assert c.usage([busy.pid])[busy.pid][1] > 5.0
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_usage_reads_a_process_whose_name_has_spaces_and_parentheses():
+    # /proc/PID/stat puts the name in parentheses; a name holding ") (" must not shift the fields.
+    odd = subprocess.Popen([sys.executable, "-c", "open('/proc/self/comm', 'w').write('a) b (c'); "
+                            "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.3)
+        c = ProcessCollector()
+        rss, cpu = c.usage([odd.pid])[odd.pid]
+        assert open(f"/proc/{odd.pid}/comm").read().strip() == "a) b (c"
+        # The same figure psutil reads from /proc/PID/statm, within a page or two of drift.
+        assert abs(rss - psutil.Process(odd.pid).memory_info().rss) < 64 * 1024 and cpu is None
+    finally:
+        odd.kill()
+        odd.wait()

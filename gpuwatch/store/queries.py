@@ -18,9 +18,9 @@ HOUR_MS = 3_600_000
 # Series tiers: raw only for ranges up to RAW_MAX_RANGE_MS, minutes up to MINUTE_MAX_RANGE_MS.
 RAW_MAX_RANGE_MS = 2 * HOUR_MS
 MINUTE_MAX_RANGE_MS = 2 * 24 * HOUR_MS
-# A GPU's newest process tick counts as current unless its GPU samples are this much newer
-# (process samples may carry a slightly different timestamp than the GPU sample of a tick).
-PROCESS_TICK_SLACK_MS = 5_000
+# The newest process tick counts as current unless GPU samples are this much newer: the sampler
+# writes process samples every process_interval (5 s by default) or when the set changes.
+PROCESS_TICK_SLACK_MS = 12_000
 
 
 @dataclass(frozen=True)
@@ -282,27 +282,31 @@ def _series(conn, table, key, metric, since_ms, until_ms, max_points) -> list[Se
 
 
 def gpu_processes(conn: sqlite3.Connection) -> list[GpuProcess]:
-    """Processes in the newest tick of each GPU, with their user, command line and run.
+    """Processes in the newest process tick, with their user, command line and run.
 
-    A GPU whose newest process tick is older than its newest GPU sample (by more than
-    PROCESS_TICK_SLACK_MS) has no processes now. The run is processes.run_id, else a running
-    run with that pid.
+    A process tick holds every GPU's processes at one ts_ms, so a GPU absent from the newest
+    tick has no processes now; so has every GPU when that tick is older than the newest GPU
+    sample by more than PROCESS_TICK_SLACK_MS. The run is processes.run_id, else a running run
+    with that pid. kind NULL is stored for 'compute' and read back as such.
     """
     rows = conn.execute(
         _distinct_keys("gpu_process_samples", "gpu_index")
         + ", ticks(gpu_index, ts_ms) AS ("
         "  SELECT k, (SELECT max(ts_ms) FROM gpu_process_samples WHERE gpu_index = k) FROM keys"
-        "  WHERE k IS NOT NULL) "
-        "SELECT s.gpu_index, s.pid, s.ts_ms, s.kind, s.used_mem_bytes, s.sm_util_pct, "
-        "  s.mem_util_pct, s.rss_bytes, s.cpu_pct, p.uid, p.user, p.cmdline, "
+        "  WHERE k IS NOT NULL), "
+        "newest(ts_ms) AS (SELECT max(ts_ms) FROM ticks "
+        "  WHERE (SELECT max(ts_ms) FROM ticks) >= coalesce((SELECT max((SELECT max(g.ts_ms) "
+        "    FROM gpu_samples g WHERE g.gpu_index = t.gpu_index)) FROM ticks t), 0) "
+        f"    - {PROCESS_TICK_SLACK_MS}) "
+        "SELECT s.gpu_index, s.pid, s.ts_ms, coalesce(s.kind, 'compute'), s.used_mem_bytes, "
+        "  s.sm_util_pct, s.mem_util_pct, s.rss_bytes, s.cpu_pct, p.uid, p.user, p.cmdline, "
         "  coalesce(p.run_id, (SELECT run_id FROM runs WHERE pid = s.pid AND status = 'running' "
         "                      ORDER BY started_ms DESC LIMIT 1)) AS rid, "
         "  NULL "
-        "FROM ticks JOIN gpu_process_samples s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
+        "FROM ticks JOIN newest ON ticks.ts_ms = newest.ts_ms "
+        "JOIN gpu_process_samples s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
         "LEFT JOIN processes p ON p.rowid = (SELECT rowid FROM processes WHERE pid = s.pid "
         "                                    ORDER BY last_seen_ms DESC LIMIT 1) "
-        f"WHERE ticks.ts_ms >= coalesce((SELECT max(ts_ms) FROM gpu_samples "
-        f"  WHERE gpu_index = ticks.gpu_index), 0) - {PROCESS_TICK_SLACK_MS} "
         "ORDER BY s.gpu_index, s.used_mem_bytes DESC, s.pid").fetchall()
     names = _run_names(conn, {row[12] for row in rows if row[12]})
     return [GpuProcess(*row[:13], names.get(row[12])) for row in rows]
