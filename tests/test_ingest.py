@@ -290,3 +290,39 @@ def test_lost_runs_are_marked_with_last_seen_time(server):
     with db(server.cfg) as conn:
         rows = dict(conn.execute("SELECT run_id, status || ':' || COALESCE(ended_ms, '') FROM runs"))
     assert rows == {"alive": "running:", "dead": "lost:5000", "reused": "lost:1000"}
+
+
+def test_a_mixed_batch_lands_row_for_row_and_a_stranger_run_is_refused_alone(server):
+    """One frame of every table kind, nulls here and there, and steps for a run that never
+    started in the middle: the good rows land exactly, the strangers are named."""
+    c = Client(server.cfg.socket_path)
+    mem = {"kind": "memory_stats", "run_id": "r1", "ts_ms": 3000, "num_ooms": 0}
+    batch = [run_start(), step(0), dict(step(1), loss=2.5), dict(step(2), loss=None, tokens=None),
+             {"id": "m0", **mem, "step": 0, "stats": {"num_ooms": 0}},
+             {"id": "m1", **mem, "step": 0, "device": 1, "stats": None},  # device null above: default 0
+             step(0, run_id="r9"), step(1, run_id="r9"),
+             {"id": "ev", "kind": "run_event", "run_id": "r1", "ts_ms": 3500, "seq": 0,
+              "event_kind": "checkpoint", "payload": {"path": "/ckpt/1"}},
+             {"id": "g0", "kind": "generation", "run_id": "r1", "ts_ms": 3600, "gen_id": 0, "ttft_ms": 12.5},
+             step(3)]
+    reply = c.rt(events(*batch))
+    assert reply["code"] == "unknown_run"
+    assert reply["error"] == ("event 'r9-s0': run 'r9' is unknown (its run_start never arrived) (and 1 more)")
+    assert reply["rejected"] == ["r9-s0", "r9-s1"]
+    assert reply["ids"] == [e["id"] for e in batch if e["run_id"] == "r1"]
+    with db(server.cfg) as conn:
+        assert conn.execute("SELECT step, tokens, loss, step_time_ms FROM steps ORDER BY step").fetchall() == [
+            (0, 4096, None, 10.0), (1, 4096, 2.5, 10.0), (2, None, None, 10.0), (3, 4096, None, 10.0)]
+        assert conn.execute("SELECT device, num_ooms, stats_json FROM memory_stats ORDER BY device").fetchall() == [
+            (0, 0, '{"num_ooms":0}'), (1, 0, None)]
+        assert conn.execute("SELECT seq, kind, payload_json FROM run_events").fetchall() == [
+            (0, "checkpoint", '{"path":"/ckpt/1"}')]
+        assert conn.execute("SELECT gen_id, ttft_ms FROM generations").fetchall() == [(0, 12.5)]
+        assert conn.execute("SELECT last_step_ms FROM runs").fetchall() == [(2003,)]
+    # The whole frame again: nothing counted twice.
+    assert c.rt(events(*batch))["ids"] == reply["ids"]
+    with db(server.cfg) as conn:
+        assert conn.execute("SELECT (SELECT count(*) FROM steps) + (SELECT count(*) FROM memory_stats) + "
+                            "(SELECT count(*) FROM run_events) + (SELECT count(*) FROM generations)"
+                            ).fetchone() == (8,)
+    c.close()

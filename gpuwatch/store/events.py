@@ -12,9 +12,11 @@ import json
 import socket
 import sqlite3
 from dataclasses import dataclass, field
+from itertools import groupby, repeat
+from operator import itemgetter
 from typing import Callable
 
-from gpuwatch.store.writer import insert_rows
+from gpuwatch.store.writer import insert_rows, insert_sql
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class _Batch:
         self.conn = conn
         self.peer = peer
         self.owners: dict[str, int | None] = {}
-        self.rows: dict[tuple[str, str], list[dict]] = {}  # (table, conflict) -> rows
+        self.rows: dict[tuple[str, str, tuple[str, ...]], list[tuple]] = {}  # (table, conflict, columns) -> rows
         self.last_step_ms: dict[str, int] = {}
 
     def owner(self, run_id: str) -> int | None:
@@ -74,11 +76,17 @@ class _Batch:
                                              f"uid {self.peer.uid} may not write to it")
 
     def add_row(self, table: str, conflict: str, row: dict) -> None:
-        self.rows.setdefault((table, conflict), []).append(row)
+        self.rows.setdefault((table, conflict, tuple(row)), []).append(tuple(row.values()))
+
+    def add_rows(self, table: str, conflict: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
+        self.rows.setdefault((table, conflict, columns), []).extend(rows)
+
+    def note_step(self, run_id: str, ts_ms: int) -> None:
+        self.last_step_ms[run_id] = max(self.last_step_ms.get(run_id, 0), ts_ms)
 
     def finish(self) -> None:
-        for (table, conflict), rows in self.rows.items():
-            insert_rows(self.conn, table, rows, conflict)
+        for (table, conflict, columns), rows in self.rows.items():
+            self.conn.executemany(insert_sql(table, columns, conflict), rows)
         for run_id, ts in self.last_step_ms.items():
             self.conn.execute("UPDATE runs SET last_step_ms = MAX(COALESCE(last_step_ms, 0), ?) "
                               "WHERE run_id = ?", (ts, run_id))
@@ -126,23 +134,78 @@ def _run_end(batch: _Batch, event: dict) -> None:
          event.get("error_message"), event["ts_ms"], event["run_id"]))
 
 
-def table_applier(table: str, renames: dict[str, str] = _NO_RENAMES) -> Callable[[_Batch, dict], None]:
-    """Events that become one row of a run's table, idempotent by the table's natural key."""
-
-    def apply(batch: _Batch, event: dict) -> None:
-        batch.require_own(event["run_id"])
-        batch.add_row(table, "IGNORE", _row(event, renames))
-
-    return apply
+_get_id, _get_kind, _get_run_id, _get_ts = (itemgetter(k) for k in ("id", "kind", "run_id", "ts_ms"))
+_NONE_TYPE = type(None)
+_columns_with_default: dict[str, frozenset[str]] = {}
 
 
-_insert_step = table_applier("steps")
+def _defaulted(conn: sqlite3.Connection, table: str) -> frozenset[str]:
+    """Columns of `table` with a DEFAULT: for them a null must be left out, not inserted."""
+    if table not in _columns_with_default:
+        info = conn.execute(f"PRAGMA table_info({table})").fetchall()
+        _columns_with_default[table] = frozenset(c[1] for c in info if c[4] is not None)
+    return _columns_with_default[table]
 
 
-def _step(batch: _Batch, event: dict) -> None:
-    _insert_step(batch, event)
-    run_id = event["run_id"]
-    batch.last_step_ms[run_id] = max(batch.last_step_ms.get(run_id, 0), event["ts_ms"])
+class TableApplier:
+    """Events that become one row of a run's table, idempotent by the table's natural key.
+
+    It takes a run of consecutive events of its kind at once and builds the executemany rows a
+    column at a time: the daemon's hot path is a batch of steps."""
+
+    def __init__(self, table: str, renames: dict[str, str] = _NO_RENAMES, *, tracks_steps: bool = False):
+        self.table = table
+        self.renames = renames
+        self.tracks_steps = tracks_steps  # keeps runs.last_step_ms current
+
+    def apply_many(self, batch: _Batch, events: list[dict], outcome: Outcome) -> None:
+        run_ids = list(map(_get_run_id, events))
+        refused: dict[str, EventRejected] = {}
+        for run_id in set(run_ids):
+            try:
+                batch.require_own(run_id)
+            except EventRejected as e:
+                refused[run_id] = e
+        if refused:
+            for event, run_id in zip(events, run_ids):
+                if run_id in refused:
+                    outcome.rejected.append((event["id"], refused[run_id].code, str(refused[run_id])))
+            events = [e for e, run_id in zip(events, run_ids) if run_id not in refused]
+            run_ids = [run_id for run_id in run_ids if run_id not in refused]
+            if not events:
+                return
+        outcome.applied.extend(map(_get_id, events))
+        self._add_rows(batch, events)
+        if self.tracks_steps:
+            if len(set(run_ids)) == 1:
+                batch.note_step(run_ids[0], max(map(_get_ts, events)))
+            else:
+                for run_id, ts in zip(run_ids, map(_get_ts, events)):
+                    batch.note_step(run_id, ts)
+
+    def _add_rows(self, batch: _Batch, events: list[dict]) -> None:
+        """The same rows as _row gives, built column-wise: all-null columns are left out."""
+        columns: list[str] = []
+        values: list[list] = []
+        nullable: list[str] = []  # columns null in some rows only
+        for name in sorted(set().union(*events) - _ENVELOPE):
+            column = list(map(dict.get, events, repeat(name)))
+            types = set(map(type, column))
+            if _NONE_TYPE in types and len(types) == 1:
+                continue
+            name = self.renames.get(name, name)
+            if dict in types:
+                column = [json.dumps(v, separators=(",", ":")) if type(v) is dict else v for v in column]
+                name += "_json"
+            if _NONE_TYPE in types:
+                nullable.append(name)
+            columns.append(name)
+            values.append(column)
+        if not _defaulted(batch.conn, self.table).isdisjoint(nullable):
+            for event in events:  # a null there means "take the default": rows differ in columns
+                batch.add_row(self.table, "IGNORE", _row(event, self.renames))
+            return
+        batch.add_rows(self.table, "IGNORE", tuple(columns), list(zip(*values)))
 
 
 NEIGHBOUR_SAMPLE_MAX_AGE_MS = 60_000  # older GPU process samples say nothing about the OOM moment
@@ -242,13 +305,13 @@ def _profile(batch: _Batch, event: dict) -> None:
 
 
 # kind -> applier; protocol.EVENT_KINDS says which fields each kind may carry.
-APPLIERS: dict[str, Callable[[_Batch, dict], None]] = {
+APPLIERS: dict[str, Callable[[_Batch, dict], None] | TableApplier] = {
     "run_start": _run_start,
     "run_end": _run_end,
-    "step": _step,
-    "generation": table_applier("generations"),
-    "memory_stats": table_applier("memory_stats"),
-    "run_event": table_applier("run_events", {"event_kind": "kind"}),
+    "step": TableApplier("steps", tracks_steps=True),
+    "generation": TableApplier("generations"),
+    "memory_stats": TableApplier("memory_stats"),
+    "run_event": TableApplier("run_events", {"event_kind": "kind"}),
     "profile": _profile,
     "oom_postmortem": _oom_postmortem,
 }
@@ -258,12 +321,20 @@ def apply_events(conn: sqlite3.Connection, events: list[dict], peer: Peer) -> Ou
     """Apply validated events in order; refused ones are reported, the rest applied."""
     batch = _Batch(conn, peer)
     outcome = Outcome()
-    for event in events:
-        try:
-            APPLIERS[event["kind"]](batch, event)
-        except EventRejected as e:
-            outcome.rejected.append((event["id"], e.code, str(e)))
+    start = 0
+    for kind, same in groupby(map(_get_kind, events)):
+        end = start + sum(1 for _ in same)
+        applier = APPLIERS[kind]
+        if isinstance(applier, TableApplier):
+            applier.apply_many(batch, events[start:end], outcome)
         else:
-            outcome.applied.append(event["id"])
+            for event in events[start:end]:
+                try:
+                    applier(batch, event)
+                except EventRejected as e:
+                    outcome.rejected.append((event["id"], e.code, str(e)))
+                else:
+                    outcome.applied.append(event["id"])
+        start = end
     batch.finish()
     return outcome
