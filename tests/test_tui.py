@@ -188,6 +188,17 @@ async def test_user_flag_starts_filtered():
 
 
 @pilot_test
+async def test_start_on_runs_as_the_demo_does():
+    source = FixedSource()
+    app = _app(source, start_mode="runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.2)
+        assert type(app.screen).__name__ == "RunsScreen"
+        assert app.screen.query_one("#runs").row_count == 4
+        assert all(view.kind == "runs" for view in source.views)  # the overview was never fetched
+
+
+@pilot_test
 async def test_runs_filter_by_status_and_open_detail_with_ranges():
     source = FixedSource()
     app = _app(source)

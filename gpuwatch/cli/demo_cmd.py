@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
+from gpuwatch.cli.tui_cmd import on_a_terminal, run_tui
 
 STAGE_TIMEOUT_S = 300
 # With --db the workloads must write that file themselves: a socket path nothing listens on
@@ -90,7 +91,7 @@ def _client_warnings(stderr: str) -> list[str]:
 
 @click.command("demo")
 @db_option
-@click.option("--no-tui", is_flag=True, help="Do not open the TUI on the runs afterwards (for now the demo only prints).")
+@click.option("--no-tui", is_flag=True, help="Only print the runs; do not open the TUI on them afterwards.")
 @friendly_errors
 def demo_cmd(db, no_tui) -> None:
     """Run a short training and a short generation workload (seconds on a CPU), then one that runs
@@ -125,6 +126,10 @@ def demo_cmd(db, no_tui) -> None:
             click.echo(f"      warning: {line}")
         click.echo(f"      done in {seconds:.1f}s")
     show_runs(db, started_ms)
+    if not no_tui and on_a_terminal():
+        click.echo("\nopening the TUI on these runs (q quits) ...")
+        time.sleep(2)  # long enough to read where the runs went before the screen changes
+        run_tui(reader_db_path(db), start_mode="runs")
 
 
 def show_runs(db: str | None, since_ms: int) -> None:

@@ -57,12 +57,16 @@ class GpuwatchApp(App):
     BINDINGS = [
         Binding("o", "switch_mode('overview')", "Overview"),
         Binding("r", "switch_mode('runs')", "Runs"),
+        Binding("C", "capacity", "Capacity", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
 
     def __init__(self, source: DataSource, refresh_s: float = 1.0, user: str | None = None,
-                 uid: int | None = None) -> None:
+                 uid: int | None = None, start_mode: str = DEFAULT_MODE) -> None:
+        # Textual reads DEFAULT_MODE while constructing the app: set before, so that only the
+        # start screen is ever mounted and fetched (`gpuwatch demo` opens on "runs").
+        self.DEFAULT_MODE = start_mode
         super().__init__()
         self.source = source
         self.refresh_s = refresh_s
@@ -137,6 +141,12 @@ class GpuwatchApp(App):
             self._timer = self.set_timer(self.refresh_s, self.poll_now)
 
     # -- actions ---------------------------------------------------------------------------
+
+    def action_capacity(self) -> None:
+        from gpuwatch.tui.screens.capacity import CapacityScreen
+
+        if not isinstance(self.screen, CapacityScreen):
+            self.push_screen(CapacityScreen())
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
