@@ -82,7 +82,7 @@ CREATE TABLE gpu_process_samples (
   gpu_index INTEGER NOT NULL,
   pid INTEGER NOT NULL,
   ts_ms INTEGER NOT NULL,
-  kind TEXT,                             -- compute | graphics
+  kind TEXT,                             -- NULL = compute (the usual case) | graphics | compute+graphics
   used_mem_bytes INTEGER,
   sm_util_pct INTEGER, mem_util_pct INTEGER,
   rss_bytes INTEGER, cpu_pct REAL,
