@@ -14,10 +14,8 @@ from typing import Callable
 from gpuwatch.store import StoreError, now_ms, open_ro, postmortems, queries
 from gpuwatch.tui.snapshot import (Chart, GpuRow, HostRow, OomRow, ProcessRow, RunDetail, RunRow,
                                    Series, Snapshot, View)
+from gpuwatch.tui.sparks import SparkHistory
 
-SPARK_WINDOW_MS = 5 * 60_000   # GPU util sparklines cover the last five minutes
-SPARK_POINTS = 60
-SPARK_SLOT_MS = SPARK_WINDOW_MS // SPARK_POINTS
 CHART_POINTS = 240             # per series; charts are at most ~160 columns x 2 dots
 MAX_STEPS = 50_000             # newest steps read for a run chart; older ones are left out
 OOM_TRACEBACK_LINES = 12       # the traceback's tail on the OOM screen
@@ -36,16 +34,6 @@ def downsample(points: list[tuple[int, float]], n: int) -> tuple[tuple[int, floa
     for b in range(n):
         chunk = points[b * len(points) // n:(b + 1) * len(points) // n]
         out.append((chunk[0][0], sum(v for _, v in chunk) / len(chunk)))
-    return tuple(out)
-
-
-def slots(points: list[queries.SeriesPoint], since_ms: int, width_ms: int) -> tuple[float | None, ...]:
-    """Averages in fixed time slots, None where nothing was sampled (a gap shows as a gap)."""
-    out: list[float | None] = [None] * SPARK_POINTS
-    for p in points:
-        slot = (p.ts_ms - since_ms) // width_ms
-        if 0 <= slot < SPARK_POINTS:
-            out[slot] = p.avg
     return tuple(out)
 
 
@@ -91,11 +79,13 @@ class StoreSource:
         self.db_path = db_path
         self.clock = clock
         self.conn: sqlite3.Connection | None = None
+        self.sparks = SparkHistory()
 
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
+        self.sparks = SparkHistory()  # the file may be replaced before we reopen it
 
     def fetch(self, view: View) -> Snapshot:
         now = self.clock()
@@ -130,14 +120,12 @@ class StoreSource:
 
     def _overview(self, conn: sqlite3.Connection, base: Snapshot) -> Snapshot:
         latest = queries.latest_gpu_samples(conn)
-        # Slots aligned to the clock, not to "now": a slot's average changes only when a sample
-        # lands in it, so an idle GPU's sparkline (and the terminal) stays still between slots.
-        spark_since = (base.now_ms // SPARK_SLOT_MS + 1) * SPARK_SLOT_MS - SPARK_WINDOW_MS
+        infos = queries.gpus(conn)
+        histories = self.sparks.update(conn, [info.gpu_index for info in infos], base.now_ms)
         gpus = []
-        for info in queries.gpus(conn):
+        for info in infos:
             s = latest.get(info.gpu_index)
-            history = slots(queries.gpu_series(conn, info.gpu_index, "gpu_util_pct", spark_since,
-                                               spark_since + SPARK_WINDOW_MS, SPARK_POINTS), spark_since, SPARK_SLOT_MS)
+            history = histories[info.gpu_index]
             lost = info.state == "lost" or (s is not None and s.state == "lost")
             gpus.append(GpuRow(
                 index=info.gpu_index, name=info.name or info.uuid, state="lost" if lost else "ok",

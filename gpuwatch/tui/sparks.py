@@ -1,0 +1,50 @@
+"""GPU utilisation sparklines kept between polls: each poll reads only the samples of the
+newest slots instead of five minutes of every GPU (8 series queries a second, before)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+SPARK_WINDOW_MS = 5 * 60_000   # GPU util sparklines cover the last five minutes
+SPARK_POINTS = 60
+SPARK_SLOT_MS = SPARK_WINDOW_MS // SPARK_POINTS
+REREAD_SLOTS = 2               # the newest slots may still fill (or get a late tick): read them again
+
+
+def window_start(now_ms: int) -> int:
+    """Slots aligned to the clock, not to "now": a slot's average changes only when a sample
+    lands in it, so an idle GPU's sparkline (and the terminal) stays still between slots."""
+    return (now_ms // SPARK_SLOT_MS + 1) * SPARK_SLOT_MS - SPARK_WINDOW_MS
+
+
+class SparkHistory:
+    def __init__(self) -> None:
+        self.averages: dict[int, dict[int, float]] = {}   # gpu_index -> slot start -> average
+        self.read_from_ms: int | None = None
+
+    def update(self, conn: sqlite3.Connection, gpu_indexes: list[int],
+               now_ms: int) -> dict[int, tuple[float | None, ...]]:
+        """Per GPU, the average utilisation of each slot of the window ending at `now_ms`,
+        oldest first; None where nothing was sampled (a gap shows as a gap)."""
+        start = window_start(now_ms)
+        since = start if self.read_from_ms is None else max(start, self.read_from_ms)
+        newest = None
+        if gpu_indexes:
+            marks = ",".join("?" * len(gpu_indexes))
+            rows = conn.execute(
+                f"SELECT gpu_index, ts_ms / {SPARK_SLOT_MS} * {SPARK_SLOT_MS} AS slot, avg(gpu_util_pct), "
+                f"max(ts_ms) FROM gpu_samples WHERE gpu_index IN ({marks}) AND ts_ms >= ? AND ts_ms < ? "
+                f"AND gpu_util_pct IS NOT NULL GROUP BY gpu_index, slot",
+                (*gpu_indexes, since, start + SPARK_WINDOW_MS))
+            for gpu, slot, avg, last in rows:
+                self.averages.setdefault(gpu, {})[slot] = avg
+                newest = last if newest is None else max(newest, last)
+        if newest is not None:
+            self.read_from_ms = (newest // SPARK_SLOT_MS - REREAD_SLOTS + 1) * SPARK_SLOT_MS
+        elif self.read_from_ms is None:
+            self.read_from_ms = start  # nothing yet: don't read the whole window again next poll
+        for slots in self.averages.values():
+            for old in [s for s in slots if s < start]:
+                del slots[old]
+        return {g: tuple(self.averages.get(g, {}).get(start + k * SPARK_SLOT_MS) for k in range(SPARK_POINTS))
+                for g in gpu_indexes}
