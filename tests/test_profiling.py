@@ -176,3 +176,86 @@ def test_on_demand_profiling_without_a_daemon_says_it_needs_one(tmp_path, monkey
         trainer.wait()
     assert result.exit_code == 1
     assert "on-demand profiling needs the gpuwatch daemon" in result.output
+
+
+def _store_with_a_profile(db: Path) -> str:
+    """A real store: a run with one profile (3 ops), a stall stack dump and a capacity study."""
+    from gpuwatch.store import insert_rows, open_rw
+    from gpuwatch.store.events import Peer, apply_events
+
+    conn = open_rw(db)
+    peer = Peer(os.getuid(), "me", os.getpid(), "embedded")
+    ops = [{"name": "aten::mm", "calls": 4, "self_cpu_us": 900.0, "cpu_total_us": 950.0,
+            "self_device_us": 5000.0, "device_total_us": 5000.0, "self_mem_bytes": 1 << 20},
+           {"name": "aten::softmax", "calls": 2, "self_cpu_us": 3000.0, "cpu_total_us": 3100.0,
+            "self_device_us": 800.0, "device_total_us": 800.0, "self_mem_bytes": 0},
+           {"name": "aten::add_", "calls": 9, "self_cpu_us": 10.0, "cpu_total_us": 10.0,
+            "self_device_us": 20.0, "device_total_us": 20.0, "self_mem_bytes": 0}]
+    with conn:
+        outcome = apply_events(conn, [
+            {"id": "1", "kind": "run_start", "run_id": "r1", "ts_ms": 1000, "name": "tui-run"},
+            {"id": "2", "kind": "profile", "run_id": "r1", "ts_ms": 2000, "trigger": "on_demand",
+             "first_step": 11, "steps": 3, "trace_bytes": 999_999_999, "ops": ops},
+            {"id": "3", "kind": "profile", "run_id": "r1", "ts_ms": 2000, "trigger": "on_demand",
+             "first_step": 11, "steps": 3, "ops": ops},  # replayed: changes nothing
+        ], peer)
+        assert not outcome.rejected
+        threads = [{"thread_name": "MainThread", "active": False,
+                    "frames": [{"name": "waiting_for_a_batch", "short_filename": "train.py", "line": 7}]}]
+        insert_rows(conn, "stack_dumps", [{"run_id": "r1", "pid": 42, "ts_ms": 3000, "reason": "stall",
+                                           "stacks_json": json.dumps(threads)}])
+        conn.execute("INSERT INTO capacity_studies (id, ts_ms, command, device, limit_bytes, margin, fit_json, "
+                     "predicted_json) VALUES (1, 4000, 'python -m workloads.gpt_train', 'cpu', 1073741824, 0.1, "
+                     "'{\"4\": {\"a\": 1e8, \"b\": 1e4, \"c\": 100}}', "
+                     "'{\"4\": {\"max_seq_len\": 2000, \"predicted_peak_bytes\": 520000000, "
+                     "\"verified_peak_bytes\": 510000000}}')")
+        insert_rows(conn, "capacity_points", [
+            {"study_id": 1, "batch": 4, "seq_len": 512, "peak_bytes": 131_000_000, "ok": 1, "kind": "measured"},
+            {"study_id": 1, "batch": 4, "seq_len": 4096, "peak_bytes": None, "ok": 0, "kind": "measured"}])
+    conn.close()
+    return "r1"
+
+
+def test_tui_profile_screen_sorts_top_ops_and_the_run_view_shows_stacks(tmp_path):
+    import asyncio
+    import io
+
+    from rich.console import Console
+
+    from gpuwatch.tui.app import GpuwatchApp
+    from gpuwatch.tui.screens.capacity import study_panel
+    from gpuwatch.tui.screens.run import RunScreen
+    from gpuwatch.tui.source import StoreSource
+
+    db = tmp_path / "gw.db"
+    run_id = _store_with_a_profile(db)
+    assert _db_rows(db, "SELECT count(*) FROM profiles")[0][0] == 1
+
+    async def drive():
+        app = GpuwatchApp(StoreSource(str(db)), refresh_s=0.05)
+        async with app.run_test(size=(80, 24)) as pilot:
+            app.push_screen(RunScreen(run_id))
+            await pilot.pause(0.3)
+            stacks = str(app.screen.query_one("#run-stacks").render())
+            assert "stacks (stall, pid 42" in stacks and "waiting_for_a_batch (train.py:7)" in stacks
+            assert "profiles: 1" in stacks
+            await pilot.press("p")
+            await pilot.pause(0.3)
+            assert type(app.screen).__name__ == "ProfileScreen"
+            table = app.screen.query_one("#profile-ops")
+            names = lambda: [str(table.get_row_at(i)[0]) for i in range(table.row_count)]  # noqa: E731
+            assert names() == ["aten::mm", "aten::softmax", "aten::add_"]  # by self device time
+            head = str(app.screen.query_one("#profile-head").render())
+            assert "steps 11-13" in head and "trace dropped" in head
+            await pilot.press("s")
+            assert names() == ["aten::softmax", "aten::mm", "aten::add_"]  # by self CPU time
+            await pilot.press("escape", "C")
+            await pilot.pause(0.3)
+            assert type(app.screen).__name__ == "CapacityScreen"
+            console = Console(width=80, record=True, file=io.StringIO())
+            console.print(study_panel(app.screen.shown.capacity))
+            panel = console.export_text()
+            assert "batch 4: max seq_len 2000 (predicted 495.9 MiB, measured 486.4 MiB)" in panel
+            assert "4096        OOM    1.7 GiB  measured" in panel  # no measurement, the fit still shown
+
+    asyncio.run(drive())

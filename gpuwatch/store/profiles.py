@@ -1,4 +1,4 @@
-"""Read side of profiles, their top operators and stack dumps (for the CLI and the TUI)."""
+"""Read side of profiles and their top operators, stack dumps and capacity studies (CLI and TUI)."""
 
 from __future__ import annotations
 
@@ -68,3 +68,44 @@ def stack_dumps(conn: sqlite3.Connection, run_id: str, limit: int = 10) -> list[
     return _build(StackDumpRow, conn.execute(
         f"SELECT {columns_of(StackDumpRow)} FROM stack_dumps WHERE run_id = ? "
         "ORDER BY ts_ms DESC, id DESC LIMIT ?", (run_id, limit)))
+
+
+@dataclass(frozen=True)
+class CapacityStudy:
+    id: int
+    ts_ms: int
+    command: str
+    device: str | None
+    limit_bytes: int | None
+    margin: float | None
+    fit_json: str | None
+    predicted_json: str | None
+
+    def fitted_bytes(self, batch: int, seq_len: int) -> float | None:
+        fit = json.loads(self.fit_json or "{}").get(str(batch))
+        return None if fit is None else fit["a"] + fit["b"] * seq_len + fit["c"] * seq_len * seq_len
+
+    @property
+    def predicted(self) -> dict[int, dict]:
+        return {int(b): p for b, p in json.loads(self.predicted_json or "{}").items()}
+
+
+@dataclass(frozen=True)
+class CapacityPoint:
+    batch: int
+    seq_len: int
+    peak_bytes: int | None
+    ok: int
+    kind: str
+
+
+def latest_capacity_study(conn: sqlite3.Connection) -> tuple[CapacityStudy, list[CapacityPoint]] | None:
+    """The newest `gpuwatch capacity` study and its points (by batch, then length)."""
+    found = _build(CapacityStudy, conn.execute(
+        f"SELECT {columns_of(CapacityStudy)} FROM capacity_studies ORDER BY ts_ms DESC, id DESC LIMIT 1"))
+    if not found:
+        return None
+    points = _build(CapacityPoint, conn.execute(
+        f"SELECT {columns_of(CapacityPoint)} FROM capacity_points WHERE study_id = ? "
+        "ORDER BY batch, seq_len, kind", (found[0].id,)))
+    return found[0], points

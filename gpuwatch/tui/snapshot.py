@@ -29,7 +29,7 @@ def throttle_words(mask: int | None) -> list[str]:
 @dataclass(frozen=True)
 class View:
     """Which screen wants data: "overview", "runs", "run" (with run_id and a range in seconds;
-    range_s None = the whole run) or "oom" (with run_id)."""
+    range_s None = the whole run), "oom" or "profile" (with run_id), or "capacity"."""
 
     kind: str
     run_id: str | None = None
@@ -120,6 +120,46 @@ class Chart:
 
 
 @dataclass(frozen=True)
+class StacksRow:
+    ts_ms: int
+    pid: int
+    reason: str                            # stall | on_demand
+    text: str                              # formatted stacks, innermost frame last
+    error: str | None = None               # why there are no stacks
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    """The newest profile of a run and its top operators (times in us, memory in bytes)."""
+
+    run_id: str
+    run_name: str | None
+    profile_id: int
+    ts_ms: int
+    trigger: str
+    first_step: int | None
+    steps: int | None
+    trace_path: str | None
+    trace_bytes: int | None
+    ops: tuple[tuple[str, int | None, float | None, float | None, float | None, float | None, int | None], ...] = ()
+    count: int = 1                         # profiles the run has
+
+
+@dataclass(frozen=True)
+class CapacityRow:
+    """The newest capacity study: points (batch, seq_len, measured or None if OOM, fitted, kind)
+    and per batch (batch, max_seq_len, predicted peak, verified peak)."""
+
+    ts_ms: int
+    command: str
+    device: str | None
+    limit_bytes: int | None
+    margin: float | None
+    points: tuple[tuple[int, int, int | None, float | None, str], ...] = ()
+    predictions: tuple[tuple[int, int, int | None, int | None], ...] = ()
+
+
+@dataclass(frozen=True)
 class RunDetail:
     run: RunRow
     host: str | None = None
@@ -131,6 +171,8 @@ class RunDetail:
     config: tuple[tuple[str, str], ...] = ()
     charts: tuple[Chart, ...] = ()
     since_ms: int = 0                      # start of the time range shown
+    stacks: StacksRow | None = None        # the newest stack dump (a stall's or on demand)
+    profiles: int = 0                      # how many profiles the run has (key p shows the newest)
 
 
 @dataclass(frozen=True)
@@ -172,6 +214,8 @@ class Snapshot:
     runs: tuple[RunRow, ...] = ()
     detail: RunDetail | None = None
     postmortems: tuple[OomRow, ...] = ()  # view "oom": the run's OOM postmortems
+    profile: ProfileRow | None = None      # view "profile": the run's newest profile
+    capacity: CapacityRow | None = None    # view "capacity": the newest capacity study
     problem: str | None = None             # the store could not be read: why
 
     def staleness(self, stale_after_ms: int = 15_000) -> str | None:

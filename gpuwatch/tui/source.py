@@ -11,14 +11,15 @@ import sqlite3
 from dataclasses import asdict, replace
 from typing import Callable
 
-from gpuwatch.store import StoreError, now_ms, open_ro, postmortems, queries
-from gpuwatch.tui.snapshot import (Chart, GpuRow, HostRow, OomRow, ProcessRow, RunDetail, RunRow,
-                                   Series, Snapshot, View)
+from gpuwatch.store import StoreError, now_ms, open_ro, postmortems, profiles, queries
+from gpuwatch.tui.snapshot import (CapacityRow, Chart, GpuRow, HostRow, OomRow, ProcessRow,
+                                   ProfileRow, RunDetail, RunRow, Series, Snapshot, StacksRow, View)
 from gpuwatch.tui.sparks import SparkHistory
 
 CHART_POINTS = 240             # per series; charts are at most ~160 columns x 2 dots
 MAX_STEPS = 50_000             # newest steps read for a run chart; older ones are left out
 OOM_TRACEBACK_LINES = 12       # the traceback's tail on the OOM screen
+STACK_FRAMES = 6               # innermost frames per thread in the run view's stacks panel
 
 
 def run_row(r: queries.RunSummary) -> RunRow:
@@ -74,6 +75,50 @@ def oom_rows(conn: sqlite3.Connection, run_ref: str) -> tuple[OomRow, ...]:
     return tuple(rows)
 
 
+def stacks_row(conn: sqlite3.Connection, run_id: str) -> StacksRow | None:
+    """The newest stack dump, one line per thread: its innermost frames, innermost first."""
+    dumps = profiles.stack_dumps(conn, run_id, limit=1)
+    if not dumps:
+        return None
+    d = dumps[0]
+    lines = []
+    for thread in d.threads or ():
+        frames = [f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:{f.get('line')})"
+                  for f in (thread.get("frames") or [])[:STACK_FRAMES]]
+        state = "active" if thread.get("active") else "idle"
+        lines.append(f"{thread.get('thread_name') or thread.get('os_thread_id')} ({state}): " + " < ".join(frames))
+    return StacksRow(d.ts_ms, d.pid, d.reason, "\n".join(lines), d.error)
+
+
+def profile_row(conn: sqlite3.Connection, run_ref: str) -> ProfileRow | None:
+    """A run's newest profile with its top operators; None for an unknown run or no profile."""
+    try:
+        run = queries.run(conn, run_ref)
+    except StoreError:
+        return None
+    found = profiles.profiles(conn, run.run_id)
+    if not found:
+        return None
+    p = found[0]
+    ops = tuple((o.name, o.calls, o.self_cpu_us, o.cpu_total_us, o.self_device_us, o.device_total_us,
+                 o.self_mem_bytes) for o in profiles.profile_ops(conn, p.id))
+    return ProfileRow(run.run_id, run.name, p.id, p.ts_ms, p.trigger, p.first_step, p.steps,
+                      p.trace_path, p.trace_bytes, ops, len(found))
+
+
+def capacity_row(conn: sqlite3.Connection) -> CapacityRow | None:
+    found = profiles.latest_capacity_study(conn)
+    if found is None:
+        return None
+    study, points = found
+    return CapacityRow(
+        study.ts_ms, study.command, study.device, study.limit_bytes, study.margin,
+        points=tuple((pt.batch, pt.seq_len, pt.peak_bytes if pt.ok else None,
+                      study.fitted_bytes(pt.batch, pt.seq_len), pt.kind) for pt in points),
+        predictions=tuple((b, p["max_seq_len"], p.get("predicted_peak_bytes"), p.get("verified_peak_bytes"))
+                          for b, p in sorted(study.predicted.items())))
+
+
 class StoreSource:
     def __init__(self, db_path: str, clock: Callable[[], int] = now_ms) -> None:
         self.db_path = db_path
@@ -102,6 +147,10 @@ class StoreSource:
                 return replace(base, detail=self._detail(conn, view, now))
             if view.kind == "oom":
                 return replace(base, postmortems=oom_rows(conn, view.run_id))
+            if view.kind == "profile":
+                return replace(base, profile=profile_row(conn, view.run_id))
+            if view.kind == "capacity":
+                return replace(base, capacity=capacity_row(conn))
             raise ValueError(f"unknown view {view.kind!r}")
         except (StoreError, sqlite3.Error) as e:
             self.close()  # reopen next poll: the file may appear or be replaced
@@ -178,4 +227,6 @@ class StoreSource:
                                             run.started_ms, run.ended_ms)
         return RunDetail(run=row, host=run.host, pid=run.pid, command=run.command,
                          job_id=run.job_id, end_state=end_state(run), ranks=ranks,
-                         config=config, charts=tuple(charts), since_ms=since)
+                         config=config, charts=tuple(charts), since_ms=since,
+                         stacks=stacks_row(conn, run.run_id),
+                         profiles=len(profiles.profiles(conn, run.run_id)))

@@ -16,13 +16,14 @@ from gpuwatch.tui.snapshot import ProcessRow
 HELP = """\
 [b]gpuwatch tui[/b] — keys
 
-[b]everywhere[/b]    o overview · r runs · ? help · q quit
+[b]everywhere[/b]    o overview · r runs · C capacity study · ? help · q quit
 [b]overview[/b]      s sort column · S reverse · / user filter · m only mine
               k signal the selected process · Esc clear filter
               (click a column header to sort by it)
 [b]runs[/b]          Enter open run · f status filter · / user filter · m only mine
 [b]run[/b]           1 last 5 min · 2 last hour · 3 last 24 h · 0 whole run
-              Esc back
+              p newest profile · P profile the next steps now · Esc back
+[b]profile[/b]       s sort by the next column · Esc back
 
 Long ranges read the per-minute and per-hour rollups, so they stay fast.
 Data comes from the gpuwatch store, read-only; nothing here writes it.

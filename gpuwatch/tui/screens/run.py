@@ -17,6 +17,7 @@ from gpuwatch.tui.chart import render_chart
 from gpuwatch.tui.screens.base import Line, LiveScreen
 from gpuwatch.tui.snapshot import Chart, RunDetail, Snapshot, View
 
+PROFILE_STEPS = 5
 RANGES = {"1": (300, "5 min"), "2": (3600, "1 h"), "3": (86400, "24 h"), "0": (None, "whole run")}
 
 
@@ -43,6 +44,8 @@ class RunScreen(LiveScreen):
         Binding("3", "range('3')", "24h"),
         Binding("0", "range('0')", "Whole"),
         Binding("O", "oom", "OOM"),
+        Binding("p", "profile", "Profile"),
+        Binding("P", "request_profile", "Profile now", show=False),
     ]
 
     def __init__(self, run_id: str) -> None:
@@ -54,6 +57,7 @@ class RunScreen(LiveScreen):
         yield Line(id="status")
         with VerticalScroll(id="run-body"):
             yield Static(id="run-summary")
+            yield Static(id="run-stacks")
             yield Static(id="run-charts-title")
             yield Static(id="run-config")
         yield Footer()
@@ -65,6 +69,29 @@ class RunScreen(LiveScreen):
         from gpuwatch.tui.screens.oom import OomScreen
 
         self.app.push_screen(OomScreen(self.run_id))
+
+    def action_profile(self) -> None:
+        from gpuwatch.tui.screens.profile import ProfileScreen
+
+        self.app.push_screen(ProfileScreen(self.run_id))
+
+    def action_request_profile(self) -> None:
+        """Ask the live run to profile its next steps: `gpuwatch profile` in a worker thread
+        (the daemon checks that this user may; its answer becomes a notification)."""
+        self.notify(f"asking run {self.run_id} to profile its next {PROFILE_STEPS} steps…")
+        self.run_worker(self._request_profile, thread=True, group="profile-request", exit_on_error=False)
+
+    def _request_profile(self) -> None:
+        import subprocess
+        import sys
+
+        proc = subprocess.run([sys.executable, "-c", "import sys; from gpuwatch.cli import main; sys.exit(main())",
+                               "profile", self.run_id, "--steps", str(PROFILE_STEPS), "--wait", "0"],
+                              capture_output=True, text=True, timeout=30)
+        answer = (proc.stderr or proc.stdout).strip().splitlines()
+        text = answer[-1] if answer else f"gpuwatch profile exited with {proc.returncode}"
+        self.app.call_from_thread(self.notify, text + ("; p shows it when it lands" if proc.returncode == 0 else ""),
+                                  severity="information" if proc.returncode == 0 else "error", timeout=8)
 
     def action_range(self, key: str) -> None:
         self.range_key = key
@@ -78,6 +105,9 @@ class RunScreen(LiveScreen):
                 Text(f"run {self.run_id} not found", style="bold red"))
             return
         self.query_one("#run-summary", Static).update(summary(detail, snap.now_ms))
+        stacks = self.query_one("#run-stacks", Static)
+        stacks.display = bool(detail.stacks or detail.profiles)  # nothing to say: no lines taken
+        stacks.update(stacks_panel(detail))
         self.query_one("#run-charts-title", Static).update(Text(
             f"Range: {RANGES[self.range_key][1]} (keys 1 2 3 0)", style="bold"))
         self._show_charts(detail, snap.now_ms)
@@ -113,6 +143,22 @@ def summary(d: RunDetail, now_ms: int) -> Table:
     if d.command:
         t.add_row("command", Text(d.command, overflow="ellipsis", no_wrap=True))
     return t
+
+
+def stacks_panel(d: RunDetail) -> Text:
+    """The newest stack dump (a stall's, or asked for), one line per thread; profiles count."""
+    text = Text(f"profiles: {d.profiles} (p: newest, P: profile now)" if d.profiles else
+                "profiles: none (P: profile now)", style="dim")
+    s = d.stacks
+    if s is None:
+        return text
+    text += Text("\n") + Text(f"stacks ({s.reason.replace('_', ' ')}, pid {s.pid}, {fmt.local_time(s.ts_ms)})",
+                 style="bold yellow" if s.reason == "stall" else "bold")
+    if s.error:
+        return text + Text(f"\n{s.error}", style="red")
+    for line in s.text.splitlines():
+        text += Text("\n" + line, overflow="ellipsis", no_wrap=True)
+    return text
 
 
 def config_table(d: RunDetail) -> Table | Text:
