@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
-from operator import is_not
+from operator import is_not, itemgetter
 from typing import Any, Callable
 
 VERSION = 1
@@ -296,11 +296,12 @@ def _batch_is_clean(events: list) -> bool:
         for kind, event in zip(kinds, events):
             groups[kind].append(event)
     for kind, group in groups.items():
-        specs, _ = _kind_specs(kind)
-        if not specs.keys() >= set().union(*group):
+        specs, required = _kind_specs(kind)
+        names = set().union(*group)
+        if not (specs.keys() >= names and names.issuperset(required)):
             return False
-        for name, spec in specs.items():
-            values = list(map(dict.get, group, repeat(name)))
+        for name, values in zip(names, _columns(group, tuple(names))):
+            spec = specs[name]
             types = set(map(type, values))
             if _NONE_TYPE in types:
                 if spec.required:
@@ -312,6 +313,13 @@ def _batch_is_clean(events: list) -> bool:
             if not spec.column_ok(values, types):
                 return False
     return True
+
+
+def _columns(events: list[dict], names: tuple[str, ...]):
+    """The events' values of each of `names`, a column at a time (None where a field is missing)."""
+    if len(names) > 1 and set(map(len, events)) == {len(names)}:  # every event has every field
+        return zip(*map(itemgetter(*names), events))
+    return (list(map(dict.get, events, repeat(name))) for name in names)
 
 
 def validate_events(events: list) -> tuple[list[dict], list[str]]:

@@ -185,18 +185,25 @@ class TableApplier:
 
     def _add_rows(self, batch: _Batch, events: list[dict]) -> None:
         """The same rows as _row gives, built column-wise: all-null columns are left out."""
+        fields = sorted(set().union(*events) - _ENVELOPE)
+        if len(fields) > 1 and set(map(len, events)) == {len(fields) + len(_ENVELOPE)}:
+            rows = list(map(itemgetter(*fields), events))  # every event has every field
+        else:
+            rows = list(zip(*(map(dict.get, events, repeat(name)) for name in fields)))
         columns: list[str] = []
-        values: list[list] = []
+        values: list = []
         nullable: list[str] = []  # columns null in some rows only
-        for name in sorted(set().union(*events) - _ENVELOPE):
-            column = list(map(dict.get, events, repeat(name)))
+        reshaped = False  # rows no longer match `fields` one to one
+        for name, column in zip(fields, zip(*rows)):
             types = set(map(type, column))
             if _NONE_TYPE in types and len(types) == 1:
+                reshaped = True
                 continue
             name = self.renames.get(name, name)
             if dict in types:
                 column = [json.dumps(v, separators=(",", ":")) if type(v) is dict else v for v in column]
                 name += "_json"
+                reshaped = True
             if _NONE_TYPE in types:
                 nullable.append(name)
             columns.append(name)
@@ -205,7 +212,7 @@ class TableApplier:
             for event in events:  # a null there means "take the default": rows differ in columns
                 batch.add_row(self.table, "IGNORE", _row(event, self.renames))
             return
-        batch.add_rows(self.table, "IGNORE", tuple(columns), list(zip(*values)))
+        batch.add_rows(self.table, "IGNORE", tuple(columns), list(zip(*values)) if reshaped else rows)
 
 
 NEIGHBOUR_SAMPLE_MAX_AGE_MS = 60_000  # older GPU process samples say nothing about the OOM moment
