@@ -123,3 +123,56 @@ def test_stacks_of_a_finished_run_point_at_the_stored_ones(tmp_path):
     result = CliRunner().invoke(main, ["stacks", out, "--db", str(db)])
     assert result.exit_code == 1
     assert f"run {out} is finished: no process to dump" in result.output
+
+
+DAEMON = """
+import sys
+from gpuwatch.config import Config
+from gpuwatch.daemon.main import run_daemon
+sys.exit(run_daemon(Config(db=sys.argv[1], socket=sys.argv[2], system=False, interval=5.0,
+                           host_interval=5.0, process_interval=30.0, stall_floor=1.0, stall_factor=5.0)))
+"""
+
+
+def test_the_daemon_dumps_a_stalled_run_by_itself_and_on_demand(monkeypatch):
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="gws-", dir="/tmp"))  # short: socket paths are capped
+    db, sock = base / "gw.db", base / "gw.sock"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    daemon = subprocess.Popen([sys.executable, "-c", DAEMON, str(db), str(sock)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = None
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            assert daemon.poll() is None, daemon.stderr.read().decode()
+            assert time.monotonic() < deadline, "the daemon did not listen in time"
+            time.sleep(0.05)
+        child = subprocess.Popen([sys.executable, "-c", STALLER], env=dict(env, GPUWATCH_SOCKET=str(sock)),
+                                 stdout=subprocess.PIPE, text=True)
+        run_id = child.stdout.readline().strip()
+        deadline = time.monotonic() + 30
+        while not _stored_dumps(db, run_id):  # the stall watcher's, after ~1 s of silence
+            assert time.monotonic() < deadline, "the daemon stored no stall dump"
+            time.sleep(0.2)
+        [stall] = _stored_dumps(db, run_id)
+        assert stall.reason == "stall" and "waiting_for_a_batch_that_never_comes" in stall.stacks_json
+
+        monkeypatch.setenv("GPUWATCH_SOCKET", str(sock))
+        result = CliRunner().invoke(main, ["stacks", run_id, "--db", str(db)])
+        assert result.exit_code == 0, result.output
+        assert f"pid {child.pid}" in result.output and "(on demand)" in result.output
+        assert "in waiting_for_a_batch_that_never_comes" in result.output
+        deadline = time.monotonic() + 10
+        while len(_stored_dumps(db, run_id)) < 2:
+            assert time.monotonic() < deadline, "the on-demand dump was not stored"
+            time.sleep(0.1)
+    finally:
+        if child is not None:
+            child.kill()
+            child.wait()
+        daemon.terminate()
+        daemon.wait(10)
+        shutil.rmtree(base, ignore_errors=True)

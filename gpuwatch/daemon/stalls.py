@@ -124,8 +124,11 @@ class StallWatch:
         if not self.writer.submit(job, lambda ok: ok or loop.call_soon_threadsafe(
                 lambda: found.done() or found.set_result([])), block=False):
             return []
+        stalled = await found
+        # Forget runs that stepped again or ended: the map holds only current episodes.
+        self.dumped = {s.run_id: self.dumped[s.run_id] for s in stalled if s.run_id in self.dumped}
         dumped = []
-        for s in await found:
+        for s in stalled:
             if self.dumped.get(s.run_id) == s.last_step_ms:
                 continue  # this episode already has its dump
             self.dumped[s.run_id] = s.last_step_ms
