@@ -72,11 +72,11 @@ class Profiling:
             return
         with self._lock:
             steps, self._requested = self._requested, 0
-        if steps:
-            # One warm-up step so the window does not time the profiler's own start.
-            self._start("on_demand", 0, 1, steps, 1)
-        else:
-            self.active = False
+            if not steps:
+                self.active = False  # under the lock: a request arriving now is not lost
+                return
+        # One warm-up step so the window does not time the profiler's own start.
+        self._start("on_demand", 0, 1, steps, 1)
 
     def close(self) -> None:
         """At the end of the run: a window cut short is still saved (with the steps it saw)."""
