@@ -51,7 +51,7 @@ def capacity_cmd(batches, lengths, margin, limit, no_verify, db, command) -> Non
 
     Example: gpuwatch capacity --batch 1,4 --limit 8GiB -- python -m workloads.gpt_train --attn naive
     """
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from gpuwatch import capacity
 
@@ -65,12 +65,15 @@ def capacity_cmd(batches, lengths, margin, limit, no_verify, db, command) -> Non
         raise click.ClickException("--lengths: give at least two lengths (three or more for a curve)")
     db_path = db or load_config().db_path
     total = len(batch_list) * (len(length_list) + (0 if no_verify else 1))
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  transient=True) as bar:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), transient=True) as bar:
         task = bar.add_task("starting", total=total)
+        started = 0
 
-        def progress(what: str) -> None:
-            bar.update(task, description=what, advance=1)
+        def progress(what: str) -> None:  # called as each run starts: the ones before are done
+            nonlocal started
+            bar.update(task, description=what, completed=started)
+            started += 1
 
         try:
             study = capacity.run_study(list(command), batch_list, length_list, margin, limit_bytes,

@@ -14,7 +14,8 @@ NO_DAEMON = ("on-demand {what} needs the gpuwatch daemon, and none answers on {s
 
 
 def daemon_request(frame: dict, what: str) -> dict:
-    """Send one control frame to the daemon on its own connection; its reply."""
+    """Send one control frame to the daemon on its own connection; its reply. The transport's
+    link does the greeting and framing: a DaemonTransport would also start a sender thread."""
     from gpuwatch import protocol
     from gpuwatch.client.transport import TransportClosed, _Link, socket_candidates
 
