@@ -4,6 +4,7 @@ memory limit and OOM-kill count that the OOM postmortem quotes.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,54 +36,154 @@ class HostSample:
     shm_used_bytes: int | None
 
 
-def _busy_and_total(t) -> tuple[float, float]:
+class _ProcFile:
+    """A /proc file kept open and re-read from offset 0: one syscall a tick, not three.
+
+    read() returns None if the file does not exist here (e.g. /proc/diskstats in a container).
+    """
+
+    def __init__(self, path: Path):
+        try:
+            self._file = open(path, "rb", buffering=0)  # closed with the collector, or by GC
+        except OSError:
+            self._file = None
+
+    def read(self) -> bytes | None:
+        if self._file is None:
+            return None
+        chunks, offset, fd = [], 0, self._file.fileno()
+        while True:  # the kernel regenerates the text on each read from offset 0
+            chunk = os.pread(fd, 65536, offset)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            offset += len(chunk)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _busy_and_total(proc_stat: bytes) -> tuple[int, int]:
+    """Busy and total clock ticks of all CPUs from the first line of /proc/stat."""
+    ticks = [int(v) for v in proc_stat[:proc_stat.index(b"\n")].split()[1:]]
+    ticks += [0] * (10 - len(ticks))
+    user, nice, system, idle, iowait, irq, softirq, steal, guest, guest_nice = ticks[:10]
     # On Linux guest time is already inside user/nice; count it once, as psutil does.
-    total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-    idle = t.idle + getattr(t, "iowait", 0.0)
-    return total - idle, total
+    total = sum(ticks[:10]) - guest - guest_nice
+    return total - idle - iowait, total
+
+
+def _meminfo(text: bytes) -> dict[bytes, int]:
+    """The /proc/meminfo lines we use, in bytes."""
+    wanted = (b"MemTotal:", b"MemAvailable:", b"SwapTotal:", b"SwapFree:")
+    out = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(b" ")
+        if key in wanted:
+            out[key] = int(rest.split()[0]) * 1024
+    return out
 
 
 class HostCollector:
-    """Samples the host without blocking: CPU % is the busy share since the previous sample."""
+    """Samples the host without blocking: CPU % is the busy share since the previous sample.
 
-    def __init__(self, shm_path: str = "/dev/shm"):
+    Reads /proc/stat, /proc/meminfo, /proc/diskstats and /proc/net/dev through handles kept
+    open (opening files is most of what psutil spends here), with psutil's definitions:
+    used memory = total - available, disk bytes = 512-byte sectors of whole disks (partitions
+    are inside their disk), network bytes of every interface but loopback.
+    """
+
+    def __init__(self, shm_path: str = "/dev/shm", proc: Path = PROC_ROOT):
         self.shm_path = shm_path
+        self._stat = _ProcFile(proc / "stat")
+        self._meminfo = _ProcFile(proc / "meminfo")
+        self._diskstats = _ProcFile(proc / "diskstats")
+        self._netdev = _ProcFile(proc / "net" / "dev")
+        self._is_disk: dict[bytes, bool] = {}  # device name -> is a whole disk (/sys/block/NAME)
         # Our own baseline rather than psutil.cpu_percent's, which is kept per calling thread.
-        self._last_cpu = _busy_and_total(psutil.cpu_times())
+        self._last_cpu = _busy_and_total(self._stat.read())
+
+    def close(self) -> None:
+        for f in (self._stat, self._meminfo, self._diskstats, self._netdev):
+            f.close()
 
     def _cpu_pct(self) -> float | None:
-        busy, total = _busy_and_total(psutil.cpu_times())
+        busy, total = _busy_and_total(self._stat.read())
         last_busy, last_total = self._last_cpu
         self._last_cpu = (busy, total)
         if total <= last_total:
             return None  # called twice within one clock tick of the kernel's counters
         return round(min(100.0, max(0.0, 100.0 * (busy - last_busy) / (total - last_total))), 1)
 
+    def _memory(self) -> tuple[int, int, int, int]:
+        """(total, used, available, swap used) bytes."""
+        mem = _meminfo(self._meminfo.read() or b"")
+        total, avail = mem.get(b"MemTotal:"), mem.get(b"MemAvailable:")
+        if not total or not avail or avail > total:  # old kernels, kernel bugs, LXC: psutil's way
+            vm, swap = psutil.virtual_memory(), psutil.swap_memory()
+            return vm.total, vm.used, vm.available, swap.used
+        return total, total - avail, avail, mem.get(b"SwapTotal:", 0) - mem.get(b"SwapFree:", 0)
+
+    def _disk_bytes(self) -> tuple[int | None, int | None]:
+        text = self._diskstats.read()
+        read = written = 0
+        found = False
+        for line in (text or b"").splitlines():
+            fields = line.split()
+            if len(fields) < 14:  # a partition line of old kernels
+                continue
+            name = fields[2]
+            is_disk = self._is_disk.get(name)
+            if is_disk is None:
+                is_disk = self._is_disk[name] = os.path.exists(
+                    b"/sys/block/" + name.replace(b"/", b"!"))
+            if is_disk:
+                found = True
+                read += int(fields[5]) * 512
+                written += int(fields[9]) * 512
+        return (read, written) if found else (None, None)
+
+    def _net_bytes(self) -> tuple[int | None, int | None]:
+        text = self._netdev.read()
+        rx = tx = 0
+        found = False
+        for line in (text or b"").splitlines()[2:]:
+            name, _, counters = line.rpartition(b":")
+            # Loopback traffic never leaves the machine; leave it out of network totals.
+            if name.strip() == b"lo":
+                continue
+            fields = counters.split()
+            found = True
+            rx += int(fields[0])
+            tx += int(fields[8])
+        return (rx, tx) if found else (None, None)
+
     def sample(self, ts_ms: int) -> HostSample:
-        load1, load5, load15 = psutil.getloadavg()
-        vm = psutil.virtual_memory()
-        disk = psutil.disk_io_counters()  # None where the kernel shows no disks (containers)
-        nics = psutil.net_io_counters(pernic=True)
-        # Loopback traffic never leaves the machine; leave it out of network totals.
-        net = [c for name, c in nics.items() if name != "lo"]
+        load1, load5, load15 = os.getloadavg()
+        total, used, avail, swap_used = self._memory()
+        disk_read, disk_write = self._disk_bytes()  # None where the kernel shows no disks
+        net_rx, net_tx = self._net_bytes()
         try:
-            shm = psutil.disk_usage(self.shm_path)
+            shm = os.statvfs(self.shm_path)
         except OSError:
             shm = None
         return HostSample(
             ts_ms=ts_ms,
             cpu_pct=self._cpu_pct(),
             load1=load1, load5=load5, load15=load15,
-            mem_total_bytes=vm.total,
-            mem_used_bytes=vm.used,
-            mem_available_bytes=vm.available,
-            swap_used_bytes=psutil.swap_memory().used,
-            disk_read_bytes=disk.read_bytes if disk else None,
-            disk_write_bytes=disk.write_bytes if disk else None,
-            net_rx_bytes=sum(c.bytes_recv for c in net) if net else None,
-            net_tx_bytes=sum(c.bytes_sent for c in net) if net else None,
-            shm_total_bytes=shm.total if shm else None,
-            shm_used_bytes=shm.used if shm else None,
+            mem_total_bytes=total,
+            mem_used_bytes=used,
+            mem_available_bytes=avail,
+            swap_used_bytes=swap_used,
+            disk_read_bytes=disk_read,
+            disk_write_bytes=disk_write,
+            net_rx_bytes=net_rx,
+            net_tx_bytes=net_tx,
+            # psutil.disk_usage's definitions: used = total - free, in fragment-size blocks
+            shm_total_bytes=shm.f_blocks * shm.f_frsize if shm else None,
+            shm_used_bytes=(shm.f_blocks - shm.f_bfree) * shm.f_frsize if shm else None,
         )
 
 

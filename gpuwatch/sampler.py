@@ -111,10 +111,10 @@ class Sampler:
         # every GPU process each tick would be most of the daemon's CPU); new pids at once.
         self._usage: dict[int, tuple[int, float | None]] = {}
         self._usage_ms: int | None = None
-        # Process samples since the last gpu_process_samples write: (gpu, pid) -> the newest
-        # sample and the sums/counts of its sm and mem util, for the mean over the window.
-        self._proc_window: dict[tuple[int, int], list] = {}
-        self._proc_keys: frozenset = frozenset()  # (gpu, pid, kind) of the last write
+        # Each tick's process samples since the last gpu_process_samples write (util is
+        # written as the mean over them), and the (gpu, pid, kind) list that write held.
+        self._proc_window: list[list] = []
+        self._proc_keys: list[tuple] = []
         self._proc_written_ms: int | None = None
         self._stats_written_ms: int | None = None
         self.last_tick_s = 0.0  # seconds the latest GPU (or host) tick took
@@ -141,6 +141,7 @@ class Sampler:
     def stop(self, flush_timeout: float = 10.0) -> None:
         self.sched.stop()
         self.writer.flush(flush_timeout)
+        self.host.close()
         if self.nvml is not None:
             self.nvml.close()
 
@@ -271,33 +272,22 @@ class Sampler:
             writes.append(lambda conn: conn.executemany(sql, values))
 
     def _write_process_samples(self, ts: int, proc_samples, writes: list[Job]) -> None:
-        """Fold this tick into the window; write the window when due or when the set changed."""
-        window = self._proc_window
-        for p in proc_samples:
-            acc = window.get((p.gpu_index, p.pid))
-            if acc is None:
-                acc = window[(p.gpu_index, p.pid)] = [p, 0, 0, 0, 0]
-            acc[0] = p
-            if p.sm_util_pct is not None:
-                acc[1] += p.sm_util_pct
-                acc[2] += 1
-            if p.mem_util_pct is not None:
-                acc[3] += p.mem_util_pct
-                acc[4] += 1
-        keys = frozenset((p.gpu_index, p.pid, p.kind) for p in proc_samples)
+        """Keep this tick's samples; write the window when due or when the set changed."""
+        self._proc_window.append(proc_samples)
+        keys = list(map(_PROCESS_KEY, proc_samples))  # sorted by GPU, then pid, by the collector
         interval_ms = int(self.cfg.process_interval * 1000)
         if keys == self._proc_keys and not _due(ts, self._proc_written_ms, interval_ms):
             return
         self._proc_keys, self._proc_written_ms = keys, ts
+        util = _mean_util(self._proc_window)
+        self._proc_window = []
         usage = self._process_usage(ts, {p.pid for p in proc_samples}, interval_ms)
         values = []
         for p in proc_samples:
-            _, sm_sum, sm_n, mem_sum, mem_n = window[(p.gpu_index, p.pid)]
             rss, cpu = usage.get(p.pid, (None, None))
+            sm, mem = util.get((p.gpu_index, p.pid), (None, None))
             values.append((p.gpu_index, p.pid, ts, None if p.kind == "compute" else p.kind,
-                           p.used_mem_bytes, round(sm_sum / sm_n) if sm_n else None,
-                           round(mem_sum / mem_n) if mem_n else None, rss, cpu))
-        window.clear()
+                           p.used_mem_bytes, sm, mem, rss, cpu))
         if values:
             sql = insert_sql("gpu_process_samples", _PROCESS_SAMPLE_COLUMNS, "IGNORE")
             writes.append(lambda conn: conn.executemany(sql, values))
@@ -352,6 +342,27 @@ class Sampler:
 
 
 _COLUMNS: dict[type, tuple[tuple[str, ...], Callable]] = {}
+
+
+_PROCESS_KEY = operator.attrgetter("gpu_index", "pid", "kind")
+
+
+def _mean_util(ticks: list[list]) -> dict[tuple[int, int], tuple[int | None, int | None]]:
+    """(gpu, pid) -> mean sm and mem util % over the ticks' samples that had a value."""
+    sums: dict[tuple[int, int], list[int]] = {}
+    for samples in ticks:
+        for p in samples:
+            acc = sums.get((p.gpu_index, p.pid))
+            if acc is None:
+                acc = sums[(p.gpu_index, p.pid)] = [0, 0, 0, 0]
+            if p.sm_util_pct is not None:
+                acc[0] += p.sm_util_pct
+                acc[1] += 1
+            if p.mem_util_pct is not None:
+                acc[2] += p.mem_util_pct
+                acc[3] += 1
+    return {key: (round(sm / sm_n) if sm_n else None, round(mem / mem_n) if mem_n else None)
+            for key, (sm, sm_n, mem, mem_n) in sums.items()}
 
 
 def _due(ts: int, last: int | None, interval_ms: int) -> bool:

@@ -55,6 +55,38 @@ def test_missing_shm_reads_as_none():
     assert isinstance(s, HostSample) and s.mem_total_bytes > 0
 
 
+def test_figures_match_psutils_definitions():
+    c = HostCollector()
+    ours = c.sample(1)
+    vm, swap = psutil.virtual_memory(), psutil.swap_memory()
+    disk, nics = psutil.disk_io_counters(), psutil.net_io_counters(pernic=True)
+    c.close()
+    assert ours.mem_total_bytes == vm.total and ours.swap_used_bytes == swap.used
+    assert abs(ours.mem_available_bytes - vm.available) < 64 * 2**20  # read a moment apart
+    assert abs(ours.mem_used_bytes - vm.used) < 64 * 2**20
+    if disk is None:
+        assert ours.disk_read_bytes is None
+    else:  # whole disks only, 512-byte sectors; a little I/O may happen in between
+        assert 0 <= disk.read_bytes - ours.disk_read_bytes < 64 * 2**20
+        assert 0 <= disk.write_bytes - ours.disk_write_bytes < 64 * 2**20
+    rx = sum(n.bytes_recv for name, n in nics.items() if name != "lo")
+    assert 0 <= rx - ours.net_rx_bytes < 2**20
+
+
+def test_a_proc_without_disks_or_network_reads_them_as_none(tmp_path):
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "stat").write_text("cpu  100 0 50 1000 10 0 0 0 0 0\ncpu0 100 0 50 1000 10 0 0 0 0 0\n")
+    (proc / "meminfo").write_text("MemTotal:       16384000 kB\nMemFree:         1000000 kB\n"
+                                  "MemAvailable:    8192000 kB\nSwapTotal:       2000000 kB\n"
+                                  "SwapFree:        1500000 kB\n")
+    s = HostCollector(proc=proc).sample(1)
+    assert (s.mem_total_bytes, s.mem_used_bytes, s.mem_available_bytes, s.swap_used_bytes) == (
+        16384000 * 1024, 8192000 * 1024, 8192000 * 1024, 500000 * 1024)
+    assert (s.disk_read_bytes, s.disk_write_bytes, s.net_rx_bytes, s.net_tx_bytes) == (None,) * 4
+    assert s.cpu_pct is None  # the counters did not move since the baseline
+
+
 def _tree(tmp_path, cgroup_line: str, files: dict[str, str]) -> tuple[Path, Path]:
     """A /proc/<pid>/cgroup file and a /sys/fs/cgroup tree, in the kernel's formats."""
     proc, root = tmp_path / "proc", tmp_path / "cgroup"
