@@ -76,14 +76,18 @@ _STR, _INT, _DICT, _NUMBERS = {str}, {int}, {dict}, set(_NUMBER)
 def text(max_chars: int = 65536, required: bool = False) -> Spec:
     return Spec(f"string of at most {max_chars} characters",
                 lambda v: type(v) is str and len(v) <= max_chars, required,
-                lambda vs, types: types == _STR and max(map(len, vs)) <= max_chars)
+                lambda vs, types: types == _STR and max(set(map(len, vs))) <= max_chars)
+
+
+def _lengths_within(values, shortest: int, longest: int) -> bool:
+    lengths = set(map(len, values))  # ids of a batch come in few lengths: min/max over those
+    return shortest <= min(lengths) and max(lengths) <= longest
 
 
 def ident(required: bool = True) -> Spec:
     return Spec(f"non-empty string of at most {MAX_ID_CHARS} characters",
                 lambda v: type(v) is str and 0 < len(v) <= MAX_ID_CHARS, required,
-                lambda vs, types: types == _STR and 0 < min(map(len, vs))
-                and max(map(len, vs)) <= MAX_ID_CHARS)
+                lambda vs, types: types == _STR and _lengths_within(vs, 1, MAX_ID_CHARS))
 
 
 def integer(minimum: int | None = None, required: bool = False) -> Spec:

@@ -12,7 +12,7 @@ import json
 import socket
 import sqlite3
 from dataclasses import dataclass, field
-from itertools import groupby, repeat
+from itertools import chain, groupby, repeat
 from operator import itemgetter
 from typing import Callable
 
@@ -136,6 +136,7 @@ def _run_end(batch: _Batch, event: dict) -> None:
 
 _get_id, _get_kind, _get_run_id, _get_ts = (itemgetter(k) for k in ("id", "kind", "run_id", "ts_ms"))
 _NONE_TYPE = type(None)
+_RESHAPING_TYPES = (_NONE_TYPE, dict)  # a null or an object in a column: rows need more than a copy
 _columns_with_default: dict[str, frozenset[str]] = {}
 
 
@@ -190,20 +191,20 @@ class TableApplier:
             rows = list(map(itemgetter(*fields), events))  # every event has every field
         else:
             rows = list(zip(*(map(dict.get, events, repeat(name)) for name in fields)))
+        if set(map(type, chain.from_iterable(rows))).isdisjoint(_RESHAPING_TYPES):
+            batch.add_rows(self.table, "IGNORE", tuple(self.renames.get(n, n) for n in fields), rows)
+            return
         columns: list[str] = []
         values: list = []
         nullable: list[str] = []  # columns null in some rows only
-        reshaped = False  # rows no longer match `fields` one to one
         for name, column in zip(fields, zip(*rows)):
             types = set(map(type, column))
             if _NONE_TYPE in types and len(types) == 1:
-                reshaped = True
                 continue
             name = self.renames.get(name, name)
             if dict in types:
                 column = [json.dumps(v, separators=(",", ":")) if type(v) is dict else v for v in column]
                 name += "_json"
-                reshaped = True
             if _NONE_TYPE in types:
                 nullable.append(name)
             columns.append(name)
@@ -212,7 +213,7 @@ class TableApplier:
             for event in events:  # a null there means "take the default": rows differ in columns
                 batch.add_row(self.table, "IGNORE", _row(event, self.renames))
             return
-        batch.add_rows(self.table, "IGNORE", tuple(columns), list(zip(*values)) if reshaped else rows)
+        batch.add_rows(self.table, "IGNORE", tuple(columns), list(zip(*values)))
 
 
 NEIGHBOUR_SAMPLE_MAX_AGE_MS = 60_000  # older GPU process samples say nothing about the OOM moment
