@@ -19,6 +19,7 @@ import struct
 import tempfile
 import time
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 
 from gpuwatch import __version__, protocol
@@ -30,6 +31,7 @@ from gpuwatch.store.events import Outcome, Peer, apply_events
 log = logging.getLogger(__name__)
 
 MAX_INFLIGHT_EVENTS = 50_000
+_run_id_of = itemgetter("run_id")
 BUSY = protocol.error("daemon busy: write queue full; retry later", "busy")
 
 
@@ -275,8 +277,12 @@ class IngestServer:
         if not ok or not result:
             return protocol.error("database write failed; retry later", "store")
         outcome = result[0]
-        applied = set(outcome.applied)
-        for run_id in {e["run_id"] for e in msg.events if e["id"] in applied}:
+        if outcome.rejected:
+            applied = set(outcome.applied)
+            run_ids = {e["run_id"] for e in msg.events if e["id"] in applied}
+        else:
+            run_ids = set(map(_run_id_of, msg.events))
+        for run_id in run_ids:
             self.run_connections[run_id] = conn  # where control for this run goes
         return outcome.reply(msg.warnings)
 
