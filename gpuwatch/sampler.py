@@ -3,7 +3,7 @@
 Used by the daemon and by the client's embedded mode, so it knows nothing of signals or asyncio:
 `start()` runs a Scheduler in a background thread, `stop()` stops it and flushes the writer.
 
-Jobs: GPUs every cfg.interval, host every cfg.host_interval, the run map every
+Jobs: GPUs every cfg.interval, host every cfg.host_interval (one job when they are equal), the run map every
 RUN_MAP_INTERVAL, store maintenance every MAINTENANCE_INTERVAL. Without an NVIDIA driver it
 logs the reason once and samples the host only.
 
@@ -120,9 +120,13 @@ class Sampler:
         self.last_tick_s = 0.0  # seconds the latest GPU (or host) tick took
         self.last_tick_at = 0.0  # monotonic time it finished; 0 = none yet
         self.sched = Scheduler()
-        if self.nvml is not None:
-            self.sched.add("gpu", config.interval, self.gpu_tick)
-        self.sched.add("host", config.host_interval, self.host_tick)
+        if self.nvml is not None and config.host_interval == config.interval:
+            # One job for both: one writer transaction a tick instead of two (~0.2 ms each).
+            self.sched.add("gpu+host", config.interval, self.tick)
+        else:
+            if self.nvml is not None:
+                self.sched.add("gpu", config.interval, self.gpu_tick)
+            self.sched.add("host", config.host_interval, self.host_tick)
         self.sched.add("runs", RUN_MAP_INTERVAL, self.refresh_runs)
         self.sched.add("maintenance", MAINTENANCE_INTERVAL, self.maintenance_tick,
                        first_delay=MAINTENANCE_INTERVAL)
@@ -166,9 +170,26 @@ class Sampler:
     # Each tick hands the writer ONE job holding all its rows: one wake-up of the writer
     # thread and one savepoint per tick instead of one per table.
 
+    def tick(self) -> None:
+        """GPUs and host together, when they share an interval."""
+        started = time.monotonic()
+        ts = self.clock()
+        self._tick_done(ts, started, self._gpu_writes(ts) + self._host_writes(ts))
+
     def gpu_tick(self) -> None:
         started = time.monotonic()
         ts = self.clock()
+        self._tick_done(ts, started, self._gpu_writes(ts))
+
+    def host_tick(self) -> None:
+        started = time.monotonic()
+        ts = self.clock()
+        if self.nvml is None:
+            self._tick_done(ts, started, self._host_writes(ts))
+        else:
+            self._submit(self._host_writes(ts))
+
+    def _gpu_writes(self, ts: int) -> list[Job]:
         samples, proc_samples = self.nvml.sample(ts)
         writes: list[Job] = []
         self._write_gpus(ts, samples, writes)
@@ -179,16 +200,10 @@ class Sampler:
         xids = self.nvml.xid_events(ts)
         if xids:
             writes.append(_inserter("xid_events", xids))
-        self._tick_done(ts, started, writes)
+        return writes
 
-    def host_tick(self) -> None:
-        started = time.monotonic()
-        ts = self.clock()
-        writes = [_inserter("host_samples", [self.host.sample(ts)])]
-        if self.nvml is None:
-            self._tick_done(ts, started, writes)
-        else:
-            self._submit(writes)
+    def _host_writes(self, ts: int) -> list[Job]:
+        return [_inserter("host_samples", [self.host.sample(ts)])]
 
     def stats_row(self, ts: int) -> dict:
         """The monitor's own cost since the previous call, for daemon_stats."""

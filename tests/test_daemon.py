@@ -329,7 +329,18 @@ def test_started_sampler_ticks_on_its_own_and_stop_flushes(writer, db):
     sampler.stop()
     n = rows(db, "SELECT count(*) FROM gpu_samples WHERE gpu_index = 0")[0][0]
     assert 4 <= n <= 7
+    # Equal intervals: one job samples both, so every host sample has its GPU tick's ts_ms.
+    assert [j.name for j in sampler.sched.jobs][0] == "gpu+host"
+    assert rows(db, "SELECT count(*) FROM host_samples h JOIN gpu_samples g "
+                    "ON g.gpu_index = 0 AND g.ts_ms = h.ts_ms") == [(n,)]
     assert not sampler.healthy()
+
+
+def test_different_gpu_and_host_intervals_are_separate_jobs(writer):
+    sampler = Sampler(writer, Config(interval=1.0, host_interval=5.0),
+                      nvml_module=fake_pynvml.FakeNvml(gpus=1))
+    assert {j.name: j.interval for j in sampler.sched.jobs if j.name in ("gpu", "host")} == {
+        "gpu": 1.0, "host": 5.0}
 
 
 # --- sd_notify ---
