@@ -216,7 +216,7 @@ def _store_with_a_profile(db: Path) -> str:
     return "r1"
 
 
-def test_tui_profile_screen_sorts_top_ops_and_the_run_view_shows_stacks(tmp_path):
+def test_tui_profile_screen_sorts_top_ops_and_the_run_view_shows_stacks(tmp_path, monkeypatch):
     import asyncio
     import io
 
@@ -229,6 +229,7 @@ def test_tui_profile_screen_sorts_top_ops_and_the_run_view_shows_stacks(tmp_path
 
     db = tmp_path / "gw.db"
     run_id = _store_with_a_profile(db)
+    monkeypatch.setenv("GPUWATCH_SOCKET", str(tmp_path / "nobody.sock"))
     assert _db_rows(db, "SELECT count(*) FROM profiles")[0][0] == 1
 
     async def drive():
@@ -239,6 +240,11 @@ def test_tui_profile_screen_sorts_top_ops_and_the_run_view_shows_stacks(tmp_path
             stacks = str(app.screen.query_one("#run-stacks").render())
             assert "stacks (stall, pid 42" in stacks and "waiting_for_a_batch (train.py:7)" in stacks
             assert "profiles: 1" in stacks
+            await pilot.press("P")  # no daemon here: the answer says what is missing
+            deadline = time.monotonic() + 30
+            while not any("needs the gpuwatch daemon" in str(n.message) for n in app._notifications):
+                assert time.monotonic() < deadline, [n.message for n in app._notifications]
+                await pilot.pause(0.2)
             await pilot.press("p")
             await pilot.pause(0.3)
             assert type(app.screen).__name__ == "ProfileScreen"

@@ -85,9 +85,12 @@ class RunScreen(LiveScreen):
         import subprocess
         import sys
 
-        proc = subprocess.run([sys.executable, "-c", "import sys; from gpuwatch.cli import main; sys.exit(main())",
-                               "profile", self.run_id, "--steps", str(PROFILE_STEPS), "--wait", "0"],
-                              capture_output=True, text=True, timeout=30)
+        argv = [sys.executable, "-c", "import sys; from gpuwatch.cli import main; sys.exit(main())",
+                "profile", self.run_id, "--steps", str(PROFILE_STEPS), "--wait", "0"]
+        db_path = getattr(self.app.source, "db_path", None)  # the run is looked up where we read it
+        if db_path:
+            argv += ["--db", str(db_path)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         answer = (proc.stderr or proc.stdout).strip().splitlines()
         text = answer[-1] if answer else f"gpuwatch profile exited with {proc.returncode}"
         self.app.call_from_thread(self.notify, text + ("; p shows it when it lands" if proc.returncode == 0 else ""),
