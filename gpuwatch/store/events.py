@@ -331,7 +331,7 @@ def apply_events(conn: sqlite3.Connection, events: list[dict], peer: Peer) -> Ou
     outcome = Outcome()
     start = 0
     for kind, same in groupby(map(_get_kind, events)):
-        end = start + sum(1 for _ in same)
+        end = start + len(list(same))
         applier = APPLIERS[kind]
         if isinstance(applier, TableApplier):
             applier.apply_many(batch, events[start:end], outcome)
