@@ -14,6 +14,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_ROOT = Path("/proc")
 # cgroup v1 writes "no limit" as PAGE_COUNTER_MAX rounded to a page (9223372036854771712).
 _V1_UNLIMITED = 2**62
+_READ_SIZE = 65536
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,11 @@ class _ProcFile:
             return None
         chunks, offset, fd = [], 0, self._file.fileno()
         while True:  # the kernel regenerates the text on each read from offset 0
-            chunk = os.pread(fd, 65536, offset)
-            if not chunk:
-                return b"".join(chunks)
+            chunk = os.pread(fd, _READ_SIZE, offset)
             chunks.append(chunk)
             offset += len(chunk)
+            if len(chunk) < _READ_SIZE:  # seq_file fills the buffer unless at the end
+                return b"".join(chunks)
 
     def close(self) -> None:
         if self._file is not None:

@@ -107,6 +107,8 @@ class Sampler:
         # GPU pids of the previous tick -> (info, run_id written, when written). A pid still on
         # a GPU one tick later is taken to be the same process, so its facts are not re-read.
         self._gpu_pids: dict[int, tuple] = {}
+        self._runs_checked: dict | None = None  # the run map _gpu_pids was last checked against
+        self._gpu_pids_checked_ms = self._gpu_pids_next_ms = 0
         # RSS and CPU % of GPU pids, re-read every cfg.process_interval (reading /proc for
         # every GPU process each tick would be most of the daemon's CPU); new pids at once.
         self._usage: dict[int, tuple[int, float | None]] = {}
@@ -309,6 +311,9 @@ class Sampler:
 
     def _write_processes(self, ts: int, pids: set[int], writes: list[Job]) -> None:
         """Upsert `processes` rows for GPU pids: new ones, changed run links, and every so often."""
+        if (pids == self._gpu_pids.keys() and self._run_by_pid is self._runs_checked
+                and self._gpu_pids_checked_ms <= ts < self._gpu_pids_next_ms):
+            return  # same pids, same run map, no row due for its refresh: nothing to write
         rows = []
         current = {}
         for pid in sorted(pids):
@@ -317,12 +322,15 @@ class Sampler:
             if info is None:  # gone already, or in another pid namespace
                 continue
             run_id = self._run_of(pid, info.start_ms)
-            if known and known[1] == run_id and ts - known[2] < PROCESS_ROW_REFRESH_MS:
+            if known and known[1] == run_id and not _due(ts, known[2], PROCESS_ROW_REFRESH_MS):
                 current[pid] = known
                 continue
             current[pid] = (info, run_id, ts)
             rows.append({**_row(info), "run_id": run_id, "first_seen_ms": ts, "last_seen_ms": ts})
         self._gpu_pids = current
+        self._runs_checked, self._gpu_pids_checked_ms = self._run_by_pid, ts
+        self._gpu_pids_next_ms = min((k[2] for k in current.values()), default=ts) \
+            + PROCESS_ROW_REFRESH_MS
         if rows:
             columns = list(rows[0])
             sql = _upsert_sql(_UPSERT_PROCESS, columns, keep=set())

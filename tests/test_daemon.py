@@ -454,3 +454,20 @@ def test_daemon_mode_default_and_flags():
     assert default_system_mode({}) == (os.geteuid() == 0)
     assert resolve_mode(load({"system": False})).system is False  # an explicit --user wins
     assert resolve_mode(load({"system": True})).system is True
+
+
+def test_processes_last_seen_is_refreshed_while_the_process_stays(writer, db):
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        clock = Clock()
+        nvml = fake_pynvml.FakeNvml(gpus=1, procs={0: [child.pid]}, clock=clock.seconds)
+        sampler = Sampler(writer, Config(), nvml_module=nvml, clock=clock)
+        for _ in range(21):
+            sampler.gpu_tick()
+            clock.ms += 1000
+        writer.flush()
+        assert rows(db, "SELECT last_seen_ms - first_seen_ms FROM processes WHERE pid = ?",
+                    child.pid) == [(20_000,)]
+    finally:
+        child.kill()
+        child.wait()

@@ -137,9 +137,10 @@ def test_usage_baseline_survives_an_info_read_between_calls():
 def test_usage_reads_a_process_whose_name_has_spaces_and_parentheses():
     # /proc/PID/stat puts the name in parentheses; a name holding ") (" must not shift the fields.
     odd = subprocess.Popen([sys.executable, "-c", "open('/proc/self/comm', 'w').write('a) b (c'); "
-                            "import time; time.sleep(30)"])
+                            "import time; print('ready', flush=True); time.sleep(30)"],
+                           stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)
+        assert odd.stdout.readline() == "ready\n"  # started: its RSS no longer grows
         c = ProcessCollector()
         rss, cpu = c.usage([odd.pid])[odd.pid]
         assert open(f"/proc/{odd.pid}/comm").read().strip() == "a) b (c"
