@@ -71,6 +71,11 @@ class LiveScreen(Screen):
             previous, self.shown = self.shown, snap
             self.show(snap, previous)
 
+    def on_mount(self) -> None:
+        # The frame is painted before the first snapshot arrives: say what it is waiting for.
+        for line in self.query("#status").results(Line):
+            line.set_text(Text("reading the store…", style="dim"))
+
     def set_line(self, selector: str, text: Text) -> None:
         self.query_one(selector, Line).set_text(text)
 

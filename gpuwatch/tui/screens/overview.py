@@ -56,6 +56,7 @@ class OverviewScreen(LiveScreen):
         table = self.query_one("#processes", DataTable)
         for i, (name, _) in enumerate(PROCESS_COLUMNS):
             table.add_column(name, key=str(i))
+        self.set_line("#proc-title", Text("GPU processes", style="bold"))
 
     def view(self) -> View:
         return View("overview")
