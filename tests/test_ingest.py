@@ -319,10 +319,15 @@ def test_a_mixed_batch_lands_row_for_row_and_a_stranger_run_is_refused_alone(ser
             (0, "checkpoint", '{"path":"/ckpt/1"}')]
         assert conn.execute("SELECT gen_id, ttft_ms FROM generations").fetchall() == [(0, 12.5)]
         assert conn.execute("SELECT last_step_ms FROM runs").fetchall() == [(2003,)]
+    # Same number of fields, not the same fields: each lands in its own column.
+    assert c.rt(events(dict(step(4), loss=1.5), dict(step(5), mfu=0.5)))["type"] == "ack"
+    with db(server.cfg) as conn:
+        assert conn.execute("SELECT step, loss, mfu FROM steps WHERE step >= 4").fetchall() == [
+            (4, 1.5, None), (5, None, 0.5)]
     # The whole frame again: nothing counted twice.
     assert c.rt(events(*batch))["ids"] == reply["ids"]
     with db(server.cfg) as conn:
         assert conn.execute("SELECT (SELECT count(*) FROM steps) + (SELECT count(*) FROM memory_stats) + "
                             "(SELECT count(*) FROM run_events) + (SELECT count(*) FROM generations)"
-                            ).fetchone() == (8,)
+                            ).fetchone() == (10,)
     c.close()

@@ -159,3 +159,10 @@ def test_unknown_field_late_in_a_large_batch_is_warned_and_dropped():
     msg = validate(frame(*events))
     assert msg.warnings == ["events[999].uid: ignored (identity comes from the socket)"]
     assert "uid" not in msg.events[999] and len(msg.events) == 1000
+
+
+def test_events_with_as_many_fields_but_different_ones_are_each_checked():
+    events = [step(i, loss=2.5) for i in range(10)] + [step(10, tokens=-1)]
+    with pytest.raises(ProtocolError) as e:
+        validate(frame(*events))
+    assert str(e.value) == "events[10].tokens: expected integer >= 0, got -1"

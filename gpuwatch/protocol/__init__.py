@@ -301,10 +301,10 @@ def _batch_is_clean(events: list) -> bool:
             groups[kind].append(event)
     for kind, group in groups.items():
         specs, required = _kind_specs(kind)
-        names = set().union(*group)
-        if not (specs.keys() >= names and names.issuperset(required)):
+        names, columns = _columns(group)
+        if not (specs.keys() >= set(names) and set(names).issuperset(required)):
             return False
-        for name, values in zip(names, _columns(group, tuple(names))):
+        for name, values in zip(names, columns):
             spec = specs[name]
             types = set(map(type, values))
             if _NONE_TYPE in types:
@@ -319,11 +319,16 @@ def _batch_is_clean(events: list) -> bool:
     return True
 
 
-def _columns(events: list[dict], names: tuple[str, ...]):
-    """The events' values of each of `names`, a column at a time (None where a field is missing)."""
-    if len(names) > 1 and set(map(len, events)) == {len(names)}:  # every event has every field
-        return zip(*map(itemgetter(*names), events))
-    return (list(map(dict.get, events, repeat(name))) for name in names)
+def _columns(events: list[dict]) -> tuple[tuple[str, ...], Any]:
+    """The events' field names and their values a column at a time (None where one lacks it)."""
+    names = tuple(events[0])
+    if len(names) > 1 and set(map(len, events)) == {len(names)}:
+        try:  # as many fields as the first, and the same ones: every event has every field
+            return names, zip(*map(itemgetter(*names), events))
+        except KeyError:
+            pass
+    names = tuple(set().union(*events))
+    return names, (list(map(dict.get, events, repeat(name))) for name in names)
 
 
 def validate_events(events: list) -> tuple[list[dict], list[str]]:

@@ -186,10 +186,15 @@ class TableApplier:
 
     def _add_rows(self, batch: _Batch, events: list[dict]) -> None:
         """The same rows as _row gives, built column-wise: all-null columns are left out."""
-        fields = sorted(set().union(*events) - _ENVELOPE)
-        if len(fields) > 1 and set(map(len, events)) == {len(fields) + len(_ENVELOPE)}:
-            rows = list(map(itemgetter(*fields), events))  # every event has every field
-        else:
+        fields = [name for name in events[0] if name not in _ENVELOPE]
+        rows = None
+        if len(fields) > 1 and set(map(len, events)) == {len(events[0])}:
+            try:  # as many fields as the first, and the same ones: every event has every field
+                rows = list(map(itemgetter(*fields), events))
+            except KeyError:
+                pass
+        if rows is None:
+            fields = sorted(set().union(*events) - _ENVELOPE)
             rows = list(zip(*(map(dict.get, events, repeat(name)) for name in fields)))
         if set(map(type, chain.from_iterable(rows))).isdisjoint(_RESHAPING_TYPES):
             batch.add_rows(self.table, "IGNORE", tuple(self.renames.get(n, n) for n in fields), rows)
