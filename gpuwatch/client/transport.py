@@ -35,6 +35,9 @@ from gpuwatch.config import Config
 log = logging.getLogger(__name__)
 
 HELLO = {"type": "hello", "client": f"gpuwatch/{__version__}"}
+# Embedded mode: events waiting for the writer; past this (a stuck disk) they are dropped and
+# counted rather than growing the training process without bound.
+PENDING_MAX = 100_000
 
 
 class TransportClosed(RuntimeError):
@@ -436,6 +439,8 @@ class EmbeddedTransport(Transport):
             user = str(uid)
         self.cfg = cfg
         self.peer = Peer(uid, user, os.getpid(), "embedded")
+        self._pending: list[dict] = []
+        self._pending_lock = threading.Lock()
         self.writer = Writer(cfg.db_path)
         try:
             self.sampler = Sampler(self.writer, cfg)
@@ -445,8 +450,25 @@ class EmbeddedTransport(Transport):
             raise
 
     def send(self, event: dict) -> None:
-        if not self.writer.submit(lambda conn: self._apply(conn, [event]), block=False):
-            self.dropped += 1
+        # One writer job per burst of events, not one per event: step() pays a list append, and
+        # the writer applies whatever piled up in one transaction, taking the GIL from the
+        # training loop once per burst instead of once per event.
+        with self._pending_lock:
+            if len(self._pending) >= PENDING_MAX:
+                self.dropped += 1
+                return
+            self._pending.append(event)
+            if len(self._pending) > 1:
+                return  # the job queued for the first event takes this one too
+        if not self.writer.submit(self._apply_pending, block=False):
+            with self._pending_lock:
+                self.dropped += len(self._pending)
+                self._pending.clear()
+
+    def _apply_pending(self, conn) -> None:
+        with self._pending_lock:
+            events, self._pending = self._pending, []
+        self._apply(conn, events)
 
     def _apply(self, conn, events: list[dict]):
         from gpuwatch.store.events import apply_events
