@@ -1,5 +1,8 @@
 """Lost-run detection: a `running` run whose process is gone without a run_end becomes `lost`.
 
+The daemon checks every few seconds; the client's embedded mode checks once when it opens the
+per-user database (the client may not import gpuwatch.daemon, hence this module's place).
+
 A run's process is gone when its pid no longer exists on this host, or exists but started
 after the run did (the pid was reused by another process). ended_ms is the last time the run
 was known alive: the last check that saw it, its last step, or its start. A process that the

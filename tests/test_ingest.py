@@ -20,7 +20,7 @@ import pytest
 
 from gpuwatch.config import Config
 from gpuwatch.daemon.ingest import IngestError, IngestServer
-from gpuwatch.daemon.runs_watch import RunsWatch, process_alive
+from gpuwatch.runs_watch import RunsWatch, process_alive
 from gpuwatch.store import Writer
 
 NOBODY = 65534

@@ -96,6 +96,24 @@ def test_embedded_mode_without_a_daemon_writes_the_same_tables(cfg):
     assert rows(cfg, "SELECT step, stats_json FROM memory_stats") == [(4, '{"num_ooms":0}')]
 
 
+def test_embedded_mode_marks_runs_of_dead_processes_lost(cfg):
+    """No daemon watches the embedded database: opening it again finds the run a killed process left."""
+    child = subprocess.run([sys.executable, "-c", f"""
+import os, signal
+from gpuwatch.client.transport import connect
+from gpuwatch.config import Config
+t = connect(Config(db={str(cfg.db_path)!r}, socket={str(cfg.socket_path)!r}))
+t.send({run_start("dead")!r}); t.send({step(0, "dead")!r}); t.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""], capture_output=True, text=True, timeout=60)
+    assert child.returncode == -9, child.stderr
+    assert rows(cfg, "SELECT status FROM runs WHERE run_id = 'dead'") == [("running",)]
+    t = connect(cfg)
+    assert t.flush()
+    t.close()
+    assert rows(cfg, "SELECT status, ended_ms IS NOT NULL FROM runs WHERE run_id = 'dead'") == [("lost", 1)]
+
+
 def test_daemon_mode_round_trip_and_control(cfg):
     daemon = start_daemon(cfg)
     try:

@@ -428,6 +428,7 @@ class EmbeddedTransport(Transport):
     def __init__(self, cfg: Config):
         import pwd
 
+        from gpuwatch.runs_watch import RunsWatch
         from gpuwatch.sampler import Sampler
         from gpuwatch.store import Writer
         from gpuwatch.store.events import Peer
@@ -442,6 +443,9 @@ class EmbeddedTransport(Transport):
         self._pending: list[dict] = []
         self._pending_lock = threading.Lock()
         self.writer = Writer(cfg.db_path)
+        # No daemon watches this database: runs left `running` by processes that died are
+        # marked lost (or killed by the OOM killer) now.
+        self.writer.submit(RunsWatch(self.writer).check, block=False)
         try:
             self.sampler = Sampler(self.writer, cfg)
             self.sampler.start()

@@ -18,7 +18,7 @@ from typing import Callable
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.daemon.ingest import IngestServer
 from gpuwatch.daemon.notify import Notifier
-from gpuwatch.daemon.runs_watch import RunsWatch
+from gpuwatch.runs_watch import RunsWatch
 from gpuwatch.daemon.stalls import StallWatch
 from gpuwatch.sampler import Sampler
 from gpuwatch.store import StoreError, Writer

@@ -20,7 +20,7 @@ import psutil
 
 from collectors import pyspy
 from gpuwatch.config import Config
-from gpuwatch.daemon.runs_watch import process_alive
+from gpuwatch.runs_watch import process_alive
 from gpuwatch.store import Writer, now_ms
 
 log = logging.getLogger(__name__)
