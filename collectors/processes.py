@@ -13,6 +13,7 @@ import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import psutil
 
@@ -56,16 +57,11 @@ def container_id_from_cgroup(text: str) -> str | None:
     return None
 
 
-def _read_stat(pid: int) -> tuple[int, int, int] | None:
+def _parse_stat(text: bytes) -> tuple[int, int, int] | None:
     """(start time, utime + stime, both in clock ticks; RSS in pages) from /proc/PID/stat.
 
-    None if the pid is gone, a zombie, or not in our pid namespace.
+    None for a zombie (exited, not yet reaped).
     """
-    try:
-        with open(f"{PROC_ROOT}/{pid}/stat", "rb") as f:
-            text = f.read()
-    except OSError:
-        return None
     # The command name (field 2) is in parentheses and may hold spaces or ')': split after it.
     fields = text[text.rfind(b")") + 2:].split()
     if len(fields) < 22 or fields[0] == b"Z":
@@ -90,6 +86,8 @@ class ProcessCollector:
         # pid -> (start time, CPU time, both in clock ticks; monotonic s): the CPU % baseline.
         # A different start time means the pid was reused: no baseline then.
         self._cpu_marks: dict[int, tuple[int, int, float]] = {}
+        # pid -> /proc/PID/stat kept open: one pread a read instead of open, read and close.
+        self._stat_files: dict[int, BinaryIO] = {}
 
     def _process(self, pid: int) -> psutil.Process | None:
         """The cached Process for pid, replaced if the pid now names another process."""
@@ -108,6 +106,7 @@ class ProcessCollector:
     def _drop(self, pid: int) -> None:
         p = self._procs.pop(pid, None)
         self._cpu_marks.pop(pid, None)
+        self._close_stat(pid)
         if p is not None:
             self._info = {k: v for k, v in self._info.items() if k[0] != pid}
 
@@ -168,7 +167,7 @@ class ProcessCollector:
         out: dict[int, tuple[int, float | None]] = {}
         now = time.monotonic()
         for pid in pids:
-            stat = _read_stat(pid)
+            stat = self._stat(pid)
             if stat is None:
                 self._cpu_marks.pop(pid, None)
                 continue
@@ -184,8 +183,46 @@ class ProcessCollector:
     def forget_gone(self) -> list[int]:
         """Drop cached processes that exited (or whose pid was reused); returns their pids."""
         gone = [pid for pid, p in self._procs.items() if not p.is_running()]
-        gone += [pid for pid in self._cpu_marks if pid not in self._procs
-                 and _read_stat(pid) is None]
+        gone += [pid for pid in {*self._cpu_marks, *self._stat_files} - self._procs.keys()
+                 if self._stat(pid) is None]
         for pid in gone:
             self._drop(pid)
         return gone
+
+    def close(self) -> None:
+        for pid in list(self._stat_files):
+            self._close_stat(pid)
+
+    def _stat(self, pid: int) -> tuple[int, int, int] | None:
+        """/proc/PID/stat parsed; None if the pid is gone, a zombie or not in our namespace.
+
+        The file stays open while the process lives. An open handle outlives its process:
+        reads fail then (ESRCH), even once the pid is reused, so a failed read reopens.
+        """
+        f = self._stat_files.get(pid)
+        if f is not None:
+            try:
+                stat = _parse_stat(os.pread(f.fileno(), 4096, 0))
+                if stat is not None:
+                    return stat
+            except OSError:
+                pass
+            self._close_stat(pid)
+        try:
+            f = open(f"{PROC_ROOT}/{pid}/stat", "rb", buffering=0)
+        except OSError:
+            return None
+        try:
+            stat = _parse_stat(os.pread(f.fileno(), 4096, 0))
+        except OSError:
+            stat = None
+        if stat is None:
+            f.close()
+        else:
+            self._stat_files[pid] = f
+        return stat
+
+    def _close_stat(self, pid: int) -> None:
+        f = self._stat_files.pop(pid, None)
+        if f is not None:
+            f.close()

@@ -148,6 +148,7 @@ class Sampler:
         self.sched.stop()
         self.writer.flush(flush_timeout)
         self.host.close()
+        self.procs.close()
         if self.nvml is not None:
             self.nvml.close()
 
