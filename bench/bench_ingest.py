@@ -76,6 +76,12 @@ def client(sock_path: Path, run_id: str, n: int, frames_out: list) -> None:
     frames_out.append((sock, f, rt, frames))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def socket_rate(sock_path: Path, runs: list[str], n: int) -> float:
     ready: list = []
     for run_id in runs:
@@ -122,7 +128,9 @@ def main() -> None:
             if time.monotonic() > deadline or daemon.poll() is not None:
                 raise SystemExit("daemon did not start")
             time.sleep(0.05)
+        cpu_before = cpu_seconds(daemon.pid)
         via_socket = socket_rate(sock_path, runs, args.events)
+        daemon_cpu_s = cpu_seconds(daemon.pid) - cpu_before
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)
@@ -135,6 +143,9 @@ def main() -> None:
     print(f"raw executemany into SQLite:      {raw:12,.0f} events/s")
     print(f"through the socket (acked=commit): {via_socket:12,.0f} events/s")
     print(f"ratio socket/raw: {via_socket / raw:.1%}  (goal >= 20%)")
+    total = args.clients * args.events
+    print(f"daemon CPU per event: {daemon_cpu_s / total * 1e6:.1f} us (all its threads); "
+          f"raw executemany wall per event: {1e6 / raw:.1f} us; load average {os.getloadavg()[0]:.1f}")
     subprocess.run(["rm", "-rf", str(work)], check=False)
 
 
