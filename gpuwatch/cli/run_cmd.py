@@ -9,7 +9,7 @@ import signal
 
 import click
 
-from gpuwatch.cli.options import friendly_errors
+from gpuwatch.cli.options import friendly_errors, load_config
 
 FORWARDED = {signal.SIGINT, signal.SIGTERM}
 SI_KERNEL = 0x80  # si_code of a signal the kernel raised, e.g. Ctrl-C from the terminal
@@ -81,11 +81,11 @@ def wrap(command: tuple[str, ...], name: str | None) -> int:
     """Run `command` as a run of its own; return the exit code the wrapper should exit with."""
     from collectors.host import cgroup_oom_kills
     from gpuwatch.client import metadata
-    from gpuwatch.client.run import ENV_RUN_ID, client_config, new_run_id
+    from gpuwatch.client.run import ENV_RUN_ID, new_run_id
     from gpuwatch.client.transport import connect
     from gpuwatch.store import now_ms
 
-    cfg = client_config()
+    cfg = load_config()
     # Block before any thread starts (the transport's threads inherit the mask), so every
     # SIGINT/SIGTERM comes to sigtimedwait below instead of interrupting us.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})

@@ -36,11 +36,6 @@ def new_run_id() -> str:
     return secrets.token_hex(6)
 
 
-def client_config() -> config_mod.Config:
-    """The config, ignoring ENV_RUN_ID (a handshake variable, not a config key)."""
-    return config_mod.load(env={k: v for k, v in os.environ.items() if k != ENV_RUN_ID})
-
-
 def end_state_path(run_id: str) -> Path:
     """Where an attached child leaves its end state (status, error) for the `gpuwatch run` wrapper."""
     return paths.user_runtime_dir() / "runs" / f"{run_id}.end.json"
@@ -373,7 +368,7 @@ def track(name: str | None = None, config: Any = None,
     """
     from gpuwatch.client.transport import connect
 
-    cfg = client_config()
+    cfg = config_mod.load()
     wrapper_id = os.environ.get(ENV_RUN_ID) if run_id is None else None
     _, _, world_size = metadata.ranks(os.environ)
     attached = bool(wrapper_id) and (world_size or 1) == 1
