@@ -18,7 +18,7 @@ import fake_pynvml
 from gpuwatch.cli import COMMANDS
 from gpuwatch.config import Config
 from gpuwatch.sampler import Sampler
-from gpuwatch.store import Writer, now_ms
+from gpuwatch.store import Writer
 
 GPUWATCH = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "gpuwatch"
 

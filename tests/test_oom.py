@@ -269,9 +269,9 @@ def test_postmortem_for_someone_elses_run_is_refused(tmp_path):
 @pytest.mark.gpu
 def test_real_cuda_oom_is_recorded(tmp_path):
     """A real CUDA OOM under track(): postmortem with the allocator's figures, error re-raised."""
-    code = f"""
+    code = """
 import torch, gpuwatch
-with gpuwatch.track(name="cuda-oom", config={{"batch": 1}}) as run:
+with gpuwatch.track(name="cuda-oom", config={"batch": 1}) as run:
     torch.ones(1, device="cuda")
     free, total = torch.cuda.mem_get_info()
     torch.empty(total * 2, dtype=torch.uint8, device="cuda")

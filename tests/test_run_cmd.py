@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
-
-import pytest
 
 from gpuwatch import paths
 from gpuwatch.cli.run_cmd import default_name
