@@ -114,6 +114,17 @@ def test_query_refuses_writes_with_one_line_and_changes_nothing(db, sql):
     assert conn.execute("PRAGMA user_version").fetchone()[0] != 99
 
 
+def test_query_reads_json_with_table_valued_functions(db):
+    """json_each is how postmortem neighbours are queried; the read-only guard must allow it."""
+    result = gw("query", "SELECT sum(value) AS total FROM json_each('[1, 2, 39]')", "--db", db,
+                "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [{"total": 42}]
+    refused = gw("query", "UPDATE sqlite_master SET name = 'x'", "--db", db)  # SQLite itself refuses
+    assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM host_samples").fetchone() == (3,)
+
+
 def test_query_attach_cannot_create_files(db, tmp_path):
     result = gw("query", f"ATTACH '{tmp_path}/new.db' AS x", "--db", db)
     assert result.returncode == 1 and not (tmp_path / "new.db").exists()

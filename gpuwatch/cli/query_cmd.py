@@ -17,7 +17,11 @@ _READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNC
                  sqlite3.SQLITE_PRAGMA, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
 
 
-def _only_reads(action, *_args):
+def _only_reads(action, table, *_args):
+    # Connecting a table-valued function (json_each, json_tree) asks for SQLITE_UPDATE on
+    # sqlite_master; the connection is read-only and query_only, so nothing can be written.
+    if action == sqlite3.SQLITE_UPDATE and table == "sqlite_master":
+        return sqlite3.SQLITE_OK
     return sqlite3.SQLITE_OK if action in _READ_ACTIONS else sqlite3.SQLITE_DENY
 
 
