@@ -2,7 +2,9 @@
 
 A database with 8 GPUs, 50 GPU processes and 20 runs (5 minutes of 1 Hz samples), the TUI
 refreshing at 1 Hz at 80x24 and 160x48. "idle": nothing writes the database; "live": a
-writer adds a tick every second, as the daemon would. Goals: CPU <= 2 % of one core,
+writer adds a tick every second, as the daemon would (GPU figures change, process figures
+stay); "procs": "live", and every 5 s (the daemon's process_interval) every process's
+SM% and CPU% change, so the process table is redrawn. Goals: CPU <= 2 % of one core,
 <= 4 KB/s to the terminal, first paint <= 1.5 s. Prints figures; asserts nothing.
 
 "first paint" is the overview's frame on the terminal, "first data" the process table filled
@@ -47,6 +49,27 @@ def make_db(path: Path) -> Writer:
         write_tick(writer, now - (300 - k) * 1000)
     writer.flush()
     return writer
+
+
+class ProcessChurn(SamplerThread):
+    """The live writer, plus new SM% / CPU% for every process every `every` ticks."""
+
+    def __init__(self, writer: Writer, every: int = 5) -> None:
+        super().__init__(writer, period=1.0)
+        self.every = every
+
+    def run(self) -> None:
+        tick = 0
+        while not self.stopped.is_set():
+            ts = now_ms()
+            write_tick(self.writer, ts)
+            if tick % self.every == 0:
+                self.writer.insert("gpu_process_samples", [
+                    dict(gpu_index=k % 8, pid=10_000 + k, ts_ms=ts, kind="compute", used_mem_bytes=(k + 1) * 2**28,
+                         sm_util_pct=(k + tick) % 100, cpu_pct=float((k * tick) % 300)) for k in range(50)],
+                    conflict="REPLACE")
+            tick += 1
+            self.stopped.wait(self.period)
 
 
 def measure(db: Path, cols: int, rows: int, seconds: float, pycache: Path) -> dict:
@@ -122,8 +145,9 @@ def main() -> None:
         print(f"{'size':>7}  {'db':>5}  {'first paint':>11}  {'first data':>10}  {'CPU % of a core':>15}  "
               f"{'terminal B/s':>12}")
         for cols, rows in ((80, 24), (160, 48)):
-            for mode in ("idle", "live"):
-                sampler = SamplerThread(writer, period=1.0) if mode == "live" else None
+            for mode in ("idle", "live", "procs"):
+                sampler = {"idle": None, "live": SamplerThread(writer, period=1.0),
+                           "procs": ProcessChurn(writer)}[mode]
                 if sampler:
                     sampler.start()
                 r = measure(db, cols, rows, args.seconds, pycache)

@@ -56,3 +56,46 @@ def test_kept_sparklines_match_a_full_read_as_samples_arrive(tmp_path):
         writer.flush()
     conn.close()
     writer.close()
+
+
+def test_process_figures_update_in_place(tmp_path):
+    """A new process tick with the same processes changes the figures where they are: the
+    cursor stays on the process the user selected, and a wider figure widens its column."""
+    import asyncio
+    import itertools
+
+    from textual.widgets.data_table import ColumnKey
+
+    from gpuwatch.tui.app import GpuwatchApp
+    from gpuwatch.tui.cell_table import CellTable
+    from gpuwatch.tui.snapshot import ProcessRow, Snapshot
+
+    ticks = itertools.count()
+
+    class TickingSource:
+        def fetch(self, view):
+            n = next(ticks)
+            procs = tuple(ProcessRow(0, 100 + k, 1000, "alice", (10 - k) * 2**30, (n * 7 + k) % 100,
+                                     float(9 if n == 0 else 10_000 * n + k), None, f"python job{k}.py")
+                          for k in range(5))
+            return Snapshot(now_ms=NOW, data_ms=NOW, processes=procs)
+
+        def close(self):
+            pass
+
+    async def scenario():
+        app = GpuwatchApp(TickingSource(), refresh_s=0.2)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause(0.5)
+            table = app.screen.query_one("#processes", CellTable)
+            table.move_cursor(row=2, animate=False)
+            chosen = app.screen.selected_process().pid
+            seen = next(ticks)  # polls so far, and one skipped: the next fetch is a new tick
+            await pilot.pause(0.6)
+            assert app.screen.selected_process().pid == chosen
+            shown = table.get_cell(f"0:{chosen}", "5")
+            assert int(shown) >= 10_000 * (seen + 1)  # a later tick, wider than the header
+            assert table.columns[ColumnKey("5")].content_width >= len(shown)
+            assert table.row_count == 5
+
+    asyncio.run(scenario())

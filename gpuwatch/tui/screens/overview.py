@@ -10,6 +10,7 @@ from textual.widgets import DataTable, Footer, Input
 
 from gpuwatch import fmt
 from gpuwatch.tui import panels
+from gpuwatch.tui.cell_table import CellTable
 from gpuwatch.tui.screens.base import Line, LiveScreen
 from gpuwatch.tui.snapshot import ProcessRow, Snapshot, View
 
@@ -24,6 +25,14 @@ PROCESS_COLUMNS = (
     ("RUN", lambda p: p.run_name or ""),
     ("COMMAND", lambda p: p.cmdline or ""),
 )
+
+
+def process_cells(p: ProcessRow) -> tuple[str, ...]:
+    """A process row as the table shows it, one string per PROCESS_COLUMNS entry."""
+    return (str(p.pid), p.user or str(p.uid or "-"), str(p.gpu_index), fmt.size(p.used_mem_bytes),
+            "-" if p.sm_util_pct is None else f"{p.sm_util_pct:.0f}",
+            "-" if p.cpu_pct is None else f"{p.cpu_pct:.0f}",
+            p.run_name or "", p.cmdline or "")
 
 
 class OverviewScreen(LiveScreen):
@@ -41,13 +50,14 @@ class OverviewScreen(LiveScreen):
         self.sort_column = 3          # GPU memory, biggest first: who is using the GPUs
         self.sort_reverse = True
         self.snapshot: Snapshot | None = None
+        self.shown_cells: dict[str, tuple[str, ...]] = {}   # process key -> cells, in table order
 
     def compose(self) -> ComposeResult:
         yield Line(id="status")
         yield Vertical(id="gpus")
         yield Line(id="host")
         yield Line(id="proc-title")
-        yield DataTable(id="processes", cursor_type="row", zebra_stripes=False)
+        yield CellTable(id="processes", cursor_type="row", zebra_stripes=False)
         yield Input(placeholder="show processes of user (empty = all), Enter to apply",
                     id="user-filter", classes="hidden")
         yield Footer()
@@ -104,18 +114,24 @@ class OverviewScreen(LiveScreen):
         return rows
 
     def _fill_processes(self) -> None:
-        table = self.query_one("#processes", DataTable)
+        table = self.query_one("#processes", CellTable)
         rows = self._visible_processes()
-        selected = self.selected_process()
-        table.clear()
-        for p in rows:
-            table.add_row(
-                str(p.pid), p.user or str(p.uid or "-"), str(p.gpu_index), fmt.size(p.used_mem_bytes),
-                "-" if p.sm_util_pct is None else f"{p.sm_util_pct:.0f}",
-                "-" if p.cpu_pct is None else f"{p.cpu_pct:.0f}",
-                p.run_name or "", p.cmdline or "", key=p.key)
-        if selected is not None and any(p.key == selected.key for p in rows):
-            table.move_cursor(row=table.get_row_index(selected.key), animate=False)
+        cells = {p.key: process_cells(p) for p in rows}
+        if list(cells) == list(self.shown_cells):
+            # The same rows in the same order (a new process tick): change only the cells that
+            # differ, with no clear and re-layout of the table, and the cursor stays where it is.
+            table.update_cells([(key, str(column), new)
+                                for key, values in cells.items()
+                                for column, (old, new) in enumerate(zip(self.shown_cells[key], values))
+                                if old != new])
+        else:
+            selected = self.selected_process()
+            table.clear()
+            for key, values in cells.items():
+                table.add_row(*values, key=key)
+            if selected is not None and selected.key in cells:
+                table.move_cursor(row=table.get_row_index(selected.key), animate=False)
+        self.shown_cells = cells
         name, _ = PROCESS_COLUMNS[self.sort_column]
         arrow = "▼" if self.sort_reverse else "▲"
         scope = ("only mine" if self.app.only_mine
