@@ -58,7 +58,8 @@ class _Batch:
         self.conn = conn
         self.peer = peer
         self.owners: dict[str, int | None] = {}
-        self.rows: dict[tuple[str, str, tuple[str, ...]], list[tuple]] = {}  # (table, conflict, columns) -> rows
+        # (table, conflict, columns) -> rows, each one executemany
+        self.rows: dict[tuple[str, str, tuple[str, ...]], list[tuple]] = {}
         self.last_step_ms: dict[str, int] = {}
 
     def owner(self, run_id: str) -> int | None:
