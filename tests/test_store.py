@@ -316,6 +316,18 @@ def test_runs_aggregate_steps(db):
     assert by_id["zzz"].oom is True                     # oom from its status
 
 
+def test_runs_of_generation_only_report_decode_tokens_per_second(db):
+    insert_rows(db, "runs", [{"run_id": "gen-1", "name": "decode", "uid": 1, "started_ms": 1_000}])
+    # 100 tokens at 1000/s (0.1 s) and 300 tokens at 100/s (3 s): 400 tokens in 3.1 s
+    insert_rows(db, "generations", [
+        {"run_id": "gen-1", "gen_id": 1, "ts_ms": 2_000, "new_tokens": 100, "tokens_per_s": 1000.0},
+        {"run_id": "gen-1", "gen_id": 2, "ts_ms": 3_000, "new_tokens": 300, "tokens_per_s": 100.0}])
+    (summary,) = queries.runs(db)
+    assert summary.steps == 0
+    assert summary.tokens_per_s_avg == pytest.approx(400 / 3.1)
+    assert summary.tokens_per_s_last == 100.0
+
+
 def test_runs_filters(db):
     _add_runs(db)
     assert [r.run_id for r in queries.runs(db, user="bob")] == ["run-b2"]

@@ -327,7 +327,8 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
 
     since_ms keeps runs still going at or after that time (not ended, or ended since).
     tokens_per_s_avg is tokens / step time over steps that have both, else tokens over the
-    wall time from start to the newest step; peak_mem_bytes is the largest of the steps'
+    wall time from start to the newest step; for a run with generations and no steps, generated
+    tokens over generation time (tokens_per_s_last: the newest generation's); peak_mem_bytes is the largest of the steps'
     mem_peak_bytes and rss_bytes; oom is status 'oom' or a recorded postmortem.
     """
     where, params = [], []
@@ -349,21 +350,28 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
         "  sum(tokens) AS tokens, max(ts_ms) AS newest_ms, "
         "  max(mem_peak_bytes) AS peak_gpu, max(rss_bytes) AS peak_rss, "
         "  max(step) AS last_step "
-        "  FROM steps WHERE run_id IN (SELECT run_id FROM sel) GROUP BY run_id) "
+        "  FROM steps WHERE run_id IN (SELECT run_id FROM sel) GROUP BY run_id), "
+        "gen AS (SELECT run_id, sum(new_tokens) AS new_tokens, "
+        "  sum(new_tokens / tokens_per_s) AS gen_s, max(gen_id) AS last_gen "
+        "  FROM generations WHERE run_id IN (SELECT run_id FROM sel) AND tokens_per_s > 0 "
+        "  GROUP BY run_id) "
         "SELECT sel.run_id, sel.job_id, sel.name, sel.user, sel.uid, sel.pid, sel.host, sel.status, "
         "  sel.started_ms, sel.ended_ms, sel.last_step_ms, coalesce(agg.n, 0), "
         "  agg.timed_tokens, agg.step_ms, agg.tokens, agg.newest_ms, "
         "  (SELECT tokens_per_s FROM steps WHERE run_id = sel.run_id AND step = agg.last_step), "
         "  agg.peak_gpu, agg.peak_rss, "
         "  sel.status = 'oom' OR EXISTS (SELECT 1 FROM oom_postmortems o WHERE o.run_id = sel.run_id), "
-        "  sel.rank, sel.world_size "
-        "FROM sel LEFT JOIN agg ON agg.run_id = sel.run_id "
+        "  sel.rank, sel.world_size, gen.new_tokens, gen.gen_s, "
+        "  (SELECT tokens_per_s FROM generations WHERE run_id = sel.run_id AND gen_id = gen.last_gen) "
+        "FROM sel LEFT JOIN agg ON agg.run_id = sel.run_id LEFT JOIN gen ON gen.run_id = sel.run_id "
         "ORDER BY sel.started_ms DESC, sel.run_id", (*params, limit))
     out = []
     for (run_id, job_id, name, user_, uid, pid, host, status_, started, ended, last_step_ms, n,
          timed_tokens, step_ms, tokens, newest_ms, tps_last, peak_gpu, peak_rss, oom, rank,
-         world_size) in rows:
-        if timed_tokens is not None and step_ms:
+         world_size, gen_tokens, gen_s, gen_tps_last) in rows:
+        if not n and gen_s:  # a generation run: decode tokens over decode time
+            tps_avg, tps_last = gen_tokens / gen_s, gen_tps_last
+        elif timed_tokens is not None and step_ms:
             tps_avg = timed_tokens / (step_ms / 1000.0)
         elif tokens is not None and newest_ms is not None and newest_ms > started:
             tps_avg = tokens / ((newest_ms - started) / 1000.0)
