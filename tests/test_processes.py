@@ -144,8 +144,9 @@ def test_usage_reads_a_process_whose_name_has_spaces_and_parentheses():
         c = ProcessCollector()
         rss, cpu = c.usage([odd.pid])[odd.pid]
         assert open(f"/proc/{odd.pid}/comm").read().strip() == "a) b (c"
-        # The same figure psutil reads from /proc/PID/statm, within a page or two of drift.
-        assert abs(rss - psutil.Process(odd.pid).memory_info().rss) < 64 * 1024 and cpu is None
+        # psutil's figure from /proc/PID/statm; the kernel's RSS counters are per-CPU batched,
+        # so two reads may differ a little. A shifted field would be off by far more.
+        assert abs(rss - psutil.Process(odd.pid).memory_info().rss) < 2**20 < rss and cpu is None
     finally:
         odd.kill()
         odd.wait()
