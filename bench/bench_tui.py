@@ -3,8 +3,8 @@
 A database with 8 GPUs, 50 GPU processes and 20 runs (5 minutes of 1 Hz samples), the TUI
 refreshing at 1 Hz at 80x24 and 160x48. "idle": nothing writes the database; "live": a
 writer adds a tick every second, as the daemon would (GPU figures change, process figures
-stay); "procs": "live", and every 5 s (the daemon's process_interval) every process's
-SM% and CPU% change, so the process table is redrawn. Goals: CPU <= 2 % of one core,
+stay); "procs": GPUs every second and, like the daemon's sampler, process samples only every
+5 s (process_interval), each time with new SM% and CPU% for every process. Goals: CPU <= 2 % of one core,
 <= 4 KB/s to the terminal, first paint <= 1.5 s. Prints figures; asserts nothing.
 
 "first paint" is the overview's frame on the terminal, "first data" the process table filled
@@ -52,7 +52,7 @@ def make_db(path: Path) -> Writer:
 
 
 class ProcessChurn(SamplerThread):
-    """The live writer, plus new SM% / CPU% for every process every `every` ticks."""
+    """GPU ticks every second; a process tick with new SM% / CPU% every `every` ticks."""
 
     def __init__(self, writer: Writer, every: int = 5) -> None:
         super().__init__(writer, period=1.0)
@@ -62,12 +62,11 @@ class ProcessChurn(SamplerThread):
         tick = 0
         while not self.stopped.is_set():
             ts = now_ms()
-            write_tick(self.writer, ts)
+            write_tick(self.writer, ts, n_procs=0)
             if tick % self.every == 0:
                 self.writer.insert("gpu_process_samples", [
                     dict(gpu_index=k % 8, pid=10_000 + k, ts_ms=ts, kind="compute", used_mem_bytes=(k + 1) * 2**28,
-                         sm_util_pct=(k + tick) % 100, cpu_pct=float((k * tick) % 300)) for k in range(50)],
-                    conflict="REPLACE")
+                         sm_util_pct=(k + tick) % 100, cpu_pct=float((k * tick) % 300)) for k in range(50)])
             tick += 1
             self.stopped.wait(self.period)
 
