@@ -3,9 +3,9 @@
 Used by the daemon and by the client's embedded mode, so it knows nothing of signals or asyncio:
 `start()` runs a Scheduler in a background thread, `stop()` stops it and flushes the writer.
 
-Jobs: GPUs every cfg.interval, host every cfg.host_interval (one job when they are equal), the run map every
-RUN_MAP_INTERVAL, store maintenance every MAINTENANCE_INTERVAL. Without an NVIDIA driver it
-logs the reason once and samples the host only.
+Jobs: GPUs every cfg.interval, host every cfg.host_interval (one job when they are equal), the
+run map every RUN_MAP_INTERVAL, store maintenance every MAINTENANCE_INTERVAL. Without an NVIDIA
+driver it logs the reason once and samples the host only.
 
 What is written, and how often (storage is most of what a monitor costs):
 - gpu_samples and host_samples every tick.
@@ -404,7 +404,7 @@ def _columns(record) -> tuple[tuple[str, ...], Callable]:
 
 
 def _inserter(table: str, records: list) -> Job:
-    """Insert collector records (one type, at least one) (dataclasses.asdict deep-copies: too slow per tick)."""
+    """Insert collector records of one type, at least one, as tuples (asdict is too slow a tick)."""
     names, values_of = _columns(records[0])
     sql = insert_sql(table, names, "IGNORE")
     values = [values_of(r) for r in records]
