@@ -6,7 +6,7 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual.geometry import Region
 from textual.screen import Screen
-from textual.widgets import Static
+from textual.widgets import DataTable, Input, Static
 
 from gpuwatch.tui.snapshot import Snapshot, View
 
@@ -93,3 +93,35 @@ class LiveScreen(Screen):
     def on_screen_resume(self) -> None:
         # Data may be a whole refresh old by now; ask for fresh data rather than wait.
         self.app.poll_now()
+
+
+class UserFiltered(LiveScreen):
+    """A live screen with a table filtered by user: `/` types a user name, `m` toggles only
+    mine, Esc clears. The app keeps the filter, so it follows the user across screens.
+    A subclass names its table in TABLE and redraws it in `_fill`."""
+
+    TABLE = ""  # the filtered table's selector, e.g. "#runs"
+
+    def action_only_mine(self) -> None:
+        self.app.only_mine = not self.app.only_mine
+        self._fill()
+
+    def action_filter_user(self) -> None:
+        box = self.query_one("#user-filter", Input)
+        box.remove_class("hidden")
+        box.value = self.app.user_filter or ""
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.app.user_filter = event.value.strip() or None
+        self.app.only_mine = False
+        event.input.add_class("hidden")
+        self.query_one(self.TABLE, DataTable).focus()
+        self._fill()
+
+    def action_clear_filter(self) -> None:
+        self.query_one("#user-filter", Input).add_class("hidden")
+        self.app.user_filter = None
+        self.app.only_mine = False
+        self.query_one(self.TABLE, DataTable).focus()
+        self._fill()

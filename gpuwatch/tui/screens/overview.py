@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Footer, Input
 from gpuwatch import fmt
 from gpuwatch.tui import panels
 from gpuwatch.tui.cell_table import CellTable
-from gpuwatch.tui.screens.base import Line, LiveScreen
+from gpuwatch.tui.screens.base import Line, UserFiltered
 from gpuwatch.tui.snapshot import ProcessRow, Snapshot, View
 
 # (header, sort key); None sorts last whichever the direction.
@@ -35,7 +35,8 @@ def process_cells(p: ProcessRow) -> tuple[str, ...]:
             p.run_name or "", p.cmdline or "")
 
 
-class OverviewScreen(LiveScreen):
+class OverviewScreen(UserFiltered):
+    TABLE = "#processes"
     BINDINGS = [
         Binding("s", "cycle_sort", "Sort"),
         Binding("S", "reverse_sort", "Reverse", show=False),
@@ -80,7 +81,7 @@ class OverviewScreen(LiveScreen):
         self._show_gpus(self._gpu_panel(snap, width))
         self.set_line("#host", panels.host_line(snap.host, width))
         if previous is None or snap.processes != previous.processes:
-            self._fill_processes()
+            self._fill()
 
     @staticmethod
     def _gpu_panel(snap: Snapshot, width: int) -> list[Text]:
@@ -113,7 +114,7 @@ class OverviewScreen(LiveScreen):
         rows.sort(key=key, reverse=self.sort_reverse)
         return rows
 
-    def _fill_processes(self) -> None:
+    def _fill(self) -> None:
         table = self.query_one("#processes", CellTable)
         rows = self._visible_processes()
         cells = {p.key: process_cells(p) for p in rows}
@@ -155,7 +156,7 @@ class OverviewScreen(LiveScreen):
 
     def action_reverse_sort(self) -> None:
         self.sort_reverse = not self.sort_reverse
-        self._fill_processes()
+        self._fill()
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         column = int(event.column_key.value)
@@ -167,31 +168,7 @@ class OverviewScreen(LiveScreen):
     def _sort_by(self, column: int) -> None:
         self.sort_column = column
         self.sort_reverse = column in (3, 4, 5)  # numbers: biggest first
-        self._fill_processes()
-
-    def action_only_mine(self) -> None:
-        self.app.only_mine = not self.app.only_mine
-        self._fill_processes()
-
-    def action_filter_user(self) -> None:
-        box = self.query_one("#user-filter", Input)
-        box.remove_class("hidden")
-        box.value = self.app.user_filter or ""
-        box.focus()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.app.user_filter = event.value.strip() or None
-        self.app.only_mine = False
-        event.input.add_class("hidden")
-        self.query_one("#processes", DataTable).focus()
-        self._fill_processes()
-
-    def action_clear_filter(self) -> None:
-        self.query_one("#user-filter", Input).add_class("hidden")
-        self.app.user_filter = None
-        self.app.only_mine = False
-        self.query_one("#processes", DataTable).focus()
-        self._fill_processes()
+        self._fill()
 
     def action_signal(self) -> None:
         proc = self.selected_process()

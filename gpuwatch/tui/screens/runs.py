@@ -9,13 +9,14 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from gpuwatch import fmt
 from gpuwatch.tui import panels
-from gpuwatch.tui.screens.base import Line, LiveScreen
+from gpuwatch.tui.screens.base import Line, UserFiltered
 from gpuwatch.tui.snapshot import RunRow, Snapshot, View
 
 STATUSES = (None, "running", "finished", "failed", "oom", "killed", "lost")
 
 
-class RunsScreen(LiveScreen):
+class RunsScreen(UserFiltered):
+    TABLE = "#runs"
     BINDINGS = [
         Binding("f", "cycle_status", "Status"),
         Binding("slash", "filter_user", "Filter"),
@@ -98,30 +99,9 @@ class RunsScreen(LiveScreen):
         self.status_filter = STATUSES[(STATUSES.index(self.status_filter) + 1) % len(STATUSES)]
         self._fill()
 
-    def action_only_mine(self) -> None:
-        self.app.only_mine = not self.app.only_mine
-        self._fill()
-
-    def action_filter_user(self) -> None:
-        box = self.query_one("#user-filter", Input)
-        box.remove_class("hidden")
-        box.value = self.app.user_filter or ""
-        box.focus()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.app.user_filter = event.value.strip() or None
-        self.app.only_mine = False
-        event.input.add_class("hidden")
-        self.query_one("#runs", DataTable).focus()
-        self._fill()
-
     def action_clear_filter(self) -> None:
-        self.query_one("#user-filter", Input).add_class("hidden")
-        self.app.user_filter = None
-        self.app.only_mine = False
         self.status_filter = None
-        self.query_one("#runs", DataTable).focus()
-        self._fill()
+        super().action_clear_filter()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.action_open_run()
