@@ -42,7 +42,7 @@ class Config:
     # Sampling intervals, seconds.
     interval: float = 1.0  # GPUs and GPU processes
     host_interval: float = 1.0
-    process_interval: float = 5.0  # full host process scan (user, cmdline, env tags)
+    process_interval: float = 5.0  # GPU-process rows (and their RSS/CPU) are written this often
 
     # Retention and size.
     raw_retention_hours: float = 24.0
