@@ -114,6 +114,22 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert rows(cfg, "SELECT status, ended_ms IS NOT NULL FROM runs WHERE run_id = 'dead'") == [("lost", 1)]
 
 
+def test_daemon_stops_cleanly_with_clients_connected(cfg):
+    import signal
+    import socket
+
+    daemon = start_daemon(cfg)
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(str(cfg.socket_path))
+    client.sendall(b'{"v":1,"type":"hello"}\n')
+    assert b"welcome" in client.recv(4096)
+    daemon.send_signal(signal.SIGTERM)
+    assert daemon.wait(timeout=20) == 0
+    client.close()
+    stderr = daemon.stderr.read().decode()
+    assert "Exception" not in stderr and "<3>" not in stderr, stderr
+
+
 def test_daemon_mode_round_trip_and_control(cfg):
     daemon = start_daemon(cfg)
     try:

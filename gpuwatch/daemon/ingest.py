@@ -135,6 +135,7 @@ class Connection:
     gid: int
     writer: asyncio.StreamWriter
     greeted: bool = False
+    task: asyncio.Task | None = None
 
     def send(self, frame: dict) -> None:
         self.writer.write(protocol.encode(frame))
@@ -181,6 +182,11 @@ class IngestServer:
         self._server.close()
         for conn in list(self.connections):
             conn.writer.close()
+        # Let each handler see its closed connection and return: a handler still waiting when
+        # the loop ends is cancelled, and Python 3.11's stream callback logs that as an error.
+        handlers = [conn.task for conn in self.connections if conn.task is not None]
+        if handlers:
+            await asyncio.wait(handlers, timeout=2.0)
         await self._server.wait_closed()
         self._server = None
         try:  # remove our socket, not one a newer daemon put there
@@ -203,7 +209,8 @@ class IngestServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
-        conn = Connection(Peer(uid, user_name(uid), pid, "daemon"), gid, writer)
+        conn = Connection(Peer(uid, user_name(uid), pid, "daemon"), gid, writer,
+                          task=asyncio.current_task())
         self.connections.add(conn)
         try:
             while True:
