@@ -60,7 +60,7 @@ class Config:
 
     # Client.
     memory_stats_every: int = 50  # full torch.cuda.memory_stats() every N steps
-    record_memory_history: bool = False  # costs ~5-10% step time; gives OOM allocation stacks
+    record_memory_history: bool = False  # OOM postmortems get allocation stacks; slows allocation-heavy steps
     memory_history_entries: int = 100000
     profile_wait: int = 0
     profile_warmup: int = 0
