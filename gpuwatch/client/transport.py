@@ -17,6 +17,7 @@ that died is replayed by the next client of the same user that reaches the daemo
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import os
@@ -44,7 +45,7 @@ class TransportClosed(RuntimeError):
     pass
 
 
-class Transport:
+class Transport(abc.ABC):
     """What gpuwatch.client uses; see the module docstring."""
 
     mode: str = ""
@@ -52,17 +53,21 @@ class Transport:
     dropped = 0  # events lost because the queue was full
     rejected = 0  # events the protocol or the daemon refused (bugs, other users' runs)
 
+    @abc.abstractmethod
     def send(self, event: dict) -> None:
-        raise NotImplementedError
+        """Queue one event; never blocks the caller."""
 
+    @abc.abstractmethod
     def request(self, msg: dict, timeout: float = 5.0) -> dict:
-        raise NotImplementedError
+        """One synchronous request and its reply."""
 
+    @abc.abstractmethod
     def flush(self, timeout: float = 10.0) -> bool:
-        raise NotImplementedError
+        """Wait until every event sent so far is committed (or spooled); False on timeout."""
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Flush, then stop the background threads."""
 
     def _reject(self, n: int, why: str) -> None:
         if not self.rejected:
