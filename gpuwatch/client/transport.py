@@ -39,6 +39,7 @@ HELLO = {"type": "hello", "client": f"gpuwatch/{__version__}"}
 # Embedded mode: events waiting for the writer; past this (a stuck disk) they are dropped and
 # counted rather than growing the training process without bound.
 PENDING_MAX = 100_000
+EMBEDDED_LINGER_S = 0.1
 
 
 class TransportClosed(RuntimeError):
@@ -447,7 +448,9 @@ class EmbeddedTransport(Transport):
         self.peer = Peer(uid, user, os.getpid(), "embedded")
         self._pending: list[dict] = []
         self._pending_lock = threading.Lock()
-        self.writer = Writer(cfg.db_path)
+        # The writer runs in the training process here: waking it at most ten times a second
+        # keeps it from taking the GIL while the loop's torch ops want it back.
+        self.writer = Writer(cfg.db_path, linger_s=EMBEDDED_LINGER_S)
         # No daemon watches this database: runs left `running` by processes that died are
         # marked lost (or killed by the OOM killer) now.
         self.writer.submit(RunsWatch(self.writer).check, block=False)

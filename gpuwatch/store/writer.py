@@ -6,6 +6,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from typing import Callable, Iterable, Mapping, Sequence
 
 from gpuwatch.store.db import open_rw
@@ -41,8 +42,11 @@ class Writer:
     failed (ok=False), so ingest can acknowledge only durable events.
     """
 
-    def __init__(self, path, batch: int = 2000, maxsize: int = 100_000):
+    def __init__(self, path, batch: int = 2000, maxsize: int = 100_000, linger_s: float = 0.0):
+        """linger_s: after the first job of a batch arrives, wait this long for more before
+        committing: fewer, larger transactions, and fewer wake-ups of this thread."""
         self.path = path
+        self.linger_s = linger_s
         self.conn = open_rw(path)
         self.batch = batch
         self._queue: queue.Queue = queue.Queue(maxsize=maxsize)
@@ -100,6 +104,8 @@ class Writer:
                 return
             jobs = [item]
             stop = False
+            if self.linger_s:
+                time.sleep(self.linger_s)
             while len(jobs) < self.batch:
                 try:
                     nxt = self._queue.get_nowait()
