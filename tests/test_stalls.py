@@ -48,7 +48,8 @@ def staller(tmp_path):
         while time.monotonic() < deadline:  # the embedded writer commits the steps a moment later
             conn = open_ro(db)
             try:
-                if conn.execute("SELECT last_step_ms FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]:
+                row = conn.execute("SELECT last_step_ms FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+                if row and row[0]:
                     break
             finally:
                 conn.close()

@@ -40,6 +40,7 @@ HELLO = {"type": "hello", "client": f"gpuwatch/{__version__}"}
 # counted rather than growing the training process without bound.
 PENDING_MAX = 100_000
 EMBEDDED_LINGER_S = 0.1
+SEND_LINGER_S = 0.05
 
 
 class TransportClosed(RuntimeError):
@@ -263,6 +264,9 @@ class DaemonTransport(Transport):
             batch = [self._queue.get(timeout=0.2)]
         except queue.Empty:
             return []
+        # Let a burst gather before encoding it: one wake-up (and one GIL grab in the training
+        # process) per burst rather than per step.
+        time.sleep(SEND_LINGER_S)
         while len(batch) < protocol.MAX_EVENTS_PER_BATCH:
             try:
                 batch.append(self._queue.get_nowait())
