@@ -20,12 +20,11 @@ import pytest
 from gpuwatch.daemon.metrics import start_metrics_server
 from gpuwatch.store import open_ro
 from test_metrics import fill_fleet, scrape
+from systools import needs_tools
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
-needs_prometheus = pytest.mark.skipif(
-    PROMETHEUS is None or PROMTOOL is None,
-    reason="needs Debian's prometheus package (apt-get install prometheus; .ci/run installs it)")
+needs_prometheus = needs_tools("prometheus", "promtool")
 
 
 def _free_port() -> int:

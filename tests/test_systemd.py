@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+from systools import needs_tools
 
 GPUWATCH = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "gpuwatch"
-needs_systemd_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                                           reason="systemd-analyze not installed (CI installs systemd)")
+needs_systemd_analyze = needs_tools("systemd-analyze")
 
 
 def gw(*args, **kw):
@@ -50,7 +48,7 @@ def test_systemd_analyze_verify_accepts_the_rendered_unit(tmp_path):
     assert "Unknown" not in result.stderr and "Invalid" not in result.stderr, result.stderr
 
 
-@pytest.mark.skipif(shutil.which("systemd-sysusers") is None, reason="systemd-sysusers not installed")
+@needs_tools("systemd-sysusers")
 def test_sysusers_file_creates_the_service_user_and_admin_group(tmp_path):
     _, sysusers = install_to(tmp_path)
     root = tmp_path / "sysroot"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -14,15 +13,15 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from gpuwatch.store import Writer, now_ms
+from systools import needs_tools
 
 GPUWATCH = str(Path(sys.executable).with_name("gpuwatch"))
 GiB = 2**30
 GREYS = set(range(232, 256)) | {0, 7, 8, 15, 16, 231}  # xterm-256 greyscale ramp, black, white
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
+pytestmark = needs_tools("tmux")
 
 
 def populate(writer: Writer, now: int, n_gpus: int = 8, n_procs: int = 50, n_runs: int = 20) -> None:

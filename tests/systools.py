@@ -1,0 +1,17 @@
+"""Markers for tests that need a system tool (tmux, prometheus, systemd-analyze)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+
+def needs_tools(*names: str):
+    """Skip where a tool is missing on a developer's machine; never in CI (CI=true), where
+    .ci/run installs them and a skip would hide a broken install step: there the test runs
+    and fails."""
+    missing = [name for name in names if shutil.which(name) is None]
+    return pytest.mark.skipif(bool(missing) and not os.environ.get("CI"),
+                              reason=f"needs {', '.join(missing)} (.ci/run installs it)")
