@@ -25,8 +25,8 @@ class OpStats:
     calls: int
     self_cpu_us: float
     cpu_total_us: float
-    self_device_us: float
-    device_total_us: float
+    self_device_us: float | None  # None: the window recorded no device (CPU-only run)
+    device_total_us: float | None
     self_mem_bytes: int
 
 
@@ -69,15 +69,17 @@ def start(wait: int, warmup: int, active: int, repeat: int, on_ready: Callable) 
 
 def top_ops(prof, limit: int = TOP_OPS) -> list[OpStats]:
     """The operators that cost most, by self device time then self CPU time."""
+    # Without a device activity every device time is a meaningless 0: store "not measured".
+    on_device = any(a.name != "CPU" for a in getattr(prof, "activities", ()))
     ops = []
     for e in prof.key_averages():
         ops.append(OpStats(
             name=e.key, calls=int(e.count),
             self_cpu_us=float(e.self_cpu_time_total), cpu_total_us=float(e.cpu_time_total),
-            self_device_us=float(getattr(e, "self_device_time_total", 0.0) or 0.0),
-            device_total_us=float(getattr(e, "device_time_total", 0.0) or 0.0),
+            self_device_us=float(getattr(e, "self_device_time_total", 0.0) or 0.0) if on_device else None,
+            device_total_us=float(getattr(e, "device_time_total", 0.0) or 0.0) if on_device else None,
             self_mem_bytes=int((e.self_cpu_memory_usage or 0) + (getattr(e, "self_device_memory_usage", 0) or 0))))
-    ops.sort(key=lambda o: (o.self_device_us, o.self_cpu_us), reverse=True)
+    ops.sort(key=lambda o: (o.self_device_us or 0.0, o.self_cpu_us), reverse=True)
     return ops[:limit]
 
 

@@ -80,6 +80,7 @@ def test_scheduled_windows_store_top_ops_and_a_gzipped_chrome_trace(tmp_path):
     addmm = next(op for op in ops if op.name == "aten::addmm")
     assert addmm.calls == 2 * 2  # two Linear layers in each of the two profiled steps
     assert addmm.self_cpu_us > 0 and addmm.cpu_total_us >= addmm.self_cpu_us
+    assert addmm.self_device_us is None  # a CPU-only window measured no device time, not 0
     assert not list(tmp_path.glob("escape*")) and not (tmp_path.parent / "escape").exists()
 
 
