@@ -97,6 +97,21 @@ def test_compare_figures(db):
     assert b.tokens_per_s.p50 == 2000.0 and b.peak_mem_bytes == 20 * GIB
 
 
+def test_compare_peak_memory_of_a_cpu_run_is_its_rss(tmp_path):
+    from gpuwatch.analysis.compare import compare
+
+    conn = open_rw(tmp_path / "cpu.db")
+    conn.execute("BEGIN")
+    insert_rows(conn, "runs", [dict(run_id="cpu1", name="cpu", uid=1, status="finished",
+                                    started_ms=T0, ended_ms=T0 + 5_000)])
+    insert_rows(conn, "steps", [dict(run_id="cpu1", step=s, ts_ms=T0 + 1000 * s, tokens=10,
+                                     rss_bytes=(s + 1) * GIB) for s in range(3)])
+    conn.execute("COMMIT")
+    (run,) = compare(conn, ["cpu1"])
+    conn.close()
+    assert run.peak_mem_bytes == 3 * GIB
+
+
 def test_compare_cli_marks_changes_against_first_run(db):
     out = gw("compare", "aaaa1111", "bbbb2222", "--db", db, "--no-color")
     lines = {line.split("  ")[0]: line for line in out.splitlines()}

@@ -52,11 +52,11 @@ def dist(values: list[float]) -> Dist:
 
 def run_stats(conn: sqlite3.Connection, ref: str) -> RunStats:
     run = queries.run(conn, ref)
-    rows = conn.execute("SELECT tokens_per_s, step_time_ms, mfu, mem_peak_bytes FROM steps "
+    rows = conn.execute("SELECT tokens_per_s, step_time_ms, mfu, mem_peak_bytes, rss_bytes FROM steps "
                         "WHERE run_id = ?", (run.run_id,)).fetchall()
     column = lambda i: [r[i] for r in rows if r[i] is not None]  # noqa: E731
     mfu = column(2)
-    peaks = column(3)
+    peaks = column(3) or column(4)  # CUDA allocator peak; a CPU-only run's is its RSS
     start, end = run_window(conn, run)
     gpus = run_gpus(conn, run)
     return RunStats(run.run_id, run.name, run.status, end - start, len(rows), dist(column(0)),
