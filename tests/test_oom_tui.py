@@ -3,14 +3,10 @@ the store-backed source turns a stored postmortem into what the screen shows."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import io
 import os
-import time
 from dataclasses import replace
 
-import pytest
 from rich.console import Console
 
 from gpuwatch.store import open_rw
@@ -19,6 +15,7 @@ from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.screens.oom import OomScreen
 from gpuwatch.tui.snapshot import OomRow, RunRow, Snapshot, View
 from gpuwatch.tui.source import StoreSource
+from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 NOW = 1_764_676_800_000  # 2025-12-02 12:00:00 UTC
 GiB = 2**30
@@ -56,22 +53,6 @@ class FixedSource:
 
     def close(self) -> None:
         pass
-
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
-
-
-def pilot_test(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        asyncio.run(fn(*args, **kwargs))
-    return wrapper
 
 
 def shown(screen, selector: str) -> str:

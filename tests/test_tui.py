@@ -6,14 +6,11 @@ its clock is fixed too, so what is drawn never depends on when the test runs.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import math
 import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import replace
 
 import pytest
@@ -21,6 +18,7 @@ import pytest
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.snapshot import (Chart, GpuRow, HostRow, ProcessRow, RunDetail, RunRow, Series,
                                    Snapshot, View)
+from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 NOW = 1_764_676_800_000  # 2025-12-02 12:00:00 UTC
 GiB = 2**30
@@ -109,25 +107,6 @@ class FixedSource:
 
     def close(self) -> None:
         self.closed = True
-
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
-
-
-def pilot_test(fn):
-    """Run an async pilot test without an async pytest plugin (none is a dependency)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
 
 
 def _app(source=None, **kw) -> GpuwatchApp:
