@@ -9,6 +9,8 @@ if [ ! -x .venv/bin/gpuwatch ] || [ pyproject.toml -nt .venv/.installed ]; then
   # The CPU build; a bare `torch` requirement could pull a multi-GB CUDA build.
   .venv/bin/python -m pip install -q "torch==2.13.0"
   .venv/bin/python -m pip install -q -e ".[torch,dev]"
+  # transformers and lightning must not swap the CPU build for a CUDA one.
+  .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__ != "2.13.0+cpu" and f"torch was replaced: {torch.__version__}")'
   touch .venv/.installed
 fi
 what=${1:-demo}
