@@ -3,6 +3,7 @@ real SQLite file, and what the TUI, `gpuwatch status` and /metrics show; once on
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 import subprocess
@@ -183,6 +184,30 @@ def test_the_mig_migration_upgrades_an_older_database_in_place(tmp_path):
     assert conn.execute("SELECT pid, used_mem_bytes, gpu_instance_id, compute_instance_id "
                         "FROM gpu_process_samples").fetchall() == [(42, 7, None, None)]
     assert queries.mig_devices(conn) == []
+
+
+@pytest.mark.parametrize("visible", ["MIG-fa4e0000-0000-4000-9000-000001000001",
+                                     "MIG-GPU-fa4e0000-0000-4000-8000-000000000001/2/0"])
+def test_oom_neighbours_on_a_mig_device_are_only_those_on_that_mig_device(sampled, visible):
+    """A MIG device's memory is its own: processes on the GPU's other MIG devices took none of it."""
+    from gpuwatch.store import insert_rows
+    from gpuwatch.store.events import Peer, apply_events
+
+    path, clock = sampled
+    conn = open_rw(path)
+    victim = 4_000_101  # on MIG device 1/2/0 (its MIG UUID, or the legacy GPU-UUID/GI/CI form)
+    peer = Peer(uid=1000, user="alice", pid=victim, mode="daemon")
+    apply_events(conn, [{"id": "s", "kind": "run_start", "run_id": "r", "ts_ms": clock() - 5000,
+                         "gpu_uuids": visible}], peer)
+    newest = conn.execute("SELECT max(ts_ms) FROM gpu_process_samples").fetchone()[0]
+    insert_rows(conn, "gpu_process_samples", [  # a second process on 1/2/0
+        {"gpu_index": 1, "pid": 4_000_199, "ts_ms": newest, "used_mem_bytes": GiB,
+         "gpu_instance_id": 2, "compute_instance_id": 0}])
+    apply_events(conn, [{"id": "o", "kind": "oom_postmortem", "run_id": "r", "ts_ms": clock(),
+                         "oom_kind": "gpu", "device": 0}], peer)
+    conn.commit()
+    neighbours = json.loads(conn.execute("SELECT neighbours_json FROM oom_postmortems").fetchone()[0])
+    assert [n["pid"] for n in neighbours] == [4_000_199]
 
 
 # --- what users see ---
