@@ -21,23 +21,13 @@ from gpuwatch.store import Writer, open_ro, open_rw, queries
 from gpuwatch.store.schema import _MIG, MIGRATIONS, SCHEMA_VERSION
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.source import StoreSource
+from test_daemon import Clock
 from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 GiB = fake_pynvml.GiB
 GPUWATCH = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "gpuwatch"
 # GPU 1 in MIG mode with four MIG devices; its three processes land on the first three.
 MIG = {1: ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]}
-
-
-class Clock:
-    def __init__(self, ms: int = 1_700_000_000_000):
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def seconds(self) -> float:
-        return self.ms / 1000
 
 
 def fake(clock=None, **options) -> fake_pynvml.FakeNvml:
