@@ -219,7 +219,7 @@ class NvmlCollector:
 
     @property
     def mig_static(self) -> list[MigStatic]:
-        """The MIG devices found by the latest sample(), parent by parent."""
+        """The MIG devices found at start or by the latest rescan in sample(), GPU by GPU."""
         return [m.static for gpu in self._gpus for m in gpu.migs]
 
     def _init_library(self) -> int:

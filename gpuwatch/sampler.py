@@ -10,12 +10,12 @@ driver it logs the reason once and samples the host only.
 What is written, and how often (storage is most of what a monitor costs):
 - gpu_samples and host_samples every tick.
 - gpu_process_samples every cfg.process_interval, and at once when the set of GPU processes
-  changes (a process starts, leaves or changes kind), all GPUs at one ts_ms. mig_samples
-  (MIG devices' newest memory and utilisation) go with them, and at once when the set of MIG
-  devices changes; mig_devices rows when a MIG device is new and once a minute. The GPU processes
+  changes (a process starts, leaves or changes kind), all GPUs at one ts_ms. The GPU processes
   are still sampled every GPU tick: sm/mem util written is the mean over the ticks since the
   previous write, used_mem_bytes the newest value; RSS and CPU % are re-read every
   cfg.process_interval (new pids at once). `kind` is NULL for 'compute', the usual case.
+- mig_samples (MIG devices' newest memory and utilisation) with the process samples, and at
+  once when the set of MIG devices changes; mig_devices rows when one is new, and once a minute.
 - daemon_stats (the monitor's own cost) every DAEMON_STATS_INTERVAL_MS, CPU % over that window.
 
 Every write is submitted without blocking: when the writer's queue is full the rows are

@@ -45,7 +45,7 @@ def _mig_rows(gpu_index: int, devices, procs) -> list[list]:
         if d.gpu_index != gpu_index:
             continue
         ids = (d.gpu_instance_id, d.compute_instance_id)
-        n = sum(1 for p in procs if p == (gpu_index, *ids))
+        n = procs.count((gpu_index, *ids))
         rows.append([fmt.gpu_label(gpu_index, *ids), f"└ MIG {d.profile or '?'}",
                      "n/a" if d.gpu_util_pct is None else f"{d.gpu_util_pct}%",
                      f"{fmt.size(d.mem_used_bytes)} / {fmt.size(d.mem_total_bytes)}", "", "",
