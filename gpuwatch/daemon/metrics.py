@@ -183,7 +183,8 @@ class StoreCollector:
                 if v[column] is not None:
                     fam.add_metric(labels, v[column] * scale)
             families.append(fam)
-        _add_mig_series(conn, families, {g.gpu_index: labels for (g, _), labels in zip(rows, gpu_labels)})
+        _add_mig_series(conn, families,
+                        {g.gpu_index: labels for (g, _), labels in zip(rows, gpu_labels)})
         return families
 
     def _run_families(self, conn: sqlite3.Connection) -> list:
@@ -245,7 +246,8 @@ class StoreCollector:
         return families
 
 
-def _add_mig_series(conn: sqlite3.Connection, families: list, labels_by_gpu: dict[int, list[str]]) -> None:
+def _add_mig_series(conn: sqlite3.Connection, families: list,
+                    labels_by_gpu: dict[int, list[str]]) -> None:
     """A series per GPU instance of each GPU in labels_by_gpu (the fresh ones) on MIG_FIELDS'
     families. The compute instances of one GPU instance share its memory: its first one's is
     taken, and utilisation only when there is one (most drivers give none on MIG anyway)."""
