@@ -22,6 +22,9 @@ from gpuwatch.store.schema import _MIG, MIGRATIONS, SCHEMA_VERSION
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.source import StoreSource
 from test_daemon import Clock
+from test_metrics import scrape
+from test_prometheus_integration import (_promtool_problems, _query, _wait_for, needs_prometheus,
+                                         prometheus_scraping)
 from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 GiB = fake_pynvml.GiB
@@ -235,16 +238,22 @@ def test_status_shows_mig_devices_under_their_gpu_and_processes_on_them(sampled)
     assert [line.split()[2] for line in procs] == ["0", "0", "0", "1/1/0", "1/2/0", "1/3/0"]
 
 
+def _made_current(path: str, clock) -> str:
+    """The sampled database with its samples moved to now, for /metrics' freshness check."""
+    conn = sqlite3.connect(path)
+    shift = int(fake_pynvml.time.time() * 1000 - clock.ms)
+    for table in ("gpu_samples", "mig_samples", "gpu_process_samples", "host_samples"):
+        conn.execute(f"UPDATE {table} SET ts_ms = ts_ms + ?", (shift,))
+    conn.commit()
+    conn.close()
+    return path
+
+
 def test_metrics_label_mig_devices_as_dcgm_exporter_does(sampled):
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    path, clock = sampled
-    conn = sqlite3.connect(path)  # make the samples current for the scrape's freshness check
-    shift = fake_pynvml.time.time() * 1000 - clock.ms
-    for table in ("gpu_samples", "mig_samples", "gpu_process_samples"):
-        conn.execute(f"UPDATE {table} SET ts_ms = ts_ms + ?", (int(shift),))
-    conn.commit()
+    path = _made_current(*sampled)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(path, hostname="node-1"))
     families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
@@ -261,6 +270,28 @@ def test_metrics_label_mig_devices_as_dcgm_exporter_does(sampled):
     assert all("GPU_I_ID" not in s.labels for s in families["DCGM_FI_DEV_GPU_UTIL"].samples)
     free = [s for s in families["DCGM_FI_DEV_FB_FREE"].samples if "GPU_I_ID" in s.labels]
     assert len(free) == 4
+
+
+@needs_prometheus
+@pytest.mark.slow
+def test_a_real_prometheus_tells_mig_devices_from_whole_gpus(sampled, tmp_path):
+    from gpuwatch.daemon.metrics import start_metrics_server
+
+    server = start_metrics_server("127.0.0.1:0", _made_current(*sampled))
+    try:
+        text = scrape(server)
+        # promtool's only complaint is the one about dcgm-exporter's camelCase label names.
+        assert all("snake_case" in p for p in _promtool_problems(text))
+        with prometheus_scraping(tmp_path, server.port) as prom_port:
+            migs = _wait_for(prom_port, 'DCGM_FI_DEV_FB_USED{GPU_I_ID!=""}', 4,
+                             tmp_path / "prometheus.log")
+            whole = _query(prom_port, 'count(DCGM_FI_DEV_FB_USED{GPU_I_ID=""})')
+    finally:
+        server.close()
+    assert sorted((r["metric"]["GPU_I_ID"], r["metric"]["GPU_I_PROFILE"]) for r in migs) == [
+        (str(k + 1), p) for k, p in enumerate(MIG[1])]
+    assert {r["metric"]["gpu"] for r in migs} == {"1"}
+    assert float(whole[0]["value"][1]) == 2
 
 
 # --- a real driver ---
