@@ -310,10 +310,12 @@ def test_real_mig_devices():
         for m in c.mig_static:
             assert m.uuid.startswith("MIG-") and m.profile and "g." in m.profile
             assert m.mem_total_bytes and m.sm_count
-        for gpu in c._gpus:
-            for m in gpu.migs:  # a MIG handle's parent is the GPU it was found under
-                parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m.device.handle)
-                assert pynvml.nvmlDeviceGetUUID(parent) == c.static[gpu.index].uuid
+        for m in c.mig_static:  # the MIG UUID names this MIG device, under this GPU
+            handle = pynvml.nvmlDeviceGetHandleByUUID(m.uuid)
+            parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+            assert pynvml.nvmlDeviceGetUUID(parent) == c.static[m.gpu_index].uuid
+            assert pynvml.nvmlDeviceGetGpuInstanceId(handle) == m.gpu_instance_id
+            assert pynvml.nvmlDeviceGetComputeInstanceId(handle) == m.compute_instance_id
         samples = c.sample_mig(1000)
         assert len(samples) == len(c.mig_static)
         assert all(s.mem_used_bytes is not None and s.mem_free_bytes is not None for s in samples)
