@@ -9,10 +9,12 @@ dcgm-exporter's counters are exposed untyped: prometheus-client would rename a c
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sqlite3
 import threading
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
@@ -42,6 +44,17 @@ DCGM_FIELDS = (
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_uncorrected", 1, "counter",
      "Total number of double-bit volatile ECC errors."),
 )
+# A MIG device's own figures, as series of these DCGM families labelled as dcgm-exporter labels a
+# GPU instance: its GPU's labels plus GPU_I_PROFILE and GPU_I_ID. Temperature, power and clocks
+# are the whole GPU's and stay on its series, which carry no GPU_I_* labels.
+MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
+MIG_FIELDS = (
+    ("DCGM_FI_DEV_FB_USED", "mem_used_bytes", 1 / MIB),
+    ("DCGM_FI_DEV_FB_FREE", "mem_free_bytes", 1 / MIB),
+    ("DCGM_FI_DEV_GPU_UTIL", "gpu_util_pct", 1),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_util_pct", 1),
+)
+_COMPUTE_SHARE = re.compile(r"^\d+c\.")  # "1c.3g.40gb": a compute instance's share of 3g.40gb
 # NVML gives PCIe throughput as a rate, not dcgm's cumulative KB counter, so it gets our own name.
 OWN_GPU_FIELDS = (
     ("gpuwatch_gpu_pcie_tx_bytes_per_second", "pcie_tx_kbps", 1024, "PCIe transmit throughput."),
@@ -170,6 +183,8 @@ class StoreCollector:
                 if v[column] is not None:
                     fam.add_metric(labels, v[column] * scale)
             families.append(fam)
+        _add_mig_series(conn, families,
+                        {g.gpu_index: labels for (g, _), labels in zip(rows, gpu_labels)})
         return families
 
     def _run_families(self, conn: sqlite3.Connection) -> list:
@@ -229,6 +244,25 @@ class StoreCollector:
             fam.add_metric([], float(value))
             families.append(fam)
         return families
+
+
+def _add_mig_series(conn: sqlite3.Connection, families: list,
+                    labels_by_gpu: dict[int, list[str]]) -> None:
+    """A series per GPU instance of each GPU in labels_by_gpu (the fresh ones) on MIG_FIELDS'
+    families. The compute instances of one GPU instance share its memory: its first one's is
+    taken, and utilisation only when there is one (most drivers give none on MIG anyway)."""
+    instances: dict[tuple[int, int], list[queries.MigDevice]] = defaultdict(list)
+    for d in queries.mig_devices(conn):
+        if d.gpu_index in labels_by_gpu:
+            instances[d.gpu_index, d.gpu_instance_id].append(d)
+    by_name = {f.name: f for f in families}
+    for (gpu, gi), devices in instances.items():
+        labels = dict(zip(GPU_LABELS, labels_by_gpu[gpu]))
+        labels.update(zip(MIG_LABELS, (_COMPUTE_SHARE.sub("", devices[0].profile or ""), str(gi))))
+        for name, column, scale in MIG_FIELDS:
+            value = getattr(devices[0], column)
+            if value is not None and (column.endswith("bytes") or len(devices) == 1):
+                by_name[name].add_sample(name, labels, value * scale)
 
 
 def _row_families(cur: sqlite3.Cursor, fields, min_ts_ms: int) -> list:

@@ -37,6 +37,19 @@ class View:
 
 
 @dataclass(frozen=True)
+class MigRow:
+    """A MIG device, listed under its GPU."""
+
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str | None                    # e.g. "1g.10gb"
+    util_pct: float | None = None          # None: NVML gives none for it (shown "n/a")
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    processes: int = 0
+
+
+@dataclass(frozen=True)
 class GpuRow:
     index: int
     name: str
@@ -50,6 +63,7 @@ class GpuRow:
     power_limit_mw: int | None = None
     throttle_reasons: int | None = None
     ecc_uncorrected: int | None = None
+    migs: tuple[MigRow, ...] = ()          # its MIG devices, when in MIG mode
 
     def problems(self) -> list[str]:
         """What is wrong with this GPU, in words; empty when nothing is."""
@@ -82,6 +96,8 @@ class ProcessRow:
     cpu_pct: float | None
     run_name: str | None
     cmdline: str | None
+    gpu_instance_id: int | None = None     # the MIG device it runs on; None off MIG
+    compute_instance_id: int | None = None
 
     @property
     def key(self) -> str:
