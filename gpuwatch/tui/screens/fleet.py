@@ -1,0 +1,221 @@
+"""Fleet: every host's GPUs (or every running job) from Prometheus; sort, filter, find a free GPU.
+
+A host whose scrape fails is one row, "unreachable since" its last stored sample. The Jobs view
+(j) lists each job's total tokens/s over all its hosts, then each rank with its share of it: a
+rank well under its even share is the slow one. Enter on a row shows the command that opens
+that host's own TUI over SSH.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Footer, Input
+
+from gpuwatch import fmt
+from gpuwatch.fleet.model import Fleet, FleetGpu, FleetHost, FleetJob
+from gpuwatch.tui.screens.base import Line, LiveScreen
+from gpuwatch.tui.snapshot import Snapshot, View
+
+FREE_UTIL_PCT = 10       # "free": no process on it and at most this busy
+SLOW_SHARE = 0.8         # a rank below 80 % of its even share of the job's tokens/s is marked
+GPU_COLUMNS = ("HOST", "GPU", "UTIL", "MEM", "TEMP", "POWER", "STATE", "USERS")
+JOB_COLUMNS = ("JOB", "USER", "NAME", "HOST", "RANK", "TOK/S", "SHARE", "STEP", "PEAK")
+SORTS = {
+    "host": lambda g: (g.host, g.index),
+    "util": lambda g: (-(g.util_pct or 0), g.host, g.index),
+    "free memory": lambda g: (-(g.mem_free_bytes or 0), g.host, g.index),
+    "user": lambda g: (g.users[0][0] if g.users else "~", g.host, g.index),
+}
+STATE_STYLES = {"ok": "green", "throttled": "yellow", "lost": "bold red", "down": "bold red"}
+
+
+def is_free(g: FleetGpu) -> bool:
+    return g.state == "ok" and not g.users and g.util_pct is not None and g.util_pct <= FREE_UTIL_PCT
+
+
+def gpu_cells(g: FleetGpu) -> tuple:
+    used = "-" if g.mem_used_bytes is None else f"{g.mem_used_bytes / 2**30:.0f}/{(g.mem_total_bytes or 0) / 2**30:.0f}G"
+    return (g.host, str(g.index), "-" if g.util_pct is None else f"{g.util_pct:.0f}%", used,
+            "-" if g.temp_c is None else f"{g.temp_c:.0f}C", "-" if g.power_w is None else f"{g.power_w:.0f}W",
+            Text(g.state, style=STATE_STYLES.get(g.state, "")),
+            ", ".join(f"{u} {fmt.size(b)}" for u, b in g.users) or "-")
+
+
+def down_cells(h: FleetHost) -> tuple:
+    since = ("unreachable" if h.last_sample_s is None
+             else f"unreachable since {fmt.local_time(int(h.last_sample_s * 1000))}")
+    return (h.name, "-", "", "", "", "", Text("down", style=STATE_STYLES["down"]), Text(since, style="red"))
+
+
+def job_rows(job: FleetJob) -> list[tuple[str, tuple]]:
+    """(row key, cells): the job's total, then each rank with its share."""
+    first = job.ranks[0]
+    rows = [(f"job:{job.job_id}", (Text(job.job_id[:24], style="bold"), first.user, first.name,
+                                   f"{len(job.hosts)} host{'s' * (len(job.hosts) > 1)}",
+                                   f"{len(job.ranks)} rk", Text(fmt.count(job.tokens_per_s), style="bold"),
+                                   "100%", "", ""))]
+    even = 1 / len(job.ranks)
+    for r in job.ranks:
+        share = job.share(r)
+        slow = share is not None and len(job.ranks) > 1 and share < SLOW_SHARE * even
+        rows.append((f"rank:{job.job_id}:{r.host}:{r.run_id}", (
+            "", "", "", r.host, "-" if r.rank is None else str(r.rank), fmt.count(r.tokens_per_s),
+            Text(fmt.percent(share), style="bold red" if slow else ""),
+            "-" if r.step is None else str(r.step), fmt.size(r.peak_bytes))))
+    return rows
+
+
+class FleetScreen(LiveScreen):
+    BINDINGS = [
+        Binding("j", "toggle_jobs", "GPUs/Jobs"),
+        Binding("s", "cycle_sort", "Sort"),
+        Binding("f", "only_free", "Free"),
+        Binding("slash", "filter", "Filter"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jobs = False
+        self.sort = "host"
+        self.only_free = False
+        self.text_filter: str | None = None
+        self.snapshot: Snapshot | None = None
+        self.row_hosts: dict[str, str] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Line(id="status")
+        yield Line(id="fleet-title")
+        yield DataTable(id="fleet", cursor_type="row")
+        yield Line(id="fleet-hint")
+        yield Input(placeholder="show GPUs and jobs of this user or host (empty = all), Enter to apply",
+                    id="fleet-filter", classes="hidden")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self._columns()
+
+    def view(self) -> View:
+        return View("fleet")
+
+    def show(self, snap: Snapshot, previous: Snapshot | None) -> None:
+        self.snapshot = snap
+        fleet = snap.fleet
+        if snap.problem or fleet is None:
+            self.set_line("#status", Text(f"⚠ {snap.problem}", style="bold yellow"))
+        else:
+            down = sum(not h.up for h in fleet.hosts)
+            self.set_line("#status", Text(
+                f"{fleet.url} · {len(fleet.hosts)} hosts" + (f", {down} unreachable" if down else "")
+                + f" · updated {fmt.local_time(int(fleet.at_s * 1000), with_date=False)}",
+                style="bold yellow" if down else "dim"))
+        if previous is None or previous.fleet != fleet:
+            self._fill()
+
+    # -- table -----------------------------------------------------------------------------
+
+    def _columns(self) -> None:
+        table = self.query_one("#fleet", DataTable)
+        table.clear(columns=True)
+        for name in JOB_COLUMNS if self.jobs else GPU_COLUMNS:
+            table.add_column(name, key=name)
+
+    def _matches(self, *names: str) -> bool:
+        return not self.text_filter or any(self.text_filter in (n or "") for n in names)
+
+    def visible_gpus(self, fleet: Fleet) -> list[FleetGpu]:
+        gpus = [g for g in fleet.gpus if self._matches(g.host, *(u for u, _ in g.users))]
+        if self.only_free:
+            gpus = [g for g in gpus if is_free(g)]
+        return sorted(gpus, key=SORTS[self.sort])
+
+    def visible_jobs(self, fleet: Fleet) -> list[FleetJob]:
+        return [j for j in fleet.jobs if any(self._matches(r.user, r.host) for r in j.ranks)]
+
+    def _fill(self) -> None:
+        table = self.query_one("#fleet", DataTable)
+        fleet = self.snapshot.fleet if self.snapshot else None
+        keep = table.cursor_row
+        table.clear()
+        self.row_hosts = {}
+        if fleet is None:
+            self.set_line("#fleet-title", Text("Fleet", style="bold"))
+            return
+        if self.jobs:
+            jobs = self.visible_jobs(fleet)
+            for job in jobs:
+                for key, cells in job_rows(job):
+                    table.add_row(*cells, key=key)
+                    self.row_hosts[key] = key.split(":")[2] if key.startswith("rank:") else job.hosts[0]
+            title = f"Jobs: {len(jobs)} running · tokens/s summed over every rank on every host"
+        else:
+            gpus = self.visible_gpus(fleet)
+            for g in gpus:
+                key = f"gpu:{g.host}:{g.index}"
+                table.add_row(*gpu_cells(g), key=key)
+                self.row_hosts[key] = g.host
+            for h in fleet.hosts:
+                if not h.up and not self.only_free and self._matches(h.name):
+                    table.add_row(*down_cells(h), key=f"host:{h.name}")
+                    self.row_hosts[f"host:{h.name}"] = h.name
+            free = sum(is_free(g) for g in fleet.gpus)
+            title = (f"GPUs: {len(gpus)} of {len(fleet.gpus)} · {free} free · sort {self.sort}"
+                     + (" · only free" if self.only_free else ""))
+        if self.text_filter:
+            title += f" · filter {self.text_filter!r}"
+        self.set_line("#fleet-title", Text(title, style="bold"))
+        if table.row_count:
+            table.move_cursor(row=min(keep, table.row_count - 1), animate=False)
+
+    def selected_host(self) -> str | None:
+        table = self.query_one("#fleet", DataTable)
+        if table.row_count == 0:
+            return None
+        try:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        except Exception:  # cursor outside the table after a refresh emptied it
+            return None
+        return self.row_hosts.get(key)
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        host = self.selected_host()
+        if host:
+            self.set_line("#fleet-hint", Text.assemble(("open its TUI: ", "dim"),
+                                                       (f"ssh -t {host} gpuwatch tui", "bold")))
+
+    def action_toggle_jobs(self) -> None:
+        self.jobs = not self.jobs
+        self._columns()
+        self._fill()
+
+    def action_cycle_sort(self) -> None:
+        names = list(SORTS)
+        self.sort = names[(names.index(self.sort) + 1) % len(names)]
+        self._fill()
+
+    def action_only_free(self) -> None:
+        self.only_free = not self.only_free
+        self._fill()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#fleet-filter", Input)
+        box.remove_class("hidden")
+        box.value = self.text_filter or ""
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.text_filter = event.value.strip() or None
+        event.input.add_class("hidden")
+        self.query_one("#fleet", DataTable).focus()
+        self._fill()
+
+    def action_clear_filter(self) -> None:
+        self.query_one("#fleet-filter", Input).add_class("hidden")
+        self.text_filter = None
+        self.query_one("#fleet", DataTable).focus()
+        self._fill()
