@@ -61,6 +61,7 @@ class Config:
 
     # Readers: the fleet's Prometheus for `gpuwatch tui`'s Fleet screen and `gpuwatch pick`.
     prometheus_url: str = ""  # e.g. "http://prometheus:9090"; empty = no fleet view
+    prometheus_timeout: float = 3.0  # seconds a refresh or a pick waits for Prometheus
 
     # Client.
     memory_stats_every: int = 50  # full torch.cuda.memory_stats() every N steps

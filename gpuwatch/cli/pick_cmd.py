@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import getpass
+import os
+import pwd
 
 import click
 
@@ -20,10 +21,11 @@ def pick(count: int, mem: str, max_util: float, window_min: float, prometheus: s
         mem_bytes = parse_size(mem)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--mem") from None
-    url = load_config().prometheus_url if prometheus is None else prometheus
+    cfg = load_config()
+    url = cfg.prometheus_url if prometheus is None else prometheus
     if url:
         try:
-            prom = Prometheus(url)
+            prom = Prometheus(url, cfg.prometheus_timeout)
             try:
                 candidates = fleet_candidates(prom, int(window_min * 60))
             finally:
@@ -38,7 +40,7 @@ def pick(count: int, mem: str, max_util: float, window_min: float, prometheus: s
             candidates = local_candidates(conn, now_ms() - int(window_min * 60_000))
         finally:
             conn.close()
-    return choose(candidates, count, mem_bytes, max_util, getpass.getuser())
+    return choose(candidates, count, mem_bytes, max_util, pwd.getpwuid(os.getuid()).pw_name)
 
 
 def visible_devices(count: int) -> str:

@@ -21,9 +21,9 @@ from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader
 @friendly_errors
 def tui(db: str | None, refresh: float, user: str | None, prometheus: str | None) -> None:
     """Live GPUs, processes and runs in the terminal; built for SSH (q quits, ? for keys)."""
-    url = prometheus or load_config().prometheus_url
+    cfg = load_config()
     run_tui(reader_db_path(db), refresh, user, start_mode="fleet" if prometheus else "overview",
-            prometheus_url=url or None)
+            prometheus_url=prometheus or cfg.prometheus_url or None, prometheus_timeout=cfg.prometheus_timeout)
 
 
 def on_a_terminal() -> bool:
@@ -31,7 +31,8 @@ def on_a_terminal() -> bool:
 
 
 def run_tui(path: str, refresh: float = 1.0, user: str | None = None,
-            start_mode: str = "overview", prometheus_url: str | None = None) -> None:
+            start_mode: str = "overview", prometheus_url: str | None = None,
+            prometheus_timeout: float = 3.0) -> None:
     """Open the TUI on the database at `path`; `start_mode` is "overview", "runs" or "fleet"
     (the Fleet screen reads `prometheus_url`)."""
     from gpuwatch.store import open_ro
@@ -48,7 +49,7 @@ def run_tui(path: str, refresh: float = 1.0, user: str | None = None,
     from gpuwatch.tui.source import StoreSource
 
     try:
-        fleet = PrometheusSource(prometheus_url) if prometheus_url else None
+        fleet = PrometheusSource(prometheus_url, prometheus_timeout) if prometheus_url else None
     except PrometheusError as e:
         raise click.ClickException(str(e)) from None
     app = GpuwatchApp(StoreSource(path), refresh_s=refresh, user=user, start_mode=start_mode, fleet=fleet)
