@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.server
+import json
 import os
 import pwd
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -27,12 +29,14 @@ from gpuwatch.tui.fleet_source import PrometheusSource
 from gpuwatch.tui.screens.fleet import FleetScreen
 from gpuwatch.tui.source import StoreSource
 from systools import needs_tools
-from test_prometheus_integration import _free_port, _query, _wait_for
+from test_prometheus_integration import PROMTOOL, _free_port, _query, _wait_for
 from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 needs_prometheus = needs_tools("prometheus")
 
 GIB = 1024 ** 3
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "prometheus" / "gpuwatch-rules.yml"
 JOB = "torchrun-job42@node-a:29500"
 FAKE_PID = 4_000_000 + 100  # a made-up pid on GPU 1 of host-b: nobody this test knows owns it
 # (host, rank, tokens/s): a two-host job whose rank 3 is slow.
@@ -86,14 +90,13 @@ def _add_job_ranks(host: Host) -> None:
 
 @contextlib.contextmanager
 def _prometheus(tmp: Path, ports: list[int]):
-    import subprocess
-
     from test_prometheus_integration import PROMETHEUS
 
     prom_port = _free_port()
     targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
     (tmp / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: ['{RULES}']\n"
         f"scrape_configs:\n  - job_name: gpuwatch\n    static_configs: [{{targets: [{targets}]}}]\n")
     with open(tmp / "prometheus.log", "w") as log:
         prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
@@ -209,10 +212,10 @@ async def test_jobs_view_sums_a_two_host_job_over_its_ranks(fleet):
         assert job.job_id == JOB and job.hosts == ("host-a", "host-b")
         assert [(r.host, r.rank, r.tokens_per_s) for r in job.ranks] == list(RANKS)
         assert job.tokens_per_s == sum(t for _, _, t in RANKS) == 3400
-        # Prometheus's own sum over the job's series on both hosts agrees.
-        [summed] = _query(int(url.rsplit(":", 1)[1]),
-                          f'sum by (job_id) (gpuwatch_run_tokens_per_second{{job_id="{JOB}"}})')
-        assert float(summed["value"][1]) == 3400
+        # The runbook's recording rule, evaluated by Prometheus over both hosts' series, agrees.
+        [summed] = _wait_for(int(url.rsplit(":", 1)[1]), "job_id:gpuwatch_run_tokens_per_second:sum", 1,
+                             Path("/dev/null"))
+        assert summed["metric"]["job_id"] == JOB and float(summed["value"][1]) == 3400
         await pilot.press("j")
         rows = _cells(app.screen.query_one("#fleet", DataTable))
         assert rows[0][0] == JOB[:24] and rows[0][3] == "2 hosts" and rows[0][5] == "3.4k"
@@ -222,6 +225,28 @@ async def test_jobs_view_sums_a_two_host_job_over_its_ranks(fleet):
         slow = app.screen.query_one("#fleet", DataTable).get_row_at(4)[6]
         assert "red" in str(slow.style)  # the slow rank stands out; the others do not
         assert "red" not in str(app.screen.query_one("#fleet", DataTable).get_row_at(1)[6].style)
+
+
+@needs_prometheus
+@pytest.mark.slow
+def test_every_dashboard_query_runs_on_a_real_prometheus(fleet):
+    """The Grafana dashboard's queries parse and find series in Prometheus."""
+    url, _ = fleet
+    prom_port = int(url.rsplit(":", 1)[1])
+    dashboard = json.loads((ROOT / "grafana" / "gpuwatch-runs.json").read_text())
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$host", ".*")
+            assert _query(prom_port, expr), f"{panel['title']}: {expr} finds nothing"
+
+
+@needs_tools("promtool")
+def test_promtool_accepts_the_rules_and_the_readme_shows_them():
+    check = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS: 4 rules found" in check.stdout
+    readme = (ROOT / "README.md").read_text()
+    assert RULES.read_text() in readme  # the runbook shows the file as it is
 
 
 def _fits_from_store(hosts: dict, max_util: float, other_users_ok: bool) -> set:

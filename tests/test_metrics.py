@@ -202,13 +202,14 @@ def test_port_in_use_is_one_clear_error(tmp_path):
 
 def test_grafana_dashboard_queries_exported_metrics(served):
     """Every metric the shipped dashboard plots is one /metrics serves."""
-    server, _, _ = served
+    server, conn, _ = served
+    add_gpu_processes(conn, [(0, 10, "bob", GIB)])
     exported = set(samples_by_name(scrape(server)))
     dashboard = json.loads((Path(__file__).parent.parent / "grafana" / "gpuwatch-runs.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"\b(DCGM_FI_\w+|gpuwatch_\w+)", e)}
     assert {"gpuwatch_run_tokens_per_second", "gpuwatch_run_peak_memory_bytes",
-            "DCGM_FI_DEV_GPU_UTIL"} <= used
+            "DCGM_FI_DEV_GPU_UTIL", "gpuwatch_gpu_user_memory_bytes", "gpuwatch_gpu_up"} <= used
     assert used <= exported
 
 
