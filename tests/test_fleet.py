@@ -204,9 +204,10 @@ async def test_jobs_view_sums_a_two_host_job_over_its_ranks(fleet):
     app = GpuwatchApp(StoreSource(str(hosts["host-a"].db)), refresh_s=30, start_mode="fleet",
                       fleet=PrometheusSource(url))
     async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("j")
         for _ in range(50):
             await pilot.pause(0.1)
-            if isinstance(app.screen, FleetScreen) and app.screen.shown is not None:
+            if isinstance(app.screen, FleetScreen) and app.screen.shown is not None and app.screen.shown.fleet.jobs:
                 break
         [job] = app.screen.shown.fleet.jobs
         assert job.job_id == JOB and job.hosts == ("host-a", "host-b")
@@ -216,9 +217,8 @@ async def test_jobs_view_sums_a_two_host_job_over_its_ranks(fleet):
         [summed] = _wait_for(int(url.rsplit(":", 1)[1]), "job_id:gpuwatch_run_tokens_per_second:sum", 1,
                              Path("/dev/null"))
         assert summed["metric"]["job_id"] == JOB and float(summed["value"][1]) == 3400
-        await pilot.press("j")
         rows = _cells(app.screen.query_one("#fleet", DataTable))
-        assert rows[0][0] == JOB[:24] and rows[0][3] == "2 hosts" and rows[0][5] == "3.4k"
+        assert rows[0][0] == JOB and rows[0][3] == "2 hosts" and rows[0][5] == "3.4k"
         shares = {(r[3], r[4]): r[6] for r in rows[1:]}
         assert shares == {("host-a", "0"): "29.4%", ("host-a", "1"): "29.4%",
                           ("host-b", "2"): "29.4%", ("host-b", "3"): "11.8%"}
@@ -378,3 +378,32 @@ async def test_fleet_screen_without_prometheus_says_how_to_get_one(tmp_path):
             if isinstance(app.screen, FleetScreen) and app.screen.shown is not None:
                 break
         assert "gpuwatch tui --prometheus URL" in app.screen.query_one("#status").text.plain
+
+
+def test_run_pick_sets_cuda_visible_devices_for_the_command():
+    """`gpuwatch run --pick 1` runs the command on this host's free GPU; --pick 3 is refused."""
+    import sys
+
+    from gpuwatch import paths
+
+    ts = now_ms()
+    conn = open_rw(paths.default_db_path(system=False))
+    insert_rows(conn, "gpus", [dict(gpu_index=i, uuid=f"GPU-{i}", first_seen_ms=ts, last_seen_ms=ts)
+                               for i in range(2)])
+    insert_rows(conn, "gpu_samples", [dict(gpu_index=i, ts_ms=ts - 1000 * k, gpu_util_pct=90 - 90 * i,
+                                           mem_free_bytes=70 * GIB) for i in range(2) for k in range(30)])
+    conn.close()
+    gpuwatch = str(Path(sys.executable).with_name("gpuwatch"))
+    child = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+    out = subprocess.run([gpuwatch, "run", "--pick", "1", "--", sys.executable, "-c", child],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1"
+    conn = open_ro(paths.default_db_path(system=False))
+    assert conn.execute("SELECT gpu_uuids FROM runs").fetchone() == ("1",)
+    conn.close()
+    out = subprocess.run([gpuwatch, "run", "--pick", "3", "--", "true"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.strip() == ("Error: --pick 3: no host has 3 GPUs that fit of 2 seen "
+                                  "(1 busy (utilisation > 10 %)); fitting: this host has 1")

@@ -1,4 +1,4 @@
-"""The fleet at one instant, as frozen values, read from Prometheus in four batched queries.
+"""The fleet at one instant, as frozen values, read from Prometheus in a few batched queries.
 
 Hosts are the targets that export gpuwatch's series, named by their `Hostname` label; a target
 whose scrape fails (`up` 0) stays listed with the time of its last stored sample. A multi-node
@@ -15,16 +15,22 @@ MIB = 1024 * 1024
 # A host that stopped answering stays listed this long after its last scrape (beyond it `up`
 # alone still lists it, named by its scrape address).
 HOST_LOOKBACK = "1d"
-GPU_METRICS = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
-               "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "gpuwatch_gpu_up",
-               "gpuwatch_gpu_throttled", "gpuwatch_gpu_user_memory_bytes")
+GPU_VALUES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
+              "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "gpuwatch_gpu_throttled")
 RUN_METRICS = ("gpuwatch_run_tokens_per_second", "gpuwatch_run_step", "gpuwatch_run_peak_memory_bytes")
-QUERIES = (
+TARGET = "job, instance, Hostname"
+# `max by` keeps only the labels the screen uses: the answer is a third of the raw series' size,
+# and encoding it is most of what Prometheus spends on a refresh.
+HOST_QUERIES = (
     f"last_over_time(gpuwatch_host_last_sample_timestamp_seconds[{HOST_LOOKBACK}])",
     "up",
-    '{__name__=~"%s"}' % "|".join(GPU_METRICS),
-    '{__name__=~"%s"}' % "|".join(RUN_METRICS),
 )
+GPU_QUERIES = HOST_QUERIES + (
+    'max by (__name__, %s, gpu) ({__name__=~"%s"})' % (TARGET, "|".join(GPU_VALUES)),
+    f"max by ({TARGET}, gpu, modelName) (gpuwatch_gpu_up)",
+    f"max by ({TARGET}, gpu, user) (gpuwatch_gpu_user_memory_bytes)",
+)
+JOB_QUERIES = HOST_QUERIES + ('{__name__=~"%s"}' % "|".join(RUN_METRICS),)
 
 
 @dataclass(frozen=True)
@@ -107,17 +113,22 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-def read_fleet(prom: Prometheus) -> Fleet:
-    """Every gpuwatch host, GPU and running job that Prometheus holds now."""
-    last, up, gpu_series, run_series = prom.query_many(list(QUERIES))
+def read_fleet(prom: Prometheus, jobs: bool = False) -> Fleet:
+    """Every gpuwatch host and, as asked, its GPUs or the running jobs, as Prometheus holds them now."""
+    if jobs:
+        last, up, run_series = prom.query_many(list(JOB_QUERIES))
+        gpu_series = []
+    else:
+        last, up, values, models, users = prom.query_many(list(GPU_QUERIES))
+        gpu_series, run_series = values + models + users, []
     at_s = max((r["value"][0] for r in last + up), default=0.0)
     names = {_target(r["metric"]): r["metric"].get("Hostname") or r["metric"].get("instance", "?")
              for r in last}
     last_sample = {_target(r["metric"]): r["value"][1] for r in last}
-    jobs = {job for job, _ in names}
+    known_jobs = {job for job, _ in names}
     # A target lives in a job that has had gpuwatch series; others (Prometheus itself,
     # node exporters) are not ours. A host down for longer than HOST_LOOKBACK keeps its address.
-    targets = {_target(r["metric"]): r["value"][1] == 1 for r in up if r["metric"].get("job") in jobs}
+    targets = {_target(r["metric"]): r["value"][1] == 1 for r in up if r["metric"].get("job") in known_jobs}
     gpus = _gpus(gpu_series, names, set(targets))
     counts: dict[str, int] = {}
     for g in gpus:
@@ -137,12 +148,14 @@ def _gpus(series: list[dict], names: dict, targets: set) -> list[FleetGpu]:
         if _target(m) not in targets or "gpu" not in m:
             continue  # e.g. a dcgm-exporter on the same hosts: its series are not ours
         host = m.get("Hostname") or names.get(_target(m), m.get("instance", "?"))
-        entry = values.setdefault((host, m["gpu"]), {"users": [], "model": m.get("modelName", "")})
-        if m["__name__"] == "gpuwatch_gpu_user_memory_bytes":
-            entry["users"].append((m.get("user", "?"), int(r["value"][1])))
+        entry = values.setdefault((host, m["gpu"]), {"users": [], "model": ""})
+        if "user" in m:
+            entry["users"].append((m["user"], int(r["value"][1])))
+        elif "modelName" in m:
+            entry["model"] = m["modelName"]
+            entry["gpuwatch_gpu_up"] = r["value"][1]
         else:
             entry[m["__name__"]] = r["value"][1]
-            entry["model"] = entry["model"] or m.get("modelName", "")
     gpus = []
     for (host, index), v in values.items():
         used, free = v.get("DCGM_FI_DEV_FB_USED"), v.get("DCGM_FI_DEV_FB_FREE")

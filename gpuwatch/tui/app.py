@@ -24,6 +24,7 @@ from gpuwatch.tui.screens.overview import OverviewScreen
 from gpuwatch.tui.screens.runs import RunsScreen
 from gpuwatch.tui.snapshot import ProcessRow, Snapshot, View
 
+FLEET_VIEWS = ("fleet", "fleet_jobs")  # fed by the fleet's source (Prometheus), not the store
 NO_FLEET = "no Prometheus to read the fleet from: gpuwatch tui --prometheus URL, or prometheus_url in the config"
 TERMINAL_CHECK_S = 2.0  # how often to check the terminal is still there (SSH hang-up)
 HARD_EXIT_AFTER_S = 3.0  # if a clean exit cannot finish writing to a dead terminal
@@ -126,11 +127,12 @@ class GpuwatchApp(App):
             return None
 
     def _fetch(self, view: View) -> None:  # runs in a worker thread
-        if view.kind == "fleet" and self.fleet is None:
+        fleet_view = view.kind in FLEET_VIEWS
+        if fleet_view and self.fleet is None:
             self.post_message(SnapshotReady(view, Snapshot(now_ms=0, problem=NO_FLEET)))
             return
         try:
-            snap = (self.fleet if view.kind == "fleet" else self.source).fetch(view)
+            snap = (self.fleet if fleet_view else self.source).fetch(view)
         except Exception as e:  # a bad read must not kill the UI; say what happened
             snap = Snapshot(now_ms=0, problem=f"cannot read the store: {e}")
         self.post_message(SnapshotReady(view, snap))

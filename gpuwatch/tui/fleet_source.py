@@ -22,7 +22,7 @@ class PrometheusSource:
     def fetch(self, view: View) -> Snapshot:
         now = self.clock()
         try:
-            fleet = read_fleet(self.prom)
+            fleet = read_fleet(self.prom, jobs=view.kind == "fleet_jobs")
         except PrometheusError as e:
             return Snapshot(now_ms=now, problem=str(e))
         return Snapshot(now_ms=now, data_ms=now, fleet=fleet)

@@ -31,7 +31,7 @@ def throttle_words(mask: int | None) -> list[str]:
 @dataclass(frozen=True)
 class View:
     """Which screen wants data: "overview", "runs", "run" (with run_id and a range in seconds;
-    range_s None = the whole run), "oom" or "profile" (with run_id), "capacity", or "fleet"."""
+    range_s None = the whole run), "oom" or "profile" (with run_id), "capacity", or "fleet" / "fleet_jobs" (the Fleet screen's GPUs or jobs)."""
 
     kind: str
     run_id: str | None = None

@@ -20,8 +20,12 @@ from gpuwatch.tui.snapshot import Snapshot, View
 
 FREE_UTIL_PCT = 10       # "free": no process on it and at most this busy
 SLOW_SHARE = 0.8         # a rank below 80 % of its even share of the job's tokens/s is marked
-GPU_COLUMNS = ("HOST", "GPU", "UTIL", "MEM", "TEMP", "POWER", "STATE", "USERS")
-JOB_COLUMNS = ("JOB", "USER", "NAME", "HOST", "RANK", "TOK/S", "SHARE", "STEP", "PEAK")
+# (header, width): fixed widths spare DataTable measuring every cell of a 1000-GPU fleet, and
+# fit 80 columns; longer host names and user lists are cut.
+GPU_COLUMNS = (("HOST", 12), ("GPU", 3), ("UTIL", 4), ("MEM", 7), ("TEMP", 4), ("POWER", 5),
+               ("STATE", 9), ("USERS", 24))
+JOB_COLUMNS = (("JOB", 16), ("USER", 8), ("NAME", 10), ("HOST", 12), ("RANK", 5), ("TOK/S", 6),
+               ("SHARE", 6), ("STEP", 7), ("PEAK", 9))
 SORTS = {
     "host": lambda g: (g.host, g.index),
     "util": lambda g: (-(g.util_pct or 0), g.host, g.index),
@@ -52,7 +56,7 @@ def down_cells(h: FleetHost) -> tuple:
 def job_rows(job: FleetJob) -> list[tuple[str, tuple]]:
     """(row key, cells): the job's total, then each rank with its share."""
     first = job.ranks[0]
-    rows = [(f"job:{job.job_id}", (Text(job.job_id[:24], style="bold"), first.user, first.name,
+    rows = [(f"job:{job.job_id}", (Text(job.job_id, style="bold"), first.user, first.name,
                                    f"{len(job.hosts)} host{'s' * (len(job.hosts) > 1)}",
                                    f"{len(job.ranks)} rk", Text(fmt.count(job.tokens_per_s), style="bold"),
                                    "100%", "", ""))]
@@ -99,7 +103,7 @@ class FleetScreen(LiveScreen):
         self._columns()
 
     def view(self) -> View:
-        return View("fleet")
+        return View("fleet_jobs" if self.jobs else "fleet")
 
     def show(self, snap: Snapshot, previous: Snapshot | None) -> None:
         self.snapshot = snap
@@ -120,8 +124,8 @@ class FleetScreen(LiveScreen):
     def _columns(self) -> None:
         table = self.query_one("#fleet", DataTable)
         table.clear(columns=True)
-        for name in JOB_COLUMNS if self.jobs else GPU_COLUMNS:
-            table.add_column(name, key=name)
+        for name, width in JOB_COLUMNS if self.jobs else GPU_COLUMNS:
+            table.add_column(name, width=width, key=name)
 
     def _matches(self, *names: str) -> bool:
         return not self.text_filter or any(self.text_filter in (n or "") for n in names)
@@ -192,6 +196,7 @@ class FleetScreen(LiveScreen):
         self.jobs = not self.jobs
         self._columns()
         self._fill()
+        self.app.poll_now()  # the other view reads other series
 
     def action_cycle_sort(self) -> None:
         names = list(SORTS)
