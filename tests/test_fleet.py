@@ -19,14 +19,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from rich.text import Text
-from textual.widgets import DataTable
 
 from gpuwatch.cli import main
 from gpuwatch.fleet.pick import Candidate, NothingFits, choose
 from gpuwatch.store import insert_rows, now_ms, open_ro, open_rw
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.fleet_source import PrometheusSource
-from gpuwatch.tui.screens.fleet import FleetScreen
+from gpuwatch.tui.screens.fleet import FleetScreen, RowList
 from gpuwatch.tui.source import StoreSource
 from systools import needs_tools
 from test_prometheus_integration import PROMTOOL, _free_port, _query, _wait_for
@@ -142,9 +141,9 @@ def _stored(host: Host, column: str, gpu: int) -> set:
         conn.close()
 
 
-def _cells(table: DataTable) -> list[list[str]]:
-    return [[c.plain if isinstance(c, Text) else str(c) for c in table.get_row_at(i)]
-            for i in range(table.row_count)]
+def _cells(screen: FleetScreen) -> list[list[str]]:
+    return [[c.plain if isinstance(c, Text) else str(c) for c in cells]
+            for _, cells in screen.query_one(RowList).rows]
 
 
 @needs_prometheus
@@ -182,16 +181,19 @@ async def test_fleet_screen_shows_every_host_and_the_stopped_one_unreachable(fle
         stored_ts = {t for (t,) in conn.execute("SELECT ts_ms FROM gpu_samples UNION SELECT ts_ms FROM host_samples")}
         conn.close()
         assert round(c.last_sample_s * 1000) in stored_ts
-        rows = _cells(screen.query_one("#fleet", DataTable))
+        rows = _cells(screen)
         assert [r[0] for r in rows] == ["host-a", "host-a", "host-b", "host-b", "host-c"]
         assert rows[-1][6] == "down" and rows[-1][7].startswith("unreachable since ")
+        painted = screen.query_one(RowList).render().plain.splitlines()
+        assert painted[0].split() == ["HOST", "GPU", "UTIL", "MEM", "TEMP", "POWER", "STATE", "USERS"]
+        assert painted[-1].startswith("host-c") and "unreachable since" in painted[-1]
         assert "3 hosts, 1 unreachable" in screen.query_one("#status").text.plain
 
         await pilot.press("f")  # only free GPUs: idle and nobody's process on them
-        assert [(r[0], r[1]) for r in _cells(screen.query_one("#fleet", DataTable))] == [
+        assert [(r[0], r[1]) for r in _cells(screen)] == [
             ("host-a", "1"), ("host-b", "0")]
         await pilot.press("f", "slash", *"host-b", "enter")
-        assert {r[0] for r in _cells(screen.query_one("#fleet", DataTable))} == {"host-b"}
+        assert {r[0] for r in _cells(screen)} == {"host-b"}
         await pilot.press("enter")  # on a host's row: the command that opens its TUI
         assert screen.query_one("#fleet-hint").text.plain.endswith("ssh -t host-b gpuwatch tui")
 
@@ -217,14 +219,15 @@ async def test_jobs_view_sums_a_two_host_job_over_its_ranks(fleet):
         [summed] = _wait_for(int(url.rsplit(":", 1)[1]), "job_id:gpuwatch_run_tokens_per_second:sum", 1,
                              Path("/dev/null"))
         assert summed["metric"]["job_id"] == JOB and float(summed["value"][1]) == 3400
-        rows = _cells(app.screen.query_one("#fleet", DataTable))
+        rows = _cells(app.screen)
         assert rows[0][0] == JOB and rows[0][3] == "2 hosts" and rows[0][5] == "3.4k"
         shares = {(r[3], r[4]): r[6] for r in rows[1:]}
         assert shares == {("host-a", "0"): "29.4%", ("host-a", "1"): "29.4%",
                           ("host-b", "2"): "29.4%", ("host-b", "3"): "11.8%"}
-        slow = app.screen.query_one("#fleet", DataTable).get_row_at(4)[6]
-        assert "red" in str(slow.style)  # the slow rank stands out; the others do not
-        assert "red" not in str(app.screen.query_one("#fleet", DataTable).get_row_at(1)[6].style)
+        table = app.screen.query_one(RowList)
+        assert "red" in str(table.rows[4][1][6].style)  # the slow rank stands out; the others do not
+        assert "red" not in str(table.rows[1][1][6].style)
+        assert "11.8%" in table.render().plain  # and all of it fits on the 80x24 screen
 
 
 @needs_prometheus
@@ -363,7 +366,7 @@ def test_a_broken_prometheus_is_one_clear_line_in_pick_and_the_tui(broken_promet
                     break
             status = app.screen.query_one("#status").text.plain
             assert says in status and "\n" not in status
-            assert app.screen.query_one("#fleet", DataTable).row_count == 0
+            assert app.screen.query_one(RowList).rows == []
 
     tui()
 

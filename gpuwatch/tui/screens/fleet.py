@@ -11,7 +11,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Footer, Input
+from textual.message import Message
+from textual.widget import Widget
+from textual.widgets import Footer, Input
 
 from gpuwatch import fmt
 from gpuwatch.fleet.model import Fleet, FleetGpu, FleetHost, FleetJob
@@ -20,10 +22,9 @@ from gpuwatch.tui.snapshot import Snapshot, View
 
 FREE_UTIL_PCT = 10       # "free": no process on it and at most this busy
 SLOW_SHARE = 0.8         # a rank below 80 % of its even share of the job's tokens/s is marked
-# (header, width): fixed widths spare DataTable measuring every cell of a 1000-GPU fleet, and
-# fit 80 columns; longer host names and user lists are cut.
+# (header, width): fixed widths fit 80 columns; longer host names and user lists are cut.
 GPU_COLUMNS = (("HOST", 12), ("GPU", 3), ("UTIL", 4), ("MEM", 7), ("TEMP", 4), ("POWER", 5),
-               ("STATE", 9), ("USERS", 24))
+               ("STATE", 9), ("USERS", 28))
 JOB_COLUMNS = (("JOB", 16), ("USER", 8), ("NAME", 10), ("HOST", 12), ("RANK", 5), ("TOK/S", 6),
                ("SHARE", 6), ("STEP", 7), ("PEAK", 9))
 SORTS = {
@@ -47,9 +48,11 @@ def gpu_cells(g: FleetGpu) -> tuple:
             ", ".join(f"{u} {fmt.size(b)}" for u, b in g.users) or "-")
 
 
-def down_cells(h: FleetHost) -> tuple:
-    since = ("unreachable" if h.last_sample_s is None
-             else f"unreachable since {fmt.local_time(int(h.last_sample_s * 1000))}")
+def down_cells(h: FleetHost, now_s: float) -> tuple:
+    """A host whose scrape fails: since when, by the newest sample it stored (the date only
+    when that is more than 20 hours ago, so that the line fits 80 columns)."""
+    since = ("unreachable" if h.last_sample_s is None else "unreachable since " + fmt.local_time(
+        int(h.last_sample_s * 1000), with_date=now_s - h.last_sample_s > 20 * 3600))
     return (h.name, "-", "", "", "", "", Text("down", style=STATE_STYLES["down"]), Text(since, style="red"))
 
 
@@ -69,6 +72,100 @@ def job_rows(job: FleetJob) -> list[tuple[str, tuple]]:
             Text(fmt.percent(share), style="bold red" if slow else ""),
             "-" if r.step is None else str(r.step), fmt.size(r.peak_bytes))))
     return rows
+
+
+class RowList(Widget, can_focus=True):
+    """A table that formats only the rows on screen. A fleet has a thousand GPUs and a terminal
+    shows twenty of them: a DataTable would format and measure every cell of every row on each
+    refresh (over a second at 800 rows), this costs the same at 8 hosts or 1000."""
+
+    BINDINGS = [
+        Binding("up", "move(-1)", show=False), Binding("down", "move(1)", show=False),
+        Binding("pageup", "page(-1)", show=False), Binding("pagedown", "page(1)", show=False),
+        Binding("home", "move(-1_000_000)", show=False), Binding("end", "move(1_000_000)", show=False),
+        Binding("enter", "select", show=False),
+    ]
+
+    class Selected(Message):
+        def __init__(self, key: str) -> None:
+            super().__init__()
+            self.key = key
+
+    def __init__(self, columns: tuple[tuple[str, int], ...], id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.columns = columns
+        self.rows: list[tuple[str, tuple]] = []   # (key, cells)
+        self.cursor = 0
+        self.top = 0
+
+    def set_columns(self, columns: tuple[tuple[str, int], ...]) -> None:
+        self.columns, self.rows, self.cursor, self.top = columns, [], 0, 0
+        self.refresh()
+
+    def set_rows(self, rows: list[tuple[str, tuple]]) -> None:
+        """New rows; the cursor stays on the same key when it is still there."""
+        keep = self.selected_key()
+        self.rows = rows
+        keys = [k for k, _ in rows]
+        self.cursor = keys.index(keep) if keep in keys else max(0, min(self.cursor, len(rows) - 1))
+        self._scroll()
+        self.refresh()
+
+    def selected_key(self) -> str | None:
+        return self.rows[self.cursor][0] if self.rows else None
+
+    def _page(self) -> int:
+        return max(1, self.size.height - 1)  # one line is the header
+
+    def _scroll(self) -> None:
+        page = self._page()
+        if self.cursor < self.top:
+            self.top = self.cursor
+        elif self.cursor >= self.top + page:
+            self.top = self.cursor - page + 1
+        self.top = max(0, min(self.top, len(self.rows) - page))
+
+    def action_move(self, delta: int) -> None:
+        self.cursor = max(0, min(len(self.rows) - 1, self.cursor + delta))
+        self._scroll()
+        self.refresh()
+
+    def action_page(self, pages: int) -> None:
+        self.action_move(pages * self._page())
+
+    def action_select(self) -> None:
+        if self.rows:
+            self.post_message(self.Selected(self.rows[self.cursor][0]))
+
+    def on_mouse_scroll_down(self) -> None:
+        self.action_move(3)
+
+    def on_mouse_scroll_up(self) -> None:
+        self.action_move(-3)
+
+    def on_resize(self) -> None:
+        self._scroll()
+
+    def _line(self, cells: tuple) -> Text:
+        line = Text(no_wrap=True)
+        for (_, width), cell in zip(self.columns, cells):
+            text = cell.copy() if isinstance(cell, Text) else Text(str(cell))
+            text.truncate(width, overflow="ellipsis", pad=True)
+            line.append_text(text)
+            line.append(" ")
+        return line
+
+    def render(self) -> Text:
+        out = Text(no_wrap=True, overflow="crop")
+        out.append_text(self._line(tuple(name for name, _ in self.columns)))
+        out.stylize("bold")
+        for i in range(self.top, min(len(self.rows), self.top + self._page())):
+            line = self._line(self.rows[i][1])
+            if i == self.cursor:
+                line.stylize("reverse")
+            out.append("\n")
+            out.append_text(line)
+        return out
 
 
 class FleetScreen(LiveScreen):
@@ -92,7 +189,7 @@ class FleetScreen(LiveScreen):
     def compose(self) -> ComposeResult:
         yield Line(id="status")
         yield Line(id="fleet-title")
-        yield DataTable(id="fleet", cursor_type="row")
+        yield RowList(GPU_COLUMNS, id="fleet")
         yield Line(id="fleet-hint")
         yield Input(placeholder="show GPUs and jobs of this user or host (empty = all), Enter to apply",
                     id="fleet-filter", classes="hidden")
@@ -100,7 +197,7 @@ class FleetScreen(LiveScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self._columns()
+        self.query_one(RowList).focus()
 
     def view(self) -> View:
         return View("fleet_jobs" if self.jobs else "fleet")
@@ -121,12 +218,6 @@ class FleetScreen(LiveScreen):
 
     # -- table -----------------------------------------------------------------------------
 
-    def _columns(self) -> None:
-        table = self.query_one("#fleet", DataTable)
-        table.clear(columns=True)
-        for name, width in JOB_COLUMNS if self.jobs else GPU_COLUMNS:
-            table.add_column(name, width=width, key=name)
-
     def _matches(self, *names: str) -> bool:
         return not self.text_filter or any(self.text_filter in (n or "") for n in names)
 
@@ -140,30 +231,29 @@ class FleetScreen(LiveScreen):
         return [j for j in fleet.jobs if any(self._matches(r.user, r.host) for r in j.ranks)]
 
     def _fill(self) -> None:
-        table = self.query_one("#fleet", DataTable)
         fleet = self.snapshot.fleet if self.snapshot else None
-        keep = table.cursor_row
-        table.clear()
+        rows: list[tuple[str, tuple]] = []
         self.row_hosts = {}
         if fleet is None:
+            self.query_one(RowList).set_rows(rows)
             self.set_line("#fleet-title", Text("Fleet", style="bold"))
             return
         if self.jobs:
             jobs = self.visible_jobs(fleet)
             for job in jobs:
                 for key, cells in job_rows(job):
-                    table.add_row(*cells, key=key)
+                    rows.append((key, cells))
                     self.row_hosts[key] = key.split(":")[2] if key.startswith("rank:") else job.hosts[0]
             title = f"Jobs: {len(jobs)} running · tokens/s summed over every rank on every host"
         else:
             gpus = self.visible_gpus(fleet)
             for g in gpus:
                 key = f"gpu:{g.host}:{g.index}"
-                table.add_row(*gpu_cells(g), key=key)
+                rows.append((key, gpu_cells(g)))
                 self.row_hosts[key] = g.host
             for h in fleet.hosts:
                 if not h.up and not self.only_free and self._matches(h.name):
-                    table.add_row(*down_cells(h), key=f"host:{h.name}")
+                    rows.append((f"host:{h.name}", down_cells(h, fleet.at_s)))
                     self.row_hosts[f"host:{h.name}"] = h.name
             free = sum(is_free(g) for g in fleet.gpus)
             title = (f"GPUs: {len(gpus)} of {len(fleet.gpus)} · {free} free · sort {self.sort}"
@@ -171,30 +261,19 @@ class FleetScreen(LiveScreen):
         if self.text_filter:
             title += f" · filter {self.text_filter!r}"
         self.set_line("#fleet-title", Text(title, style="bold"))
-        if table.row_count:
-            table.move_cursor(row=min(keep, table.row_count - 1), animate=False)
-
-    def selected_host(self) -> str | None:
-        table = self.query_one("#fleet", DataTable)
-        if table.row_count == 0:
-            return None
-        try:
-            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        except Exception:  # cursor outside the table after a refresh emptied it
-            return None
-        return self.row_hosts.get(key)
+        self.query_one(RowList).set_rows(rows)
 
     # -- actions ---------------------------------------------------------------------------
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        host = self.selected_host()
+    def on_row_list_selected(self, event: RowList.Selected) -> None:
+        host = self.row_hosts.get(event.key)
         if host:
             self.set_line("#fleet-hint", Text.assemble(("open its TUI: ", "dim"),
                                                        (f"ssh -t {host} gpuwatch tui", "bold")))
 
     def action_toggle_jobs(self) -> None:
         self.jobs = not self.jobs
-        self._columns()
+        self.query_one(RowList).set_columns(JOB_COLUMNS if self.jobs else GPU_COLUMNS)
         self._fill()
         self.app.poll_now()  # the other view reads other series
 
@@ -216,11 +295,11 @@ class FleetScreen(LiveScreen):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.text_filter = event.value.strip() or None
         event.input.add_class("hidden")
-        self.query_one("#fleet", DataTable).focus()
+        self.query_one(RowList).focus()
         self._fill()
 
     def action_clear_filter(self) -> None:
         self.query_one("#fleet-filter", Input).add_class("hidden")
         self.text_filter = None
-        self.query_one("#fleet", DataTable).focus()
+        self.query_one(RowList).focus()
         self._fill()
