@@ -32,6 +32,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatch.daemon.metrics import start_metrics_server
+from gpuwatch.fleet.model import GPU_QUERIES, JOB_QUERIES
 from gpuwatch.store import insert_rows, now_ms, open_rw
 
 GIB = 1024 ** 3
@@ -174,14 +175,16 @@ def pct(values: list[float], p: float) -> float:
     return sorted(values)[min(len(values) - 1, int(p * len(values)))]
 
 
-async def refreshes(url: str, n: int) -> tuple[list, list, list, object]:
-    from gpuwatch.fleet.model import GPU_QUERIES as QUERIES
+async def refreshes(url: str, n: int, jobs: bool) -> tuple[list, list, list, object]:
+    """n refreshes of the Fleet screen's GPU view (or its Jobs view): per refresh, the time of its
+    HTTP queries alone, of the fleet read, and from the read's start to the painted screen."""
     from gpuwatch.tui.app import GpuwatchApp
     from gpuwatch.tui.fleet_source import PrometheusSource
     from gpuwatch.tui.screens.fleet import FleetScreen
 
     source = PrometheusSource(url, timeout_s=30)
-    raw_pool = ThreadPoolExecutor(max_workers=len(QUERIES))
+    queries = JOB_QUERIES if jobs else GPU_QUERIES
+    raw_pool = ThreadPoolExecutor(max_workers=len(queries))
 
     def raw(q: str) -> int:
         with urllib.request.urlopen(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": q})) as r:
@@ -193,9 +196,12 @@ async def refreshes(url: str, n: int) -> tuple[list, list, list, object]:
         await pilot.pause(1.0)
         screen = app.screen
         assert isinstance(screen, FleetScreen)
+        if jobs:
+            await pilot.press("j")
+            await pilot.pause(1.0)
         for i in range(n + 1):
             t0 = time.perf_counter()
-            list(raw_pool.map(raw, QUERIES))
+            list(raw_pool.map(raw, queries))
             t1 = time.perf_counter()
             snap = source.fetch(screen.view())
             t2 = time.perf_counter()
@@ -244,22 +250,27 @@ def main() -> int:
             try:
                 url = f"http://127.0.0.1:{port}"
                 wait_ready(url)
-                prom_ms, read_ms, paint_ms, shown = asyncio.run(refreshes(url, args.refreshes))
+                results = {view: asyncio.run(refreshes(url, args.refreshes, view == "Jobs"))
+                           for view in ("GPUs", "Jobs")}
             finally:
                 prom.terminate()
                 prom.wait(timeout=30)
-    fleet = shown.fleet
-    if shown.problem or fleet is None:
-        print(f"refresh failed: {shown.problem}")
-        return 1
-    down = [h.name for h in fleet.hosts if not h.up]
-    print(f"fleet read back: {len(fleet.hosts)} hosts ({len(down)} down: {', '.join(down)}), "
-          f"{len(fleet.gpus)} GPUs, {len(fleet.jobs)} jobs")
-    for label, values in ((f"Prometheus alone ({len(QUERIES)} queries)", prom_ms), ("fleet read (queries+parse)", read_ms),
-                          ("query to painted screen", paint_ms)):
-        print(f"  {label:<30} p50 {statistics.median(values):6.0f} ms   p90 {pct(values, 0.9):6.0f} ms   "
-              f"max {max(values):6.0f} ms")
-    print(f"goal: query to painted screen <= 300 ms: {'met' if pct(paint_ms, 0.9) <= 300 else 'MISSED'} (p90)")
+    missed = False
+    for view, (prom_ms, read_ms, paint_ms, shown) in results.items():
+        fleet = shown.fleet
+        if shown.problem or fleet is None:
+            print(f"refresh failed: {shown.problem}")
+            return 1
+        down = [h.name for h in fleet.hosts if not h.up]
+        print(f"{view} view at 80x24: {len(fleet.hosts)} hosts ({len(down)} down: {', '.join(down)}), "
+              f"{len(fleet.gpus)} GPUs, {len(fleet.jobs)} jobs of {sum(len(j.ranks) for j in fleet.jobs)} ranks")
+        queries = JOB_QUERIES if view == "Jobs" else GPU_QUERIES
+        for label, values in ((f"Prometheus alone ({len(queries)} queries)", prom_ms),
+                              ("fleet read (queries+parse)", read_ms), ("query to painted screen", paint_ms)):
+            print(f"  {label:<30} p50 {statistics.median(values):6.0f} ms   p90 {pct(values, 0.9):6.0f} ms   "
+                  f"max {max(values):6.0f} ms")
+        missed |= pct(paint_ms, 0.9) > 300
+    print(f"goal: query to painted screen <= 300 ms (p90): {'MISSED' if missed else 'met'}")
     return 0
 
 
