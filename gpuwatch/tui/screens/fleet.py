@@ -25,8 +25,8 @@ SLOW_SHARE = 0.8         # a rank below 80 % of its even share of the job's toke
 # (header, width): fixed widths fit 80 columns; longer host names and user lists are cut.
 GPU_COLUMNS = (("HOST", 12), ("GPU", 3), ("UTIL", 4), ("MEM", 7), ("TEMP", 4), ("POWER", 5),
                ("STATE", 9), ("USERS", 28))
-JOB_COLUMNS = (("JOB", 16), ("USER", 8), ("NAME", 10), ("HOST", 12), ("RANK", 5), ("TOK/S", 6),
-               ("SHARE", 6), ("STEP", 7), ("PEAK", 9))
+JOB_COLUMNS = (("JOB", 14), ("USER", 8), ("NAME", 8), ("HOST", 11), ("RANK", 4), ("TOK/S", 6),
+               ("SHARE", 6), ("STEP", 6), ("PEAK", 8))
 SORTS = {
     "host": lambda g: (g.host, g.index),
     "util": lambda g: (-(g.util_pct or 0), g.host, g.index),
@@ -148,11 +148,11 @@ class RowList(Widget, can_focus=True):
 
     def _line(self, cells: tuple) -> Text:
         line = Text(no_wrap=True)
-        for (_, width), cell in zip(self.columns, cells):
+        for n, ((_, width), cell) in enumerate(zip(self.columns, cells)):
             text = cell.copy() if isinstance(cell, Text) else Text(str(cell))
             text.truncate(width, overflow="ellipsis", pad=True)
+            line.append(" " if n else "")
             line.append_text(text)
-            line.append(" ")
         return line
 
     def render(self) -> Text:
@@ -268,7 +268,8 @@ class FleetScreen(LiveScreen):
     def on_row_list_selected(self, event: RowList.Selected) -> None:
         host = self.row_hosts.get(event.key)
         if host:
-            self.set_line("#fleet-hint", Text.assemble(("open its TUI: ", "dim"),
+            job = event.key.split(":", 1)[1] + " · " if event.key.startswith("job:") else ""
+            self.set_line("#fleet-hint", Text.assemble((f"{job}open its TUI: ", "dim"),
                                                        (f"ssh -t {host} gpuwatch tui", "bold")))
 
     def action_toggle_jobs(self) -> None:
