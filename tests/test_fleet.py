@@ -228,6 +228,8 @@ async def test_jobs_view_sums_a_two_host_job_over_its_ranks(fleet):
         assert "red" in str(table.rows[4][1][6].style)  # the slow rank stands out; the others do not
         assert "red" not in str(table.rows[1][1][6].style)
         assert "11.8%" in table.render().plain  # and all of it fits on the 80x24 screen
+        await pilot.press("end", "enter")  # the slow rank's host: the command that opens its TUI
+        assert app.screen.query_one("#fleet-hint").text.plain.endswith("ssh -t host-b gpuwatch tui")
 
 
 @needs_prometheus

@@ -56,10 +56,10 @@ def down_cells(h: FleetHost, now_s: float) -> tuple:
     return (h.name, "-", "", "", "", "", Text("down", style=STATE_STYLES["down"]), Text(since, style="red"))
 
 
-def job_rows(job: FleetJob) -> list[tuple[str, tuple]]:
-    """(row key, cells): the job's total, then each rank with its share."""
+def job_rows(job: FleetJob) -> list[tuple[str, str, tuple]]:
+    """(row key, host, cells): the job's total (on its first host), then each rank with its share."""
     first = job.ranks[0]
-    rows = [(f"job:{job.job_id}", (Text(job.job_id, style="bold"), first.user, first.name,
+    rows = [(f"job:{job.job_id}", job.hosts[0], (Text(job.job_id, style="bold"), first.user, first.name,
                                    f"{len(job.hosts)} host{'s' * (len(job.hosts) > 1)}",
                                    f"{len(job.ranks)} rk", Text(fmt.count(job.tokens_per_s), style="bold"),
                                    "100%", "", ""))]
@@ -67,7 +67,7 @@ def job_rows(job: FleetJob) -> list[tuple[str, tuple]]:
     for r in job.ranks:
         share = job.share(r)
         slow = share is not None and len(job.ranks) > 1 and share < SLOW_SHARE * even
-        rows.append((f"rank:{job.job_id}:{r.host}:{r.run_id}", (
+        rows.append((f"rank:{r.host}:{r.run_id}", r.host, (
             "", "", "", r.host, "-" if r.rank is None else str(r.rank), fmt.count(r.tokens_per_s),
             Text(fmt.percent(share), style="bold red" if slow else ""),
             "-" if r.step is None else str(r.step), fmt.size(r.peak_bytes))))
@@ -241,9 +241,9 @@ class FleetScreen(LiveScreen):
         if self.jobs:
             jobs = self.visible_jobs(fleet)
             for job in jobs:
-                for key, cells in job_rows(job):
+                for key, host, cells in job_rows(job):
                     rows.append((key, cells))
-                    self.row_hosts[key] = key.split(":")[2] if key.startswith("rank:") else job.hosts[0]
+                    self.row_hosts[key] = host
             title = f"Jobs: {len(jobs)} running · tokens/s summed over every rank on every host"
         else:
             gpus = self.visible_gpus(fleet)
