@@ -28,7 +28,7 @@ from gpuwatch.tui.fleet_source import PrometheusSource
 from gpuwatch.tui.screens.fleet import FleetScreen, RowList
 from gpuwatch.tui.source import StoreSource
 from systools import needs_tools
-from test_prometheus_integration import PROMTOOL, _free_port, _query, _wait_for
+from test_prometheus_integration import PROMTOOL, _free_port, _query, _wait_for, prometheus_scraping
 from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 needs_prometheus = needs_tools("prometheus")
@@ -87,28 +87,6 @@ def _add_job_ranks(host: Host) -> None:
     conn.close()
 
 
-@contextlib.contextmanager
-def _prometheus(tmp: Path, ports: list[int]):
-    from test_prometheus_integration import PROMETHEUS
-
-    prom_port = _free_port()
-    targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
-    (tmp / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\n"
-        f"rule_files: ['{RULES}']\n"
-        f"scrape_configs:\n  - job_name: gpuwatch\n    static_configs: [{{targets: [{targets}]}}]\n")
-    with open(tmp / "prometheus.log", "w") as log:
-        prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{prom_port}"],
-                                stdout=log, stderr=subprocess.STDOUT)
-        try:
-            yield prom_port
-        finally:
-            prom.terminate()
-            prom.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """Prometheus scraping host-a, host-b and host-c every second; host-c stopped once scraped.
@@ -120,7 +98,7 @@ def fleet(tmp_path_factory):
     try:
         for host in hosts.values():
             _add_job_ranks(host)
-        with _prometheus(tmp, [h.port for h in hosts.values()]) as prom_port:
+        with prometheus_scraping(tmp, *(h.port for h in hosts.values()), rule_files=[RULES]) as prom_port:
             log = tmp / "prometheus.log"
             _wait_for(prom_port, "gpuwatch_run_tokens_per_second", len(RANKS), log)
             _wait_for(prom_port, "gpuwatch_gpu_user_memory_bytes", 2, log)
@@ -133,12 +111,26 @@ def fleet(tmp_path_factory):
             host.stop()
 
 
+async def _fleet_shown(app, pilot, ready=lambda snap: True) -> None:
+    """Wait (up to 5 s) until the Fleet screen shows a snapshot that is `ready`."""
+    for _ in range(50):
+        await pilot.pause(0.1)
+        if isinstance(app.screen, FleetScreen) and app.screen.shown is not None and ready(app.screen.shown):
+            return
+
+
 def _stored(host: Host, column: str, gpu: int) -> set:
     conn = open_ro(host.db)
     try:
         return {v for (v,) in conn.execute(f"SELECT {column} FROM gpu_samples WHERE gpu_index = ?", (gpu,))}
     finally:
         conn.close()
+
+
+def _fleet_app(url: str, hosts: dict) -> GpuwatchApp:
+    """The TUI as host-a's user opens it with --prometheus: on the Fleet screen."""
+    return GpuwatchApp(StoreSource(str(hosts["host-a"].db)), refresh_s=30, start_mode="fleet",
+                       fleet=PrometheusSource(url))
 
 
 def _cells(screen: FleetScreen) -> list[list[str]]:
@@ -151,13 +143,9 @@ def _cells(screen: FleetScreen) -> list[list[str]]:
 @pilot_test
 async def test_fleet_screen_shows_every_host_and_the_stopped_one_unreachable(fleet):
     url, hosts = fleet
-    app = GpuwatchApp(StoreSource(str(hosts["host-a"].db)), refresh_s=30, start_mode="fleet",
-                      fleet=PrometheusSource(url))
+    app = _fleet_app(url, hosts)
     async with app.run_test(size=(80, 24)) as pilot:
-        for _ in range(50):
-            await pilot.pause(0.1)
-            if isinstance(app.screen, FleetScreen) and app.screen.shown is not None:
-                break
+        await _fleet_shown(app, pilot)
         screen = app.screen
         snap = screen.shown
         assert snap.problem is None, snap.problem
@@ -203,14 +191,10 @@ async def test_fleet_screen_shows_every_host_and_the_stopped_one_unreachable(fle
 @pilot_test
 async def test_jobs_view_sums_a_two_host_job_over_its_ranks(fleet):
     url, hosts = fleet
-    app = GpuwatchApp(StoreSource(str(hosts["host-a"].db)), refresh_s=30, start_mode="fleet",
-                      fleet=PrometheusSource(url))
+    app = _fleet_app(url, hosts)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("j")
-        for _ in range(50):
-            await pilot.pause(0.1)
-            if isinstance(app.screen, FleetScreen) and app.screen.shown is not None and app.screen.shown.fleet.jobs:
-                break
+        await _fleet_shown(app, pilot, lambda snap: snap.fleet is not None and snap.fleet.jobs)
         [job] = app.screen.shown.fleet.jobs
         assert job.job_id == JOB and job.hosts == ("host-a", "host-b")
         assert [(r.host, r.rank, r.tokens_per_s) for r in job.ranks] == list(RANKS)
@@ -362,10 +346,7 @@ def test_a_broken_prometheus_is_one_clear_line_in_pick_and_the_tui(broken_promet
         app = GpuwatchApp(StoreSource(str(tmp_path / "none.db")), refresh_s=30, start_mode="fleet",
                           fleet=PrometheusSource(url, timeout_s=1))
         async with app.run_test(size=(80, 24)) as pilot:
-            for _ in range(40):
-                await pilot.pause(0.1)
-                if app.screen.shown is not None:
-                    break
+            await _fleet_shown(app, pilot)
             status = app.screen.query_one("#status").text.plain
             assert says in status and "\n" not in status
             assert app.screen.query_one(RowList).rows == []
@@ -378,10 +359,7 @@ async def test_fleet_screen_without_prometheus_says_how_to_get_one(tmp_path):
     app = GpuwatchApp(StoreSource(str(tmp_path / "none.db")), refresh_s=30)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("F")
-        for _ in range(20):
-            await pilot.pause(0.1)
-            if isinstance(app.screen, FleetScreen) and app.screen.shown is not None:
-                break
+        await _fleet_shown(app, pilot)
         assert "gpuwatch tui --prometheus URL" in app.screen.query_one("#status").text.plain
 
 

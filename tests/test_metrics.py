@@ -61,6 +61,16 @@ def scrape(server) -> str:
         return resp.read().decode()
 
 
+def scrape_and_close(db, conn, **server_options) -> dict[str, list]:
+    """One scrape of a metrics server on `db`, then the server and `conn` are closed."""
+    server = start_metrics_server("127.0.0.1:0", db, **server_options)
+    try:
+        return samples_by_name(scrape(server))
+    finally:
+        server.close()
+        conn.close()
+
+
 def samples_by_name(text: str) -> dict[str, list]:
     out: dict[str, list] = {}
     for family in text_string_to_metric_families(text):
@@ -143,12 +153,7 @@ def test_only_running_runs_are_exported_among_1000(tmp_path):
     db = tmp_path / "g.db"
     running = set(range(0, 1000, 100))
     conn = fill_fleet(db, runs=1000, running=running, steps=2)
-    server = start_metrics_server("127.0.0.1:0", db)
-    try:
-        got = samples_by_name(scrape(server))
-    finally:
-        server.close()
-        conn.close()
+    got = scrape_and_close(db, conn)
     assert {s.labels["run_id"] for s in got["gpuwatch_run_tokens_per_second"]} == {
         f"run-{r}" for r in running}
     assert len(got["gpuwatch_run_peak_memory_bytes"]) == 10
@@ -158,12 +163,7 @@ def test_only_running_runs_are_exported_among_1000(tmp_path):
 def test_stale_and_lost_gpus_are_left_out(tmp_path):
     db = tmp_path / "g.db"
     conn = fill_fleet(db, ts=now_ms() - 3_600_000)
-    server = start_metrics_server("127.0.0.1:0", db)
-    try:
-        got = samples_by_name(scrape(server))
-    finally:
-        server.close()
-        conn.close()
+    got = scrape_and_close(db, conn)
     assert "DCGM_FI_DEV_GPU_UTIL" not in got
     assert "gpuwatch_host_cpu_percent" not in got
 
@@ -242,12 +242,7 @@ def test_memory_per_user_per_gpu_is_bounded(tmp_path):
     procs = [(0, 10, "bob", 3 * GIB), (0, 11, "bob", GIB), (0, 12, "carol", 2 * GIB)]
     procs += [(1, 100 + u, f"user{u:02d}", (u + 1) * GIB) for u in range(12)]
     add_gpu_processes(conn, procs)
-    server = start_metrics_server("127.0.0.1:0", db)
-    try:
-        got = samples_by_name(scrape(server))
-    finally:
-        server.close()
-        conn.close()
+    got = scrape_and_close(db, conn)
     held = {(s.labels["gpu"], s.labels["user"]): s.value for s in got["gpuwatch_gpu_user_memory_bytes"]}
     assert {u: v for (g, u), v in held.items() if g == "0"} == {"bob": 4 * GIB, "carol": 2 * GIB}
     gpu1 = {u: v for (g, u), v in held.items() if g == "1"}
@@ -264,12 +259,7 @@ def test_host_label_gpu_up_throttling_and_last_sample(tmp_path):
     conn.execute("UPDATE gpu_samples SET throttle_reasons = 0x40 WHERE gpu_index = 1")  # HW thermal
     conn.execute("UPDATE gpu_samples SET throttle_reasons = 0x1 WHERE gpu_index = 0")   # idle: normal
     conn.execute("UPDATE gpus SET state = 'lost' WHERE gpu_index = 2")
-    server = start_metrics_server("127.0.0.1:0", db, hostname="node-7")
-    try:
-        got = samples_by_name(scrape(server))
-    finally:
-        server.close()
-        conn.close()
+    got = scrape_and_close(db, conn, hostname="node-7")
     by_gpu = lambda name: {s.labels["gpu"]: s.value for s in got[name]}  # noqa: E731
     assert by_gpu("gpuwatch_gpu_up") == {"0": 1, "1": 1, "2": 0}
     assert by_gpu("gpuwatch_gpu_throttled") == {"0": 0, "1": 1}
