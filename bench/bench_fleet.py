@@ -108,7 +108,8 @@ def series_figures(text: str) -> list:
     for s in samples:
         by_kind[kind(s.name)] = by_kind.get(kind(s.name), 0) + 1
     dcgm = len(DCGM_DEFAULT_FIELDS) * GPUS
-    print(f"series per host: {GPUS} GPUs, {PROCESSES} GPU processes of {PROCESSES} users, {RUNS} running runs")
+    print(f"series per host: {GPUS} GPUs, {PROCESSES} GPU processes of {PROCESSES} users, "
+          f"{RUNS} running runs")
     for k, n in sorted(by_kind.items(), key=lambda kv: -kv[1]):
         print(f"  {k:<28} {n:>4}")
     print(f"  {'total':<28} {len(samples):>4}   dcgm-exporter's default counters: "
@@ -263,7 +264,8 @@ def main() -> int:
             return 1
         down = [h.name for h in fleet.hosts if not h.up]
         print(f"{view} view at 80x24: {len(fleet.hosts)} hosts ({len(down)} down: {', '.join(down)}), "
-              f"{len(fleet.gpus)} GPUs, {len(fleet.jobs)} jobs of {sum(len(j.ranks) for j in fleet.jobs)} ranks")
+              f"{len(fleet.gpus)} GPUs, {len(fleet.jobs)} jobs of "
+              f"{sum(len(j.ranks) for j in fleet.jobs)} ranks")
         queries = JOB_QUERIES if view == "Jobs" else GPU_QUERIES
         for label, values in ((f"Prometheus alone ({len(queries)} queries)", prom_ms),
                               ("fleet read (queries+parse)", read_ms), ("query to painted screen", paint_ms)):

@@ -166,7 +166,8 @@ async def test_fleet_screen_shows_every_host_and_the_stopped_one_unreachable(fle
         # host-c: one row, unreachable since the newest sample it stored before it stopped.
         [c] = [h for h in snap.fleet.hosts if h.name == "host-c"]
         conn = open_ro(hosts["host-c"].db)
-        stored_ts = {t for (t,) in conn.execute("SELECT ts_ms FROM gpu_samples UNION SELECT ts_ms FROM host_samples")}
+        stored_ts = {t for (t,) in conn.execute(
+            "SELECT ts_ms FROM gpu_samples UNION SELECT ts_ms FROM host_samples")}
         conn.close()
         assert round(c.last_sample_s * 1000) in stored_ts
         rows = _cells(screen)

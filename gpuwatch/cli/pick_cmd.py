@@ -97,4 +97,5 @@ def pick_cmd(count: int, mem: str, max_util: float, window_min: float, prometheu
     click.echo(_table(groups), err=True)  # stdout carries only what a script uses
     for group in groups:
         indices = ",".join(str(c.index) for c in group)
-        click.echo(f"CUDA_VISIBLE_DEVICES={indices}" if group[0].host is None else f"{group[0].host} {indices}")
+        host = group[0].host
+        click.echo(f"CUDA_VISIBLE_DEVICES={indices}" if host is None else f"{host} {indices}")

@@ -23,7 +23,8 @@ def tui(db: str | None, refresh: float, user: str | None, prometheus: str | None
     """Live GPUs, processes and runs in the terminal; built for SSH (q quits, ? for keys)."""
     cfg = load_config()
     run_tui(reader_db_path(db), refresh, user, start_mode="fleet" if prometheus else "overview",
-            prometheus_url=prometheus or cfg.prometheus_url or None, prometheus_timeout=cfg.prometheus_timeout)
+            prometheus_url=prometheus or cfg.prometheus_url or None,
+            prometheus_timeout=cfg.prometheus_timeout)
 
 
 def on_a_terminal() -> bool:

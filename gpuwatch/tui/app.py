@@ -25,7 +25,8 @@ from gpuwatch.tui.screens.runs import RunsScreen
 from gpuwatch.tui.snapshot import ProcessRow, Snapshot, View
 
 FLEET_VIEWS = ("fleet", "fleet_jobs")  # fed by the fleet's source (Prometheus), not the store
-NO_FLEET = "no Prometheus to read the fleet from: gpuwatch tui --prometheus URL, or prometheus_url in the config"
+NO_FLEET = ("no Prometheus to read the fleet from: gpuwatch tui --prometheus URL, "
+            "or prometheus_url in the config")
 TERMINAL_CHECK_S = 2.0  # how often to check the terminal is still there (SSH hang-up)
 HARD_EXIT_AFTER_S = 3.0  # if a clean exit cannot finish writing to a dead terminal
 

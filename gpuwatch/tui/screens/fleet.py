@@ -41,9 +41,11 @@ def is_free(g: FleetGpu) -> bool:
 
 
 def gpu_cells(g: FleetGpu) -> tuple:
-    used = "-" if g.mem_used_bytes is None else f"{g.mem_used_bytes / 2**30:.0f}/{(g.mem_total_bytes or 0) / 2**30:.0f}G"
+    used = ("-" if g.mem_used_bytes is None
+            else f"{g.mem_used_bytes / 2**30:.0f}/{(g.mem_total_bytes or 0) / 2**30:.0f}G")  # GiB
     return (g.host, str(g.index), "-" if g.util_pct is None else f"{g.util_pct:.0f}%", used,
-            "-" if g.temp_c is None else f"{g.temp_c:.0f}C", "-" if g.power_w is None else f"{g.power_w:.0f}W",
+            "-" if g.temp_c is None else f"{g.temp_c:.0f}C",
+            "-" if g.power_w is None else f"{g.power_w:.0f}W",
             Text(g.state, style=STATE_STYLES.get(g.state, "")),
             ", ".join(f"{u} {fmt.size(b)}" for u, b in g.users) or "-")
 
@@ -59,10 +61,10 @@ def down_cells(h: FleetHost, now_s: float) -> tuple:
 def job_rows(job: FleetJob) -> list[tuple[str, str, tuple]]:
     """(row key, host, cells): the job's total (on its first host), then each rank with its share."""
     first = job.ranks[0]
-    rows = [(f"job:{job.job_id}", job.hosts[0], (Text(job.job_id, style="bold"), first.user, first.name,
-                                   f"{len(job.hosts)} host{'s' * (len(job.hosts) > 1)}",
-                                   f"{len(job.ranks)} rk", Text(fmt.count(job.tokens_per_s), style="bold"),
-                                   "100%", "", ""))]
+    hosts = f"{len(job.hosts)} host{'s' * (len(job.hosts) > 1)}"
+    rows = [(f"job:{job.job_id}", job.hosts[0], (
+        Text(job.job_id, style="bold"), first.user, first.name, hosts, f"{len(job.ranks)} rk",
+        Text(fmt.count(job.tokens_per_s), style="bold"), "100%", "", ""))]
     even = 1 / len(job.ranks)
     for r in job.ranks:
         share = job.share(r)
