@@ -143,17 +143,20 @@ class StoreCollector:
 
     def _from_store(self, conn: sqlite3.Connection) -> list:
         try:
-            return self._gpu_families(conn) + self._run_families(conn) + self._host_families(conn)
+            gpus, newest_gpu_ms = self._gpu_families(conn)
+            return gpus + self._run_families(conn) + self._host_families(conn, newest_gpu_ms)
         except sqlite3.Error:
             self._conn = None  # reopen next time (e.g. the file was replaced)
             conn.close()
             return []
 
-    def _gpu_families(self, conn: sqlite3.Connection) -> list:
+    def _gpu_families(self, conn: sqlite3.Connection) -> tuple[list, int | None]:
+        """The GPU families, and the time of the newest GPU sample (None: none stored)."""
         now = now_ms()
         fresh_after = now - self.stale_after_ms
         latest = queries.latest_gpu_samples(conn)
-        rows = [(gpu, latest[gpu.gpu_index]) for gpu in queries.gpus(conn)
+        infos = queries.gpus(conn)
+        rows = [(gpu, latest[gpu.gpu_index]) for gpu in infos
                 if gpu.state == "ok" and gpu.gpu_index in latest
                 and latest[gpu.gpu_index].state is None and latest[gpu.gpu_index].ts_ms >= fresh_after]
         xids = {idx: xid for idx, xid, _ in conn.execute(_XID_SQL)}
@@ -186,15 +189,15 @@ class StoreCollector:
             if v["throttle_reasons"] is not None:
                 reasons.add_metric(labels, v["throttle_reasons"])
                 throttled.add_metric(labels, 1 if v["throttle_reasons"] & THROTTLED_MASK else 0)
-        families += [reasons, throttled, self._gpu_up(conn, rows), self._users(conn, rows)]
-        return families
+        families += [reasons, throttled, self._gpu_up(infos, rows), self._users(conn, rows)]
+        return families, max((s.ts_ms for s in latest.values()), default=None)
 
-    def _gpu_up(self, conn: sqlite3.Connection, fresh: list) -> object:
+    def _gpu_up(self, infos: list, fresh: list) -> object:
         """Every GPU the host ever had: 0 when lost or no longer sampled, so an alert can fire."""
         ok = {gpu.gpu_index for gpu, _ in fresh}
         up = _family("gpuwatch_gpu_up", "1 while the GPU answers and is sampled; 0 when it is lost.",
                      GPU_LABELS)
-        for g in queries.gpus(conn):
+        for g in infos:
             up.add_metric([str(g.gpu_index), g.uuid or "", g.pci_bus_id or "", f"nvidia{g.gpu_index}",
                            g.name or "", self.hostname], 1 if g.gpu_index in ok else 0)
         return up
@@ -257,8 +260,8 @@ class StoreCollector:
             self._peaks[run_id] = (new_last, best)
         return best
 
-    def _host_families(self, conn: sqlite3.Connection) -> list:
-        families = [self._last_sample(conn)]
+    def _host_families(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> list:
+        families = [self._last_sample(conn, newest_gpu_ms)]
         host = conn.execute("SELECT * FROM host_samples ORDER BY ts_ms DESC LIMIT 1")
         families += _row_families(host, HOST_FIELDS, now_ms() - self.stale_after_ms)
         stats = conn.execute("SELECT * FROM daemon_stats ORDER BY ts_ms DESC LIMIT 1")
@@ -269,11 +272,11 @@ class StoreCollector:
         families.append(size)
         return families
 
-    def _last_sample(self, conn: sqlite3.Connection) -> object:
+    def _last_sample(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> object:
         """When this host last stored a sample: with `up`, a fleet view says since when a host
         is unreachable or its daemon stopped sampling."""
-        newest = conn.execute("SELECT max(ts) FROM (SELECT max(ts_ms) AS ts FROM gpu_samples "
-                              "UNION ALL SELECT max(ts_ms) FROM host_samples)").fetchone()[0]
+        host_ms = conn.execute("SELECT max(ts_ms) FROM host_samples").fetchone()[0]  # its key: one seek
+        newest = max((t for t in (newest_gpu_ms, host_ms) if t is not None), default=None)
         fam = _family("gpuwatch_host_last_sample_timestamp_seconds",
                       "Time of the newest sample this host stored (seconds since the epoch).", ("Hostname",))
         if newest is not None:
