@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuwatch.fleet.model import Fleet
+
 # NVML clock-event ("throttle") reason bits worth telling a user about; idle and
 # application-clock settings are normal operation, not throttling.
 THROTTLE_REASONS = (
@@ -29,7 +31,7 @@ def throttle_words(mask: int | None) -> list[str]:
 @dataclass(frozen=True)
 class View:
     """Which screen wants data: "overview", "runs", "run" (with run_id and a range in seconds;
-    range_s None = the whole run), "oom" or "profile" (with run_id), or "capacity"."""
+    range_s None = the whole run), "oom" or "profile" (with run_id), "capacity", or "fleet" / "fleet_jobs" (the Fleet screen's GPUs or jobs)."""
 
     kind: str
     run_id: str | None = None
@@ -232,6 +234,7 @@ class Snapshot:
     postmortems: tuple[OomRow, ...] = ()  # view "oom": the run's OOM postmortems
     profile: ProfileRow | None = None      # view "profile": the run's newest profile
     capacity: CapacityRow | None = None    # view "capacity": the newest capacity study
+    fleet: Fleet | None = None             # view "fleet": every host's GPUs and jobs, from Prometheus
     problem: str | None = None             # the store could not be read: why
 
     def staleness(self, stale_after_ms: int = 15_000) -> str | None:
