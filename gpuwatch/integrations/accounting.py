@@ -84,6 +84,7 @@ class StepTally:
         self.samples = 0
         self.seq_len: int | None = None
         self._losses: list = []
+        self._summed = False
 
     def add(self, ids, mask=None) -> None:
         self.forwards += 1
@@ -94,15 +95,19 @@ class StepTally:
         self.samples += samples
         self.seq_len = max(seq_len, self.seq_len or 0)
 
-    def add_loss(self, loss) -> None:
+    def add_loss(self, loss, normalised_over_step: bool = False) -> None:
+        """normalised_over_step: the model already divided its loss by the whole step's item count
+        (Hugging Face passes `num_items_in_batch`), so the step's loss is the sum, not the mean."""
         if loss is not None:
             self._losses.append(loss.detach())
+            self._summed = normalised_over_step
 
     def loss(self):
-        """The mean loss over the micro-batches (a tensor: read later, without a sync)."""
+        """The step's loss over its micro-batches (a tensor: read later, without a sync)."""
         if not self._losses:
             return None
-        return self._losses[0] if len(self._losses) == 1 else sum(self._losses) / len(self._losses)
+        total = self._losses[0] if len(self._losses) == 1 else sum(self._losses)
+        return total if self._summed else total / len(self._losses)
 
     def take(self) -> dict:
         """The step's fields for Run.step(), and a fresh tally for the next step."""

@@ -104,14 +104,20 @@ class AutoInstrument:
 
     # ---- finding the outermost module (first iteration only) ---------------------------
     def _enter(self, module, args) -> None:
-        self._depth.n = getattr(self._depth, "n", 0) + 1
+        depth = getattr(self._depth, "n", 0)
+        self._depth.n = depth + 1
+        if depth == 0 and self.run is None and module.training and self.torch.is_grad_enabled() \
+                and self._ours():
+            try:  # open the run before the first forward: an OOM in it gets its postmortem
+                self.ensure_run(module)
+            except Exception as e:  # noqa: BLE001
+                self.switch_off(e)
 
     def _leave(self, module, args, kwargs, output) -> None:
         self._depth.n = depth = getattr(self._depth, "n", 1) - 1
         if depth or not self._ours() or not (module.training and self.torch.is_grad_enabled()):
             return
         try:
-            self.ensure_run(module)
             _, tally = self._candidates.setdefault(id(module), (module, StepTally()))
             _count(tally, args, kwargs, output)
         except Exception as e:  # noqa: BLE001 — never the user's problem
@@ -179,7 +185,7 @@ class AutoInstrument:
 def _count(tally: StepTally, args, kwargs, output) -> None:
     ids, mask = find_tokens(args, kwargs)
     tally.add(ids, mask)
-    tally.add_loss(loss_of(output))
+    tally.add_loss(loss_of(output), normalised_over_step=kwargs.get("num_items_in_batch") is not None)
 
 
 def _n_params(module) -> int:
