@@ -149,3 +149,53 @@ def test_an_unmodified_script_that_runs_out_of_memory_gets_a_postmortem():
     assert run["status"] == "oom"
     (pm,) = query("SELECT * FROM oom_postmortems WHERE run_id = ?", run["run_id"])
     assert pm["kind"] == "host" and pm["requested_bytes"] > 0 and pm["phase"] == "forward"
+
+
+def _trainer_figures(done: subprocess.CompletedProcess) -> dict:
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("GPUWATCH_TEST "))
+    return json.loads(line.removeprefix("GPUWATCH_TEST "))
+
+
+def _assert_lightning_run(steps, lightning: dict) -> None:
+    """12 optimiser steps of 2 micro-batches of 4 x 32 tokens; the loss is the mean of each step's
+    micro-batch losses; tokens/s over steps 2..12 agrees with Lightning's ThroughputMonitor."""
+    assert [s["step"] for s in steps] == list(range(1, 13))
+    assert {(s["tokens"], s["samples"], s["seq_len"]) for s in steps} == {(256, 8, 32)}
+    micro = lightning["micro_losses"]
+    for step, pair in zip(steps, zip(micro[::2], micro[1::2])):
+        assert step["loss"] == pytest.approx(sum(pair) / 2, rel=1e-5)
+    monitor = [m for m in lightning["logged"] if "train/lengths" in m]
+    theirs = (monitor[-1]["train/lengths"] - monitor[0]["train/lengths"]) / (
+        monitor[-1]["train/time"] - monitor[0]["train/time"])
+    ours = sum(s["tokens"] for s in steps[1:]) / (sum(s["step_time_ms"] for s in steps[1:]) / 1000)
+    assert ours == pytest.approx(theirs, rel=0.05)
+
+
+def test_the_real_lightning_trainer_unchanged():
+    lightning = _trainer_figures(gw_run(PY, str(SCRIPTS / "lightning_trainer.py")))
+    run = the_run()
+    assert run["status"] == "finished"
+    _assert_lightning_run(steps_of(run["run_id"]), lightning)
+
+
+def test_the_lightning_callback_without_gpuwatch_run():
+    lightning = _trainer_figures(plain(PY, str(SCRIPTS / "lightning_trainer.py"), "--callback"))
+    (run,) = query("SELECT * FROM runs")
+    assert (run["name"], run["status"]) == ("lightning-explicit", "finished")
+    assert json.loads(run["config_json"])["d_model"] == 32  # the module's hyperparameters
+    _assert_lightning_run(steps_of(run["run_id"]), lightning)
+
+
+def test_the_hugging_face_callback_without_gpuwatch_run(tmp_path):
+    trainer = _trainer_figures(plain(PY, str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "out"), "--callback"))
+    logs = [entry for entry in trainer["logged"] if "loss" in entry]
+    (run,) = query("SELECT * FROM runs")
+    assert (run["name"], run["status"]) == ("hf-explicit", "finished")
+    config = json.loads(run["config_json"])
+    assert config["training_args"]["gradient_accumulation_steps"] == 2 and config["model"]["n_layer"] == 2
+    steps = steps_of(run["run_id"])
+    assert [s["step"] for s in steps] == [entry["step"] for entry in logs] == list(range(1, 13))
+    assert {(s["tokens"], s["samples"], s["seq_len"]) for s in steps} == {(8 * 32, 8, 32)}
+    for step, entry in zip(steps, logs):
+        assert step["loss"] == pytest.approx(entry["loss"], rel=1e-5)

@@ -266,13 +266,14 @@ class Run:
         if exc is None:
             self.finish()
         else:
-            self._end_from_exception(exc)
+            self.end_from_exception(exc)
         return False  # never swallow the user's exception
 
     def finish(self, status: str = "finished") -> None:
         self._end(status)
 
-    def _end_from_exception(self, exc: BaseException) -> None:
+    def end_from_exception(self, exc: BaseException) -> None:
+        """End as the exception says: killed (Ctrl-C), finished/failed (SystemExit), oom, failed."""
         if isinstance(exc, KeyboardInterrupt):
             self._end("killed", signal=int(signal.SIGINT), error_type="KeyboardInterrupt")
         elif isinstance(exc, SystemExit):
@@ -354,7 +355,7 @@ class Run:
     def _excepthook(self, exc_type, exc, tb) -> None:
         """For runs used without `with`: an uncaught exception ends the run before Python exits."""
         previous = self._saved_excepthook or sys.__excepthook__
-        self._end_from_exception(exc)
+        self.end_from_exception(exc)
         previous(exc_type, exc, tb)
 
     def _at_exit(self) -> None:

@@ -117,6 +117,24 @@ class StepTally:
         return fields
 
 
+def count_forward(tally: StepTally, args, kwargs, output) -> None:
+    """Add one training forward of the model: its token inputs and the loss it returned."""
+    ids, mask = find_tokens(args, kwargs)
+    tally.add(ids, mask)
+    # Hugging Face passes num_items_in_batch when the model divides by the whole step's count.
+    tally.add_loss(loss_of(output), normalised_over_step=kwargs.get("num_items_in_batch") is not None)
+
+
+def precision_of(text) -> str:
+    """'bf16-mixed', 'bf16', 'torch.bfloat16', '16-mixed', '32-true' … -> bf16 / fp16 / fp32."""
+    text = str(text).lower()
+    if "bf16" in text or "bfloat16" in text:
+        return "bf16"
+    if "16" in text:
+        return "fp16"
+    return "fp32"
+
+
 def plain_config(obj) -> dict | None:
     """A model's or trainer's config as a plain dict (HF `to_dict()`, a dataclass, a Namespace,
     Lightning's hparams); None when it has none."""

@@ -20,7 +20,8 @@ import threading
 import time
 
 from gpuwatch.client import run as run_mod
-from gpuwatch.integrations.accounting import StepTally, find_tokens, flops_per_token, loss_of, plain_config
+from gpuwatch.integrations.accounting import (StepTally, count_forward, flops_per_token,
+                                               plain_config, precision_of)
 
 # "0" (or false/no/off): the bootstrap leaves the program alone; `gpuwatch run --no-instrument`.
 ENV_INSTRUMENT = "GPUWATCH_INSTRUMENT"
@@ -119,7 +120,7 @@ class AutoInstrument:
             return
         try:
             _, tally = self._candidates.setdefault(id(module), (module, StepTally()))
-            _count(tally, args, kwargs, output)
+            count_forward(tally, args, kwargs, output)
         except Exception as e:  # noqa: BLE001 — never the user's problem
             self.switch_off(e)
 
@@ -141,7 +142,7 @@ class AutoInstrument:
         if not self._ours() or not (module.training and self.torch.is_grad_enabled()):
             return
         try:
-            _count(self.tally, args, kwargs, output)
+            count_forward(self.tally, args, kwargs, output)
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
 
@@ -182,12 +183,6 @@ class AutoInstrument:
         return recorded_generate
 
 
-def _count(tally: StepTally, args, kwargs, output) -> None:
-    ids, mask = find_tokens(args, kwargs)
-    tally.add(ids, mask)
-    tally.add_loss(loss_of(output), normalised_over_step=kwargs.get("num_items_in_batch") is not None)
-
-
 def _n_params(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
@@ -196,7 +191,6 @@ def _precision(torch, module) -> str:
     """The dtype the matmuls run in, for MFU's peak: autocast's, else the weights'."""
     for device in ("cuda", "cpu"):
         if torch.is_autocast_enabled(device):
-            return str(torch.get_autocast_dtype(device))
+            return precision_of(torch.get_autocast_dtype(device))
     param = next(module.parameters(), None)
-    dtype = str(param.dtype) if param is not None else "torch.float32"
-    return dtype if dtype in ("torch.bfloat16", "torch.float16") else "fp32"
+    return precision_of(param.dtype if param is not None else "fp32")

@@ -1,7 +1,8 @@
 """An unmodified Hugging Face Trainer script: a tiny GPT-2 from config on a learnable token set.
 
 Prints the Trainer's own figures as one JSON line (GPUWATCH_TEST ...) for the test to compare.
-Args: [--pad] pads the last 4 positions of every sequence (attention_mask 0 there).
+Args: OUTPUT_DIR [--pad] pads the last 4 positions of every sequence (attention_mask 0 there);
+[--callback] adds gpuwatch's Trainer callback (the explicit, one-line integration).
 """
 import json
 import sys
@@ -32,7 +33,12 @@ args = TrainingArguments(output_dir=sys.argv[1], per_device_train_batch_size=BAT
                          learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True,
                          dataloader_num_workers=0, disable_tqdm=True,
                          include_num_input_tokens_seen="non_padding")
-trainer = Trainer(model=model, args=args, train_dataset=Counting())
+callbacks = []
+if "--callback" in sys.argv:
+    from gpuwatch.integrations.hf import GpuwatchCallback
+
+    callbacks.append(GpuwatchCallback(name="hf-explicit"))
+trainer = Trainer(model=model, args=args, train_dataset=Counting(), callbacks=callbacks)
 result = trainer.train()
 prompt = torch.tensor([[1, 2, 3, 4]])
 generated = model.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)

@@ -4,12 +4,12 @@ import torch
 
 torch.manual_seed(0)
 try:
-    from gpuwatch.integrations import autohook
+    from gpuwatch.integrations import accounting
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated bug in gpuwatch's hook")
 
-    autohook.find_tokens = broken
+    accounting.find_tokens = broken
 except ImportError:  # a Python without gpuwatch
     pass
 
