@@ -9,9 +9,11 @@ import resource
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from test_profiling import _db_rows, daemon  # noqa: F401 — a real daemon for profile/stacks
 
 from gpuwatch import paths
 
@@ -199,3 +201,41 @@ def test_the_hugging_face_callback_without_gpuwatch_run(tmp_path):
     assert {(s["tokens"], s["samples"], s["seq_len"]) for s in steps} == {(8 * 32, 8, 32)}
     for step, entry in zip(steps, logs):
         assert step["loss"] == pytest.approx(entry["loss"], rel=1e-5)
+
+
+def test_an_unmodified_ddp_script_under_torchrun_is_one_job_with_two_ranks():
+    torchrun = str(Path(PY).with_name("torchrun"))
+    done = gw_run(torchrun, "--standalone", "--nproc_per_node=2", str(SCRIPTS / "ddp.py"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    wrapper = the_run()
+    ranks = query("SELECT * FROM runs WHERE parent_run_id = ? ORDER BY rank", wrapper["run_id"])
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
+    assert ranks[0]["job_id"] and ranks[0]["job_id"] == ranks[1]["job_id"]
+    assert {r["status"] for r in ranks} == {"finished"}
+    for rank in ranks:  # the torchrun launcher imports torch too, but trains nothing: no run
+        assert [(s["step"], s["tokens"]) for s in steps_of(rank["run_id"])] == [(1, 16), (2, 16), (3, 16)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the daemon fixture runs in system mode")
+def test_profile_and_stacks_of_an_unmodified_live_run_through_the_daemon(daemon, tmp_path):
+    db, sock = daemon
+    env = dict(os.environ, GPUWATCH_SOCKET=str(sock), GPUWATCH_RUNS_DIR=str(tmp_path / "runs"))
+    wrapper = subprocess.Popen([GPUWATCH, "run", "--name", "live", "--", PY, str(SCRIPTS / "live.py")],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not _db_rows(db, "SELECT 1 FROM steps JOIN runs USING (run_id) WHERE name = 'live'"):
+            assert wrapper.poll() is None, wrapper.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "no steps reached the daemon"
+            time.sleep(0.2)
+        profile = subprocess.run([GPUWATCH, "profile", "live", "--steps", "3", "--db", str(db), "--wait", "60"],
+                                 env=env, capture_output=True, text=True, timeout=90)
+        assert profile.returncode == 0, profile.stderr
+        assert "on_demand" in profile.stdout and "aten::embedding" in profile.stdout
+        stacks = subprocess.run([GPUWATCH, "stacks", "live", "--db", str(db)], env=env, capture_output=True,
+                                text=True, timeout=90)
+        assert stacks.returncode == 0, stacks.stderr
+        assert "live.py" in stacks.stdout and ("train_one_step" in stacks.stdout or "<module>" in stacks.stdout)
+    finally:
+        wrapper.terminate()
+        wrapper.wait(30)
