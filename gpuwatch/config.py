@@ -23,8 +23,9 @@ from gpuwatch import paths
 
 ENV_PREFIX = "GPUWATCH_"
 # GPUWATCH_* variables that are not config keys: the config file's path, and the run id that
-# `gpuwatch run` hands its child so an instrumented child joins the wrapper's run.
-NOT_CONFIG_ENV = {"GPUWATCH_CONFIG", "GPUWATCH_RUN_ID"}
+# `gpuwatch run` hands its child so an instrumented child joins the wrapper's run, and the
+# switch for its zero-code hooks (read by the bootstrap).
+NOT_CONFIG_ENV = {"GPUWATCH_CONFIG", "GPUWATCH_RUN_ID", "GPUWATCH_INSTRUMENT"}
 
 
 class ConfigError(ValueError):

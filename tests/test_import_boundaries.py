@@ -24,6 +24,8 @@ HEADLESS = [
     "gpuwatch.store.maintenance",
     "gpuwatch.protocol",
     "gpuwatch.client",
+    "gpuwatch.integrations.autohook",  # loaded only once the program imported torch, but imports none itself
+    "gpuwatch.integrations.accounting",
     "gpuwatch.cli",
     "gpuwatch.cli.daemon_cmd",
     "gpuwatch.cli.status_cmd",
