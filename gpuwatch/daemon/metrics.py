@@ -210,7 +210,8 @@ class StoreCollector:
 
     def _host_families(self, conn: sqlite3.Connection) -> list:
         families = []
-        host = conn.execute("SELECT * FROM host_samples ORDER BY ts_ms DESC LIMIT 1")
+        # The newest samples are always plain rows (store/packed.py): one seek, no decoding.
+        host = conn.execute("SELECT * FROM host_samples_recent ORDER BY ts_ms DESC LIMIT 1")
         families += _row_families(host, HOST_FIELDS, now_ms() - self.stale_after_ms)
         stats = conn.execute("SELECT * FROM daemon_stats ORDER BY ts_ms DESC LIMIT 1")
         families += _row_families(stats, DAEMON_FIELDS, now_ms() - self.stale_after_ms)

@@ -4,8 +4,11 @@ Order of work, each step safe to repeat:
 1. Roll complete minutes of raw GPU/host samples into *_1m and complete hours of *_1m into
    *_1h. `rollup_state` keeps, per tier, the time before which everything is folded in, so
    re-running never double counts (a sample that arrives later than that mark is not rolled up).
+   Then pack plain raw rows that are rolled up and older than KEEP_PLAIN_MS into buckets
+   (store/packed.py); rollups read the plain rows only.
 2. Retention: raw samples (gpu_samples, gpu_process_samples, host_samples, daemon_stats) older
-   than the raw window go, but GPU/host samples only once rolled up; *_1m older than its
+   than the raw window go, but GPU/host samples only once rolled up (a packed bucket goes
+   when its whole span is past the window); *_1m older than its
    window once rolled into *_1h; *_1h older than its window.
 3. Size cap: while the database is larger than max_db_bytes, delete the oldest raw samples in
    chunks, then the oldest *_1m, then *_1h, giving pages back with incremental_vacuum. Runs,
@@ -19,6 +22,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
+from gpuwatch.store import packed
 from gpuwatch.store.queries import HOUR_MS, MINUTE_MS
 from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS
 
@@ -38,6 +42,7 @@ CAP_CHUNKS = 20
 @dataclass
 class MaintenanceReport:
     rolled_up: dict[str, int] = field(default_factory=dict)      # tier -> rows written
+    packed: dict[str, int] = field(default_factory=dict)         # raw table -> samples packed
     retention_deleted: dict[str, int] = field(default_factory=dict)  # table -> rows
     cap_deleted: dict[str, int] = field(default_factory=dict)    # table -> rows
     runs_deleted: int = 0
@@ -47,7 +52,8 @@ class MaintenanceReport:
 
     def __str__(self) -> str:
         parts = [f"db {self.db_bytes_before} -> {self.db_bytes_after} bytes"]
-        for label, counts in (("rolled up", self.rolled_up), ("expired", self.retention_deleted),
+        for label, counts in (("rolled up", self.rolled_up), ("packed", self.packed),
+                              ("expired", self.retention_deleted),
                               ("capped", self.cap_deleted)):
             if any(counts.values()):
                 parts.append(f"{label}: " + ", ".join(f"{t} {n}" for t, n in counts.items() if n))
@@ -71,6 +77,9 @@ def maintain(conn: sqlite3.Connection, now_ms: int, *, raw_retention_ms: int,
         for table, key, metrics in ROLLUP_SOURCES:
             report.rolled_up[f"{table}_1m"] = _roll_minutes(conn, table, key, metrics, now_ms)
             report.rolled_up[f"{table}_1h"] = _roll_hours(conn, table, key, metrics, now_ms)
+        rolled = {table: _done_until(conn, f"{table}_1m") or 0 for table, _, _ in ROLLUP_SOURCES}
+        for table in packed.TABLES.values():
+            report.packed[table.name] = packed.pack(conn, table, rolled.get(table.name, now_ms))
         _expire(conn, now_ms, raw_retention_ms, minute_retention_ms, hour_retention_ms, report)
         _enforce_cap(conn, max_db_bytes, report)
         report.db_bytes_after = db_bytes(conn)
@@ -107,6 +116,9 @@ def _key_filter(table: str, key: str | None) -> tuple[str, str]:
 
 
 def _oldest(conn: sqlite3.Connection, table: str, key: str | None) -> int | None:
+    if table in packed.TABLES:  # a packed bucket's start stands for its samples
+        found = [_oldest(conn, t, key) for t in (f"{table}_recent", f"{table}_packed")]
+        return min((f for f in found if f is not None), default=None)
     if key is None:
         return conn.execute(f"SELECT min(ts_ms) FROM {table}").fetchone()[0]
     return conn.execute(_keys_cte(table, key) + f"SELECT min((SELECT min(ts_ms) FROM {table} "
@@ -114,6 +126,9 @@ def _oldest(conn: sqlite3.Connection, table: str, key: str | None) -> int | None
 
 
 def _newest(conn: sqlite3.Connection, table: str, key: str | None) -> int | None:
+    if table in packed.TABLES:  # the plain rows are the newest, unless there are none
+        found = [_newest(conn, t, key) for t in (f"{table}_recent", f"{table}_packed")]
+        return max((f for f in found if f is not None), default=None)
     if key is None:
         return conn.execute(f"SELECT max(ts_ms) FROM {table}").fetchone()[0]
     return conn.execute(_keys_cte(table, key) + f"SELECT max((SELECT max(ts_ms) FROM {table} "
@@ -127,9 +142,21 @@ def _changed(conn: sqlite3.Connection, sql: str, params: tuple) -> int:
     return conn.total_changes - before
 
 
-def _delete_before(conn: sqlite3.Connection, table: str, key: str | None, cutoff_ms: int) -> int:
-    cte, where = _key_filter(table, key)
-    return _changed(conn, f"{cte}DELETE FROM {table} WHERE {where}ts_ms < ?", (cutoff_ms,))
+def _delete_before(conn: sqlite3.Connection, table: str, key: str | None, cutoff_ms: int,
+                   whole_buckets: bool = True) -> int:
+    """Delete samples older than cutoff_ms; returns how many. A packed bucket goes whole: once
+    its last possible sample is older than the cutoff, or (whole_buckets False: the size cap,
+    which must make progress) once its first is."""
+    spec = packed.TABLES.get(table)
+    if spec is None:
+        cte, where = _key_filter(table, key)
+        return _changed(conn, f"{cte}DELETE FROM {table} WHERE {where}ts_ms < ?", (cutoff_ms,))
+    cte, where = _key_filter(spec.packed, key)
+    bucket_cutoff = cutoff_ms - spec.bucket_ms + 1 if whole_buckets else cutoff_ms
+    samples = conn.execute(f"{cte}SELECT coalesce(sum(n), 0) FROM {spec.packed} WHERE {where}ts_ms < ?",
+                           (bucket_cutoff,)).fetchone()[0]
+    conn.execute(f"{cte}DELETE FROM {spec.packed} WHERE {where}ts_ms < ?", (bucket_cutoff,))
+    return samples + _delete_before(conn, spec.recent, key, cutoff_ms)
 
 
 # --- rollups ----------------------------------------------------------------------------------
@@ -177,7 +204,9 @@ def _avg(metric: str, expr: str) -> str:
 def _roll_minutes(conn, table, key, metrics, now_ms) -> int:
     until = (now_ms - ROLLUP_LAG_MS) // MINUTE_MS * MINUTE_MS
     values = "count(*), " + ", ".join(f"min({m}), {_avg(m, f'avg({m})')}, max({m})" for m in metrics)
-    return _roll(conn, table, f"{table}_1m", key, MINUTE_MS, until, _tier_columns(metrics), values)
+    # From the plain rows: nothing is packed before this tier has folded it in.
+    return _roll(conn, f"{table}_recent", f"{table}_1m", key, MINUTE_MS, until,
+                 _tier_columns(metrics), values)
 
 
 def _roll_hours(conn, table, key, metrics, now_ms) -> int:
@@ -255,7 +284,7 @@ def _delete_oldest_chunk(conn, group: list[tuple[str, str | None]], period_ms: i
     cutoff = oldest + max((newest - oldest) // CAP_CHUNKS, period_ms)
     for table, key in group:
         report.cap_deleted[table] = (report.cap_deleted.get(table, 0)
-                                     + _delete_before(conn, table, key, cutoff))
+                                     + _delete_before(conn, table, key, cutoff, whole_buckets=False))
     return True
 
 

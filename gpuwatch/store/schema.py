@@ -7,6 +7,8 @@ with a (key, ts_ms) primary key so a sample costs little more than its values.
 
 from __future__ import annotations
 
+from gpuwatch.store import packed
+
 # Metrics of gpu_samples and host_samples that the rollup tiers keep as min/avg/max.
 GPU_METRICS = (
     "gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_free_bytes", "temp_c", "power_mw",
@@ -262,6 +264,9 @@ _V1_ROLLUPS = "\n".join(
     for src, key, metrics in (("gpu", "gpu_index", GPU_METRICS), ("host", None, HOST_METRICS))
 )
 
+# Raw samples: plain `_recent` rows plus `_packed` buckets, read through views (store/packed.py).
+_PACKED_SAMPLES = packed.migration_sql()
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
-MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS]
+MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _PACKED_SAMPLES]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,157 @@
+"""Packed raw samples: exact round trips through the views, readers that see the same values
+packed or plain, and the in-place migration of a version-1 database."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+
+import pytest
+
+from gpuwatch.analysis.export import run_tables
+from gpuwatch.store import insert_rows, open_rw, packed, queries
+from gpuwatch.store.db import migrate
+from gpuwatch.store.maintenance import maintain
+from gpuwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
+
+S, MIN, H = 1000, 60_000, 3_600_000
+BASE = 472_222 * H
+HOURS = 2
+
+
+def gpu_rows(rng: random.Random) -> list[tuple]:
+    """Two GPUs at ~1 Hz with jitter: smooth, noisy, constant, counter, NULL and lost values."""
+    rows = []
+    for i in range(HOURS * 3600):
+        for g in range(2):
+            lost = g == 1 and 1000 <= i < 1030
+            util = None if lost else (i * 7 + g) % 101
+            rows.append((g, BASE + i * S + rng.randint(0, 9), util, None if lost else util // 2,
+                         None if i % 13 == 0 else 2**33 + g * 2**20, 80 * 2**30 - 2**33, 2**29,
+                         None if lost else 40 + (i // 60) % 30, None if lost else 70_000 + rng.randint(0, 600_000),
+                         123_456_789 + i * 301_234 + rng.randint(0, 2000), 345 + 15 * (i % 80), 2619,
+                         rng.randint(0, 25_000_000), rng.choice([0, 5, 24_999_999]), None, 0,
+                         rng.choice([0, 4, 1 << 40]), 3, 0, "lost" if lost else None))
+    return rows
+
+
+def fill(conn: sqlite3.Connection, seed: int = 7) -> None:
+    rng = random.Random(seed)
+    gpu_cols = [c for c, _ in packed.GPU_SAMPLES.columns]
+    host_cols = [c for c, _ in packed.HOST_SAMPLES.columns]
+    conn.execute("BEGIN")
+    conn.executemany(f"INSERT INTO gpu_samples ({', '.join(gpu_cols)}) VALUES ({', '.join('?' * len(gpu_cols))})",
+                     gpu_rows(rng))
+    conn.executemany(
+        f"INSERT INTO host_samples ({', '.join(host_cols)}) VALUES ({', '.join('?' * len(host_cols))})",
+        [(BASE + i * S, round(rng.random() * 100, 1), rng.randint(0, 4000) / 2048, 0.25, 1e-17 if i == 5 else 0.5,  # a bucket that cannot be packed exactly stays plain
+         
+          64 * 2**30, rng.randint(0, 2**36), 2**35, 0, 10**9 + i * 4096, 10**9 + i * rng.randint(0, 9),
+          i * 1500, i * 1400, 2**31, rng.randint(0, 10**6)) for i in range(HOURS * 3600)])
+    conn.executemany(
+        "INSERT INTO gpu_process_samples (gpu_index, pid, ts_ms, kind, used_mem_bytes, sm_util_pct, "
+        "mem_util_pct, rss_bytes, cpu_pct) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [(g, 4000 + p, BASE + i * 5 * S, "graphics" if p == 2 else None, (p + 1) * 2**30,
+          rng.randint(0, 100), None if i % 3 else 7, 2**31 + rng.randint(0, 2**20),
+          rng.choice([None, 0.0, 99.9, 12.5])) for i in range(HOURS * 720) for g in range(2) for p in range(3)])
+    conn.execute("COMMIT")
+    insert_rows(conn, "runs", [{"run_id": "r1", "uid": 1, "pid": 4000, "started_ms": BASE + 60 * S,
+                                "ended_ms": BASE + HOURS * H - 60 * S, "status": "finished",
+                                "gpu_uuids": "0,1"}])
+
+
+def dump(conn: sqlite3.Connection) -> dict[str, list[tuple]]:
+    return {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in packed.TABLES}
+
+
+def readers(conn: sqlite3.Connection) -> dict:
+    """What queries, exports and the TUI's charts read from the raw tier."""
+    end = BASE + HOURS * H
+    return {
+        "latest": queries.latest_gpu_samples(conn),
+        "host": queries.latest_host_sample(conn),
+        "processes": queries.gpu_processes(conn),
+        "series": [queries.gpu_series(conn, g, m, BASE, BASE + H)
+                   for g in (0, 1) for m in ("gpu_util_pct", "power_mw", "mem_used_bytes")],
+        "host_series": queries.host_series(conn, "load1", BASE + 10 * MIN, BASE + 70 * MIN),
+        "export": run_tables(conn, "r1")["gpu_samples"],
+        "range": conn.execute(f"SELECT * FROM {packed.between('gpu_samples', BASE + 59 * MIN, BASE + 61 * MIN)} "
+                              "ORDER BY ts_ms, gpu_index").fetchall(),
+        "end": end,
+    }
+
+
+def run_maintain(conn) -> None:
+    maintain(conn, BASE + HOURS * H + 30 * S, raw_retention_ms=10**12, minute_retention_ms=10**12,
+             hour_retention_ms=10**12, max_db_bytes=10**12)
+
+
+def test_packing_keeps_every_value_and_what_every_reader_returns(tmp_path, monkeypatch):
+    plain = open_rw(tmp_path / "plain.db")
+    fill(plain)
+    monkeypatch.setattr(packed, "KEEP_PLAIN_MS", 10**12)  # nothing old enough to pack
+    run_maintain(plain)
+    assert plain.execute("SELECT count(*) FROM gpu_samples_packed").fetchone()[0] == 0
+    monkeypatch.undo()
+
+    conn = open_rw(tmp_path / "packed.db")
+    fill(conn)
+    run_maintain(conn)
+    for t in packed.TABLES.values():  # nearly all went into buckets; the newest stay plain
+        plain_rows = conn.execute(f"SELECT count(*), max(ts_ms) FROM {t.recent}").fetchone()
+        assert plain_rows[0] < conn.execute(f"SELECT count(*) FROM {t.name}").fetchone()[0] / 4
+        assert plain_rows[1] == conn.execute(f"SELECT max(ts_ms) FROM {t.name}").fetchone()[0]
+    assert dump(conn) == dump(plain)
+    got, want = readers(conn), readers(plain)
+    assert got["latest"] and got["processes"] and got["export"] and got["range"]
+    assert got == want
+    # Values come back with their types: REAL stays float, bytes stay int.
+    host = conn.execute("SELECT cpu_pct, load15, mem_used_bytes FROM host_samples LIMIT 1").fetchone()
+    assert (type(host[0]), type(host[1]), type(host[2])) == (float, float, int)
+
+
+def test_codec_round_trips_random_columns_exactly(tmp_path):
+    conn = open_rw(tmp_path / "gw.db")
+    rng = random.Random(3)
+    values = [None, 0, -1, 2**52, -(2**52), 1 << 40]
+    rows = [(rng.choice([0, 1]), BASE + i * rng.choice([1, 997, 1000, 30_001]) // 1, None,
+             rng.choice(values + [rng.randint(-10**9, 10**9)]), rng.randint(0, 1), None,
+             rng.choice([None, 0.1, 1 / 3, 2.5e-7, -0.0, 123456.789]), rng.choice([None, 1e300]))
+            for i in range(3000)]
+    conn.executemany("INSERT OR IGNORE INTO gpu_process_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     [(g, 7, ts, kind, a, b, c, None, d if d is not None else e)
+                      for g, ts, kind, a, b, c, d, e in rows])
+    before = dump(conn)
+    conn.execute("BEGIN")
+    moved = packed.pack(conn, packed.GPU_PROCESS_SAMPLES, BASE + 10**9)
+    conn.execute("COMMIT")
+    assert moved > 0
+    assert dump(conn) == before
+
+
+def test_a_version_1_database_is_migrated_in_place_and_keeps_every_value(tmp_path):
+    path = tmp_path / "v1.db"
+    old = sqlite3.connect(path, isolation_level=None)
+    old.executescript(f"BEGIN; {MIGRATIONS[0]} PRAGMA user_version = 1; COMMIT;")
+    fill(old)
+    v1 = {t: old.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in packed.TABLES}
+    old.close()
+
+    conn = open_rw(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert dump(conn) == v1
+    run_maintain(conn)
+    assert conn.execute("SELECT count(*) FROM gpu_samples_packed").fetchone()[0] > 0
+    assert dump(conn) == v1
+    migrate(conn, path)  # nothing left to apply: a no-op
+    assert dump(conn) == v1
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+@pytest.mark.parametrize("table", sorted(packed.TABLES))
+def test_views_keep_the_columns_of_the_old_tables(tmp_path, table):
+    conn = open_rw(tmp_path / "gw.db")
+    v1 = sqlite3.connect(":memory:")
+    v1.executescript(MIGRATIONS[0])
+    columns = lambda c: [(r[1], r[2]) for r in c.execute(f"PRAGMA table_info({table})")]  # noqa: E731
+    assert columns(conn) == columns(v1)
