@@ -2,12 +2,14 @@
 
 Drives the real Sampler (8 simulated GPUs from tests/fake_pynvml.py, 50 GPU processes that are
 real sleeping children, the real host collector, the real Writer) tick by tick at 1 Hz for
---hours hours on an injected clock, then rolls up with maintain() and measures each table with
-SQLite's dbstat. Per-day figures are the measured per-tick cost times 86400.
+--hours hours (default a day) on an injected clock, with maintain() (rollups, packing) every
+simulated minute as the daemon runs it, and measures each table with SQLite's dbstat. The raw
+tier's day: what a packed value costs here times a day's values, plus the newest samples
+that stay plain; the rollups' day: bytes per row times a day's rows.
 
 Goals: <= 3 bytes per metric-sample in the raw tier, <= 100 MB/day, rollups <= 1 % of raw.
 
-    .venv/bin/python bench/bench_storage.py [--hours 1] [--db /tmp/bench.db]
+    .venv/bin/python bench/bench_storage.py [--hours 24] [--db /tmp/bench.db]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from statistics import mean
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -32,7 +35,7 @@ from gpuwatch.store.maintenance import maintain  # noqa: E402
 
 GPUS, PROCS, DAY_S = 8, 50, 86_400
 RAW = ("gpu_samples", "gpu_process_samples", "host_samples", "daemon_stats")
-TIERS = ("gpu_samples_1m", "host_samples_1m", "gpu_samples_1h", "host_samples_1h")
+TIERS = ("gpu_samples_10m", "host_samples_10m", "gpu_samples_1h", "host_samples_1h")
 # A sleeping stand-in has ~2 MB RSS (3-byte integer) and 0 % CPU (0 bytes); a trainer's
 # GiB-scale RSS takes 6 bytes and a busy core's CPU % 1 byte: 4 bytes more per process row.
 STAND_IN_SHORTFALL_B = 4
@@ -91,10 +94,17 @@ def simulate(path: Path, ticks: int, pids: list[int]) -> tuple[float, float, str
     sampler = Sampler(writer, Config(db=str(path)), nvml_module=nvml, clock=clock)
     report = []
 
+    spent = []  # seconds each maintain() took in the writer thread
+
     def maintenance(now_ms: int) -> None:
-        writer.submit(lambda conn: report.append(maintain(
-            conn, now_ms, raw_retention_ms=DAY_S * 1000, minute_retention_ms=14 * DAY_S * 1000,
-            hour_retention_ms=365 * DAY_S * 1000, max_db_bytes=2**40)))
+        def job(conn: sqlite3.Connection) -> None:
+            began = time.perf_counter()
+            report.append(maintain(
+                conn, now_ms, raw_retention_ms=DAY_S * 1000, minute_retention_ms=14 * DAY_S * 1000,
+                hour_retention_ms=365 * DAY_S * 1000, max_db_bytes=2**40))
+            spent.append(time.perf_counter() - began)
+
+        writer.submit(job)
 
     began = time.perf_counter()
     for t in range(ticks):
@@ -113,12 +123,12 @@ def simulate(path: Path, ticks: int, pids: list[int]) -> tuple[float, float, str
     maintain_s = time.perf_counter() - began
     nvml.nvmlShutdown()
     writer.close()
-    return write_s, maintain_s, report[-1]
+    return write_s, maintain_s, report[-1], spent
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hours", type=float, default=1.0)
+    parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--db", default="")
     args = parser.parse_args()
     path = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="gw-bench-")) / "bench.db"
@@ -126,9 +136,9 @@ def main() -> None:
         if os.path.exists(f"{path}{suffix}"):
             os.remove(f"{path}{suffix}")
     ticks = int(args.hours * 3600)
-    sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(PROCS)]
+    sleepers = [subprocess.Popen(["sleep", "86400"]) for _ in range(PROCS)]
     try:
-        write_s, maintain_s, report = simulate(path, ticks, [p.pid for p in sleepers])
+        write_s, maintain_s, report, spent = simulate(path, ticks, [p.pid for p in sleepers])
     finally:
         for p in sleepers:
             p.kill()
@@ -148,6 +158,8 @@ def main() -> None:
           f"(simulated) + {PROCS} GPU processes (sleeping stand-ins) + host; sampled, written and "
           f"maintained every minute in {write_s:.1f} s ({ticks / write_s:.0f} ticks/s), the last "
           f"maintain() took {maintain_s * 1000:.0f} ms: {report}")
+    print(f"maintain() every minute (rollups, packing, retention): mean {1000 * mean(spent):.1f} ms, "
+          f"max {1000 * max(spent):.1f} ms = {100 * mean(spent) / 60:.3f} % of a core")
     print(f"{'table':<28}{'rows':>9}{'bytes':>11}{'values':>10}{'B/value':>9}")
     for t in RAW:
         for source in physical(t):
@@ -164,13 +176,13 @@ def main() -> None:
           f"[goals: <= 3 B, <= 100 MB/day]")
     print(f"  with trainers' RSS and CPU % instead of sleepers' (+{STAND_IN_SHORTFALL_B} B per process "
           f"row, if all stayed plain): ~{raw_day / 1e6 + shortfall:.1f} MB/day raw")
-    # Rollups: one day holds 1440 minute rows and 24 hour rows per key, whatever the sample rate.
+    # Rollups: one day holds 144 10-minute rows and 24 hour rows per key, whatever the sample rate.
     tier_day = 0.0
     for t in TIERS:
-        period_rows_per_day = (1440 if t.endswith("1m") else 24) * (GPUS if t.startswith("gpu") else 1)
-        # An hour row has the columns of a minute row; a few hours make too few to measure.
-        minute_tier = t.replace("_1h", "_1m")
-        per_row = size[minute_tier] / max(rows[minute_tier], 1)
+        period_rows_per_day = (144 if t.endswith("10m") else 24) * (GPUS if t.startswith("gpu") else 1)
+        # An hour row has the columns of a 10-minute row; a few hours make too few to measure.
+        fine_tier = t.replace("_1h", "_10m")
+        per_row = size[fine_tier] / max(rows[fine_tier], 1)
         tier_day += per_row * period_rows_per_day
         print(f"{t:<22}{rows[t]:>10}{size[t]:>12}{per_row:>8.1f}  -> {per_row * period_rows_per_day / 1e6:.2f} MB/day")
     print(f"rollup tiers: {tier_day / 1e6:.2f} MB/day = {100 * tier_day / raw_day:.2f} % of raw "

@@ -44,10 +44,10 @@ def fill(conn: sqlite3.Connection, seed: int = 7) -> None:
                      gpu_rows(rng))
     conn.executemany(
         f"INSERT INTO host_samples ({', '.join(host_cols)}) VALUES ({', '.join('?' * len(host_cols))})",
-        [(BASE + i * S, round(rng.random() * 100, 1), rng.randint(0, 4000) / 2048, 0.25, 1e-17 if i == 5 else 0.5,  # a bucket that cannot be packed exactly stays plain
-         
-          64 * 2**30, rng.randint(0, 2**36), 2**35, 0, 10**9 + i * 4096, 10**9 + i * rng.randint(0, 9),
-          i * 1500, i * 1400, 2**31, rng.randint(0, 10**6)) for i in range(HOURS * 3600)])
+        # load15 1e-17 once: a bucket that cannot be packed exactly, which stays plain
+        [(BASE + i * S, round(rng.random() * 100, 1), rng.randint(0, 4000) / 2048, 0.25,
+          1e-17 if i == 5 else 0.5, 64 * 2**30, rng.randint(0, 2**36), 2**35, 0, 10**9 + i * 4096,
+          10**9 + i * rng.randint(0, 9), i * 1500, i * 1400, 2**31, rng.randint(0, 10**6)) for i in range(HOURS * 3600)])
     conn.executemany(
         "INSERT INTO gpu_process_samples (gpu_index, pid, ts_ms, kind, used_mem_bytes, sm_util_pct, "
         "mem_util_pct, rss_bytes, cpu_pct) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -135,14 +135,29 @@ def test_a_version_1_database_is_migrated_in_place_and_keeps_every_value(tmp_pat
     old.executescript(f"BEGIN; {MIGRATIONS[0]} PRAGMA user_version = 1; COMMIT;")
     fill(old)
     v1 = {t: old.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in packed.TABLES}
+    # Two rolled-up minutes of a 10-minute period, and one of the next, part-done period.
+    old.executemany("INSERT INTO gpu_samples_1m (gpu_index, ts_ms, n, gpu_util_pct_min, gpu_util_pct_avg, "
+                    "gpu_util_pct_max, power_mw_avg) VALUES (0, ?, ?, ?, ?, ?, ?)",
+                    [(BASE, 60, 5, 10.0, 20, 100_000), (BASE + MIN, 30, 1, 40.0, 90, 200_001),
+                     (BASE + 10 * MIN, 60, 0, 1.0, 2, 1)])
+    old.execute("INSERT INTO rollup_state VALUES ('gpu_samples_1m', ?)", (BASE + 11 * MIN,))
     old.close()
 
     conn = open_rw(path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert dump(conn) == v1
+    # Minutes fold into 10-minute periods, weighted by their sample counts; the part-done
+    # period is left to be rolled up again from the raw samples.
+    assert conn.execute("SELECT gpu_index, ts_ms, n, gpu_util_pct_min, gpu_util_pct_avg, gpu_util_pct_max, "
+                        "power_mw_avg FROM gpu_samples_10m").fetchall() == [(0, BASE, 90, 1, 20.0, 90, 133_334)]
+    assert conn.execute("SELECT done_until_ms FROM rollup_state WHERE tier = 'gpu_samples_10m'").fetchone()[0] \
+        == BASE + 10 * MIN
+    assert not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'gpu_samples_1m'").fetchone()
     run_maintain(conn)
     assert conn.execute("SELECT count(*) FROM gpu_samples_packed").fetchone()[0] > 0
     assert dump(conn) == v1
+    assert conn.execute("SELECT n FROM gpu_samples_10m WHERE gpu_index = 0 AND ts_ms = ?",
+                        (BASE + 10 * MIN,)).fetchone() == (600,)
     migrate(conn, path)  # nothing left to apply: a no-op
     assert dump(conn) == v1
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -32,8 +32,9 @@ def run_gpus(conn: sqlite3.Connection, run: Run) -> list[int]:
         elif token in uuid_to_index:
             found.add(uuid_to_index[token])
     start, end = run_window(conn, run)
+    samples = between("gpu_process_samples", start, end + 1, "s", ("gpu_index", "pid"))
     rows = conn.execute(
-        f"SELECT DISTINCT s.gpu_index FROM {between('gpu_process_samples', start, end + 1, 's')} "
+        f"SELECT DISTINCT s.gpu_index FROM {samples} "
         "WHERE s.pid IN (SELECT pid FROM processes WHERE run_id = ? UNION SELECT ? WHERE ? IS NOT NULL)",
         (run.run_id, run.pid, run.pid))
     found.update(idx for (idx,) in rows)

@@ -243,7 +243,8 @@ def _neighbours_from_samples(conn: sqlite3.Connection, run_id: str, device: int,
                              ts_ms: int) -> list[dict] | None:
     """Other processes on the OOM's GPU at the daemon's newest process sample before the OOM."""
     gpu = _gpu_index_of(conn, run_id, device)
-    samples = between("gpu_process_samples", ts_ms - NEIGHBOUR_SAMPLE_MAX_AGE_MS, ts_ms + 1001, "s")
+    samples = between("gpu_process_samples", ts_ms - NEIGHBOUR_SAMPLE_MAX_AGE_MS, ts_ms + 1001, "s",
+                      ("gpu_index", "pid", "used_mem_bytes"))
     newest = conn.execute(f"SELECT MAX(ts_ms) FROM {samples} WHERE gpu_index = ?", (gpu,)).fetchone()[0]
     if newest is None or newest < ts_ms - NEIGHBOUR_SAMPLE_MAX_AGE_MS:
         return None

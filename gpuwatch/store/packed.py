@@ -106,10 +106,10 @@ def _numeric_sql(col: str, kind: str, k: str = "s.k") -> str:
     return f"({expr}) * 1.0 / p.{col}_d" if kind == "REAL" else expr
 
 
-def _decoded(table: SampleTable) -> str:
-    """SELECT list giving the table's columns from packed row p and slot s."""
+def _decoded(table: SampleTable, columns: list[tuple[str, str]]) -> str:
+    """SELECT list giving `columns` of the table from packed row p and slot s."""
     out = []
-    for name, kind in table.columns:
+    for name, kind in columns:
         if name == "ts_ms":
             out.append(f"p.ts_ms + {_numeric_sql('t', 'INTEGER')}")
         elif name in table.keys:
@@ -118,29 +118,32 @@ def _decoded(table: SampleTable) -> str:
             out.append(f"p.{name} ->> s.k")
         else:
             out.append(_numeric_sql(name, kind))
-    return ", ".join(f"{expr} AS {name}" for expr, (name, _) in zip(out, table.columns))
+    return ", ".join(f"{expr} AS {name}" for expr, (name, _) in zip(out, columns))
 
 
-def select_sql(table: SampleTable, since_ms: int | None = None, until_ms: int | None = None) -> str:
+def select_sql(table: SampleTable, since_ms: int | None = None, until_ms: int | None = None,
+               columns: tuple[str, ...] = ()) -> str:
     """Every sample of the table (the view's body), or only those with since <= ts_ms < until:
-    then the packed side seeks only the buckets that can hold them."""
-    names = ", ".join(c for c, _ in table.columns)
-    plain, packed = "", ""
-    if since_ms is not None:
-        since_ms, until_ms = int(since_ms), int(until_ms)
-        plain = f" WHERE ts_ms >= {since_ms} AND ts_ms < {until_ms}"
-        packed = (f" AND p.ts_ms > {since_ms - table.bucket_ms} AND p.ts_ms < {until_ms}")
-        decoded = f"SELECT * FROM (SELECT {_decoded(table)} FROM {table.packed} p CROSS JOIN sample_slots s " \
-                  f"WHERE s.k < p.n{packed}) WHERE ts_ms >= {since_ms} AND ts_ms < {until_ms}"
-    else:
-        decoded = f"SELECT {_decoded(table)} FROM {table.packed} p CROSS JOIN sample_slots s WHERE s.k < p.n"
-    return f"SELECT {names} FROM {table.recent}{plain} UNION ALL {decoded}"
+    then the packed side seeks only the buckets that can hold them. `columns` (default all):
+    decoding only those makes a long range several times faster."""
+    wanted = [(c, kind) for c, kind in table.columns
+              if not columns or c in columns or (c == "ts_ms" and since_ms is not None)]
+    names = ", ".join(c for c, _ in wanted)
+    if since_ms is None:
+        return (f"SELECT {names} FROM {table.recent} UNION ALL SELECT {_decoded(table, wanted)} "
+                f"FROM {table.packed} p CROSS JOIN sample_slots s WHERE s.k < p.n")
+    since_ms, until_ms = int(since_ms), int(until_ms)
+    in_range = f"ts_ms >= {since_ms} AND ts_ms < {until_ms}"
+    return (f"SELECT {names} FROM {table.recent} WHERE {in_range} UNION ALL "
+            f"SELECT * FROM (SELECT {_decoded(table, wanted)} FROM {table.packed} p "
+            f"CROSS JOIN sample_slots s WHERE s.k < p.n AND p.ts_ms > {since_ms - table.bucket_ms} "
+            f"AND p.ts_ms < {until_ms}) WHERE {in_range}")
 
 
-def between(name: str, since_ms: int, until_ms: int, alias: str = "") -> str:
+def between(name: str, since_ms: int, until_ms: int, alias: str = "", columns: tuple[str, ...] = ()) -> str:
     """A FROM item: the samples of table `name` with since <= ts_ms < until, named `alias`
-    (default: like the table)."""
-    return f"({select_sql(TABLES[name], since_ms, until_ms)}) AS {alias or name}"
+    (default: like the table), with `columns` only if given."""
+    return f"({select_sql(TABLES[name], since_ms, until_ms, columns)}) AS {alias or name}"
 
 
 def migration_sql() -> str:

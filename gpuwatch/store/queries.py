@@ -12,13 +12,13 @@ from typing import Iterable, TypeVar
 
 from gpuwatch.store import packed
 from gpuwatch.store.db import StoreError, now_ms
-from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS
+from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS, TEN_MINUTES_MS
 
-MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
-# Series tiers: raw only for ranges up to RAW_MAX_RANGE_MS, minutes up to MINUTE_MAX_RANGE_MS.
-RAW_MAX_RANGE_MS = 2 * HOUR_MS
-MINUTE_MAX_RANGE_MS = 2 * 24 * HOUR_MS
+# Series tiers: raw only for ranges up to RAW_MAX_RANGE_MS (decoding packed samples of one
+# metric costs ~1.5 us each), 10-minute periods up to TEN_MINUTE_MAX_RANGE_MS.
+RAW_MAX_RANGE_MS = 6 * HOUR_MS
+TEN_MINUTE_MAX_RANGE_MS = 2 * 24 * HOUR_MS
 # The newest process tick counts as current unless GPU samples are this much newer: the sampler
 # writes process samples every process_interval (5 s by default) or when the set changes.
 PROCESS_TICK_SLACK_MS = 12_000
@@ -248,8 +248,8 @@ def series_tier(conn: sqlite3.Connection, table: str, key: tuple[str, int] | Non
     data reaches back to since_ms (older raw data is deleted once rolled up); when none does
     (a young database), the finest allowed tier."""
     span = until_ms - since_ms
-    tiers = [(table, 0), (f"{table}_1m", MINUTE_MS), (f"{table}_1h", HOUR_MS)]
-    if span > MINUTE_MAX_RANGE_MS:
+    tiers = [(table, 0), (f"{table}_10m", TEN_MINUTES_MS), (f"{table}_1h", HOUR_MS)]
+    if span > TEN_MINUTE_MAX_RANGE_MS:
         tiers = tiers[2:]
     elif span > RAW_MAX_RANGE_MS:
         tiers = tiers[1:]
@@ -287,7 +287,7 @@ def _series(conn, table, key, metric, since_ms, until_ms, max_points) -> list[Se
     else:
         values = f"min({metric}), avg({metric}), max({metric})"
         present = f"{metric} IS NOT NULL"
-        tier = packed.between(tier, since_ms, until_ms)
+        tier = packed.between(tier, since_ms, until_ms, columns=(key[0], metric) if key else (metric,))
     where = f"{key[0]} = ? AND " if key else ""
     params = ((key[1],) if key else ()) + (since_ms, until_ms)
     rows = conn.execute(

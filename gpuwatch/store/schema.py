@@ -20,6 +20,27 @@ HOST_METRICS = (
 )
 
 
+TEN_MINUTES_MS = 600_000  # the finer rollup tier's period (it was a minute in schema version 1)
+
+
+def rollup_avg(metric: str, expr: str) -> str:
+    """Averages of byte/mW/MHz/kbps metrics are kept as whole units: an integer takes 1-6
+    bytes on disk where a REAL takes 8, and a fraction of a byte or milliwatt means nothing."""
+    if metric.endswith(("_bytes", "_mw", "_mhz", "_kbps")):
+        return f"CAST(round({expr}) AS INTEGER)"
+    return expr
+
+
+def coarser_values(metrics: tuple[str, ...]) -> str:
+    """SELECT list folding rows of a rollup tier into longer periods: n, then min/avg/max per
+    metric. The average weights each row by its sample count (n counts rows, so a metric
+    missing in some rows is weighted by the rows where it was present)."""
+    return "sum(n), " + ", ".join(
+        f"min({m}_min), "
+        + rollup_avg(m, f"sum({m}_avg * n) * 1.0 / sum(CASE WHEN {m}_avg IS NOT NULL THEN n END)")
+        + f", max({m}_max)" for m in metrics)
+
+
 def _rollup_table(name: str, key: str | None, metrics: tuple[str, ...]) -> str:
     """A min/avg/max tier: one row per (key, period start); n = raw samples folded in."""
     key_col = f"{key} INTEGER NOT NULL, " if key else ""
@@ -247,7 +268,7 @@ CREATE TABLE capacity_studies (
 );
 
 CREATE TABLE rollup_state (              -- rollup high-water marks: periods before done_until_ms are folded in
-  tier TEXT PRIMARY KEY,                 -- destination table, e.g. gpu_samples_1m
+  tier TEXT PRIMARY KEY,                 -- destination table, e.g. gpu_samples_1h
   done_until_ms INTEGER NOT NULL
 ) WITHOUT ROWID;
 
@@ -264,9 +285,34 @@ _V1_ROLLUPS = "\n".join(
     for src, key, metrics in (("gpu", "gpu_index", GPU_METRICS), ("host", None, HOST_METRICS))
 )
 
-# Raw samples: plain `_recent` rows plus `_packed` buckets, read through views (store/packed.py).
-_PACKED_SAMPLES = packed.migration_sql()
+
+
+def _ten_minute_tiers() -> str:
+    """The minute tiers become 10-minute tiers: existing minutes folded in, the tier's
+    high-water mark moved back to a period start (the raw samples of the part period are
+    still there and are rolled up again)."""
+    out = []
+    for src, key, metrics in (("gpu", "gpu_index", GPU_METRICS), ("host", None, HOST_METRICS)):
+        old, new = f"{src}_samples_1m", f"{src}_samples_10m"
+        key_col = f"{key}, " if key else ""
+        cols = ", ".join(f"{m}_min, {m}_avg, {m}_max" for m in metrics)
+        out += [
+            _rollup_table(new, key, metrics),
+            f"INSERT INTO {new} ({key_col}ts_ms, n, {cols}) SELECT {key_col}"
+            f"ts_ms / {TEN_MINUTES_MS} * {TEN_MINUTES_MS} AS period, {coarser_values(metrics)} "
+            f"FROM {old} WHERE ts_ms < coalesce((SELECT done_until_ms / {TEN_MINUTES_MS} * "
+            f"{TEN_MINUTES_MS} FROM rollup_state WHERE tier = '{old}'), 0) GROUP BY {key_col}period;",
+            f"DROP TABLE {old};",
+            f"UPDATE rollup_state SET tier = '{new}', done_until_ms = done_until_ms / {TEN_MINUTES_MS} "
+            f"* {TEN_MINUTES_MS} WHERE tier = '{old}';",
+        ]
+    return "\n".join(out)
+
+
+# Raw samples: plain `_recent` rows plus `_packed` buckets, read through views (store/packed.py);
+# rollups every 10 minutes instead of every minute (rollups at ~1 % of the packed raw tier).
+_COMPACT_SAMPLES = packed.migration_sql() + "\n" + _ten_minute_tiers()
 
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
-MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _PACKED_SAMPLES]
+MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _COMPACT_SAMPLES]
 SCHEMA_VERSION = len(MIGRATIONS)

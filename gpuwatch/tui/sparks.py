@@ -33,9 +33,11 @@ class SparkHistory:
         newest = None
         if gpu_indexes:
             marks = ",".join("?" * len(gpu_indexes))
+            samples = between("gpu_samples", since, start + SPARK_WINDOW_MS,
+                              columns=("gpu_index", "gpu_util_pct"))
             rows = conn.execute(
                 f"SELECT gpu_index, ts_ms / {SPARK_SLOT_MS} * {SPARK_SLOT_MS} AS slot, avg(gpu_util_pct), "
-                f"max(ts_ms) FROM {between('gpu_samples', since, start + SPARK_WINDOW_MS)} "
+                f"max(ts_ms) FROM {samples} "
                 f"WHERE gpu_index IN ({marks}) AND gpu_util_pct IS NOT NULL GROUP BY gpu_index, slot",
                 gpu_indexes)
             for gpu, slot, avg, last in rows:
