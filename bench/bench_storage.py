@@ -35,7 +35,7 @@ from gpuwatch.store.maintenance import maintain  # noqa: E402
 
 GPUS, PROCS, DAY_S = 8, 50, 86_400
 RAW = ("gpu_samples", "gpu_process_samples", "host_samples", "daemon_stats")
-TIERS = ("gpu_samples_10m", "host_samples_10m", "gpu_samples_1h", "host_samples_1h")
+TIERS = ("gpu_samples_15m", "host_samples_15m", "gpu_samples_1h", "host_samples_1h")
 # A sleeping stand-in has ~2 MB RSS (3-byte integer) and 0 % CPU (0 bytes); a trainer's
 # GiB-scale RSS takes 6 bytes and a busy core's CPU % 1 byte: 4 bytes more per process row.
 STAND_IN_SHORTFALL_B = 4
@@ -176,12 +176,12 @@ def main() -> None:
           f"[goals: <= 3 B, <= 100 MB/day]")
     print(f"  with trainers' RSS and CPU % instead of sleepers' (+{STAND_IN_SHORTFALL_B} B per process "
           f"row, if all stayed plain): ~{raw_day / 1e6 + shortfall:.1f} MB/day raw")
-    # Rollups: one day holds 144 10-minute rows and 24 hour rows per key, whatever the sample rate.
+    # Rollups: one day holds 96 15-minute rows and 24 hour rows per key, whatever the sample rate.
     tier_day = 0.0
     for t in TIERS:
-        period_rows_per_day = (144 if t.endswith("10m") else 24) * (GPUS if t.startswith("gpu") else 1)
-        # An hour row has the columns of a 10-minute row; a few hours make too few to measure.
-        fine_tier = t.replace("_1h", "_10m")
+        period_rows_per_day = (96 if t.endswith("15m") else 24) * (GPUS if t.startswith("gpu") else 1)
+        # An hour row has the columns of a 15-minute row; a few hours make too few to measure.
+        fine_tier = t.replace("_1h", "_15m")
         per_row = size[fine_tier] / max(rows[fine_tier], 1)
         tier_day += per_row * period_rows_per_day
         print(f"{t:<22}{rows[t]:>10}{size[t]:>12}{per_row:>8.1f}  -> {per_row * period_rows_per_day / 1e6:.2f} MB/day")

@@ -135,29 +135,29 @@ def test_a_version_1_database_is_migrated_in_place_and_keeps_every_value(tmp_pat
     old.executescript(f"BEGIN; {MIGRATIONS[0]} PRAGMA user_version = 1; COMMIT;")
     fill(old)
     v1 = {t: old.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in packed.TABLES}
-    # Two rolled-up minutes of a 10-minute period, and one of the next, part-done period.
+    # Two rolled-up minutes of a 15-minute period, and one of the next, part-done period.
     old.executemany("INSERT INTO gpu_samples_1m (gpu_index, ts_ms, n, gpu_util_pct_min, gpu_util_pct_avg, "
                     "gpu_util_pct_max, power_mw_avg) VALUES (0, ?, ?, ?, ?, ?, ?)",
                     [(BASE, 60, 5, 10.0, 20, 100_000), (BASE + MIN, 30, 1, 40.0, 90, 200_001),
-                     (BASE + 10 * MIN, 60, 0, 1.0, 2, 1)])
-    old.execute("INSERT INTO rollup_state VALUES ('gpu_samples_1m', ?)", (BASE + 11 * MIN,))
+                     (BASE + 15 * MIN, 60, 0, 1.0, 2, 1)])
+    old.execute("INSERT INTO rollup_state VALUES ('gpu_samples_1m', ?)", (BASE + 16 * MIN,))
     old.close()
 
     conn = open_rw(path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert dump(conn) == v1
-    # Minutes fold into 10-minute periods, weighted by their sample counts; the part-done
+    # Minutes fold into 15-minute periods, weighted by their sample counts; the part-done
     # period is left to be rolled up again from the raw samples.
     assert conn.execute("SELECT gpu_index, ts_ms, n, gpu_util_pct_min, gpu_util_pct_avg, gpu_util_pct_max, "
-                        "power_mw_avg FROM gpu_samples_10m").fetchall() == [(0, BASE, 90, 1, 20.0, 90, 133_334)]
-    assert conn.execute("SELECT done_until_ms FROM rollup_state WHERE tier = 'gpu_samples_10m'").fetchone()[0] \
-        == BASE + 10 * MIN
+                        "power_mw_avg FROM gpu_samples_15m").fetchall() == [(0, BASE, 90, 1, 20.0, 90, 133_334)]
+    assert conn.execute("SELECT done_until_ms FROM rollup_state WHERE tier = 'gpu_samples_15m'").fetchone()[0] \
+        == BASE + 15 * MIN
     assert not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'gpu_samples_1m'").fetchone()
     run_maintain(conn)
     assert conn.execute("SELECT count(*) FROM gpu_samples_packed").fetchone()[0] > 0
     assert dump(conn) == v1
-    assert conn.execute("SELECT n FROM gpu_samples_10m WHERE gpu_index = 0 AND ts_ms = ?",
-                        (BASE + 10 * MIN,)).fetchone() == (600,)
+    assert conn.execute("SELECT n FROM gpu_samples_15m WHERE gpu_index = 0 AND ts_ms = ?",
+                        (BASE + 15 * MIN,)).fetchone() == (900,)
     migrate(conn, path)  # nothing left to apply: a no-op
     assert dump(conn) == v1
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

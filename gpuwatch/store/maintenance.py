@@ -1,18 +1,18 @@
 """Rollups, retention and the size cap, run every minute in the writer thread.
 
 Order of work, each step safe to repeat:
-1. Roll complete 10-minute periods of raw GPU/host samples into *_10m and complete hours of
-   *_10m into *_1h. `rollup_state` keeps, per tier, the time before which everything is
+1. Roll complete 15-minute periods of raw GPU/host samples into *_15m and complete hours of
+   *_15m into *_1h. `rollup_state` keeps, per tier, the time before which everything is
    folded in, so re-running never double counts (a sample that arrives later than that mark
    is not rolled up).
    Then pack plain raw rows that are rolled up and older than KEEP_PLAIN_MS into buckets
    (store/packed.py); rollups read the plain rows only.
 2. Retention: raw samples (gpu_samples, gpu_process_samples, host_samples, daemon_stats) older
    than the raw window go, but GPU/host samples only once rolled up (a packed bucket goes
-   when its whole span is past the window); *_10m older than its window (the config's
+   when its whole span is past the window); *_15m older than its window (the config's
    minute_retention_days) once rolled into *_1h; *_1h older than its window.
 3. Size cap: while the database is larger than max_db_bytes, delete the oldest raw samples in
-   chunks, then the oldest *_10m, then *_1h, giving pages back with incremental_vacuum. Runs,
+   chunks, then the oldest *_15m, then *_1h, giving pages back with incremental_vacuum. Runs,
    steps, postmortems and everything else that hangs off a run are deleted (oldest finished
    run first) only when no sample of any tier is left. The size counted is the main database
    file's pages; the -wal file comes on top and is shrunk when the writer checkpoints it.
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from gpuwatch.store import packed
 from gpuwatch.store.queries import HOUR_MS
-from gpuwatch.store.schema import (GPU_METRICS, HOST_METRICS, TEN_MINUTES_MS, coarser_values,
+from gpuwatch.store.schema import (GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS, coarser_values,
                                    rollup_avg)
 
 # A period counts as complete this long after it ends, so samples still queued get in first.
@@ -77,9 +77,9 @@ def maintain(conn: sqlite3.Connection, now_ms: int, *, raw_retention_ms: int,
     try:
         report = MaintenanceReport(db_bytes_before=db_bytes(conn))
         for table, key, metrics in ROLLUP_SOURCES:
-            report.rolled_up[f"{table}_10m"] = _roll_ten_minutes(conn, table, key, metrics, now_ms)
+            report.rolled_up[f"{table}_15m"] = _roll_quarter_hours(conn, table, key, metrics, now_ms)
             report.rolled_up[f"{table}_1h"] = _roll_hours(conn, table, key, metrics, now_ms)
-        rolled = {table: _done_until(conn, f"{table}_10m") or 0 for table, _, _ in ROLLUP_SOURCES}
+        rolled = {table: _done_until(conn, f"{table}_15m") or 0 for table, _, _ in ROLLUP_SOURCES}
         for table in packed.TABLES.values():
             report.packed[table.name] = packed.pack(conn, table, rolled.get(table.name, now_ms))
         _expire(conn, now_ms, raw_retention_ms, minute_retention_ms, hour_retention_ms, report)
@@ -195,18 +195,18 @@ def _tier_columns(metrics: tuple[str, ...]) -> list[str]:
     return [f"{m}_{agg}" for m in metrics for agg in ("min", "avg", "max")]
 
 
-def _roll_ten_minutes(conn, table, key, metrics, now_ms) -> int:
-    until = (now_ms - ROLLUP_LAG_MS) // TEN_MINUTES_MS * TEN_MINUTES_MS
+def _roll_quarter_hours(conn, table, key, metrics, now_ms) -> int:
+    until = (now_ms - ROLLUP_LAG_MS) // QUARTER_HOUR_MS * QUARTER_HOUR_MS
     values = "count(*), " + ", ".join(f"min({m}), {rollup_avg(m, f'avg({m})')}, max({m})" for m in metrics)
     # From the plain rows: nothing is packed before this tier has folded it in.
-    return _roll(conn, f"{table}_recent", f"{table}_10m", key, TEN_MINUTES_MS, until,
+    return _roll(conn, f"{table}_recent", f"{table}_15m", key, QUARTER_HOUR_MS, until,
                  _tier_columns(metrics), values)
 
 
 def _roll_hours(conn, table, key, metrics, now_ms) -> int:
-    periods_done = _done_until(conn, f"{table}_10m") or 0
+    periods_done = _done_until(conn, f"{table}_15m") or 0
     until = min(now_ms - ROLLUP_LAG_MS, periods_done) // HOUR_MS * HOUR_MS
-    return _roll(conn, f"{table}_10m", f"{table}_1h", key, HOUR_MS, until,
+    return _roll(conn, f"{table}_15m", f"{table}_1h", key, HOUR_MS, until,
                  _tier_columns(metrics), coarser_values(metrics))
 
 
@@ -216,12 +216,12 @@ def _expire(conn, now_ms, raw_ms, minute_ms, hour_ms, report: MaintenanceReport)
     rolled = {table: table for table, _, _ in ROLLUP_SOURCES}
     for table, key in RAW_TABLES.items():
         cutoff = now_ms - raw_ms
-        if table in rolled:  # never drop what the 10-minute tier has not folded in yet
-            cutoff = min(cutoff, _done_until(conn, f"{table}_10m") or 0)
+        if table in rolled:  # never drop what the 15-minute tier has not folded in yet
+            cutoff = min(cutoff, _done_until(conn, f"{table}_15m") or 0)
         report.retention_deleted[table] = _delete_before(conn, table, key, cutoff)
     for table, key, _ in ROLLUP_SOURCES:
         cutoff = min(now_ms - minute_ms, _done_until(conn, f"{table}_1h") or 0)
-        report.retention_deleted[f"{table}_10m"] = _delete_before(conn, f"{table}_10m", key, cutoff)
+        report.retention_deleted[f"{table}_15m"] = _delete_before(conn, f"{table}_15m", key, cutoff)
         report.retention_deleted[f"{table}_1h"] = _delete_before(conn, f"{table}_1h", key,
                                                                  now_ms - hour_ms)
 
@@ -245,9 +245,9 @@ def _enforce_cap(conn: sqlite3.Connection, max_db_bytes: int, report: Maintenanc
     if _used_bytes(conn) <= max_db_bytes:
         return
     raw = list(RAW_TABLES.items())
-    minutes = [(f"{t}_10m", k) for t, k, _ in ROLLUP_SOURCES]
+    minutes = [(f"{t}_15m", k) for t, k, _ in ROLLUP_SOURCES]
     hours = [(f"{t}_1h", k) for t, k, _ in ROLLUP_SOURCES]
-    for group, period in ((raw, 1000), (minutes, TEN_MINUTES_MS), (hours, HOUR_MS)):
+    for group, period in ((raw, 1000), (minutes, QUARTER_HOUR_MS), (hours, HOUR_MS)):
         while _used_bytes(conn) > max_db_bytes:
             if not _delete_oldest_chunk(conn, group, period, report):
                 break

@@ -86,6 +86,9 @@ HOST_SAMPLES = SampleTable("host_samples", _cols(
     "net_tx_bytes INTEGER, shm_total_bytes INTEGER, shm_used_bytes INTEGER"),
     ("ts_ms",), 60_000)
 TABLES = {t.name: t for t in (GPU_SAMPLES, GPU_PROCESS_SAMPLES, HOST_SAMPLES)}
+# migration_sql() builds schema version 2 from these specs, so they must keep describing it:
+# a later column needs its own migration (ALTER TABLE both physical tables, then the view and
+# its trigger dropped and created again) and a spec that version 2 does not read.
 
 
 # --- schema -----------------------------------------------------------------------------------

@@ -12,13 +12,13 @@ from typing import Iterable, TypeVar
 
 from gpuwatch.store import packed
 from gpuwatch.store.db import StoreError, now_ms
-from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS, TEN_MINUTES_MS
+from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS
 
 HOUR_MS = 3_600_000
 # Series tiers: raw only for ranges up to RAW_MAX_RANGE_MS (decoding packed samples of one
-# metric costs ~1.5 us each), 10-minute periods up to TEN_MINUTE_MAX_RANGE_MS.
+# metric costs ~1.5 us each), 15-minute periods up to QUARTER_HOUR_MAX_RANGE_MS.
 RAW_MAX_RANGE_MS = 6 * HOUR_MS
-TEN_MINUTE_MAX_RANGE_MS = 2 * 24 * HOUR_MS
+QUARTER_HOUR_MAX_RANGE_MS = 2 * 24 * HOUR_MS
 # The newest process tick counts as current unless GPU samples are this much newer: the sampler
 # writes process samples every process_interval (5 s by default) or when the set changes.
 PROCESS_TICK_SLACK_MS = 12_000
@@ -248,8 +248,8 @@ def series_tier(conn: sqlite3.Connection, table: str, key: tuple[str, int] | Non
     data reaches back to since_ms (older raw data is deleted once rolled up); when none does
     (a young database), the finest allowed tier."""
     span = until_ms - since_ms
-    tiers = [(table, 0), (f"{table}_10m", TEN_MINUTES_MS), (f"{table}_1h", HOUR_MS)]
-    if span > TEN_MINUTE_MAX_RANGE_MS:
+    tiers = [(table, 0), (f"{table}_15m", QUARTER_HOUR_MS), (f"{table}_1h", HOUR_MS)]
+    if span > QUARTER_HOUR_MAX_RANGE_MS:
         tiers = tiers[2:]
     elif span > RAW_MAX_RANGE_MS:
         tiers = tiers[1:]

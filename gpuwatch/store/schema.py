@@ -2,7 +2,9 @@
 
 Conventions: timestamps are integer milliseconds since the Unix epoch in `*_ms` columns;
 sizes are bytes (`*_bytes`); units live in column names. Sample tables are WITHOUT ROWID
-with a (key, ts_ms) primary key so a sample costs little more than its values.
+with a (key, ts_ms) primary key so a sample costs little more than its values; from version 2
+the raw GPU, GPU-process and host samples are views over plain and packed tables
+(store/packed.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ HOST_METRICS = (
 )
 
 
-TEN_MINUTES_MS = 600_000  # the finer rollup tier's period (it was a minute in schema version 1)
+QUARTER_HOUR_MS = 900_000  # the finer rollup tier's period (it was a minute in schema version 1)
 
 
 def rollup_avg(metric: str, expr: str) -> str:
@@ -287,31 +289,31 @@ _V1_ROLLUPS = "\n".join(
 
 
 
-def _ten_minute_tiers() -> str:
-    """The minute tiers become 10-minute tiers: existing minutes folded in, the tier's
+def _quarter_hour_tiers() -> str:
+    """The minute tiers become 15-minute tiers: existing minutes folded in, the tier's
     high-water mark moved back to a period start (the raw samples of the part period are
     still there and are rolled up again)."""
     out = []
     for src, key, metrics in (("gpu", "gpu_index", GPU_METRICS), ("host", None, HOST_METRICS)):
-        old, new = f"{src}_samples_1m", f"{src}_samples_10m"
+        old, new = f"{src}_samples_1m", f"{src}_samples_15m"
         key_col = f"{key}, " if key else ""
         cols = ", ".join(f"{m}_min, {m}_avg, {m}_max" for m in metrics)
         out += [
             _rollup_table(new, key, metrics),
             f"INSERT INTO {new} ({key_col}ts_ms, n, {cols}) SELECT {key_col}"
-            f"ts_ms / {TEN_MINUTES_MS} * {TEN_MINUTES_MS} AS period, {coarser_values(metrics)} "
-            f"FROM {old} WHERE ts_ms < coalesce((SELECT done_until_ms / {TEN_MINUTES_MS} * "
-            f"{TEN_MINUTES_MS} FROM rollup_state WHERE tier = '{old}'), 0) GROUP BY {key_col}period;",
+            f"ts_ms / {QUARTER_HOUR_MS} * {QUARTER_HOUR_MS} AS period, {coarser_values(metrics)} "
+            f"FROM {old} WHERE ts_ms < coalesce((SELECT done_until_ms / {QUARTER_HOUR_MS} * "
+            f"{QUARTER_HOUR_MS} FROM rollup_state WHERE tier = '{old}'), 0) GROUP BY {key_col}period;",
             f"DROP TABLE {old};",
-            f"UPDATE rollup_state SET tier = '{new}', done_until_ms = done_until_ms / {TEN_MINUTES_MS} "
-            f"* {TEN_MINUTES_MS} WHERE tier = '{old}';",
+            f"UPDATE rollup_state SET tier = '{new}', done_until_ms = done_until_ms / {QUARTER_HOUR_MS} "
+            f"* {QUARTER_HOUR_MS} WHERE tier = '{old}';",
         ]
     return "\n".join(out)
 
 
 # Raw samples: plain `_recent` rows plus `_packed` buckets, read through views (store/packed.py);
-# rollups every 10 minutes instead of every minute (rollups at ~1 % of the packed raw tier).
-_COMPACT_SAMPLES = packed.migration_sql() + "\n" + _ten_minute_tiers()
+# rollups every 15 minutes instead of every minute (rollups at ~1 % of the packed raw tier).
+_COMPACT_SAMPLES = packed.migration_sql() + "\n" + _quarter_hour_tiers()
 
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
 MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _COMPACT_SAMPLES]
