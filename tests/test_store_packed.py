@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -55,6 +56,8 @@ def fill(conn: sqlite3.Connection, seed: int = 7) -> None:
           rng.randint(0, 100), None if i % 3 else 7, 2**31 + rng.randint(0, 2**20),
           rng.choice([None, 0.0, 99.9, 12.5])) for i in range(HOURS * 720) for g in range(2) for p in range(3)])
     conn.execute("COMMIT")
+    insert_rows(conn, "processes", [{"pid": 4000 + p, "start_ms": BASE, "user": f"u{p}",
+                                     "first_seen_ms": BASE, "last_seen_ms": BASE + HOURS * H} for p in range(3)])
     insert_rows(conn, "runs", [{"run_id": "r1", "uid": 1, "pid": 4000, "started_ms": BASE + 60 * S,
                                 "ended_ms": BASE + HOURS * H - 60 * S, "status": "finished",
                                 "gpu_uuids": "0,1"}])
@@ -86,17 +89,25 @@ def run_maintain(conn) -> None:
              hour_retention_ms=10**12, max_db_bytes=10**12)
 
 
-def test_packing_keeps_every_value_and_what_every_reader_returns(tmp_path, monkeypatch):
+@pytest.fixture
+def plain_and_packed(tmp_path, monkeypatch):
+    """The same samples twice, rolled up: all in plain rows (the old layout), and packed."""
     plain = open_rw(tmp_path / "plain.db")
     fill(plain)
     monkeypatch.setattr(packed, "KEEP_PLAIN_MS", 10**12)  # nothing old enough to pack
     run_maintain(plain)
     assert plain.execute("SELECT count(*) FROM gpu_samples_packed").fetchone()[0] == 0
     monkeypatch.undo()
-
     conn = open_rw(tmp_path / "packed.db")
     fill(conn)
     run_maintain(conn)
+    yield plain, conn
+    plain.close()
+    conn.close()
+
+
+def test_packing_keeps_every_value_and_what_every_reader_returns(plain_and_packed):
+    plain, conn = plain_and_packed
     for t in packed.TABLES.values():  # nearly all went into buckets; the newest stay plain
         plain_rows = conn.execute(f"SELECT count(*), max(ts_ms) FROM {t.recent}").fetchone()
         assert plain_rows[0] < conn.execute(f"SELECT count(*) FROM {t.name}").fetchone()[0] / 4
@@ -108,6 +119,20 @@ def test_packing_keeps_every_value_and_what_every_reader_returns(tmp_path, monke
     # Values come back with their types: REAL stays float, bytes stay int.
     host = conn.execute("SELECT cpu_pct, load15, mem_used_bytes FROM host_samples LIMIT 1").fetchone()
     assert (type(host[0]), type(host[1]), type(host[2])) == (float, float, int)
+
+
+def test_the_readmes_queries_return_the_same_rows_from_packed_samples(plain_and_packed):
+    plain, conn = plain_and_packed
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("```sql\n", 1)[1].split("```", 1)[0]
+    # The queries look back from now; these samples end at BASE + HOURS h, on GPUs 0 and 1.
+    block = block.replace("unixepoch()", str((BASE + HOURS * H) // 1000)).replace("gpu_index = 3", "gpu_index = 1")
+    statements = [q for q in block.split(";") if q.strip()]
+    assert len(statements) == 5
+    for sql in statements:
+        assert conn.execute(sql).fetchall() == plain.execute(sql).fetchall()
+    who_used = next(q for q in statements if "gpu_process_samples" in q)
+    assert len(conn.execute(who_used).fetchall()) == 3  # the three processes on GPU 1
 
 
 def test_codec_round_trips_random_columns_exactly(tmp_path):

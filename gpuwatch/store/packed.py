@@ -118,7 +118,8 @@ def _decoded(table: SampleTable, columns: list[tuple[str, str]]) -> str:
         elif name in table.keys:
             out.append(f"p.{name}")
         elif kind == "TEXT":
-            out.append(f"p.{name} ->> s.k")
+            # json_extract, not ->>: SQLite < 3.38 could not even load a schema holding ->>.
+            out.append(f"json_extract(p.{name}, '$[' || s.k || ']')")
         else:
             out.append(_numeric_sql(name, kind))
     return ", ".join(f"{expr} AS {name}" for expr, (name, _) in zip(out, columns))
