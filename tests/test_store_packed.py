@@ -85,8 +85,9 @@ def readers(conn: sqlite3.Connection) -> dict:
 
 
 def run_maintain(conn) -> None:
-    maintain(conn, BASE + HOURS * H + 30 * S, raw_retention_ms=10**12, minute_retention_ms=10**12,
-             hour_retention_ms=10**12, max_db_bytes=10**12)
+    for _ in range(HOURS + 1):  # as minutes pass: each call packs an hour at most
+        maintain(conn, BASE + HOURS * H + 30 * S, raw_retention_ms=10**12, minute_retention_ms=10**12,
+                 hour_retention_ms=10**12, max_db_bytes=10**12)
 
 
 @pytest.fixture
@@ -138,19 +139,27 @@ def test_the_readmes_queries_return_the_same_rows_from_packed_samples(plain_and_
 def test_codec_round_trips_random_columns_exactly(tmp_path):
     conn = open_rw(tmp_path / "gw.db")
     rng = random.Random(3)
-    values = [None, 0, -1, 2**52, -(2**52), 1 << 40]
-    rows = [(rng.choice([0, 1]), BASE + i * rng.choice([1, 997, 1000, 30_001]) // 1, None,
-             rng.choice(values + [rng.randint(-10**9, 10**9)]), rng.randint(0, 1), None,
-             rng.choice([None, 0.1, 1 / 3, 2.5e-7, -0.0, 123456.789]), rng.choice([None, 1e300]))
-            for i in range(3000)]
-    conn.executemany("INSERT OR IGNORE INTO gpu_process_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     [(g, 7, ts, kind, a, b, c, None, d if d is not None else e)
-                      for g, ts, kind, a, b, c, d, e in rows])
+    ints = [None, 0, -1, 2**52, -(2**52), 1 << 40]
+    reals = [None, 0.1, 2.5e-7, -0.0, 123456.789, 0.2841796875]
+    ts, rows = BASE, []
+    for i in range(3000):
+        ts += rng.choice([1, 997, 1000, 30_001])
+        # 1/3 and 1e300 have no exact short decimal: those two buckets must stay plain
+        cpu = 1 / 3 if i == 17 else 1e300 if i == 42 else rng.choice(reals)
+        rows.append((rng.choice([0, 1]), 7, ts, rng.choice([None, None, "graphics"]),
+                     rng.choice(ints + [rng.randint(-10**9, 10**9)]), rng.randint(0, 1), None, None, cpu))
+    conn.executemany("INSERT INTO gpu_process_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     before = dump(conn)
     conn.execute("BEGIN")
-    moved = packed.pack(conn, packed.GPU_PROCESS_SAMPLES, BASE + 10**9)
+    moved, mark = 0, None
+    while True:  # an hour a call
+        n, after = packed.pack(conn, packed.GPU_PROCESS_SAMPLES, mark, BASE + 10**9)
+        moved += n
+        if after == mark:
+            break
+        mark = after
     conn.execute("COMMIT")
-    assert moved > 0
+    assert moved > 2500
     assert dump(conn) == before
 
 

@@ -81,7 +81,10 @@ def maintain(conn: sqlite3.Connection, now_ms: int, *, raw_retention_ms: int,
             report.rolled_up[f"{table}_1h"] = _roll_hours(conn, table, key, metrics, now_ms)
         rolled = {table: _done_until(conn, f"{table}_15m") or 0 for table, _, _ in ROLLUP_SOURCES}
         for table in packed.TABLES.values():
-            report.packed[table.name] = packed.pack(conn, table, rolled.get(table.name, now_ms))
+            report.packed[table.name], mark = packed.pack(
+                conn, table, _done_until(conn, table.packed), rolled.get(table.name, now_ms))
+            if mark is not None:
+                _set_done_until(conn, table.packed, mark)
         _expire(conn, now_ms, raw_retention_ms, minute_retention_ms, hour_retention_ms, report)
         _enforce_cap(conn, max_db_bytes, report)
         report.db_bytes_after = db_bytes(conn)

@@ -35,6 +35,9 @@ from itertools import groupby
 # Plain rows newer than this (before a table's newest sample) are never packed.
 KEEP_PLAIN_MS = 10 * 60_000
 SLOTS = 4096  # most samples a bucket may hold: rows of sample_slots, which number them
+# Span of plain rows packed per table and call: a backlog (a day of 8 GPUs after an upgrade)
+# is packed over many minutes instead of holding the writer for many seconds at once.
+PACK_SPAN_MS = 3_600_000
 _MAX_DECIMALS = 12  # load averages are multiples of 1/2048: 11 decimals
 _MAX_ABS = 2**53  # keeps every sum in the decoder exact in SQLite's 64-bit integers
 _NULL_DIGIT = "x"
@@ -262,25 +265,30 @@ def encode_bucket(table: SampleTable, bucket_ms: int, rows: list[tuple]) -> tupl
     return tuple(out)
 
 
-def pack(conn: sqlite3.Connection, table: SampleTable, until_ms: int) -> int:
-    """Move complete buckets of plain rows older than until_ms (and than KEEP_PLAIN_MS before
-    the table's newest sample) into the packed table; returns the rows moved."""
-    newest = conn.execute(f"SELECT max(ts_ms) FROM {table.recent}").fetchone()[0]
+def pack(conn: sqlite3.Connection, table: SampleTable, since_ms: int | None,
+         until_ms: int) -> tuple[int, int | None]:
+    """Move complete buckets of plain rows from since_ms (None: the oldest) up to until_ms,
+    KEEP_PLAIN_MS before the table's newest sample and PACK_SPAN_MS at most, into the packed
+    table. Returns (rows moved, where the next call starts; None: nothing to pack yet)."""
+    newest, oldest = conn.execute(f"SELECT max(ts_ms), min(ts_ms) FROM {table.recent}").fetchone()
     if newest is None:
-        return 0
-    until = min(until_ms, newest - KEEP_PLAIN_MS) // table.bucket_ms * table.bucket_ms
+        return 0, since_ms
+    since = (oldest if since_ms is None else since_ms) // table.bucket_ms * table.bucket_ms
+    until = min(until_ms, newest - KEEP_PLAIN_MS, since + PACK_SPAN_MS) // table.bucket_ms * table.bucket_ms
+    if until <= since:
+        return 0, since_ms
     names = [c for c, _ in table.columns]
     keys = [names.index(k) for k in table.keys]
     ts = names.index("ts_ms")
     order = ", ".join(list(table.keys) + ["ts_ms"])
-    rows = conn.execute(f"SELECT {', '.join(names)} FROM {table.recent} WHERE ts_ms < ? "
-                        f"ORDER BY {order}", (until,)).fetchall()
+    bucket_of = lambda r: (tuple(r[i] for i in keys), r[ts] // table.bucket_ms)  # noqa: E731
+    rows = conn.execute(f"SELECT {', '.join(names)} FROM {table.recent} WHERE ts_ms >= ? AND ts_ms < ? "
+                        f"ORDER BY {order}", (since, until)).fetchall()
     width = len(table.keys) + 2 + 4 + sum(len(_packed_columns(kind, c)) for c, kind in table.values)
     insert = f"INSERT OR IGNORE INTO {table.packed} VALUES ({', '.join('?' * width)})"
     key_match = "".join(f" AND {k} = ?" for k in table.keys)
     delete = f"DELETE FROM {table.recent} WHERE ts_ms >= ? AND ts_ms < ?{key_match}"
     moved = 0
-    bucket_of = lambda r: (tuple(r[i] for i in keys), r[ts] // table.bucket_ms)  # noqa: E731
     for (key, bucket), group in groupby(rows, bucket_of):
         group = list(group)
         start = bucket * table.bucket_ms
@@ -291,4 +299,4 @@ def pack(conn: sqlite3.Connection, table: SampleTable, until_ms: int) -> int:
             continue  # a bucket packed before (the clock stepped back): keep these plain
         conn.execute(delete, (start, start + table.bucket_ms, *key))
         moved += len(group)
-    return moved
+    return moved, until
