@@ -11,8 +11,9 @@ Order of work, each step safe to repeat:
    than the raw window go, but GPU/host samples only once rolled up (a packed bucket goes
    when its whole span is past the window); *_15m older than its window (the config's
    minute_retention_days) once rolled into *_1h; *_1h older than its window.
-3. Size cap: while the database is larger than max_db_bytes, delete the oldest raw samples in
-   chunks, then the oldest *_15m, then *_1h, giving pages back with incremental_vacuum. Runs,
+3. Size cap: once the file is larger than max_db_bytes, give its free pages back
+   (incremental_vacuum); while still larger, delete the oldest raw samples in chunks, then the
+   oldest *_15m, then *_1h, giving pages back likewise. Runs,
    steps, postmortems and everything else that hangs off a run are deleted (oldest finished
    run first) only when no sample of any tier is left. The size counted is the main database
    file's pages; the -wal file comes on top and is shrunk when the writer checkpoints it.
