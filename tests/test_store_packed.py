@@ -13,7 +13,7 @@ from gpuwatch.analysis.export import run_tables
 from gpuwatch.store import insert_rows, open_rw, packed, queries
 from gpuwatch.store.db import migrate
 from gpuwatch.store.maintenance import maintain
-from gpuwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
+from gpuwatch.store.schema import _COMPACT_SAMPLES, MIGRATIONS, SCHEMA_VERSION
 
 S, MIN, H = 1000, 60_000, 3_600_000
 BASE = 472_222 * H
@@ -147,8 +147,9 @@ def test_codec_round_trips_random_columns_exactly(tmp_path):
         # 1/3 and 1e300 have no exact short decimal: those two buckets must stay plain
         cpu = 1 / 3 if i == 17 else 1e300 if i == 42 else rng.choice(reals)
         rows.append((rng.choice([0, 1]), 7, ts, rng.choice([None, None, "graphics"]),
-                     rng.choice(ints + [rng.randint(-10**9, 10**9)]), rng.randint(0, 1), None, None, cpu))
-    conn.executemany("INSERT INTO gpu_process_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                     rng.choice(ints + [rng.randint(-10**9, 10**9)]), rng.randint(0, 1), None, None, cpu,
+                     rng.choice([None, 1, 13]), None))
+    conn.executemany("INSERT INTO gpu_process_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     before = dump(conn)
     conn.execute("BEGIN")
     moved, mark = 0, None
@@ -163,10 +164,14 @@ def test_codec_round_trips_random_columns_exactly(tmp_path):
     assert dump(conn) == before
 
 
-def test_a_version_1_database_is_migrated_in_place_and_keeps_every_value(tmp_path):
-    path = tmp_path / "v1.db"
+# The schema version before the migration that packs samples (the lead orders migrations).
+BEFORE = MIGRATIONS.index(_COMPACT_SAMPLES)
+
+
+def test_a_database_from_before_packing_is_migrated_in_place_and_keeps_every_value(tmp_path):
+    path = tmp_path / "old.db"
     old = sqlite3.connect(path, isolation_level=None)
-    old.executescript(f"BEGIN; {MIGRATIONS[0]} PRAGMA user_version = 1; COMMIT;")
+    old.executescript(f"BEGIN; {' '.join(MIGRATIONS[:BEFORE])} PRAGMA user_version = {BEFORE}; COMMIT;")
     fill(old)
     v1 = {t: old.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in packed.TABLES}
     # Two rolled-up minutes of a 15-minute period, and one of the next, part-done period.
@@ -201,6 +206,6 @@ def test_a_version_1_database_is_migrated_in_place_and_keeps_every_value(tmp_pat
 def test_views_keep_the_columns_of_the_old_tables(tmp_path, table):
     conn = open_rw(tmp_path / "gw.db")
     v1 = sqlite3.connect(":memory:")
-    v1.executescript(MIGRATIONS[0])
+    v1.executescript(" ".join(MIGRATIONS[:BEFORE]))
     columns = lambda c: [(r[1], r[2]) for r in c.execute(f"PRAGMA table_info({table})")]  # noqa: E731
     assert columns(conn) == columns(v1)

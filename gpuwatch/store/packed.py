@@ -80,7 +80,8 @@ GPU_SAMPLES = SampleTable("gpu_samples", _cols(
     ("gpu_index", "ts_ms"), 60_000)
 GPU_PROCESS_SAMPLES = SampleTable("gpu_process_samples", _cols(
     "gpu_index INTEGER, pid INTEGER, ts_ms INTEGER, kind TEXT, used_mem_bytes INTEGER, "
-    "sm_util_pct INTEGER, mem_util_pct INTEGER, rss_bytes INTEGER, cpu_pct REAL"),
+    "sm_util_pct INTEGER, mem_util_pct INTEGER, rss_bytes INTEGER, cpu_pct REAL, "
+    "gpu_instance_id INTEGER, compute_instance_id INTEGER"),
     ("gpu_index", "ts_ms", "pid"), 600_000)
 HOST_SAMPLES = SampleTable("host_samples", _cols(
     "ts_ms INTEGER, cpu_pct REAL, load1 REAL, load5 REAL, load15 REAL, mem_total_bytes INTEGER, "
@@ -89,9 +90,10 @@ HOST_SAMPLES = SampleTable("host_samples", _cols(
     "net_tx_bytes INTEGER, shm_total_bytes INTEGER, shm_used_bytes INTEGER"),
     ("ts_ms",), 60_000)
 TABLES = {t.name: t for t in (GPU_SAMPLES, GPU_PROCESS_SAMPLES, HOST_SAMPLES)}
-# migration_sql() builds schema version 2 from these specs, so they must keep describing it:
-# a later column needs its own migration (ALTER TABLE both physical tables, then the view and
-# its trigger dropped and created again) and a spec that version 2 does not read.
+# migration_sql() builds the migration that introduced packing from these specs, so they must
+# keep describing the tables as it left them: a later column needs its own migration (ALTER
+# TABLE both physical tables, then the view and its trigger dropped and created again) and a
+# spec that the earlier migration does not read.
 
 
 # --- schema -----------------------------------------------------------------------------------
