@@ -32,7 +32,8 @@ def run_query(conn: sqlite3.Connection, sql: str) -> tuple[list[str], list[tuple
         cur = conn.execute(sql)
         rows = cur.fetchall()
     except sqlite3.DatabaseError as e:
-        if "not authorized" in str(e) or "readonly" in str(e):
+        # A write to a raw-sample view fails before the authorizer sees it ("cannot modify").
+        if any(m in str(e) for m in ("not authorized", "readonly", "cannot modify")):
             raise click.ClickException(
                 "query is read-only: only SELECT, WITH and PRAGMA reads run; nothing was changed") from None
         raise click.ClickException(f"query failed: {e}") from None
