@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -24,6 +25,12 @@ _NOT_AVAILABLE_U64 = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE_ulonglong, if pynvml 
 _PSTATE_UNKNOWN = 32
 _NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process not on a MIG device
 MIG_RESCAN_MS = 60_000
+# NVIDIA documents nvmlDeviceGetPcieThroughput as sampling for about 20 ms per call: when the
+# PCIe reads take over this share of a tick (and PCIE_MIN_MS), they run every PCIE_SLOW_EVERY
+# ticks only, their last values repeated in between, so they cannot hold every tick back.
+PCIE_MAX_SHARE = 0.25
+PCIE_MIN_MS = 5.0
+PCIE_SLOW_EVERY = 10
 _MIG_PROFILE = re.compile(r"\bMIG (\S+)")  # the driver names a MIG device "<GPU name> MIG 1g.10gb"
 
 
@@ -138,6 +145,7 @@ class _Gpu:
     last_util_us: int = 0  # newest per-process utilisation sample seen (0 = all buffered)
     migs: list = field(default_factory=list)  # its MIG devices (_Mig), when in MIG mode
     migs_read_ms: int | None = None  # when they were last looked for
+    pcie: tuple = (None, None)  # last PCIe (tx, rx) KB/s read
 
 
 @dataclass
@@ -198,6 +206,9 @@ class NvmlCollector:
         self._lost_codes = {n.NVML_ERROR_GPU_IS_LOST, n.NVML_ERROR_RESET_REQUIRED}
         self._warned: set = set()
         self._closed = False
+        self.pcie_every = 1  # PCIe read every this many ticks (PCIE_SLOW_EVERY once they prove slow)
+        self.last_tick_ms = self.last_pcie_ms = 0.0  # what the newest sample() took, PCIe apart
+        self._ticks = 0
         count = self._init_library()
         self._gpus: list[_Gpu] = []
         self.static: list[GpuStatic] = []
@@ -285,6 +296,22 @@ class NvmlCollector:
 
     # -- per tick -------------------------------------------------------------------------------
     def sample(self, ts_ms: int) -> tuple[list[GpuSample], list[GpuProcessSample]]:
+        started = time.perf_counter()
+        self._ticks += 1
+        self._pcie_s = 0.0
+        try:
+            return self._sample_all(ts_ms)
+        finally:
+            self._time_tick(time.perf_counter() - started)
+
+    def _time_tick(self, tick_s: float) -> None:
+        self.last_tick_ms, self.last_pcie_ms = tick_s * 1000, self._pcie_s * 1000
+        if self.pcie_every == 1 and self.last_pcie_ms > max(PCIE_MIN_MS, PCIE_MAX_SHARE * self.last_tick_ms):
+            self.pcie_every = PCIE_SLOW_EVERY
+            log.warning("PCIe throughput reads took %.0f ms of a %.0f ms GPU tick: reading them every %d "
+                        "ticks from now on", self.last_pcie_ms, self.last_tick_ms, PCIE_SLOW_EVERY)
+
+    def _sample_all(self, ts_ms: int) -> tuple[list[GpuSample], list[GpuProcessSample]]:
         gpu_samples: list[GpuSample] = []
         proc_samples: list[GpuProcessSample] = []
         for gpu in self._gpus:
@@ -324,6 +351,7 @@ class NvmlCollector:
         if reasons is None:  # the name before driver 535
             reasons = call(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
         pstate = call(gpu, "nvmlDeviceGetPerformanceState", h)
+        pcie = self._pcie(gpu)
         return GpuSample(
             gpu_index=gpu.index,
             ts_ms=ts_ms,
@@ -337,8 +365,8 @@ class NvmlCollector:
             energy_mj=call(gpu, "nvmlDeviceGetTotalEnergyConsumption", h),
             sm_clock_mhz=call(gpu, "nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_SM),
             mem_clock_mhz=call(gpu, "nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_MEM),
-            pcie_tx_kbps=call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_TX_BYTES),
-            pcie_rx_kbps=call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_RX_BYTES),
+            pcie_tx_kbps=pcie[0],
+            pcie_rx_kbps=pcie[1],
             fan_pct=call(gpu, "nvmlDeviceGetFanSpeed", h),
             pstate=None if pstate == _PSTATE_UNKNOWN else pstate,
             throttle_reasons=reasons,
@@ -347,6 +375,21 @@ class NvmlCollector:
             ecc_uncorrected=call(gpu, "nvmlDeviceGetTotalEccErrors", h,
                                  n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
         )
+
+    def persistence_mode(self, index: int) -> int | None:
+        """1 when the driver stays loaded with no client (nvidia-smi's persistence_mode), else 0."""
+        gpu = self._gpus[index]
+        return None if gpu.lost else self._call(gpu, "nvmlDeviceGetPersistenceMode", gpu.handle)
+
+    def _pcie(self, gpu: _Gpu) -> tuple:
+        if self.pcie_every > 1 and self._ticks % self.pcie_every:
+            return gpu.pcie
+        started = time.perf_counter()
+        n, h = self._nvml, gpu.handle
+        gpu.pcie = (self._call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_TX_BYTES),
+                    self._call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_RX_BYTES))
+        self._pcie_s += time.perf_counter() - started
+        return gpu.pcie
 
     def _memory(self, gpu: _Gpu):
         # v2 splits out what the driver reserves; drivers without it fail once, then v1 only.

@@ -95,6 +95,8 @@ NVML_DEVICE_MIG_ENABLE = 1
 NVML_MAX_MIG_DEVICES = 7  # what nvmlDeviceGetMaxMigDeviceCount reports on A100 / H100
 NVML_NO_INSTANCE_ID = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process off MIG
 NVML_PSTATE_UNKNOWN = 32
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
 nvmlMemory_v2 = 0x02000028
 nvmlEventTypeXidCriticalError = 0x0000000000000008
 nvmlEventTypeSingleBitEccError = 0x0000000000000001
@@ -524,6 +526,10 @@ class FakeNvml:
     def nvmlDeviceGetPcieThroughput(self, device, counter):
         i = self._device("nvmlDeviceGetPcieThroughput", device)
         return _wave(self.clock(), i + counter, 7.0, 0, 25_000_000) if self._pids(i) else 0
+
+    def nvmlDeviceGetPersistenceMode(self, handle):
+        self._device("nvmlDeviceGetPersistenceMode", handle)
+        return NVML_FEATURE_ENABLED
 
     def nvmlDeviceGetFanSpeed(self, handle):
         i = self._device("nvmlDeviceGetFanSpeed", handle)

@@ -31,6 +31,8 @@ HEADLESS = [
     "gpuwatch.cli.status_cmd",
     "gpuwatch.cli.query_cmd",
     "gpuwatch.cli.service_cmd",
+    "gpuwatch.cli.selftest_cmd",
+    "gpuwatch.selftest.cuda",  # torch only inside the CUDA checks
     "gpuwatch.cli.pick_cmd",
     "gpuwatch.fleet.prometheus",
     "gpuwatch.fleet.model",
