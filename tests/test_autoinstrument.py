@@ -239,3 +239,34 @@ def test_profile_and_stacks_of_an_unmodified_live_run_through_the_daemon(daemon,
     finally:
         wrapper.terminate()
         wrapper.wait(30)
+
+
+CUDA_LOOP = """
+import torch
+model = torch.nn.Sequential(torch.nn.Embedding(64, 256), torch.nn.Linear(256, 64)).cuda()
+opt = torch.optim.AdamW(model.parameters())
+class Wrapped(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = model
+    def forward(self, input_ids, attention_mask):
+        return {"loss": self.inner(input_ids).float().pow(2).mean() * attention_mask.float().mean()}
+wrapped = Wrapped()
+for _ in range(4):
+    ids = torch.randint(0, 64, (8, 128), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[:, 100:] = 0
+    wrapped(input_ids=ids, attention_mask=mask)["loss"].backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.gpu
+def test_zero_code_on_a_real_gpu_counts_masked_tokens_on_the_device():
+    """The mask's sum stays on the GPU until its step is resolved; steps get CUDA memory and time."""
+    done = gw_run(PY, "-c", CUDA_LOOP)
+    assert done.returncode == 0, done.stderr[-2000:]
+    steps = steps_of(the_run()["run_id"])
+    assert [s["tokens"] for s in steps] == [8 * 100] * 4
+    assert all(s["mem_allocated_bytes"] > 0 and s["step_time_ms"] > 0 and s["loss"] is not None for s in steps[1:])
