@@ -15,14 +15,45 @@ from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
 @click.option("--refresh", type=click.FloatRange(min=0.2), default=1.0, show_default=True,
               help="Seconds between updates.")
 @click.option("--user", help="Start with processes and runs filtered to this user.")
+@click.option("--web", "web", metavar="[HOST:]PORT",
+              help="Serve the TUI to a browser instead (loopback unless HOST says otherwise).")
+@click.option("--web-allow-remote", is_flag=True, help="Allow --web on an address other hosts can reach.")
 @friendly_errors
-def tui(db: str | None, refresh: float, user: str | None) -> None:
+def tui(db: str | None, refresh: float, user: str | None, web: str | None, web_allow_remote: bool) -> None:
     """Live GPUs, processes and runs in the terminal; built for SSH (q quits, ? for keys)."""
-    run_tui(reader_db_path(db), refresh, user)
+    if web:
+        serve_web(reader_db_path(db), refresh, user, web, web_allow_remote)
+    else:
+        run_tui(reader_db_path(db), refresh, user)
 
 
 def on_a_terminal() -> bool:
     return os.isatty(sys.stdin.fileno()) and os.isatty(sys.stdout.fileno())
+
+
+def served_to_a_browser() -> bool:
+    """Whether textual-serve started us (it picks Textual's web driver for its app processes)."""
+    return os.environ.get("TEXTUAL_DRIVER", "").endswith(":WebDriver")
+
+
+def serve_web(path: str, refresh: float, user: str | None, address: str, allow_remote: bool) -> None:
+    """Serve the TUI on the database at `path` to browsers at `address`, until Ctrl+C."""
+    from gpuwatch.store import open_ro
+
+    try:
+        from gpuwatch.tui import web
+    except ImportError:
+        raise click.ClickException("gpuwatch tui --web needs textual-serve: "
+                                   "pip install 'gpuwatch[web]'") from None
+    try:
+        host, port = web.parse_address(address)
+    except web.WebAddressError as e:
+        raise click.ClickException(str(e)) from None
+    if not allow_remote and not web.is_loopback(host):
+        raise click.ClickException(f"--web {address}: {host} is not a loopback address; other hosts could "
+                                   "reach it. Use an SSH tunnel (see the README), or add --web-allow-remote")
+    open_ro(path).close()  # a wrong path or schema is one clear line, not a page of errors
+    web.TokenServer(web.tui_command(path, refresh, user), host, port).serve()
 
 
 def run_tui(path: str, refresh: float = 1.0, user: str | None = None,
@@ -30,7 +61,7 @@ def run_tui(path: str, refresh: float = 1.0, user: str | None = None,
     """Open the TUI on the database at `path`; `start_mode` is "overview" or "runs"."""
     from gpuwatch.store import open_ro
 
-    if not on_a_terminal():
+    if not on_a_terminal() and not served_to_a_browser():
         raise click.ClickException("gpuwatch tui needs a terminal; for scripts use "
                                    "`gpuwatch status` or `gpuwatch query`")
     open_ro(path).close()  # a wrong path or schema is one clear line, not a screen of errors

@@ -1,0 +1,130 @@
+"""`gpuwatch tui --web` in a real headless Chromium (Debian's, driven by Playwright): the overview
+shows the GPUs, keys reach the app, and a request without the printed token is refused."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gpuwatch.store import Writer, now_ms
+from systools import needs_tools
+from test_tui_terminal import populate, write_tick
+
+GPUWATCH = str(Path(sys.executable).with_name("gpuwatch"))
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+URL_LINE = re.compile(r"open (http://\S+/\?token=(\S+))")
+
+pytestmark = needs_tools("chromium")
+
+# The page's terminal (xterm.js) draws on a canvas: to read what it shows, the test's copy of
+# textual-serve's script also hands its terminal object to the page.
+TERMINAL_NEW = re.compile(r"this\.terminal=new (\w+)\.Terminal\(")
+SCREEN_JS = """() => { const t = window.gpuwatchTerminal; if (!t) return "";
+  const lines = []; for (let i = 0; i < t.rows; i++) { const l = t.buffer.active.getLine(i);
+  lines.push(l ? l.translateToString(true) : ""); } return lines.join("\\n"); }"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A database like a daemon's, served by `gpuwatch tui --web`; yields (url with token, token)."""
+    db = tmp_path / "gw.db"
+    writer = Writer(db)
+    populate(writer, now_ms())
+    write_tick(writer, now_ms())
+    writer.close()
+    server = subprocess.Popen([GPUWATCH, "tui", "--web", str(free_port()), "--db", str(db)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        match = None
+        deadline = time.monotonic() + 30
+        while match is None and time.monotonic() < deadline:
+            line = server.stdout.readline()
+            assert line, f"gpuwatch tui --web exited: {server.wait()}"
+            match = URL_LINE.search(line)
+        assert match, "no URL printed"
+        yield match.group(1), match.group(2)
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def status_of(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_requests_without_the_token_are_refused(served):
+    url, token = served
+    base = url.split("?")[0]
+    assert status_of(url) == 200
+    assert status_of(base) == 403
+    assert status_of(base + "?token=" + token[:-1] + "x") == 403
+    assert status_of(base + "static/js/textual.js") == 403
+    assert status_of(base + "ws") == 403   # the websocket that would start an app process
+
+
+def test_overview_in_chromium_and_keys_work(served):
+    from playwright.sync_api import sync_playwright
+
+    url, _ = served
+    origin = url.split("/?")[0]
+    patched = []
+
+    def route(route):
+        if not route.request.url.startswith(origin):
+            route.abort()  # the page asks for a web font; nothing here leaves the machine
+        elif route.request.url.endswith("/textual.js"):
+            response = route.fetch()
+            body, n = TERMINAL_NEW.subn(r"this.terminal=window.gpuwatchTerminal=new \1.Terminal(", response.text())
+            patched.append(n)
+            route.fulfill(response=response, body=body)
+        else:
+            route.continue_()
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.route("**/*", route)
+            page.goto(url)
+
+            def wait_for(*texts: str) -> str:
+                checks = " && ".join(f"s.includes({t!r})" for t in texts)
+                try:
+                    page.wait_for_function(f"() => {{ const s = ({SCREEN_JS})(); return {checks}; }}",
+                                           timeout=30_000)
+                except Exception:
+                    raise AssertionError(f"{texts} not in the browser:\n{page.evaluate(SCREEN_JS)}") from None
+                return page.evaluate(SCREEN_JS)
+
+            screen = wait_for("GPU processes: 50", "live")
+            assert patched == [1]
+            assert screen.count("NVIDIA H100 80GB HBM3") == 8  # every GPU, one line each
+            assert "power cap" in screen and "train.py --shard" in screen
+            page.locator("#terminal").click()
+            page.keyboard.press("r")
+            wait_for("Runs: 20")
+            page.keyboard.press("o")
+            wait_for("GPU processes: 50")
+        finally:
+            browser.close()
