@@ -23,8 +23,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 URL_LINE = re.compile(r"open (http://\S+/\?token=(\S+))")
 
-pytestmark = needs_tools("chromium")
-
 # The page's terminal (xterm.js) draws on a canvas: to read what it shows, the test's copy of
 # textual-serve's script also hands its terminal object to the page.
 TERMINAL_NEW = re.compile(r"this\.terminal=new (\w+)\.Terminal\(")
@@ -83,6 +81,7 @@ def test_requests_without_the_token_are_refused(served):
     assert status_of(base + "ws") == 403   # the websocket that would start an app process
 
 
+@needs_tools("chromium")
 def test_overview_in_chromium_and_keys_work(served):
     from playwright.sync_api import sync_playwright
 
@@ -128,3 +127,15 @@ def test_overview_in_chromium_and_keys_work(served):
             wait_for("GPU processes: 50")
         finally:
             browser.close()
+
+
+@pytest.mark.parametrize("address, refusal", [
+    ("0.0.0.0:8765", "0.0.0.0 is not a loopback address"),
+    ("8765x", "expected [HOST:]PORT"),
+])
+def test_a_reachable_or_bad_address_is_refused(tmp_path, address, refusal):
+    Writer(tmp_path / "gw.db").close()
+    result = subprocess.run([GPUWATCH, "tui", "--web", address, "--db", str(tmp_path / "gw.db")],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and refusal in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
