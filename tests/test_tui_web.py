@@ -39,6 +39,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_web(db: Path) -> tuple[subprocess.Popen, str]:
+    """`gpuwatch tui --web` on a free loopback port: the server process and the URL it printed."""
+    server = subprocess.Popen([GPUWATCH, "tui", "--web", str(free_port()), "--db", str(db)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = server.stdout.readline()
+        if not line:
+            raise AssertionError(f"gpuwatch tui --web exited: {server.wait()}")
+        match = URL_LINE.search(line)
+        if match:
+            return server, match.group(1)
+    server.kill()
+    raise AssertionError("gpuwatch tui --web printed no URL in 30 s")
+
+
 @pytest.fixture
 def served(tmp_path):
     """A database like a daemon's, served by `gpuwatch tui --web`; yields (url with token, token)."""
@@ -47,17 +63,9 @@ def served(tmp_path):
     populate(writer, now_ms())
     write_tick(writer, now_ms())
     writer.close()
-    server = subprocess.Popen([GPUWATCH, "tui", "--web", str(free_port()), "--db", str(db)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server, url = start_web(db)
     try:
-        match = None
-        deadline = time.monotonic() + 30
-        while match is None and time.monotonic() < deadline:
-            line = server.stdout.readline()
-            assert line, f"gpuwatch tui --web exited: {server.wait()}"
-            match = URL_LINE.search(line)
-        assert match, "no URL printed"
-        yield match.group(1), match.group(2)
+        yield url, URL_LINE.search("open " + url).group(2)
     finally:
         server.terminate()
         server.wait(10)
@@ -81,17 +89,15 @@ def test_requests_without_the_token_are_refused(served):
     assert status_of(base + "ws") == 403   # the websocket that would start an app process
 
 
-@needs_tools("chromium")
-def test_overview_in_chromium_and_keys_work(served):
-    from playwright.sync_api import sync_playwright
-
-    url, _ = served
+def open_tui_page(browser, url: str):
+    """A page on `url` whose terminal the test can read (wait_for_screen); nothing it asks for
+    leaves the machine (the page asks for a web font)."""
     origin = url.split("/?")[0]
     patched = []
 
     def route(route):
         if not route.request.url.startswith(origin):
-            route.abort()  # the page asks for a web font; nothing here leaves the machine
+            route.abort()
         elif route.request.url.endswith("/textual.js"):
             response = route.fetch()
             body, n = TERMINAL_NEW.subn(r"this.terminal=window.gpuwatchTerminal=new \1.Terminal(", response.text())
@@ -100,31 +106,46 @@ def test_overview_in_chromium_and_keys_work(served):
         else:
             route.continue_()
 
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.route("**/*", route)
+    page.goto(url)
+    page.patched = patched
+    return page
+
+
+def wait_for_screen(page, *texts: str, timeout_s: float = 30) -> str:
+    """The terminal's text once it shows all of `texts`."""
+    checks = " && ".join(f"s.includes({t!r})" for t in texts)
+    try:
+        page.wait_for_function(f"() => {{ const s = ({SCREEN_JS})(); return {checks}; }}",
+                               timeout=timeout_s * 1000)
+    except Exception:
+        raise AssertionError(f"{texts} not in the browser (textual.js patched {page.patched} times):\n"
+                             f"{page.evaluate(SCREEN_JS)}") from None
+    return page.evaluate(SCREEN_JS)
+
+
+def launch_chromium(playwright):
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+@needs_tools("chromium")
+def test_overview_in_chromium_and_keys_work(served):
+    from playwright.sync_api import sync_playwright
+
+    url, _ = served
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch_chromium(p)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.route("**/*", route)
-            page.goto(url)
-
-            def wait_for(*texts: str) -> str:
-                checks = " && ".join(f"s.includes({t!r})" for t in texts)
-                try:
-                    page.wait_for_function(f"() => {{ const s = ({SCREEN_JS})(); return {checks}; }}",
-                                           timeout=30_000)
-                except Exception:
-                    raise AssertionError(f"{texts} not in the browser:\n{page.evaluate(SCREEN_JS)}") from None
-                return page.evaluate(SCREEN_JS)
-
-            screen = wait_for("GPU processes: 50", "live")
-            assert patched == [1]
+            page = open_tui_page(browser, url)
+            screen = wait_for_screen(page, "GPU processes: 50", "live")
             assert screen.count("NVIDIA H100 80GB HBM3") == 8  # every GPU, one line each
             assert "power cap" in screen and "train.py --shard" in screen
             page.locator("#terminal").click()
             page.keyboard.press("r")
-            wait_for("Runs: 20")
+            wait_for_screen(page, "Runs: 20")
             page.keyboard.press("o")
-            wait_for("GPU processes: 50")
+            wait_for_screen(page, "GPU processes: 50")
         finally:
             browser.close()
 

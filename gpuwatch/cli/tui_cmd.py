@@ -53,7 +53,10 @@ def serve_web(path: str, refresh: float, user: str | None, address: str, allow_r
         raise click.ClickException(f"--web {address}: {host} is not a loopback address; other hosts could "
                                    "reach it. Use an SSH tunnel (see the README), or add --web-allow-remote")
     open_ro(path).close()  # a wrong path or schema is one clear line, not a page of errors
-    web.TokenServer(web.tui_command(path, refresh, user), host, port).serve()
+    try:
+        web.TokenServer(web.tui_command(path, refresh, user), host, port).serve()
+    except OSError as e:
+        raise click.ClickException(f"--web {address}: cannot listen there: {e.strerror or e}") from None
 
 
 def run_tui(path: str, refresh: float = 1.0, user: str | None = None,

@@ -8,6 +8,7 @@ from another machine, reach it through an SSH tunnel.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import secrets
@@ -88,4 +89,24 @@ class TokenServer(Server):
         return await super().handle_index(request)
 
     async def on_startup(self, app: web.Application) -> None:
+        self._announcing = asyncio.create_task(self._announce())
+
+    def serve(self, debug: bool = False) -> None:
+        # A port in use must fail before _announce could find the other server listening there.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        with socket.socket(family) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((self.host, self.port))
+        super().serve(debug)
+
+    async def _announce(self) -> None:
+        # Start-up hooks run before the socket listens: print the address once it answers.
+        while True:
+            try:
+                _, writer = await asyncio.open_connection(self.host, self.port)
+            except OSError:
+                await asyncio.sleep(0.02)
+                continue
+            writer.close()
+            break
         print(f"gpuwatch tui --web: open {self.url}\n(the token is needed; Ctrl+C stops)", flush=True)
