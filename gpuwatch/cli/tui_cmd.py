@@ -69,6 +69,9 @@ def run_tui(path: str, refresh: float = 1.0, user: str | None = None,
                                    "`gpuwatch status` or `gpuwatch query`")
     open_ro(path).close()  # a wrong path or schema is one clear line, not a screen of errors
 
+    # asyncio loads TLS support if it can, 4 MB of a TUI that never opens a connection: on a
+    # server where twenty people keep one open, that is memory to spare.
+    sys.modules.setdefault("ssl", None)
     from gpuwatch.tui.app import GpuwatchApp
     from gpuwatch.tui.source import StoreSource
 
