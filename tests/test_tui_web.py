@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.store import Writer, now_ms
+from gpuwatch.store import Writer
 from systools import needs_tools
-from test_tui_terminal import populate, write_tick
+from test_tui_terminal import populated_db
 
 GPUWATCH = str(Path(sys.executable).with_name("gpuwatch"))
 CHROMIUM = "/usr/bin/chromium"
@@ -58,12 +58,7 @@ def start_web(db: Path) -> tuple[subprocess.Popen, str]:
 @pytest.fixture
 def served(tmp_path):
     """A database like a daemon's, served by `gpuwatch tui --web`; yields (url with token, token)."""
-    db = tmp_path / "gw.db"
-    writer = Writer(db)
-    populate(writer, now_ms())
-    write_tick(writer, now_ms())
-    writer.close()
-    server, url = start_web(db)
+    server, url = start_web(populated_db(tmp_path / "gw.db"))
     try:
         yield url, URL_LINE.search("open " + url).group(2)
     finally:
