@@ -20,7 +20,7 @@ from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
 @click.option("--web-allow-remote", is_flag=True, help="Allow --web on an address other hosts can reach.")
 @friendly_errors
 def tui(db: str | None, refresh: float, user: str | None, web: str | None, web_allow_remote: bool) -> None:
-    """Live GPUs, processes and runs in the terminal; built for SSH (q quits, ? for keys)."""
+    """Live GPUs, processes and runs in the terminal (or a browser: --web); built for SSH (q quits, ? for keys)."""
     if web:
         serve_web(reader_db_path(db), refresh, user, web, web_allow_remote)
     else:
