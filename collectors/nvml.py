@@ -3,11 +3,18 @@
 Every NVML call goes through NvmlCollector._call: a field the GPU doesn't support or we may
 not read comes back as None ("not available") instead of raising, and is not asked again; a
 GPU that fell off the bus turns that GPU's sample into state 'lost' while the others go on.
+
+MIG: on a GPU in MIG mode each MIG device (one compute instance of one GPU instance) is found
+with nvmlDeviceGetMigDeviceHandleByIndex, again every MIG_RESCAN_MS (instances can be created
+and destroyed while the driver runs). Its processes are listed through its own handle (that
+works without root, the parent's aggregate list may not) and carry its GPU / compute instance
+ids. The parent GPU keeps its own sample: temperature, power and clocks are the whole GPU's.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -15,6 +22,9 @@ log = logging.getLogger(__name__)
 
 _NOT_AVAILABLE_U64 = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE_ulonglong, if pynvml hands it through
 _PSTATE_UNKNOWN = 32
+_NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process not on a MIG device
+MIG_RESCAN_MS = 60_000
+_MIG_PROFILE = re.compile(r"\bMIG (\S+)")  # the driver names a MIG device "<GPU name> MIG 1g.10gb"
 
 
 class NvmlUnavailable(Exception):
@@ -76,6 +86,35 @@ class GpuProcessSample:
     mem_util_pct: int | None
     rss_bytes: int | None = None
     cpu_pct: float | None = None
+    gpu_instance_id: int | None = None      # the MIG device it runs on; None off MIG
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class MigStatic:
+    """A MIG device's facts; the columns of table `mig_devices` less first/last seen."""
+    gpu_index: int                          # the parent GPU
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str                               # "MIG-..."
+    name: str | None                        # as the driver gives it: "<GPU name> MIG 1g.10gb"
+    profile: str | None                     # "1g.10gb"; "1c.3g.40gb" for a share of a GPU instance
+    mem_total_bytes: int | None
+    sm_count: int | None
+
+
+@dataclass(frozen=True)
+class MigSample:
+    """One tick of one MIG device; the columns of `mig_samples`. Most drivers give no
+    utilisation for a MIG device: None then, which is "not available", not 0."""
+    gpu_index: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    ts_ms: int
+    mem_used_bytes: int | None = None
+    mem_free_bytes: int | None = None
+    gpu_util_pct: int | None = None
+    mem_util_pct: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,10 +136,39 @@ class _Gpu:
     lost: bool = False
     unsupported: set = field(default_factory=set)  # call keys the GPU refused for good
     last_util_us: int = 0  # newest per-process utilisation sample seen (0 = all buffered)
+    migs: list = field(default_factory=list)  # its MIG devices (_Mig), when in MIG mode
+    migs_read_ms: int | None = None  # when they were last looked for
+
+
+@dataclass
+class _Mig:
+    static: MigStatic
+    device: _Gpu  # the MIG handle, and the calls it refused (apart from the parent's)
 
 
 def _text(value) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _mig_profile(name: str | None, attrs) -> str | None:
+    """'1g.10gb' from the MIG device's name; else built from its attributes as DCGM does (whose
+    rounding can differ from the driver's name: 1g.11gb for H100 NVL's 1g.12gb)."""
+    found = _MIG_PROFILE.search(name or "")
+    if found:
+        return found.group(1)
+    if attrs is None:
+        return None
+    gi, ci = attrs.gpuInstanceSliceCount, attrs.computeInstanceSliceCount
+    return f"{f'{ci}c.' if ci != gi else ''}{gi}g.{round(attrs.memorySizeMB / 1024)}gb"
+
+
+def _instance_ids(process, default: tuple[int, int] | None) -> tuple[int | None, int | None]:
+    """(GPU instance, compute instance) of a process record; `default` when it names none."""
+    gi = getattr(process, "gpuInstanceId", None)
+    ci = getattr(process, "computeInstanceId", None)
+    if gi is None or ci is None or gi == _NO_INSTANCE or ci == _NO_INSTANCE:
+        return default or (None, None)
+    return gi, ci
 
 
 def _cuda_version(code: int | None) -> str | None:
@@ -142,11 +210,17 @@ class NvmlCollector:
             try:
                 gpu.handle = self._call(gpu, "nvmlDeviceGetHandleByIndex", index)
                 self.static.append(self._read_static(gpu, driver, cuda))
+                gpu.migs = self._read_migs(gpu, self.static[-1].mig_mode)
             except _GpuLost:
                 gpu.lost = True
                 # Lost before its facts could be read: uuid unknown (the column is NOT NULL).
                 self.static.append(GpuStatic(index, "", None, None, None, None, None, driver, cuda))
         self._events = self._register_xid_events()
+
+    @property
+    def mig_static(self) -> list[MigStatic]:
+        """The MIG devices found at start or by the latest rescan in sample(), GPU by GPU."""
+        return [m.static for gpu in self._gpus for m in gpu.migs]
 
     def _init_library(self) -> int:
         """nvmlInit and the GPU count, or NvmlUnavailable saying why not."""
@@ -197,7 +271,6 @@ class NvmlCollector:
         mem = self._call(gpu, "nvmlDeviceGetMemoryInfo", h)
         power = (self._call(gpu, "nvmlDeviceGetEnforcedPowerLimit", h)
                  or self._call(gpu, "nvmlDeviceGetPowerManagementLimit", h))
-        mig = self._call(gpu, "nvmlDeviceGetMigMode", h)
         return GpuStatic(
             gpu_index=gpu.index,
             uuid=_text(self._call(gpu, "nvmlDeviceGetUUID", h)) or "",
@@ -205,7 +278,7 @@ class NvmlCollector:
             pci_bus_id=_text(pci.busId) if pci is not None else None,
             mem_total_bytes=mem.total if mem is not None else None,
             power_limit_mw=power,
-            mig_mode=mig[0] if mig is not None else None,
+            mig_mode=self._mig_mode(gpu),
             driver_version=driver,
             cuda_driver_version=cuda,
         )
@@ -218,6 +291,10 @@ class NvmlCollector:
             try:
                 if gpu.lost:
                     self._recheck(gpu)
+                if gpu.migs_read_ms is None:  # found at start; rescanned from now on
+                    gpu.migs_read_ms = ts_ms
+                elif not 0 <= ts_ms - gpu.migs_read_ms < MIG_RESCAN_MS:
+                    gpu.migs, gpu.migs_read_ms = self._read_migs(gpu, self._mig_mode(gpu)), ts_ms
                 sample = self._sample_gpu(gpu, ts_ms)
                 procs = self._sample_processes(gpu, ts_ms)
             except _GpuLost:
@@ -236,15 +313,13 @@ class NvmlCollector:
         if handle is None or self._call(gpu, "nvmlDeviceGetUUID", handle) is None:
             raise _GpuLost()
         gpu.handle, gpu.lost = handle, False
+        gpu.migs = self._read_migs(gpu, self._mig_mode(gpu))  # new handles for its MIG devices
         log.warning("GPU %d answers again", gpu.index)
 
     def _sample_gpu(self, gpu: _Gpu, ts_ms: int) -> GpuSample:
         n, h, call = self._nvml, gpu.handle, self._call
         util = call(gpu, "nvmlDeviceGetUtilizationRates", h)
-        # v2 splits out what the driver reserves; drivers without it fail once, then v1 only.
-        v2 = getattr(n, "nvmlMemory_v2", None)
-        mem = (call(gpu, "nvmlDeviceGetMemoryInfo", h, v2) if v2 else None) \
-            or call(gpu, "nvmlDeviceGetMemoryInfo", h)
+        mem = self._memory(gpu)
         reasons = call(gpu, "nvmlDeviceGetCurrentClocksEventReasons", h)
         if reasons is None:  # the name before driver 535
             reasons = call(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
@@ -273,18 +348,30 @@ class NvmlCollector:
                                  n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
         )
 
+    def _memory(self, gpu: _Gpu):
+        # v2 splits out what the driver reserves; drivers without it fail once, then v1 only.
+        v2 = getattr(self._nvml, "nvmlMemory_v2", None)
+        return (self._call(gpu, "nvmlDeviceGetMemoryInfo", gpu.handle, v2) if v2 else None) \
+            or self._call(gpu, "nvmlDeviceGetMemoryInfo", gpu.handle)
+
     def _sample_processes(self, gpu: _Gpu, ts_ms: int) -> list[GpuProcessSample]:
         kinds: dict[int, list[str]] = defaultdict(list)
         mem: dict[int, int | None] = {}
+        instance: dict[int, tuple[int | None, int | None]] = {}
+        # In MIG mode each MIG device lists its own processes; else the GPU lists them all.
+        sources = [(m.device, (m.static.gpu_instance_id, m.static.compute_instance_id))
+                   for m in gpu.migs] or [(gpu, None)]
         for kind, name in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
                            ("graphics", "nvmlDeviceGetGraphicsRunningProcesses")):
             used_by_pid: dict[int, int | None] = {}
-            for p in self._call(gpu, name, gpu.handle) or ():
-                used = p.usedGpuMemory
-                used = None if used is None or used >= _NOT_AVAILABLE_U64 else used
-                # A pid listed twice in one list (one entry per MIG instance): add them up.
-                before = used_by_pid.get(p.pid)
-                used_by_pid[p.pid] = used if before is None else before + (used or 0)
+            for device, ids in sources:
+                for p in self._call(device, name, device.handle) or ():
+                    used = p.usedGpuMemory
+                    used = None if used is None or used >= _NOT_AVAILABLE_U64 else used
+                    # A pid listed twice (one entry per MIG instance): add them up.
+                    before = used_by_pid.get(p.pid)
+                    used_by_pid[p.pid] = used if before is None else before + (used or 0)
+                    instance.setdefault(p.pid, _instance_ids(p, ids))
             for pid, used in used_by_pid.items():
                 kinds[pid].append(kind)
                 # Compute and graphics entries of one pid describe the same memory: keep the larger.
@@ -294,7 +381,8 @@ class NvmlCollector:
             return []
         utils = self._process_utilisation(gpu)
         return [GpuProcessSample(gpu.index, pid, ts_ms, "+".join(kinds[pid]), mem[pid],
-                                 *utils.get(pid, (None, None)))
+                                 *utils.get(pid, (None, None)), gpu_instance_id=instance[pid][0],
+                                 compute_instance_id=instance[pid][1])
                 for pid in sorted(kinds)]
 
     def _process_utilisation(self, gpu: _Gpu) -> dict[int, tuple[int, int]]:
@@ -312,6 +400,59 @@ class NvmlCollector:
         return {pid: (round(sum(s.smUtil for s in ss) / len(ss)),
                       round(sum(s.memUtil for s in ss) / len(ss)))
                 for pid, ss in by_pid.items()}
+
+    # -- MIG ------------------------------------------------------------------------------------
+    def _mig_mode(self, gpu: _Gpu) -> int | None:
+        modes = self._call(gpu, "nvmlDeviceGetMigMode", gpu.handle)  # [current, pending]
+        return modes[0] if modes is not None else None
+
+    def _read_migs(self, gpu: _Gpu, mode: int | None) -> list[_Mig]:
+        """The GPU's MIG devices now, given its current MIG mode; none unless that is on."""
+        if mode != self._nvml.NVML_DEVICE_MIG_ENABLE:
+            return []
+        found = []
+        for index in range(self._call(gpu, "nvmlDeviceGetMaxMigDeviceCount", gpu.handle) or 0):
+            # NOT_FOUND (None here) for an index with no MIG device: the next may have one.
+            handle = self._call(gpu, "nvmlDeviceGetMigDeviceHandleByIndex", gpu.handle, index)
+            if handle is None:
+                continue
+            device = _Gpu(gpu.index, handle)
+            gi = self._call(device, "nvmlDeviceGetGpuInstanceId", handle)
+            ci = self._call(device, "nvmlDeviceGetComputeInstanceId", handle)
+            if gi is None or ci is None:
+                continue
+            name = _text(self._call(device, "nvmlDeviceGetName", handle))
+            attrs = self._call(device, "nvmlDeviceGetAttributes", handle)
+            mem = self._call(device, "nvmlDeviceGetMemoryInfo", handle)
+            found.append(_Mig(MigStatic(
+                gpu_index=gpu.index, gpu_instance_id=gi, compute_instance_id=ci,
+                uuid=_text(self._call(device, "nvmlDeviceGetUUID", handle)) or "", name=name,
+                profile=_mig_profile(name, attrs), mem_total_bytes=mem.total if mem else None,
+                sm_count=attrs.multiprocessorCount if attrs is not None else None), device))
+        return found
+
+    def sample_mig(self, ts_ms: int) -> list[MigSample]:
+        """Memory and (where the driver gives it) utilisation of every MIG device that the
+        latest sample() found; call it after sample()."""
+        found: list[MigSample] = []
+        for gpu in self._gpus:
+            if gpu.lost:
+                continue
+            try:
+                samples = []
+                for m in gpu.migs:
+                    mem = self._memory(m.device)
+                    util = self._call(m.device, "nvmlDeviceGetUtilizationRates", m.device.handle)
+                    samples.append(MigSample(
+                        gpu.index, m.static.gpu_instance_id, m.static.compute_instance_id, ts_ms,
+                        mem_used_bytes=mem.used if mem is not None else None,
+                        mem_free_bytes=mem.free if mem is not None else None,
+                        gpu_util_pct=util.gpu if util is not None else None,
+                        mem_util_pct=util.memory if util is not None else None))
+            except _GpuLost:
+                continue  # the next sample() finds it lost and says so
+            found.extend(samples)
+        return found
 
     # -- XID events -----------------------------------------------------------------------------
     def _register_xid_events(self):

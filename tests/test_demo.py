@@ -32,7 +32,13 @@ def test_demo_records_a_training_and_a_generation_run(tmp_path):
     assert set(runs) == {"demo-train", "demo-decode"}
     steps = conn.execute("SELECT count(*), min(tokens_per_s) FROM steps WHERE run_id = ?",
                          (runs["demo-train"],)).fetchone()
-    assert steps[0] == 15 and steps[1] > 0
+    assert steps[0] == 30 and steps[1] > 0
+    # The demo's model learns: the stored loss of its last steps is well below its first steps'.
+    losses = [loss for (loss,) in conn.execute("SELECT loss FROM steps WHERE run_id = ? ORDER BY step",
+                                               (runs["demo-train"],))]
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    assert last < 0.7 * first, losses
+    assert "loss " in out and " -> " in out  # and the summary says so
     gens = conn.execute("SELECT count(*), min(ttft_ms) FROM generations WHERE run_id = ?",
                         (runs["demo-decode"],)).fetchone()
     assert gens[0] == 3 and gens[1] > 0

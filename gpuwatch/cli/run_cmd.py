@@ -77,8 +77,9 @@ def _kill_cause(pid: int, signum: int, oom_kills_before: int | None) -> dict:
     return {}
 
 
-def wrap(command: tuple[str, ...], name: str | None) -> int:
-    """Run `command` as a run of its own; return the exit code the wrapper should exit with."""
+def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | None = None) -> int:
+    """Run `command` as a run of its own; return the exit code the wrapper should exit with.
+    `gpu_env` is added to the command's environment (CUDA_VISIBLE_DEVICES from --pick)."""
     from collectors.host import cgroup_oom_kills
     from gpuwatch.client import metadata
     from gpuwatch.client.run import ENV_RUN_ID, new_run_id
@@ -86,6 +87,7 @@ def wrap(command: tuple[str, ...], name: str | None) -> int:
     from gpuwatch.store import now_ms
 
     cfg = load_config()
+    gpu_env = gpu_env or {}
     # Block before any thread starts (the transport's threads inherit the mask), so every
     # SIGINT/SIGTERM comes to sigtimedwait below instead of interrupting us.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
@@ -98,11 +100,11 @@ def wrap(command: tuple[str, ...], name: str | None) -> int:
 
     try:
         transport = connect(cfg)
-        fields = metadata.collect()
+        fields = metadata.collect(dict(os.environ, **gpu_env))
         fields["command"] = shlex.join(command)
         send("run_start", name=name or default_name(command), **fields)
         transport.flush()  # the run exists before the child can add steps to it
-        env = dict(os.environ, **{ENV_RUN_ID: run_id})
+        env = dict(os.environ, **{ENV_RUN_ID: run_id}, **gpu_env)
         oom_kills_before = cgroup_oom_kills()
         try:
             pid = os.posix_spawnp(command[0], list(command), env, setsigmask=(),
@@ -131,9 +133,11 @@ def wrap(command: tuple[str, ...], name: str | None) -> int:
 
 @click.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--name", help="Run name shown by `gpuwatch runs` (default: the script or program).")
+@click.option("--pick", "pick_n", type=click.IntRange(min=1), metavar="N",
+              help="Run on the N best free GPUs of this host (as `gpuwatch pick -n N`).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @friendly_errors
-def run_cmd(name: str | None, command: tuple[str, ...]) -> None:
+def run_cmd(name: str | None, pick_n: int | None, command: tuple[str, ...]) -> None:
     """Run COMMAND as a tracked run and exit with its status.
 
     The run records the command, exit code or signal and duration; the daemon links the
@@ -142,4 +146,9 @@ def run_cmd(name: str | None, command: tuple[str, ...]) -> None:
 
     Example: gpuwatch run --name sweep-3 -- python train.py --lr 3e-4
     """
-    raise SystemExit(wrap(command, name))
+    gpu_env = {}
+    if pick_n:
+        from gpuwatch.cli.pick_cmd import visible_devices
+
+        gpu_env["CUDA_VISIBLE_DEVICES"] = visible_devices(pick_n)
+    raise SystemExit(wrap(command, name, gpu_env))

@@ -98,6 +98,26 @@ class GpuProcess:
     cmdline: str | None
     run_id: str | None
     run_name: str | None
+    gpu_instance_id: int | None = None      # the MIG device it runs on; None off MIG
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """A MIG device now (in the newest MIG tick), with that tick's figures."""
+    gpu_index: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str
+    name: str | None
+    profile: str | None
+    mem_total_bytes: int | None
+    sm_count: int | None
+    ts_ms: int
+    mem_used_bytes: int | None
+    mem_free_bytes: int | None
+    gpu_util_pct: int | None                # None: NVML gives none for this MIG device
+    mem_util_pct: int | None
 
 
 @dataclass(frozen=True)
@@ -302,14 +322,37 @@ def gpu_processes(conn: sqlite3.Connection) -> list[GpuProcess]:
         "  s.sm_util_pct, s.mem_util_pct, s.rss_bytes, s.cpu_pct, p.uid, p.user, p.cmdline, "
         "  coalesce(p.run_id, (SELECT run_id FROM runs WHERE pid = s.pid AND status = 'running' "
         "                      ORDER BY started_ms DESC LIMIT 1)) AS rid, "
-        "  NULL "
+        "  NULL, s.gpu_instance_id, s.compute_instance_id "
         "FROM ticks JOIN newest ON ticks.ts_ms = newest.ts_ms "
         "JOIN gpu_process_samples s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
         "LEFT JOIN processes p ON p.rowid = (SELECT rowid FROM processes WHERE pid = s.pid "
         "                                    ORDER BY last_seen_ms DESC LIMIT 1) "
         "ORDER BY s.gpu_index, s.used_mem_bytes DESC, s.pid").fetchall()
     names = _run_names(conn, {row[12] for row in rows if row[12]})
-    return [GpuProcess(*row[:13], names.get(row[12])) for row in rows]
+    return [GpuProcess(*row[:13], names.get(row[12]), *row[14:]) for row in rows]
+
+
+def mig_devices(conn: sqlite3.Connection) -> list[MigDevice]:
+    """The MIG devices in each GPU's newest MIG tick, by GPU, GPU instance, compute instance.
+
+    A GPU whose newest MIG tick is older than its newest GPU sample by more than
+    PROCESS_TICK_SLACK_MS has none now (MIG mode was turned off, or its devices destroyed).
+    """
+    rows = conn.execute(
+        _distinct_keys("mig_samples", "gpu_index")
+        + ", ticks(gpu_index, ts_ms) AS ("
+        "  SELECT k, (SELECT max(ts_ms) FROM mig_samples WHERE gpu_index = k) FROM keys"
+        "  WHERE k IS NOT NULL) "
+        "SELECT d.gpu_index, d.gpu_instance_id, d.compute_instance_id, d.uuid, d.name, "
+        "  d.profile, d.mem_total_bytes, d.sm_count, s.ts_ms, s.mem_used_bytes, s.mem_free_bytes, "
+        "  s.gpu_util_pct, s.mem_util_pct "
+        "FROM ticks JOIN mig_samples s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
+        "JOIN mig_devices d ON d.gpu_index = s.gpu_index AND d.gpu_instance_id = s.gpu_instance_id "
+        "  AND d.compute_instance_id = s.compute_instance_id "
+        "WHERE ticks.ts_ms >= coalesce((SELECT max(ts_ms) FROM gpu_samples g "
+        f"  WHERE g.gpu_index = ticks.gpu_index), 0) - {PROCESS_TICK_SLACK_MS} "
+        "ORDER BY s.gpu_index, s.gpu_instance_id, s.compute_instance_id")
+    return _build(MigDevice, rows)
 
 
 def _run_names(conn: sqlite3.Connection, run_ids: set[str]) -> dict[str, str | None]:
@@ -435,7 +478,7 @@ def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
 
 __all__ = [
     "GpuInfo", "GpuSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
-    "SeriesPoint", "gpus", "latest_gpu_samples", "gpu_series", "latest_host_sample",
-    "host_series", "gpu_processes", "runs", "run", "steps", "series_tier",
+    "SeriesPoint", "MigDevice", "gpus", "latest_gpu_samples", "gpu_series", "latest_host_sample",
+    "host_series", "gpu_processes", "mig_devices", "runs", "run", "steps", "series_tier",
 ]
 

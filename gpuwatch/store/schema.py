@@ -262,6 +262,37 @@ _V1_ROLLUPS = "\n".join(
     for src, key, metrics in (("gpu", "gpu_index", GPU_METRICS), ("host", None, HOST_METRICS))
 )
 
+# MIG devices of MIG-enabled GPUs, their memory, and which one each GPU process runs on.
+_MIG = """
+CREATE TABLE mig_devices (               -- one per GPU instance + compute instance ever seen
+  gpu_index INTEGER NOT NULL,            -- the parent GPU
+  gpu_instance_id INTEGER NOT NULL,      -- DCGM's GPU_I_ID
+  compute_instance_id INTEGER NOT NULL,
+  uuid TEXT NOT NULL,                    -- MIG-...
+  name TEXT,
+  profile TEXT,                          -- e.g. 1g.10gb: DCGM's GPU_I_PROFILE
+  mem_total_bytes INTEGER,
+  sm_count INTEGER,
+  first_seen_ms INTEGER NOT NULL,
+  last_seen_ms INTEGER NOT NULL,
+  PRIMARY KEY (gpu_index, gpu_instance_id, compute_instance_id)
+);
+
+CREATE TABLE mig_samples (               -- written with the process samples, at their cadence
+  gpu_index INTEGER NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  gpu_instance_id INTEGER NOT NULL,
+  compute_instance_id INTEGER NOT NULL,
+  mem_used_bytes INTEGER, mem_free_bytes INTEGER,
+  gpu_util_pct INTEGER, mem_util_pct INTEGER,   -- NULL when NVML gives none (most MIG devices)
+  PRIMARY KEY (gpu_index, ts_ms, gpu_instance_id, compute_instance_id)
+) WITHOUT ROWID;
+
+-- The MIG device a GPU process runs on; NULL off MIG.
+ALTER TABLE gpu_process_samples ADD COLUMN gpu_instance_id INTEGER;
+ALTER TABLE gpu_process_samples ADD COLUMN compute_instance_id INTEGER;
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
-MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS]
+MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG]
 SCHEMA_VERSION = len(MIGRATIONS)

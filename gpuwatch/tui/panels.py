@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from gpuwatch import fmt
-from gpuwatch.tui.snapshot import GpuRow, HostRow, RunRow, Snapshot
+from gpuwatch.tui.snapshot import GpuRow, HostRow, MigRow, RunRow, Snapshot
 
 NARROW = 100  # below this many columns, drop the less essential columns
 WIDE = 140    # from this many columns, a wider sparkline: a column per 10 s instead of 15 s
@@ -83,6 +83,25 @@ def spark_columns(history: tuple[float | None, ...], first_slot: int, width: int
         if value is not None:
             group.append(value)
     return [sum(g) / len(g) if g else None for _, g in sorted(groups.items())][-width:]
+
+
+def mig_line(gpu_index: int, m: MigRow, width: int) -> Text:
+    """A MIG device under its GPU: GPU/GI/CI, profile and utilisation ("n/a" when NVML gives
+    none) where the GPU's name and utilisation go, its memory in the memory column, and how
+    many processes run on it in the state column."""
+    head_w, bar_w, pct_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
+    narrow = width < NARROW
+    memory_at = head_w + bar_w + pct_w + spark_w
+    util = "util " + ("n/a" if m.util_pct is None else f"{m.util_pct:.0f}%")
+    label = f"  └ {fmt.gpu_label(gpu_index, m.gpu_instance_id, m.compute_instance_id)} {m.profile or 'MIG'}"
+    line = Text(f"{label[:memory_at - len(util) - 2]} {util}".ljust(memory_at))
+    line.append_text(bar(_ratio(m.mem_used_bytes, m.mem_total_bytes), mem_bar_w))
+    used = (fmt.size(m.mem_used_bytes) if narrow
+            else f"{fmt.size(m.mem_used_bytes)}/{fmt.size(m.mem_total_bytes)}")
+    line.append(f" {used:<{mem_w - 1}}" + " " * (temp_w + power_w))
+    line.append(f"{m.processes} proc{'' if m.processes == 1 else 's'}", style="dim")
+    line.truncate(width, overflow="ellipsis")
+    return line
 
 
 def _watts(mw: int | None) -> str:

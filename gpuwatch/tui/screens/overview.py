@@ -29,7 +29,8 @@ PROCESS_COLUMNS = (
 
 def process_cells(p: ProcessRow) -> tuple[str, ...]:
     """A process row as the table shows it, one string per PROCESS_COLUMNS entry."""
-    return (str(p.pid), p.user or str(p.uid or "-"), str(p.gpu_index), fmt.size(p.used_mem_bytes),
+    return (str(p.pid), p.user or str(p.uid or "-"),
+            fmt.gpu_label(p.gpu_index, p.gpu_instance_id, p.compute_instance_id), fmt.size(p.used_mem_bytes),
             "-" if p.sm_util_pct is None else f"{p.sm_util_pct:.0f}",
             "-" if p.cpu_pct is None else f"{p.cpu_pct:.0f}",
             p.run_name or "", p.cmdline or "")
@@ -86,9 +87,14 @@ class OverviewScreen(UserFiltered):
             self._fill()
 
     def _show_gpus(self, snap: Snapshot, width: int) -> None:
-        """A header line, then a row of cells per GPU (panels.gpu_cells), one Line widget each."""
+        """A header line, then a row of cells per GPU (panels.gpu_cells), one Line widget each,
+        and a line per MIG device under its GPU."""
         if snap.gpus:
-            rows = [[panels.gpu_header(width)]] + [panels.gpu_cells(g, width) for g in snap.gpus]
+            rows = [[panels.gpu_header(width)]]
+            for g in snap.gpus:
+                rows.append(panels.gpu_cells(g, width))
+                if g.state != "lost":  # its MIG devices, a line each
+                    rows.extend([panels.mig_line(g.index, m, width)] for m in g.migs)
             widths = panels.gpu_widths(width)
         elif not snap.driver:
             rows, widths = [[Text("No NVIDIA driver or GPU found on this host: showing host and runs only.",
