@@ -84,15 +84,18 @@ def run_tui(path: str, refresh: float = 1.0, user: str | None = None,
         # asyncio loads TLS support if it can: 4 MB of a TUI that opens no TLS connection, on
         # a server where twenty people may keep one open.
         sys.modules.setdefault("ssl", None)
-    from gpuwatch.fleet.prometheus import PrometheusError
     from gpuwatch.tui.app import GpuwatchApp
-    from gpuwatch.tui.fleet_source import PrometheusSource
     from gpuwatch.tui.source import StoreSource
 
-    try:
-        fleet = PrometheusSource(prometheus_url, prometheus_timeout) if prometheus_url else None
-    except PrometheusError as e:
-        raise click.ClickException(str(e)) from None
+    fleet = None
+    if prometheus_url:  # an HTTP client only for a fleet to read
+        from gpuwatch.fleet.prometheus import PrometheusError
+        from gpuwatch.tui.fleet_source import PrometheusSource
+
+        try:
+            fleet = PrometheusSource(prometheus_url, prometheus_timeout)
+        except PrometheusError as e:
+            raise click.ClickException(str(e)) from None
     app = GpuwatchApp(StoreSource(path), refresh_s=refresh, user=user, start_mode=start_mode, fleet=fleet)
     app.run()
     if app.return_code:
