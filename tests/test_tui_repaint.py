@@ -99,3 +99,64 @@ def test_process_figures_update_in_place(tmp_path):
             assert table.row_count == 5
 
     asyncio.run(scenario())
+
+
+def test_sparkline_shifts_only_when_a_new_column_is_due():
+    """60 slots of 5 s in 20 columns: 15 s a column. As the window slides a slot at a time, the
+    drawn columns move only every third slot; in between only the newest column may change."""
+    from gpuwatch.tui.panels import spark_columns
+
+    values = {slot: float(slot * 37 % 100) for slot in range(1000, 1200)}
+    drawn = []
+    for first in range(1000, 1012):
+        history = tuple(values[first + k] for k in range(60))
+        drawn.append(spark_columns(history, first, 20))
+    for before, after, first in zip(drawn, drawn[1:], range(1001, 1012)):
+        new_column = (first + 59) % 3 == 0
+        if new_column:
+            assert after[:-1] == before[1:]  # everything moved one column left
+        else:
+            assert after[:-1] == before[:-1]  # nothing moved; the newest column filled up
+    assert all(len(d) == 20 for d in drawn)
+
+
+def test_a_new_utilisation_repaints_that_figure_alone(monkeypatch):
+    """Over SSH a GPU line is no longer resent from its left edge: only the cells whose text
+    changed (here GPU 0's utilisation figure) are repainted."""
+    import asyncio
+
+    from gpuwatch.tui.app import GpuwatchApp
+    from gpuwatch.tui.screens.base import Line
+    from gpuwatch.tui.snapshot import GpuRow, Snapshot
+
+    util = [53]
+
+    class Source:
+        def fetch(self, view):
+            gpus = tuple(GpuRow(index=i, name="H100", util_pct=util[0] if i == 0 else 20, util_history=(50.0,) * 60,
+                                mem_used_bytes=2**33, mem_total_bytes=2**36, temp_c=50, power_mw=300_000,
+                                power_limit_mw=700_000) for i in range(2))
+            return Snapshot(now_ms=NOW, data_ms=NOW, gpus=gpus)
+
+        def close(self):
+            pass
+
+    repainted: list[str] = []
+    original = Line.set_text
+
+    def spy(self, text):
+        before = self.text
+        original(self, text)
+        if before is not None and before is not self.text:
+            repainted.append(text.plain)
+
+    async def scenario():
+        app = GpuwatchApp(Source(), refresh_s=0.2)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause(0.1)
+            monkeypatch.setattr(Line, "set_text", spy)
+            util[0] = 54
+            await pilot.pause(0.5)
+            assert repainted == ["  54% "], repainted
+
+    asyncio.run(scenario())

@@ -68,6 +68,15 @@ def write_tick(writer: Writer, ts: int, n_gpus: int = 8, n_procs: int = 50) -> N
                                         shm_used_bytes=GiB)])
 
 
+def populated_db(path: Path) -> Path:
+    """A database file with a daemon's static facts and one sampler tick."""
+    writer = Writer(path)
+    populate(writer, now_ms())
+    write_tick(writer, now_ms())
+    writer.close()
+    return path
+
+
 class SamplerThread(threading.Thread):
     """Writes a tick every `period` seconds until stopped, like the daemon's sampler."""
 
@@ -142,11 +151,7 @@ def test_tui_in_real_terminal_then_hangup(tmp_path):
 
 
 def test_no_color_terminal_gets_no_colours(tmp_path):
-    db = tmp_path / "gw.db"
-    writer = Writer(db)
-    populate(writer, now_ms())
-    write_tick(writer, now_ms())
-    writer.close()
+    db = populated_db(tmp_path / "gw.db")
     tmux = Tmux(f"gwtest-nc-{os.getpid()}")
     try:
         tmux("new-session", "-d", "-s", "tui", "-x", "80", "-y", "24",

@@ -18,9 +18,16 @@ from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader
 @click.option("--prometheus", metavar="URL",
               help="Open the Fleet screen (F) on this Prometheus: every host's GPUs and jobs "
                    "(default: prometheus_url in the config).")
+@click.option("--web", "web", metavar="[HOST:]PORT",
+              help="Serve the TUI to a browser instead (loopback unless HOST says otherwise).")
+@click.option("--web-allow-remote", is_flag=True, help="Allow --web on an address other hosts can reach.")
 @friendly_errors
-def tui(db: str | None, refresh: float, user: str | None, prometheus: str | None) -> None:
-    """Live GPUs, processes and runs in the terminal; built for SSH (q quits, ? for keys)."""
+def tui(db: str | None, refresh: float, user: str | None, prometheus: str | None, web: str | None,
+        web_allow_remote: bool) -> None:
+    """Live GPUs, processes and runs in the terminal (or a browser: --web); built for SSH (q quits, ? for keys)."""
+    if web:
+        serve_web(reader_db_path(db), refresh, user, web, web_allow_remote, prometheus)
+        return
     cfg = load_config()
     run_tui(reader_db_path(db), refresh, user, start_mode="fleet" if prometheus else "overview",
             prometheus_url=prometheus or cfg.prometheus_url or None,
@@ -31,6 +38,35 @@ def on_a_terminal() -> bool:
     return os.isatty(sys.stdin.fileno()) and os.isatty(sys.stdout.fileno())
 
 
+def served_to_a_browser() -> bool:
+    """Whether textual-serve started us (it picks Textual's web driver for its app processes)."""
+    return os.environ.get("TEXTUAL_DRIVER", "").endswith(":WebDriver")
+
+
+def serve_web(path: str, refresh: float, user: str | None, address: str, allow_remote: bool,
+              prometheus: str | None = None) -> None:
+    """Serve the TUI on the database at `path` to browsers at `address`, until Ctrl+C."""
+    from gpuwatch.store import open_ro
+
+    try:
+        from gpuwatch.tui import web
+    except ImportError:
+        raise click.ClickException("gpuwatch tui --web needs textual-serve: "
+                                   "pip install 'gpuwatch[web]'") from None
+    try:
+        host, port = web.parse_address(address)
+    except web.WebAddressError as e:
+        raise click.ClickException(str(e)) from None
+    if not allow_remote and not web.is_loopback(host):
+        raise click.ClickException(f"--web {address}: {host} is not a loopback address; other hosts could "
+                                   "reach it. Use an SSH tunnel (see the README), or add --web-allow-remote")
+    open_ro(path).close()  # a wrong path or schema is one clear line, not a page of errors
+    try:
+        web.TokenServer(web.tui_command(path, refresh, user, prometheus), host, port).serve()
+    except OSError as e:
+        raise click.ClickException(f"--web {address}: cannot listen there: {e.strerror or e}") from None
+
+
 def run_tui(path: str, refresh: float = 1.0, user: str | None = None,
             start_mode: str = "overview", prometheus_url: str | None = None,
             prometheus_timeout: float = 3.0) -> None:
@@ -38,21 +74,28 @@ def run_tui(path: str, refresh: float = 1.0, user: str | None = None,
     (the Fleet screen reads `prometheus_url`)."""
     from gpuwatch.store import open_ro
 
-    if not on_a_terminal():
+    if not on_a_terminal() and not served_to_a_browser():
         raise click.ClickException("gpuwatch tui needs a terminal; for scripts use "
                                    "`gpuwatch status` or `gpuwatch query`")
     if start_mode != "fleet":  # a login node may have no store of its own, only the fleet
         open_ro(path).close()  # a wrong path or schema is one clear line, not a screen of errors
 
-    from gpuwatch.fleet.prometheus import PrometheusError
+    if not (prometheus_url or "").startswith("https:"):
+        # asyncio loads TLS support if it can: 4 MB of a TUI that opens no TLS connection, on
+        # a server where twenty people may keep one open.
+        sys.modules.setdefault("ssl", None)
     from gpuwatch.tui.app import GpuwatchApp
-    from gpuwatch.tui.fleet_source import PrometheusSource
     from gpuwatch.tui.source import StoreSource
 
-    try:
-        fleet = PrometheusSource(prometheus_url, prometheus_timeout) if prometheus_url else None
-    except PrometheusError as e:
-        raise click.ClickException(str(e)) from None
+    fleet = None
+    if prometheus_url:  # an HTTP client only for a fleet to read
+        from gpuwatch.fleet.prometheus import PrometheusError
+        from gpuwatch.tui.fleet_source import PrometheusSource
+
+        try:
+            fleet = PrometheusSource(prometheus_url, prometheus_timeout)
+        except PrometheusError as e:
+            raise click.ClickException(str(e)) from None
     app = GpuwatchApp(StoreSource(path), refresh_s=refresh, user=user, start_mode=start_mode, fleet=fleet)
     app.run()
     if app.return_code:

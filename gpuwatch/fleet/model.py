@@ -8,8 +8,10 @@ job is its job id: its ranks' series from every host sum to the job's tokens/s.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpuwatch.fleet.prometheus import Prometheus
+if TYPE_CHECKING:  # the TUI's Fleet screen imports these values; HTTP only where it is used
+    from gpuwatch.fleet.prometheus import Prometheus
 
 MIB = 1024 * 1024
 # A host that stopped answering stays listed this long after its last scrape (beyond it `up`

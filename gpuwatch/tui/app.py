@@ -86,7 +86,7 @@ class GpuwatchApp(App):
         self._timer: Timer | None = None
 
     def on_mount(self) -> None:
-        if not self.is_headless:
+        if not self.is_headless and not self.is_web:  # textual-serve ends a closed tab's app itself
             # SSH hang-up: SIGHUP, or a terminal that is no longer one. Exit instead of spinning.
             import asyncio
 

@@ -1,16 +1,41 @@
-"""A DataTable whose changed cells repaint alone: a new process tick changes SM% and CPU% of
-rows already shown, and DataTable.update_cell would repaint (and resend over SSH) the whole table."""
+"""A DataTable whose changed cells repaint alone, in as few bytes as the terminal needs: a new
+process tick changes SM% and CPU% of rows already shown, and DataTable.update_cell would repaint
+(and resend over SSH) the whole table."""
 
 from __future__ import annotations
 
 from rich.cells import cell_len
+from rich.segment import Segment
 from textual.coordinate import Coordinate
+from textual.strip import Strip
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
 
+def merge_cells(strip: Strip) -> Strip:
+    """Join neighbouring segments that look the same. DataTable gives every cell its own
+    segment (its style carries the cell's coordinate for the mouse), so a row would be written
+    with a colour code and a reset per cell: a third of the bytes of a process row."""
+    merged: list[Segment] = []
+    looks = None
+    for segment in strip:
+        plain = segment.style.clear_meta_and_links() if segment.style else None
+        if merged and plain == looks and not segment.control:
+            merged[-1] = Segment(merged[-1].text + segment.text, merged[-1].style)
+        else:
+            merged.append(segment)
+            looks = plain
+    return Strip(merged, strip.cell_length)
+
+
 class CellTable(DataTable):
     _batching = False
+
+    def render_line(self, y: int) -> Strip:
+        strip = super().render_line(y)
+        if y < self.header_height or self.cursor_type != "row":
+            return strip  # a header click needs each column's own coordinate
+        return merge_cells(strip)  # a row click needs only the row, which every cell carries
 
     def refresh(self, *regions, **kwargs):
         if self._batching:

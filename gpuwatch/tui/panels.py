@@ -11,6 +11,7 @@ from gpuwatch import fmt
 from gpuwatch.tui.snapshot import GpuRow, HostRow, MigRow, RunRow, Snapshot
 
 NARROW = 100  # below this many columns, drop the less essential columns
+WIDE = 140    # from this many columns, a wider sparkline: a column per 10 s instead of 15 s
 
 
 def bar(fraction: float | None, width: int) -> Text:
@@ -27,63 +28,77 @@ def _ratio(used: float | None, total: float | None) -> float | None:
     return used / total if used is not None and total else None
 
 
-def _widths(width: int) -> tuple[bool, int, int, int, int, int]:
-    """(narrow, bar, sparkline, name, memory, power) column widths of the GPU lines."""
+def gpu_widths(width: int) -> tuple[int, ...]:
+    """Widths of a GPU line's cells (the state's cell takes the rest): index and name, utilisation
+    bar, utilisation, sparkline, memory bar, memory, temperature, power."""
     narrow = width < NARROW
-    return (narrow, *((6, 10, 0, 10, 5) if narrow else (10, 20, 22, 21, 11)))
+    bar_w, spark_w, name_w = (6, 10, 0) if narrow else (10, 20 if width < WIDE else 30, 22)
+    return (4 + (name_w + 1 if name_w else 0), bar_w, 6, spark_w + 1, bar_w,
+            10 if narrow else 21, 6, 7 if narrow else 13)
 
 
-def gpu_lines(gpus: tuple[GpuRow, ...], width: int) -> list[Text]:
-    """A header and one line per GPU. Plain Text lines, one per widget, so a GPU whose figures
-    did not change is not repainted, and few style runs keep each repaint small over SSH."""
-    narrow, bar_w, spark_w, name_w, mem_w, power_w = _widths(width)
-    head = f"{'GPU':>3} " + (f"{'NAME':<{name_w}} " if name_w else "")
-    head += f"{'UTIL':<{bar_w + 5}} {'LAST 5 MIN':<{spark_w}} {'MEMORY':<{bar_w + mem_w}} {'TEMP':>5} {'POWER':>{power_w}} STATE"
-    lines = [Text(head, style="bold")]
-    for g in gpus:
-        line = Text(f"{g.index:>3} ")
-        if name_w:
-            line.append(f"{g.name[:name_w]:<{name_w}} ")
-        if g.state == "lost":
-            line.append(" " * (bar_w + 5 + spark_w + bar_w + mem_w + power_w + 9))
-        else:
-            line.append_text(bar(None if g.util_pct is None else g.util_pct / 100, bar_w))
-            line.append(f" {g.util_pct:>3.0f}% " if g.util_pct is not None else "   -  ")
-            line.append(fmt.sparkline(g.util_history, width=spark_w, lo=0, hi=100).rjust(spark_w),
-                        style="cyan")
-            line.append(" ")
-            line.append_text(bar(_ratio(g.mem_used_bytes, g.mem_total_bytes), bar_w))
-            used = (fmt.size(g.mem_used_bytes) if narrow
-                    else f"{fmt.size(g.mem_used_bytes)}/{fmt.size(g.mem_total_bytes)}")
-            line.append(f" {used:<{mem_w - 1}}")
-            temp = f"{g.temp_c}°C" if g.temp_c is not None else "-"
-            power = _watts(g.power_mw) if narrow else f"{_watts(g.power_mw)}/{_watts(g.power_limit_mw)}"
-            line.append(f" {temp:>5} {power:>{power_w}} ")
-        problems = g.problems()
-        if problems:
-            line.append(", ".join(problems), style="bold red")
-        else:
-            line.append("ok", style="green")
-        line.truncate(width, overflow="ellipsis")
-        lines.append(line)
-        if g.state != "lost":
-            lines.extend(mig_line(g.index, m, width) for m in g.migs)
-    return lines
+def gpu_header(width: int) -> Text:
+    head_w, bar_w, pct_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
+    head = f"{'GPU':>3} " + (f"{'NAME':<{head_w - 5}} " if head_w > 4 else "")
+    head += (f"{'UTIL':<{bar_w + pct_w - 1}} {'LAST 5 MIN':<{spark_w - 1}} {'MEMORY':<{mem_bar_w + mem_w}}"
+             f"{'TEMP':>{temp_w}}{'POWER':>{power_w - 1}} STATE")
+    return Text(head, style="bold")
+
+
+def gpu_cells(g: GpuRow, width: int) -> list[Text]:
+    """One GPU's line as cells of gpu_widths(width), then its state. Each cell is its own widget
+    on screen, so a new utilisation repaints (and sends over SSH) that figure alone, not the
+    line from its left edge; few style runs keep each repaint small."""
+    head_w, bar_w, pct_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
+    narrow = width < NARROW
+    cells = [Text(f"{g.index:>3} " + (f"{g.name[:head_w - 5]:<{head_w - 5}} " if head_w > 4 else ""))]
+    if g.state == "lost":
+        cells += [Text(" " * w) for w in (bar_w, pct_w, spark_w, mem_bar_w, mem_w, temp_w, power_w)]
+    else:
+        used = (fmt.size(g.mem_used_bytes) if narrow
+                else f"{fmt.size(g.mem_used_bytes)}/{fmt.size(g.mem_total_bytes)}")
+        temp = f"{g.temp_c}°C" if g.temp_c is not None else "-"
+        power = _watts(g.power_mw) if narrow else f"{_watts(g.power_mw)}/{_watts(g.power_limit_mw)}"
+        columns = spark_columns(g.util_history, g.util_history_slot, spark_w - 1)
+        cells += [bar(None if g.util_pct is None else g.util_pct / 100, bar_w),
+                  Text(f" {g.util_pct:>3.0f}% " if g.util_pct is not None else "   -  "),
+                  Text(fmt.sparkline(columns, lo=0, hi=100).rjust(spark_w - 1) + " ", style="cyan"),
+                  bar(_ratio(g.mem_used_bytes, g.mem_total_bytes), mem_bar_w),
+                  Text(f" {used:<{mem_w - 1}}"), Text(f" {temp:>{temp_w - 1}}"),
+                  Text(f" {power:>{power_w - 2}} ")]
+    problems = g.problems()
+    cells.append(Text(", ".join(problems), style="bold red") if problems else Text("ok", style="green"))
+    # Colours as spans, not as a text's base style: Textual maps only the former to its theme.
+    return [Text().append_text(cell) for cell in cells]
+
+
+def spark_columns(history: tuple[float | None, ...], first_slot: int, width: int) -> list[float | None]:
+    """The newest `width` columns of a slot history, each the mean of its slots. Columns are
+    aligned to the clock (slot number // slots per column), not to the window's start: the
+    line shifts only when a new column is due, and in between only the newest column changes."""
+    per = max(1, -(-len(history) // width))
+    groups: dict[int, list[float]] = {}
+    for k, value in enumerate(history):
+        group = groups.setdefault((first_slot + k) // per, [])
+        if value is not None:
+            group.append(value)
+    return [sum(g) / len(g) if g else None for _, g in sorted(groups.items())][-width:]
 
 
 def mig_line(gpu_index: int, m: MigRow, width: int) -> Text:
     """A MIG device under its GPU: GPU/GI/CI, profile and utilisation ("n/a" when NVML gives
     none) where the GPU's name and utilisation go, its memory in the memory column, and how
     many processes run on it in the state column."""
-    narrow, bar_w, spark_w, name_w, mem_w, power_w = _widths(width)
-    memory_at = 4 + (name_w + 1 if name_w else 0) + bar_w + 6 + spark_w + 1
+    head_w, bar_w, pct_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
+    narrow = width < NARROW
+    memory_at = head_w + bar_w + pct_w + spark_w
     util = "util " + ("n/a" if m.util_pct is None else f"{m.util_pct:.0f}%")
     label = f"  └ {fmt.gpu_label(gpu_index, m.gpu_instance_id, m.compute_instance_id)} {m.profile or 'MIG'}"
     line = Text(f"{label[:memory_at - len(util) - 2]} {util}".ljust(memory_at))
-    line.append_text(bar(_ratio(m.mem_used_bytes, m.mem_total_bytes), bar_w))
+    line.append_text(bar(_ratio(m.mem_used_bytes, m.mem_total_bytes), mem_bar_w))
     used = (fmt.size(m.mem_used_bytes) if narrow
             else f"{fmt.size(m.mem_used_bytes)}/{fmt.size(m.mem_total_bytes)}")
-    line.append(f" {used:<{mem_w - 1}}" + " " * (power_w + 8))
+    line.append(f" {used:<{mem_w - 1}}" + " " * (temp_w + power_w))
     line.append(f"{m.processes} proc{'' if m.processes == 1 else 's'}", style="dim")
     line.truncate(width, overflow="ellipsis")
     return line

@@ -58,6 +58,7 @@ class GpuRow:
     state: str = "ok"                      # ok | lost
     util_pct: float | None = None
     util_history: tuple[float | None, ...] = ()   # last minutes, oldest first
+    util_history_slot: int = 0             # the first one's slot number since the epoch (sparks.SPARK_SLOT_MS)
     mem_used_bytes: int | None = None
     mem_total_bytes: int | None = None
     temp_c: int | None = None

@@ -15,7 +15,7 @@ from typing import Callable
 from gpuwatch.store import StoreError, now_ms, open_ro, postmortems, profiles, queries
 from gpuwatch.tui.snapshot import (CapacityRow, Chart, GpuRow, HostRow, MigRow, OomRow, ProcessRow,
                                    ProfileRow, RunDetail, RunRow, Series, Snapshot, StacksRow, View)
-from gpuwatch.tui.sparks import SparkHistory
+from gpuwatch.tui.sparks import SPARK_SLOT_MS, SparkHistory, window_start
 
 CHART_POINTS = 240             # per series; charts are at most ~160 columns x 2 dots
 MAX_STEPS = 50_000             # newest steps read for a run chart; older ones are left out
@@ -186,6 +186,7 @@ class StoreSource:
         latest = queries.latest_gpu_samples(conn)
         infos = queries.gpus(conn)
         histories = self.sparks.update(conn, [info.gpu_index for info in infos], base.now_ms)
+        first_slot = window_start(base.now_ms) // SPARK_SLOT_MS
         gpus = []
         for info in infos:
             s = latest.get(info.gpu_index)
@@ -193,7 +194,7 @@ class StoreSource:
             lost = info.state == "lost" or (s is not None and s.state == "lost")
             gpus.append(GpuRow(
                 index=info.gpu_index, name=info.name or info.uuid, state="lost" if lost else "ok",
-                util_pct=s and s.gpu_util_pct, util_history=history,
+                util_pct=s and s.gpu_util_pct, util_history=history, util_history_slot=first_slot,
                 mem_used_bytes=s and s.mem_used_bytes, mem_total_bytes=info.mem_total_bytes,
                 temp_c=s and s.temp_c, power_mw=s and s.power_mw, power_limit_mw=info.power_limit_mw,
                 throttle_reasons=s and s.throttle_reasons, ecc_uncorrected=s and s.ecc_uncorrected))

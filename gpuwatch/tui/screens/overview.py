@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Input
 
 from gpuwatch import fmt
@@ -53,6 +53,8 @@ class OverviewScreen(UserFiltered):
         self.sort_reverse = True
         self.snapshot: Snapshot | None = None
         self.shown_cells: dict[str, tuple[str, ...]] = {}   # process key -> cells, in table order
+        self.gpu_lines: list[list[Line]] = []   # the GPU panel's cells, a list per line
+        self.gpu_shape: tuple | None = None      # cells per line and their widths, as mounted
 
     def compose(self) -> ComposeResult:
         yield Line(id="status")
@@ -79,29 +81,43 @@ class OverviewScreen(UserFiltered):
         self.snapshot = snap
         width = self.size.width
         self.set_line("#status", panels.status_line(snap))
-        self._show_gpus(self._gpu_panel(snap, width))
+        self._show_gpus(snap, width)
         self.set_line("#host", panels.host_line(snap.host, width))
         if previous is None or snap.processes != previous.processes:
             self._fill()
 
-    @staticmethod
-    def _gpu_panel(snap: Snapshot, width: int) -> list[Text]:
+    def _show_gpus(self, snap: Snapshot, width: int) -> None:
+        """A header line, then a row of cells per GPU (panels.gpu_cells), one Line widget each,
+        and a line per MIG device under its GPU."""
         if snap.gpus:
-            return panels.gpu_lines(snap.gpus, width)
-        if not snap.driver:
-            return [Text("No NVIDIA driver or GPU found on this host: showing host and runs only.",
-                         style="yellow")]
-        return [Text("no GPU samples yet", style="dim")]
-
-    def _show_gpus(self, texts: list[Text]) -> None:
-        box = self.query_one("#gpus", Vertical)
-        lines = list(box.query(Line))
-        if len(lines) != len(texts):
+            rows = [[panels.gpu_header(width)]]
+            for g in snap.gpus:
+                rows.append(panels.gpu_cells(g, width))
+                if g.state != "lost":  # its MIG devices, a line each
+                    rows.extend([panels.mig_line(g.index, m, width)] for m in g.migs)
+            widths = panels.gpu_widths(width)
+        elif not snap.driver:
+            rows, widths = [[Text("No NVIDIA driver or GPU found on this host: showing host and runs only.",
+                                  style="yellow")]], ()
+        else:
+            rows, widths = [[Text("no GPU samples yet", style="dim")]], ()
+        shape = [len(cells) for cells in rows], widths
+        if shape != self.gpu_shape:
+            box = self.query_one("#gpus", Vertical)
             box.remove_children()
-            lines = [Line() for _ in texts]
-            box.mount_all(lines)
-        for line, text in zip(lines, texts):
-            line.set_text(text)
+            self.gpu_lines = [[Line() for _ in cells] for cells in rows]
+            box.mount_all(self._gpu_row(lines, widths) for lines in self.gpu_lines)
+            self.gpu_shape = shape
+        for lines, cells in zip(self.gpu_lines, rows):
+            for line, text in zip(lines, cells):
+                line.set_text(text)
+
+    @staticmethod
+    def _gpu_row(lines: list[Line], widths: tuple[int, ...]) -> Horizontal:
+        for line, w in zip(lines, widths if len(lines) > 1 else ()):
+            line.styles.width = w
+        lines[-1].styles.width = "1fr"  # the state, or a line of its own
+        return Horizontal(*lines, classes="gpu-row")
 
     def _visible_processes(self) -> list[ProcessRow]:
         snap = self.snapshot

@@ -1,0 +1,157 @@
+"""`gpuwatch tui --web` in a real headless Chromium (Debian's, driven by Playwright): the overview
+shows the GPUs, keys reach the app, and a request without the printed token is refused."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gpuwatch.store import Writer
+from systools import needs_tools
+from test_tui_terminal import populated_db
+
+GPUWATCH = str(Path(sys.executable).with_name("gpuwatch"))
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+URL_LINE = re.compile(r"open (http://\S+/\?token=(\S+))")
+
+# The page's terminal (xterm.js) draws on a canvas: to read what it shows, the test's copy of
+# textual-serve's script also hands its terminal object to the page.
+TERMINAL_NEW = re.compile(r"this\.terminal=new (\w+)\.Terminal\(")
+SCREEN_JS = """() => { const t = window.gpuwatchTerminal; if (!t) return "";
+  const lines = []; for (let i = 0; i < t.rows; i++) { const l = t.buffer.active.getLine(i);
+  lines.push(l ? l.translateToString(true) : ""); } return lines.join("\\n"); }"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_web(db: Path) -> tuple[subprocess.Popen, str]:
+    """`gpuwatch tui --web` on a free loopback port: the server process and the URL it printed."""
+    server = subprocess.Popen([GPUWATCH, "tui", "--web", str(free_port()), "--db", str(db)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = server.stdout.readline()
+        if not line:
+            raise AssertionError(f"gpuwatch tui --web exited: {server.wait()}")
+        match = URL_LINE.search(line)
+        if match:
+            return server, match.group(1)
+    server.kill()
+    raise AssertionError("gpuwatch tui --web printed no URL in 30 s")
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A database like a daemon's, served by `gpuwatch tui --web`; yields (url with token, token)."""
+    server, url = start_web(populated_db(tmp_path / "gw.db"))
+    try:
+        yield url, URL_LINE.search("open " + url).group(2)
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def status_of(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_requests_without_the_token_are_refused(served):
+    url, token = served
+    base = url.split("?")[0]
+    assert status_of(url) == 200
+    assert status_of(base) == 403
+    assert status_of(base + "?token=" + token[:-1] + "x") == 403
+    assert status_of(base + "static/js/textual.js") == 403
+    assert status_of(base + "ws") == 403   # the websocket that would start an app process
+
+
+def open_tui_page(browser, url: str):
+    """A page on `url` whose terminal the test can read (wait_for_screen); nothing it asks for
+    leaves the machine (the page asks for a web font)."""
+    origin = url.split("/?")[0]
+    patched = []
+
+    def route(route):
+        if not route.request.url.startswith(origin):
+            route.abort()
+        elif route.request.url.endswith("/textual.js"):
+            response = route.fetch()
+            body, n = TERMINAL_NEW.subn(r"this.terminal=window.gpuwatchTerminal=new \1.Terminal(", response.text())
+            patched.append(n)
+            route.fulfill(response=response, body=body)
+        else:
+            route.continue_()
+
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.route("**/*", route)
+    page.goto(url)
+    page.patched = patched
+    return page
+
+
+def wait_for_screen(page, *texts: str, timeout_s: float = 30) -> str:
+    """The terminal's text once it shows all of `texts`."""
+    checks = " && ".join(f"s.includes({t!r})" for t in texts)
+    try:
+        page.wait_for_function(f"() => {{ const s = ({SCREEN_JS})(); return {checks}; }}",
+                               timeout=timeout_s * 1000)
+    except Exception:
+        raise AssertionError(f"{texts} not in the browser (textual.js patched {page.patched} times):\n"
+                             f"{page.evaluate(SCREEN_JS)}") from None
+    return page.evaluate(SCREEN_JS)
+
+
+def launch_chromium(playwright):
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+@needs_tools("chromium")
+def test_overview_in_chromium_and_keys_work(served):
+    from playwright.sync_api import sync_playwright
+
+    url, _ = served
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page = open_tui_page(browser, url)
+            screen = wait_for_screen(page, "GPU processes: 50", "live")
+            assert screen.count("NVIDIA H100 80GB HBM3") == 8  # every GPU, one line each
+            assert "power cap" in screen and "train.py --shard" in screen
+            page.locator("#terminal").click()
+            page.keyboard.press("r")
+            wait_for_screen(page, "Runs: 20")
+            page.keyboard.press("o")
+            wait_for_screen(page, "GPU processes: 50")
+        finally:
+            browser.close()
+
+
+@pytest.mark.parametrize("address, refusal", [
+    ("0.0.0.0:8765", "0.0.0.0 is not a loopback address"),
+    ("8765x", "expected [HOST:]PORT"),
+])
+def test_a_reachable_or_bad_address_is_refused(tmp_path, address, refusal):
+    Writer(tmp_path / "gw.db").close()
+    result = subprocess.run([GPUWATCH, "tui", "--web", address, "--db", str(tmp_path / "gw.db")],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and refusal in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
