@@ -40,11 +40,11 @@ def test_bad_field_names_index_field_and_value():
     ({"id": "a", "kind": "run_end", "run_id": "r", "ts_ms": 1, "status": "exploded"},
      "events[0].status: expected one of finished, failed, oom, killed, got 'exploded'"),
     ({"id": "a", "kind": "step", "run_id": "r", "ts_ms": -5, "step": 0},
-     "events[0].ts_ms: expected integer >= 0, got -5"),
+     "events[0].ts_ms: expected integer from 0 to 253402300799999, got -5"),
     ({"id": "a", "kind": "step", "run_id": "r", "ts_ms": 1, "step": True},
      "events[0].step: expected integer >= 0, got True"),
     ({"id": "a", "kind": "run_start", "run_id": "r", "ts_ms": 1, "config": [1, 2]},
-     "events[0].config: expected JSON object, got [1, 2]"),
+     "events[0].config: expected JSON object nested at most 32 deep, got [1, 2]"),
     ("step", "events[0]: expected JSON object, got 'step'"),
 ])
 def test_each_kind_of_bad_event_has_its_line(event, message):

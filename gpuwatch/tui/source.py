@@ -11,7 +11,7 @@ import sqlite3
 from dataclasses import asdict, replace
 from typing import Callable
 
-from gpuwatch.store import StoreError, now_ms, open_ro, postmortems, profiles, queries
+from gpuwatch.store import StoreError, health, now_ms, open_ro, postmortems, profiles, queries
 from gpuwatch.tui.snapshot import (CapacityRow, Chart, GpuRow, HostRow, OomRow, ProcessRow,
                                    ProfileRow, RunDetail, RunRow, Series, Snapshot, StacksRow, View)
 from gpuwatch.tui.sparks import SparkHistory
@@ -133,6 +133,11 @@ class StoreSource:
         self.sparks = SparkHistory()  # the file may be replaced before we reopen it
 
     def fetch(self, view: View) -> Snapshot:
+        snap = self._fetch(view)
+        trouble = health.read(self.db_path)  # the daemon cannot write: the banner says why
+        return snap if trouble is None else replace(snap, problem=trouble.line())
+
+    def _fetch(self, view: View) -> Snapshot:
         now = self.clock()
         try:
             if self.conn is None:
