@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +26,9 @@ from gpuwatch import protocol
 from test_ingest import Client, Server, events, run_start, step, shared_dir  # noqa: F401 (fixture)
 
 from gpuwatch.config import Config
+
+# Another uid's ack, one step a frame, while this uid floods with 1000-event frames.
+ACK_BOUND_S = 0.25
 
 
 class Records(logging.Handler):
@@ -103,7 +112,7 @@ frames = st.one_of(
               st.sampled_from(list({**protocol.COMMON_FIELDS, **protocol.EVENT_KINDS["step"]})), values),
     st.builds(lambda a, r, s: _line({"v": 1, "type": "control_request", "action": a, "run_id": r, "steps": s}),
               values, values, values),
-    st.integers(10, 200_000).map(lambda n: f'{{"v":1,"type":"events","events":{_nested(n)}}}\n'.encode()),
+    st.integers(10, 100_000).map(lambda n: f'{{"v":1,"type":"events","events":{_nested(n)}}}\n'.encode()),
     st.integers(25, 40).map(lambda n: ('{"v":1,"type":"events","events":[{"id":"c","kind":"run_start",'
                                        f'"run_id":"r1","ts_ms":1,"config":{{"a":{_nested(n)}}}}}]}}\n').encode()),
     st.integers(1, 5000).map(lambda n: f'{{"v":1,"type":"hello","client":{"9" * n}}}\n'.encode()),  # huge number
@@ -200,3 +209,296 @@ def test_oversized_and_slow_frames_are_answered_then_closed(open_server, records
     slow.close()
     assert open_server.ingest.uids == {} or all(u.pending_bytes == 0 for u in open_server.ingest.uids.values())
     assert records.tracebacks() == []
+
+
+# --- a full disk ------------------------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 6 MB tmpfs for the database. It needs root (CI runs as root and must not skip)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], capture_output=True).returncode == 0
+    if not mounted:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs as root and must be able to mount a tmpfs for the disk-full test")
+        pytest.skip("mounting a 6 MB tmpfs needs root (CI runs this test)")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+class Filler(threading.Thread):
+    """Another process's file that takes every byte the filesystem frees, until stopped."""
+
+    def __init__(self, path):
+        super().__init__(daemon=True)
+        self.path = path
+        self.halt = threading.Event()
+        self.full = threading.Event()
+
+    def run(self):
+        with open(self.path, "wb", buffering=0) as f:
+            while not self.halt.is_set():
+                try:
+                    f.write(b"\0" * 4096)
+                except OSError:
+                    self.full.set()
+                    time.sleep(0.002)
+
+    def stop(self):
+        self.halt.set()
+        self.join(5)
+        os.unlink(self.path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_a_full_disk_is_one_warning_a_visible_state_and_no_lost_event(small_disk, shared_dir,  # noqa: F811
+                                                                       records, monkeypatch):
+    import asyncio
+    import urllib.request
+
+    import fake_pynvml
+    import gpuwatch
+    from click.testing import CliRunner
+    from gpuwatch.cli import main as cli
+    from gpuwatch.daemon.main import Daemon
+    from gpuwatch.doctor import FAIL, Env, check_daemon
+    from gpuwatch.store import health
+
+    db, sock = str(small_disk / "gpuwatch.db"), shared_dir / "gw.sock"
+    port = _free_port()
+    cfg = Config(db=db, socket=str(sock), interval=0.05, host_interval=0.05, rate_limit_events=0,
+                 metrics_listen=f"127.0.0.1:{port}")
+    daemon = Daemon(cfg, nvml_module=fake_pynvml.FakeNvml(gpus=8))
+    thread = threading.Thread(target=lambda: asyncio.run(daemon.serve()))
+    thread.start()
+    monkeypatch.setenv("GPUWATCH_SOCKET", str(sock))
+    filler = Filler(small_disk / "filler")
+    try:
+        _wait(sock.exists)
+        run = gpuwatch.track(name="through-a-full-disk")
+        assert run._transport.mode == "daemon"
+        for _ in range(20):
+            run.step(tokens=10)
+        assert run._transport.flush(10)
+
+        filler.start()
+        trouble = _wait(lambda: health.read(db, [sock]))
+        assert trouble.problem == "disk full" and trouble.path == db
+        for _ in range(30):  # the daemon answers `store`: the client keeps these spooled
+            run.step(tokens=10)
+            time.sleep(0.02)
+        run._drain(wait=True)
+        assert run._transport.flush(10)
+        assert run._transport._spool_exists()  # refused with `store`, kept on the client's disk
+        _wait(lambda: daemon.writer.health.failed_jobs >= 40)  # many failed commits...
+
+        out = CliRunner().invoke(cli, ["status", "--db", db]).output
+        assert f"WARNING: the daemon cannot write {db}: disk full" in out
+        doctor = {c.name: c for c in check_daemon(Env(socket_path=sock, db_path=Path(db)), None)}
+        assert doctor["database writes"].status == FAIL and "disk full" in doctor["database writes"].detail
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            metrics = resp.read().decode()
+        assert "gpuwatch_daemon_store_writable 0.0" in metrics
+        dropped = [line for line in metrics.splitlines() if line.startswith("gpuwatch_daemon_dropped_samples_total ")]
+        assert float(dropped[0].split()[1]) > 0
+
+        filler.stop()  # space comes back: everything resumes by itself
+        _wait(lambda: health.read(db, [sock]) is None and daemon.writer.health is None)
+        for _ in range(10):
+            run.step(tokens=10)
+        run.finish()  # flushes and closes the transport: the spool is replayed
+        steps = lambda: sqlite3.connect(db).execute("SELECT count(*), sum(tokens) FROM steps").fetchone()  # noqa: E731
+        assert _wait(lambda: steps() == (60, 600), timeout=30)
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+            assert conn.execute("SELECT status FROM runs").fetchall() == [("finished",)]
+    finally:
+        if filler.is_alive():
+            filler.stop()
+        daemon.request_stop()
+        thread.join(15)
+    warnings = [r.getMessage() for r in records.records if r.getMessage().startswith("store: cannot write")]
+    assert len(warnings) == 1, warnings  # one warning for the whole episode, not one per commit
+    assert "disk full" in warnings[0] and db in warnings[0] and "bytes free" in warnings[0]
+    assert any(r.getMessage().startswith(f"store: writing {db} again") for r in records.records)
+    assert records.tracebacks() == []
+
+
+# --- a pinned WAL -----------------------------------------------------------------------------
+
+def test_a_reader_pinning_the_wal_is_reported_once_and_the_wal_shrinks_after(tmp_path, records, monkeypatch):
+    from gpuwatch.daemon.metrics import StoreCollector
+    from gpuwatch.store import Writer, writer as writer_mod
+    from gpuwatch.tui.snapshot import View
+    from gpuwatch.tui.source import StoreSource
+
+    monkeypatch.setattr(writer_mod, "HOUSEKEEPING_S", 0.2)
+    monkeypatch.setattr(writer_mod, "WAL_LIMIT_BYTES", 2 * 1024 * 1024)
+    db = str(tmp_path / "gpuwatch.db")
+    writer = Writer(db)
+    wal = lambda: writer_mod.wal_bytes(db)  # noqa: E731
+    try:
+        writer.submit(lambda c: c.execute("CREATE TABLE blobs (b BLOB)"))
+
+        def fill(megabytes: int):
+            for _ in range(megabytes):
+                writer.submit(lambda c: c.executemany("INSERT INTO blobs VALUES (?)", [(os.urandom(4096),)] * 256))
+            assert writer.flush(30)
+
+        # Our own readers, left open as the TUI and /metrics leave them: they pin nothing.
+        source, collector = StoreSource(db), StoreCollector(db)
+        source.fetch(View("overview"))
+        list(collector.collect())
+        fill(4)
+        _wait(lambda: wal() == 0, timeout=10)
+
+        pinned = sqlite3.connect(db, isolation_level=None)
+        pinned.execute("BEGIN")
+        pinned.execute("SELECT count(*) FROM blobs").fetchone()  # holds its snapshot from here
+        for _ in range(3):
+            fill(2)
+            time.sleep(0.5)  # housekeeping runs in between
+        assert wal() > 4 * 1024 * 1024
+        warned = [r for r in records.records if "cannot be checkpointed" in r.getMessage()]
+        assert len(warned) == 1 and db in warned[0].getMessage()
+
+        pinned.execute("COMMIT")  # the reader is done
+        pinned.close()
+        _wait(lambda: wal() < writer_mod.WAL_LIMIT_BYTES, timeout=10)
+        assert wal() == 0
+        assert any("checkpointed and cut back" in r.getMessage() for r in records.records)
+        source.close()
+        collector.close()
+    finally:
+        writer.close()
+    assert records.tracebacks() == []
+
+
+# --- greedy clients ---------------------------------------------------------------------------
+
+VICTIM = textwrap.dedent("""
+    import json, os, socket, sys, time
+    os.setgid(65534); os.setgroups([]); os.setuid(65534)
+    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rb")
+    def rt(frame):
+        s.sendall(json.dumps(dict(frame, v=1)).encode() + b"\\n"); return json.loads(f.readline())
+    assert rt({"type": "hello"})["type"] == "welcome"
+    assert rt({"type": "events", "events": [
+        {"id": "v-start", "kind": "run_start", "run_id": "victim", "ts_ms": 1}]})["type"] == "ack"
+    waits = []
+    for i in range(int(sys.argv[2])):
+        t = time.perf_counter()
+        reply = rt({"type": "events", "events": [
+            {"id": f"v{i}", "kind": "step", "run_id": "victim", "ts_ms": 2 + i, "step": i, "tokens": 1}]})
+        waits.append(time.perf_counter() - t)
+        assert reply["type"] == "ack", reply
+        time.sleep(0.01)
+    print(json.dumps(waits))
+""")
+
+
+FLOOD = textwrap.dedent("""
+    import json, socket, sys, threading
+    def flood(k):
+        s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rb")
+        s.sendall(b'{"v":1,"type":"hello"}\\n'); f.readline()
+        n = 0
+        while True:
+            batch = [{"id": f"f{k}-{n}-{i}", "kind": "step", "run_id": "flood", "ts_ms": 1, "step": n * 1000 + i,
+                      "tokens": 4096, "step_time_ms": 10.0} for i in range(1000)]
+            s.sendall(json.dumps({"v": 1, "type": "events", "events": batch}).encode() + b"\\n")
+            assert json.loads(f.readline())["type"] == "ack"
+            print(1000, flush=True)
+            n += 1
+    for k in range(int(sys.argv[2])):
+        threading.Thread(target=flood, args=(k,)).start()
+""")
+
+
+def test_one_uid_flooding_does_not_hold_up_another_uids_acks(open_server):
+    srv = open_server
+    owner = Client(srv.cfg.socket_path)
+    assert owner.rt(events(run_start("flood")))["type"] == "ack"
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, str(srv.cfg.socket_path), "16"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(16):
+            flood.stdout.readline()  # the flood is flowing
+        done = subprocess.run([sys.executable, "-c", VICTIM, str(srv.cfg.socket_path), "150"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        waits = sorted(json.loads(done.stdout))
+    finally:
+        flood.kill()
+        flood.wait()
+    with sqlite3.connect(srv.cfg.db_path) as conn:
+        flooded = conn.execute("SELECT count(*) FROM steps WHERE run_id = 'flood'").fetchone()[0]
+        assert conn.execute("SELECT count(*) FROM steps WHERE run_id = 'victim'").fetchone() == (150,)
+    p99 = waits[int(len(waits) * 0.99) - 1]
+    assert p99 < ACK_BOUND_S, f"p99 {p99 * 1000:.0f} ms while {flooded} flood events were stored"
+
+
+def test_idle_and_slow_loris_connections_hold_bounded_memory_and_block_no_one(open_server):
+    from gpuwatch.daemon import ingest
+
+    srv = open_server
+    idle = []
+    for _ in range(1000):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(srv.cfg.socket_path))
+        idle.append(s)
+    # Slow lorises: each sends most of a big frame and then nothing.
+    lorises = []
+    for _ in range(12):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(srv.cfg.socket_path))
+        s.settimeout(10)
+        try:
+            s.sendall(b'{"v":1,"type":"hello","client":"' + b"x" * (3 * 1024 * 1024))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        lorises.append(s)
+    try:
+        started = time.monotonic()
+        fresh = Client(srv.cfg.socket_path)  # a new client is served at once
+        assert fresh.rt(events(run_start("new")))["type"] == "ack"
+        assert time.monotonic() - started < 5
+        uid_state = srv.call(_state_of(srv, os.getuid()))
+        assert uid_state <= ingest.UID_PENDING_BYTES
+        refused = 0
+        for s in lorises:  # those past the uid's budget were answered `busy` and closed
+            s.settimeout(0.2)
+            try:
+                data = s.recv(4096)
+            except socket.timeout:
+                continue
+            if data:
+                assert json.loads(data.split(b"\n")[0])["code"] == "busy"
+                refused += 1
+        assert refused >= 12 - ingest.UID_PENDING_BYTES // (3 * 1024 * 1024)
+        fresh.close()
+    finally:
+        for s in idle + lorises:
+            s.close()
+
+
+async def _state_of(srv, uid):
+    state = srv.ingest.uids.get(uid)
+    return 0 if state is None else state.pending_bytes

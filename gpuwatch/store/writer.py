@@ -32,6 +32,7 @@ _STOP = object()
 HOUSEKEEPING_S = 5.0  # checkpoint the WAL and check the file is still ours this often
 WAL_LIMIT_BYTES = 32 * 1024 * 1024  # a WAL past this that cannot be checkpointed is reported
 RECLAIM_EVERY_S = 30.0  # while the disk is full, early retention at most this often
+RECOVERED_AFTER_S = 5.0  # writes must work this long before a failure counts as over
 BUSY_TIMEOUT_MS = 5000  # as open_rw sets it
 
 # SQLite primary result codes meaning "the file cannot be written now", not "this job is wrong".
@@ -101,6 +102,7 @@ class Writer:
         # Early retention for a full disk (None: maintenance.reclaim_raw, the oldest raw samples).
         self.reclaim: Callable[[sqlite3.Connection], object] | None = None
         self._reclaimed_at = 0.0
+        self._ok_since: float | None = None  # while failing: when writes began to work again
         self._housekept_at = time.monotonic()
         self.wal_pinned_bytes = 0  # WAL size when a pinned reader was reported; 0 = not pinned
         self._thread = threading.Thread(target=self._run, name="gpuwatch-writer", daemon=True)
@@ -213,7 +215,7 @@ class Writer:
             results = [(on_commit, False) for _, on_commit in jobs]
         else:
             if self.health is not None:
-                self._recovered()
+                self._maybe_recovered()
         for on_commit, ok in results:
             if on_commit is not None:
                 try:
@@ -224,6 +226,7 @@ class Writer:
     # --- storage failures and housekeeping (this thread only) ---
 
     def _failing(self, problem: str, error: str, jobs: int) -> None:
+        self._ok_since = None
         if self.health is None:
             self.health = StoreHealth(str(self.path), problem, error, now_ms(), free_bytes(self.path),
                                       pid=os.getpid())
@@ -235,6 +238,15 @@ class Writer:
         if problem == _STORAGE_CODES[_SQLITE_FULL] and time.monotonic() - self._reclaimed_at >= RECLAIM_EVERY_S:
             self._reclaimed_at = time.monotonic()
             self._reclaim()
+
+    def _maybe_recovered(self) -> None:
+        """Writes work again: the state clears once they kept working for RECOVERED_AFTER_S, so
+        a disk that frees a little and fills again is one episode, not a warning per flap."""
+        now = time.monotonic()
+        if self._ok_since is None:
+            self._ok_since = now
+        elif now - self._ok_since >= RECOVERED_AFTER_S:
+            self._recovered()
 
     def _recovered(self) -> None:
         health, self.health = self.health, None
@@ -295,7 +307,9 @@ class Writer:
         except sqlite3.Error as e:
             if storage_problem(e):
                 self._failing(storage_problem(e), str(e), 0)
-        if self.health is not None:
+        if self.health is not None and self._ok_since is not None:
+            self._maybe_recovered()
+        elif self.health is not None:
             self.health.free_bytes = free_bytes(self.path)
             self._publish()
 
