@@ -502,3 +502,32 @@ def test_idle_and_slow_loris_connections_hold_bounded_memory_and_block_no_one(op
 async def _state_of(srv, uid):
     state = srv.ingest.uids.get(uid)
     return 0 if state is None else state.pending_bytes
+
+
+# --- the log policy ---------------------------------------------------------------------------
+
+def test_the_throttle_says_each_recurring_error_once_a_minute_then_less_with_a_count():
+    from gpuwatch.daemon.logging import Throttle
+
+    now = [0.0]
+    logger = logging.getLogger("gpuwatch.test_throttle")
+    handler = Records()
+    logger.addHandler(handler)
+    try:
+        throttle = Throttle(logger, clock=lambda: now[0])
+        for second in range(3600):  # an hour of one bad frame a second from uid 1000
+            now[0] = float(second)
+            throttle.log((1000, "invalid"), logging.WARNING, "uid %d: invalid: %s", 1000, "bad")
+        lines = [r.getMessage() for r in handler.records]
+        assert lines[0] == "uid 1000: invalid: bad"
+        assert lines[1] == "uid 1000: invalid: bad (59 more since the last such line)"  # a minute on
+        assert len(lines) <= 12
+        assert sum(int(line.split("(")[1].split()[0]) for line in lines[1:]) + len(lines) <= 3600
+        throttle.log((1001, "invalid"), logging.WARNING, "another uid")  # its own key: said at once
+        assert handler.records[-1].getMessage() == "another uid"
+        now[0] += 1300  # quiet for two periods: the next one is said again at once, period reset
+        assert throttle.log((1000, "invalid"), logging.WARNING, "again")
+        now[0] += 61
+        assert throttle.log((1000, "invalid"), logging.WARNING, "again")
+    finally:
+        logger.removeHandler(handler)

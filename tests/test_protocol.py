@@ -166,3 +166,35 @@ def test_events_with_as_many_fields_but_different_ones_are_each_checked():
     with pytest.raises(ProtocolError) as e:
         validate(frame(*events))
     assert str(e.value) == "events[10].tokens: expected integer >= 0, got -1"
+
+
+@pytest.mark.parametrize("line, message", [
+    (b"[" * 100_000, "frame is nested too deeply to decode"),
+    (b'{"v":1,"type":"events","events":[{"id":"a","kind":{"x":1}}]}',
+     "events[0].kind: expected one of run_start, step, generation, memory_stats, run_end, run_event, "
+     "oom_postmortem, profile, got {'x': 1}"),
+    (b'{"v":1,"type":"events","events":[{"id":"a","kind":[1]}]}',
+     "events[0].kind: expected one of run_start, step, generation, memory_stats, run_end, run_event, "
+     "oom_postmortem, profile, got [1]"),
+    (b'{"v":1,"type":"control_request","action":{"a":1},"run_id":"r"}',
+     "control_request.action: expected one of profile, stacks, got {'a': 1}"),
+    (b'{"v":1,"type":"events","events":[{"id":"a","kind":"step","run_id":"r","ts_ms":1,"step":9223372036854775808}]}',
+     "events[0].step: expected integer >= 0, got 9223372036854775808"),
+    (b'{"v":1,"type":"events","events":[{"id":"a","kind":"run_start","run_id":"r","ts_ms":1,"config":'
+     + b'{"a":' * 40 + b"1" + b"}" * 41 + b"]}",
+     "events[0].config: expected JSON object nested at most 32 deep, got {'a': {'a': {'a': {'a': {'a': {'a': {..."),
+    (b'{"v":1,"type":"hello","client":"\\ud800"}',
+     "frame holds a lone UTF-16 surrogate (\\uD800-\\uDFFF): not valid text"),
+    (b'{"v":1,"type":"hello","client":"\xff"}', "frame is not JSON: 'utf-8' codec can't decode byte 0xff "
+                                                "in position 32: invalid start byte"),
+])
+def test_hostile_frames_get_one_line_not_an_exception(line, message):
+    with pytest.raises(ProtocolError) as e:
+        validate(protocol.decode(line))
+    assert str(e.value) == message and e.value.code == "invalid"
+
+
+def test_a_surrogate_pair_is_text_and_an_unknown_field_name_is_shown_short():
+    assert protocol.decode(b'{"v":1,"type":"hello","client":"\\ud83d\\ude00"}')["client"] == "\U0001F600"
+    msg = validate(frame(step(0, **{"x" * 10_000: 1})))
+    assert msg.warnings == ["events[0]." + repr("x" * 60)[:37] + "...: ignored (unknown field)"]

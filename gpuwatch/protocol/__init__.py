@@ -165,7 +165,7 @@ def number(minimum: float | None = None, required: bool = False) -> Spec:
 def obj(required: bool = False) -> Spec:
     return Spec(f"JSON object nested at most {MAX_DEPTH} deep",
                 lambda v: type(v) is dict and _depth_within(v, MAX_DEPTH), required,
-                lambda vs, types: types == _DICT and _depth_within(vs, MAX_DEPTH + 1))
+                lambda vs, types: types == _DICT and _depth_within(list(vs), MAX_DEPTH + 1))
 
 
 def list_of_text(required: bool = False) -> Spec:
