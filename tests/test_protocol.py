@@ -197,4 +197,6 @@ def test_hostile_frames_get_one_line_not_an_exception(line, message):
 def test_a_surrogate_pair_is_text_and_an_unknown_field_name_is_shown_short():
     assert protocol.decode(b'{"v":1,"type":"hello","client":"\\ud83d\\ude00"}')["client"] == "\U0001F600"
     msg = validate(frame(step(0, **{"x" * 10_000: 1})))
-    assert msg.warnings == ["events[0]." + repr("x" * 60)[:37] + "...: ignored (unknown field)"]
+    [warning] = msg.warnings
+    assert warning.startswith("events[0].'xxx") and warning.endswith("...: ignored (unknown field)")
+    assert len(warning) < 80
