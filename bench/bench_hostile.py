@@ -3,7 +3,8 @@
 Runs the real daemon in its own process (8 simulated GPUs, tests/fake_pynvml.py) and attacks
 its socket from other processes with malformed frames of every sort (random bytes, deep
 nesting, wrong types, unhashable kinds, huge numbers and strings, invalid UTF-8, half frames,
-hang-ups). Meanwhile one honest client of another uid steps a run, one step a frame.
+hang-ups). Meanwhile one honest client of another uid steps a run, one step a frame. Then one
+uid floods valid events from many connections while the other uid steps again.
 
     .venv/bin/python bench/bench_hostile.py [--seconds 30] [--attackers 4]
 
@@ -42,7 +43,7 @@ from gpuwatch.daemon.main import run_daemon
 daemon_logging.setup()
 interval = float(sys.argv[3])
 cfg = load({{"db": sys.argv[1], "socket": sys.argv[2], "interval": interval, "host_interval": interval,
-            "system": True, "rate_limit_events": 5000}})
+            "system": True, "rate_limit_events": int(sys.argv[4])}})
 sys.exit(run_daemon(cfg, nvml_module=fake_pynvml.FakeNvml(gpus=8)))
 """
 
@@ -99,6 +100,27 @@ VICTIM = textwrap.dedent("""
 """)
 
 
+FLOOD = textwrap.dedent("""
+    import json, socket, sys, threading
+    def flood(k):
+        s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rb")
+        s.sendall(b'{"v":1,"type":"hello"}\\n'); f.readline()
+        n = 0
+        while True:
+            batch = [{"id": f"f{k}-{n}-{i}", "kind": "step", "run_id": "flood", "ts_ms": 1, "step": n * 1000 + i,
+                      "tokens": 4096, "step_time_ms": 10.0} for i in range(1000)]
+            s.sendall(json.dumps({"v": 1, "type": "events", "events": batch}).encode() + b"\\n")
+            if json.loads(f.readline())["type"] != "ack": return
+            n += 1
+    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rb")
+    s.sendall(b'{"v":1,"type":"hello"}\\n{"v":1,"type":"events","events":[{"id":"fs","kind":"run_start",'
+              b'"run_id":"flood","ts_ms":1}]}\\n'); f.readline(); f.readline()
+    for k in range(int(sys.argv[2])):
+        threading.Thread(target=flood, args=(k,), daemon=True).start()
+    threading.Event().wait()
+""")
+
+
 def pct(values: list[float], p: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(len(values) * p))]
@@ -116,10 +138,12 @@ def tick_lateness_ms(db: str, since_ms: int, until_ms: int, interval_ms: float) 
     conn.close()
     if len(ts) < 2:
         return []
-    start = ts[0]
-    late = [t - start - round((t - start) / interval_ms) * interval_ms for t in ts]
-    floor = min(late)
-    return [x - floor for x in late]
+    # Each tick's phase within the interval; on time is the phase just after the widest gap
+    # between phases (a monotonic schedule: ticks are on time or late, never early).
+    phases = sorted((t - ts[0]) % interval_ms for t in ts)
+    gaps = [(phases[(i + 1) % len(phases)] - p) % interval_ms for i, p in enumerate(phases)]
+    on_time = phases[(gaps.index(max(gaps)) + 1) % len(phases)]
+    return [((t - ts[0]) % interval_ms - on_time) % interval_ms for t in ts]
 
 
 def throttled_lines_per_hour(codes: int) -> int:
@@ -146,7 +170,8 @@ def attack(args, tmp: str) -> None:
     log_path = os.path.join(tmp, "daemon.log")
     interval = 0.1
     with open(log_path, "w") as log_file:
-        daemon = subprocess.Popen([sys.executable, "-c", RUNNER, db, sock, str(interval)], stderr=log_file)
+        daemon = subprocess.Popen([sys.executable, "-c", RUNNER, db, sock, str(interval), "5000"],
+                                  stderr=log_file)
     try:
         while not os.path.exists(sock):
             time.sleep(0.1)
@@ -185,12 +210,34 @@ def attack(args, tmp: str) -> None:
         print("  TRACEBACKS IN THE LOG")
 
 
+def flood(args, tmp: str) -> None:
+    db, sock = os.path.join(tmp, "f.db"), os.path.join(tmp, "f.sock")
+    daemon = subprocess.Popen([sys.executable, "-c", RUNNER, db, sock, "1.0", "0"], stderr=subprocess.DEVNULL)
+    try:
+        while not os.path.exists(sock):
+            time.sleep(0.1)
+        flooder = subprocess.Popen([sys.executable, "-c", FLOOD, sock, str(args.flooders)])
+        time.sleep(2)
+        until = time.time() + args.seconds / 2
+        victim = subprocess.run([sys.executable, "-c", VICTIM, sock, str(until)], capture_output=True, text=True)
+        flooder.kill()
+        flooder.wait()
+        waits = json.loads(victim.stdout)
+        stored = sqlite3.connect(db).execute("SELECT count(*) FROM steps WHERE run_id = 'flood'").fetchone()[0]
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+    print(f"flood: {args.flooders} connections of one uid sending valid 1000-event frames, no rate limit")
+    print(f"  another uid's ack latency: p50 {pct(waits, 0.5) * 1000:.1f} ms, p99 {pct(waits, 0.99) * 1000:.1f} ms "
+          f"({len(waits)} frames; {stored / (2 + args.seconds / 2):,.0f} flood events/s stored)")
+
+
 def pinned_wal(tmp: str, ticks: int) -> None:
     from gpuwatch.store.writer import wal_bytes
 
     db, sock = os.path.join(tmp, "w.db"), os.path.join(tmp, "w.sock")
     interval = 0.01
-    daemon = subprocess.Popen([sys.executable, "-c", RUNNER, db, sock, str(interval)],
+    daemon = subprocess.Popen([sys.executable, "-c", RUNNER, db, sock, str(interval), "5000"],
                               stderr=subprocess.DEVNULL)
     try:
         while not os.path.exists(sock):
@@ -223,11 +270,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="length of the attack")
     parser.add_argument("--attackers", type=int, default=4, help="attacking processes")
     parser.add_argument("--ticks", type=int, default=600, help="sampling ticks under a pinned reader")
+    parser.add_argument("--flooders", type=int, default=16, help="connections of the flooding uid")
     args = parser.parse_args()
     random.seed(1)
     with tempfile.TemporaryDirectory(prefix="gw-hostile-", dir="/tmp") as tmp:
         os.chmod(tmp, 0o755)  # the other uid must reach the socket
         attack(args, tmp)
+        flood(args, tmp)
         pinned_wal(tmp, args.ticks)
 
 
