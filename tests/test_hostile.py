@@ -531,3 +531,60 @@ def test_the_throttle_says_each_recurring_error_once_a_minute_then_less_with_a_c
         assert throttle.log((1000, "invalid"), logging.WARNING, "again")
     finally:
         logger.removeHandler(handler)
+
+
+# --- the database file deleted or replaced; the TUI's banner -----------------------------------
+
+def test_a_database_deleted_or_replaced_while_open_is_noticed_and_writing_goes_on(tmp_path, records, monkeypatch):
+    from gpuwatch.store import Writer, open_rw, writer as writer_mod
+
+    monkeypatch.setattr(writer_mod, "HOUSEKEEPING_S", 0.1)
+    db = tmp_path / "gpuwatch.db"
+    writer = Writer(db)
+    note = lambda text: writer.submit(  # noqa: E731
+        lambda c: c.execute("INSERT INTO run_events (run_id, ts_ms, seq, kind) VALUES ('r', 1, ?, ?)",
+                            (len(text), text)))
+    try:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)  # an admin's rm
+        _wait(lambda: db.exists())  # noticed, and a new database made at that path
+        note("after delete")
+        assert writer.flush(10)
+        assert sqlite3.connect(db).execute("SELECT kind FROM run_events").fetchall() == [("after delete",)]
+
+        other = tmp_path / "restored.db"
+        open_rw(other).close()
+        other.replace(db)  # a backup restored over it
+        time.sleep(0.5)
+        note("after replace!")
+        assert writer.flush(10)
+        assert sqlite3.connect(db).execute("SELECT kind FROM run_events").fetchall() == [("after replace!",)]
+    finally:
+        writer.close()
+    lines = [r.getMessage() for r in records.records if r.levelno == logging.WARNING]
+    assert [line.split(" while open")[0] for line in lines] == [f"store: {db} was deleted", f"store: {db} was replaced"]
+    assert records.tracebacks() == []
+
+
+def test_the_tui_says_why_the_daemon_cannot_write(tmp_path):
+    from gpuwatch import paths
+    from gpuwatch.store import health, open_rw
+    from gpuwatch.tui.panels import status_line
+    from gpuwatch.tui.snapshot import View
+    from gpuwatch.tui.source import StoreSource
+
+    db = tmp_path / "gpuwatch.db"
+    open_rw(db).close()
+    sock = paths.default_socket_path(False)
+    sock.parent.mkdir(parents=True, exist_ok=True)
+    report = health.StoreHealth(str(db), "disk full", "database or disk is full", 1, 0, failed_jobs=7,
+                                pid=os.getpid())
+    health.publish(sock, report)
+    source = StoreSource(str(db))
+    try:
+        line = status_line(source.fetch(View("overview"))).plain
+        assert line.startswith(f"⚠ the daemon cannot write {db}: disk full") and "0 bytes free" in line
+        health.publish(sock, None)
+        assert "cannot write" not in status_line(source.fetch(View("overview"))).plain
+    finally:
+        source.close()

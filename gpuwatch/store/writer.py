@@ -293,6 +293,10 @@ class Writer:
             log.warning("store: %s was %s while open; %s bytes free on its filesystem; "
                         "writing to the file now at that path", self.path,
                         "deleted" if gone else "replaced", _bytes(free_bytes(self.path)))
+            try:  # the -wal at that path is the old file's: empty it before the new file meets it
+                self._checkpoint()
+            except sqlite3.Error:
+                pass
             self.conn.close()
             self.conn = None
             try:
