@@ -52,8 +52,6 @@ FRAME_TIMEOUT_S = 30.0  # a frame's last byte must come this soon after its firs
 UID_PENDING_BYTES = 4 * protocol.MAX_FRAME_BYTES  # unfinished frames of one uid, all connections
 UID_WRITER_FRAMES = 4  # frames of one uid waiting for the writer at once
 MAX_CONNECTIONS_PER_UID = 4096
-# Framing errors end the connection after their reply.
-CLOSING_CODES = frozenset({"too_large", "truncated", "timeout"})
 _run_id_of = itemgetter("run_id")
 BUSY = protocol.error("daemon busy: write queue full; retry later", "busy")
 
@@ -232,7 +230,6 @@ class IngestServer:
         self._turns: collections.deque[int] = collections.deque()  # uids with frames to decode
         self._decoder: asyncio.Task | None = None
         self.client_log = Throttle(log)
-        self.errors: collections.Counter = collections.Counter()  # error code -> replies sent
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
 
@@ -364,8 +361,7 @@ class IngestServer:
                                    "unfinished frames; closing this connection", "busy")
 
     def _refused(self, conn: Connection, code: str, message: str) -> None:
-        """Count an error reply and log it at most once a minute per (uid, code)."""
-        self.errors[code] += 1
+        """Log an error reply at most once a minute per (uid, code)."""
         peer = conn.peer
         self.client_log.log((peer.uid, code), logging.WARNING, "ingest: uid %d (%s) pid %d: %s: %s",
                             peer.uid, peer.user, peer.pid, code, message)
@@ -383,7 +379,7 @@ class IngestServer:
                                 "ingest: failed on a frame from uid %d pid %d, first bytes %r",
                                 conn.peer.uid, conn.peer.pid, line[:200], exc_info=True)
             reply = protocol.error("the daemon failed on this frame (logged); do not resend it", "internal")
-        if reply.get("type") == "error":
+        if reply.get("type") == "error" and reply["code"] != "internal":  # that one is logged already
             self._refused(conn, reply["code"], reply["error"])
         return reply
 
