@@ -169,7 +169,7 @@ def test_events_with_as_many_fields_but_different_ones_are_each_checked():
 
 
 @pytest.mark.parametrize("line, message", [
-    (b"[" * 100_000, "frame is nested too deeply to decode"),
+    (b"[" * 100_000, "frame nests deeper than 40 levels"),
     (b'{"v":1,"type":"events","events":[{"id":"a","kind":{"x":1}}]}',
      "events[0].kind: expected one of run_start, step, generation, memory_stats, run_end, run_event, "
      "oom_postmortem, profile, got {'x': 1}"),
@@ -181,7 +181,7 @@ def test_events_with_as_many_fields_but_different_ones_are_each_checked():
     (b'{"v":1,"type":"events","events":[{"id":"a","kind":"step","run_id":"r","ts_ms":1,"step":9223372036854775808}]}',
      "events[0].step: expected integer >= 0, got 9223372036854775808"),
     (b'{"v":1,"type":"events","events":[{"id":"a","kind":"run_start","run_id":"r","ts_ms":1,"config":'
-     + b'{"a":' * 40 + b"1" + b"}" * 41 + b"]}",
+     + b'{"a":' * 34 + b"1" + b"}" * 35 + b"]}",
      "events[0].config: expected JSON object nested at most 32 deep, got {'a': {'a': {'a': {'a': {'a': {'a': {..."),
     (b'{"v":1,"type":"hello","client":"\\ud800"}',
      "frame holds a lone UTF-16 surrogate (\\uD800-\\uDFFF): not valid text"),
@@ -195,8 +195,20 @@ def test_hostile_frames_get_one_line_not_an_exception(line, message):
 
 
 def test_a_surrogate_pair_is_text_and_an_unknown_field_name_is_shown_short():
+    text = "[" * 100 + '\\"[[' + "]" * 50  # brackets and escaped quotes in a string nest nothing
+    assert protocol.decode(json.dumps({"v": 1, "type": "hello", "client": text}).encode())["client"] == text
+    batch = frame(*[step(i, tokens=4096) for i in range(1000)])  # many brackets, all shallow
+    assert len(protocol.decode(json.dumps(batch).encode())["events"]) == 1000
     assert protocol.decode(b'{"v":1,"type":"hello","client":"\\ud83d\\ude00"}')["client"] == "\U0001F600"
     msg = validate(frame(step(0, **{"x" * 10_000: 1})))
     [warning] = msg.warnings
     assert warning.startswith("events[0].'xxx") and warning.endswith("...: ignored (unknown field)")
     assert len(warning) < 80
+
+
+def test_a_number_field_takes_any_float_but_only_64_bit_integers():
+    for fields in ({"step_time_ms": 1e300}, {"loss": float("nan")}, {"mfu": 2**63 - 1}):
+        assert validate(frame(step(0, **fields))).events[0] == step(0, **fields)
+    for fields in ({"step_time_ms": 2**63}, {"mfu": 5693428374265834504192}, {"loss": -2**64}):
+        with pytest.raises(ProtocolError, match=r"expected number"):
+            validate(frame(step(0, **fields), step(1, loss=0.5)))

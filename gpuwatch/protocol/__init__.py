@@ -29,7 +29,7 @@ import re
 import reprlib
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import repeat
+from itertools import accumulate, repeat
 from operator import is_not, itemgetter
 from typing import Any, Callable
 
@@ -152,14 +152,27 @@ def integer(minimum: int | None = None, required: bool = False, maximum: int = I
                 lambda vs, types: types == _INT and low <= min(vs) and max(vs) <= high)
 
 
+def _ints_fit(values, types: set) -> bool:
+    """The integers among a number column fit SQLite's 64 bits (it binds a Python int as one)."""
+    if int not in types:
+        return True
+    if types == _INT:
+        return INT64[0] <= min(values) and max(values) <= INT64[1]
+    return all(INT64[0] <= v <= INT64[1] for v in values if type(v) is int)
+
+
+def _number_fits(v) -> bool:
+    return type(v) is float or (type(v) is int and INT64[0] <= v <= INT64[1])
+
+
 def number(minimum: float | None = None, required: bool = False) -> Spec:
     if minimum is None:
-        return Spec("number", lambda v: type(v) in _NUMBER, required,
-                    lambda vs, types: types <= _NUMBERS)
+        return Spec("number", _number_fits, required,
+                    lambda vs, types: types <= _NUMBERS and _ints_fit(vs, types))
     below = float(minimum).__gt__  # float vs int or float: no NotImplemented; NaN is not below
     return Spec(f"number >= {minimum:g}",
-                lambda v: type(v) in _NUMBER and not v < minimum, required,  # NaN passes
-                lambda vs, types: types <= _NUMBERS and not any(map(below, vs)))
+                lambda v: _number_fits(v) and not v < minimum, required,  # NaN passes
+                lambda vs, types: types <= _NUMBERS and _ints_fit(vs, types) and not any(map(below, vs)))
 
 
 def obj(required: bool = False) -> Spec:
@@ -278,14 +291,38 @@ def encode(frame: dict) -> bytes:
 
 # \\uD800-\\uDFFF escapes: a pair is one character, a lone one cannot be stored as UTF-8.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+MAX_FRAME_DEPTH = MAX_DEPTH + 8  # frame, events, event, a list of objects, ... then an object field
+_ESCAPE = re.compile(rb"\\.", re.S)
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'[]{}"')))
+_STRING = re.compile(rb'"[^"]*"')
+_NESTING = tuple(  # byte -> change of depth
+    1 if b in b"[{" else -1 if b in b"]}" else 0 for b in range(256))
+
+
+def _nesting_within(line: bytes, limit: int) -> bool:
+    """True if JSON brackets in `line` (outside strings) nest at most `limit` deep: checked
+    before decoding, so no input makes the decoder recurse deeply (a thread's C stack, and the
+    interpreter's recursion limit, are shared with everything else the daemon does)."""
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return True
+    if b"\\" in line:
+        line = _ESCAPE.sub(b"", line)  # an escaped quote or bracket is string content
+    brackets = _STRING.sub(b"", line.translate(None, _NOT_STRUCTURE))
+    depth = 0
+    for start in range(0, len(brackets), 65536):  # chunks: "[[[[..." stops at the first one
+        steps = list(accumulate(map(_NESTING.__getitem__, brackets[start:start + 65536]), initial=depth))
+        if max(steps) > limit:
+            return False
+        depth = steps[-1]
+    return True
 
 
 def decode(line: bytes) -> dict:
     """Parse one frame line (without the cap check, done by the reader)."""
+    if not _nesting_within(line, MAX_FRAME_DEPTH):
+        raise ProtocolError(f"frame nests deeper than {MAX_FRAME_DEPTH} levels")
     try:
         frame = json.loads(line)
-    except RecursionError:  # the C decoder's own depth guard: "[[[[..." x 100,000
-        raise ProtocolError("frame is nested too deeply to decode") from None
     except (UnicodeDecodeError, ValueError) as e:
         raise ProtocolError(f"frame is not JSON: {str(e)[:200]}") from None
     if not isinstance(frame, dict):
@@ -295,8 +332,6 @@ def decode(line: bytes) -> dict:
             json.dumps(frame, ensure_ascii=False).encode()
         except UnicodeEncodeError:
             raise ProtocolError("frame holds a lone UTF-16 surrogate (\\uD800-\\uDFFF): not valid text") from None
-        except RecursionError:
-            raise ProtocolError("frame is nested too deeply to decode") from None
     return frame
 
 
