@@ -12,10 +12,11 @@ Frames are capped at MAX_FRAME_BYTES. OOM postmortems (traceback, memory summary
 blocks with their stacks) are the large ones - a few hundred KiB - so the cap is 4 MiB; a
 sender packs batches under it and a single event must fit alone.
 
-Hostile bytes: every frame gets a reply. Nesting deeper than the decoder's own limit, types
-that cannot be hashed or stored (a `kind` that is an object, an integer past 64 bits, a lone
-UTF-16 surrogate), and objects nested deeper than MAX_DEPTH are refused as `invalid`, before
-anything is hashed or handed to the store. ERROR_CODES lists every code a reply may carry.
+Hostile bytes: every frame gets a reply. A frame nested deeper than MAX_FRAME_DEPTH is refused
+before it is decoded; types that cannot be hashed or stored (a `kind` that is an object, an
+integer past 64 bits, a lone UTF-16 surrogate) and objects nested deeper than MAX_DEPTH are
+refused as `invalid` before anything is hashed or handed to the store. ERROR_CODES lists every
+code a reply may carry.
 
 Adding an event kind is one entry in EVENT_KINDS (field specs) plus its applier in
 gpuwatch.store.events. Identity fields (uid, user, pid) are never believed: they are dropped
