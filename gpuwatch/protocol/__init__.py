@@ -30,7 +30,7 @@ import re
 import reprlib
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import accumulate, repeat
+from itertools import repeat
 from operator import is_not, itemgetter
 from typing import Any, Callable
 
@@ -295,27 +295,27 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 MAX_FRAME_DEPTH = MAX_DEPTH + 8  # frame, events, event, a list of objects, ... then an object field
 _ESCAPE = re.compile(rb"\\.", re.S)
 _NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'[]{}"')))
-_STRING = re.compile(rb'"[^"]*"')
-_NESTING = tuple(  # byte -> change of depth
-    1 if b in b"[{" else -1 if b in b"]}" else 0 for b in range(256))
 
 
 def _nesting_within(line: bytes, limit: int) -> bool:
-    """True if JSON brackets in `line` (outside strings) nest at most `limit` deep: checked
-    before decoding, so no input makes the decoder recurse deeply (a thread's C stack, and the
-    interpreter's recursion limit, are shared with everything else the daemon does)."""
+    """False if JSON brackets in `line` (outside strings) nest deeper than `limit`; checked
+    before decoding, so no input makes the decoder recurse deeply (a thread's C stack and the
+    interpreter's recursion limit are shared with everything else the daemon does). Exact for
+    well-formed JSON; malformed JSON that passes nests at most 2 x limit and fails to decode."""
     if line.count(b"[") + line.count(b"{") <= limit:
         return True
     if b"\\" in line:
         line = _ESCAPE.sub(b"", line)  # an escaped quote or bracket is string content
-    brackets = _STRING.sub(b"", line.translate(None, _NOT_STRUCTURE))
-    depth = 0
-    for start in range(0, len(brackets), 65536):  # chunks: "[[[[..." stops at the first one
-        steps = list(accumulate(map(_NESTING.__getitem__, brackets[start:start + 65536]), initial=depth))
-        if max(steps) > limit:
-            return False
-        depth = steps[-1]
-    return True
+    # Brackets and quotes only, then the strings' contents dropped: the structure alone.
+    brackets = b"".join(line.translate(None, _NOT_STRUCTURE).split(b'"')[::2])
+    for _ in range(limit):  # each pass removes the innermost level
+        shorter = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        if len(shorter) == len(brackets):
+            break
+        brackets = shorter
+    # A pair still there sat under more than `limit` levels; many openers left never close.
+    return (b"[]" not in brackets and b"{}" not in brackets
+            and brackets.count(b"[") + brackets.count(b"{") <= limit)
 
 
 def decode(line: bytes) -> dict:
