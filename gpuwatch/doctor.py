@@ -282,7 +282,7 @@ def check_ptrace(env: Env, facts: _Facts) -> list[Check]:
 
 
 def check_daemon(env: Env, facts: _Facts) -> list[Check]:
-    from gpuwatch.store import StoreError, open_ro
+    from gpuwatch.store import StoreError, health, open_ro
 
     sock = env.socket_path or (paths.default_socket_path(True) if paths.system_daemon_present()
                                else paths.default_socket_path(False))
@@ -301,6 +301,11 @@ def check_daemon(env: Env, facts: _Facts) -> list[Check]:
                                 f"restart the daemon (sudo systemctl restart {SERVICE}) or remove {sock}"))
     db = env.db_path or (paths.default_db_path(True) if paths.system_daemon_present()
                          else paths.default_db_path(False))
+    trouble = health.read(db, [sock])
+    if trouble is not None:
+        checks.append(Check("database writes", FAIL, trouble.line(),
+                            "free space on its filesystem (or make it writable); the daemon resumes "
+                            "by itself, retention already ran early"))
     try:
         conn = open_ro(db)
         conn.execute("SELECT count(*) FROM runs").fetchone()

@@ -134,6 +134,7 @@ class Sampler:
         self._mig_rows: tuple[list, int] | None = None  # mig_static last upserted, and when
         self._proc_written_ms: int | None = None
         self._stats_written_ms: int | None = None
+        self.dropped_samples = 0  # ticks whose samples the database could not take
         self.last_tick_s = 0.0  # seconds the latest GPU (or host) tick took
         self.last_tick_at = 0.0  # monotonic time it finished; 0 = none yet
         self.sched = Scheduler()
@@ -276,7 +277,11 @@ class Sampler:
             for write in writes:
                 write(conn)
 
-        self.writer.submit(job, block=False)
+        self.writer.submit(job, self._written, block=False)
+
+    def _written(self, ok: bool) -> None:
+        if not ok:  # the database could not take it (disk full): this tick's samples are lost
+            self.dropped_samples += 1
 
     def _tick_done(self, ts: int, started: float, writes: list[Job]) -> None:
         """Record the tick's duration, add a daemon_stats row when due, submit the tick's writes."""

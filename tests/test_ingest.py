@@ -36,7 +36,12 @@ class Server:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.ingest = IngestServer(cfg, self.writer)
-        self.call(self.ingest.start())
+        try:
+            self.call(self.ingest.start())
+        except BaseException:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.writer.close()
+            raise
 
     def call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)

@@ -40,11 +40,11 @@ def test_bad_field_names_index_field_and_value():
     ({"id": "a", "kind": "run_end", "run_id": "r", "ts_ms": 1, "status": "exploded"},
      "events[0].status: expected one of finished, failed, oom, killed, got 'exploded'"),
     ({"id": "a", "kind": "step", "run_id": "r", "ts_ms": -5, "step": 0},
-     "events[0].ts_ms: expected integer >= 0, got -5"),
+     "events[0].ts_ms: expected integer from 0 to 253402300799999, got -5"),
     ({"id": "a", "kind": "step", "run_id": "r", "ts_ms": 1, "step": True},
      "events[0].step: expected integer >= 0, got True"),
     ({"id": "a", "kind": "run_start", "run_id": "r", "ts_ms": 1, "config": [1, 2]},
-     "events[0].config: expected JSON object, got [1, 2]"),
+     "events[0].config: expected JSON object nested at most 32 deep, got [1, 2]"),
     ("step", "events[0]: expected JSON object, got 'step'"),
 ])
 def test_each_kind_of_bad_event_has_its_line(event, message):
@@ -166,3 +166,49 @@ def test_events_with_as_many_fields_but_different_ones_are_each_checked():
     with pytest.raises(ProtocolError) as e:
         validate(frame(*events))
     assert str(e.value) == "events[10].tokens: expected integer >= 0, got -1"
+
+
+@pytest.mark.parametrize("line, message", [
+    (b"[" * 100_000, "frame nests deeper than 40 levels"),
+    (b'{"v":1,"type":"events","events":[{"id":"a","kind":{"x":1}}]}',
+     "events[0].kind: expected one of run_start, step, generation, memory_stats, run_end, run_event, "
+     "oom_postmortem, profile, got {'x': 1}"),
+    (b'{"v":1,"type":"events","events":[{"id":"a","kind":[1]}]}',
+     "events[0].kind: expected one of run_start, step, generation, memory_stats, run_end, run_event, "
+     "oom_postmortem, profile, got [1]"),
+    (b'{"v":1,"type":"control_request","action":{"a":1},"run_id":"r"}',
+     "control_request.action: expected one of profile, stacks, got {'a': 1}"),
+    (b'{"v":1,"type":"events","events":[{"id":"a","kind":"step","run_id":"r","ts_ms":1,"step":9223372036854775808}]}',
+     "events[0].step: expected integer >= 0, got 9223372036854775808"),
+    (b'{"v":1,"type":"events","events":[{"id":"a","kind":"run_start","run_id":"r","ts_ms":1,"config":'
+     + b'{"a":' * 34 + b"1" + b"}" * 35 + b"]}",
+     "events[0].config: expected JSON object nested at most 32 deep, got {'a': {'a': {'a': {'a': {'a': {'a': {..."),
+    (b'{"v":1,"type":"hello","client":"\\ud800"}',
+     "frame holds a lone UTF-16 surrogate (\\uD800-\\uDFFF): not valid text"),
+    (b'{"v":1,"type":"hello","client":"\xff"}', "frame is not JSON: 'utf-8' codec can't decode byte 0xff "
+                                                "in position 32: invalid start byte"),
+])
+def test_hostile_frames_get_one_line_not_an_exception(line, message):
+    with pytest.raises(ProtocolError) as e:
+        validate(protocol.decode(line))
+    assert str(e.value) == message and e.value.code == "invalid"
+
+
+def test_a_surrogate_pair_is_text_and_an_unknown_field_name_is_shown_short():
+    text = "[" * 100 + '\\"[[' + "]" * 50  # brackets and escaped quotes in a string nest nothing
+    assert protocol.decode(json.dumps({"v": 1, "type": "hello", "client": text}).encode())["client"] == text
+    batch = frame(*[step(i, tokens=4096) for i in range(1000)])  # many brackets, all shallow
+    assert len(protocol.decode(json.dumps(batch).encode())["events"]) == 1000
+    assert protocol.decode(b'{"v":1,"type":"hello","client":"\\ud83d\\ude00"}')["client"] == "\U0001F600"
+    msg = validate(frame(step(0, **{"x" * 10_000: 1})))
+    [warning] = msg.warnings
+    assert warning.startswith("events[0].'xxx") and warning.endswith("...: ignored (unknown field)")
+    assert len(warning) < 80
+
+
+def test_a_number_field_takes_any_float_but_only_64_bit_integers():
+    for fields in ({"step_time_ms": 1e300}, {"loss": float("nan")}, {"mfu": 2**63 - 1}):
+        assert validate(frame(step(0, **fields))).events[0] == step(0, **fields)
+    for fields in ({"step_time_ms": 2**63}, {"mfu": 5693428374265834504192}, {"loss": -2**64}):
+        with pytest.raises(ProtocolError, match=r"expected number"):
+            validate(frame(step(0, **fields), step(1, loss=0.5)))

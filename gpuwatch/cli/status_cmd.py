@@ -24,6 +24,7 @@ PROC_HEADERS = ["pid", "user", "GPU", "GPU mem", "command"]
 @dataclass
 class View:
     source: str  # where the figures come from, shown on the first line
+    warning: str = ""  # the daemon cannot write its database: why, shown above everything
     gpu_note: str = ""  # why there are no GPU rows, if there are none
     gpus: list[list] = field(default_factory=list)
     host: str = ""
@@ -152,7 +153,8 @@ def _direct_migs(static, samples) -> list:
 
 
 def render(view: View, width: int) -> str:
-    parts = [view.source]
+    parts = [f"WARNING: {view.warning}"] if view.warning else []
+    parts.append(view.source)
     if view.gpu_note:
         parts.append(view.gpu_note)
     if view.gpus:
@@ -194,10 +196,11 @@ def status(db, live):
 
     Uses the daemon's newest samples when it is running, else samples once directly.
     """
-    from gpuwatch.store import now_ms
+    from gpuwatch.store import health, now_ms
 
     db_path = reader_db_path(db)
-    interval = load_config().interval
+    cfg = load_config()
+    interval = cfg.interval
     direct: Direct | None = None
     try:
         while True:
@@ -207,6 +210,8 @@ def status(db, live):
                     direct = Direct()
                     time.sleep(0.2)  # lets the first CPU % cover a real interval
                 view = direct.view()
+            trouble = health.read(db_path, [cfg.socket_path])
+            view.warning = trouble.line() if trouble else ""
             width = shutil.get_terminal_size((80, 24)).columns
             if live:
                 click.clear()

@@ -1,36 +1,57 @@
 """The socket ingest: an asyncio Unix stream server that turns client frames into committed rows.
 
-Identity comes from SO_PEERCRED on each connection, never from a message. Every bad frame
-gets an error reply and the server keeps serving; an oversized or truncated frame also ends
-that connection (its framing can no longer be trusted). Events are acknowledged only after
-the writer committed them. Memory is bounded: at most MAX_INFLIGHT_EVENTS wait for the
-writer, each connection has one frame in flight, and frames are capped in size.
+Identity comes from SO_PEERCRED on each connection, never from a message. Every frame gets
+an answer: an ack, or an error with a code (protocol.ERROR_CODES) and one line; an oversized,
+truncated or too slow frame also ends that connection (its framing can no longer be trusted).
+A client's mistake is logged at most once a minute per (uid, code), with a count of the rest;
+a frame our own code fails on is answered `internal` and logged once with its first bytes.
+Events are acknowledged only after the writer committed them.
+
+Hostile or greedy clients:
+- memory: a connection has one frame in flight and its unfinished frame is capped; a uid's
+  unfinished frames together are capped (UID_PENDING_BYTES) and each must arrive within
+  FRAME_TIMEOUT_S of its first byte; a client that never reads its replies stops being read.
+- fairness: frames are decoded one uid at a time in turn, and each uid has at most
+  UID_WRITER_FRAMES frames waiting for the writer, so a flood from one uid delays another
+  uid's acks by a few frames, not by the flood.
+- connections: RLIMIT_NOFILE is raised to its hard limit; a uid may hold
+  MAX_CONNECTIONS_PER_UID connections.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import grp
 import logging
 import os
 import pwd
+import resource
 import socket
+import sqlite3
 import struct
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
 
 from gpuwatch import __version__, protocol
 from gpuwatch.config import Config
+from gpuwatch.daemon.logging import Throttle
 from gpuwatch.daemon.stalls import dump_row, stepping_pid
 from gpuwatch.store import Writer
 from gpuwatch.store.events import Outcome, Peer, apply_events
+from gpuwatch.store.writer import JobRefused, storage_problem
 
 log = logging.getLogger(__name__)
 
 MAX_INFLIGHT_EVENTS = 50_000
+READ_CHUNK = 64 * 1024
+FRAME_TIMEOUT_S = 30.0  # a frame's last byte must come this soon after its first
+UID_PENDING_BYTES = 4 * protocol.MAX_FRAME_BYTES  # unfinished frames of one uid, all connections
+UID_WRITER_FRAMES = 4  # frames of one uid waiting for the writer at once
+MAX_CONNECTIONS_PER_UID = 4096
 _run_id_of = itemgetter("run_id")
 BUSY = protocol.error("daemon busy: write queue full; retry later", "busy")
 
@@ -82,6 +103,27 @@ class TokenBucket:
             self.tokens -= n
             return 0.0
         return (n - self.tokens) / self.rate
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one (1024 is a common soft default: a thousand
+    idle clients would starve accept()); returns the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+class FramingError(Exception):
+    """The byte stream cannot be split into frames any more; the reply closes the connection."""
+
+    def __init__(self, message: str, code: str):
+        super().__init__(message)
+        self.code = code
 
 
 def bind_socket(path: Path, mode: int, group: str = "") -> socket.socket:
@@ -136,9 +178,27 @@ class Connection:
     writer: asyncio.StreamWriter
     greeted: bool = False
     task: asyncio.Task | None = None
+    buf: bytearray = field(default_factory=bytearray)  # received, not yet a whole frame
+    scanned: int = 0  # bytes of buf known to hold no newline
+    held: int = 0  # bytes counted against the uid's UID_PENDING_BYTES
+    deadline: float = 0.0  # when the frame being received must be complete
 
     def send(self, frame: dict) -> None:
-        self.writer.write(protocol.encode(frame))
+        try:
+            data = protocol.encode(frame)
+        except protocol.ProtocolError as e:  # a reply over the cap (huge warnings): say so instead
+            data = protocol.encode(protocol.error(f"reply not sent: {e}", "internal"))
+        self.writer.write(data)
+
+
+class _Uid:
+    """Per-uid state shared by that uid's connections."""
+
+    def __init__(self):
+        self.connections = 0
+        self.pending_bytes = 0
+        self.frames: collections.deque = collections.deque()  # (line, future) to decode, in order
+        self.writer_slots = asyncio.Semaphore(UID_WRITER_FRAMES)
 
 
 async def _discard_input(reader: asyncio.StreamReader, seconds: float = 2.0) -> None:
@@ -166,15 +226,20 @@ class IngestServer:
         self.inflight_events = 0
         self.connections: set[Connection] = set()
         self.run_connections: dict[str, Connection] = {}  # run_id -> connection feeding it
+        self.uids: dict[int, _Uid] = {}
+        self._turns: collections.deque[int] = collections.deque()  # uids with frames to decode
+        self._decoder: asyncio.Task | None = None
+        self.client_log = Throttle(log)
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
 
     async def start(self) -> None:
+        fds = raise_fd_limit()
         sock = bind_socket(self.path, socket_mode(self.cfg), self.cfg.socket_group)
         self._inode = os.stat(self.path).st_ino
-        self._server = await asyncio.start_unix_server(
-            self._serve, sock=sock, limit=protocol.MAX_FRAME_BYTES)
-        log.info("listening on %s", self.path)
+        # A small StreamReader limit: frames are assembled in Connection.buf under our caps.
+        self._server = await asyncio.start_unix_server(self._serve, sock=sock, limit=READ_CHUNK)
+        log.info("listening on %s (up to %d open files)", self.path, fds)
 
     async def stop(self) -> None:
         if self._server is None:
@@ -189,6 +254,8 @@ class IngestServer:
             await asyncio.wait(handlers, timeout=2.0)
         await self._server.wait_closed()
         self._server = None
+        if self._decoder is not None:
+            self._decoder.cancel()
         try:  # remove our socket, not one a newer daemon put there
             if os.stat(self.path).st_ino == self._inode:
                 os.unlink(self.path)
@@ -211,32 +278,40 @@ class IngestServer:
         pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
         conn = Connection(Peer(uid, user_name(uid), pid, "daemon"), gid, writer,
                           task=asyncio.current_task())
+        state = self.uids.get(uid) or self.uids.setdefault(uid, _Uid())
+        state.connections += 1
         self.connections.add(conn)
         try:
+            if state.connections > MAX_CONNECTIONS_PER_UID:
+                raise FramingError(f"uid {uid} already has {MAX_CONNECTIONS_PER_UID} connections open", "busy")
             while True:
-                try:
-                    line = await reader.readline()
-                except ValueError:
-                    conn.send(protocol.error(f"frame exceeds {protocol.MAX_FRAME_BYTES} bytes "
-                                             f"without a newline; closing", "too_large"))
-                    await writer.drain()
-                    await _discard_input(reader)
+                line = await self._next_frame(conn, reader, state)
+                if line is None:
                     break
-                if not line:
-                    break
-                if not line.endswith(b"\n"):
-                    conn.send(protocol.error("truncated frame: the stream ended before its newline",
-                                             "truncated"))
-                    break
-                reply = await self._handle(conn, line)
+                reply = await self._answer(conn, state, line)
+                self._hold(conn, state, len(conn.buf))  # the frame is answered: its bytes are free
                 conn.send(reply)
+                await writer.drain()  # a client that never reads its replies stops being read
+        except FramingError as e:
+            self._refused(conn, e.code, str(e))
+            conn.send(protocol.error(str(e), e.code))
+            try:
                 await writer.drain()
+                if e.code == "too_large":
+                    await _discard_input(reader)
+            except (ConnectionError, BrokenPipeError):
+                pass
         except (ConnectionError, BrokenPipeError):
             pass
-        except Exception:  # a client must never take the daemon down
-            log.exception("ingest: connection from uid %d pid %d failed", uid, pid)
+        except Exception:  # a bug of ours; the client must never take the daemon down
+            self.client_log.log(("bug", uid), logging.ERROR, "ingest: connection from uid %d pid %d "
+                                "failed", uid, pid, exc_info=True)
         finally:
             self.connections.discard(conn)
+            self._hold(conn, state, 0)
+            state.connections -= 1
+            if not state.connections and not state.frames:
+                del self.uids[uid]
             for run_id in [r for r, c in self.run_connections.items() if c is conn]:
                 del self.run_connections[run_id]
             try:
@@ -245,12 +320,99 @@ class IngestServer:
                 pass
             writer.close()
 
-    async def _handle(self, conn: Connection, line: bytes) -> dict:
+    def _hold(self, conn: Connection, state: _Uid, nbytes: int) -> None:
+        """Count `nbytes` of this connection against its uid's budget of unfinished frames."""
+        state.pending_bytes += nbytes - conn.held
+        conn.held = nbytes
+
+    async def _next_frame(self, conn: Connection, reader: asyncio.StreamReader, state: _Uid) -> bytes | None:
+        """The next whole frame line, None at a clean end; FramingError when the stream is bad."""
+        buf = conn.buf
+        loop = asyncio.get_running_loop()
+        while True:
+            end = buf.find(b"\n", conn.scanned)
+            if end >= 0:
+                line = bytes(buf[:end + 1])
+                del buf[:end + 1]
+                conn.scanned = 0
+                conn.deadline = loop.time() + FRAME_TIMEOUT_S  # for a next frame already begun
+                return line  # its bytes stay held until it is answered
+            conn.scanned = len(buf)
+            if len(buf) > protocol.MAX_FRAME_BYTES:
+                raise FramingError(f"frame exceeds {protocol.MAX_FRAME_BYTES} bytes without a newline; "
+                                   "closing", "too_large")
+            if not buf:
+                chunk = await reader.read(READ_CHUNK)  # between frames a client may idle at will
+                conn.deadline = loop.time() + FRAME_TIMEOUT_S
+            else:
+                try:
+                    chunk = await asyncio.wait_for(reader.read(READ_CHUNK), conn.deadline - loop.time())
+                except asyncio.TimeoutError:
+                    raise FramingError(f"frame not complete {FRAME_TIMEOUT_S:g} s after its first "
+                                       "byte; closing", "timeout") from None
+            if not chunk:
+                if buf:
+                    raise FramingError("truncated frame: the stream ended before its newline", "truncated")
+                return None
+            buf += chunk
+            self._hold(conn, state, len(buf))
+            if state.pending_bytes > UID_PENDING_BYTES:
+                raise FramingError(f"uid {conn.peer.uid} has more than {UID_PENDING_BYTES} bytes of "
+                                   "unfinished frames; closing this connection", "busy")
+
+    def _refused(self, conn: Connection, code: str, message: str) -> None:
+        """Log an error reply at most once a minute per (uid, code)."""
+        peer = conn.peer
+        self.client_log.log((peer.uid, code), logging.WARNING, "ingest: uid %d (%s) pid %d: %s: %s",
+                            peer.uid, peer.user, peer.pid, code, message)
+
+    async def _answer(self, conn: Connection, state: _Uid, line: bytes) -> dict:
+        """The reply to one frame, whatever its bytes: never raises for a client's input."""
         try:
-            msg = protocol.validate(protocol.decode(line))
-        except protocol.ProtocolError as e:
-            code = "version" if str(e).startswith("unsupported protocol version") else "invalid"
-            return protocol.error(str(e), code)
+            msg = await self._decoded(state, conn.peer.uid, line)
+            if isinstance(msg, protocol.ProtocolError):
+                reply = protocol.error(str(msg), msg.code)
+            else:
+                reply = await self._handle(conn, msg, line)
+        except Exception:  # a bug of ours: answered, logged once with the frame's first bytes
+            self.client_log.log(("internal", conn.peer.uid), logging.ERROR,
+                                "ingest: failed on a frame from uid %d pid %d, first bytes %r",
+                                conn.peer.uid, conn.peer.pid, line[:200], exc_info=True)
+            reply = protocol.error("the daemon failed on this frame (logged); do not resend it", "internal")
+        if reply.get("type") == "error" and reply["code"] != "internal":  # that one is logged already
+            self._refused(conn, reply["code"], reply["error"])
+        return reply
+
+    async def _decoded(self, state: _Uid, uid: int, line: bytes):
+        """Decode and validate `line` in this uid's turn: uids with frames waiting are served
+        round-robin, one frame each, so one uid's flood cannot hold the loop."""
+        future = asyncio.get_running_loop().create_future()
+        if not state.frames:
+            self._turns.append(uid)
+        state.frames.append((line, future))
+        if self._decoder is None or self._decoder.done():
+            self._decoder = asyncio.create_task(self._decode_in_turn())
+        return await future
+
+    async def _decode_in_turn(self) -> None:
+        while self._turns:
+            uid = self._turns.popleft()
+            state = self.uids.get(uid)
+            if state is None or not state.frames:
+                continue
+            line, future = state.frames.popleft()
+            if state.frames:
+                self._turns.append(uid)
+            if not future.done():
+                try:
+                    future.set_result(protocol.validate(protocol.decode(line)))
+                except protocol.ProtocolError as e:
+                    future.set_result(e)
+                except Exception as e:  # a bug of ours: _answer logs and answers it
+                    future.set_exception(e)
+            await asyncio.sleep(0)  # let replies go out and other frames arrive
+
+    async def _handle(self, conn: Connection, msg: protocol.Message, line: bytes) -> dict:
         if msg.type == "hello":
             conn.greeted = True
             return {"type": "welcome", "uid": conn.peer.uid, "pid": conn.peer.pid,
@@ -258,10 +420,11 @@ class IngestServer:
         if not conn.greeted:
             return protocol.error(f"send hello before {msg.type}", "handshake")
         if msg.type == "events":
-            return await self._events(conn, msg)
+            async with self.uids[conn.peer.uid].writer_slots:
+                return await self._events(conn, msg, line)
         return await self._control_request(conn, msg.frame)
 
-    async def _events(self, conn: Connection, msg: protocol.Message) -> dict:
+    async def _events(self, conn: Connection, msg: protocol.Message, line: bytes) -> dict:
         n = len(msg.events)
         if self.cfg.rate_limit_events > 0:
             rate = self.cfg.rate_limit_events
@@ -274,15 +437,35 @@ class IngestServer:
         if self.inflight_events + n > MAX_INFLIGHT_EVENTS:
             return BUSY
         result: list[Outcome] = []
+        failed: list[BaseException] = []
+
+        def job(db: sqlite3.Connection) -> None:
+            try:
+                result.append(apply_events(db, msg.events, conn.peer))
+            except Exception as e:
+                if storage_problem(e):
+                    raise  # the disk's fault: `store`, and the client retries
+                failed.append(e)  # ours: rolled back, answered `internal`, never retried
+                raise JobRefused from e
+
         self.inflight_events += n
         try:
-            ok = await self._on_writer(lambda db: result.append(apply_events(db, msg.events, conn.peer)))
+            ok = await self._on_writer(job)
         finally:
             self.inflight_events -= n
         if ok is None:
             return BUSY
+        if failed:
+            e = failed[0]
+            self.client_log.log(("internal", conn.peer.uid), logging.ERROR,
+                                "ingest: storing a frame from uid %d pid %d failed, first bytes %r",
+                                conn.peer.uid, conn.peer.pid, line[:200], exc_info=(type(e), e, e.__traceback__))
+            return protocol.error(f"the daemon failed to store this frame ({type(e).__name__}, logged); "
+                                  "do not resend it", "internal")
         if not ok or not result:
-            return protocol.error("database write failed; retry later", "store")
+            health = self.writer.health
+            why = f" ({health.problem})" if health is not None else ""
+            return protocol.error(f"database write failed{why}; keep the events and retry later", "store")
         outcome = result[0]
         if outcome.rejected:
             applied = set(outcome.applied)

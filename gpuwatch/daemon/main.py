@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import threading
+from functools import partial
 from typing import Callable
 
 from gpuwatch.config import Config, ConfigError
@@ -21,7 +22,7 @@ from gpuwatch.daemon.notify import Notifier
 from gpuwatch.runs_watch import RunsWatch
 from gpuwatch.daemon.stalls import StallWatch
 from gpuwatch.sampler import Sampler
-from gpuwatch.store import StoreError, Writer
+from gpuwatch.store import StoreError, Writer, health
 
 log = logging.getLogger("gpuwatch.daemon")
 
@@ -44,6 +45,8 @@ class Daemon:
         self.cfg = cfg
         self.notifier = notifier or Notifier()
         self.writer = Writer(cfg.db_path)
+        # While the database cannot be written, readers learn why from a report beside the socket.
+        self.writer.on_health = partial(health.publish, cfg.socket_path)
         try:
             self.sampler = Sampler(self.writer, cfg, nvml_module=nvml_module)
         except BaseException:
@@ -59,7 +62,9 @@ class Daemon:
 
             try:
                 metrics = start_metrics_server(cfg.metrics_listen, cfg.db_path, extra=lambda: {
-                    "writer_queue_depth": self.writer.depth(), "writer_failed_jobs": self.writer.failed_jobs},
+                    "writer_queue_depth": self.writer.depth(), "writer_failed_jobs": self.writer.failed_jobs,
+                    "store_writable": int(self.writer.health is None),
+                    "dropped_samples_total": self.sampler.dropped_samples},
                     hostname=cfg.metrics_hostname or None)
             except BaseException:
                 self.writer.close()
@@ -111,6 +116,7 @@ class Daemon:
                     log.exception("stopping %s failed", stop)
             self.sampler.stop()
             self.writer.close()
+            health.publish(self.cfg.socket_path, None)
             self.notifier.close()
         log.info("stopped")
 

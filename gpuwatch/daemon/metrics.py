@@ -304,7 +304,8 @@ class StoreCollector:
             return []
         families = []
         for key, value in sorted(self.extra().items()):
-            fam = _family(f"gpuwatch_daemon_{key}", f"Daemon figure '{key}'.", ())
+            kind = "counter" if key.endswith("_total") else "gauge"
+            fam = _family(f"gpuwatch_daemon_{key}", f"Daemon figure '{key}'.", (), kind)
             fam.add_metric([], float(value))
             families.append(fam)
         return families

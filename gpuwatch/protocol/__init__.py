@@ -12,6 +12,12 @@ Frames are capped at MAX_FRAME_BYTES. OOM postmortems (traceback, memory summary
 blocks with their stacks) are the large ones - a few hundred KiB - so the cap is 4 MiB; a
 sender packs batches under it and a single event must fit alone.
 
+Hostile bytes: every frame gets a reply. A frame nested deeper than MAX_FRAME_DEPTH is refused
+before it is decoded; types that cannot be hashed or stored (a `kind` that is an object, an
+integer past 64 bits, a lone UTF-16 surrogate) and objects nested deeper than MAX_DEPTH are
+refused as `invalid` before anything is hashed or handed to the store. ERROR_CODES lists every
+code a reply may carry.
+
 Adding an event kind is one entry in EVENT_KINDS (field specs) plus its applier in
 gpuwatch.store.events. Identity fields (uid, user, pid) are never believed: they are dropped
 with a warning, the daemon takes identity from SO_PEERCRED.
@@ -20,6 +26,8 @@ with a warning, the daemon takes identity from SO_PEERCRED.
 from __future__ import annotations
 
 import json
+import re
+import reprlib
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
@@ -30,7 +38,28 @@ VERSION = 1
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 MAX_EVENTS_PER_BATCH = 1000
 MAX_ID_CHARS = 128
+MAX_DEPTH = 32  # nesting of an object field (config, stats, payload): deeper is refused
+INT64 = (-2**63, 2**63 - 1)  # what SQLite stores as an integer
+MAX_TS_MS = 253_402_300_799_999  # 9999-12-31: times stay far from overflow in arithmetic
 
+# Every error code a reply may carry, and what it means. Framing errors (too_large, truncated,
+# timeout) are followed by a clean close; the others leave the connection open.
+ERROR_CODES = {
+    "invalid": "the frame or an event is malformed; the message names the field",
+    "version": "unsupported protocol version",
+    "handshake": "a frame came before hello",
+    "too_large": "a frame passed the size cap without a newline; the connection is closed",
+    "truncated": "the stream ended inside a frame; the connection is closed",
+    "timeout": "a frame took too long to arrive; the connection is closed",
+    "unknown_run": "an event or request names a run that does not exist",
+    "forbidden": "the run belongs to another user",
+    "not_connected": "no client of that run is connected",
+    "rate_limited": "too many events per second from this user; retry after retry_after_ms",
+    "busy": "the daemon's queues are full; retry later",
+    "store": "the database cannot be written now (disk full, read-only); retry later",
+    "unavailable": "no daemon answered (set by the client itself)",
+    "internal": "the daemon failed on this frame (a bug, logged once); do not retry it",
+}
 # Error codes a client acts on: retryable ones mean "keep it spooled and try later".
 RETRYABLE_CODES = frozenset({"rate_limited", "busy", "store", "unavailable"})
 
@@ -39,7 +68,12 @@ IDENTITY_FIELDS = ("uid", "user", "pid")
 
 
 class ProtocolError(ValueError):
-    """A frame or event is not valid; the message is one line naming the field and the problem."""
+    """A frame or event is not valid; the message is one line naming the field and the problem,
+    `code` the ERROR_CODES entry for the reply."""
+
+    def __init__(self, message: str, code: str = "invalid"):
+        super().__init__(message)
+        self.code = code
 
 
 # --- field specs -----------------------------------------------------------------------------
@@ -62,9 +96,30 @@ class Spec:
         return all(map(self.check, values))
 
 
+_REPR = reprlib.Repr()  # bounded: a 4 MiB string or a deep list is never copied whole
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 60
+
+
 def _show(value: Any) -> str:
-    text = repr(value)
+    text = _REPR.repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _field(name: str) -> str:
+    """A field name as it appears in a message: a hostile key is shown short and quoted."""
+    return name if name.isidentifier() and len(name) <= 40 else _show(name)
+
+
+def _depth_within(value: Any, limit: int) -> bool:
+    """True if lists/objects inside `value` nest at most `limit` deep (iterative: no recursion)."""
+    level = [value]
+    for _ in range(limit + 1):
+        level = [child for item in level
+                 for child in (item.values() if type(item) is dict else item if type(item) is list else ())
+                 if type(child) in (dict, list)]
+        if not level:
+            return True
+    return False
 
 
 # Exact type tests: json.loads makes plain int/float/str, and bool (an int subclass) is refused.
@@ -90,26 +145,41 @@ def ident(required: bool = True) -> Spec:
                 lambda vs, types: types == _STR and _lengths_within(vs, 1, MAX_ID_CHARS))
 
 
-def integer(minimum: int | None = None, required: bool = False) -> Spec:
-    if minimum is None:
-        return Spec("integer", lambda v: type(v) is int, required, lambda vs, types: types == _INT)
-    return Spec(f"integer >= {minimum}", lambda v: type(v) is int and v >= minimum, required,
-                lambda vs, types: types == _INT and min(vs) >= minimum)
+def integer(minimum: int | None = None, required: bool = False, maximum: int = INT64[1]) -> Spec:
+    low, high = (INT64[0] if minimum is None else minimum), maximum
+    expected = ("64-bit integer" if minimum is None else f"integer >= {minimum}"
+                if maximum == INT64[1] else f"integer from {minimum} to {maximum}")
+    return Spec(expected, lambda v: type(v) is int and low <= v <= high, required,
+                lambda vs, types: types == _INT and low <= min(vs) and max(vs) <= high)
+
+
+def _ints_fit(values, types: set) -> bool:
+    """The integers among a number column fit SQLite's 64 bits (it binds a Python int as one)."""
+    if int not in types:
+        return True
+    if types == _INT:
+        return INT64[0] <= min(values) and max(values) <= INT64[1]
+    return all(INT64[0] <= v <= INT64[1] for v in values if type(v) is int)
+
+
+def _number_fits(v) -> bool:
+    return type(v) is float or (type(v) is int and INT64[0] <= v <= INT64[1])
 
 
 def number(minimum: float | None = None, required: bool = False) -> Spec:
     if minimum is None:
-        return Spec("number", lambda v: type(v) in _NUMBER, required,
-                    lambda vs, types: types <= _NUMBERS)
+        return Spec("number", _number_fits, required,
+                    lambda vs, types: types <= _NUMBERS and _ints_fit(vs, types))
     below = float(minimum).__gt__  # float vs int or float: no NotImplemented; NaN is not below
     return Spec(f"number >= {minimum:g}",
-                lambda v: type(v) in _NUMBER and not v < minimum, required,  # NaN passes
-                lambda vs, types: types <= _NUMBERS and not any(map(below, vs)))
+                lambda v: _number_fits(v) and not v < minimum, required,  # NaN passes
+                lambda vs, types: types <= _NUMBERS and _ints_fit(vs, types) and not any(map(below, vs)))
 
 
 def obj(required: bool = False) -> Spec:
-    return Spec("JSON object", lambda v: type(v) is dict, required,
-                lambda vs, types: types == _DICT)
+    return Spec(f"JSON object nested at most {MAX_DEPTH} deep",
+                lambda v: type(v) is dict and _depth_within(v, MAX_DEPTH), required,
+                lambda vs, types: types == _DICT and _depth_within(list(vs), MAX_DEPTH + 1))
 
 
 def list_of_text(required: bool = False) -> Spec:
@@ -118,9 +188,9 @@ def list_of_text(required: bool = False) -> Spec:
 
 
 def list_of_obj(max_items: int = 1000, required: bool = False) -> Spec:
-    return Spec(f"list of at most {max_items} JSON objects",
-                lambda v: type(v) is list and len(v) <= max_items and all(type(x) is dict for x in v),
-                required)
+    return Spec(f"list of at most {max_items} JSON objects nested at most {MAX_DEPTH} deep",
+                lambda v: (type(v) is list and len(v) <= max_items and all(type(x) is dict for x in v)
+                           and _depth_within(v, MAX_DEPTH)), required)
 
 
 def one_of(choices: tuple[str, ...], required: bool = False) -> Spec:
@@ -132,7 +202,7 @@ COMMON_FIELDS: dict[str, Spec] = {
     "id": ident(),
     "kind": ident(),
     "run_id": ident(),
-    "ts_ms": integer(0, required=True),
+    "ts_ms": integer(0, required=True, maximum=MAX_TS_MS),
 }
 
 # kind -> field specs (beyond COMMON_FIELDS). Field names are the table's column names, except
@@ -220,21 +290,56 @@ def encode(frame: dict) -> bytes:
     return data
 
 
+# \\uD800-\\uDFFF escapes: a pair is one character, a lone one cannot be stored as UTF-8.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+MAX_FRAME_DEPTH = MAX_DEPTH + 8  # frame, events, event, a list of objects, ... then an object field
+_ESCAPE = re.compile(rb"\\.", re.S)
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'[]{}"')))
+
+
+def _nesting_within(line: bytes, limit: int) -> bool:
+    """False if JSON brackets in `line` (outside strings) nest deeper than `limit`; checked
+    before decoding, so no input makes the decoder recurse deeply (a thread's C stack and the
+    interpreter's recursion limit are shared with everything else the daemon does). Exact for
+    well-formed JSON; malformed JSON that passes nests at most 2 x limit and fails to decode."""
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return True
+    if b"\\" in line:
+        line = _ESCAPE.sub(b"", line)  # an escaped quote or bracket is string content
+    # Brackets and quotes only, then the strings' contents dropped: the structure alone.
+    brackets = b"".join(line.translate(None, _NOT_STRUCTURE).split(b'"')[::2])
+    for _ in range(limit):  # each pass removes the innermost level
+        shorter = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        if len(shorter) == len(brackets):
+            break
+        brackets = shorter
+    # A pair still there sat under more than `limit` levels; many openers left never close.
+    return (b"[]" not in brackets and b"{}" not in brackets
+            and brackets.count(b"[") + brackets.count(b"{") <= limit)
+
+
 def decode(line: bytes) -> dict:
     """Parse one frame line (without the cap check, done by the reader)."""
+    if not _nesting_within(line, MAX_FRAME_DEPTH):
+        raise ProtocolError(f"frame nests deeper than {MAX_FRAME_DEPTH} levels")
     try:
         frame = json.loads(line)
     except (UnicodeDecodeError, ValueError) as e:
-        raise ProtocolError(f"frame is not JSON: {e}") from None
+        raise ProtocolError(f"frame is not JSON: {str(e)[:200]}") from None
     if not isinstance(frame, dict):
         raise ProtocolError(f"frame must be a JSON object, got {type(frame).__name__}")
+    if _SURROGATE_ESCAPE.search(line):
+        try:
+            json.dumps(frame, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise ProtocolError("frame holds a lone UTF-16 surrogate (\\uD800-\\uDFFF): not valid text") from None
     return frame
 
 
 def check_version(frame: dict) -> None:
     v = frame.get("v")
-    if v != VERSION:
-        raise ProtocolError(f"unsupported protocol version {_show(v)}; this daemon speaks {VERSION}")
+    if type(v) is not int or v != VERSION:
+        raise ProtocolError(f"unsupported protocol version {_show(v)}; this daemon speaks {VERSION}", "version")
 
 
 _compiled: dict[str, tuple[dict, dict[str, Spec], tuple[str, ...]]] = {}
@@ -257,16 +362,16 @@ def validate_event(event: Any, where: str = "event") -> tuple[dict, list[str]]:
     if type(event) is not dict:
         raise ProtocolError(f"{where}: expected JSON object, got {_show(event)}")
     kind = event.get("kind")
+    if type(kind) is not str:  # before the lookup: an object or a list cannot be hashed
+        raise ProtocolError(f"{where}.kind: expected one of {', '.join(EVENT_KINDS)}, got {_show(kind)}")
     if kind not in EVENT_KINDS:
-        if not isinstance(kind, str):
-            raise ProtocolError(f"{where}.kind: expected one of {', '.join(EVENT_KINDS)}, got {_show(kind)}")
-        raise ProtocolError(f"{where}.kind: unknown event kind {kind!r}")
+        raise ProtocolError(f"{where}.kind: unknown event kind {_show(kind)}")
     specs, required = _kind_specs(kind)
     warnings: list[str] = []
     if not event.keys() <= specs.keys():
         for name in event.keys() - specs.keys():
             why = "identity comes from the socket" if name in IDENTITY_FIELDS else "unknown field"
-            warnings.append(f"{where}.{name}: ignored ({why})")
+            warnings.append(f"{where}.{_field(name)}: ignored ({why})")
         event = {k: v for k, v in event.items() if k in specs}
     for name, value in event.items():
         if value is not None and not specs[name].check(value):
@@ -365,7 +470,7 @@ def validate(frame: dict) -> Message:
         return Message("hello", frame)
     if kind == "events":
         events = frame.get("events")
-        if not isinstance(events, list):
+        if type(events) is not list:
             raise ProtocolError(f"events: expected list of events, got {_show(events)}")
         if len(events) > MAX_EVENTS_PER_BATCH:
             raise ProtocolError(f"events: {len(events)} events in one frame, at most {MAX_EVENTS_PER_BATCH}")
@@ -373,7 +478,7 @@ def validate(frame: dict) -> Message:
         return Message("events", frame, clean, warnings)
     if kind == "control_request":
         action = frame.get("action")
-        if action not in CONTROL_ACTIONS:
+        if type(action) is not str or action not in CONTROL_ACTIONS:
             raise ProtocolError(f"control_request.action: expected one of {', '.join(CONTROL_ACTIONS)}, "
                                 f"got {_show(action)}")
         _check_fields(frame, {"run_id": ident(), **CONTROL_ACTIONS[action]})
@@ -382,4 +487,5 @@ def validate(frame: dict) -> Message:
 
 
 def error(message: str, code: str, **extra) -> dict:
+    assert code in ERROR_CODES, code
     return {"type": "error", "code": code, "error": message, **extra}

@@ -91,8 +91,9 @@ def open_rw(path: str | os.PathLike, *, mode: int = 0o644) -> sqlite3.Connection
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         # After a checkpoint the -wal is cut back to this, so a big cleanup does not leave a
-        # big -wal behind (the size cap counts the main file only).
-        conn.execute("PRAGMA journal_size_limit = 67108864")
+        # big -wal behind (the size cap counts the main file only); the writer's periodic
+        # TRUNCATE checkpoint empties it.
+        conn.execute("PRAGMA journal_size_limit = 4194304")
         conn.execute("PRAGMA foreign_keys = ON")
         migrate(conn, path)
     except sqlite3.DatabaseError as e:

@@ -283,7 +283,7 @@ def _oom_postmortem(batch: _Batch, event: dict) -> None:
         return
     row = _row(event, {"oom_kind": "kind"})
     for neighbour in row.get("neighbours") or []:
-        if neighbour.get("run_id") is None and type(neighbour.get("pid")) is int:
+        if neighbour.get("run_id") is None and type(neighbour.get("pid")) is int and 0 < neighbour["pid"] < 2**31:
             # The client saw the pid in NVML; which run it belongs to only the store knows.
             known = batch.conn.execute("SELECT run_id FROM processes WHERE pid = ? "
                                        "ORDER BY start_ms DESC LIMIT 1", (neighbour["pid"],)).fetchone()
@@ -299,6 +299,7 @@ def _oom_postmortem(batch: _Batch, event: dict) -> None:
     insert_rows(batch.conn, "oom_postmortems", [row])
 
 
+_INT64 = (-2**63, 2**63 - 1)
 _OP_COLUMNS = {"calls": int, "self_cpu_us": float, "cpu_total_us": float, "self_device_us": float,
                "device_total_us": float, "self_mem_bytes": int}
 
@@ -311,8 +312,10 @@ def _profile_op(op: dict) -> dict:
     for column, kind in _OP_COLUMNS.items():
         value = op.get(column)
         if value is not None:
-            if type(value) not in (int, float):
-                raise EventRejected("invalid", f"profile op {name!r:.40}.{column}: expected a number")
+            # In range before converting: int(nan) and float(10**400) raise, SQLite holds 64 bits.
+            if type(value) not in (int, float) or not _INT64[0] <= value <= _INT64[1]:
+                raise EventRejected("invalid", f"profile op {name!r:.40}.{column}: expected a "
+                                               "finite number within 64 bits")
             row[column] = kind(value)
     return row
 

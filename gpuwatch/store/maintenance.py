@@ -295,3 +295,23 @@ def _delete_oldest_run(conn: sqlite3.Connection) -> bool:
         conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
     conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
     return True
+
+
+def reclaim_raw(conn: sqlite3.Connection, chunks: int = 2) -> MaintenanceReport:
+    """Space back on a full disk, early: the oldest raw samples only (`chunks` times the
+    oldest 1/CAP_CHUNKS of their span; long rolled up), pages given back to the filesystem.
+    On an autocommit connection, in its own transaction, then the WAL is emptied."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        report = MaintenanceReport(db_bytes_before=db_bytes(conn))
+        for _ in range(chunks):
+            if not _delete_oldest_chunk(conn, list(RAW_TABLES.items()), 1000, report):
+                break
+        _used_bytes(conn)  # incremental_vacuum: freed pages go back to the filesystem
+        report.db_bytes_after = db_bytes(conn)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    return report

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import asdict, replace
 from typing import Callable
 
-from gpuwatch.store import StoreError, now_ms, open_ro, postmortems, profiles, queries
+from gpuwatch.store import StoreError, health, now_ms, open_ro, postmortems, profiles, queries
 from gpuwatch.tui.snapshot import (CapacityRow, Chart, GpuRow, HostRow, MigRow, OomRow, ProcessRow,
                                    ProfileRow, RunDetail, RunRow, Series, Snapshot, StacksRow, View)
 from gpuwatch.tui.sparks import SPARK_SLOT_MS, SparkHistory, window_start
@@ -148,6 +148,11 @@ class StoreSource:
         self.sparks = SparkHistory()  # the file may be replaced before we reopen it
 
     def fetch(self, view: View) -> Snapshot:
+        snap = self._fetch(view)
+        trouble = health.read(self.db_path)  # the daemon cannot write: the banner says why
+        return snap if trouble is None else replace(snap, problem=trouble.line())
+
+    def _fetch(self, view: View) -> Snapshot:
         now = self.clock()
         try:
             if self.conn is None:
