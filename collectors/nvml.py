@@ -8,6 +8,7 @@ GPU that fell off the bus turns that GPU's sample into state 'lost' while the ot
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -15,6 +16,14 @@ log = logging.getLogger(__name__)
 
 _NOT_AVAILABLE_U64 = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE_ulonglong, if pynvml hands it through
 _PSTATE_UNKNOWN = 32
+# NVIDIA documents nvmlDeviceGetPcieThroughput as sampling for ~20 ms per call: with 8 GPUs that
+# can be most of a tick. Above this share of the tick the counters move to their own slower job.
+PCIE_MAX_SHARE = 0.25
+
+
+def pcie_too_costly(pcie_s: float, tick_s: float, share: float = PCIE_MAX_SHARE) -> bool:
+    """True when reading the PCIe counters took more than `share` of the tick they were in."""
+    return tick_s > 0 and pcie_s > share * tick_s
 
 
 class NvmlUnavailable(Exception):
@@ -130,6 +139,12 @@ class NvmlCollector:
         self._lost_codes = {n.NVML_ERROR_GPU_IS_LOST, n.NVML_ERROR_RESET_REQUIRED}
         self._warned: set = set()
         self._closed = False
+        # PCIe counters: read in every tick until they cost too much of it, then only by
+        # sample_pcie() (the sampler's slower job), the ticks reusing its newest values.
+        self.pcie_separate = False
+        self.last_sample_s = self.last_pcie_s = 0.0
+        self._pcie_s = 0.0
+        self._pcie: dict[int, tuple[int | None, int | None]] = {}
         count = self._init_library()
         self._gpus: list[_Gpu] = []
         self.static: list[GpuStatic] = []
@@ -212,6 +227,8 @@ class NvmlCollector:
 
     # -- per tick -------------------------------------------------------------------------------
     def sample(self, ts_ms: int) -> tuple[list[GpuSample], list[GpuProcessSample]]:
+        started = time.perf_counter()
+        self._pcie_s = 0.0
         gpu_samples: list[GpuSample] = []
         proc_samples: list[GpuProcessSample] = []
         for gpu in self._gpus:
@@ -228,7 +245,28 @@ class NvmlCollector:
                 continue
             gpu_samples.append(sample)
             proc_samples.extend(procs)
+        self.last_sample_s, self.last_pcie_s = time.perf_counter() - started, self._pcie_s
+        if not self.pcie_separate and pcie_too_costly(self.last_pcie_s, self.last_sample_s):
+            self.pcie_separate = True
+            log.info("PCIe throughput took %.1f of a %.1f ms tick: read by its own slower job from now on",
+                     self.last_pcie_s * 1000, self.last_sample_s * 1000)
         return gpu_samples, proc_samples
+
+    def sample_pcie(self) -> None:
+        """Read every GPU's PCIe counters for the ticks to reuse (once pcie_separate)."""
+        for gpu in self._gpus:
+            if not gpu.lost:
+                try:
+                    self._pcie[gpu.index] = self._read_pcie(gpu)
+                except _GpuLost:
+                    pass  # the next tick marks it lost
+
+    def _read_pcie(self, gpu: _Gpu) -> tuple[int | None, int | None]:
+        n, started = self._nvml, time.perf_counter()
+        tx = self._call(gpu, "nvmlDeviceGetPcieThroughput", gpu.handle, n.NVML_PCIE_UTIL_TX_BYTES)
+        rx = self._call(gpu, "nvmlDeviceGetPcieThroughput", gpu.handle, n.NVML_PCIE_UTIL_RX_BYTES)
+        self._pcie_s += time.perf_counter() - started
+        return tx, rx
 
     def _recheck(self, gpu: _Gpu) -> None:
         """Two cheap calls; raises _GpuLost while the GPU is still gone."""
@@ -249,6 +287,8 @@ class NvmlCollector:
         if reasons is None:  # the name before driver 535
             reasons = call(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
         pstate = call(gpu, "nvmlDeviceGetPerformanceState", h)
+        pcie_tx, pcie_rx = self._pcie.get(gpu.index, (None, None)) if self.pcie_separate \
+            else self._read_pcie(gpu)
         return GpuSample(
             gpu_index=gpu.index,
             ts_ms=ts_ms,
@@ -262,8 +302,8 @@ class NvmlCollector:
             energy_mj=call(gpu, "nvmlDeviceGetTotalEnergyConsumption", h),
             sm_clock_mhz=call(gpu, "nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_SM),
             mem_clock_mhz=call(gpu, "nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_MEM),
-            pcie_tx_kbps=call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_TX_BYTES),
-            pcie_rx_kbps=call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_RX_BYTES),
+            pcie_tx_kbps=pcie_tx,
+            pcie_rx_kbps=pcie_rx,
             fan_pct=call(gpu, "nvmlDeviceGetFanSpeed", h),
             pstate=None if pstate == _PSTATE_UNKNOWN else pstate,
             throttle_reasons=reasons,

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 MAINTENANCE_INTERVAL = 60.0
 RUN_MAP_INTERVAL = 5.0
+PCIE_INTERVAL = 10.0  # PCIe counters, once the collector finds them too slow for every tick
 GPU_ROW_REFRESH_MS = 60_000  # gpus.last_seen_ms is refreshed this often, or when state changes
 PROCESS_ROW_REFRESH_MS = 10_000  # processes.last_seen_ms likewise, or when its run link changes
 DAEMON_STATS_INTERVAL_MS = 30_000
@@ -129,6 +130,8 @@ class Sampler:
             if self.nvml is not None:
                 self.sched.add("gpu", config.interval, self.gpu_tick)
             self.sched.add("host", config.host_interval, self.host_tick)
+        if self.nvml is not None:
+            self.sched.add("pcie", PCIE_INTERVAL, self.pcie_tick, first_delay=PCIE_INTERVAL)
         self.sched.add("runs", RUN_MAP_INTERVAL, self.refresh_runs)
         self.sched.add("maintenance", MAINTENANCE_INTERVAL, self.maintenance_tick,
                        first_delay=MAINTENANCE_INTERVAL)
@@ -191,6 +194,10 @@ class Sampler:
             self._tick_done(ts, started, self._host_writes(ts))
         else:
             self._submit(self._host_writes(ts))
+
+    def pcie_tick(self) -> None:
+        if self.nvml.pcie_separate:
+            self.nvml.sample_pcie()
 
     def _gpu_writes(self, ts: int) -> list[Job]:
         samples, proc_samples = self.nvml.sample(ts)
