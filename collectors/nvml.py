@@ -19,6 +19,7 @@ _PSTATE_UNKNOWN = 32
 # NVIDIA documents nvmlDeviceGetPcieThroughput as sampling for ~20 ms per call: with 8 GPUs that
 # can be most of a tick. Above this share of the tick the counters move to their own slower job.
 PCIE_MAX_SHARE = 0.25
+PCIE_DECIDE_TICKS = 5  # decided once, on the median share of the first ticks (one slow tick is noise)
 
 
 def pcie_too_costly(pcie_s: float, tick_s: float, share: float = PCIE_MAX_SHARE) -> bool:
@@ -144,6 +145,7 @@ class NvmlCollector:
         self.pcie_separate = False
         self.last_sample_s = self.last_pcie_s = 0.0
         self._pcie_s = 0.0
+        self._pcie_shares: list[float] | None = []  # share of each tick until the decision
         self._pcie: dict[int, tuple[int | None, int | None]] = {}
         count = self._init_library()
         self._gpus: list[_Gpu] = []
@@ -246,11 +248,21 @@ class NvmlCollector:
             gpu_samples.append(sample)
             proc_samples.extend(procs)
         self.last_sample_s, self.last_pcie_s = time.perf_counter() - started, self._pcie_s
-        if not self.pcie_separate and pcie_too_costly(self.last_pcie_s, self.last_sample_s):
-            self.pcie_separate = True
-            log.info("PCIe throughput took %.1f of a %.1f ms tick: read by its own slower job from now on",
-                     self.last_pcie_s * 1000, self.last_sample_s * 1000)
+        self._decide_pcie()
         return gpu_samples, proc_samples
+
+    def _decide_pcie(self) -> None:
+        if self._pcie_shares is None:
+            return  # decided
+        self._pcie_shares.append(self.last_pcie_s / max(self.last_sample_s, 1e-9))
+        if len(self._pcie_shares) < PCIE_DECIDE_TICKS:
+            return
+        share = sorted(self._pcie_shares)[len(self._pcie_shares) // 2]
+        self._pcie_shares = None
+        if pcie_too_costly(share, 1.0):
+            self.pcie_separate = True
+            log.info("PCIe throughput counters take %.0f%% of a %.1f ms tick: read by their own "
+                     "slower job from now on", 100 * share, self.last_sample_s * 1000)
 
     def sample_pcie(self) -> None:
         """Read every GPU's PCIe counters for the ticks to reuse (once pcie_separate)."""
