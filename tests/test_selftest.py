@@ -313,3 +313,22 @@ def test_a_failed_check_makes_the_command_exit_non_zero(monkeypatch):
     monkeypatch.setattr(selftest, "check_host", lambda env: [compare.Verdict("host memory total", "FAIL", "x")])
     result = CliRunner().invoke(main, ["selftest"])
     assert result.exit_code == 1 and "FAIL" in result.output and "1 failed" in result.output
+
+
+def test_the_cuda_probe_says_why_it_is_skipped_where_torch_sees_no_gpu(tmp_path):
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the probe runs for real (tests marked gpu)")
+    (v,) = selftest._probe_checks(fake_env(None, {}, tmp_path), collector=None)
+    assert v.status == "skipped" and "torch.cuda.is_available() is False" in v.detail
+
+
+@pytest.mark.gpu
+def test_selftest_passes_on_a_real_gpu():
+    result = CliRunner().invoke(main, ["selftest", "--json", "--quick"])
+    got = json.loads(result.stdout)
+    failed = [c for c in got["checks"] if c["status"] == "FAIL"]
+    assert result.exit_code == 0 and not failed, failed
+    assert any(c["name"] == "step timing" and c["status"] == "ok" for c in got["checks"])

@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -262,7 +263,13 @@ def _probe_checks(env: Env, collector) -> list[Verdict]:
     args = [sys.executable, "-m", "gpuwatch.selftest.probe"] + (["--quick"] if env.quick else [])
     child = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env_vars)
     out: list[Verdict] = []
-    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    timed_out = threading.Event()
+
+    def kill() -> None:  # a hung CUDA call must not hang selftest
+        timed_out.set()
+        child.kill()
+    watchdog = threading.Timer(PROBE_TIMEOUT_S, kill)
+    watchdog.start()
     try:
         for line in child.stdout:
             try:
@@ -280,12 +287,16 @@ def _probe_checks(env: Env, collector) -> list[Verdict]:
                 child.stdin.write("go\n")
                 child.stdin.flush()
             out += judge_probe(m)
-            if time.monotonic() > deadline:
-                out.append(Verdict("CUDA checks", FAIL, f"the probe ran past {PROBE_TIMEOUT_S} s"))
-                break
+        child.wait(30)
     finally:
-        child.kill()
-        child.wait()
+        watchdog.cancel()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    if timed_out.is_set():
+        out.append(Verdict("CUDA probe", FAIL, f"killed after running past {PROBE_TIMEOUT_S} s"))
+    elif child.returncode != 0:
+        out.append(Verdict("CUDA probe", FAIL, f"the probe process exited with status {child.returncode}"))
     return out
 
 
