@@ -324,11 +324,3 @@ def test_the_cuda_probe_says_why_it_is_skipped_where_torch_sees_no_gpu(tmp_path)
     (v,) = selftest._probe_checks(fake_env(None, {}, tmp_path), collector=None)
     assert v.status == "skipped" and "torch.cuda.is_available() is False" in v.detail
 
-
-@pytest.mark.gpu
-def test_selftest_passes_on_a_real_gpu():
-    result = CliRunner().invoke(main, ["selftest", "--json", "--quick"])
-    got = json.loads(result.stdout)
-    failed = [c for c in got["checks"] if c["status"] == "FAIL"]
-    assert result.exit_code == 0 and not failed, failed
-    assert any(c["name"] == "step timing" and c["status"] == "ok" for c in got["checks"])
