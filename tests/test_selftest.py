@@ -324,3 +324,16 @@ def test_the_cuda_probe_says_why_it_is_skipped_where_torch_sees_no_gpu(tmp_path)
     (v,) = selftest._probe_checks(fake_env(None, {}, tmp_path), collector=None)
     assert v.status == "skipped" and "torch.cuda.is_available() is False" in v.detail
 
+
+
+def test_the_probe_process_must_be_stored_linked_to_its_run(tmp_path):
+    from gpuwatch.store import open_rw
+
+    conn = open_rw(tmp_path / "probe.db")
+    conn.execute("INSERT INTO processes (pid, start_ms, run_id, first_seen_ms, last_seen_ms) "
+                 "VALUES (4242, 1, 'run-abcdef12', 1, 1)")
+    conn.commit()
+    conn.close()
+    env = fake_env(None, {}, tmp_path)
+    assert selftest._run_linked(env, "run-abcdef12", 4242)[0].status == "ok"
+    assert selftest._run_linked(env, "run-abcdef12", 4343, wait_s=0.5)[0].status == "FAIL"

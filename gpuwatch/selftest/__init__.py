@@ -281,7 +281,7 @@ def _probe_checks(env: Env, collector) -> list[Verdict]:
             if kind == "error":
                 return [Verdict("CUDA checks", SKIPPED, m["error"])]
             if kind == "process":
-                uuid = _device_uuid(collector, m["device"])
+                uuid = m.get("uuid") or _device_uuid(collector, m["device"])
                 out += check_processes(env, collector, m["pid"], m["held_bytes"], uuid)
                 out += _run_linked(env, m["run_id"], m["pid"])
                 child.stdin.write("go\n")
@@ -342,18 +342,28 @@ def _device_uuid(collector, cuda_index: int) -> str:
     return wanted
 
 
-def _run_linked(env: Env, run_id: str, pid: int) -> list[Verdict]:
-    from gpuwatch.store import open_ro
+def _run_linked(env: Env, run_id: str, pid: int, wait_s: float = 15.0) -> list[Verdict]:
+    """The probe's embedded sampler links its GPU process to its run (within a run-map refresh)."""
+    from gpuwatch.store import StoreError, open_ro
 
-    conn = open_ro(env.scratch / "probe.db")
-    try:
-        row = conn.execute("SELECT pid, status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    finally:
-        conn.close()
-    ok = row is not None and row[0] == pid
+    found = None
+    deadline = time.monotonic() + wait_s
+    while found is None and time.monotonic() < deadline:
+        try:
+            conn = open_ro(env.scratch / "probe.db")
+            try:
+                found = conn.execute("SELECT run_id FROM processes WHERE pid = ? AND run_id IS NOT NULL",
+                                     (pid,)).fetchone()
+            finally:
+                conn.close()
+        except StoreError:
+            pass  # not created yet
+        if found is None:
+            time.sleep(0.5)
+    ok = found is not None and found[0] == run_id
     return [Verdict("process linked to its run", OK if ok else FAIL,
-                    f"run {run_id[:8]} has pid {row[0] if row else '-'} ({row[1] if row else 'not stored'}), "
-                    f"the process is {pid}")]
+                    f"pid {pid} is stored with run {found[0][:8] if found else '- (none within %.0f s)' % wait_s}, "
+                    f"its run is {run_id[:8]}")]
 
 
 # ---- running them --------------------------------------------------------------------------------
