@@ -65,27 +65,29 @@ def step_timing(torch, gpuwatch, steps: int) -> None:
     _work(torch, a, b, 20)  # warm-up: cuBLAS handles, clocks up
     torch.cuda.synchronize()
 
-    def loop(run) -> float:
+    def loop(run, strict: bool = False) -> float:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for _ in range(steps):
-            _work(torch, a, b, 8)
-            if run is not None:
-                run.step(tokens=1)
+        if strict:  # any synchronising call inside step() raises; our own syncs stay outside
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(steps):
+                _work(torch, a, b, 8)
+                if run is not None:
+                    run.step(tokens=1)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
     untracked = loop(None)
     sync_errors = 0
     with gpuwatch.track(name="selftest-nosync") as run:
-        torch.cuda.set_sync_debug_mode("error")  # any synchronising call in step() raises
         try:
-            tracked = loop(run)
+            tracked = loop(run, strict=True)
         except RuntimeError as e:
             sync_errors, tracked = 1, float("nan")
             emit("sync_error", error=str(e).splitlines()[0])
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
     untracked = min(untracked, loop(None))  # bracket the tracked loop: clocks may drift
 
     wall = []
