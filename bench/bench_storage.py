@@ -2,12 +2,14 @@
 
 Drives the real Sampler (8 simulated GPUs from tests/fake_pynvml.py, 50 GPU processes that are
 real sleeping children, the real host collector, the real Writer) tick by tick at 1 Hz for
---hours hours on an injected clock, then rolls up with maintain() and measures each table with
-SQLite's dbstat. Per-day figures are the measured per-tick cost times 86400.
+--hours hours (default a day) on an injected clock, with maintain() (rollups, packing) every
+simulated minute as the daemon runs it, and measures each table with SQLite's dbstat. The raw
+tier's day: what a packed value costs here times a day's values, plus the newest samples
+that stay plain; the rollups' day: bytes per row times a day's rows.
 
 Goals: <= 3 bytes per metric-sample in the raw tier, <= 100 MB/day, rollups <= 1 % of raw.
 
-    .venv/bin/python bench/bench_storage.py [--hours 1] [--db /tmp/bench.db]
+    .venv/bin/python bench/bench_storage.py [--hours 24] [--db /tmp/bench.db]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from statistics import mean
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -27,11 +30,12 @@ import fake_pynvml  # noqa: E402  (the tests' fake NVML, not shipped in the pack
 from gpuwatch.config import Config  # noqa: E402
 from gpuwatch.sampler import Sampler  # noqa: E402
 from gpuwatch.store import Writer  # noqa: E402
+from gpuwatch.store import packed  # noqa: E402
 from gpuwatch.store.maintenance import maintain  # noqa: E402
 
 GPUS, PROCS, DAY_S = 8, 50, 86_400
 RAW = ("gpu_samples", "gpu_process_samples", "host_samples", "daemon_stats")
-TIERS = ("gpu_samples_1m", "host_samples_1m", "gpu_samples_1h", "host_samples_1h")
+TIERS = ("gpu_samples_15m", "host_samples_15m", "gpu_samples_1h", "host_samples_1h")
 # A sleeping stand-in has ~2 MB RSS (3-byte integer) and 0 % CPU (0 bytes); a trainer's
 # GiB-scale RSS takes 6 bytes and a busy core's CPU % 1 byte: 4 bytes more per process row.
 STAND_IN_SHORTFALL_B = 4
@@ -50,10 +54,36 @@ class Clock:
         return self.ms / 1000
 
 
-def values_stored(conn: sqlite3.Connection, table: str) -> int:
-    """Non-NULL values outside the primary key: what 'one metric-sample' means here."""
-    cols = [r[1] for r in conn.execute(f"PRAGMA table_info({table})") if not r[5]]
-    return conn.execute(f"SELECT {' + '.join(f'count({c})' for c in cols)} FROM {table}").fetchone()[0]
+def values_stored(conn: sqlite3.Connection, table: str, source: str | None = None) -> int:
+    """Non-NULL values outside the primary key (in `source`, one of the tables that hold the
+    samples, else through `table` itself): what 'one metric-sample' means here."""
+    spec = packed.TABLES.get(table)
+    cols = ([c for c, _ in spec.values] if spec else
+            [r[1] for r in conn.execute(f"PRAGMA table_info({table})") if not r[5]])
+    if spec is not None and source == spec.packed:
+        return values_stored(conn, table) - values_stored(conn, table, spec.recent)
+    return conn.execute(f"SELECT {' + '.join(f'count({c})' for c in cols)} "
+                        f"FROM {source or table}").fetchone()[0]
+
+
+def physical(table: str) -> tuple[str, ...]:
+    """The tables that hold a raw table's samples: plain and packed, or itself."""
+    spec = packed.TABLES.get(table)
+    return (spec.recent, spec.packed) if spec else (table,)
+
+
+def day_bytes(conn: sqlite3.Connection, size: dict, table: str, per_day: float) -> tuple[float, float]:
+    """(bytes, values) of a day of the table's raw tier. Packed tables: the newest samples stay
+    plain (KEEP_PLAIN_MS plus the minute not yet rolled up) whatever the run's length, the rest
+    of the day costs what a packed value costs here."""
+    values = values_stored(conn, table)
+    spec = packed.TABLES.get(table)
+    if spec is None:
+        return size.get(table, 0) * per_day, values * per_day
+    plain = values_stored(conn, table, spec.recent)
+    in_buckets = values - plain
+    packed_b = size.get(spec.packed, 0) / max(in_buckets, 1)
+    return size.get(spec.recent, 0) + packed_b * (values * per_day - plain), values * per_day
 
 
 def simulate(path: Path, ticks: int, pids: list[int]) -> tuple[float, float, str]:
@@ -62,31 +92,46 @@ def simulate(path: Path, ticks: int, pids: list[int]) -> tuple[float, float, str
                                 clock=clock.seconds)
     writer = Writer(path)
     sampler = Sampler(writer, Config(db=str(path)), nvml_module=nvml, clock=clock)
+    report = []
+
+    # CPU seconds each maintain() took in the writer thread: its wall time here is mostly
+    # waiting for the GIL, which this loop (a sampler ticking flat out) holds; a daemon's
+    # sampler sleeps between ticks.
+    spent = []
+
+    def maintenance(now_ms: int) -> None:
+        def job(conn: sqlite3.Connection) -> None:
+            began = time.thread_time()
+            report.append(maintain(
+                conn, now_ms, raw_retention_ms=DAY_S * 1000, minute_retention_ms=14 * DAY_S * 1000,
+                hour_retention_ms=365 * DAY_S * 1000, max_db_bytes=2**40))
+            spent.append(time.thread_time() - began)
+
+        writer.submit(job)
+
     began = time.perf_counter()
     for t in range(ticks):
         sampler.gpu_tick()
         sampler.host_tick()
         clock.ms += 1000
+        if t % 60 == 59:
+            maintenance(clock.ms)  # every minute, as the daemon's sampler does
         if t % 600 == 599:
             writer.flush()  # keep the queue short, as a 1 Hz daemon's would be
     writer.flush()
     write_s = time.perf_counter() - began
     began = time.perf_counter()
-    report = []
-    writer.submit(lambda conn: report.append(maintain(
-        conn, clock.ms + 30_000, raw_retention_ms=DAY_S * 1000,
-        minute_retention_ms=14 * DAY_S * 1000, hour_retention_ms=365 * DAY_S * 1000,
-        max_db_bytes=2**40)))
+    maintenance(clock.ms + 30_000)
     writer.flush()
     maintain_s = time.perf_counter() - began
     nvml.nvmlShutdown()
     writer.close()
-    return write_s, maintain_s, report[0]
+    return write_s, maintain_s, report[-1], spent
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hours", type=float, default=1.0)
+    parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--db", default="")
     args = parser.parse_args()
     path = Path(args.db) if args.db else Path(tempfile.mkdtemp(prefix="gw-bench-")) / "bench.db"
@@ -94,9 +139,9 @@ def main() -> None:
         if os.path.exists(f"{path}{suffix}"):
             os.remove(f"{path}{suffix}")
     ticks = int(args.hours * 3600)
-    sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(PROCS)]
+    sleepers = [subprocess.Popen(["sleep", "86400"]) for _ in range(PROCS)]
     try:
-        write_s, maintain_s, report = simulate(path, ticks, [p.pid for p in sleepers])
+        write_s, maintain_s, report, spent = simulate(path, ticks, [p.pid for p in sleepers])
     finally:
         for p in sleepers:
             p.kill()
@@ -107,35 +152,43 @@ def main() -> None:
     size = dict(conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name"))
     rows = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in RAW + TIERS}
     file_bytes = os.path.getsize(path)
-    raw_bytes = sum(size.get(t, 0) for t in RAW)
-    raw_values = sum(values_stored(conn, t) for t in RAW)
     per_day = DAY_S / ticks
+    day = {t: day_bytes(conn, size, t, per_day) for t in RAW}
+    raw_day = sum(b for b, _ in day.values())
+    raw_values_day = sum(v for _, v in day.values())
 
     print(f"real Sampler, {ticks} ticks ({args.hours:g} h) at 1 Hz on an injected clock: {GPUS} GPUs "
-          f"(simulated) + {PROCS} GPU processes (sleeping stand-ins) + host; sampled and written in "
-          f"{write_s:.1f} s ({ticks / write_s:.0f} ticks/s), maintain() took {maintain_s * 1000:.0f} ms: "
-          f"{report}")
-    print(f"{'table':<22}{'rows':>10}{'bytes':>12}{'B/row':>8}{'values':>11}{'B/value':>9}{'MB/day':>9}")
+          f"(simulated) + {PROCS} GPU processes (sleeping stand-ins) + host; sampled, written and "
+          f"maintained every minute in {write_s:.1f} s ({ticks / write_s:.0f} ticks/s), the last "
+          f"maintain() took {maintain_s * 1000:.0f} ms: {report}")
+    print(f"maintain() every minute (rollups, packing, retention), writer-thread CPU: mean "
+          f"{1000 * mean(spent):.1f} ms, max {1000 * max(spent):.1f} ms = {100 * mean(spent) / 60:.3f} % of a core")
+    print(f"{'table':<28}{'rows':>9}{'bytes':>11}{'values':>10}{'B/value':>9}")
     for t in RAW:
-        values = values_stored(conn, t)
-        print(f"{t:<22}{rows[t]:>10}{size[t]:>12}{size[t] / max(rows[t], 1):>8.1f}{values:>11}"
-              f"{size[t] / max(values, 1):>9.2f}{size[t] * per_day / 1e6:>9.1f}")
+        for source in physical(t):
+            values = values_stored(conn, t, source)
+            n = conn.execute(f"SELECT count(*) FROM {source}").fetchone()[0]
+            print(f"{source:<28}{n:>9}{size.get(source, 0):>11}{values:>10}"
+                  f"{size.get(source, 0) / max(values, 1):>9.2f}")
+    print(f"a day of the raw tier (the newest {packed.KEEP_PLAIN_MS // 60_000} min plain, the rest packed):")
+    for t in RAW:
+        print(f"  {t:<26}{day[t][0] / day[t][1]:>6.2f} B/value {day[t][0] / 1e6:>7.1f} MB/day")
     shortfall = rows["gpu_process_samples"] * STAND_IN_SHORTFALL_B * per_day / 1e6
-    print(f"raw tier: {raw_bytes / raw_values:.2f} bytes per metric-sample (non-key, non-NULL value); "
-          f"{raw_bytes * per_day / 1e6:.1f} MB/day raw (file {file_bytes * per_day / 1e6:.1f} MB/day "
-          f"incl. schema and rollups)  [goals: <= 3 B, <= 100 MB/day]")
+    print(f"raw tier: {raw_day / raw_values_day:.2f} bytes per metric-sample (non-key, non-NULL value); "
+          f"{raw_day / 1e6:.1f} MB/day raw (this run's file: {file_bytes / 1e6:.1f} MB)  "
+          f"[goals: <= 3 B, <= 100 MB/day]")
     print(f"  with trainers' RSS and CPU % instead of sleepers' (+{STAND_IN_SHORTFALL_B} B per process "
-          f"row): ~{(raw_bytes * per_day / 1e6) + shortfall:.1f} MB/day raw")
-    # Rollups: one day holds 1440 minute rows and 24 hour rows per key, whatever the sample rate.
+          f"row, if all stayed plain): ~{raw_day / 1e6 + shortfall:.1f} MB/day raw")
+    # Rollups: one day holds 96 15-minute rows and 24 hour rows per key, whatever the sample rate.
     tier_day = 0.0
     for t in TIERS:
-        period_rows_per_day = (1440 if t.endswith("1m") else 24) * (GPUS if t.startswith("gpu") else 1)
-        # An hour row has the columns of a minute row; a few hours make too few to measure.
-        minute_tier = t.replace("_1h", "_1m")
-        per_row = size[minute_tier] / max(rows[minute_tier], 1)
+        period_rows_per_day = (96 if t.endswith("15m") else 24) * (GPUS if t.startswith("gpu") else 1)
+        # An hour row has the columns of a 15-minute row; a few hours make too few to measure.
+        fine_tier = t.replace("_1h", "_15m")
+        per_row = size[fine_tier] / max(rows[fine_tier], 1)
         tier_day += per_row * period_rows_per_day
         print(f"{t:<22}{rows[t]:>10}{size[t]:>12}{per_row:>8.1f}  -> {per_row * period_rows_per_day / 1e6:.2f} MB/day")
-    print(f"rollup tiers: {tier_day / 1e6:.2f} MB/day = {100 * tier_day / (raw_bytes * per_day):.2f} % of raw "
+    print(f"rollup tiers: {tier_day / 1e6:.2f} MB/day = {100 * tier_day / raw_day:.2f} % of raw "
           f"[goal: <= 1 %]")
     conn.close()
 

@@ -3,11 +3,18 @@
 Every NVML call goes through NvmlCollector._call: a field the GPU doesn't support or we may
 not read comes back as None ("not available") instead of raising, and is not asked again; a
 GPU that fell off the bus turns that GPU's sample into state 'lost' while the others go on.
+
+MIG: on a GPU in MIG mode each MIG device (one compute instance of one GPU instance) is found
+with nvmlDeviceGetMigDeviceHandleByIndex, again every MIG_RESCAN_MS (instances can be created
+and destroyed while the driver runs). Its processes are listed through its own handle (that
+works without root, the parent's aggregate list may not) and carry its GPU / compute instance
+ids. The parent GPU keeps its own sample: temperature, power and clocks are the whole GPU's.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -16,15 +23,15 @@ log = logging.getLogger(__name__)
 
 _NOT_AVAILABLE_U64 = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE_ulonglong, if pynvml hands it through
 _PSTATE_UNKNOWN = 32
-# NVIDIA documents nvmlDeviceGetPcieThroughput as sampling for ~20 ms per call: with 8 GPUs that
-# can be most of a tick. Above this share of the tick the counters move to their own slower job.
+_NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process not on a MIG device
+MIG_RESCAN_MS = 60_000
+# NVIDIA documents nvmlDeviceGetPcieThroughput as sampling for about 20 ms per call: when the
+# PCIe reads take over this share of a tick (and PCIE_MIN_MS), they run every PCIE_SLOW_EVERY
+# ticks only, their last values repeated in between, so they cannot hold every tick back.
 PCIE_MAX_SHARE = 0.25
-PCIE_DECIDE_TICKS = 5  # decided once, on the median share of the first ticks (one slow tick is noise)
-
-
-def pcie_too_costly(pcie_s: float, tick_s: float, share: float = PCIE_MAX_SHARE) -> bool:
-    """True when reading the PCIe counters took more than `share` of the tick they were in."""
-    return tick_s > 0 and pcie_s > share * tick_s
+PCIE_MIN_MS = 5.0
+PCIE_SLOW_EVERY = 10
+_MIG_PROFILE = re.compile(r"\bMIG (\S+)")  # the driver names a MIG device "<GPU name> MIG 1g.10gb"
 
 
 class NvmlUnavailable(Exception):
@@ -86,6 +93,35 @@ class GpuProcessSample:
     mem_util_pct: int | None
     rss_bytes: int | None = None
     cpu_pct: float | None = None
+    gpu_instance_id: int | None = None      # the MIG device it runs on; None off MIG
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class MigStatic:
+    """A MIG device's facts; the columns of table `mig_devices` less first/last seen."""
+    gpu_index: int                          # the parent GPU
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str                               # "MIG-..."
+    name: str | None                        # as the driver gives it: "<GPU name> MIG 1g.10gb"
+    profile: str | None                     # "1g.10gb"; "1c.3g.40gb" for a share of a GPU instance
+    mem_total_bytes: int | None
+    sm_count: int | None
+
+
+@dataclass(frozen=True)
+class MigSample:
+    """One tick of one MIG device; the columns of `mig_samples`. Most drivers give no
+    utilisation for a MIG device: None then, which is "not available", not 0."""
+    gpu_index: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    ts_ms: int
+    mem_used_bytes: int | None = None
+    mem_free_bytes: int | None = None
+    gpu_util_pct: int | None = None
+    mem_util_pct: int | None = None
 
 
 @dataclass(frozen=True)
@@ -107,10 +143,40 @@ class _Gpu:
     lost: bool = False
     unsupported: set = field(default_factory=set)  # call keys the GPU refused for good
     last_util_us: int = 0  # newest per-process utilisation sample seen (0 = all buffered)
+    migs: list = field(default_factory=list)  # its MIG devices (_Mig), when in MIG mode
+    migs_read_ms: int | None = None  # when they were last looked for
+    pcie: tuple = (None, None)  # last PCIe (tx, rx) KB/s read
+
+
+@dataclass
+class _Mig:
+    static: MigStatic
+    device: _Gpu  # the MIG handle, and the calls it refused (apart from the parent's)
 
 
 def _text(value) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _mig_profile(name: str | None, attrs) -> str | None:
+    """'1g.10gb' from the MIG device's name; else built from its attributes as DCGM does (whose
+    rounding can differ from the driver's name: 1g.11gb for H100 NVL's 1g.12gb)."""
+    found = _MIG_PROFILE.search(name or "")
+    if found:
+        return found.group(1)
+    if attrs is None:
+        return None
+    gi, ci = attrs.gpuInstanceSliceCount, attrs.computeInstanceSliceCount
+    return f"{f'{ci}c.' if ci != gi else ''}{gi}g.{round(attrs.memorySizeMB / 1024)}gb"
+
+
+def _instance_ids(process, default: tuple[int, int] | None) -> tuple[int | None, int | None]:
+    """(GPU instance, compute instance) of a process record; `default` when it names none."""
+    gi = getattr(process, "gpuInstanceId", None)
+    ci = getattr(process, "computeInstanceId", None)
+    if gi is None or ci is None or gi == _NO_INSTANCE or ci == _NO_INSTANCE:
+        return default or (None, None)
+    return gi, ci
 
 
 def _cuda_version(code: int | None) -> str | None:
@@ -140,13 +206,9 @@ class NvmlCollector:
         self._lost_codes = {n.NVML_ERROR_GPU_IS_LOST, n.NVML_ERROR_RESET_REQUIRED}
         self._warned: set = set()
         self._closed = False
-        # PCIe counters: read in every tick until they cost too much of it, then only by
-        # sample_pcie() (the sampler's slower job), the ticks reusing its newest values.
-        self.pcie_separate = False
-        self.last_sample_s = self.last_pcie_s = 0.0
-        self._pcie_s = 0.0
-        self._pcie_shares: list[float] | None = []  # share of each tick until the decision
-        self._pcie: dict[int, tuple[int | None, int | None]] = {}
+        self.pcie_every = 1  # PCIe read every this many ticks (PCIE_SLOW_EVERY once they prove slow)
+        self.last_tick_ms = self.last_pcie_ms = 0.0  # what the newest sample() took, PCIe apart
+        self._ticks = 0
         count = self._init_library()
         self._gpus: list[_Gpu] = []
         self.static: list[GpuStatic] = []
@@ -159,11 +221,17 @@ class NvmlCollector:
             try:
                 gpu.handle = self._call(gpu, "nvmlDeviceGetHandleByIndex", index)
                 self.static.append(self._read_static(gpu, driver, cuda))
+                gpu.migs = self._read_migs(gpu, self.static[-1].mig_mode)
             except _GpuLost:
                 gpu.lost = True
                 # Lost before its facts could be read: uuid unknown (the column is NOT NULL).
                 self.static.append(GpuStatic(index, "", None, None, None, None, None, driver, cuda))
         self._events = self._register_xid_events()
+
+    @property
+    def mig_static(self) -> list[MigStatic]:
+        """The MIG devices found at start or by the latest rescan in sample(), GPU by GPU."""
+        return [m.static for gpu in self._gpus for m in gpu.migs]
 
     def _init_library(self) -> int:
         """nvmlInit and the GPU count, or NvmlUnavailable saying why not."""
@@ -214,7 +282,6 @@ class NvmlCollector:
         mem = self._call(gpu, "nvmlDeviceGetMemoryInfo", h)
         power = (self._call(gpu, "nvmlDeviceGetEnforcedPowerLimit", h)
                  or self._call(gpu, "nvmlDeviceGetPowerManagementLimit", h))
-        mig = self._call(gpu, "nvmlDeviceGetMigMode", h)
         return GpuStatic(
             gpu_index=gpu.index,
             uuid=_text(self._call(gpu, "nvmlDeviceGetUUID", h)) or "",
@@ -222,7 +289,7 @@ class NvmlCollector:
             pci_bus_id=_text(pci.busId) if pci is not None else None,
             mem_total_bytes=mem.total if mem is not None else None,
             power_limit_mw=power,
-            mig_mode=mig[0] if mig is not None else None,
+            mig_mode=self._mig_mode(gpu),
             driver_version=driver,
             cuda_driver_version=cuda,
         )
@@ -230,13 +297,31 @@ class NvmlCollector:
     # -- per tick -------------------------------------------------------------------------------
     def sample(self, ts_ms: int) -> tuple[list[GpuSample], list[GpuProcessSample]]:
         started = time.perf_counter()
+        self._ticks += 1
         self._pcie_s = 0.0
+        try:
+            return self._sample_all(ts_ms)
+        finally:
+            self._time_tick(time.perf_counter() - started)
+
+    def _time_tick(self, tick_s: float) -> None:
+        self.last_tick_ms, self.last_pcie_ms = tick_s * 1000, self._pcie_s * 1000
+        if self.pcie_every == 1 and self.last_pcie_ms > max(PCIE_MIN_MS, PCIE_MAX_SHARE * self.last_tick_ms):
+            self.pcie_every = PCIE_SLOW_EVERY
+            log.warning("PCIe throughput reads took %.0f ms of a %.0f ms GPU tick: reading them every %d "
+                        "ticks from now on", self.last_pcie_ms, self.last_tick_ms, PCIE_SLOW_EVERY)
+
+    def _sample_all(self, ts_ms: int) -> tuple[list[GpuSample], list[GpuProcessSample]]:
         gpu_samples: list[GpuSample] = []
         proc_samples: list[GpuProcessSample] = []
         for gpu in self._gpus:
             try:
                 if gpu.lost:
                     self._recheck(gpu)
+                if gpu.migs_read_ms is None:  # found at start; rescanned from now on
+                    gpu.migs_read_ms = ts_ms
+                elif not 0 <= ts_ms - gpu.migs_read_ms < MIG_RESCAN_MS:
+                    gpu.migs, gpu.migs_read_ms = self._read_migs(gpu, self._mig_mode(gpu)), ts_ms
                 sample = self._sample_gpu(gpu, ts_ms)
                 procs = self._sample_processes(gpu, ts_ms)
             except _GpuLost:
@@ -247,38 +332,7 @@ class NvmlCollector:
                 continue
             gpu_samples.append(sample)
             proc_samples.extend(procs)
-        self.last_sample_s, self.last_pcie_s = time.perf_counter() - started, self._pcie_s
-        self._decide_pcie()
         return gpu_samples, proc_samples
-
-    def _decide_pcie(self) -> None:
-        if self._pcie_shares is None:
-            return  # decided
-        self._pcie_shares.append(self.last_pcie_s / max(self.last_sample_s, 1e-9))
-        if len(self._pcie_shares) < PCIE_DECIDE_TICKS:
-            return
-        share = sorted(self._pcie_shares)[len(self._pcie_shares) // 2]
-        self._pcie_shares = None
-        if pcie_too_costly(share, 1.0):
-            self.pcie_separate = True
-            log.info("PCIe throughput counters take %.0f%% of a %.1f ms tick: read by their own "
-                     "slower job from now on", 100 * share, self.last_sample_s * 1000)
-
-    def sample_pcie(self) -> None:
-        """Read every GPU's PCIe counters for the ticks to reuse (once pcie_separate)."""
-        for gpu in self._gpus:
-            if not gpu.lost:
-                try:
-                    self._pcie[gpu.index] = self._read_pcie(gpu)
-                except _GpuLost:
-                    pass  # the next tick marks it lost
-
-    def _read_pcie(self, gpu: _Gpu) -> tuple[int | None, int | None]:
-        n, started = self._nvml, time.perf_counter()
-        tx = self._call(gpu, "nvmlDeviceGetPcieThroughput", gpu.handle, n.NVML_PCIE_UTIL_TX_BYTES)
-        rx = self._call(gpu, "nvmlDeviceGetPcieThroughput", gpu.handle, n.NVML_PCIE_UTIL_RX_BYTES)
-        self._pcie_s += time.perf_counter() - started
-        return tx, rx
 
     def _recheck(self, gpu: _Gpu) -> None:
         """Two cheap calls; raises _GpuLost while the GPU is still gone."""
@@ -286,21 +340,18 @@ class NvmlCollector:
         if handle is None or self._call(gpu, "nvmlDeviceGetUUID", handle) is None:
             raise _GpuLost()
         gpu.handle, gpu.lost = handle, False
+        gpu.migs = self._read_migs(gpu, self._mig_mode(gpu))  # new handles for its MIG devices
         log.warning("GPU %d answers again", gpu.index)
 
     def _sample_gpu(self, gpu: _Gpu, ts_ms: int) -> GpuSample:
         n, h, call = self._nvml, gpu.handle, self._call
         util = call(gpu, "nvmlDeviceGetUtilizationRates", h)
-        # v2 splits out what the driver reserves; drivers without it fail once, then v1 only.
-        v2 = getattr(n, "nvmlMemory_v2", None)
-        mem = (call(gpu, "nvmlDeviceGetMemoryInfo", h, v2) if v2 else None) \
-            or call(gpu, "nvmlDeviceGetMemoryInfo", h)
+        mem = self._memory(gpu)
         reasons = call(gpu, "nvmlDeviceGetCurrentClocksEventReasons", h)
         if reasons is None:  # the name before driver 535
             reasons = call(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
         pstate = call(gpu, "nvmlDeviceGetPerformanceState", h)
-        pcie_tx, pcie_rx = self._pcie.get(gpu.index, (None, None)) if self.pcie_separate \
-            else self._read_pcie(gpu)
+        pcie = self._pcie(gpu)
         return GpuSample(
             gpu_index=gpu.index,
             ts_ms=ts_ms,
@@ -314,8 +365,8 @@ class NvmlCollector:
             energy_mj=call(gpu, "nvmlDeviceGetTotalEnergyConsumption", h),
             sm_clock_mhz=call(gpu, "nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_SM),
             mem_clock_mhz=call(gpu, "nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_MEM),
-            pcie_tx_kbps=pcie_tx,
-            pcie_rx_kbps=pcie_rx,
+            pcie_tx_kbps=pcie[0],
+            pcie_rx_kbps=pcie[1],
             fan_pct=call(gpu, "nvmlDeviceGetFanSpeed", h),
             pstate=None if pstate == _PSTATE_UNKNOWN else pstate,
             throttle_reasons=reasons,
@@ -325,18 +376,45 @@ class NvmlCollector:
                                  n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
         )
 
+    def persistence_mode(self, index: int) -> int | None:
+        """1 when the driver stays loaded with no client (nvidia-smi's persistence_mode), else 0."""
+        gpu = self._gpus[index]
+        return None if gpu.lost else self._call(gpu, "nvmlDeviceGetPersistenceMode", gpu.handle)
+
+    def _pcie(self, gpu: _Gpu) -> tuple:
+        if self.pcie_every > 1 and self._ticks % self.pcie_every:
+            return gpu.pcie
+        started = time.perf_counter()
+        n, h = self._nvml, gpu.handle
+        gpu.pcie = (self._call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_TX_BYTES),
+                    self._call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_RX_BYTES))
+        self._pcie_s += time.perf_counter() - started
+        return gpu.pcie
+
+    def _memory(self, gpu: _Gpu):
+        # v2 splits out what the driver reserves; drivers without it fail once, then v1 only.
+        v2 = getattr(self._nvml, "nvmlMemory_v2", None)
+        return (self._call(gpu, "nvmlDeviceGetMemoryInfo", gpu.handle, v2) if v2 else None) \
+            or self._call(gpu, "nvmlDeviceGetMemoryInfo", gpu.handle)
+
     def _sample_processes(self, gpu: _Gpu, ts_ms: int) -> list[GpuProcessSample]:
         kinds: dict[int, list[str]] = defaultdict(list)
         mem: dict[int, int | None] = {}
+        instance: dict[int, tuple[int | None, int | None]] = {}
+        # In MIG mode each MIG device lists its own processes; else the GPU lists them all.
+        sources = [(m.device, (m.static.gpu_instance_id, m.static.compute_instance_id))
+                   for m in gpu.migs] or [(gpu, None)]
         for kind, name in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
                            ("graphics", "nvmlDeviceGetGraphicsRunningProcesses")):
             used_by_pid: dict[int, int | None] = {}
-            for p in self._call(gpu, name, gpu.handle) or ():
-                used = p.usedGpuMemory
-                used = None if used is None or used >= _NOT_AVAILABLE_U64 else used
-                # A pid listed twice in one list (one entry per MIG instance): add them up.
-                before = used_by_pid.get(p.pid)
-                used_by_pid[p.pid] = used if before is None else before + (used or 0)
+            for device, ids in sources:
+                for p in self._call(device, name, device.handle) or ():
+                    used = p.usedGpuMemory
+                    used = None if used is None or used >= _NOT_AVAILABLE_U64 else used
+                    # A pid listed twice (one entry per MIG instance): add them up.
+                    before = used_by_pid.get(p.pid)
+                    used_by_pid[p.pid] = used if before is None else before + (used or 0)
+                    instance.setdefault(p.pid, _instance_ids(p, ids))
             for pid, used in used_by_pid.items():
                 kinds[pid].append(kind)
                 # Compute and graphics entries of one pid describe the same memory: keep the larger.
@@ -346,7 +424,8 @@ class NvmlCollector:
             return []
         utils = self._process_utilisation(gpu)
         return [GpuProcessSample(gpu.index, pid, ts_ms, "+".join(kinds[pid]), mem[pid],
-                                 *utils.get(pid, (None, None)))
+                                 *utils.get(pid, (None, None)), gpu_instance_id=instance[pid][0],
+                                 compute_instance_id=instance[pid][1])
                 for pid in sorted(kinds)]
 
     def _process_utilisation(self, gpu: _Gpu) -> dict[int, tuple[int, int]]:
@@ -364,6 +443,59 @@ class NvmlCollector:
         return {pid: (round(sum(s.smUtil for s in ss) / len(ss)),
                       round(sum(s.memUtil for s in ss) / len(ss)))
                 for pid, ss in by_pid.items()}
+
+    # -- MIG ------------------------------------------------------------------------------------
+    def _mig_mode(self, gpu: _Gpu) -> int | None:
+        modes = self._call(gpu, "nvmlDeviceGetMigMode", gpu.handle)  # [current, pending]
+        return modes[0] if modes is not None else None
+
+    def _read_migs(self, gpu: _Gpu, mode: int | None) -> list[_Mig]:
+        """The GPU's MIG devices now, given its current MIG mode; none unless that is on."""
+        if mode != self._nvml.NVML_DEVICE_MIG_ENABLE:
+            return []
+        found = []
+        for index in range(self._call(gpu, "nvmlDeviceGetMaxMigDeviceCount", gpu.handle) or 0):
+            # NOT_FOUND (None here) for an index with no MIG device: the next may have one.
+            handle = self._call(gpu, "nvmlDeviceGetMigDeviceHandleByIndex", gpu.handle, index)
+            if handle is None:
+                continue
+            device = _Gpu(gpu.index, handle)
+            gi = self._call(device, "nvmlDeviceGetGpuInstanceId", handle)
+            ci = self._call(device, "nvmlDeviceGetComputeInstanceId", handle)
+            if gi is None or ci is None:
+                continue
+            name = _text(self._call(device, "nvmlDeviceGetName", handle))
+            attrs = self._call(device, "nvmlDeviceGetAttributes", handle)
+            mem = self._call(device, "nvmlDeviceGetMemoryInfo", handle)
+            found.append(_Mig(MigStatic(
+                gpu_index=gpu.index, gpu_instance_id=gi, compute_instance_id=ci,
+                uuid=_text(self._call(device, "nvmlDeviceGetUUID", handle)) or "", name=name,
+                profile=_mig_profile(name, attrs), mem_total_bytes=mem.total if mem else None,
+                sm_count=attrs.multiprocessorCount if attrs is not None else None), device))
+        return found
+
+    def sample_mig(self, ts_ms: int) -> list[MigSample]:
+        """Memory and (where the driver gives it) utilisation of every MIG device that the
+        latest sample() found; call it after sample()."""
+        found: list[MigSample] = []
+        for gpu in self._gpus:
+            if gpu.lost:
+                continue
+            try:
+                samples = []
+                for m in gpu.migs:
+                    mem = self._memory(m.device)
+                    util = self._call(m.device, "nvmlDeviceGetUtilizationRates", m.device.handle)
+                    samples.append(MigSample(
+                        gpu.index, m.static.gpu_instance_id, m.static.compute_instance_id, ts_ms,
+                        mem_used_bytes=mem.used if mem is not None else None,
+                        mem_free_bytes=mem.free if mem is not None else None,
+                        gpu_util_pct=util.gpu if util is not None else None,
+                        mem_util_pct=util.memory if util is not None else None))
+            except _GpuLost:
+                continue  # the next sample() finds it lost and says so
+            found.extend(samples)
+        return found
 
     # -- XID events -----------------------------------------------------------------------------
     def _register_xid_events(self):

@@ -23,8 +23,9 @@ from gpuwatch import paths
 
 ENV_PREFIX = "GPUWATCH_"
 # GPUWATCH_* variables that are not config keys: the config file's path, and the run id that
-# `gpuwatch run` hands its child so an instrumented child joins the wrapper's run.
-NOT_CONFIG_ENV = {"GPUWATCH_CONFIG", "GPUWATCH_RUN_ID"}
+# `gpuwatch run` hands its child so an instrumented child joins the wrapper's run, and the
+# switch for its zero-code hooks (read by the bootstrap).
+NOT_CONFIG_ENV = {"GPUWATCH_CONFIG", "GPUWATCH_RUN_ID", "GPUWATCH_INSTRUMENT"}
 
 
 class ConfigError(ValueError):
@@ -52,11 +53,16 @@ class Config:
 
     # Daemon.
     metrics_listen: str = ""  # e.g. "127.0.0.1:9400"; empty = off
+    metrics_hostname: str = ""  # the Hostname label on /metrics; empty = this machine's name
     admin_group: str = "gpuwatch-admin"  # members may control every run
     socket_group: str = ""  # if set, only this group may connect; else everyone may
     rate_limit_events: int = 5000  # events per second per uid
     stall_factor: float = 10.0  # a run is stalled after max(factor x median step, floor)
     stall_floor: float = 120.0
+
+    # Readers: the fleet's Prometheus for `gpuwatch tui`'s Fleet screen and `gpuwatch pick`.
+    prometheus_url: str = ""  # e.g. "http://prometheus:9090"; empty = no fleet view
+    prometheus_timeout: float = 3.0  # seconds a refresh or a pick waits for Prometheus
 
     # Client.
     memory_stats_every: int = 50  # full torch.cuda.memory_stats() every N steps

@@ -179,8 +179,8 @@ def check_nvml(env: Env, facts: _Facts) -> list[Check]:
                             "check `nvidia-smi`, CUDA_VISIBLE_DEVICES and the container's --gpus"))
     else:
         kinds = sorted(set(names))
-        checks.append(Check("GPUs visible", OK, f"{count} × {', '.join(kinds)}; run `gpuwatch selftest` "
-                            "once to check gpuwatch's figures on them against nvidia-smi and CUDA"))
+        checks.append(Check("GPUs visible", OK, f"{count} × {', '.join(kinds)}; `gpuwatch selftest` checks "
+                            "gpuwatch's figures for them against nvidia-smi and CUDA"))
     return checks
 
 

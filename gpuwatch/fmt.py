@@ -62,6 +62,15 @@ def percent(fraction: float | None) -> str:
     return MISSING if fraction is None else f"{fraction * 100:.1f}%"
 
 
+def gpu_label(gpu_index: int, gpu_instance_id: int | None = None,
+              compute_instance_id: int | None = None) -> str:
+    """A GPU by its index, a MIG device as GPU/GI/CI (the ids of its legacy MIG-GPU-... UUID):
+    0 -> "0", (1, 2, 0) -> "1/2/0"."""
+    if gpu_instance_id is None:
+        return str(gpu_index)
+    return f"{gpu_index}/{gpu_instance_id}/{compute_instance_id}"
+
+
 def local_time(ts_ms: int | None, with_date: bool = True) -> str:
     """Epoch ms as local time: "12-02 14:05:09" (or "14:05:09")."""
     if ts_ms is None:

@@ -8,12 +8,15 @@ run map every RUN_MAP_INTERVAL, store maintenance every MAINTENANCE_INTERVAL. Wi
 driver it logs the reason once and samples the host only.
 
 What is written, and how often (storage is most of what a monitor costs):
-- gpu_samples and host_samples every tick.
+- gpu_samples and host_samples every tick (into their plain `_recent` tables; maintenance
+  packs them later, see store/packed.py).
 - gpu_process_samples every cfg.process_interval, and at once when the set of GPU processes
   changes (a process starts, leaves or changes kind), all GPUs at one ts_ms. The GPU processes
   are still sampled every GPU tick: sm/mem util written is the mean over the ticks since the
   previous write, used_mem_bytes the newest value; RSS and CPU % are re-read every
   cfg.process_interval (new pids at once). `kind` is NULL for 'compute', the usual case.
+- mig_samples (MIG devices' newest memory and utilisation) with the process samples, and at
+  once when the set of MIG devices changes; mig_devices rows when one is new, and once a minute.
 - daemon_stats (the monitor's own cost) every DAEMON_STATS_INTERVAL_MS, CPU % over that window.
 
 Every write is submitted without blocking: when the writer's queue is full the rows are
@@ -39,23 +42,32 @@ from collectors.processes import ProcessCollector
 from gpuwatch.config import Config
 from gpuwatch.scheduler import Scheduler
 from gpuwatch.store import Writer, insert_rows, now_ms
+from gpuwatch.store.packed import GPU_PROCESS_SAMPLES, GPU_SAMPLES, HOST_SAMPLES
 from gpuwatch.store.writer import Job, insert_sql
 
 log = logging.getLogger(__name__)
 
 MAINTENANCE_INTERVAL = 60.0
 RUN_MAP_INTERVAL = 5.0
-PCIE_INTERVAL = 10.0  # PCIe counters, once the collector finds them too slow for every tick
 GPU_ROW_REFRESH_MS = 60_000  # gpus.last_seen_ms is refreshed this often, or when state changes
 PROCESS_ROW_REFRESH_MS = 10_000  # processes.last_seen_ms likewise, or when its run link changes
 DAEMON_STATS_INTERVAL_MS = 30_000
 _PROCESS_SAMPLE_COLUMNS = ("gpu_index", "pid", "ts_ms", "kind", "used_mem_bytes", "sm_util_pct",
-                           "mem_util_pct", "rss_bytes", "cpu_pct")
+                           "mem_util_pct", "rss_bytes", "cpu_pct", "gpu_instance_id",
+                           "compute_instance_id")
 
 _UPSERT_GPU = """
 INSERT INTO gpus ({cols}) VALUES ({marks})
 ON CONFLICT(gpu_index) DO UPDATE SET
   first_seen_ms = CASE WHEN gpus.uuid = excluded.uuid THEN gpus.first_seen_ms
+                       ELSE excluded.first_seen_ms END,
+  {updates}
+"""
+
+_UPSERT_MIG = """
+INSERT INTO mig_devices ({cols}) VALUES ({marks})
+ON CONFLICT(gpu_index, gpu_instance_id, compute_instance_id) DO UPDATE SET
+  first_seen_ms = CASE WHEN mig_devices.uuid = excluded.uuid THEN mig_devices.first_seen_ms
                        ELSE excluded.first_seen_ms END,
   {updates}
 """
@@ -118,6 +130,8 @@ class Sampler:
         # written as the mean over them), and the (gpu, pid, kind) list that write held.
         self._proc_window: list[list] = []
         self._proc_keys: list[tuple] = []
+        self._mig_keys: list[tuple] = []  # the MIG devices the last process write covered
+        self._mig_rows: tuple[list, int] | None = None  # mig_static last upserted, and when
         self._proc_written_ms: int | None = None
         self._stats_written_ms: int | None = None
         self.last_tick_s = 0.0  # seconds the latest GPU (or host) tick took
@@ -130,8 +144,6 @@ class Sampler:
             if self.nvml is not None:
                 self.sched.add("gpu", config.interval, self.gpu_tick)
             self.sched.add("host", config.host_interval, self.host_tick)
-        if self.nvml is not None:
-            self.sched.add("pcie", PCIE_INTERVAL, self.pcie_tick, first_delay=PCIE_INTERVAL)
         self.sched.add("runs", RUN_MAP_INTERVAL, self.refresh_runs)
         self.sched.add("maintenance", MAINTENANCE_INTERVAL, self.maintenance_tick,
                        first_delay=MAINTENANCE_INTERVAL)
@@ -195,17 +207,15 @@ class Sampler:
         else:
             self._submit(self._host_writes(ts))
 
-    def pcie_tick(self) -> None:
-        if self.nvml.pcie_separate:
-            self.nvml.sample_pcie()
-
     def _gpu_writes(self, ts: int) -> list[Job]:
         samples, proc_samples = self.nvml.sample(ts)
+        mig_samples = self.nvml.sample_mig(ts)
         writes: list[Job] = []
         self._write_gpus(ts, samples, writes)
         if samples:
-            writes.append(_inserter("gpu_samples", samples))
-        self._write_process_samples(ts, proc_samples, writes)
+            writes.append(_inserter(GPU_SAMPLES.recent, samples))
+        self._write_mig_devices(ts, writes)
+        self._write_process_samples(ts, proc_samples, mig_samples, writes)
         self._write_processes(ts, {p.pid for p in proc_samples}, writes)
         xids = self.nvml.xid_events(ts)
         if xids:
@@ -213,7 +223,7 @@ class Sampler:
         return writes
 
     def _host_writes(self, ts: int) -> list[Job]:
-        return [_inserter("host_samples", [self.host.sample(ts)])]
+        return [_inserter(HOST_SAMPLES.recent, [self.host.sample(ts)])]
 
     def stats_row(self, ts: int) -> dict:
         """The monitor's own cost since the previous call, for daemon_stats."""
@@ -296,14 +306,32 @@ class Sampler:
             values = [tuple(r[c] for c in columns) for r in rows]
             writes.append(lambda conn: conn.executemany(sql, values))
 
-    def _write_process_samples(self, ts: int, proc_samples, writes: list[Job]) -> None:
+    def _write_mig_devices(self, ts: int, writes: list[Job]) -> None:
+        """Upsert `mig_devices` rows when the MIG devices changed, and once a minute."""
+        static = self.nvml.mig_static
+        if not static or (self._mig_rows is not None and self._mig_rows[0] == static
+                          and not _due(ts, self._mig_rows[1], GPU_ROW_REFRESH_MS)):
+            return
+        self._mig_rows = (static, ts)
+        rows = [{**_row(m), "first_seen_ms": ts, "last_seen_ms": ts} for m in static]
+        columns = list(rows[0])
+        sql = _upsert_sql(_UPSERT_MIG, columns, keep={"gpu_index", "gpu_instance_id",
+                                                      "compute_instance_id", "first_seen_ms"})
+        values = [tuple(r[c] for c in columns) for r in rows]
+        writes.append(lambda conn: conn.executemany(sql, values))
+
+    def _write_process_samples(self, ts: int, proc_samples, mig_samples, writes: list[Job]) -> None:
         """Keep this tick's samples; write the window when due or when the set changed."""
         self._proc_window.append(proc_samples)
         keys = list(map(_PROCESS_KEY, proc_samples))  # sorted by GPU, then pid, by the collector
+        mig_keys = list(map(_MIG_KEY, mig_samples))
         interval_ms = int(self.cfg.process_interval * 1000)
-        if keys == self._proc_keys and not _due(ts, self._proc_written_ms, interval_ms):
+        if (keys == self._proc_keys and mig_keys == self._mig_keys
+                and not _due(ts, self._proc_written_ms, interval_ms)):
             return
-        self._proc_keys, self._proc_written_ms = keys, ts
+        self._proc_keys, self._mig_keys, self._proc_written_ms = keys, mig_keys, ts
+        if mig_samples:
+            writes.append(_inserter("mig_samples", mig_samples))
         util = _mean_util(self._proc_window)
         self._proc_window = []
         usage = self._process_usage(ts, {p.pid for p in proc_samples}, interval_ms)
@@ -312,9 +340,10 @@ class Sampler:
             rss, cpu = usage.get(p.pid, (None, None))
             sm, mem = util.get((p.gpu_index, p.pid), (None, None))
             values.append((p.gpu_index, p.pid, ts, None if p.kind == "compute" else p.kind,
-                           p.used_mem_bytes, sm, mem, rss, cpu))
+                           p.used_mem_bytes, sm, mem, rss, cpu, p.gpu_instance_id,
+                           p.compute_instance_id))
         if values:
-            sql = insert_sql("gpu_process_samples", _PROCESS_SAMPLE_COLUMNS, "IGNORE")
+            sql = insert_sql(GPU_PROCESS_SAMPLES.recent, _PROCESS_SAMPLE_COLUMNS, "IGNORE")
             writes.append(lambda conn: conn.executemany(sql, values))
 
     def _write_processes(self, ts: int, pids: set[int], writes: list[Job]) -> None:
@@ -376,6 +405,7 @@ _COLUMNS: dict[type, tuple[tuple[str, ...], Callable]] = {}
 
 
 _PROCESS_KEY = operator.attrgetter("gpu_index", "pid", "kind")
+_MIG_KEY = operator.attrgetter("gpu_index", "gpu_instance_id", "compute_instance_id")
 
 
 def _mean_util(ticks: list[list]) -> dict[tuple[int, int], tuple[int | None, int | None]]:

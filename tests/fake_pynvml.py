@@ -29,11 +29,16 @@ Options (FakeNvml(...) and configure(...) take the same):
     clock           callable returning seconds since the epoch (time.time); every value varies
                     with it, so a test that sets the clock gets the same numbers each run
     xids            {gpu_index: [xid, ...]} critical XID events waiting in the event set
+    mig             {gpu_index: [profile, ...]} MIG mode on for that GPU, one MIG device per
+                    profile ("3g.40gb", "1g.10gb", ...), GPU instance ids 1, 2, ... and compute
+                    instance 0; its processes (procs / procs_per_gpu) are spread over them in
+                    turn. As on real drivers, such a GPU gives no utilisation (whole-GPU or
+                    per-process) and neither do its MIG devices, unless mig_util=True.
 
 Inspect and steer it with: .calls (Counter by function name), .gpu_calls (Counter by
 (function name, gpu index)), .util_timestamps[gpu_index] (each lastSeenTimeStamp passed to
 nvmlDeviceGetProcessUtilization), .set_lost(index, lost=True), .set_procs(index, pids),
-.add_xid(index, xid).
+.add_xid(index, xid), .set_mig(index, profiles).
 """
 
 from __future__ import annotations
@@ -87,7 +92,11 @@ NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
+NVML_MAX_MIG_DEVICES = 7  # what nvmlDeviceGetMaxMigDeviceCount reports on A100 / H100
+NVML_NO_INSTANCE_ID = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process off MIG
 NVML_PSTATE_UNKNOWN = 32
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
 nvmlMemory_v2 = 0x02000028
 nvmlEventTypeXidCriticalError = 0x0000000000000008
 nvmlEventTypeSingleBitEccError = 0x0000000000000001
@@ -190,8 +199,21 @@ class nvmlPciInfo_t:
 class nvmlFriendlyObject:  # what nvmlDeviceGet*RunningProcesses returns per process
     pid: int
     usedGpuMemory: int | None
-    gpuInstanceId: int = 0xFFFFFFFF
-    computeInstanceId: int = 0xFFFFFFFF
+    gpuInstanceId: int = NVML_NO_INSTANCE_ID
+    computeInstanceId: int = NVML_NO_INSTANCE_ID
+
+
+@dataclass
+class c_nvmlDeviceAttributes:
+    multiprocessorCount: int
+    sharedCopyEngineCount: int
+    sharedDecoderCount: int
+    sharedEncoderCount: int
+    sharedJpegCount: int
+    sharedOfaCount: int
+    gpuInstanceSliceCount: int
+    computeInstanceSliceCount: int
+    memorySizeMB: int
 
 
 @dataclass
@@ -218,6 +240,12 @@ class FakeHandle:
     index: int
 
 
+@dataclass(frozen=True)
+class FakeMigHandle(FakeHandle):
+    """A MIG device: `index` is its parent GPU's, `mig_index` its place under that GPU."""
+    mig_index: int = 0
+
+
 @dataclass
 class FakeEventSet:
     gpus: set[int] = field(default_factory=set)
@@ -233,7 +261,8 @@ class FakeNvml:
 
     def __init__(self, gpus=8, name="NVIDIA H100 80GB HBM3 (simulated)", mem_total_bytes=80 * GiB,
                  unsupported=(), lost_after=None, init_error=None, procs=None, procs_per_gpu=0,
-                 graphics_procs=None, memory_v2=True, clock=time.time, xids=None):
+                 graphics_procs=None, memory_v2=True, clock=time.time, xids=None, mig=None,
+                 mig_util=False):
         self.gpu_count = gpus
         self.name = name
         self.mem_total_bytes = mem_total_bytes
@@ -251,6 +280,8 @@ class FakeNvml:
         self.clock = clock
         self.loaded_at = clock() - 3600
         self.xids = {i: deque((xids or {}).get(i, ())) for i in range(gpus)}
+        self.mig = {i: list(profiles) for i, profiles in (mig or {}).items()}
+        self.mig_util = mig_util
         self.lost: set[int] = set()
         self.initialized = False
         self.calls: Counter = Counter()
@@ -274,6 +305,10 @@ class FakeNvml:
     def add_xid(self, index: int, xid: int) -> None:
         self.xids[index].append(xid)
 
+    def set_mig(self, index: int, profiles) -> None:
+        """MIG devices created or destroyed (an empty list keeps MIG mode on with none)."""
+        self.mig[index] = list(profiles)
+
     # -- internals --------------------------------------------------------------------------
     def _system(self, fn: str) -> None:
         self.calls[fn] += 1
@@ -294,6 +329,13 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         if fn in self.unsupported[i]:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if isinstance(handle, FakeMigHandle):
+            if handle.mig_index >= len(self.mig.get(i, ())):
+                raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # a MIG device destroyed since
+            if fn not in _MIG_HANDLE_CALLS and not (self.mig_util and fn in _UTIL_CALLS):
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        elif i in self.mig and fn in _UTIL_CALLS and not self.mig_util:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return i
 
     def _util(self, i: int, t: float | None = None) -> int:
@@ -301,6 +343,20 @@ class FakeNvml:
 
     def _pids(self, i: int) -> list[int]:
         return self.procs[i] + [p for p in self.graphics_procs[i] if p not in self.procs[i]]
+
+    def _mig_pids(self, i: int, mig_index: int) -> list[int]:
+        """The compute pids on one MIG device: a MIG GPU's pids go to its devices in turn."""
+        return self.procs[i][mig_index::len(self.mig[i])] if self.mig[i] else []
+
+    def _mig_of(self, i: int, pid: int) -> int | None:
+        return self.procs[i].index(pid) % len(self.mig[i]) if self.mig.get(i) else None
+
+    def _process(self, i: int, pid: int, used: int | None) -> nvmlFriendlyObject:
+        mig_index = self._mig_of(i, pid)
+        if mig_index is None:
+            return nvmlFriendlyObject(pid=pid, usedGpuMemory=used)
+        return nvmlFriendlyObject(pid=pid, usedGpuMemory=used, gpuInstanceId=mig_index + 1,
+                                  computeInstanceId=0)
 
     @staticmethod
     def _proc_mem(pid: int) -> int:
@@ -347,11 +403,16 @@ class FakeNvml:
         return self._device("nvmlDeviceGetIndex", handle)
 
     def nvmlDeviceGetName(self, handle):
-        self._device("nvmlDeviceGetName", handle)
+        i = self._device("nvmlDeviceGetName", handle)
+        if isinstance(handle, FakeMigHandle):  # as the driver names them, e.g. "... MIG 1g.10gb"
+            base = self.name.removesuffix(" (simulated)")
+            return f"{base} MIG {self.mig[i][handle.mig_index]} (simulated)"
         return self.name
 
     def nvmlDeviceGetUUID(self, handle):
         i = self._device("nvmlDeviceGetUUID", handle)
+        if isinstance(handle, FakeMigHandle):
+            return f"MIG-fa4e0000-0000-4000-9000-{i:06d}{handle.mig_index:06d}"
         return f"GPU-fa4e0000-0000-4000-8000-{i:012d}"
 
     def nvmlDeviceGetPciInfo(self, handle):
@@ -369,21 +430,74 @@ class FakeNvml:
         return 700_000
 
     def nvmlDeviceGetMigMode(self, device):
-        self._device("nvmlDeviceGetMigMode", device)
-        return [NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_DISABLE]
+        i = self._device("nvmlDeviceGetMigMode", device)
+        mode = NVML_DEVICE_MIG_ENABLE if i in self.mig else NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    # -- MIG --------------------------------------------------------------------------------
+    def nvmlDeviceGetMaxMigDeviceCount(self, device):
+        self._device("nvmlDeviceGetMaxMigDeviceCount", device)
+        return NVML_MAX_MIG_DEVICES
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device, index):
+        i = self._device("nvmlDeviceGetMigDeviceHandleByIndex", device)
+        if i not in self.mig:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if not 0 <= index < len(self.mig[i]):
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return FakeMigHandle(i, index)
+
+    def nvmlDeviceIsMigDeviceHandle(self, device):
+        self._device("nvmlDeviceIsMigDeviceHandle", device)
+        return int(isinstance(device, FakeMigHandle))
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice):
+        i = self._mig_device("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", migDevice)
+        return FakeHandle(i)
+
+    def nvmlDeviceGetGpuInstanceId(self, device):
+        self._mig_device("nvmlDeviceGetGpuInstanceId", device)
+        return device.mig_index + 1
+
+    def nvmlDeviceGetComputeInstanceId(self, device):
+        self._mig_device("nvmlDeviceGetComputeInstanceId", device)
+        return 0
+
+    def nvmlDeviceGetAttributes(self, device):
+        i = self._device("nvmlDeviceGetAttributes", device)
+        if isinstance(device, FakeMigHandle):
+            slices, gb = _profile_size(self.mig[i][device.mig_index])
+        else:
+            slices, gb = 7, self.mem_total_bytes // GiB
+        return c_nvmlDeviceAttributes(
+            multiprocessorCount=16 * slices, sharedCopyEngineCount=slices, sharedDecoderCount=slices,
+            sharedEncoderCount=0, sharedJpegCount=slices, sharedOfaCount=int(slices == 7),
+            gpuInstanceSliceCount=slices, computeInstanceSliceCount=slices, memorySizeMB=gb * 1024)
+
+    def _mig_device(self, fn: str, handle) -> int:
+        i = self._device(fn, handle)
+        if not isinstance(handle, FakeMigHandle):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return i
+
+    def _mig_mem_total(self, handle: FakeMigHandle) -> int:
+        return _profile_size(self.mig[handle.index][handle.mig_index])[1] * GiB
 
     # -- per tick ---------------------------------------------------------------------------
     def nvmlDeviceGetMemoryInfo(self, handle, version=None):
         i = self._device("nvmlDeviceGetMemoryInfo", handle)
         reserved = 512 * 1024**2
-        used = min(sum(self._proc_mem(p) for p in self._pids(i)), self.mem_total_bytes - reserved)
+        if isinstance(handle, FakeMigHandle):
+            total, pids = self._mig_mem_total(handle), self._mig_pids(i, handle.mig_index)
+        else:
+            total, pids = self.mem_total_bytes, self._pids(i)
+        used = min(sum(self._proc_mem(p) for p in pids), total - reserved)
         if not version:  # v1: "used" includes what the driver reserves
-            return c_nvmlMemory_t(total=self.mem_total_bytes,
-                                  free=self.mem_total_bytes - used - reserved, used=used + reserved)
+            return c_nvmlMemory_t(total=total, free=total - used - reserved, used=used + reserved)
         if not self.memory_v2:
             raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
-        return c_nvmlMemory_v2_t(version=version, total=self.mem_total_bytes, reserved=reserved,
-                                 free=self.mem_total_bytes - used - reserved, used=used)
+        return c_nvmlMemory_v2_t(version=version, total=total, reserved=reserved,
+                                 free=total - used - reserved, used=used)
 
     def nvmlDeviceGetUtilizationRates(self, handle):
         i = self._device("nvmlDeviceGetUtilizationRates", handle)
@@ -413,6 +527,10 @@ class FakeNvml:
         i = self._device("nvmlDeviceGetPcieThroughput", device)
         return _wave(self.clock(), i + counter, 7.0, 0, 25_000_000) if self._pids(i) else 0
 
+    def nvmlDeviceGetPersistenceMode(self, handle):
+        self._device("nvmlDeviceGetPersistenceMode", handle)
+        return NVML_FEATURE_ENABLED
+
     def nvmlDeviceGetFanSpeed(self, handle):
         i = self._device("nvmlDeviceGetFanSpeed", handle)
         return 30 + self._util(i) // 3
@@ -437,7 +555,9 @@ class FakeNvml:
     # -- processes --------------------------------------------------------------------------
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         i = self._device("nvmlDeviceGetComputeRunningProcesses", handle)
-        return [nvmlFriendlyObject(pid=p, usedGpuMemory=self._proc_mem(p)) for p in self.procs[i]]
+        # A MIG device lists its own processes; the parent lists all, with their instance ids.
+        pids = self._mig_pids(i, handle.mig_index) if isinstance(handle, FakeMigHandle) else self.procs[i]
+        return [self._process(i, p, self._proc_mem(p)) for p in pids]
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
         i = self._device("nvmlDeviceGetGraphicsRunningProcesses", handle)
@@ -488,6 +608,21 @@ class FakeNvml:
     def nvmlEventSetFree(self, eventSet):
         self._system("nvmlEventSetFree")
         eventSet.gpus.clear()
+
+
+# Calls a MIG device handle answers; the rest (temperature, power, clocks, ...) are the whole
+# GPU's and give NOT_SUPPORTED on one. Utilisation is NOT_SUPPORTED in MIG mode, on either.
+_MIG_HANDLE_CALLS = frozenset({
+    "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetAttributes",
+    "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId", "nvmlDeviceIsMigDeviceHandle",
+    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceGetComputeRunningProcesses"})
+_UTIL_CALLS = frozenset({"nvmlDeviceGetUtilizationRates", "nvmlDeviceGetProcessUtilization"})
+
+
+def _profile_size(profile: str) -> tuple[int, int]:
+    """'3g.40gb' -> (3 slices, 40 GiB)."""
+    g, gb = profile.split(".")[-2:]
+    return int(g.removesuffix("g")), int(gb.removesuffix("gb"))
 
 
 # Module-level API: the same functions, on one configurable default fake.

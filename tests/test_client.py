@@ -229,6 +229,44 @@ def test_metadata_ranks_job_ids_and_gpus():
     assert metadata.gpu_uuids({}) is None
 
 
+def _torchrun_env(node: int, local_rank: int, rdzv_id: str, **extra) -> dict:
+    """What torchrun gives rank `local_rank` on node `node` of a 2-node x 4-GPU job."""
+    return {"RANK": str(node * 4 + local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": "8",
+            "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": str(node), "GROUP_WORLD_SIZE": "2",
+            "TORCHELASTIC_RUN_ID": rdzv_id, "MASTER_ADDR": "node-a", "MASTER_PORT": "29500", **extra}
+
+
+@pytest.mark.parametrize("rdzv_id", ["job42", "none"])
+def test_a_multi_node_job_has_one_id_on_every_host(monkeypatch, rdzv_id):
+    """Two hosts, each with its own launcher (different start times, different `gpuwatch run`
+    wrappers), compute the same id for their ranks: c10d rendezvous and static (run id "none")."""
+    ids = set()
+    for node, launcher_start in ((0, 1_700_000_000), (1, 1_700_000_007)):
+        monkeypatch.setattr(metadata, "_parent_start_s", lambda s=launcher_start: s)
+        for local_rank in range(4):
+            ids.add(metadata.job_id(_torchrun_env(node, local_rank, rdzv_id),
+                                    wrapper_run_id=f"wrapper-on-node-{node}"))
+    assert len(ids) == 1 and None not in ids
+    # The same rendezvous id on another cluster (another endpoint) is another job.
+    other = metadata.job_id(_torchrun_env(0, 0, rdzv_id, MASTER_ADDR="node-z"))
+    assert other not in ids
+    # A Slurm job is its job id on every node.
+    assert {metadata.job_id(_torchrun_env(n, 0, rdzv_id, SLURM_JOB_ID="77")) for n in (0, 1)} == {"slurm-77"}
+
+
+def test_single_node_jobs_on_one_endpoint_stay_apart(monkeypatch):
+    """On one host a static rendezvous endpoint is reused by job after job: the launcher's
+    start time (or the wrapper's run id) keeps them apart."""
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29500"}
+    monkeypatch.setattr(metadata, "_parent_start_s", lambda: 100)
+    first = metadata.job_id(env)
+    monkeypatch.setattr(metadata, "_parent_start_s", lambda: 200)
+    assert metadata.job_id(env) != first
+    assert metadata.job_id(env, wrapper_run_id="w1") == "w1"
+
+
 def test_gpu_indices_become_uuids_through_nvml(monkeypatch):
     import fake_pynvml
 

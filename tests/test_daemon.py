@@ -292,14 +292,14 @@ def test_gpu_process_of_a_run_child_gets_the_run_id_rss_and_cpu(writer, db):
 def test_maintenance_tick_rolls_up_and_expires_old_samples_in_the_writer(writer, db):
     sampler = Sampler(writer, Config(raw_retention_hours=1.0), nvml_module=fake_pynvml.FakeNvml(gpus=1))
     two_hours_ago = now_ms() - 2 * 3_600_000
-    minute = two_hours_ago - two_hours_ago % 60_000
-    writer.insert("gpu_samples", [{"gpu_index": 0, "ts_ms": minute + i * 1000, "gpu_util_pct": u}
+    period = two_hours_ago - two_hours_ago % 900_000
+    writer.insert("gpu_samples", [{"gpu_index": 0, "ts_ms": period + i * 1000, "gpu_util_pct": u}
                                   for i, u in enumerate((10, 20, 60))])
     sampler.gpu_tick()
     sampler.maintenance_tick()
     writer.flush()
-    assert rows(db, "SELECT gpu_util_pct_min, gpu_util_pct_avg, gpu_util_pct_max, n FROM gpu_samples_1m "
-                    "WHERE gpu_index = 0 AND ts_ms = ?", minute) == [(10, 30.0, 60, 3)]
+    assert rows(db, "SELECT gpu_util_pct_min, gpu_util_pct_avg, gpu_util_pct_max, n FROM gpu_samples_15m "
+                    "WHERE gpu_index = 0 AND ts_ms = ?", period) == [(10, 30.0, 60, 3)]
     assert rows(db, "SELECT count(*) FROM gpu_samples WHERE ts_ms < ?", now_ms() - 3_600_000) == [(0,)]
     assert rows(db, "SELECT count(*) FROM gpu_samples")[0][0] == 1  # the fresh tick stays
 

@@ -50,7 +50,7 @@ def test_healthy_host_is_all_ok(good_env):
     checks = run_checks(env)
     assert [c for c in checks if c.status != "ok"] == []
     got = by_name(checks)
-    assert got["GPUs visible"].detail.startswith("8 × NVIDIA H100 80GB HBM3 (simulated); run `gpuwatch selftest`")
+    assert got["GPUs visible"].detail.startswith("8 × NVIDIA H100 80GB HBM3 (simulated); `gpuwatch selftest` checks")
     assert got["NVIDIA driver / NVML"].detail == "driver 550.54.15, supports CUDA 12.4"
     assert got["cuDNN / NCCL"].detail == "cuDNN 90100, NCCL 2.21.5"
     assert healthy(checks)

@@ -38,7 +38,7 @@ def fill_fleet(path, *, gpus=2, runs=3, running=(0,), steps=5, ts=None):
                             mem_used_bytes=(i + 1) * GIB, mem_free_bytes=(79 - i) * GIB, temp_c=60 + i,
                             power_mw=250_500, energy_mj=1_000_000 + i, sm_clock_mhz=1980,
                             mem_clock_mhz=2619, pcie_tx_kbps=100, pcie_rx_kbps=200, ecc_corrected=0,
-                            ecc_uncorrected=0))
+                            ecc_uncorrected=0, throttle_reasons=0))
     insert_rows(conn, "gpu_samples", samples)
     insert_rows(conn, "host_samples", [dict(ts_ms=ts, cpu_pct=12.5, load1=3.0, mem_total_bytes=512 * GIB,
                                             mem_used_bytes=100 * GIB, mem_available_bytes=400 * GIB,
@@ -59,6 +59,16 @@ def fill_fleet(path, *, gpus=2, runs=3, running=(0,), steps=5, ts=None):
 def scrape(server) -> str:
     with urllib.request.urlopen(server.url, timeout=10) as resp:
         return resp.read().decode()
+
+
+def scrape_and_close(db, conn, **server_options) -> dict[str, list]:
+    """One scrape of a metrics server on `db`, then the server and `conn` are closed."""
+    server = start_metrics_server("127.0.0.1:0", db, **server_options)
+    try:
+        return samples_by_name(scrape(server))
+    finally:
+        server.close()
+        conn.close()
 
 
 def samples_by_name(text: str) -> dict[str, list]:
@@ -128,7 +138,8 @@ def test_run_metrics_and_peak_follows_new_steps(served):
     server, conn, _ = served
     got = samples_by_name(scrape(server))
     [tps] = got["gpuwatch_run_tokens_per_second"]
-    assert tps.labels == {"run_id": "run-0", "name": "exp0", "user": "alice", "rank": "0"}
+    assert tps.labels == {"run_id": "run-0", "name": "exp0", "user": "alice", "job_id": "run-0",
+                          "rank": "0", "Hostname": socket.gethostname()}
     assert tps.value == 1004.0
     assert got["gpuwatch_run_peak_memory_bytes"][0].value == 5 * MIB
     insert_rows(conn, "steps", [dict(run_id="run-0", step=5, ts_ms=now_ms(), tokens_per_s=900.0,
@@ -142,12 +153,7 @@ def test_only_running_runs_are_exported_among_1000(tmp_path):
     db = tmp_path / "g.db"
     running = set(range(0, 1000, 100))
     conn = fill_fleet(db, runs=1000, running=running, steps=2)
-    server = start_metrics_server("127.0.0.1:0", db)
-    try:
-        got = samples_by_name(scrape(server))
-    finally:
-        server.close()
-        conn.close()
+    got = scrape_and_close(db, conn)
     assert {s.labels["run_id"] for s in got["gpuwatch_run_tokens_per_second"]} == {
         f"run-{r}" for r in running}
     assert len(got["gpuwatch_run_peak_memory_bytes"]) == 10
@@ -157,12 +163,7 @@ def test_only_running_runs_are_exported_among_1000(tmp_path):
 def test_stale_and_lost_gpus_are_left_out(tmp_path):
     db = tmp_path / "g.db"
     conn = fill_fleet(db, ts=now_ms() - 3_600_000)
-    server = start_metrics_server("127.0.0.1:0", db)
-    try:
-        got = samples_by_name(scrape(server))
-    finally:
-        server.close()
-        conn.close()
+    got = scrape_and_close(db, conn)
     assert "DCGM_FI_DEV_GPU_UTIL" not in got
     assert "gpuwatch_host_cpu_percent" not in got
 
@@ -201,13 +202,14 @@ def test_port_in_use_is_one_clear_error(tmp_path):
 
 def test_grafana_dashboard_queries_exported_metrics(served):
     """Every metric the shipped dashboard plots is one /metrics serves."""
-    server, _, _ = served
+    server, conn, _ = served
+    add_gpu_processes(conn, [(0, 10, "bob", GIB)])
     exported = set(samples_by_name(scrape(server)))
     dashboard = json.loads((Path(__file__).parent.parent / "grafana" / "gpuwatch-runs.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"\b(DCGM_FI_\w+|gpuwatch_\w+)", e)}
     assert {"gpuwatch_run_tokens_per_second", "gpuwatch_run_peak_memory_bytes",
-            "DCGM_FI_DEV_GPU_UTIL"} <= used
+            "DCGM_FI_DEV_GPU_UTIL", "gpuwatch_gpu_user_memory_bytes", "gpuwatch_gpu_up"} <= used
     assert used <= exported
 
 
@@ -221,3 +223,48 @@ def test_live_daemon_figure_replaces_the_stored_one(tmp_path):
         server.close()
         conn.close()
     assert [s.value for s in got["gpuwatch_daemon_writer_queue_depth"]] == [7]
+
+
+def add_gpu_processes(conn, procs, ts=None):
+    """Processes on GPUs in one tick: procs is [(gpu_index, pid, user, used_bytes)]."""
+    ts = now_ms() if ts is None else ts
+    insert_rows(conn, "processes", [dict(pid=pid, start_ms=ts - 60_000, uid=1000 + pid, user=user,
+                                         cmdline="python train.py", first_seen_ms=ts - 60_000,
+                                         last_seen_ms=ts) for _, pid, user, _ in procs])
+    insert_rows(conn, "gpu_process_samples", [dict(gpu_index=gpu, pid=pid, ts_ms=ts, used_mem_bytes=used)
+                                              for gpu, pid, _, used in procs])
+
+
+def test_memory_per_user_per_gpu_is_bounded(tmp_path):
+    """Two of bob's processes on GPU 0 sum; GPU 1's twelve users become seven plus '(others)'."""
+    db = tmp_path / "g.db"
+    conn = fill_fleet(db)
+    procs = [(0, 10, "bob", 3 * GIB), (0, 11, "bob", GIB), (0, 12, "carol", 2 * GIB)]
+    procs += [(1, 100 + u, f"user{u:02d}", (u + 1) * GIB) for u in range(12)]
+    add_gpu_processes(conn, procs)
+    got = scrape_and_close(db, conn)
+    held = {(s.labels["gpu"], s.labels["user"]): s.value for s in got["gpuwatch_gpu_user_memory_bytes"]}
+    assert {u: v for (g, u), v in held.items() if g == "0"} == {"bob": 4 * GIB, "carol": 2 * GIB}
+    gpu1 = {u: v for (g, u), v in held.items() if g == "1"}
+    assert len(gpu1) == 8  # MAX_USERS_PER_GPU series at most, whatever the number of users
+    assert gpu1["user11"] == 12 * GIB and "user04" not in gpu1
+    assert gpu1["(others)"] == sum((u + 1) * GIB for u in range(5))  # user00..user04
+    assert sum(gpu1.values()) == sum((u + 1) * GIB for u in range(12))  # nothing lost
+
+
+def test_host_label_gpu_up_throttling_and_last_sample(tmp_path):
+    db = tmp_path / "g.db"
+    ts = now_ms()
+    conn = fill_fleet(db, gpus=3, ts=ts)
+    # gpu_samples is a view (no UPDATE); fresh samples are the plain rows behind it.
+    conn.execute("UPDATE gpu_samples_recent SET throttle_reasons = 0x40 WHERE gpu_index = 1")  # HW thermal
+    conn.execute("UPDATE gpu_samples_recent SET throttle_reasons = 0x1 WHERE gpu_index = 0")   # idle: normal
+    conn.execute("UPDATE gpus SET state = 'lost' WHERE gpu_index = 2")
+    got = scrape_and_close(db, conn, hostname="node-7")
+    by_gpu = lambda name: {s.labels["gpu"]: s.value for s in got[name]}  # noqa: E731
+    assert by_gpu("gpuwatch_gpu_up") == {"0": 1, "1": 1, "2": 0}
+    assert by_gpu("gpuwatch_gpu_throttled") == {"0": 0, "1": 1}
+    assert by_gpu("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS") == {"0": 1, "1": 0x40}
+    assert {s.labels["Hostname"] for s in got["DCGM_FI_DEV_GPU_UTIL"] + got["gpuwatch_gpu_up"]} == {"node-7"}
+    [last] = got["gpuwatch_host_last_sample_timestamp_seconds"]
+    assert last.labels == {"Hostname": "node-7"} and last.value == ts / 1000

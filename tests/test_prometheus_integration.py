@@ -64,14 +64,17 @@ def test_promtool_accepts_the_scrape(tmp_path):
 
 
 @contextlib.contextmanager
-def prometheus_scraping(tmp_path, target_port: int):
-    """A real Prometheus scraping 127.0.0.1:target_port every second; yields its HTTP port."""
+def prometheus_scraping(tmp_path, *target_ports: int, rule_files=()):
+    """A real Prometheus scraping 127.0.0.1:target_port (each of them) every second, evaluating
+    `rule_files` every second; yields its HTTP port."""
     prom_port = _free_port()
     config = tmp_path / "prometheus.yml"
+    targets = ", ".join(f"'127.0.0.1:{port}'" for port in target_ports)
     config.write_text(
-        "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+        "global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: [{', '.join(repr(str(f)) for f in rule_files)}]\n"
         "scrape_configs:\n"
-        f"  - job_name: gpuwatch\n    static_configs: [{{targets: ['127.0.0.1:{target_port}']}}]\n")
+        f"  - job_name: gpuwatch\n    static_configs: [{{targets: [{targets}]}}]\n")
     with open(tmp_path / "prometheus.log", "w") as log:
         prom = subprocess.Popen([PROMETHEUS, f"--config.file={config}",
                                  f"--storage.tsdb.path={tmp_path / 'tsdb'}",

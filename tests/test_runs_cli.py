@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import os
+import pty
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -50,6 +57,12 @@ def known_db(tmp_path):
                                  "rss_bytes": 512 * MiB}])
     conn.close()
     return str(path)
+
+
+@pytest.fixture(autouse=True)
+def terminal(monkeypatch):
+    """CliRunner's stdout is no terminal; these tests read the table a person sees."""
+    monkeypatch.setattr("gpuwatch.cli.runs_cmd.on_terminal", lambda: True)
 
 
 def cli(*args):
@@ -146,3 +159,58 @@ def test_fmt_helpers():
     assert fmt.sparkline([5, 5]) == "▄▄"
     assert fmt.sparkline(range(100), width=10) == "▁▂▃▃▄▅▆▆▇█"
     assert fmt.sparkline([0, 50, 100], lo=0, hi=200) == "▁▃▅"
+
+
+GPUWATCH = str(Path(sys.executable).with_name("gpuwatch"))
+
+
+def test_runs_as_csv_and_json_give_every_run_with_raw_values(known_db):
+    as_json = json.loads(cli("runs", "--db", known_db, "--format", "json").output)
+    as_csv = list(csv.DictReader(io.StringIO(cli("runs", "--db", known_db, "--format", "csv").output)))
+    assert [r["run_id"] for r in as_json] == [r["run_id"] for r in as_csv] == [
+        "dddd4444dddd", "bbbb2222bbbb", "aaaa1111aaaa", "cccc3333cccc", "eeee5555eeee", "eeee6666eeee"]
+    gpt = next(r for r in as_json if r["name"] == "gpt-4k")
+    assert gpt["tokens_per_s_avg"] == 8000.0 and gpt["peak_mem_bytes"] == 2 * GiB
+    assert gpt["status"] == "finished" and gpt["user"] == "alice" and gpt["oom"] is False
+    assert next(r for r in as_csv if r["name"] == "gpt-4k")["peak_mem_bytes"] == str(2 * GiB)
+    assert next(r for r in as_json if r["name"] == "probe")["oom"] is True
+    assert json.loads(cli("runs", "--db", known_db, "--user", "nobody", "--format", "json").output) == []
+
+
+def _long_named_db(tmp_path) -> str:
+    path = tmp_path / "long.db"
+    conn = open_rw(path)
+    insert_rows(conn, "runs", [_run("ffff7777ffff", "llama-70b-long-context-sweep-3", "alice",
+                                    "running", now_ms() - MIN)])
+    conn.close()
+    return str(path)
+
+
+def test_runs_piped_to_a_script_cuts_no_name_or_id(tmp_path):
+    out = subprocess.run([GPUWATCH, "runs", "--db", _long_named_db(tmp_path)], capture_output=True,
+                         text=True, check=True).stdout
+    header, row = out.splitlines()
+    assert row.split()[:4] == ["ffff7777ffff", "llama-70b-long-context-sweep-3", "alice", "running"]
+    assert header.split()[:2] == ["ID", "NAME"] and "…" not in out
+
+
+def test_runs_on_a_terminal_fits_it(tmp_path):
+    """The real command on a pseudo-terminal: names are cut with … so lines fit 80 columns."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([GPUWATCH, "runs", "--db", _long_named_db(tmp_path)], stdout=follower,
+                            stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the command exited and closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=30) == 0
+    lines = b"".join(chunks).decode().splitlines()
+    assert lines[1].split()[:2] == ["ffff7777", "llama-70b-l…"]
+    assert all(len(line) <= 80 for line in lines)

@@ -17,8 +17,8 @@ HOURS = 3
 
 def util(g: int, i: int) -> int | None:
     """GPU utilisation at second i: a saw-tooth per minute. In the first hour GPU 0 misses the
-    second half of every odd minute, so minutes there hold 60 or 30 samples."""
-    if g == 0 and i < 3600 and (i // 60) % 2 and i % 60 >= 30:
+    second half of every minute of the odd 15-minute periods, which hold 450 samples, not 900."""
+    if g == 0 and i < 3600 and (i // 900) % 2 and i % 60 >= 30:
         return None
     return i % 60 + g
 
@@ -57,23 +57,23 @@ def conn(tmp_path):
 NOW = BASE + HOURS * H + 30 * S  # 30 s after the last sample: every minute is complete
 
 
-def test_minute_rollup_min_avg_max(conn):
+def test_ten_minute_rollup_min_avg_max(conn):
     report = run_maintain(conn, NOW)
-    assert report.rolled_up["gpu_samples_1m"] == 2 * HOURS * 60
+    assert report.rolled_up["gpu_samples_15m"] == 2 * HOURS * 4
     rows = {(g, ts): (n, lo, avg, hi) for g, ts, n, lo, avg, hi in conn.execute(
         "SELECT gpu_index, ts_ms, n, gpu_util_pct_min, gpu_util_pct_avg, gpu_util_pct_max "
-        "FROM gpu_samples_1m")}
-    assert rows[(1, BASE)] == (60, 1, 30.5, 60)
-    assert rows[(0, BASE)] == (60, 0, 29.5, 59)
-    assert rows[(0, BASE + MIN)] == (30, 0, 14.5, 29)       # a half minute
-    assert rows[(0, BASE + 61 * MIN)] == (60, 0, 29.5, 59)  # whole again in hour two
+        "FROM gpu_samples_15m")}
+    assert rows[(1, BASE)] == (900, 1, 30.5, 60)
+    assert rows[(0, BASE)] == (900, 0, 29.5, 59)
+    assert rows[(0, BASE + 15 * MIN)] == (450, 0, 14.5, 29)     # half of each minute
+    assert rows[(0, BASE + 75 * MIN)] == (900, 0, 29.5, 59)     # whole again in hour two
     mem = conn.execute("SELECT mem_used_bytes_min, mem_used_bytes_avg, mem_used_bytes_max "
-                       "FROM gpu_samples_1m WHERE gpu_index = 1 AND ts_ms = ?", (BASE + 2 * MIN,)).fetchone()
-    assert mem == (2 * 10**9 + 120, 2 * 10**9 + 150, 2 * 10**9 + 179)  # byte averages: whole bytes
+                       "FROM gpu_samples_15m WHERE gpu_index = 1 AND ts_ms = ?", (BASE + 15 * MIN,)).fetchone()
+    assert mem == (2 * 10**9 + 900, 2 * 10**9 + 1350, 2 * 10**9 + 1799)  # byte averages: whole bytes
     assert isinstance(mem[1], int)
-    host = conn.execute("SELECT n, cpu_pct_min, cpu_pct_max FROM host_samples_1m WHERE ts_ms = ?",
-                        (BASE + 2 * MIN,)).fetchone()
-    assert host == (60, 20.0, 79.0)  # seconds 120..179 -> i % 100 = 20..79
+    host = conn.execute("SELECT n, cpu_pct_min, cpu_pct_max FROM host_samples_15m WHERE ts_ms = ?",
+                        (BASE + 30 * MIN,)).fetchone()
+    assert host == (900, 0.0, 99.0)
 
 
 def test_hour_rollup_weights_minutes_by_sample_count(conn):
@@ -83,44 +83,45 @@ def test_hour_rollup_weights_minutes_by_sample_count(conn):
         "WHERE gpu_index = 0 AND ts_ms = ?", (BASE,)).fetchone()
     first_hour = [util(0, i) for i in range(3600) if util(0, i) is not None]
     assert n == len(first_hour) == 2700
-    assert avg == pytest.approx(mean(first_hour))  # 24.5; an unweighted mean of minutes gives 22
+    assert avg == pytest.approx(mean(first_hour))  # 24.5; an unweighted mean of periods gives 22
     assert (lo, hi) == (0, 59)
     assert conn.execute("SELECT count(*) FROM gpu_samples_1h").fetchone()[0] == 2 * HOURS
 
 
 def test_rerunning_changes_nothing_and_later_runs_add_only_new_periods(conn):
     run_maintain(conn, NOW)
-    tables = ("gpu_samples_1m", "gpu_samples_1h", "host_samples_1m", "host_samples_1h", "gpu_samples")
+    tables = ("gpu_samples_15m", "gpu_samples_1h", "host_samples_15m", "host_samples_1h", "gpu_samples")
     before = {t: dump(conn, t) for t in tables}
     again = run_maintain(conn, NOW)
     assert not any(again.rolled_up.values())
     assert {t: dump(conn, t) for t in tables} == before
-    insert_samples(conn, range(HOURS * 3600, HOURS * 3600 + 300))  # five more minutes
-    later = run_maintain(conn, NOW + 5 * MIN)
-    assert later.rolled_up["gpu_samples_1m"] == 2 * 5
+    insert_samples(conn, range(HOURS * 3600, HOURS * 3600 + 900))  # fifteen more minutes
+    later = run_maintain(conn, NOW + 15 * MIN)
+    assert later.rolled_up["gpu_samples_15m"] == 2
     assert later.rolled_up["gpu_samples_1h"] == 0  # hour four is not complete
-    assert set(before["gpu_samples_1m"]) < set(dump(conn, "gpu_samples_1m"))
+    assert set(before["gpu_samples_15m"]) < set(dump(conn, "gpu_samples_15m"))
 
 
 def test_raw_beyond_retention_is_deleted_but_its_rollup_stays(conn):
     report = run_maintain(conn, NOW, raw=H)
+    # Packed raw samples are a minute to a row, and a row goes once all of it is too old.
     oldest = conn.execute("SELECT min(ts_ms) FROM gpu_samples").fetchone()[0]
-    assert oldest == NOW - H
-    assert report.retention_deleted["gpu_samples"] == len(samples(range(2 * 3600 + 30)))
-    assert conn.execute("SELECT min(ts_ms) FROM gpu_samples_1m").fetchone()[0] == BASE
-    assert conn.execute("SELECT min(ts_ms) FROM host_samples").fetchone()[0] == NOW - H
+    assert NOW - H - MIN < oldest <= NOW - H
+    assert report.retention_deleted["gpu_samples"] == len(samples(range((oldest - BASE) // S)))
+    assert conn.execute("SELECT min(ts_ms) FROM gpu_samples_15m").fetchone()[0] == BASE
+    assert conn.execute("SELECT min(ts_ms) FROM host_samples").fetchone()[0] == oldest
 
 
 def test_raw_is_kept_until_rolled_up(conn):
-    # The minute tier has never run before a clock 2 days on: rollup first, then delete.
+    # The 15-minute tier has never run before a clock 2 days on: rollup first, then delete.
     run_maintain(conn, BASE + 2 * DAY, raw=H)
     assert conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == 0
-    assert conn.execute("SELECT sum(n) FROM gpu_samples_1m").fetchone()[0] == len(samples(range(HOURS * 3600)))
+    assert conn.execute("SELECT sum(n) FROM gpu_samples_15m").fetchone()[0] == len(samples(range(HOURS * 3600)))
 
 
-def test_minute_tier_expires_after_hour_rollup_and_hour_tier_expires(conn):
+def test_ten_minute_tier_expires_after_hour_rollup_and_hour_tier_expires(conn):
     run_maintain(conn, BASE + 2 * DAY, raw=H, minute=DAY, hour=365 * DAY)
-    assert conn.execute("SELECT count(*) FROM gpu_samples_1m").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM gpu_samples_15m").fetchone()[0] == 0
     assert conn.execute("SELECT count(*) FROM gpu_samples_1h").fetchone()[0] == 2 * HOURS
     run_maintain(conn, BASE + 2 * H + 400 * DAY, hour=365 * DAY)
     assert conn.execute("SELECT count(*) FROM gpu_samples_1h").fetchone()[0] == 0
@@ -128,13 +129,13 @@ def test_minute_tier_expires_after_hour_rollup_and_hour_tier_expires(conn):
 
 def test_series_come_from_the_tier_that_holds_the_range(conn):
     run_maintain(conn, NOW, raw=H)
-    # Three hours is past the raw range limit: the minute tier, one point per minute.
+    # Three hours whose first two have no raw samples left: the 15-minute tier, a point each.
     points = queries.gpu_series(conn, 0, "gpu_util_pct", BASE, BASE + HOURS * H)
-    assert len(points) == HOURS * 60
+    assert len(points) == HOURS * 4
     assert (points[0].min, points[0].avg, points[0].max) == (0, 29.5, 59)
     assert points[1].avg == 14.5
-    # Half an hour whose raw samples were deleted: falls through to the minute tier.
-    assert queries.series_tier(conn, "gpu_samples", ("gpu_index", 0), BASE, BASE + 30 * MIN)[0] == "gpu_samples_1m"
+    # Half an hour whose raw samples were deleted: falls through to the 15-minute tier.
+    assert queries.series_tier(conn, "gpu_samples", ("gpu_index", 0), BASE, BASE + 30 * MIN)[0] == "gpu_samples_15m"
     # The last half hour is still raw.
     assert queries.series_tier(conn, "gpu_samples", ("gpu_index", 0), NOW - 30 * MIN, NOW)[0] == "gpu_samples"
     # Ten days: the hour tier, hours weighted by their sample counts.
@@ -181,7 +182,7 @@ def test_size_cap_deletes_oldest_samples_and_keeps_newest_and_runs(tmp_path):
     assert report.cap_deleted["gpu_samples"] > 0 and not report.over_cap
     assert conn.execute("SELECT max(ts_ms) FROM gpu_samples WHERE gpu_index = 7").fetchone()[0] == newest
     assert conn.execute("SELECT min(ts_ms) FROM gpu_samples WHERE gpu_index = 0").fetchone()[0] > BASE
-    assert conn.execute("SELECT count(*) FROM gpu_samples_1m").fetchone()[0] == 8 * ticks // 60  # rollups kept
+    assert conn.execute("SELECT count(*) FROM gpu_samples_15m").fetchone()[0] == 8 * ticks // 900  # rollups kept
     assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 3
     assert conn.execute("SELECT count(*) FROM steps").fetchone()[0] == 150
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -40,7 +40,8 @@ class Stage:
 
 
 STAGES: list[Stage] = [
-    Stage("training: GPT decoder, 15 steps", "gpt_train", "demo-train", ("--tiny", "--steps", "15")),
+    Stage("training: GPT decoder learning to count, 30 steps", "gpt_train", "demo-train",
+          ("--tiny", "--steps", "30", "--vocab", "64", "--lr", "1e-2")),
     Stage("generation: KV-cache decoding", "kv_generate", "demo-decode", ("--tiny", "--generations", "3")),
 ]
 

@@ -32,7 +32,8 @@ def run_query(conn: sqlite3.Connection, sql: str) -> tuple[list[str], list[tuple
         cur = conn.execute(sql)
         rows = cur.fetchall()
     except sqlite3.DatabaseError as e:
-        if "not authorized" in str(e) or "readonly" in str(e):
+        # A write to a raw-sample view fails before the authorizer sees it ("cannot modify").
+        if any(m in str(e) for m in ("not authorized", "readonly", "cannot modify")):
             raise click.ClickException(
                 "query is read-only: only SELECT, WITH and PRAGMA reads run; nothing was changed") from None
         raise click.ClickException(f"query failed: {e}") from None
@@ -98,6 +99,16 @@ def format_table(headers: list[str], rows: list, width: int = 80,
     return "\n".join(lines)
 
 
+def echo_data(headers: list[str], rows: list, fmt: str) -> None:
+    """Rows for scripts: a JSON list of objects, or CSV with a header line."""
+    if fmt == "json":
+        click.echo(json.dumps([dict(zip(headers, r)) for r in rows], default=_cell, indent=2))
+    else:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(headers)
+        writer.writerows(rows)
+
+
 @click.command("query")
 @click.argument("sql")
 @db_option
@@ -119,12 +130,8 @@ def query(sql, db, fmt):
         headers, rows = run_query(conn, sql)
     finally:
         conn.close()
-    if fmt == "json":
-        click.echo(json.dumps([dict(zip(headers, r)) for r in rows], default=_cell, indent=2))
-    elif fmt == "csv":
-        writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(headers)
-        writer.writerows(rows)
+    if fmt in ("json", "csv"):
+        echo_data(headers, rows, fmt)
     elif headers:
         width = shutil.get_terminal_size((80, 24)).columns
         click.echo(format_table(headers, rows, width))

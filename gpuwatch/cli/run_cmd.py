@@ -77,15 +77,20 @@ def _kill_cause(pid: int, signum: int, oom_kills_before: int | None) -> dict:
     return {}
 
 
-def wrap(command: tuple[str, ...], name: str | None) -> int:
-    """Run `command` as a run of its own; return the exit code the wrapper should exit with."""
+def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | None = None,
+         instrument: bool = True) -> int:
+    """Run `command` as a run of its own; return the exit code the wrapper should exit with.
+    `gpu_env` is added to the command's environment (CUDA_VISIBLE_DEVICES from --pick); with
+    `instrument`, a Python child gets the bootstrap that hooks torch when it imports it."""
     from collectors.host import cgroup_oom_kills
     from gpuwatch.client import metadata
     from gpuwatch.client.run import ENV_RUN_ID, new_run_id
     from gpuwatch.client.transport import connect
+    from gpuwatch.integrations.autohook import BOOTSTRAP_DIR, ENV_INSTRUMENT
     from gpuwatch.store import now_ms
 
     cfg = load_config()
+    gpu_env = gpu_env or {}
     # Block before any thread starts (the transport's threads inherit the mask), so every
     # SIGINT/SIGTERM comes to sigtimedwait below instead of interrupting us.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
@@ -98,11 +103,15 @@ def wrap(command: tuple[str, ...], name: str | None) -> int:
 
     try:
         transport = connect(cfg)
-        fields = metadata.collect()
+        fields = metadata.collect(dict(os.environ, **gpu_env))
         fields["command"] = shlex.join(command)
         send("run_start", name=name or default_name(command), **fields)
         transport.flush()  # the run exists before the child can add steps to it
-        env = dict(os.environ, **{ENV_RUN_ID: run_id})
+        env = dict(os.environ, **{ENV_RUN_ID: run_id}, **(gpu_env or {}))
+        if instrument:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH")) if p)
+        else:
+            env[ENV_INSTRUMENT] = "0"
         oom_kills_before = cgroup_oom_kills()
         try:
             pid = os.posix_spawnp(command[0], list(command), env, setsigmask=(),
@@ -131,15 +140,27 @@ def wrap(command: tuple[str, ...], name: str | None) -> int:
 
 @click.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--name", help="Run name shown by `gpuwatch runs` (default: the script or program).")
+@click.option("--pick", "pick_n", type=click.IntRange(min=1), metavar="N",
+              help="Run on the N best free GPUs of this host (as `gpuwatch pick -n N`).")
+@click.option("--no-instrument", is_flag=True,
+              help="Do not hook torch in the command (also: GPUWATCH_INSTRUMENT=0).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @friendly_errors
-def run_cmd(name: str | None, command: tuple[str, ...]) -> None:
+def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND as a tracked run and exit with its status.
 
     The run records the command, exit code or signal and duration; the daemon links the
-    command's processes (and their GPU memory) to it. A child that calls gpuwatch.track()
-    adds its steps to this same run. SIGINT and SIGTERM are passed on to the command.
+    command's processes (and their GPU memory) to it. A PyTorch program needs no change: when
+    it imports torch, gpuwatch hooks its optimiser steps and its model's forward and records
+    steps, tokens/s, loss, memory and OOM postmortems (torchrun: one run per rank). A child
+    that calls gpuwatch.track() itself is counted by its own calls instead. SIGINT and SIGTERM
+    are passed on to the command.
 
     Example: gpuwatch run --name sweep-3 -- python train.py --lr 3e-4
     """
-    raise SystemExit(wrap(command, name))
+    gpu_env = {}
+    if pick_n:
+        from gpuwatch.cli.pick_cmd import visible_devices
+
+        gpu_env["CUDA_VISIBLE_DEVICES"] = visible_devices(pick_n)
+    raise SystemExit(wrap(command, name, gpu_env, instrument=not no_instrument))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import sys
 import time
 from datetime import datetime
 
@@ -12,6 +13,7 @@ import click
 
 from gpuwatch import fmt
 from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
+from gpuwatch.cli.query_cmd import echo_data
 
 STATUSES = ("running", "finished", "failed", "oom", "killed", "lost")
 _AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -49,19 +51,34 @@ _COLUMNS = (("ID", 8, False), ("NAME", 12, False), ("USER", 8, False), ("STATUS"
             ("PEAK MEM", 9, True), ("OOM", 3, False))
 
 
-def runs_table(summaries, now_ms: int) -> str:
-    def line(cells):
-        return " ".join(_fit(c, w).rjust(w) if right else _fit(c, w).ljust(w)
-                        for c, (_, w, right) in zip(cells, _COLUMNS)).rstrip()
-
-    lines = [line([h for h, _, _ in _COLUMNS])]
+def runs_table(summaries, now_ms: int, fit: bool = True) -> str:
+    """The runs as a table: cut to 80 columns for a terminal, or whole (full ids and names)."""
+    rows = []
     for r in summaries:
         end = r.ended_ms if r.ended_ms is not None else now_ms
-        lines.append(line([r.run_id[:8], r.name, r.user, r.status, _start(r.started_ms, now_ms),
-                           fmt.duration(end - r.started_ms), fmt.count(r.tokens_per_s_avg),
-                           fmt.count(r.tokens_per_s_last), fmt.size(r.peak_mem_bytes),
-                           "OOM" if r.oom else ""]))
-    return "\n".join(lines)
+        rows.append([r.run_id[:8] if fit else r.run_id, r.name, r.user, r.status,
+                     _start(r.started_ms, now_ms), fmt.duration(end - r.started_ms),
+                     fmt.count(r.tokens_per_s_avg), fmt.count(r.tokens_per_s_last),
+                     fmt.size(r.peak_mem_bytes), "OOM" if r.oom else ""])
+    widths = [w if fit else max([len(h)] + [len(c or "-") for c in (row[i] for row in rows)])
+              for i, (h, w, _) in enumerate(_COLUMNS)]
+
+    def line(cells):
+        return " ".join(_fit(c, w).rjust(w) if right else _fit(c, w).ljust(w)
+                        for c, w, (_, _, right) in zip(cells, widths, _COLUMNS)).rstrip()
+
+    return "\n".join([line([h for h, _, _ in _COLUMNS])] + [line(row) for row in rows])
+
+
+def on_terminal() -> bool:
+    """A person reads a terminal (fit the table to it); a pipe or file is read by a script."""
+    return sys.stdout.isatty()
+
+
+# Fields of `gpuwatch runs --format csv|json`: raw values, units in the names.
+_DATA_FIELDS = ("run_id", "name", "user", "uid", "host", "pid", "status", "started_ms", "ended_ms",
+                "steps", "tokens_per_s_avg", "tokens_per_s_last", "peak_mem_bytes", "oom", "job_id",
+                "rank", "world_size")
 
 
 @click.command("runs")
@@ -70,9 +87,11 @@ def runs_table(summaries, now_ms: int) -> str:
 @click.option("--since", help="Runs active since: 2h, 1d, 30m, or an ISO time.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
               help="At most this many runs, newest first.")
+@click.option("--format", "fmt_", type=click.Choice(["table", "csv", "json"]), default="table",
+              show_default=True, help="Output format; csv and json give raw values for scripts.")
 @db_option
 @friendly_errors
-def runs_cmd(user, status, since, limit, db) -> None:
+def runs_cmd(user, status, since, limit, fmt_, db) -> None:
     """List runs, newest first: status, duration, tokens/s (average and last), peak memory, OOM.
 
     Example: gpuwatch runs --status oom --since 1d
@@ -86,10 +105,12 @@ def runs_cmd(user, status, since, limit, db) -> None:
         summaries = queries.runs(conn, user=user, status=status, since_ms=since_ms, limit=limit)
     finally:
         conn.close()
-    if not summaries:
+    if fmt_ != "table":
+        echo_data(list(_DATA_FIELDS), [[getattr(r, f) for f in _DATA_FIELDS] for r in summaries], fmt_)
+    elif not summaries:
         click.echo("no runs match" if (user or status or since) else "no runs recorded yet")
-        return
-    click.echo(runs_table(summaries, now))
+    else:
+        click.echo(runs_table(summaries, now, fit=on_terminal()))
 
 
 def _signal_name(signum: int | None) -> str:

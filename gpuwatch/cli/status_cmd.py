@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import click
 
@@ -37,6 +37,22 @@ def _gpu_row(index, name, util, used, total, temp, power_mw, state) -> list:
             "-" if power_mw is None else f"{power_mw / 1000:.0f}W", state or "ok"]
 
 
+def _mig_rows(gpu_index: int, devices, procs) -> list[list]:
+    """Rows for a GPU's MIG devices, under its own: GPU/GI/CI, profile, utilisation ("n/a" when
+    NVML gives none), memory and how many of `procs` ((gpu, gi, ci) per process) run there."""
+    rows = []
+    for d in devices:
+        if d.gpu_index != gpu_index:
+            continue
+        ids = (d.gpu_instance_id, d.compute_instance_id)
+        n = procs.count((gpu_index, *ids))
+        rows.append([fmt.gpu_label(gpu_index, *ids), f"└ MIG {d.profile or '?'}",
+                     "n/a" if d.gpu_util_pct is None else f"{d.gpu_util_pct}%",
+                     f"{fmt.size(d.mem_used_bytes)} / {fmt.size(d.mem_total_bytes)}", "", "",
+                     f"{n} proc{'' if n == 1 else 's'}"])
+    return rows
+
+
 def _host_line(h) -> str:
     if h is None:
         return "host: no sample"
@@ -56,6 +72,9 @@ def view_from_db(conn, now: int) -> View | None:
         return None
     view = View(source=f"daemon data, {fmt.duration(now - host.ts_ms)} old", host=_host_line(host))
     samples = queries.latest_gpu_samples(conn)
+    procs = queries.gpu_processes(conn)
+    migs = queries.mig_devices(conn)
+    on = [(p.gpu_index, p.gpu_instance_id, p.compute_instance_id) for p in procs]
     for gpu in queries.gpus(conn):
         s = samples.get(gpu.gpu_index)
         if s is None or now - s.ts_ms > FRESH_MS:
@@ -64,11 +83,13 @@ def view_from_db(conn, now: int) -> View | None:
             continue
         view.gpus.append(_gpu_row(gpu.gpu_index, gpu.name, s.gpu_util_pct, s.mem_used_bytes,
                                   gpu.mem_total_bytes, s.temp_c, s.power_mw, s.state))
+        view.gpus += _mig_rows(gpu.gpu_index, migs, on)
     if not view.gpus:
         view.gpu_note = "no NVIDIA GPUs: the daemon samples the host only"
-    for p in queries.gpu_processes(conn):
-        view.procs.append([p.pid, p.user or p.uid or "-", p.gpu_index, fmt.size(p.used_mem_bytes),
-                           p.cmdline or "-"])
+    for p in procs:
+        view.procs.append([p.pid, p.user or p.uid or "-",
+                           fmt.gpu_label(p.gpu_index, p.gpu_instance_id, p.compute_instance_id),
+                           fmt.size(p.used_mem_bytes), p.cmdline or "-"])
     return view
 
 
@@ -99,21 +120,35 @@ class Direct:
             view.gpu_note = f"no NVIDIA driver: {self.nvml_error}"
             return view
         samples, procs = self.nvml.sample(ts)
+        migs = _direct_migs(self.nvml.mig_static, self.nvml.sample_mig(ts))
+        on = [(p.gpu_index, p.gpu_instance_id, p.compute_instance_id) for p in procs]
         by_index = {s.gpu_index: s for s in samples}
         for g in self.nvml.static:
             s = by_index.get(g.gpu_index)
             view.gpus.append(_gpu_row(g.gpu_index, g.name, s and s.gpu_util_pct, s and s.mem_used_bytes,
                                       g.mem_total_bytes, s and s.temp_c, s and s.power_mw,
                                       s.state if s else "lost"))
+            if s is not None and s.state is None:
+                view.gpus += _mig_rows(g.gpu_index, migs, on)
         for p in procs:
             info = self.procs.info(p.pid)
-            view.procs.append([p.pid, info.user if info else "-", p.gpu_index,
+            view.procs.append([p.pid, info.user if info else "-",
+                               fmt.gpu_label(p.gpu_index, p.gpu_instance_id, p.compute_instance_id),
                                fmt.size(p.used_mem_bytes), info.cmdline if info else "-"])
         return view
 
     def close(self) -> None:
         if self.nvml is not None:
             self.nvml.close()
+
+
+def _direct_migs(static, samples) -> list:
+    """The collector's MIG facts and samples joined into the store's MigDevice rows."""
+    from gpuwatch.store.queries import MigDevice
+
+    facts = {(d.gpu_index, d.gpu_instance_id, d.compute_instance_id): d for d in static}
+    return [MigDevice(**{**asdict(m), **asdict(facts[key])}) for m in samples
+            if (key := (m.gpu_index, m.gpu_instance_id, m.compute_instance_id)) in facts]
 
 
 def render(view: View, width: int) -> str:
@@ -124,11 +159,16 @@ def render(view: View, width: int) -> str:
         parts.append(format_table(GPU_HEADERS, view.gpus, width, right={0, 2, 4, 5}))
     parts.append(view.host)
     if view.procs:
-        parts.append(format_table(PROC_HEADERS, sorted(view.procs, key=lambda r: (r[2], r[0])),
+        parts.append(format_table(PROC_HEADERS, sorted(view.procs, key=lambda r: (_gpu_order(r[2]), r[0])),
                                   width, right={0, 2, 3}))
     elif view.gpus:
         parts.append("no GPU processes")
     return "\n".join(parts)
+
+
+def _gpu_order(label: str) -> tuple[int, ...]:
+    """"1/2/0" -> (1, 2, 0): processes sorted by GPU, then MIG device."""
+    return tuple(int(part) for part in label.split("/"))
 
 
 def _read_view(db_path: str, now: int) -> View | None:

@@ -68,22 +68,36 @@ def _parent_start_s() -> int | None:
         return None
 
 
-def job_id(env: Mapping[str, str], wrapper_run_id: str | None = None) -> str | None:
-    """An id every rank of one distributed job shares, or None for a lone process.
+def _multi_node(env: Mapping[str, str]) -> bool:
+    """True when torchrun spread the job over more than one host (its agents are GROUP_WORLD_SIZE)."""
+    groups = _int_env(env, "GROUP_WORLD_SIZE")
+    world, local = _int_env(env, "WORLD_SIZE"), _int_env(env, "LOCAL_WORLD_SIZE")
+    return (groups or 0) > 1 or (world is not None and local is not None and world > local)
 
-    Slurm's job (and step) id first, then torchrun's rendezvous id, then the `gpuwatch run`
-    wrapper's run id, then MASTER_ADDR:PORT plus the launcher's start time (ports are reused).
+
+def job_id(env: Mapping[str, str], wrapper_run_id: str | None = None) -> str | None:
+    """An id every rank of one distributed job shares, on every host, or None for a lone process.
+
+    Slurm's job (and step) id first; then torchrun's run id with its rendezvous endpoint
+    (MASTER_ADDR:MASTER_PORT, the same on every host; two clusters may both use `--rdzv-id 1`);
+    for a multi-node torchrun with static rendezvous (run id "none") the endpoint alone, as
+    nothing else is shared across hosts. On one host: the `gpuwatch run` wrapper's run id, else
+    the endpoint plus the launcher's start time (ports are reused by later jobs).
     """
     if env.get("SLURM_JOB_ID"):
         step = env.get("SLURM_STEP_ID")
         return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
+    endpoint = (f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+                if env.get("MASTER_ADDR") and env.get("MASTER_PORT") else None)
     elastic = env.get("TORCHELASTIC_RUN_ID")
     if elastic and elastic != "none":
-        return f"torchrun-{elastic}"
+        return f"torchrun-{elastic}" + (f"@{endpoint}" if endpoint else "")
+    if endpoint and _multi_node(env):
+        return f"torchrun-{endpoint}"
     if wrapper_run_id:
         return wrapper_run_id
-    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
-        return f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}@{_parent_start_s()}"
+    if endpoint:
+        return f"{endpoint}@{_parent_start_s()}"
     return None
 
 

@@ -187,7 +187,9 @@ class Run:
         if self._clock is None:
             self._choose_clock()
         self._step += 1
-        tokens, samples, seq_len = _whole(tokens), _whole(samples), _whole(seq_len)
+        samples, seq_len = _whole(samples), _whole(seq_len)
+        # A tensor count (unmasked tokens summed on the GPU) is read later, like the loss.
+        tokens = torch_stats.capture_loss(tokens) if hasattr(tokens, "detach") else _whole(tokens)
         self._seq_len, self._batch = seq_len, samples
         captured = torch_stats.capture_loss(loss)  # queued before the event: ready with it
         mark = self._clock.mark()
@@ -219,6 +221,8 @@ class Run:
         while pending and clock.ready(pending[0][2], wait):
             step, ts, mark, tokens, samples, seq_len, loss, alloc, reserved, peak, rss = pending.popleft()
             step_ms = clock.elapsed_ms(mark)
+            if tokens is not None and type(tokens) is not int:
+                tokens = round(torch_stats.resolve_loss(tokens))
             tps = tokens / (step_ms / 1000.0) if tokens and step_ms else None
             fpt = self._flops_per_token
             if callable(fpt):
@@ -262,13 +266,14 @@ class Run:
         if exc is None:
             self.finish()
         else:
-            self._end_from_exception(exc)
+            self.end_from_exception(exc)
         return False  # never swallow the user's exception
 
     def finish(self, status: str = "finished") -> None:
         self._end(status)
 
-    def _end_from_exception(self, exc: BaseException) -> None:
+    def end_from_exception(self, exc: BaseException) -> None:
+        """End as the exception says: killed (Ctrl-C), finished/failed (SystemExit), oom, failed."""
         if isinstance(exc, KeyboardInterrupt):
             self._end("killed", signal=int(signal.SIGINT), error_type="KeyboardInterrupt")
         elif isinstance(exc, SystemExit):
@@ -290,6 +295,17 @@ class Run:
         except Exception:  # the user's own error matters more than our postmortem of it
             log.warning("gpuwatch: could not capture the OOM postmortem", exc_info=True)
         self._end("oom", error_type=error_type(exc), error_message=str(exc)[:2000])
+
+    def abandon(self) -> None:
+        """Stop sending, with no end event: another Run of the same id (the script's own
+        track() under `gpuwatch run`) carries on and ends it."""
+        if not self._ended:
+            self._ended = True
+            self._profiling.close()
+            self._restore_hooks()
+            self._transport.flush(END_FLUSH_TIMEOUT_S)
+            self._transport.close()
+            self._rss.close()
 
     def _end(self, status: str, *, drain: bool = True, **fields) -> None:
         if self._ended:
@@ -339,7 +355,7 @@ class Run:
     def _excepthook(self, exc_type, exc, tb) -> None:
         """For runs used without `with`: an uncaught exception ends the run before Python exits."""
         previous = self._saved_excepthook or sys.__excepthook__
-        self._end_from_exception(exc)
+        self.end_from_exception(exc)
         previous(exc_type, exc, tb)
 
     def _at_exit(self) -> None:
@@ -356,6 +372,11 @@ class Run:
         atexit.unregister(self._at_exit)
 
 
+# Set by the first track() call: the zero-code hooks of `gpuwatch run` then stand down, so a
+# script that tracks itself is counted once, by its own calls.
+explicit_track_started = False
+
+
 def track(name: str | None = None, config: Any = None,
           flops_per_token: float | Callable[[int], float] | None = None, run_id: str | None = None,
           precision: str = "bf16") -> Run:
@@ -366,6 +387,16 @@ def track(name: str | None = None, config: Any = None,
     GPU's dense peak for `precision`. Under `gpuwatch run`, the run joins the wrapper's run
     (single process), or becomes a rank run whose parent is the wrapper's (world_size > 1).
     """
+    global explicit_track_started
+    explicit_track_started = True
+    return start_run(name=name, config=config, flops_per_token=flops_per_token, run_id=run_id,
+                     precision=precision)
+
+
+def start_run(name: str | None = None, config: Any = None,
+              flops_per_token: float | Callable[[int], float] | None = None, run_id: str | None = None,
+              precision: str = "bf16") -> Run:
+    """track() without marking the run as the script's own: for integrations and the hooks."""
     from gpuwatch.client.transport import connect
 
     cfg = config_mod.load()

@@ -131,11 +131,11 @@ def cuda_memory(torch) -> tuple[int, int, int]:
     return cuda.memory_allocated(), cuda.memory_reserved(), cuda.max_memory_allocated()
 
 
-# torch.cuda.memory_stats() keys behind the `memory_stats` columns (`gpuwatch selftest` checks them).
-STORED_STATS_KEYS = ("num_alloc_retries", "num_ooms", "inactive_split_bytes.all.current")
-
-
 def memory_stats_fields(stats: dict) -> dict:
     """Columns of `memory_stats` from torch.cuda.memory_stats(); keys vary by version, so .get()."""
-    retries, ooms, inactive = (stats.get(k) for k in STORED_STATS_KEYS)
-    return {"num_alloc_retries": retries, "num_ooms": ooms, "inactive_split_bytes": inactive, "stats": stats}
+    return {
+        "num_alloc_retries": stats.get("num_alloc_retries"),
+        "num_ooms": stats.get("num_ooms"),
+        "inactive_split_bytes": stats.get("inactive_split_bytes.all.current"),
+        "stats": stats,
+    }

@@ -59,7 +59,8 @@ class Daemon:
 
             try:
                 metrics = start_metrics_server(cfg.metrics_listen, cfg.db_path, extra=lambda: {
-                    "writer_queue_depth": self.writer.depth(), "writer_failed_jobs": self.writer.failed_jobs})
+                    "writer_queue_depth": self.writer.depth(), "writer_failed_jobs": self.writer.failed_jobs},
+                    hostname=cfg.metrics_hostname or None)
             except BaseException:
                 self.writer.close()
                 raise

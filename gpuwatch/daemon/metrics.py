@@ -9,10 +9,12 @@ dcgm-exporter's counters are exposed untyped: prometheus-client would rename a c
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sqlite3
 import threading
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
@@ -23,7 +25,15 @@ from gpuwatch.store import StoreError, now_ms, open_ro, queries
 DEFAULT_HOST = "127.0.0.1"
 MIB = 1024 * 1024
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
-RUN_LABELS = ("run_id", "name", "user", "rank")
+# Hostname is on every series a fleet view groups by host (dcgm-exporter's label): `instance`
+# is the scrape address, which says nothing once a target is behind a proxy or renamed.
+USER_LABELS = ("gpu", "UUID", "Hostname", "user")
+RUN_LABELS = ("run_id", "name", "user", "job_id", "rank", "Hostname")
+MAX_USERS_PER_GPU = 8  # the rest of a GPU's users are summed as "(others)": bounded cardinality
+OTHERS = "(others)"
+# NVML clock-event reasons that slow a GPU against its will (power cap, HW slowdown, sync boost,
+# SW/HW thermal, power brake); idle and application-clock settings are normal operation.
+THROTTLED_MASK = 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x80
 
 # (dcgm name, gpu_samples column, scale to dcgm's unit, kind, help) — help text as dcgm-exporter's.
 DCGM_FIELDS = (
@@ -42,6 +52,17 @@ DCGM_FIELDS = (
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_uncorrected", 1, "counter",
      "Total number of double-bit volatile ECC errors."),
 )
+# A MIG device's own figures, as series of these DCGM families labelled as dcgm-exporter labels a
+# GPU instance: its GPU's labels plus GPU_I_PROFILE and GPU_I_ID. Temperature, power and clocks
+# are the whole GPU's and stay on its series, which carry no GPU_I_* labels.
+MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
+MIG_FIELDS = (
+    ("DCGM_FI_DEV_FB_USED", "mem_used_bytes", 1 / MIB),
+    ("DCGM_FI_DEV_FB_FREE", "mem_free_bytes", 1 / MIB),
+    ("DCGM_FI_DEV_GPU_UTIL", "gpu_util_pct", 1),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_util_pct", 1),
+)
+_COMPUTE_SHARE = re.compile(r"^\d+c\.")  # "1c.3g.40gb": a compute instance's share of 3g.40gb
 # NVML gives PCIe throughput as a rate, not dcgm's cumulative KB counter, so it gets our own name.
 OWN_GPU_FIELDS = (
     ("gpuwatch_gpu_pcie_tx_bytes_per_second", "pcie_tx_kbps", 1024, "PCIe transmit throughput."),
@@ -69,7 +90,7 @@ DAEMON_FIELDS = (
 
 # SQLite returns the xid of the row holding MAX(ts_ms): the last XID per GPU.
 _XID_SQL = "SELECT gpu_index, xid, MAX(ts_ms) FROM xid_events GROUP BY gpu_index"
-_RUNS_SQL = "SELECT run_id, name, user, rank FROM runs WHERE status = 'running'"
+_RUNS_SQL = "SELECT run_id, name, user, job_id, rank FROM runs WHERE status = 'running'"
 _LAST_STEP_SQL = "SELECT step, tokens_per_s FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1"
 _PEAK_SINCE_SQL = "SELECT MAX(step), MAX(mem_peak_bytes) FROM steps WHERE run_id = ? AND step > ?"
 
@@ -135,17 +156,20 @@ class StoreCollector:
 
     def _from_store(self, conn: sqlite3.Connection) -> list:
         try:
-            return self._gpu_families(conn) + self._run_families(conn) + self._host_families(conn)
+            gpus, newest_gpu_ms = self._gpu_families(conn)
+            return gpus + self._run_families(conn) + self._host_families(conn, newest_gpu_ms)
         except sqlite3.Error:
             self._conn = None  # reopen next time (e.g. the file was replaced)
             conn.close()
             return []
 
-    def _gpu_families(self, conn: sqlite3.Connection) -> list:
+    def _gpu_families(self, conn: sqlite3.Connection) -> tuple[list, int | None]:
+        """The GPU families, and the time of the newest GPU sample (None: none stored)."""
         now = now_ms()
         fresh_after = now - self.stale_after_ms
         latest = queries.latest_gpu_samples(conn)
-        rows = [(gpu, latest[gpu.gpu_index]) for gpu in queries.gpus(conn)
+        infos = queries.gpus(conn)
+        rows = [(gpu, latest[gpu.gpu_index]) for gpu in infos
                 if gpu.state == "ok" and gpu.gpu_index in latest
                 and latest[gpu.gpu_index].state is None and latest[gpu.gpu_index].ts_ms >= fresh_after]
         xids = {idx: xid for idx, xid, _ in conn.execute(_XID_SQL)}
@@ -170,7 +194,49 @@ class StoreCollector:
                 if v[column] is not None:
                     fam.add_metric(labels, v[column] * scale)
             families.append(fam)
-        return families
+        reasons = _family("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bitmask).",
+                          GPU_LABELS)
+        throttled = _family("gpuwatch_gpu_throttled", "1 while power, thermal or a hardware slowdown "
+                            "holds the GPU's clocks down.", GPU_LABELS)
+        for labels, v in zip(gpu_labels, values):
+            if v["throttle_reasons"] is not None:
+                reasons.add_metric(labels, v["throttle_reasons"])
+                throttled.add_metric(labels, 1 if v["throttle_reasons"] & THROTTLED_MASK else 0)
+        families += [reasons, throttled, self._gpu_up(infos, rows), self._users(conn, rows)]
+        _add_mig_series(conn, families,
+                        {g.gpu_index: labels for (g, _), labels in zip(rows, gpu_labels)})
+        return families, max((s.ts_ms for s in latest.values()), default=None)
+
+    def _gpu_up(self, infos: list, fresh: list) -> object:
+        """Every GPU the host ever had: 0 when lost or no longer sampled, so an alert can fire."""
+        ok = {gpu.gpu_index for gpu, _ in fresh}
+        up = _family("gpuwatch_gpu_up", "1 while the GPU answers and is sampled; 0 when it is lost.",
+                     GPU_LABELS)
+        for g in infos:
+            up.add_metric([str(g.gpu_index), g.uuid or "", g.pci_bus_id or "", f"nvidia{g.gpu_index}",
+                           g.name or "", self.hostname], 1 if g.gpu_index in ok else 0)
+        return up
+
+    def _users(self, conn: sqlite3.Connection, fresh: list) -> object:
+        """GPU memory per user per GPU, from the newest process tick; a GPU's users beyond
+        MAX_USERS_PER_GPU are summed as "(others)"."""
+        uuids = {gpu.gpu_index: gpu.uuid or "" for gpu, _ in fresh}
+        held: dict[int, dict[str, int]] = {}
+        for p in queries.gpu_processes(conn):
+            if p.gpu_index in uuids:
+                user = p.user or (f"uid {p.uid}" if p.uid is not None else "unknown")
+                per_gpu = held.setdefault(p.gpu_index, {})
+                per_gpu[user] = per_gpu.get(user, 0) + (p.used_mem_bytes or 0)
+        fam = _family("gpuwatch_gpu_user_memory_bytes", "GPU memory held by a user's processes.",
+                      USER_LABELS)
+        for index, users in sorted(held.items()):
+            ranked = sorted(users.items(), key=lambda kv: (-kv[1], kv[0]))
+            if len(ranked) > MAX_USERS_PER_GPU:
+                keep = ranked[:MAX_USERS_PER_GPU - 1]
+                ranked = keep + [(OTHERS, sum(b for _, b in ranked[len(keep):]))]
+            for user, used in ranked:
+                fam.add_metric([str(index), uuids[index], self.hostname, user], used)
+        return fam
 
     def _run_families(self, conn: sqlite3.Connection) -> list:
         """Only running runs: finished ones would grow the series count without bound."""
@@ -180,9 +246,10 @@ class StoreCollector:
                        RUN_LABELS)
         step = _family("gpuwatch_run_step", "Last step the run reported.", RUN_LABELS)
         active = set()
-        for run_id, name, user, rank in conn.execute(_RUNS_SQL).fetchall():
+        for run_id, name, user, job_id, rank in conn.execute(_RUNS_SQL).fetchall():
             active.add(run_id)
-            labels = [run_id, name or "", user or "", "" if rank is None else str(rank)]
+            labels = [run_id, name or "", user or "", job_id or run_id, "" if rank is None else str(rank),
+                      self.hostname]
             last = conn.execute(_LAST_STEP_SQL, (run_id,)).fetchone()
             if last is None:
                 continue
@@ -208,9 +275,10 @@ class StoreCollector:
             self._peaks[run_id] = (new_last, best)
         return best
 
-    def _host_families(self, conn: sqlite3.Connection) -> list:
-        families = []
-        host = conn.execute("SELECT * FROM host_samples ORDER BY ts_ms DESC LIMIT 1")
+    def _host_families(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> list:
+        families = [self._last_sample(conn, newest_gpu_ms)]
+        # The newest samples are always plain rows (store/packed.py): one seek, no decoding.
+        host = conn.execute("SELECT * FROM host_samples_recent ORDER BY ts_ms DESC LIMIT 1")
         families += _row_families(host, HOST_FIELDS, now_ms() - self.stale_after_ms)
         stats = conn.execute("SELECT * FROM daemon_stats ORDER BY ts_ms DESC LIMIT 1")
         families += _row_families(stats, DAEMON_FIELDS, now_ms() - self.stale_after_ms)
@@ -219,6 +287,17 @@ class StoreCollector:
                                 for suffix in ("", "-wal")))
         families.append(size)
         return families
+
+    def _last_sample(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> object:
+        """When this host last stored a sample: with `up`, a fleet view says since when a host
+        is unreachable or its daemon stopped sampling."""
+        host_ms = conn.execute("SELECT max(ts_ms) FROM host_samples_recent").fetchone()[0]  # one seek
+        newest = max((t for t in (newest_gpu_ms, host_ms) if t is not None), default=None)
+        fam = _family("gpuwatch_host_last_sample_timestamp_seconds",
+                      "Time of the newest sample this host stored (seconds since the epoch).", ("Hostname",))
+        if newest is not None:
+            fam.add_metric([self.hostname], newest / 1000)
+        return fam
 
     def _extra_families(self) -> list:
         if self.extra is None:
@@ -229,6 +308,25 @@ class StoreCollector:
             fam.add_metric([], float(value))
             families.append(fam)
         return families
+
+
+def _add_mig_series(conn: sqlite3.Connection, families: list,
+                    labels_by_gpu: dict[int, list[str]]) -> None:
+    """A series per GPU instance of each GPU in labels_by_gpu (the fresh ones) on MIG_FIELDS'
+    families. The compute instances of one GPU instance share its memory: its first one's is
+    taken, and utilisation only when there is one (most drivers give none on MIG anyway)."""
+    instances: dict[tuple[int, int], list[queries.MigDevice]] = defaultdict(list)
+    for d in queries.mig_devices(conn):
+        if d.gpu_index in labels_by_gpu:
+            instances[d.gpu_index, d.gpu_instance_id].append(d)
+    by_name = {f.name: f for f in families}
+    for (gpu, gi), devices in instances.items():
+        labels = dict(zip(GPU_LABELS, labels_by_gpu[gpu]))
+        labels.update(zip(MIG_LABELS, (_COMPUTE_SHARE.sub("", devices[0].profile or ""), str(gi))))
+        for name, column, scale in MIG_FIELDS:
+            value = getattr(devices[0], column)
+            if value is not None and (column.endswith("bytes") or len(devices) == 1):
+                by_name[name].add_sample(name, labels, value * scale)
 
 
 def _row_families(cur: sqlite3.Cursor, fields, min_ts_ms: int) -> list:
@@ -287,13 +385,14 @@ class MetricsServer:
 
 
 def start_metrics_server(listen: str, db_path, extra: Callable[[], Mapping[str, float]] | None = None,
-                         stale_after_s: float = 60.0) -> MetricsServer:
-    """Serve /metrics on `listen` from a background thread; close() stops it."""
+                         stale_after_s: float = 60.0, hostname: str | None = None) -> MetricsServer:
+    """Serve /metrics on `listen` from a background thread; close() stops it. `hostname` is the
+    Hostname label (default: this machine's name)."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     host, port = parse_listen(listen)
     registry = CollectorRegistry(auto_describe=False)
-    collector = StoreCollector(db_path, extra=extra, stale_after_s=stale_after_s)
+    collector = StoreCollector(db_path, extra=extra, stale_after_s=stale_after_s, hostname=hostname)
     registry.register(collector)
     try:
         httpd, thread = start_http_server(port, addr=host, registry=registry)

@@ -9,6 +9,7 @@ its spool without counting anything twice. Called on the writer thread with its 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sqlite3
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from itertools import chain, groupby, repeat
 from operator import itemgetter
 from typing import Callable
 
+from gpuwatch.store.packed import between
 from gpuwatch.store.writer import insert_rows, insert_sql
 
 
@@ -225,33 +227,49 @@ class TableApplier:
 NEIGHBOUR_SAMPLE_MAX_AGE_MS = 60_000  # older GPU process samples say nothing about the OOM moment
 
 
-def _gpu_index_of(conn: sqlite3.Connection, run_id: str, device: int) -> int:
-    """NVML index of the run's CUDA device `device`, through the run's visible GPU UUIDs if known."""
+_LEGACY_MIG_UUID = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/(\d+)$")  # MIG-GPU-<uuid>/GI/CI
+
+
+def _gpu_index_of(conn: sqlite3.Connection, run_id: str,
+                  device: int) -> tuple[int, tuple[int, int] | None]:
+    """NVML index of the run's CUDA device `device`, through the run's visible GPU UUIDs if known,
+    and (GPU instance, compute instance) when that device is a MIG device."""
     found = conn.execute("SELECT gpu_uuids FROM runs WHERE run_id = ?", (run_id,)).fetchone()
     uuids = [u.strip() for u in (found[0] or "").split(",") if u.strip()] if found else []
     if device < len(uuids):
-        row = conn.execute("SELECT gpu_index FROM gpus WHERE uuid = ?", (uuids[device],)).fetchone()
+        uuid, mig = uuids[device], None
+        legacy = _LEGACY_MIG_UUID.match(uuid)
+        if legacy:
+            uuid, mig = legacy[1], (int(legacy[2]), int(legacy[3]))
+        row = conn.execute("SELECT gpu_index FROM gpus WHERE uuid = ?", (uuid,)).fetchone()
         if row:
-            return row[0]
-        if uuids[device].isdigit():
-            return int(uuids[device])
-    return device
+            return row[0], mig
+        row = conn.execute("SELECT gpu_index, gpu_instance_id, compute_instance_id FROM mig_devices "
+                           "WHERE uuid = ?", (uuid,)).fetchone()
+        if row:
+            return row[0], (row[1], row[2])
+        if uuid.isdigit():
+            return int(uuid), None
+    return device, None
 
 
 def _neighbours_from_samples(conn: sqlite3.Connection, run_id: str, device: int, own_pid: int,
                              ts_ms: int) -> list[dict] | None:
-    """Other processes on the OOM's GPU at the daemon's newest process sample before the OOM."""
-    gpu = _gpu_index_of(conn, run_id, device)
-    newest = conn.execute("SELECT MAX(ts_ms) FROM gpu_process_samples WHERE gpu_index = ? AND ts_ms <= ?",
-                          (gpu, ts_ms + 1000)).fetchone()[0]
+    """Other processes on the OOM's GPU (on a MIG device: on that MIG device, whose memory is
+    its own) at the daemon's newest process sample before the OOM."""
+    gpu, mig = _gpu_index_of(conn, run_id, device)
+    samples = between("gpu_process_samples", ts_ms - NEIGHBOUR_SAMPLE_MAX_AGE_MS, ts_ms + 1001, "s",
+                      ("gpu_index", "pid", "used_mem_bytes", "gpu_instance_id", "compute_instance_id"))
+    newest = conn.execute(f"SELECT MAX(ts_ms) FROM {samples} WHERE gpu_index = ?", (gpu,)).fetchone()[0]
     if newest is None or newest < ts_ms - NEIGHBOUR_SAMPLE_MAX_AGE_MS:
         return None
+    on_mig = "AND s.gpu_instance_id = ? AND s.compute_instance_id = ? " if mig else ""
     rows = conn.execute(
-        "SELECT s.pid, p.user, s.used_mem_bytes, p.run_id FROM gpu_process_samples s "
+        f"SELECT s.pid, p.user, s.used_mem_bytes, p.run_id FROM {samples} "
         "LEFT JOIN processes p ON p.pid = s.pid AND p.start_ms = "
         "(SELECT MAX(start_ms) FROM processes WHERE pid = s.pid) "
-        "WHERE s.gpu_index = ? AND s.ts_ms = ? AND s.pid != ? ORDER BY s.used_mem_bytes DESC",
-        (gpu, newest, own_pid)).fetchall()
+        f"WHERE s.gpu_index = ? AND s.ts_ms = ? AND s.pid != ? {on_mig}ORDER BY s.used_mem_bytes DESC",
+        (gpu, newest, own_pid, *(mig or ()))).fetchall()
     return [{"pid": pid, "user": user, "used_mem_bytes": used, "run_id": run}
             for pid, user, used, run in rows]
 

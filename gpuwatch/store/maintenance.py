@@ -1,14 +1,19 @@
 """Rollups, retention and the size cap, run every minute in the writer thread.
 
 Order of work, each step safe to repeat:
-1. Roll complete minutes of raw GPU/host samples into *_1m and complete hours of *_1m into
-   *_1h. `rollup_state` keeps, per tier, the time before which everything is folded in, so
-   re-running never double counts (a sample that arrives later than that mark is not rolled up).
-2. Retention: raw samples (gpu_samples, gpu_process_samples, host_samples, daemon_stats) older
-   than the raw window go, but GPU/host samples only once rolled up; *_1m older than its
-   window once rolled into *_1h; *_1h older than its window.
-3. Size cap: while the database is larger than max_db_bytes, delete the oldest raw samples in
-   chunks, then the oldest *_1m, then *_1h, giving pages back with incremental_vacuum. Runs,
+1. Roll complete 15-minute periods of raw GPU/host samples into *_15m and complete hours of
+   *_15m into *_1h. `rollup_state` keeps, per tier, the time before which everything is
+   folded in, so re-running never double counts (a sample that arrives later than that mark
+   is not rolled up).
+   Then pack plain raw rows that are rolled up and older than KEEP_PLAIN_MS into buckets
+   (store/packed.py); rollups read the plain rows only.
+2. Retention: raw samples (gpu_samples, gpu_process_samples, mig_samples, host_samples,
+   daemon_stats) older than the raw window go, but GPU/host samples only once rolled up (a
+   packed bucket goes when its whole span is past the window); *_15m older than its window
+   (the config's minute_retention_days) once rolled into *_1h; *_1h older than its window.
+3. Size cap: once the file is larger than max_db_bytes, give its free pages back
+   (incremental_vacuum); while still larger, delete the oldest raw samples in chunks, then the
+   oldest *_15m, then *_1h, giving pages back likewise. Runs,
    steps, postmortems and everything else that hangs off a run are deleted (oldest finished
    run first) only when no sample of any tier is left. The size counted is the main database
    file's pages; the -wal file comes on top and is shrunk when the writer checkpoints it.
@@ -19,14 +24,16 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
-from gpuwatch.store.queries import HOUR_MS, MINUTE_MS
-from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS
+from gpuwatch.store import packed
+from gpuwatch.store.queries import HOUR_MS
+from gpuwatch.store.schema import (GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS, coarser_values,
+                                   rollup_avg)
 
-# A minute counts as complete this long after it ends, so samples still queued get in first.
+# A period counts as complete this long after it ends, so samples still queued get in first.
 ROLLUP_LAG_MS = 10_000
 # Raw sample tables and the key that leads their primary key (None: the key is ts_ms).
 RAW_TABLES = {"gpu_samples": "gpu_index", "gpu_process_samples": "gpu_index",
-              "host_samples": None, "daemon_stats": None}
+              "mig_samples": "gpu_index", "host_samples": None, "daemon_stats": None}
 ROLLUP_SOURCES = (("gpu_samples", "gpu_index", GPU_METRICS), ("host_samples", None, HOST_METRICS))
 # Deleted with a run when the size cap leaves nothing else; each has a run_id column.
 RUN_TABLES = ("steps", "generations", "memory_stats", "run_events", "oom_postmortems",
@@ -38,6 +45,7 @@ CAP_CHUNKS = 20
 @dataclass
 class MaintenanceReport:
     rolled_up: dict[str, int] = field(default_factory=dict)      # tier -> rows written
+    packed: dict[str, int] = field(default_factory=dict)         # raw table -> samples packed
     retention_deleted: dict[str, int] = field(default_factory=dict)  # table -> rows
     cap_deleted: dict[str, int] = field(default_factory=dict)    # table -> rows
     runs_deleted: int = 0
@@ -47,7 +55,8 @@ class MaintenanceReport:
 
     def __str__(self) -> str:
         parts = [f"db {self.db_bytes_before} -> {self.db_bytes_after} bytes"]
-        for label, counts in (("rolled up", self.rolled_up), ("expired", self.retention_deleted),
+        for label, counts in (("rolled up", self.rolled_up), ("packed", self.packed),
+                              ("expired", self.retention_deleted),
                               ("capped", self.cap_deleted)):
             if any(counts.values()):
                 parts.append(f"{label}: " + ", ".join(f"{t} {n}" for t, n in counts.items() if n))
@@ -69,8 +78,14 @@ def maintain(conn: sqlite3.Connection, now_ms: int, *, raw_retention_ms: int,
     try:
         report = MaintenanceReport(db_bytes_before=db_bytes(conn))
         for table, key, metrics in ROLLUP_SOURCES:
-            report.rolled_up[f"{table}_1m"] = _roll_minutes(conn, table, key, metrics, now_ms)
+            report.rolled_up[f"{table}_15m"] = _roll_quarter_hours(conn, table, key, metrics, now_ms)
             report.rolled_up[f"{table}_1h"] = _roll_hours(conn, table, key, metrics, now_ms)
+        rolled = {table: _done_until(conn, f"{table}_15m") or 0 for table, _, _ in ROLLUP_SOURCES}
+        for table in packed.TABLES.values():
+            report.packed[table.name], mark = packed.pack(
+                conn, table, _done_until(conn, table.packed), rolled.get(table.name, now_ms))
+            if mark is not None:
+                _set_done_until(conn, table.packed, mark)
         _expire(conn, now_ms, raw_retention_ms, minute_retention_ms, hour_retention_ms, report)
         _enforce_cap(conn, max_db_bytes, report)
         report.db_bytes_after = db_bytes(conn)
@@ -107,6 +122,9 @@ def _key_filter(table: str, key: str | None) -> tuple[str, str]:
 
 
 def _oldest(conn: sqlite3.Connection, table: str, key: str | None) -> int | None:
+    if table in packed.TABLES:  # a packed bucket's start stands for its samples
+        found = [_oldest(conn, t, key) for t in (f"{table}_recent", f"{table}_packed")]
+        return min((f for f in found if f is not None), default=None)
     if key is None:
         return conn.execute(f"SELECT min(ts_ms) FROM {table}").fetchone()[0]
     return conn.execute(_keys_cte(table, key) + f"SELECT min((SELECT min(ts_ms) FROM {table} "
@@ -114,6 +132,9 @@ def _oldest(conn: sqlite3.Connection, table: str, key: str | None) -> int | None
 
 
 def _newest(conn: sqlite3.Connection, table: str, key: str | None) -> int | None:
+    if table in packed.TABLES:  # the plain rows are the newest, unless there are none
+        found = [_newest(conn, t, key) for t in (f"{table}_recent", f"{table}_packed")]
+        return max((f for f in found if f is not None), default=None)
     if key is None:
         return conn.execute(f"SELECT max(ts_ms) FROM {table}").fetchone()[0]
     return conn.execute(_keys_cte(table, key) + f"SELECT max((SELECT max(ts_ms) FROM {table} "
@@ -127,9 +148,21 @@ def _changed(conn: sqlite3.Connection, sql: str, params: tuple) -> int:
     return conn.total_changes - before
 
 
-def _delete_before(conn: sqlite3.Connection, table: str, key: str | None, cutoff_ms: int) -> int:
-    cte, where = _key_filter(table, key)
-    return _changed(conn, f"{cte}DELETE FROM {table} WHERE {where}ts_ms < ?", (cutoff_ms,))
+def _delete_before(conn: sqlite3.Connection, table: str, key: str | None, cutoff_ms: int,
+                   whole_buckets: bool = True) -> int:
+    """Delete samples older than cutoff_ms; returns how many. A packed bucket goes whole: once
+    its last possible sample is older than the cutoff, or (whole_buckets False: the size cap,
+    which must make progress) once its first is."""
+    spec = packed.TABLES.get(table)
+    if spec is None:
+        cte, where = _key_filter(table, key)
+        return _changed(conn, f"{cte}DELETE FROM {table} WHERE {where}ts_ms < ?", (cutoff_ms,))
+    cte, where = _key_filter(spec.packed, key)
+    bucket_cutoff = cutoff_ms - spec.bucket_ms + 1 if whole_buckets else cutoff_ms
+    samples = conn.execute(f"{cte}SELECT coalesce(sum(n), 0) FROM {spec.packed} WHERE {where}ts_ms < ?",
+                           (bucket_cutoff,)).fetchone()[0]
+    conn.execute(f"{cte}DELETE FROM {spec.packed} WHERE {where}ts_ms < ?", (bucket_cutoff,))
+    return samples + _delete_before(conn, spec.recent, key, cutoff_ms)
 
 
 # --- rollups ----------------------------------------------------------------------------------
@@ -166,31 +199,19 @@ def _tier_columns(metrics: tuple[str, ...]) -> list[str]:
     return [f"{m}_{agg}" for m in metrics for agg in ("min", "avg", "max")]
 
 
-def _avg(metric: str, expr: str) -> str:
-    """Averages of byte/mW/MHz/kbps metrics are kept as whole units: an integer takes 1-6
-    bytes on disk where a REAL takes 8, and a fraction of a byte or milliwatt means nothing."""
-    if metric.endswith(("_bytes", "_mw", "_mhz", "_kbps")):
-        return f"CAST(round({expr}) AS INTEGER)"
-    return expr
-
-
-def _roll_minutes(conn, table, key, metrics, now_ms) -> int:
-    until = (now_ms - ROLLUP_LAG_MS) // MINUTE_MS * MINUTE_MS
-    values = "count(*), " + ", ".join(f"min({m}), {_avg(m, f'avg({m})')}, max({m})" for m in metrics)
-    return _roll(conn, table, f"{table}_1m", key, MINUTE_MS, until, _tier_columns(metrics), values)
+def _roll_quarter_hours(conn, table, key, metrics, now_ms) -> int:
+    until = (now_ms - ROLLUP_LAG_MS) // QUARTER_HOUR_MS * QUARTER_HOUR_MS
+    values = "count(*), " + ", ".join(f"min({m}), {rollup_avg(m, f'avg({m})')}, max({m})" for m in metrics)
+    # From the plain rows: nothing is packed before this tier has folded it in.
+    return _roll(conn, f"{table}_recent", f"{table}_15m", key, QUARTER_HOUR_MS, until,
+                 _tier_columns(metrics), values)
 
 
 def _roll_hours(conn, table, key, metrics, now_ms) -> int:
-    minutes_done = _done_until(conn, f"{table}_1m") or 0
-    until = min(now_ms - ROLLUP_LAG_MS, minutes_done) // HOUR_MS * HOUR_MS
-    # The hour's average weights each minute by its sample count (n counts rows, so a metric
-    # missing in some rows is weighted by the minutes where it was present).
-    values = "sum(n), " + ", ".join(
-        f"min({m}_min), "
-        + _avg(m, f"sum({m}_avg * n) * 1.0 / sum(CASE WHEN {m}_avg IS NOT NULL THEN n END)")
-        + f", max({m}_max)" for m in metrics)
-    return _roll(conn, f"{table}_1m", f"{table}_1h", key, HOUR_MS, until,
-                 _tier_columns(metrics), values)
+    periods_done = _done_until(conn, f"{table}_15m") or 0
+    until = min(now_ms - ROLLUP_LAG_MS, periods_done) // HOUR_MS * HOUR_MS
+    return _roll(conn, f"{table}_15m", f"{table}_1h", key, HOUR_MS, until,
+                 _tier_columns(metrics), coarser_values(metrics))
 
 
 # --- retention --------------------------------------------------------------------------------
@@ -199,12 +220,12 @@ def _expire(conn, now_ms, raw_ms, minute_ms, hour_ms, report: MaintenanceReport)
     rolled = {table: table for table, _, _ in ROLLUP_SOURCES}
     for table, key in RAW_TABLES.items():
         cutoff = now_ms - raw_ms
-        if table in rolled:  # never drop what the minute tier has not folded in yet
-            cutoff = min(cutoff, _done_until(conn, f"{table}_1m") or 0)
+        if table in rolled:  # never drop what the 15-minute tier has not folded in yet
+            cutoff = min(cutoff, _done_until(conn, f"{table}_15m") or 0)
         report.retention_deleted[table] = _delete_before(conn, table, key, cutoff)
     for table, key, _ in ROLLUP_SOURCES:
         cutoff = min(now_ms - minute_ms, _done_until(conn, f"{table}_1h") or 0)
-        report.retention_deleted[f"{table}_1m"] = _delete_before(conn, f"{table}_1m", key, cutoff)
+        report.retention_deleted[f"{table}_15m"] = _delete_before(conn, f"{table}_15m", key, cutoff)
         report.retention_deleted[f"{table}_1h"] = _delete_before(conn, f"{table}_1h", key,
                                                                  now_ms - hour_ms)
 
@@ -225,12 +246,14 @@ def _used_bytes(conn: sqlite3.Connection) -> int:
 
 
 def _enforce_cap(conn: sqlite3.Connection, max_db_bytes: int, report: MaintenanceReport) -> None:
-    if _used_bytes(conn) <= max_db_bytes:
+    # A file within the cap keeps its free pages: packing frees some every minute and new
+    # samples reuse them, where giving them back would move pages about every minute.
+    if db_bytes(conn) <= max_db_bytes or _used_bytes(conn) <= max_db_bytes:
         return
     raw = list(RAW_TABLES.items())
-    minutes = [(f"{t}_1m", k) for t, k, _ in ROLLUP_SOURCES]
+    minutes = [(f"{t}_15m", k) for t, k, _ in ROLLUP_SOURCES]
     hours = [(f"{t}_1h", k) for t, k, _ in ROLLUP_SOURCES]
-    for group, period in ((raw, 1000), (minutes, MINUTE_MS), (hours, HOUR_MS)):
+    for group, period in ((raw, 1000), (minutes, QUARTER_HOUR_MS), (hours, HOUR_MS)):
         while _used_bytes(conn) > max_db_bytes:
             if not _delete_oldest_chunk(conn, group, period, report):
                 break
@@ -255,7 +278,7 @@ def _delete_oldest_chunk(conn, group: list[tuple[str, str | None]], period_ms: i
     cutoff = oldest + max((newest - oldest) // CAP_CHUNKS, period_ms)
     for table, key in group:
         report.cap_deleted[table] = (report.cap_deleted.get(table, 0)
-                                     + _delete_before(conn, table, key, cutoff))
+                                     + _delete_before(conn, table, key, cutoff, whole_buckets=False))
     return True
 
 

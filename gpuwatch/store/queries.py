@@ -10,14 +10,15 @@ import sqlite3
 from dataclasses import dataclass, field, fields
 from typing import Iterable, TypeVar
 
+from gpuwatch.store import packed
 from gpuwatch.store.db import StoreError, now_ms
-from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS
+from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS
 
-MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
-# Series tiers: raw only for ranges up to RAW_MAX_RANGE_MS, minutes up to MINUTE_MAX_RANGE_MS.
-RAW_MAX_RANGE_MS = 2 * HOUR_MS
-MINUTE_MAX_RANGE_MS = 2 * 24 * HOUR_MS
+# Series tiers: raw only for ranges up to RAW_MAX_RANGE_MS (decoding packed samples of one
+# metric costs ~1.5 us each), 15-minute periods up to QUARTER_HOUR_MAX_RANGE_MS.
+RAW_MAX_RANGE_MS = 6 * HOUR_MS
+QUARTER_HOUR_MAX_RANGE_MS = 2 * 24 * HOUR_MS
 # The newest process tick counts as current unless GPU samples are this much newer: the sampler
 # writes process samples every process_interval (5 s by default) or when the set changes.
 PROCESS_TICK_SLACK_MS = 12_000
@@ -98,6 +99,26 @@ class GpuProcess:
     cmdline: str | None
     run_id: str | None
     run_name: str | None
+    gpu_instance_id: int | None = None      # the MIG device it runs on; None off MIG
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """A MIG device now (in the newest MIG tick), with that tick's figures."""
+    gpu_index: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str
+    name: str | None
+    profile: str | None
+    mem_total_bytes: int | None
+    sm_count: int | None
+    ts_ms: int
+    mem_used_bytes: int | None
+    mem_free_bytes: int | None
+    gpu_util_pct: int | None                # None: NVML gives none for this MIG device
+    mem_util_pct: int | None
 
 
 @dataclass(frozen=True)
@@ -209,17 +230,18 @@ def gpus(conn: sqlite3.Connection) -> list[GpuInfo]:
 
 
 def latest_gpu_samples(conn: sqlite3.Connection) -> dict[int, GpuSample]:
-    """The newest sample of each GPU, one primary-key seek per GPU."""
+    """The newest sample of each GPU, one primary-key seek per GPU (the newest samples are
+    always plain rows, see store/packed.py)."""
     rows = conn.execute(
-        _distinct_keys("gpu_samples", "gpu_index")
-        + f"SELECT {columns_of(GpuSample, 's.')} FROM keys JOIN gpu_samples s "
+        _distinct_keys("gpu_samples_recent", "gpu_index")
+        + f"SELECT {columns_of(GpuSample, 's.')} FROM keys JOIN gpu_samples_recent s "
         "ON s.gpu_index = keys.k AND s.ts_ms = "
-        "(SELECT max(ts_ms) FROM gpu_samples WHERE gpu_index = keys.k) ORDER BY s.gpu_index")
+        "(SELECT max(ts_ms) FROM gpu_samples_recent WHERE gpu_index = keys.k) ORDER BY s.gpu_index")
     return {sample.gpu_index: sample for sample in _build(GpuSample, rows)}
 
 
 def latest_host_sample(conn: sqlite3.Connection) -> HostSample | None:
-    row = conn.execute(f"SELECT {columns_of(HostSample)} FROM host_samples "
+    row = conn.execute(f"SELECT {columns_of(HostSample)} FROM host_samples_recent "
                        "ORDER BY ts_ms DESC LIMIT 1").fetchone()
     return HostSample(*row) if row else None
 
@@ -246,17 +268,30 @@ def series_tier(conn: sqlite3.Connection, table: str, key: tuple[str, int] | Non
     data reaches back to since_ms (older raw data is deleted once rolled up); when none does
     (a young database), the finest allowed tier."""
     span = until_ms - since_ms
-    tiers = [(table, 0), (f"{table}_1m", MINUTE_MS), (f"{table}_1h", HOUR_MS)]
-    if span > MINUTE_MAX_RANGE_MS:
+    tiers = [(table, 0), (f"{table}_15m", QUARTER_HOUR_MS), (f"{table}_1h", HOUR_MS)]
+    if span > QUARTER_HOUR_MAX_RANGE_MS:
         tiers = tiers[2:]
     elif span > RAW_MAX_RANGE_MS:
         tiers = tiers[1:]
     where, params = (f"WHERE {key[0]} = ?", (key[1],)) if key else ("", ())
     for name, period in tiers:
-        oldest = conn.execute(f"SELECT min(ts_ms) FROM {name} {where}", params).fetchone()[0]
+        if name in packed.TABLES:
+            oldest = _oldest_raw(conn, packed.TABLES[name], where, params)
+        else:
+            oldest = conn.execute(f"SELECT min(ts_ms) FROM {name} {where}", params).fetchone()[0]
         if oldest is not None and oldest <= since_ms:
             return name, period
     return tiers[0]
+
+
+def _oldest_raw(conn: sqlite3.Connection, table: packed.SampleTable, where: str, params: tuple) -> int | None:
+    """The oldest raw sample's ts_ms: plain rows, or the oldest packed bucket, decoded alone."""
+    found = [conn.execute(f"SELECT min(ts_ms) FROM {table.recent} {where}", params).fetchone()[0]]
+    start = conn.execute(f"SELECT min(ts_ms) FROM {table.packed} {where}", params).fetchone()[0]
+    if start is not None:
+        bucket = packed.between(table.name, start, start + table.bucket_ms)
+        found.append(conn.execute(f"SELECT min(ts_ms) FROM {bucket} {where}", params).fetchone()[0])
+    return min((f for f in found if f is not None), default=None)
 
 
 def _series(conn, table, key, metric, since_ms, until_ms, max_points) -> list[SeriesPoint]:
@@ -272,6 +307,7 @@ def _series(conn, table, key, metric, since_ms, until_ms, max_points) -> list[Se
     else:
         values = f"min({metric}), avg({metric}), max({metric})"
         present = f"{metric} IS NOT NULL"
+        tier = packed.between(tier, since_ms, until_ms, columns=(key[0], metric) if key else (metric,))
     where = f"{key[0]} = ? AND " if key else ""
     params = ((key[1],) if key else ()) + (since_ms, until_ms)
     rows = conn.execute(
@@ -287,29 +323,53 @@ def gpu_processes(conn: sqlite3.Connection) -> list[GpuProcess]:
     A process tick holds every GPU's processes at one ts_ms, so a GPU absent from the newest
     tick has no processes now; so has every GPU when that tick is older than the newest GPU
     sample by more than PROCESS_TICK_SLACK_MS. The run is processes.run_id, else a running run
-    with that pid. kind NULL is stored for 'compute' and read back as such.
+    with that pid. kind NULL is stored for 'compute' and read back as such. The newest ticks
+    are always plain rows (store/packed.py), so only those are read.
     """
     rows = conn.execute(
-        _distinct_keys("gpu_process_samples", "gpu_index")
+        _distinct_keys("gpu_process_samples_recent", "gpu_index")
         + ", ticks(gpu_index, ts_ms) AS ("
-        "  SELECT k, (SELECT max(ts_ms) FROM gpu_process_samples WHERE gpu_index = k) FROM keys"
+        "  SELECT k, (SELECT max(ts_ms) FROM gpu_process_samples_recent WHERE gpu_index = k) FROM keys"
         "  WHERE k IS NOT NULL), "
         "newest(ts_ms) AS (SELECT max(ts_ms) FROM ticks "
         "  WHERE (SELECT max(ts_ms) FROM ticks) >= coalesce((SELECT max((SELECT max(g.ts_ms) "
-        "    FROM gpu_samples g WHERE g.gpu_index = t.gpu_index)) FROM ticks t), 0) "
+        "    FROM gpu_samples_recent g WHERE g.gpu_index = t.gpu_index)) FROM ticks t), 0) "
         f"    - {PROCESS_TICK_SLACK_MS}) "
         "SELECT s.gpu_index, s.pid, s.ts_ms, coalesce(s.kind, 'compute'), s.used_mem_bytes, "
         "  s.sm_util_pct, s.mem_util_pct, s.rss_bytes, s.cpu_pct, p.uid, p.user, p.cmdline, "
         "  coalesce(p.run_id, (SELECT run_id FROM runs WHERE pid = s.pid AND status = 'running' "
         "                      ORDER BY started_ms DESC LIMIT 1)) AS rid, "
-        "  NULL "
+        "  NULL, s.gpu_instance_id, s.compute_instance_id "
         "FROM ticks JOIN newest ON ticks.ts_ms = newest.ts_ms "
-        "JOIN gpu_process_samples s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
+        "JOIN gpu_process_samples_recent s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
         "LEFT JOIN processes p ON p.rowid = (SELECT rowid FROM processes WHERE pid = s.pid "
         "                                    ORDER BY last_seen_ms DESC LIMIT 1) "
         "ORDER BY s.gpu_index, s.used_mem_bytes DESC, s.pid").fetchall()
     names = _run_names(conn, {row[12] for row in rows if row[12]})
-    return [GpuProcess(*row[:13], names.get(row[12])) for row in rows]
+    return [GpuProcess(*row[:13], names.get(row[12]), *row[14:]) for row in rows]
+
+
+def mig_devices(conn: sqlite3.Connection) -> list[MigDevice]:
+    """The MIG devices in each GPU's newest MIG tick, by GPU, GPU instance, compute instance.
+
+    A GPU whose newest MIG tick is older than its newest GPU sample by more than
+    PROCESS_TICK_SLACK_MS has none now (MIG mode was turned off, or its devices destroyed).
+    """
+    rows = conn.execute(
+        _distinct_keys("mig_samples", "gpu_index")
+        + ", ticks(gpu_index, ts_ms) AS ("
+        "  SELECT k, (SELECT max(ts_ms) FROM mig_samples WHERE gpu_index = k) FROM keys"
+        "  WHERE k IS NOT NULL) "
+        "SELECT d.gpu_index, d.gpu_instance_id, d.compute_instance_id, d.uuid, d.name, "
+        "  d.profile, d.mem_total_bytes, d.sm_count, s.ts_ms, s.mem_used_bytes, s.mem_free_bytes, "
+        "  s.gpu_util_pct, s.mem_util_pct "
+        "FROM ticks JOIN mig_samples s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
+        "JOIN mig_devices d ON d.gpu_index = s.gpu_index AND d.gpu_instance_id = s.gpu_instance_id "
+        "  AND d.compute_instance_id = s.compute_instance_id "
+        "WHERE ticks.ts_ms >= coalesce((SELECT max(ts_ms) FROM gpu_samples_recent g "
+        f"  WHERE g.gpu_index = ticks.gpu_index), 0) - {PROCESS_TICK_SLACK_MS} "
+        "ORDER BY s.gpu_index, s.gpu_instance_id, s.compute_instance_id")
+    return _build(MigDevice, rows)
 
 
 def _run_names(conn: sqlite3.Connection, run_ids: set[str]) -> dict[str, str | None]:
@@ -435,7 +495,7 @@ def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
 
 __all__ = [
     "GpuInfo", "GpuSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
-    "SeriesPoint", "gpus", "latest_gpu_samples", "gpu_series", "latest_host_sample",
-    "host_series", "gpu_processes", "runs", "run", "steps", "series_tier",
+    "SeriesPoint", "MigDevice", "gpus", "latest_gpu_samples", "gpu_series", "latest_host_sample",
+    "host_series", "gpu_processes", "mig_devices", "runs", "run", "steps", "series_tier",
 ]
 

@@ -2,10 +2,14 @@
 
 Conventions: timestamps are integer milliseconds since the Unix epoch in `*_ms` columns;
 sizes are bytes (`*_bytes`); units live in column names. Sample tables are WITHOUT ROWID
-with a (key, ts_ms) primary key so a sample costs little more than its values.
+with a (key, ts_ms) primary key so a sample costs little more than its values; from version 2
+the raw GPU, GPU-process and host samples are views over plain and packed tables
+(store/packed.py).
 """
 
 from __future__ import annotations
+
+from gpuwatch.store import packed
 
 # Metrics of gpu_samples and host_samples that the rollup tiers keep as min/avg/max.
 GPU_METRICS = (
@@ -16,6 +20,27 @@ HOST_METRICS = (
     "cpu_pct", "load1", "mem_used_bytes", "mem_available_bytes", "swap_used_bytes",
     "shm_used_bytes",
 )
+
+
+QUARTER_HOUR_MS = 900_000  # the finer rollup tier's period (it was a minute in schema version 1)
+
+
+def rollup_avg(metric: str, expr: str) -> str:
+    """Averages of byte/mW/MHz/kbps metrics are kept as whole units: an integer takes 1-6
+    bytes on disk where a REAL takes 8, and a fraction of a byte or milliwatt means nothing."""
+    if metric.endswith(("_bytes", "_mw", "_mhz", "_kbps")):
+        return f"CAST(round({expr}) AS INTEGER)"
+    return expr
+
+
+def coarser_values(metrics: tuple[str, ...]) -> str:
+    """SELECT list folding rows of a rollup tier into longer periods: n, then min/avg/max per
+    metric. The average weights each row by its sample count (n counts rows, so a metric
+    missing in some rows is weighted by the rows where it was present)."""
+    return "sum(n), " + ", ".join(
+        f"min({m}_min), "
+        + rollup_avg(m, f"sum({m}_avg * n) * 1.0 / sum(CASE WHEN {m}_avg IS NOT NULL THEN n END)")
+        + f", max({m}_max)" for m in metrics)
 
 
 def _rollup_table(name: str, key: str | None, metrics: tuple[str, ...]) -> str:
@@ -245,7 +270,7 @@ CREATE TABLE capacity_studies (
 );
 
 CREATE TABLE rollup_state (              -- rollup high-water marks: periods before done_until_ms are folded in
-  tier TEXT PRIMARY KEY,                 -- destination table, e.g. gpu_samples_1m
+  tier TEXT PRIMARY KEY,                 -- destination table, e.g. gpu_samples_1h
   done_until_ms INTEGER NOT NULL
 ) WITHOUT ROWID;
 
@@ -262,6 +287,64 @@ _V1_ROLLUPS = "\n".join(
     for src, key, metrics in (("gpu", "gpu_index", GPU_METRICS), ("host", None, HOST_METRICS))
 )
 
+# MIG devices of MIG-enabled GPUs, their memory, and which one each GPU process runs on.
+_MIG = """
+CREATE TABLE mig_devices (               -- one per GPU instance + compute instance ever seen
+  gpu_index INTEGER NOT NULL,            -- the parent GPU
+  gpu_instance_id INTEGER NOT NULL,      -- DCGM's GPU_I_ID
+  compute_instance_id INTEGER NOT NULL,
+  uuid TEXT NOT NULL,                    -- MIG-...
+  name TEXT,
+  profile TEXT,                          -- e.g. 1g.10gb: DCGM's GPU_I_PROFILE
+  mem_total_bytes INTEGER,
+  sm_count INTEGER,
+  first_seen_ms INTEGER NOT NULL,
+  last_seen_ms INTEGER NOT NULL,
+  PRIMARY KEY (gpu_index, gpu_instance_id, compute_instance_id)
+);
+
+CREATE TABLE mig_samples (               -- written with the process samples, at their cadence
+  gpu_index INTEGER NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  gpu_instance_id INTEGER NOT NULL,
+  compute_instance_id INTEGER NOT NULL,
+  mem_used_bytes INTEGER, mem_free_bytes INTEGER,
+  gpu_util_pct INTEGER, mem_util_pct INTEGER,   -- NULL when NVML gives none (most MIG devices)
+  PRIMARY KEY (gpu_index, ts_ms, gpu_instance_id, compute_instance_id)
+) WITHOUT ROWID;
+
+-- The MIG device a GPU process runs on; NULL off MIG.
+ALTER TABLE gpu_process_samples ADD COLUMN gpu_instance_id INTEGER;
+ALTER TABLE gpu_process_samples ADD COLUMN compute_instance_id INTEGER;
+"""
+
+
+def _quarter_hour_tiers() -> str:
+    """The minute tiers become 15-minute tiers: existing minutes folded in, the tier's
+    high-water mark moved back to a period start (the raw samples of the part period are
+    still there and are rolled up again)."""
+    out = []
+    for src, key, metrics in (("gpu", "gpu_index", GPU_METRICS), ("host", None, HOST_METRICS)):
+        old, new = f"{src}_samples_1m", f"{src}_samples_15m"
+        key_col = f"{key}, " if key else ""
+        cols = ", ".join(f"{m}_min, {m}_avg, {m}_max" for m in metrics)
+        out += [
+            _rollup_table(new, key, metrics),
+            f"INSERT INTO {new} ({key_col}ts_ms, n, {cols}) SELECT {key_col}"
+            f"ts_ms / {QUARTER_HOUR_MS} * {QUARTER_HOUR_MS} AS period, {coarser_values(metrics)} "
+            f"FROM {old} WHERE ts_ms < coalesce((SELECT done_until_ms / {QUARTER_HOUR_MS} * "
+            f"{QUARTER_HOUR_MS} FROM rollup_state WHERE tier = '{old}'), 0) GROUP BY {key_col}period;",
+            f"DROP TABLE {old};",
+            f"UPDATE rollup_state SET tier = '{new}', done_until_ms = done_until_ms / {QUARTER_HOUR_MS} "
+            f"* {QUARTER_HOUR_MS} WHERE tier = '{old}';",
+        ]
+    return "\n".join(out)
+
+
+# Raw samples: plain `_recent` rows plus `_packed` buckets, read through views (store/packed.py);
+# rollups every 15 minutes instead of every minute (rollups at ~1 % of the packed raw tier).
+_COMPACT_SAMPLES = packed.migration_sql() + "\n" + _quarter_hour_tiers()
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
-MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS]
+MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -18,11 +18,15 @@ from textual.message import Message
 from textual.timer import Timer
 
 from gpuwatch.tui.screens.base import LiveScreen
+from gpuwatch.tui.screens.fleet import FleetScreen
 from gpuwatch.tui.screens.modals import ConfirmSignal, HelpScreen
 from gpuwatch.tui.screens.overview import OverviewScreen
 from gpuwatch.tui.screens.runs import RunsScreen
 from gpuwatch.tui.snapshot import ProcessRow, Snapshot, View
 
+FLEET_VIEWS = ("fleet", "fleet_jobs")  # fed by the fleet's source (Prometheus), not the store
+NO_FLEET = ("no Prometheus to read the fleet from: gpuwatch tui --prometheus URL, "
+            "or prometheus_url in the config")
 TERMINAL_CHECK_S = 2.0  # how often to check the terminal is still there (SSH hang-up)
 HARD_EXIT_AFTER_S = 3.0  # if a clean exit cannot finish writing to a dead terminal
 
@@ -52,23 +56,26 @@ class GpuwatchApp(App):
     TITLE = "gpuwatch"
     CSS_PATH = "app.tcss"
     ENABLE_COMMAND_PALETTE = False
-    MODES = {"overview": OverviewScreen, "runs": RunsScreen}
+    MODES = {"overview": OverviewScreen, "runs": RunsScreen, "fleet": FleetScreen}
     DEFAULT_MODE = "overview"
     BINDINGS = [
         Binding("o", "switch_mode('overview')", "Overview"),
         Binding("r", "switch_mode('runs')", "Runs"),
+        Binding("F", "switch_mode('fleet')", "Fleet", show=False),
         Binding("C", "capacity", "Capacity", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
 
     def __init__(self, source: DataSource, refresh_s: float = 1.0, user: str | None = None,
-                 uid: int | None = None, start_mode: str = DEFAULT_MODE) -> None:
+                 uid: int | None = None, start_mode: str = DEFAULT_MODE,
+                 fleet: DataSource | None = None) -> None:
         # Textual reads DEFAULT_MODE while constructing the app: set before, so that only the
         # start screen is ever mounted and fetched (`gpuwatch demo` opens on "runs").
         self.DEFAULT_MODE = start_mode
         super().__init__()
         self.source = source
+        self.fleet = fleet  # the Fleet screen's source (Prometheus); None: not configured
         self.refresh_s = refresh_s
         self.my_uid = os.getuid() if uid is None else uid
         self.my_user = _user_name(self.my_uid)
@@ -91,6 +98,8 @@ class GpuwatchApp(App):
 
     def on_unmount(self) -> None:
         self.source.close()
+        if self.fleet is not None:
+            self.fleet.close()
 
     # -- polling ---------------------------------------------------------------------------
 
@@ -119,8 +128,12 @@ class GpuwatchApp(App):
             return None
 
     def _fetch(self, view: View) -> None:  # runs in a worker thread
+        fleet_view = view.kind in FLEET_VIEWS
+        if fleet_view and self.fleet is None:
+            self.post_message(SnapshotReady(view, Snapshot(now_ms=0, problem=NO_FLEET)))
+            return
         try:
-            snap = self.source.fetch(view)
+            snap = (self.fleet if fleet_view else self.source).fetch(view)
         except Exception as e:  # a bad read must not kill the UI; say what happened
             snap = Snapshot(now_ms=0, problem=f"cannot read the store: {e}")
         self.post_message(SnapshotReady(view, snap))

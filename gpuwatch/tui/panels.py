@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from gpuwatch import fmt
-from gpuwatch.tui.snapshot import GpuRow, HostRow, RunRow, Snapshot
+from gpuwatch.tui.snapshot import GpuRow, HostRow, MigRow, RunRow, Snapshot
 
 NARROW = 100  # below this many columns, drop the less essential columns
 
@@ -27,13 +27,16 @@ def _ratio(used: float | None, total: float | None) -> float | None:
     return used / total if used is not None and total else None
 
 
+def _widths(width: int) -> tuple[bool, int, int, int, int, int]:
+    """(narrow, bar, sparkline, name, memory, power) column widths of the GPU lines."""
+    narrow = width < NARROW
+    return (narrow, *((6, 10, 0, 10, 5) if narrow else (10, 20, 22, 21, 11)))
+
+
 def gpu_lines(gpus: tuple[GpuRow, ...], width: int) -> list[Text]:
     """A header and one line per GPU. Plain Text lines, one per widget, so a GPU whose figures
     did not change is not repainted, and few style runs keep each repaint small over SSH."""
-    narrow = width < NARROW
-    bar_w, spark_w, name_w = (6, 10, 0) if narrow else (10, 20, 22)
-    mem_w = 10 if narrow else 21
-    power_w = 5 if narrow else 11
+    narrow, bar_w, spark_w, name_w, mem_w, power_w = _widths(width)
     head = f"{'GPU':>3} " + (f"{'NAME':<{name_w}} " if name_w else "")
     head += f"{'UTIL':<{bar_w + 5}} {'LAST 5 MIN':<{spark_w}} {'MEMORY':<{bar_w + mem_w}} {'TEMP':>5} {'POWER':>{power_w}} STATE"
     lines = [Text(head, style="bold")]
@@ -63,7 +66,27 @@ def gpu_lines(gpus: tuple[GpuRow, ...], width: int) -> list[Text]:
             line.append("ok", style="green")
         line.truncate(width, overflow="ellipsis")
         lines.append(line)
+        if g.state != "lost":
+            lines.extend(mig_line(g.index, m, width) for m in g.migs)
     return lines
+
+
+def mig_line(gpu_index: int, m: MigRow, width: int) -> Text:
+    """A MIG device under its GPU: GPU/GI/CI, profile and utilisation ("n/a" when NVML gives
+    none) where the GPU's name and utilisation go, its memory in the memory column, and how
+    many processes run on it in the state column."""
+    narrow, bar_w, spark_w, name_w, mem_w, power_w = _widths(width)
+    memory_at = 4 + (name_w + 1 if name_w else 0) + bar_w + 6 + spark_w + 1
+    util = "util " + ("n/a" if m.util_pct is None else f"{m.util_pct:.0f}%")
+    label = f"  └ {fmt.gpu_label(gpu_index, m.gpu_instance_id, m.compute_instance_id)} {m.profile or 'MIG'}"
+    line = Text(f"{label[:memory_at - len(util) - 2]} {util}".ljust(memory_at))
+    line.append_text(bar(_ratio(m.mem_used_bytes, m.mem_total_bytes), bar_w))
+    used = (fmt.size(m.mem_used_bytes) if narrow
+            else f"{fmt.size(m.mem_used_bytes)}/{fmt.size(m.mem_total_bytes)}")
+    line.append(f" {used:<{mem_w - 1}}" + " " * (power_w + 8))
+    line.append(f"{m.processes} proc{'' if m.processes == 1 else 's'}", style="dim")
+    line.truncate(width, overflow="ellipsis")
+    return line
 
 
 def _watts(mw: int | None) -> str:

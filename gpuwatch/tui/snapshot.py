@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuwatch.fleet.model import Fleet
+
 # NVML clock-event ("throttle") reason bits worth telling a user about; idle and
 # application-clock settings are normal operation, not throttling.
 THROTTLE_REASONS = (
@@ -29,11 +31,24 @@ def throttle_words(mask: int | None) -> list[str]:
 @dataclass(frozen=True)
 class View:
     """Which screen wants data: "overview", "runs", "run" (with run_id and a range in seconds;
-    range_s None = the whole run), "oom" or "profile" (with run_id), or "capacity"."""
+    range_s None = the whole run), "oom" or "profile" (with run_id), "capacity", or "fleet" / "fleet_jobs" (the Fleet screen's GPUs or jobs)."""
 
     kind: str
     run_id: str | None = None
     range_s: int | None = None
+
+
+@dataclass(frozen=True)
+class MigRow:
+    """A MIG device, listed under its GPU."""
+
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str | None                    # e.g. "1g.10gb"
+    util_pct: float | None = None          # None: NVML gives none for it (shown "n/a")
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    processes: int = 0
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,7 @@ class GpuRow:
     power_limit_mw: int | None = None
     throttle_reasons: int | None = None
     ecc_uncorrected: int | None = None
+    migs: tuple[MigRow, ...] = ()          # its MIG devices, when in MIG mode
 
     def problems(self) -> list[str]:
         """What is wrong with this GPU, in words; empty when nothing is."""
@@ -82,6 +98,8 @@ class ProcessRow:
     cpu_pct: float | None
     run_name: str | None
     cmdline: str | None
+    gpu_instance_id: int | None = None     # the MIG device it runs on; None off MIG
+    compute_instance_id: int | None = None
 
     @property
     def key(self) -> str:
@@ -216,6 +234,7 @@ class Snapshot:
     postmortems: tuple[OomRow, ...] = ()  # view "oom": the run's OOM postmortems
     profile: ProfileRow | None = None      # view "profile": the run's newest profile
     capacity: CapacityRow | None = None    # view "capacity": the newest capacity study
+    fleet: Fleet | None = None             # view "fleet": every host's GPUs and jobs, from Prometheus
     problem: str | None = None             # the store could not be read: why
 
     def staleness(self, stale_after_ms: int = 15_000) -> str | None:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections import Counter
 from dataclasses import asdict, replace
 from typing import Callable
 
 from gpuwatch.store import StoreError, now_ms, open_ro, postmortems, profiles, queries
-from gpuwatch.tui.snapshot import (CapacityRow, Chart, GpuRow, HostRow, OomRow, ProcessRow,
+from gpuwatch.tui.snapshot import (CapacityRow, Chart, GpuRow, HostRow, MigRow, OomRow, ProcessRow,
                                    ProfileRow, RunDetail, RunRow, Series, Snapshot, StacksRow, View)
 from gpuwatch.tui.sparks import SparkHistory
 
@@ -119,6 +120,20 @@ def capacity_row(conn: sqlite3.Connection) -> CapacityRow | None:
                           for b, p in sorted(study.predicted.items())))
 
 
+def with_migs(gpus: list[GpuRow], devices: list[queries.MigDevice],
+              procs: tuple[ProcessRow, ...]) -> tuple[GpuRow, ...]:
+    """The GPUs, each with its MIG devices and the number of processes running on each."""
+    if not devices:
+        return tuple(gpus)
+    on = Counter((p.gpu_index, p.gpu_instance_id, p.compute_instance_id) for p in procs)
+    migs: dict[int, list[MigRow]] = {}
+    for d in devices:
+        migs.setdefault(d.gpu_index, []).append(MigRow(
+            d.gpu_instance_id, d.compute_instance_id, d.profile, d.gpu_util_pct, d.mem_used_bytes,
+            d.mem_total_bytes, on[d.gpu_index, d.gpu_instance_id, d.compute_instance_id]))
+    return tuple(replace(g, migs=tuple(migs.get(g.index, ()))) for g in gpus)
+
+
 class StoreSource:
     def __init__(self, db_path: str, clock: Callable[[], int] = now_ms) -> None:
         self.db_path = db_path
@@ -183,9 +198,10 @@ class StoreSource:
                 temp_c=s and s.temp_c, power_mw=s and s.power_mw, power_limit_mw=info.power_limit_mw,
                 throttle_reasons=s and s.throttle_reasons, ecc_uncorrected=s and s.ecc_uncorrected))
         procs = tuple(ProcessRow(p.gpu_index, p.pid, p.uid, p.user, p.used_mem_bytes, p.sm_util_pct,
-                                 p.cpu_pct, p.run_name, p.cmdline)
+                                 p.cpu_pct, p.run_name, p.cmdline, p.gpu_instance_id,
+                                 p.compute_instance_id)
                       for p in queries.gpu_processes(conn))
-        return replace(base, gpus=tuple(gpus), processes=procs)
+        return replace(base, gpus=with_migs(gpus, queries.mig_devices(conn), procs), processes=procs)
 
     def _detail(self, conn: sqlite3.Connection, view: View, now: int) -> RunDetail | None:
         try:

@@ -24,6 +24,8 @@ HELP = """\
 [b]run[/b]           1 last 5 min · 2 last hour · 3 last 24 h · 0 whole run
               p newest profile · P profile the next steps now · Esc back
 [b]profile[/b]       s sort by the next column · Esc back
+[b]fleet[/b]         F opens it · j GPUs / jobs · s sort · f only free
+              / user or host filter · Enter the ssh command for the host
 
 Long ranges read the per-minute and per-hour rollups, so they stay fast.
 Data comes from the gpuwatch store, read-only; nothing here writes it.

@@ -29,7 +29,8 @@ PROCESS_COLUMNS = (
 
 def process_cells(p: ProcessRow) -> tuple[str, ...]:
     """A process row as the table shows it, one string per PROCESS_COLUMNS entry."""
-    return (str(p.pid), p.user or str(p.uid or "-"), str(p.gpu_index), fmt.size(p.used_mem_bytes),
+    return (str(p.pid), p.user or str(p.uid or "-"),
+            fmt.gpu_label(p.gpu_index, p.gpu_instance_id, p.compute_instance_id), fmt.size(p.used_mem_bytes),
             "-" if p.sm_util_pct is None else f"{p.sm_util_pct:.0f}",
             "-" if p.cpu_pct is None else f"{p.cpu_pct:.0f}",
             p.run_name or "", p.cmdline or "")

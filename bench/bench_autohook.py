@@ -1,0 +1,143 @@
+"""Cost of the zero-code hooks of `gpuwatch run`, and how their tokens/s agree with the frameworks'.
+
+1. Per-step cost on a model of 200+ submodules (CPU, embedded mode, the real transport): the same
+   training loop timed without gpuwatch, with the hooks, and without them again, in one process;
+   plus the time spent inside our hooks themselves (forward hook + optimiser-step hook + run.step).
+   Goals: <= 30 µs per step and <= 1 % of a 10 ms step.
+2. Tokens/s of an unmodified Hugging Face Trainer and Lightning script under `gpuwatch run` vs the
+   framework's own figure over the same steps (the test scripts in tests/autorun_scripts).
+   Goal: within 2 %.
+
+    .venv/bin/python bench/bench_autohook.py [--steps 400] [--skip-frameworks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "autorun_scripts"
+
+
+def model_and_optimizer(torch):
+    nn = torch.nn
+    layers = [nn.Embedding(64, 16)]
+    for _ in range(100):
+        layers += [nn.Linear(16, 16), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.Linear(16, 64))
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
+
+
+def step_times_us(torch, model, opt, steps: int) -> list[float]:
+    times = []
+    for _ in range(steps):
+        x = torch.randint(0, 64, (4, 32))
+        t0 = time.perf_counter_ns()
+        torch.nn.functional.cross_entropy(model(x).view(-1, 64), x.view(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+        times.append((time.perf_counter_ns() - t0) / 1000)
+    return times
+
+
+def timed(fn, spent: list):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter_ns() - t0)
+    return wrapper
+
+
+def hook_cost(steps: int) -> None:
+    import torch
+
+    from gpuwatch.integrations import autohook
+
+    model, opt = model_and_optimizer(torch)
+    n_modules = sum(1 for _ in model.modules())
+    step_times_us(torch, model, opt, 50)  # warm-up
+    before = step_times_us(torch, model, opt, steps)
+    hooks = autohook.AutoInstrument(torch)
+    forward: list[int] = []
+    stepping: list[int] = []
+    hooks._on_forward = timed(hooks._on_forward, forward)  # the per-step hooks, once found
+    hooks._on_optimizer_step = timed(hooks._on_optimizer_step, stepping)
+    hooks.install()
+    step_times_us(torch, model, opt, 5)  # the first iteration finds the model
+    forward.clear()
+    stepping.clear()
+    hooked = step_times_us(torch, model, opt, steps)
+    hooks.switch_off()
+    after = step_times_us(torch, model, opt, steps)
+    hooks.run.finish()
+    plain = statistics.median(before + after)
+    delta = statistics.median(hooked) - plain
+    fwd, opt_step = statistics.median(forward) / 1000, statistics.median(stepping) / 1000
+    inside = fwd + opt_step
+    print(f"hook cost, {n_modules} modules, {steps} steps each way (median step {plain:.0f} µs without gpuwatch):")
+    print(f"  inside our hooks (medians): forward hook {fwd:.1f} µs + optimiser-step hook {opt_step:.1f} µs "
+          f"(run.step() included) = {inside:.1f} µs per step = {inside / 100:.2f} % of a 10 ms step "
+          f"({'met' if inside <= 30 else 'MISSED'}: <= 30 µs, <= 1 %)")
+    print(f"  whole loop, median with hooks - without: {delta:+.1f} µs per step "
+          f"(noise: before vs after without hooks differ by "
+          f"{statistics.median(after) - statistics.median(before):+.1f} µs)")
+
+
+def framework_agreement() -> None:
+    gpuwatch = str(Path(sys.executable).with_name("gpuwatch"))
+    for label, script, args in (("Hugging Face Trainer", "hf_trainer.py", ["--pad"]),
+                                ("Lightning Trainer", "lightning_trainer.py", [])):
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, XDG_DATA_HOME=tmp, GPUWATCH_SOCKET=os.devnull)
+            extra = [str(Path(tmp) / "out")] if script == "hf_trainer.py" else []
+            done = subprocess.run([gpuwatch, "run", "--", sys.executable, str(SCRIPTS / script), *extra, *args],
+                                  env=env, capture_output=True, text=True, timeout=600)
+            if done.returncode:
+                print(f"{label}: failed: {done.stderr.strip().splitlines()[-1]}")
+                continue
+            line = next(x for x in done.stdout.splitlines() if x.startswith("GPUWATCH_TEST "))
+            theirs = _framework_rate(json.loads(line.removeprefix("GPUWATCH_TEST ")))
+            conn = sqlite3.connect(Path(tmp) / "gpuwatch" / "gpuwatch.db")
+            steps = conn.execute("SELECT tokens, step_time_ms FROM steps ORDER BY step").fetchall()[1:]
+            conn.close()
+            ours = sum(t for t, _ in steps) / (sum(ms for _, ms in steps) / 1000)
+            off = (ours / theirs - 1) * 100
+            print(f"{label}: zero-code {ours:.0f} tokens/s vs its own {theirs:.0f} tokens/s over steps 2..12: "
+                  f"{off:+.1f} % ({'met' if abs(off) <= 2 else 'MISSED'}: within 2 %)")
+
+
+def _framework_rate(figures: dict) -> float:
+    logged = figures["logged"]
+    if any("train/lengths" in m for m in logged):  # Lightning's ThroughputMonitor
+        marks = [(m["train/lengths"], m["train/time"]) for m in logged if "train/lengths" in m]
+    else:  # the Trainer's cumulative non-padding tokens and runtime at each logging step
+        marks = [(m["num_input_tokens_seen"], m["train_runtime"]) for m in logged if "loss" in m]
+    (t0, s0), (t1, s1) = marks[0], marks[-1]
+    return (t1 - t0) / (s1 - s0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--skip-frameworks", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.update(XDG_DATA_HOME=tmp, GPUWATCH_SOCKET=os.devnull)  # embedded mode, a fresh db
+        hook_cost(args.steps)
+    if not args.skip_frameworks:
+        framework_agreement()
+
+
+if __name__ == "__main__":
+    main()

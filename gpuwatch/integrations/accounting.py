@@ -1,0 +1,177 @@
+"""What a training step consumed, read from the inputs and outputs of a model's forward.
+
+Shared by the zero-code hooks and the framework callbacks. Counts never synchronise the GPU:
+a masked token count stays a tensor until the step is resolved, as a loss does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+_TOKEN_KEYS = ("input_ids", "tokens", "idx")
+_MASK_KEY = "attention_mask"
+
+
+def _is_int_tensor(value) -> bool:
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and getattr(dtype, "is_floating_point", True) is False \
+        and not getattr(dtype, "is_complex", False) and getattr(value, "ndim", 0) >= 1 \
+        and str(dtype) != "torch.bool"
+
+
+def find_tokens(args: tuple = (), kwargs: Mapping | None = None):
+    """(token ids, attention mask or None) from a forward's arguments or a batch; (None, None)
+    when no integer tensor is there. A batch may be a tensor, a mapping or a tuple/list."""
+    kwargs = kwargs or {}
+    for key in _TOKEN_KEYS:
+        if _is_int_tensor(kwargs.get(key)):
+            return kwargs[key], kwargs.get(_MASK_KEY)
+    for value in (*args, *kwargs.values()):
+        if _is_int_tensor(value):
+            return value, kwargs.get(_MASK_KEY)
+        if isinstance(value, Mapping):
+            found = find_tokens((), value)
+            if found[0] is not None:
+                return found
+        elif isinstance(value, (tuple, list)) and value and not isinstance(value[0], (int, float, str)):
+            found = find_tokens(tuple(value))
+            if found[0] is not None:
+                return found
+    return None, None
+
+
+def count(ids, mask=None) -> tuple[Any, int, int]:
+    """(tokens, samples, seq_len) of a (batch, seq_len) id tensor: tokens are the unmasked ones
+    when a mask of the same shape is given (a tensor, summed on its device without waiting)."""
+    shape = tuple(ids.shape)
+    samples, seq_len = (1, shape[0]) if len(shape) == 1 else (shape[0], shape[-1])
+    if mask is not None and getattr(mask, "shape", None) is not None and tuple(mask.shape) == shape:
+        return mask.sum(), samples, seq_len
+    return ids.numel(), samples, seq_len
+
+
+def loss_of(output):
+    """The loss a model returned: a `.loss` attribute, a "loss" key, or the first 0-dim float
+    tensor of a returned tuple; else None."""
+    if output is None:
+        return None
+    if isinstance(output, Mapping):
+        loss = output.get("loss")
+    else:
+        loss = getattr(output, "loss", None)
+        if loss is None and isinstance(output, (tuple, list)):
+            loss = next((v for v in output if _is_scalar_float(v)), None)
+        elif loss is None and _is_scalar_float(output):
+            loss = output
+    return loss if _is_scalar_float(loss) else None
+
+
+def _is_scalar_float(value) -> bool:
+    dtype = getattr(value, "dtype", None)
+    return getattr(dtype, "is_floating_point", False) and getattr(value, "ndim", None) == 0
+
+
+class StepTally:
+    """Tokens, samples and losses of the micro-batches since the last optimiser step."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.forwards = 0
+        self.tokens: Any = None
+        self.samples = 0
+        self.seq_len: int | None = None
+        self._losses: list = []
+        self._summed = False
+
+    def add(self, ids, mask=None) -> None:
+        self.forwards += 1
+        if ids is None:
+            return
+        tokens, samples, seq_len = count(ids, mask)
+        self.tokens = tokens if self.tokens is None else self.tokens + tokens
+        self.samples += samples
+        self.seq_len = max(seq_len, self.seq_len or 0)
+
+    def add_loss(self, loss, normalised_over_step: bool = False) -> None:
+        """normalised_over_step: the model already divided its loss by the whole step's item count
+        (Hugging Face passes `num_items_in_batch`), so the step's loss is the sum, not the mean."""
+        if loss is not None:
+            self._losses.append(loss.detach())
+            self._summed = normalised_over_step
+
+    def loss(self):
+        """The step's loss over its micro-batches (a tensor: read later, without a sync)."""
+        if not self._losses:
+            return None
+        total = self._losses[0] if len(self._losses) == 1 else sum(self._losses)
+        return total if self._summed else total / len(self._losses)
+
+    def take(self) -> dict:
+        """The step's fields for Run.step(), and a fresh tally for the next step."""
+        fields = {"tokens": self.tokens, "samples": self.samples or None, "seq_len": self.seq_len,
+                  "loss": self.loss()}
+        self.reset()
+        return fields
+
+
+def count_forward(tally: StepTally, args, kwargs, output) -> None:
+    """Add one training forward of the model: its token inputs and the loss it returned."""
+    ids, mask = find_tokens(args, kwargs)
+    tally.add(ids, mask)
+    # Hugging Face passes num_items_in_batch when the model divides by the whole step's count.
+    tally.add_loss(loss_of(output), normalised_over_step=kwargs.get("num_items_in_batch") is not None)
+
+
+def precision_of(text) -> str:
+    """'bf16-mixed', 'bf16', 'torch.bfloat16', '16-mixed', '32-true' … -> bf16 / fp16 / fp32."""
+    text = str(text).lower()
+    if "bf16" in text or "bfloat16" in text:
+        return "bf16"
+    if "16" in text:
+        return "fp16"
+    return "fp32"
+
+
+def plain_config(obj) -> dict | None:
+    """A model's or trainer's config as a plain dict (HF `to_dict()`, a dataclass, a Namespace,
+    Lightning's hparams); None when it has none."""
+    import dataclasses
+
+    if obj is None:
+        return None
+    to_dict = getattr(obj, "to_dict", None)
+    if callable(to_dict):
+        try:
+            obj = to_dict()
+        except Exception:  # a config whose to_dict fails is not worth failing the run over
+            return None
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = dataclasses.asdict(obj)
+    if not isinstance(obj, Mapping):
+        obj = getattr(obj, "__dict__", None)
+    if not isinstance(obj, Mapping):
+        return None
+    return {str(k): v for k, v in obj.items() if not str(k).startswith("_")}
+
+
+_LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+_WIDTH = ("hidden_size", "n_embd", "d_model", "dim")
+
+
+def flops_per_token(model, config: Mapping | None = None):
+    """FLOPs per training token as a function of seq_len: 6·N from the parameter count, plus
+    PaLM's attention term 12·L·d·T when the model's config names its layers and width."""
+    from gpuwatch.client.flops import transformer_flops_per_token
+
+    n_params = sum(p.numel() for p in model.parameters())
+    config = config or plain_config(getattr(model, "config", None)) or {}
+    layers = next((config[k] for k in _LAYERS if isinstance(config.get(k), int)), None)
+    width = next((config[k] for k in _WIDTH if isinstance(config.get(k), int)), None)
+    if not layers or not width:
+        return lambda seq_len: 6.0 * n_params
+    vocab = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else 1  # N is given
+    return lambda seq_len: transformer_flops_per_token(layers, width, seq_len, vocab, n_params=n_params,
+                                                       training=True)

@@ -1,0 +1,44 @@
+"""Hugging Face: `Trainer(..., callbacks=[GpuwatchCallback()])` records training as a gpuwatch run.
+
+Hugging Face callbacks do not see the batches, so the callback hooks the model's forward (one
+hook, on the outermost model) for tokens and the loss, and steps at the Trainer's optimiser
+steps; the config is the TrainingArguments and the model's config.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import TrainerCallback
+
+from gpuwatch.client.run import start_run
+from gpuwatch.integrations.accounting import StepTally, count_forward, flops_per_token, plain_config
+
+
+class GpuwatchCallback(TrainerCallback):
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name
+        self.run = None
+        self._tally = StepTally()
+        self._hook = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.run is not None:
+            return
+        config = {"training_args": plain_config(args), "model": plain_config(getattr(model, "config", None))}
+        self.run = start_run(name=self.name or args.run_name, config=config, flops_per_token=flops_per_token(model),
+                             precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
+        self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
+
+    def _on_forward(self, module, args, kwargs, output) -> None:
+        if module.training and torch.is_grad_enabled():
+            count_forward(self._tally, args, kwargs, output)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.run is not None:
+            self.run.step(**self._tally.take())
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.run is not None:
+            self._hook.remove()
+            self.run.finish()
+            self.run = None

@@ -1,0 +1,48 @@
+"""Lightning: `Trainer(..., callbacks=[GpuwatchCallback()])` records the fit as a gpuwatch run.
+
+Steps are Lightning's optimiser steps (gradient accumulation counted once), tokens come from the
+batches, the loss is what training_step returned, the config is the module's hyperparameters.
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+
+from gpuwatch.client.run import start_run
+from gpuwatch.integrations.accounting import StepTally, find_tokens, flops_per_token, plain_config, precision_of
+
+
+class GpuwatchCallback(pl.Callback):
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name
+        self.run = None
+        self._tally = StepTally()
+        self._global_step = 0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        config = dict(plain_config(pl_module.hparams) or {}, max_steps=trainer.max_steps,
+                      accumulate_grad_batches=trainer.accumulate_grad_batches,
+                      precision=str(trainer.precision), world_size=trainer.world_size)
+        self.run = start_run(name=self.name, config=config, flops_per_token=flops_per_token(pl_module),
+                             precision=precision_of(trainer.precision))
+        self._global_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.run is None:
+            return
+        ids, mask = find_tokens((batch,))
+        self._tally.add(ids, mask)
+        # Lightning divides the returned loss by accumulate_grad_batches: the step's loss is their sum.
+        self._tally.add_loss(outputs.get("loss") if isinstance(outputs, dict) else outputs,
+                             normalised_over_step=True)
+        if trainer.global_step != self._global_step:  # an optimiser step ended this batch
+            self._global_step = trainer.global_step
+            self.run.step(**self._tally.take())
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.run is not None:
+            self.run.finish()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self.run is not None:
+            self.run.end_from_exception(exception)

@@ -1,0 +1,46 @@
+"""An unmodified Hugging Face Trainer script: a tiny GPT-2 from config on a learnable token set.
+
+Prints the Trainer's own figures as one JSON line (GPUWATCH_TEST ...) for the test to compare.
+Args: OUTPUT_DIR [--pad] pads the last 4 positions of every sequence (attention_mask 0 there);
+[--callback] adds gpuwatch's Trainer callback (the explicit, one-line integration).
+"""
+import json
+import sys
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+PAD = "--pad" in sys.argv
+SEQ, BATCH, STEPS, ACCUM = 32, 4, 12, 2
+torch.manual_seed(0)
+
+
+class Counting(torch.utils.data.Dataset):
+    def __len__(self):
+        return BATCH * ACCUM * STEPS
+
+    def __getitem__(self, i):
+        ids = (torch.arange(SEQ) * (1 + i % 3) + i) % 64
+        mask = torch.ones(SEQ, dtype=torch.long)
+        if PAD:
+            mask[-4:] = 0
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2))
+args = TrainingArguments(output_dir=sys.argv[1], per_device_train_batch_size=BATCH,
+                         gradient_accumulation_steps=ACCUM, max_steps=STEPS, logging_steps=1,
+                         learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True,
+                         dataloader_num_workers=0, disable_tqdm=True,
+                         include_num_input_tokens_seen="non_padding")
+callbacks = []
+if "--callback" in sys.argv:
+    from gpuwatch.integrations.hf import GpuwatchCallback
+
+    callbacks.append(GpuwatchCallback(name="hf-explicit"))
+trainer = Trainer(model=model, args=args, train_dataset=Counting(), callbacks=callbacks)
+result = trainer.train()
+prompt = torch.tensor([[1, 2, 3, 4]])
+generated = model.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
+print("GPUWATCH_TEST " + json.dumps({"metrics": result.metrics, "logged": trainer.state.log_history,
+                                     "generated": generated.shape[-1] - prompt.shape[-1]}))

@@ -1,0 +1,23 @@
+"""An unmodified loop, but gpuwatch's token counting is broken on purpose (as a bug of ours would
+be): the program must run to the end exactly as without gpuwatch, with one warning line."""
+import torch
+
+torch.manual_seed(0)
+try:
+    from gpuwatch.integrations import accounting
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated bug in gpuwatch's hook")
+
+    accounting.find_tokens = broken
+except ImportError:  # a Python without gpuwatch
+    pass
+
+model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Flatten(), torch.nn.Linear(32, 2))
+opt = torch.optim.SGD(model.parameters(), 0.1)
+for step in range(3):
+    loss = model(torch.randint(0, 16, (2, 4))).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+print("final weight sum %.6f" % model[2].weight.sum().item())
