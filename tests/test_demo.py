@@ -71,3 +71,15 @@ def test_demo_stops_at_a_failed_stage_with_one_line(tmp_path):
     assert "[1/" in done.stdout and "[2/" not in done.stdout  # nothing after the stage that failed
     (error,) = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
     assert "demo stage 'training" in error and "demo.db" in error
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_demo_oom_is_a_cuda_oom(tmp_path):
+    db = tmp_path / "demo.db"
+    done = gpuwatch("demo", "--no-tui", "--db", str(db))
+    assert done.returncode == 0, done.stderr[-3000:]
+    conn = sqlite3.connect(db)
+    (kind,) = conn.execute("SELECT o.kind FROM runs r JOIN oom_postmortems o USING (run_id) "
+                           "WHERE r.name = 'demo-oom'").fetchone()
+    conn.close()
+    assert kind == "gpu"

@@ -134,9 +134,13 @@ def test_oom_arithmetic_postmortem_and_advice():
     expected = cuda.scores_bytes(2, 4, length)
     pm = {"requested_bytes": expected, "total_bytes": total, "free_bytes": free - 2**30,
           "reserved_bytes": 2**30, "phase": "forward"}
-    assert {r.status for r in cuda.oom_verdict(pm, expected, total)} == {OK}
-    wrong = dict(pm, requested_bytes=expected // 2, phase="backward")
-    assert [r.status for r in cuda.oom_verdict(wrong, expected, total)] == [FAIL, OK, OK, FAIL]
+    at_oom = {"free_bytes": free - 2**30 + 3 * MiB, "reserved_bytes": 2**30}  # torch's own, read just after
+    assert {r.status for r in cuda.oom_verdict(pm, expected, total, at_oom)} == {OK}
+    wrong = dict(pm, requested_bytes=expected // 2, phase="backward", free_bytes=free)
+    assert [r.status for r in cuda.oom_verdict(wrong, expected, total, at_oom)] == [FAIL, OK, FAIL, OK, FAIL]
+    # A workload that printed no figures: the free/reserved comparisons fail, saying which side is missing.
+    missing = cuda.oom_verdict(pm, expected, total, {})
+    assert [r.status for r in missing] == [OK, OK, FAIL, FAIL, OK] and "one side has no value" in missing[2].detail
     advice = [{"title": "Naive attention", "detail": "naive attention needs 140.0 GiB for the B·H·L² score "
                "tensor at L=123456 …; or L ≤ 101234 fits the 70.0 GiB that was free"}]
     assert cuda.fits_length(advice) == 101234 and cuda.fits_length([{"detail": "use bf16"}]) is None

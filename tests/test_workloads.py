@@ -249,3 +249,41 @@ def test_workloads_use_only_the_public_client_api():
             for name in names:
                 if name.startswith("gpuwatch"):
                     assert name == "gpuwatch" or name.startswith("gpuwatch.client"), f"{path.name} imports {name}"
+
+
+# ---- the same workloads on a real GPU (skipped where no NVIDIA driver answers) ----------------
+
+@pytest.mark.gpu
+def test_gpt_train_on_cuda_records_cuda_peak_memory_and_event_step_times():
+    out, wall_s = run_workload("gpt_train", "--tiny", "--steps", "5", "--device", "cuda")
+    result = common.parse_result(out)
+    assert result["oom"] is False and result["tokens_per_s"] > 0
+    steps = query("SELECT step_time_ms, mem_allocated_bytes, mem_peak_bytes FROM steps ORDER BY step")
+    assert len(steps) == 5
+    assert all(0 < s["step_time_ms"] < wall_s * 1000 for s in steps)
+    # CUDA allocator figures, not RSS: the peak is the allocator's, and the result agrees.
+    assert all(s["mem_allocated_bytes"] and s["mem_peak_bytes"] >= s["mem_allocated_bytes"] for s in steps)
+    assert result["peak_bytes"] >= max(s["mem_peak_bytes"] for s in steps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("module, args", [
+    ("kv_generate", ["--generations", "2", "--new-tokens", "6"]),
+    ("embedding_probe", ["--batch", "3", "--seq-len", "100"]),
+    ("lstm_context", ["--steps", "4"]),
+])
+def test_the_other_workloads_run_on_cuda(module, args):
+    out, _ = run_workload(module, "--tiny", *args, "--device", "cuda")
+    (run,) = query("SELECT status FROM runs")
+    assert run["status"] == "finished", out
+
+
+@pytest.mark.gpu
+def test_a_cuda_oom_ends_the_run_as_oom_with_a_gpu_postmortem():
+    done, _ = run_child("gpt_train", "--tiny", "--attn", "naive", "--seq-len", "1000000", "--batch", "1",
+                        "--d-model", "8", "--heads", "1", "--layers", "1", "--vocab", "16", "--steps", "1",
+                        "--device", "cuda")
+    assert done.returncode == 1 and common.parse_result(done.stdout)["oom"] is True
+    (pm,) = query("SELECT kind, phase, requested_bytes, free_bytes FROM oom_postmortems")
+    assert (pm["kind"], pm["phase"]) == ("gpu", "forward")
+    assert pm["requested_bytes"] >= 10 ** 12 > pm["free_bytes"]  # 1e6² scores: terabytes

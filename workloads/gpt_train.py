@@ -262,8 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         # gpuwatch has recorded the run as 'oom'; say so in one line and in the result line.
         print(f"out of memory at batch {args.batch} x seq {args.seq_len}: {str(e).splitlines()[0]}",
               file=sys.stderr)
-        common.print_result(oom=True, peak_bytes=common.peak_bytes(common.resolve_device(args.device)),
-                            tokens_per_s=None)
+        device = common.resolve_device(args.device)
+        # The allocator's state while the failed step's tensors are still held (by `e`'s frames):
+        # what gpuwatch's postmortem recorded, for `gpuwatch selftest` to compare.
+        at_oom = {"free_bytes": torch.cuda.mem_get_info(device)[0],
+                  "reserved_bytes": torch.cuda.memory_reserved(device)} if device.type == "cuda" else {}
+        common.print_result(oom=True, peak_bytes=common.peak_bytes(device), tokens_per_s=None, **at_oom)
         return 1
     tps = result["tokens_per_s"]
     print(f"gpt_train: {result['n_params'] / 1e6:.2f}M params, batch {args.batch} x seq {args.seq_len}, "
