@@ -27,7 +27,7 @@ fi
 gw="$(dirname "$py")/gpuwatch"
 nvidia-smi -L 2>&1 | sed 's/^/== /'
 "$py" -c 'import importlib.util as u
-missing = [m for m in ("click", "psutil", "pynvml", "sqlite_utils", "textual", "prometheus_client", "pytest") if not u.find_spec(m)]
+missing = [m for m in ("click", "psutil", "pynvml", "textual", "prometheus_client", "pytest") if not u.find_spec(m)]
 print("== missing modules (their checks fail or skip):", " ".join(missing) if missing else "none")'
 echo "== 1/2: $gw selftest --json   (timeout 300 s)"
 timeout 300 "$gw" selftest --json >"$out/selftest.json" 2>"$out/selftest-progress.txt"
