@@ -6,6 +6,7 @@ a masked token count stays a tensor until the step is resolved, as a loss does.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,11 +14,20 @@ _TOKEN_KEYS = ("input_ids", "tokens", "idx")
 _MASK_KEY = "attention_mask"
 
 
+_INT_DTYPES: frozenset = frozenset()
+
+
 def _is_int_tensor(value) -> bool:
+    """A tensor of token ids: integer dtype, at least one dimension. Set lookups only: this runs
+    every forward, usually with cold caches."""
+    global _INT_DTYPES
     dtype = getattr(value, "dtype", None)
-    return dtype is not None and getattr(dtype, "is_floating_point", True) is False \
-        and not getattr(dtype, "is_complex", False) and getattr(value, "ndim", 0) >= 1 \
-        and str(dtype) != "torch.bool"
+    if dtype is None:
+        return False
+    if not _INT_DTYPES:
+        torch = sys.modules["torch"]  # a tensor exists, so torch is imported
+        _INT_DTYPES = frozenset((torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8))
+    return dtype in _INT_DTYPES and value.ndim >= 1
 
 
 def find_tokens(args: tuple = (), kwargs: Mapping | None = None):
@@ -44,9 +54,9 @@ def find_tokens(args: tuple = (), kwargs: Mapping | None = None):
 def count(ids, mask=None) -> tuple[Any, int, int]:
     """(tokens, samples, seq_len) of a (batch, seq_len) id tensor: tokens are the unmasked ones
     when a mask of the same shape is given (a tensor, summed on its device without waiting)."""
-    shape = tuple(ids.shape)
+    shape = ids.shape
     samples, seq_len = (1, shape[0]) if len(shape) == 1 else (shape[0], shape[-1])
-    if mask is not None and getattr(mask, "shape", None) is not None and tuple(mask.shape) == shape:
+    if mask is not None and getattr(mask, "shape", None) == shape:
         return mask.sum(), samples, seq_len
     return ids.numel(), samples, seq_len
 
@@ -56,6 +66,8 @@ def loss_of(output):
     tensor of a returned tuple; else None."""
     if output is None:
         return None
+    if hasattr(output, "dtype"):  # a bare tensor: the loss itself, or logits
+        return output if _is_scalar_float(output) else None
     if isinstance(output, Mapping):
         loss = output.get("loss")
     else:
