@@ -95,7 +95,8 @@ def daemon_socket() -> list[Result]:
                                timeout=60)
         run_id = child.stdout.strip().splitlines()[-1] if child.returncode == 0 and child.stdout.strip() else None
         if run_id is None:
-            return [Result("daemon socket round trip", FAIL, f"the tracked run failed: {child.stderr.strip()[-200:]}")]
+            last = (child.stderr.strip().splitlines() or ["no output"])[-1]
+            return [Result("daemon socket round trip", FAIL, f"the tracked run failed: {last}")]
         from gpuwatch.store import open_ro
 
         conn = open_ro(db)
