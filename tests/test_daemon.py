@@ -72,6 +72,14 @@ def wait_for(predicate, timeout=15.0, step=0.05):
     raise AssertionError("condition not met in time")
 
 
+def sleeper() -> subprocess.Popen:
+    """`sleep 30`, once the kernel counts its resident memory: just after exec the RSS in
+    /proc/PID/stat can still read 0 (per-thread counters not yet folded in)."""
+    child = subprocess.Popen(["sleep", "30"])
+    wait_for(lambda: int(Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[21]) > 0)
+    return child
+
+
 @pytest.fixture
 def db(tmp_path):
     return str(tmp_path / "gw.db")
@@ -151,7 +159,7 @@ def test_gpu_and_host_ticks_write_every_table(writer, db):
 
 
 def test_process_samples_every_process_interval_at_once_on_change_and_tui_finds_them(writer, db):
-    children = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    children = [sleeper() for _ in range(3)]
     a, b, c = (child.pid for child in children)
     try:
         clock = Clock()
@@ -256,7 +264,7 @@ def test_lost_gpu_changes_its_row_while_the_others_keep_sampling(writer, db):
 
 
 def test_gpu_process_of_a_run_child_gets_the_run_id_rss_and_cpu(writer, db):
-    child = subprocess.Popen(["sleep", "30"])
+    child = sleeper()
     try:
         nvml = fake_pynvml.FakeNvml(gpus=2, procs={1: [child.pid]})
         sampler = Sampler(writer, Config(process_interval=0.001), nvml_module=nvml)
