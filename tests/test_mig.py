@@ -211,8 +211,7 @@ async def test_overview_lists_mig_devices_under_their_gpu_with_their_processes(s
     app = GpuwatchApp(StoreSource(path, clock=clock), refresh_s=0.05)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause(0.3)
-        lines = ["".join(cell.text.plain for cell in row.children)  # a GPU's line is a row of cells
-                 for row in app.screen.query("#gpus > .gpu-row")]
+        lines = app.screen.query_one("#gpus").plain_lines()
         gpu1 = next(i for i, text in enumerate(lines) if text.startswith("  1 "))
         migs = lines[gpu1 + 1:]
         assert [text.split()[1:3] for text in migs] == [

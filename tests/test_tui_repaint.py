@@ -126,7 +126,7 @@ def test_a_new_utilisation_repaints_that_figure_alone(monkeypatch):
     import asyncio
 
     from gpuwatch.tui.app import GpuwatchApp
-    from gpuwatch.tui.screens.base import Line
+    from gpuwatch.tui.screens.base import Lines
     from gpuwatch.tui.snapshot import GpuRow, Snapshot
 
     util = [53]
@@ -141,22 +141,24 @@ def test_a_new_utilisation_repaints_that_figure_alone(monkeypatch):
         def close(self):
             pass
 
+    # What each repaint writes: Textual writes a region from its widget's left edge.
     repainted: list[str] = []
-    original = Line.set_text
+    original = Lines.refresh
 
-    def spy(self, text):
-        before = self.text
-        original(self, text)
-        if before is not None and before is not self.text:
-            repainted.append(text.plain)
+    def spy(self, *regions, **kwargs):
+        for r in regions:
+            repainted.append(self.texts[r.y].plain[:r.right])
+        if not regions:
+            repainted.extend(t.plain for t in self.texts)
+        return original(self, *regions, **kwargs)
 
     async def scenario():
         app = GpuwatchApp(Source(), refresh_s=0.2)
         async with app.run_test(size=(80, 24)) as pilot:
             await pilot.pause(0.1)
-            monkeypatch.setattr(Line, "set_text", spy)
+            monkeypatch.setattr(Lines, "refresh", spy)
             util[0] = 54
             await pilot.pause(0.5)
-            assert repainted == ["  54% "], repainted
+            assert repainted == ["  54"], repainted  # the utilisation column, to its changed digit
 
     asyncio.run(scenario())

@@ -7,6 +7,7 @@ overlap: the next one is armed only after the last snapshot arrived. Modal scree
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import sys
 import threading
@@ -84,6 +85,10 @@ class GpuwatchApp(App):
         self._polling = False
         self._again = False
         self._timer: Timer | None = None
+        # One thread does every fetch: a Textual worker per poll would cost a task, a thread
+        # hand-off and its state messages every second.
+        self._requests: queue.SimpleQueue[View | None] = queue.SimpleQueue()
+        self._poller = threading.Thread(target=self._poll_loop, name="gpuwatch-poll", daemon=True)
 
     def on_mount(self) -> None:
         if not self.is_headless and not self.is_web:  # textual-serve ends a closed tab's app itself
@@ -94,9 +99,13 @@ class GpuwatchApp(App):
             self.set_interval(TERMINAL_CHECK_S, self._check_terminal)
 
     def on_ready(self) -> None:
+        self._poller.start()
         self.poll_now()  # the first screen exists only now
 
     def on_unmount(self) -> None:
+        self._requests.put(None)
+        if self._poller.is_alive():
+            self._poller.join(timeout=1.0)  # a fetch in flight finishes before its source closes
         self.source.close()
         if self.fleet is not None:
             self.fleet.close()
@@ -119,7 +128,7 @@ class GpuwatchApp(App):
             return
         self._polling = True
         view = screen.view()
-        self.run_worker(lambda: self._fetch(view), thread=True, group="poll", exit_on_error=False)
+        self._requests.put(view)
 
     def _visible_screen(self):
         try:
@@ -127,7 +136,11 @@ class GpuwatchApp(App):
         except ScreenStackError:  # shutting down: the screens are already gone
             return None
 
-    def _fetch(self, view: View) -> None:  # runs in a worker thread
+    def _poll_loop(self) -> None:  # the poll thread
+        while (view := self._requests.get()) is not None:
+            self._fetch(view)
+
+    def _fetch(self, view: View) -> None:  # runs in the poll thread
         fleet_view = view.kind in FLEET_VIEWS
         if fleet_view and self.fleet is None:
             self.post_message(SnapshotReady(view, Snapshot(now_ms=0, problem=NO_FLEET)))

@@ -46,9 +46,9 @@ def gpu_header(width: int) -> Text:
 
 
 def gpu_cells(g: GpuRow, width: int) -> list[Text]:
-    """One GPU's line as cells of gpu_widths(width), then its state. Each cell is its own widget
-    on screen, so a new utilisation repaints (and sends over SSH) that figure alone, not the
-    line from its left edge; few style runs keep each repaint small."""
+    """One GPU's line as cells of gpu_widths(width), then its state. Each column of cells is its
+    own widget on screen, so a new utilisation repaints (and sends over SSH) that figure alone,
+    not the line from its left edge; few style runs keep each repaint small."""
     head_w, bar_w, pct_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
     narrow = width < NARROW
     cells = [Text(f"{g.index:>3} " + (f"{g.name[:head_w - 5]:<{head_w - 5}} " if head_w > 4 else ""))]

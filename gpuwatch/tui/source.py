@@ -140,12 +140,14 @@ class StoreSource:
         self.clock = clock
         self.conn: sqlite3.Connection | None = None
         self.sparks = SparkHistory()
+        self.last: tuple[tuple, Snapshot] | None = None  # (what it was read for, the snapshot)
 
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
         self.sparks = SparkHistory()  # the file may be replaced before we reopen it
+        self.last = None
 
     def fetch(self, view: View) -> Snapshot:
         snap = self._fetch(view)
@@ -158,23 +160,34 @@ class StoreSource:
             if self.conn is None:
                 self.conn = open_ro(self.db_path)
             conn = self.conn
-            base = self._freshness(conn, now)
-            if view.kind == "overview":
-                return self._overview(conn, base)
-            if view.kind == "runs":
-                return replace(base, runs=tuple(map(run_row, queries.runs(conn))))
-            if view.kind == "run":
-                return replace(base, detail=self._detail(conn, view, now))
-            if view.kind == "oom":
-                return replace(base, postmortems=oom_rows(conn, view.run_id))
-            if view.kind == "profile":
-                return replace(base, profile=profile_row(conn, view.run_id))
-            if view.kind == "capacity":
-                return replace(base, capacity=capacity_row(conn))
-            raise ValueError(f"unknown view {view.kind!r}")
+            # Nothing committed since the last read of this view, and the sparklines' slot is the
+            # same: that read stands (an idle store costs one pragma a poll, not a dozen queries).
+            key = (view, conn.execute("PRAGMA data_version").fetchone()[0], now // SPARK_SLOT_MS)
+            if self.last is not None and self.last[0] == key:
+                return replace(self.last[1], now_ms=now)
+            snap = self._read(conn, view, now)
+            self.last = key, snap
+            return snap
         except (StoreError, sqlite3.Error) as e:
             self.close()  # reopen next poll: the file may appear or be replaced
             return Snapshot(now_ms=now, problem=str(e))
+
+    def _read(self, conn: sqlite3.Connection, view: View, now: int) -> Snapshot:
+        """`view` as the store has it now."""
+        base = self._freshness(conn, now)
+        if view.kind == "overview":
+            return self._overview(conn, base)
+        if view.kind == "runs":
+            return replace(base, runs=tuple(map(run_row, queries.runs(conn))))
+        if view.kind == "run":
+            return replace(base, detail=self._detail(conn, view, now))
+        if view.kind == "oom":
+            return replace(base, postmortems=oom_rows(conn, view.run_id))
+        if view.kind == "profile":
+            return replace(base, profile=profile_row(conn, view.run_id))
+        if view.kind == "capacity":
+            return replace(base, capacity=capacity_row(conn))
+        raise ValueError(f"unknown view {view.kind!r}")
 
     def _freshness(self, conn: sqlite3.Connection, now: int) -> Snapshot:
         newest = [s.ts_ms for s in queries.latest_gpu_samples(conn).values()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.cells import cell_len
 from rich.text import Text
 from textual.geometry import Region
+from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import DataTable, Input, Static
 
@@ -35,29 +36,70 @@ def changed_cells(old: Text, new: Text) -> tuple[int, int | None]:
     return first, cell_len(new.plain[:end])
 
 
-class Line(Static):
-    """One line of text that repaints only when it changed, and then only up to its last
-    changed column (Textual writes from the widget's left edge): a GPU whose utilisation went
-    from 53 % to 54 % no longer resends its memory, power and state over SSH. Lines are one
-    row high (app.tcss), so a new text never needs a layout pass."""
+class Lines(Static):
+    """Lines of text, each repainted only when it changed, and then only up to its last changed
+    column (Textual writes from the widget's left edge): a GPU whose utilisation went from 53 %
+    to 54 % no longer resends its memory, power and state over SSH. The number of lines sets
+    the height (app.tcss), so new texts need a layout pass only when that number changes."""
 
-    text: Text | None = None
+    texts: tuple[Text, ...] = ()
 
     def render(self) -> Text:
-        return self.text if self.text is not None else Text()
+        return Text("\n").join(self.texts)
+
+    def set_texts(self, texts: list[Text]) -> None:
+        old, self.texts = self.texts, tuple(texts)
+        width = self.content_size.width
+        if len(old) != len(texts) or not width:
+            self.refresh(layout=len(old) != len(texts))
+            return
+        for y, (before, after) in enumerate(zip(old, texts)):
+            if after == before and after.style == before.style:
+                continue  # rich's Text equality ignores the base style
+            first, end = changed_cells(before, after)
+            end = width if end is None else min(end, width)
+            if first < end:
+                self.refresh(Region(first, y, end - first, 1))
+
+
+class Line(Lines):
+    """One line of text (see Lines)."""
+
+    @property
+    def text(self) -> Text | None:
+        return self.texts[0] if self.texts else None
 
     def set_text(self, text: Text) -> None:
-        if self.text is not None and text == self.text and text.style == self.text.style:
-            return  # rich's Text equality ignores the base style
-        old, self.text = self.text, text
-        width = self.content_size.width
-        if old is None or not width:
-            self.refresh()
-            return
-        first, end = changed_cells(old, text)
-        end = width if end is None else min(end, width)
-        if first < end:
-            self.refresh(Region(first, 0, end - first, 1))
+        self.set_texts([text])
+
+
+class CellColumns(Horizontal):
+    """Rows of cells in fixed-width columns, each column one Lines widget (the last takes the
+    rest of the width). Textual writes a repaint from the left edge of a widget, so a changed
+    cell resends that cell alone; a widget per column rather than per cell keeps the widget
+    count (memory and per-frame work) small. A row given as one text is cut at the columns."""
+
+    columns: list[Lines] = []
+    widths: tuple[int, ...] | None = None  # as mounted
+
+    def set_rows(self, rows: list[list[Text]], widths: tuple[int, ...]) -> None:
+        """Show `rows`, each a cell per column (len(widths) + 1) or one text to cut; a cell is
+        cut by characters, so a text to cut has no wide characters before its last column."""
+        cuts = [sum(widths[:k + 1]) for k in range(len(widths))]
+        rows = [cells if len(cells) == len(widths) + 1 else list(cells[0].divide(cuts)) for cells in rows]
+        if widths != self.widths:
+            self.remove_children()
+            self.columns = [Lines() for _ in range(len(widths) + 1)]
+            for column, w in zip(self.columns, (*widths, "1fr")):
+                column.styles.width = w
+            self.mount_all(self.columns)
+            self.widths = widths
+        for k, column in enumerate(self.columns):
+            column.set_texts([cells[k] if k < len(cells) else Text() for cells in rows])
+
+    def plain_lines(self) -> list[str]:
+        """What the rows read on screen, one string per row."""
+        return ["".join(t.plain for t in row) for row in zip(*(c.texts for c in self.columns))]
 
 
 class LiveScreen(Screen):

@@ -5,13 +5,12 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Input
 
 from gpuwatch import fmt
 from gpuwatch.tui import panels
 from gpuwatch.tui.cell_table import CellTable
-from gpuwatch.tui.screens.base import Line, UserFiltered
+from gpuwatch.tui.screens.base import CellColumns, Line, UserFiltered
 from gpuwatch.tui.snapshot import ProcessRow, Snapshot, View
 
 # (header, sort key); None sorts last whichever the direction.
@@ -53,12 +52,10 @@ class OverviewScreen(UserFiltered):
         self.sort_reverse = True
         self.snapshot: Snapshot | None = None
         self.shown_cells: dict[str, tuple[str, ...]] = {}   # process key -> cells, in table order
-        self.gpu_lines: list[list[Line]] = []   # the GPU panel's cells, a list per line
-        self.gpu_shape: tuple | None = None      # cells per line and their widths, as mounted
 
     def compose(self) -> ComposeResult:
         yield Line(id="status")
-        yield Vertical(id="gpus")
+        yield CellColumns(id="gpus")
         yield Line(id="host")
         yield Line(id="proc-title")
         yield CellTable(id="processes", cursor_type="row", zebra_stripes=False)
@@ -81,14 +78,15 @@ class OverviewScreen(UserFiltered):
         self.snapshot = snap
         width = self.size.width
         self.set_line("#status", panels.status_line(snap))
-        self._show_gpus(snap, width)
+        if previous is None or (snap.gpus, snap.driver) != (previous.gpus, previous.driver):
+            self._show_gpus(snap, width)
         self.set_line("#host", panels.host_line(snap.host, width))
         if previous is None or snap.processes != previous.processes:
             self._fill()
 
     def _show_gpus(self, snap: Snapshot, width: int) -> None:
-        """A header line, then a row of cells per GPU (panels.gpu_cells), one Line widget each,
-        and a line per MIG device under its GPU."""
+        """A header line, then a row of cells per GPU (panels.gpu_cells), and a line per MIG
+        device under its GPU."""
         if snap.gpus:
             rows = [[panels.gpu_header(width)]]
             for g in snap.gpus:
@@ -101,23 +99,7 @@ class OverviewScreen(UserFiltered):
                                   style="yellow")]], ()
         else:
             rows, widths = [[Text("no GPU samples yet", style="dim")]], ()
-        shape = [len(cells) for cells in rows], widths
-        if shape != self.gpu_shape:
-            box = self.query_one("#gpus", Vertical)
-            box.remove_children()
-            self.gpu_lines = [[Line() for _ in cells] for cells in rows]
-            box.mount_all(self._gpu_row(lines, widths) for lines in self.gpu_lines)
-            self.gpu_shape = shape
-        for lines, cells in zip(self.gpu_lines, rows):
-            for line, text in zip(lines, cells):
-                line.set_text(text)
-
-    @staticmethod
-    def _gpu_row(lines: list[Line], widths: tuple[int, ...]) -> Horizontal:
-        for line, w in zip(lines, widths if len(lines) > 1 else ()):
-            line.styles.width = w
-        lines[-1].styles.width = "1fr"  # the state, or a line of its own
-        return Horizontal(*lines, classes="gpu-row")
+        self.query_one("#gpus", CellColumns).set_rows(rows, widths)
 
     def _visible_processes(self) -> list[ProcessRow]:
         snap = self.snapshot
