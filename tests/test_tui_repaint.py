@@ -21,8 +21,12 @@ def test_changed_cells_spans_only_what_differs():
     assert changed_cells(old, Text("  0 ") + Text("███", style="green") + Text(" 100% ok!")) == (8, None)
 
 
+def _util(ts: int, gpu: int) -> int:
+    return (ts // 1000 + 17 * gpu) % 101
+
+
 def _tick(writer: Writer, ts: int, gpus: int = 3) -> None:
-    writer.insert("gpu_samples", [dict(gpu_index=i, ts_ms=ts, gpu_util_pct=(ts // 1000 + 17 * i) % 101)
+    writer.insert("gpu_samples", [dict(gpu_index=i, ts_ms=ts, gpu_util_pct=_util(ts, i))
                                   for i in range(gpus)])
 
 
@@ -162,3 +166,64 @@ def test_a_new_utilisation_repaints_that_figure_alone(monkeypatch):
             assert repainted == ["  54"], repainted  # the utilisation column, to its changed digit
 
     asyncio.run(scenario())
+
+
+def test_a_process_table_left_open_does_not_grow():
+    """Each process tick changes SM% and CPU% of every row; DataTable keeps every tick's
+    rendered cells under a new key, so a TUI left open for hours must cap what it keeps."""
+    import asyncio
+
+    from textual.app import App
+
+    from gpuwatch.tui.cell_table import CellTable
+
+    class Table(App):
+        def compose(self):
+            yield CellTable(cursor_type="row")
+
+    async def scenario():
+        app = Table()
+        async with app.run_test(size=(160, 48)) as pilot:
+            table = app.query_one(CellTable)
+            for c in range(8):
+                table.add_column(str(c), key=str(c))
+            for r in range(50):
+                table.add_row(*(f"{r}-{c}" for c in range(8)), key=str(r))
+            await pilot.pause()
+            for tick in range(60):
+                table.update_cells([(str(r), str(c), f"{(r * tick + c) % 100}")
+                                    for r in range(50) for c in (4, 5)])
+                await pilot.pause()
+            assert str(table.get_row_at(49)[4]) == f"{(49 * 59 + 4) % 100}"  # the last tick is shown
+            held = (len(table._cell_render_cache), len(table._row_render_cache), len(table._line_cache))
+            # Sixty ticks of 50 rows: 24,000 cells rendered; the caches hold at most a few screens.
+            assert held[0] <= 1024 and held[1] <= 256 and held[2] <= 256, held
+
+    asyncio.run(scenario())
+
+
+def test_an_unchanged_store_is_not_read_again_and_a_change_is_seen_at_once(tmp_path):
+    from gpuwatch.tui.snapshot import View
+    from gpuwatch.tui.source import StoreSource
+
+    db = tmp_path / "gw.db"
+    writer = Writer(db)
+    writer.insert("gpus", [dict(gpu_index=0, uuid="GPU-0", name="H100", first_seen_ms=NOW, last_seen_ms=NOW)])
+    _tick(writer, NOW, gpus=1)
+    writer.flush()
+    clock = [NOW + 500]
+    source = StoreSource(str(db), clock=lambda: clock[0])
+    first = source.fetch(View("overview"))
+    statements: list[str] = []
+    source.conn.set_trace_callback(statements.append)
+    clock[0] += 1000
+    again = source.fetch(View("overview"))
+    assert statements == ["PRAGMA data_version"]  # one statement a poll while nothing changes
+    assert again.now_ms == clock[0] and again.gpus == first.gpus
+    _tick(writer, NOW + 1000, gpus=1)
+    writer.flush()
+    clock[0] += 1000
+    changed = source.fetch(View("overview"))
+    assert changed.data_ms == NOW + 1000 and changed.gpus[0].util_pct == _util(NOW + 1000, 0)
+    source.close()
+    writer.close()
