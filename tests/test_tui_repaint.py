@@ -97,7 +97,7 @@ def test_process_figures_update_in_place(tmp_path):
             seen = next(ticks)  # polls so far, and one skipped: the next fetch is a new tick
             await pilot.pause(0.6)
             assert app.screen.selected_process().pid == chosen
-            shown = table.get_cell(f"0:{chosen}", "5")
+            shown = str(table.get_cell(f"0:{chosen}", "5"))
             assert int(shown) >= 10_000 * (seen + 1)  # a later tick, wider than the header
             assert table.columns[ColumnKey("5")].content_width >= len(shown)
             assert table.row_count == 5

@@ -189,7 +189,7 @@ class GpuwatchApp(App):
     def signal_process(self, proc: ProcessRow) -> None:
         refusal = self.may_signal(proc)
         if refusal:
-            self.notify(refusal, severity="error", timeout=8)
+            self.notify(refusal, severity="error", timeout=8, markup=False)  # holds user names
             return
 
         def send(signum: int | None) -> None:

@@ -1,11 +1,14 @@
-"""A DataTable whose changed cells repaint alone, in as few bytes as the terminal needs: a new
-process tick changes SM% and CPU% of rows already shown, and DataTable.update_cell would repaint
-(and resend over SSH) the whole table."""
+"""DataTables for text that users wrote: PlainTable shows strings as written (DataTable reads
+them as markup, and a command line holding "[/x]" would stop the TUI), and CellTable repaints
+only the cells that changed, in as few bytes as the terminal needs: a new process tick changes
+SM% and CPU% of rows already shown, and DataTable.update_cell would repaint (and resend over
+SSH) the whole table."""
 
 from __future__ import annotations
 
 from rich.cells import cell_len
 from rich.segment import Segment
+from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.strip import Strip
 from textual.widgets import DataTable
@@ -28,7 +31,20 @@ def merge_cells(strip: Strip) -> Strip:
     return Strip(merged, strip.cell_length)
 
 
-class CellTable(DataTable):
+def _plain(cell):
+    """A string as a text that is not parsed (one line, like DataTable's own cells)."""
+    return Text(cell, no_wrap=True, end="") if isinstance(cell, str) else cell
+
+
+class PlainTable(DataTable):
+    def add_row(self, *cells, **kwargs):
+        return super().add_row(*map(_plain, cells), **kwargs)
+
+    def update_cell(self, row_key, column_key, value, *, update_width: bool = False) -> None:
+        super().update_cell(row_key, column_key, _plain(value), update_width=update_width)
+
+
+class CellTable(PlainTable):
     _batching = False
 
     def __init__(self, *args, **kwargs) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -58,9 +59,11 @@ class ConfirmSignal(ModalScreen[int | None]):
     def compose(self) -> ComposeResult:
         p = self.proc
         with Vertical(id="dialog"):
-            yield Static(f"[b]Send a signal to pid {p.pid}[/b] ({p.user or p.uid}) on GPU {p.gpu_index}?\n"
-                         f"{(p.cmdline or '')[:200]}\nGPU memory {fmt.size(p.used_mem_bytes)}"
-                         f"{'  · run ' + p.run_name if p.run_name else ''}")
+            # Built as a Text: the command line and run name are the user's, never markup.
+            yield Static(Text.assemble(
+                (f"Send a signal to pid {p.pid}", "bold"), f" ({p.user or p.uid}) on GPU {p.gpu_index}?\n"
+                f"{(p.cmdline or '')[:200]}\nGPU memory {fmt.size(p.used_mem_bytes)}"
+                f"{'  · run ' + p.run_name if p.run_name else ''}"))
             with Horizontal(id="buttons"):
                 yield Button("SIGTERM (t)", id="SIGTERM", variant="warning")
                 yield Button("SIGINT (i)", id="SIGINT")

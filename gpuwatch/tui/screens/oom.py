@@ -66,7 +66,7 @@ def neighbours_table(pm: OomRow) -> Table | Text:
     for name, justify in (("PID", "right"), ("USER", "left"), ("USED", "right"), ("RUN", "left")):
         t.add_column(name, justify=justify)
     for pid, user, used, run in pm.neighbours:
-        t.add_row(str(pid), user or "-", fmt.size(used), run or "-")
+        t.add_row(str(pid), Text(user or "-"), fmt.size(used), Text(run or "-"))
     return t
 
 

@@ -9,6 +9,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from gpuwatch import fmt
 from gpuwatch.tui import panels
+from gpuwatch.tui.cell_table import PlainTable
 from gpuwatch.tui.screens.base import Line, LiveScreen
 from gpuwatch.tui.snapshot import ProfileRow, Snapshot, View
 
@@ -52,7 +53,7 @@ class ProfileScreen(LiveScreen):
     def compose(self) -> ComposeResult:
         yield Line(id="status")
         yield Static(id="profile-head")
-        yield DataTable(id="profile-ops", cursor_type="row", zebra_stripes=True)
+        yield PlainTable(id="profile-ops", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:

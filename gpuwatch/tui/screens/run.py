@@ -136,13 +136,13 @@ def summary(d: RunDetail, now_ms: int) -> Table:
     t.add_column()
     t.add_row("run", Text(f"{r.name or '-'}  ({r.run_id})"))
     t.add_row("status", panels.status_text(r.status) + Text(f"  {d.end_state}" if d.end_state else ""))
-    t.add_row("who/where", f"{r.user or '-'} · pid {d.pid or '-'} on {d.host or '-'}")
+    t.add_row("who/where", Text(f"{r.user or '-'} · pid {d.pid or '-'} on {d.host or '-'}"))
     t.add_row("started", f"{fmt.local_time(r.started_ms)} · ran {fmt.duration(panels.run_duration_ms(r, now_ms))}")
     t.add_row("tokens/s", f"now {fmt.count(r.tokens_per_s_last)} · avg {fmt.count(r.tokens_per_s_avg)}"
                           f" · peak mem {fmt.size(r.peak_mem_bytes)}")
     if r.world_size:
         ranks = ", ".join(f"{x.rank}:{x.status}" for x in d.ranks) or "-"
-        t.add_row("ranks", f"rank {r.rank} of {r.world_size} (job {d.job_id or '-'}) · {ranks}")
+        t.add_row("ranks", Text(f"rank {r.rank} of {r.world_size} (job {d.job_id or '-'}) · {ranks}"))
     if d.command:
         t.add_row("command", Text(d.command, overflow="ellipsis", no_wrap=True))
     return t
@@ -171,5 +171,5 @@ def config_table(d: RunDetail) -> Table | Text:
     t.add_column(style="bold")
     t.add_column(overflow="fold")
     for k, v in d.config:
-        t.add_row(k, v)
+        t.add_row(Text(k), Text(v))  # the user's own text: never read as markup
     return t

@@ -9,6 +9,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from gpuwatch import fmt
 from gpuwatch.tui import panels
+from gpuwatch.tui.cell_table import PlainTable
 from gpuwatch.tui.screens.base import Line, UserFiltered
 from gpuwatch.tui.snapshot import RunRow, Snapshot, View
 
@@ -34,7 +35,7 @@ class RunsScreen(UserFiltered):
     def compose(self) -> ComposeResult:
         yield Line(id="status")
         yield Static(id="runs-title")
-        yield DataTable(id="runs", cursor_type="row")
+        yield PlainTable(id="runs", cursor_type="row")
         yield Input(placeholder="show runs of user (empty = all), Enter to apply",
                     id="user-filter", classes="hidden")
         yield Footer()
