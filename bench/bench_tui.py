@@ -15,7 +15,7 @@ which screen rows the bytes went to. Prints figures; asserts nothing.
 from the store. Like an installed package, the TUI runs with a bytecode cache (in a temporary
 PYTHONPYCACHEPREFIX, warmed by one start that is reported as "cold start").
 
-    .venv/bin/python bench/bench_tui.py [--seconds 20] [--by-row] [--nvitop /tmp/nv/bin/nvitop]
+    .venv/bin/python bench/bench_tui.py [--seconds 20] [--by-row] [--soak 600] [--nvitop /tmp/nv/bin/nvitop]
 """
 
 from __future__ import annotations
@@ -134,6 +134,7 @@ def measure(tool: tuple[list[str], dict, bytes, bytes], cols: int, rows: int, se
         time.sleep(0.05)
     time.sleep(3)  # let start-up work settle
     cpu0, bytes0, t0 = sum(proc.cpu_times()[:2]), counted[0], time.monotonic()
+    rss0 = proc.memory_info().rss
     recording.set()
     time.sleep(seconds)
     cpu1, bytes1, t1 = sum(proc.cpu_times()[:2]), counted[0], time.monotonic()
@@ -149,7 +150,7 @@ def measure(tool: tuple[list[str], dict, bytes, bytes], cols: int, rows: int, se
     os.close(fd)
     return {"first_paint_s": first_paint[0], "first_data_s": first_data[0],
             "cpu_pct": (cpu1 - cpu0) / (t1 - t0) * 100,
-            "bytes_per_s": (bytes1 - bytes0) / (t1 - t0), "rss_bytes": rss,
+            "bytes_per_s": (bytes1 - bytes0) / (t1 - t0), "rss_bytes": rss, "rss_start_bytes": rss0,
             "by_row": {row: n / (t1 - t0) for row, n in bytes_by_row(bytes(window)).items()}}
 
 
@@ -176,6 +177,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--by-row", action="store_true", help="also print terminal bytes/s per screen row")
+    parser.add_argument("--soak", type=float, default=0, metavar="SECONDS",
+                        help="also keep gpuwatch open this long at 160x48 with the daemon writing: RSS at start and end")
     parser.add_argument("--nvitop", metavar="PATH", help="an nvitop executable (in a venv of its own) to "
                         "measure beside gpuwatch, on the simulated NVML with 50 real processes")
     args = parser.parse_args()
@@ -215,6 +218,14 @@ def main() -> None:
             for p in sleepers:
                 p.kill()
                 p.wait()
+        if args.soak:
+            sampler = ProcessChurn(writer)
+            sampler.start()
+            r = measure(gpuwatch, 160, 48, args.soak)
+            sampler.stopped.set()
+            sampler.join()
+            print(f"left open {args.soak:.0f} s at 160x48, daemon writing: RSS {r['rss_start_bytes'] / 1e6:.1f} MB "
+                  f"-> {r['rss_bytes'] / 1e6:.1f} MB, CPU {r['cpu_pct']:.2f} %")
         print(f"goals: first paint <= 1.5 s; CPU <= 1 %; <= 1000 B/s at 80x24 (and <= 2x nvitop's), "
               f"<= 2000 B/s at 160x48; RSS <= 40 MB; load average now {os.getloadavg()[0]:.1f}")
         writer.close()
