@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,27 @@ def test_new_database_is_migrated_with_incremental_auto_vacuum(db):
 def test_reopening_does_not_reapply_migrations(tmp_path):
     path = tmp_path / "gw.db"
     open_rw(path).close()
+    conn = open_rw(path)
+    assert conn.execute("SELECT count(*) FROM migrations").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
+
+
+def test_processes_creating_one_database_at_once_all_open_it(tmp_path):
+    """The ranks of a torchrun job with no daemon open the same new embedded database at the
+    same moment: each must find it created once, not fail on a table another one just made."""
+    path = tmp_path / "gw.db"
+    code = ("import sys, time\nfrom gpuwatch.store import open_rw\n"
+            "while time.time() < float(sys.argv[2]): pass\n"  # start together
+            "conn = open_rw(sys.argv[1])\n"
+            "print(conn.execute('PRAGMA user_version').fetchone()[0])")
+    for attempt in range(5):
+        path.unlink(missing_ok=True)
+        start = time.time() + 1.5  # past every child's imports
+        children = [subprocess.Popen([sys.executable, "-c", code, str(path), str(start)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    for _ in range(4)]
+        results = [(child.wait(timeout=60), *child.communicate()) for child in children]
+        assert all(rc == 0 and out.strip() == str(SCHEMA_VERSION) for rc, out, _ in results), (attempt, results)
     conn = open_rw(path)
     assert conn.execute("SELECT count(*) FROM migrations").fetchone()[0] == SCHEMA_VERSION
     conn.close()

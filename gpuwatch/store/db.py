@@ -45,20 +45,43 @@ def _check_version(conn: sqlite3.Connection, path: Path) -> int:
 
 
 def migrate(conn: sqlite3.Connection, path: Path) -> None:
-    """Apply each missing migration in its own transaction.
+    """Apply the missing migrations in one transaction.
 
-    The version lives in user_version (what the code checks); the `migrations` table records
-    when each was applied, for humans.
+    The version is read again under the write lock: the ranks of a job that open one new
+    database at the same moment must find it migrated by the first, not apply its migrations
+    again. The version lives in user_version (what the code checks); the `migrations` table
+    records when each was applied, for humans.
     """
-    version = _check_version(conn, path)
-    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-        # executescript commits first, so BEGIN/COMMIT are spelled out to keep it atomic.
-        conn.executescript(
-            f"BEGIN IMMEDIATE;\n{script}\n"
-            "CREATE TABLE IF NOT EXISTS migrations "
-            "(version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL);\n"
-            f"INSERT INTO migrations VALUES ({number}, {now_ms()});\n"
-            f"PRAGMA user_version = {number};\nCOMMIT;")
+    if _check_version(conn, path) == SCHEMA_VERSION:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _check_version(conn, path)
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            for statement in _statements(script):
+                conn.execute(statement)
+            conn.execute("CREATE TABLE IF NOT EXISTS migrations "
+                         "(version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)")
+            conn.execute("INSERT INTO migrations VALUES (?, ?)", (number, now_ms()))
+            conn.execute(f"PRAGMA user_version = {number}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:  # some errors (a full disk) end the transaction themselves
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _statements(script: str):
+    """The statements of an SQL script, one at a time (executescript would commit first, so it
+    cannot run inside our transaction). A statement ends at the ';' where SQLite would end
+    it, so a trigger's inner ';' and one in a string or comment stay inside."""
+    statement = ""
+    for piece in script.split(";"):
+        statement += piece + ";"
+        if sqlite3.complete_statement(statement):
+            if statement.strip(" \n;"):
+                yield statement
+            statement = ""
 
 
 def _create(path: Path, mode: int) -> None:
@@ -75,6 +98,20 @@ def _create(path: Path, mode: int) -> None:
         os.close(fd)
 
 
+def _wal(conn: sqlite3.Connection, wait_s: float = 5.0) -> None:
+    """Switch to WAL. The switch needs a lock that SQLite does not wait for (busy_timeout does
+    not apply), so a process that opens a new database beside another one retries briefly."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def open_rw(path: str | os.PathLike, *, mode: int = 0o644) -> sqlite3.Connection:
     """Open (creating if needed) for writing, migrate, and set WAL + synchronous=NORMAL."""
     path = Path(path)
@@ -88,7 +125,7 @@ def open_rw(path: str | os.PathLike, *, mode: int = 0o644) -> sqlite3.Connection
         if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
             # Only possible before the first table exists; lets the size cap give space back.
             conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-        conn.execute("PRAGMA journal_mode = WAL")
+        _wal(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
         # After a checkpoint the -wal is cut back to this, so a big cleanup does not leave a
         # big -wal behind (the size cap counts the main file only); the writer's periodic
