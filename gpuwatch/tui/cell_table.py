@@ -37,6 +37,21 @@ def _plain(cell):
 
 
 class PlainTable(DataTable):
+    # DataTable keys its render caches by an update count that every changed cell bumps, and
+    # never reads an older count's entries again; it only evicts them at 1,000 rows and lines
+    # and 10,000 cells. A process tick changes every row, so a TUI left open kept ~10 screens
+    # of dead rendered rows (strips, segments and their caches): several MB of its RSS.
+    @property
+    def _update_count(self) -> int:
+        return self._updates
+
+    @_update_count.setter
+    def _update_count(self, count: int) -> None:
+        self._updates = count
+        for cache in (self._cell_render_cache, self._row_render_cache, self._row_renderable_cache,
+                      self._line_cache):
+            cache.clear()
+
     def add_row(self, *cells, **kwargs):
         return super().add_row(*map(_plain, cells), **kwargs)
 
@@ -46,16 +61,6 @@ class PlainTable(DataTable):
 
 class CellTable(PlainTable):
     _batching = False
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        # DataTable keys its render caches by an update count that every changed cell bumps, so
-        # each process tick adds a screenful of entries that are never read again; at its sizes
-        # (10,000 cells, 1,000 rows and lines) a TUI left open grew by ~15 MB in minutes. Room
-        # for a few screens of 8 columns is all that repaints between two updates read.
-        self._cell_render_cache.maxsize = 1024
-        for cache in (self._row_render_cache, self._row_renderable_cache, self._line_cache):
-            cache.maxsize = 256
 
     def render_line(self, y: int) -> Strip:
         strip = super().render_line(y)
