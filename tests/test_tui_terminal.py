@@ -174,6 +174,42 @@ def test_cli_and_source_import_no_textual_torch_or_collectors():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# What the TUI would load without needing it, and what it cost: Rich's emoji table (a str column
+# label goes through markup) 1.5 MB; the Fleet screen and its model, for a user with no fleet.
+NOT_NEEDED = ("rich._emoji_codes", "gpuwatch.tui.screens.fleet", "gpuwatch.fleet.model")
+SHOW_TABLES = """
+import asyncio, sys
+from gpuwatch.tui.app import GpuwatchApp
+from gpuwatch.tui.source import StoreSource
+
+async def shown(pilot, table_id):
+    for _ in range(100):
+        await pilot.pause(0.05)
+        tables = pilot.app.screen.query(table_id)
+        if tables and tables.first().row_count:
+            return
+    sys.exit(f"{table_id} stayed empty")
+
+async def main():
+    app = GpuwatchApp(StoreSource(sys.argv[1]), refresh_s=0.2)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await shown(pilot, "#processes")
+        await pilot.press("r")
+        await shown(pilot, "#runs")
+    print(" ".join(m for m in sys.argv[2:] if m in sys.modules) or "none")
+
+asyncio.run(main())
+"""
+
+
+def test_the_tui_loads_only_what_its_screens_show(tmp_path):
+    db = populated_db(tmp_path / "gw.db")
+    result = subprocess.run([sys.executable, "-c", SHOW_TABLES, str(db), *NOT_NEEDED],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["none"], f"loaded without need: {result.stdout}"
+
+
 def test_tui_refuses_without_a_terminal_and_names_a_bad_database(tmp_path):
     result = subprocess.run([GPUWATCH, "tui", "--db", str(tmp_path / "gw.db")], capture_output=True,
                             text=True, stdin=subprocess.DEVNULL)

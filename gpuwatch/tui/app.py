@@ -19,7 +19,6 @@ from textual.message import Message
 from textual.timer import Timer
 
 from gpuwatch.tui.screens.base import LiveScreen
-from gpuwatch.tui.screens.fleet import FleetScreen
 from gpuwatch.tui.screens.modals import ConfirmSignal, HelpScreen
 from gpuwatch.tui.screens.overview import OverviewScreen
 from gpuwatch.tui.screens.runs import RunsScreen
@@ -53,11 +52,17 @@ def _user_name(uid: int) -> str:
         return str(uid)
 
 
+def fleet_screen() -> LiveScreen:
+    from gpuwatch.tui.screens.fleet import FleetScreen  # loaded by those who open it
+
+    return FleetScreen()
+
+
 class GpuwatchApp(App):
     TITLE = "gpuwatch"
     CSS_PATH = "app.tcss"
     ENABLE_COMMAND_PALETTE = False
-    MODES = {"overview": OverviewScreen, "runs": RunsScreen, "fleet": FleetScreen}
+    MODES = {"overview": OverviewScreen, "runs": RunsScreen, "fleet": fleet_screen}
     DEFAULT_MODE = "overview"
     BINDINGS = [
         Binding("o", "switch_mode('overview')", "Overview"),

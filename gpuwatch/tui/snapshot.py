@@ -8,8 +8,11 @@ never reads the clock (tests pass a fixed one).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpuwatch.fleet.model import Fleet
+if TYPE_CHECKING:  # the fleet's model loads only with the Fleet screen
+    from gpuwatch.fleet.model import Fleet
+
 
 # NVML clock-event ("throttle") reason bits worth telling a user about; idle and
 # application-clock settings are normal operation, not throttling.

@@ -20,6 +20,7 @@ from gpuwatch.tui.sparks import SPARK_SLOT_MS, SparkHistory, window_start
 CHART_POINTS = 240             # per series; charts are at most ~160 columns x 2 dots
 MAX_STEPS = 50_000             # newest steps read for a run chart; older ones are left out
 OOM_TRACEBACK_LINES = 12       # the traceback's tail on the OOM screen
+READ_CACHE_KIB = 256           # SQLite page cache of the TUI's one long-lived connection
 STACK_FRAMES = 6               # innermost frames per thread in the run view's stacks panel
 
 
@@ -159,6 +160,9 @@ class StoreSource:
         try:
             if self.conn is None:
                 self.conn = open_ro(self.db_path)
+                # Each poll reads the newest pages of a few tables, which the OS caches anyway;
+                # SQLite's default 2 MB page cache only let a TUI left open grow as the file did.
+                self.conn.execute(f"PRAGMA cache_size = -{READ_CACHE_KIB}")
             conn = self.conn
             # Nothing committed since the last read of this view, and the sparklines' slot is the
             # same: that read stands (an idle store costs one pragma a poll, not a dozen queries).
