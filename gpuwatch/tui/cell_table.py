@@ -52,6 +52,10 @@ class PlainTable(DataTable):
                       self._line_cache):
             cache.clear()
 
+    def add_column(self, label, *args, **kwargs):
+        # Not markup either: the first emoji substitution alone loads 1.5 MB of Rich's table.
+        return super().add_column(_plain(label), *args, **kwargs)
+
     def add_row(self, *cells, **kwargs):
         return super().add_row(*map(_plain, cells), **kwargs)
 

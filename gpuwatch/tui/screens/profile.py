@@ -59,7 +59,7 @@ class ProfileScreen(LiveScreen):
     def on_mount(self) -> None:
         table = self.query_one("#profile-ops", DataTable)
         for name, index, _ in COLUMNS:
-            table.add_column(Text(name), key=str(index))  # not markup (see overview)
+            table.add_column(name, key=str(index))
 
     def view(self) -> View:
         return View("profile", run_id=self.run_id)

@@ -45,7 +45,7 @@ class RunsScreen(UserFiltered):
         # Start time last: at 80 columns the figures and the OOM marker matter more.
         for name in ("STATUS", "NAME", "USER", "DURATION", "TOK/S NOW", "TOK/S AVG", "PEAK MEM",
                      "OOM", "STARTED"):
-            table.add_column(Text(name))  # not markup (see overview)
+            table.add_column(name)
 
     def view(self) -> View:
         return View("runs")
