@@ -46,6 +46,7 @@ from gpuwatch.store import Writer, now_ms  # noqa: E402
 GPUWATCH = str(Path(sys.executable).with_name("gpuwatch"))
 FIRST_PAINT_MARK = b"GPU processes"
 FIRST_DATA_MARK = b"train.py"  # a command line in the process table
+PROCESS_INTERVAL_S = 5  # the daemon's default process_interval, as ProcessChurn writes it
 
 
 def make_db(path: Path) -> Writer:
@@ -61,7 +62,7 @@ def make_db(path: Path) -> Writer:
 class ProcessChurn(SamplerThread):
     """GPU ticks every second; a process tick with new SM% / CPU% every `every` ticks."""
 
-    def __init__(self, writer: Writer, every: int = 5) -> None:
+    def __init__(self, writer: Writer, every: int = PROCESS_INTERVAL_S) -> None:
         super().__init__(writer, period=1.0)
         self.every = every
 
@@ -132,7 +133,10 @@ def measure(tool: tuple[list[str], dict, bytes, bytes], cols: int, rows: int, se
     proc = psutil.Process(pid)
     while first_data[0] is None and time.monotonic() - start < 30:
         time.sleep(0.05)
-    time.sleep(3)  # let start-up work settle
+    # Let start-up work settle, through one process tick: the first change to the process table
+    # after start resends the whole table once (Textual keeps the repaint region the table had
+    # before the first layout until the table next changes), a one-off ~1.2 kB, not a rate.
+    time.sleep(3 + PROCESS_INTERVAL_S)
     cpu0, bytes0, t0 = sum(proc.cpu_times()[:2]), counted[0], time.monotonic()
     rss0 = proc.memory_info().rss
     recording.set()

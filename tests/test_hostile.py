@@ -565,9 +565,9 @@ def test_the_tui_says_why_the_daemon_cannot_write(tmp_path):
     health.publish(sock, report)
     source = StoreSource(str(db))
     try:
-        line = status_line(source.fetch(View("overview"))).plain
+        line = status_line(source.fetch(View("overview")))[0].plain
         assert line.startswith(f"⚠ the daemon cannot write {db}: disk full") and "0 bytes free" in line
         health.publish(sock, None)
-        assert "cannot write" not in status_line(source.fetch(View("overview"))).plain
+        assert "cannot write" not in status_line(source.fetch(View("overview")))[0].plain
     finally:
         source.close()

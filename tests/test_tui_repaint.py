@@ -168,6 +168,47 @@ def test_a_new_utilisation_repaints_that_figure_alone(monkeypatch):
     asyncio.run(scenario())
 
 
+def test_a_new_second_repaints_the_clock_alone(monkeypatch):
+    """The status line's words stay put while its clock ticks: only the eight characters of the
+    clock are repainted, not "live · updated " before them."""
+    import asyncio
+
+    from gpuwatch import fmt
+    from gpuwatch.tui.app import GpuwatchApp
+    from gpuwatch.tui.screens.base import Lines
+    from gpuwatch.tui.snapshot import Snapshot
+
+    data_ms = [NOW]
+
+    class Source:
+        def fetch(self, view):
+            return Snapshot(now_ms=data_ms[0], data_ms=data_ms[0])
+
+        def close(self):
+            pass
+
+    repainted: list[str] = []
+    original = Lines.refresh
+
+    def spy(self, *regions, **kwargs):  # what each repaint writes, from its widget's left edge
+        repainted.extend(self.texts[r.y].plain[:r.right] for r in regions)
+        if not regions:
+            repainted.extend(t.plain for t in self.texts)
+        return original(self, *regions, **kwargs)
+
+    async def scenario():
+        app = GpuwatchApp(Source(), refresh_s=0.2)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause(0.1)
+            assert app.screen.query_one("#status").text.plain == f"live · updated {fmt.local_time(NOW, False)}"
+            monkeypatch.setattr(Lines, "refresh", spy)
+            data_ms[0] = NOW + 1000
+            await pilot.pause(0.5)
+            assert repainted == [fmt.local_time(NOW + 1000, False)], repainted
+
+    asyncio.run(scenario())
+
+
 def test_a_process_table_left_open_does_not_grow():
     """Each process tick changes SM% and CPU% of every row; DataTable keeps every tick's
     rendered cells under a new key, so a TUI left open for hours must keep only what the

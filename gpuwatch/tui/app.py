@@ -29,6 +29,7 @@ NO_FLEET = ("no Prometheus to read the fleet from: gpuwatch tui --prometheus URL
             "or prometheus_url in the config")
 TERMINAL_CHECK_S = 2.0  # how often to check the terminal is still there (SSH hang-up)
 HARD_EXIT_AFTER_S = 3.0  # if a clean exit cannot finish writing to a dead terminal
+TERMINAL_THEME = "ansi-dark"  # Textual's theme of the terminal's default colours and ANSI palette
 
 
 class DataSource(Protocol):
@@ -80,6 +81,10 @@ class GpuwatchApp(App):
         # start screen is ever mounted and fetched (`gpuwatch demo` opens on "runs").
         self.DEFAULT_MODE = start_mode
         super().__init__()
+        # The terminal's own colours, as top and nvitop use: they suit a light terminal as well
+        # as a dark one, and a changed figure is sent with the short default-colour code
+        # (39;49) instead of a 256-colour pair, which was half the bytes of a GPU figure.
+        self.theme = TERMINAL_THEME
         self.source = source
         self.fleet = fleet  # the Fleet screen's source (Prometheus); None: not configured
         self.refresh_s = refresh_s

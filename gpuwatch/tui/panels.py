@@ -125,12 +125,12 @@ def host_line(host: HostRow | None, width: int) -> Text:
     return line
 
 
-def status_line(snap: Snapshot) -> Text:
-    """The top line: data age or why there is no data, in plain words."""
+def status_line(snap: Snapshot) -> tuple[Text, Text | None]:
+    """The top line as (words, clock): data age or why there is no data, in plain words."""
     trouble = snap.staleness()
     if trouble:
-        return Text(f"⚠ {trouble}", style="bold yellow")
-    return Text(f"live · updated {fmt.local_time(snap.data_ms, with_date=False)}", style="dim")
+        return Text(f"⚠ {trouble}", style="bold yellow"), None
+    return Text("live · updated ", style="dim"), Text(fmt.local_time(snap.data_ms, with_date=False), style="dim")
 
 
 STATUS_STYLES = {"running": "green", "finished": "blue", "failed": "red", "oom": "bold red",

@@ -102,6 +102,19 @@ class CellColumns(Horizontal):
         return ["".join(t.plain for t in row) for row in zip(*(c.texts for c in self.columns))]
 
 
+class StatusLine(CellColumns):
+    """The top line: what the data is, then when it was updated ("14:05:09"). The clock is a
+    column of its own: a changed line is resent from its widget's left edge, so each second
+    resends the eight characters of the clock and not the words before it."""
+
+    def set_text(self, words: Text, clock: Text | None = None) -> None:
+        self.set_rows([[words, clock or Text()]], (words.cell_len,))
+
+    @property
+    def text(self) -> Text:
+        return Text("").join(column.texts[0] for column in self.columns)
+
+
 class LiveScreen(Screen):
     """A screen fed by the poller. Only the visible one is fed, so hidden ones never redraw,
     and an unchanged snapshot draws nothing (idle terminals over SSH stay quiet)."""
@@ -115,11 +128,14 @@ class LiveScreen(Screen):
 
     def on_mount(self) -> None:
         # The frame is painted before the first snapshot arrives: say what it is waiting for.
-        for line in self.query("#status").results(Line):
+        for line in self.query("#status").results(StatusLine):
             line.set_text(Text("reading the store…", style="dim"))
 
     def set_line(self, selector: str, text: Text) -> None:
         self.query_one(selector, Line).set_text(text)
+
+    def set_status(self, words: Text, clock: Text | None = None) -> None:
+        self.query_one("#status", StatusLine).set_text(words, clock)
 
     def on_resize(self) -> None:
         if self.shown is not None:

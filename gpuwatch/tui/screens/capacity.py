@@ -12,7 +12,7 @@ from textual.widgets import Footer, Static
 
 from gpuwatch import fmt
 from gpuwatch.tui import panels
-from gpuwatch.tui.screens.base import Line, LiveScreen
+from gpuwatch.tui.screens.base import LiveScreen, StatusLine
 from gpuwatch.tui.snapshot import CapacityRow, Snapshot, View
 
 
@@ -38,7 +38,7 @@ class CapacityScreen(LiveScreen):
     BINDINGS = [Binding("escape,backspace", "app.pop_screen", "Back")]
 
     def compose(self) -> ComposeResult:
-        yield Line(id="status")
+        yield StatusLine(id="status")
         with VerticalScroll(id="capacity-body"):
             yield Static(id="capacity")
         yield Footer()
@@ -47,6 +47,6 @@ class CapacityScreen(LiveScreen):
         return View("capacity")
 
     def show(self, snap: Snapshot, previous: Snapshot | None) -> None:
-        self.set_line("#status", panels.status_line(snap))
+        self.set_status(*panels.status_line(snap))
         if previous is None or previous.capacity != snap.capacity:
             self.query_one("#capacity", Static).update(study_panel(snap.capacity))

@@ -17,7 +17,7 @@ from textual.widgets import Footer, Input
 
 from gpuwatch import fmt
 from gpuwatch.fleet.model import Fleet, FleetGpu, FleetHost, FleetJob
-from gpuwatch.tui.screens.base import Line, LiveScreen
+from gpuwatch.tui.screens.base import Line, LiveScreen, StatusLine
 from gpuwatch.tui.snapshot import Snapshot, View
 
 FREE_UTIL_PCT = 10       # "free": no process on it and at most this busy
@@ -189,7 +189,7 @@ class FleetScreen(LiveScreen):
         self.row_hosts: dict[str, str] = {}
 
     def compose(self) -> ComposeResult:
-        yield Line(id="status")
+        yield StatusLine(id="status")
         yield Line(id="fleet-title")
         yield RowList(GPU_COLUMNS, id="fleet")
         yield Line(id="fleet-hint")
@@ -208,13 +208,13 @@ class FleetScreen(LiveScreen):
         self.snapshot = snap
         fleet = snap.fleet
         if snap.problem or fleet is None:
-            self.set_line("#status", Text(f"⚠ {snap.problem}", style="bold yellow"))
+            self.set_status(Text(f"⚠ {snap.problem}", style="bold yellow"))
         else:
             down = sum(not h.up for h in fleet.hosts)
-            self.set_line("#status", Text(
-                f"{fleet.url} · {len(fleet.hosts)} hosts" + (f", {down} unreachable" if down else "")
-                + f" · updated {fmt.local_time(int(fleet.at_s * 1000), with_date=False)}",
-                style="bold yellow" if down else "dim"))
+            style = "bold yellow" if down else "dim"
+            self.set_status(Text(f"{fleet.url} · {len(fleet.hosts)} hosts" + (f", {down} unreachable" if down else "")
+                                 + " · updated ", style=style),
+                            Text(fmt.local_time(int(fleet.at_s * 1000), with_date=False), style=style))
         if previous is None or previous.fleet != fleet:
             self._fill()
 

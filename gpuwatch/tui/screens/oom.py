@@ -13,7 +13,7 @@ from textual.widgets import Footer, Static
 
 from gpuwatch import fmt
 from gpuwatch.tui import panels
-from gpuwatch.tui.screens.base import Line, LiveScreen
+from gpuwatch.tui.screens.base import LiveScreen, StatusLine
 from gpuwatch.tui.snapshot import OomRow, Snapshot, View
 
 BAR_WIDTH = 30
@@ -102,7 +102,7 @@ class OomScreen(LiveScreen):
         self.run_id = run_id
 
     def compose(self) -> ComposeResult:
-        yield Line(id="status")
+        yield StatusLine(id="status")
         with VerticalScroll(id="oom-body"):
             yield Static(id="oom-head")
             yield Static(id="oom-memory")
@@ -115,7 +115,7 @@ class OomScreen(LiveScreen):
         return View("oom", run_id=self.run_id)
 
     def show(self, snap: Snapshot, previous: Snapshot | None) -> None:
-        self.set_line("#status", panels.status_line(snap))
+        self.set_status(*panels.status_line(snap))
         if not snap.postmortems:
             self.query_one("#oom-head", Static).update(
                 Text(f"run {self.run_id} has no OOM postmortem", style="bold"))

@@ -10,7 +10,7 @@ from textual.widgets import DataTable, Footer, Input
 from gpuwatch import fmt
 from gpuwatch.tui import panels
 from gpuwatch.tui.cell_table import CellTable
-from gpuwatch.tui.screens.base import CellColumns, Line, UserFiltered
+from gpuwatch.tui.screens.base import CellColumns, Line, StatusLine, UserFiltered
 from gpuwatch.tui.snapshot import ProcessRow, Snapshot, View
 
 # (header, sort key); None sorts last whichever the direction.
@@ -54,7 +54,7 @@ class OverviewScreen(UserFiltered):
         self.shown_cells: dict[str, tuple[str, ...]] = {}   # process key -> cells, in table order
 
     def compose(self) -> ComposeResult:
-        yield Line(id="status")
+        yield StatusLine(id="status")
         yield CellColumns(id="gpus")
         yield Line(id="host")
         yield Line(id="proc-title")
@@ -77,7 +77,7 @@ class OverviewScreen(UserFiltered):
     def show(self, snap: Snapshot, previous: Snapshot | None) -> None:
         self.snapshot = snap
         width = self.size.width
-        self.set_line("#status", panels.status_line(snap))
+        self.set_status(*panels.status_line(snap))
         if previous is None or (snap.gpus, snap.driver) != (previous.gpus, previous.driver):
             self._show_gpus(snap, width)
         self.set_line("#host", panels.host_line(snap.host, width))

@@ -10,7 +10,7 @@ from textual.widgets import DataTable, Footer, Static
 from gpuwatch import fmt
 from gpuwatch.tui import panels
 from gpuwatch.tui.cell_table import PlainTable
-from gpuwatch.tui.screens.base import Line, LiveScreen
+from gpuwatch.tui.screens.base import LiveScreen, StatusLine
 from gpuwatch.tui.snapshot import ProfileRow, Snapshot, View
 
 # (header, index in ProfileRow.ops tuples, format); the sort key cycles through the numeric ones.
@@ -51,7 +51,7 @@ class ProfileScreen(LiveScreen):
         self.sort_index = 0  # into SORTABLE
 
     def compose(self) -> ComposeResult:
-        yield Line(id="status")
+        yield StatusLine(id="status")
         yield Static(id="profile-head")
         yield PlainTable(id="profile-ops", cursor_type="row", zebra_stripes=True)
         yield Footer()
@@ -74,7 +74,7 @@ class ProfileScreen(LiveScreen):
         return COLUMNS[SORTABLE[self.sort_index]][0]
 
     def show(self, snap: Snapshot, previous: Snapshot | None) -> None:
-        self.set_line("#status", panels.status_line(snap))
+        self.set_status(*panels.status_line(snap))
         if previous is not None and previous.profile == snap.profile:
             return
         self._fill(snap.profile)

@@ -14,7 +14,7 @@ from textual.widgets import Footer, Static
 from gpuwatch import fmt
 from gpuwatch.tui import panels
 from gpuwatch.tui.chart import render_chart
-from gpuwatch.tui.screens.base import Line, LiveScreen
+from gpuwatch.tui.screens.base import LiveScreen, StatusLine
 from gpuwatch.tui.snapshot import Chart, RunDetail, Snapshot, View
 
 PROFILE_STEPS = 5
@@ -54,7 +54,7 @@ class RunScreen(LiveScreen):
         self.range_key = "0"
 
     def compose(self) -> ComposeResult:
-        yield Line(id="status")
+        yield StatusLine(id="status")
         with VerticalScroll(id="run-body"):
             yield Static(id="run-summary")
             yield Static(id="run-stacks")
@@ -101,7 +101,7 @@ class RunScreen(LiveScreen):
         self.app.poll_now()
 
     def show(self, snap: Snapshot, previous: Snapshot | None) -> None:
-        self.set_line("#status", panels.status_line(snap))
+        self.set_status(*panels.status_line(snap))
         detail = snap.detail
         if detail is None:
             self.query_one("#run-summary", Static).update(

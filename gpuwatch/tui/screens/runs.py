@@ -10,7 +10,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from gpuwatch import fmt
 from gpuwatch.tui import panels
 from gpuwatch.tui.cell_table import PlainTable
-from gpuwatch.tui.screens.base import Line, UserFiltered
+from gpuwatch.tui.screens.base import StatusLine, UserFiltered
 from gpuwatch.tui.snapshot import RunRow, Snapshot, View
 
 STATUSES = (None, "running", "finished", "failed", "oom", "killed", "lost")
@@ -33,7 +33,7 @@ class RunsScreen(UserFiltered):
         self.snapshot: Snapshot | None = None
 
     def compose(self) -> ComposeResult:
-        yield Line(id="status")
+        yield StatusLine(id="status")
         yield Static(id="runs-title")
         yield PlainTable(id="runs", cursor_type="row")
         yield Input(placeholder="show runs of user (empty = all), Enter to apply",
@@ -52,7 +52,7 @@ class RunsScreen(UserFiltered):
 
     def show(self, snap: Snapshot, previous: Snapshot | None) -> None:
         self.snapshot = snap
-        self.set_line("#status", panels.status_line(snap))
+        self.set_status(*panels.status_line(snap))
         if previous is None or (snap.runs, snap.now_ms) != (previous.runs, previous.now_ms):
             self._fill()
 
