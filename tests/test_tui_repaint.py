@@ -105,6 +105,58 @@ def test_process_figures_update_in_place(tmp_path):
     asyncio.run(scenario())
 
 
+def test_changed_figures_are_drawn_new_in_sight_and_after_scrolling_to_them():
+    """Rendered cells are kept between process ticks and only rows in sight are repainted: what
+    is drawn must still be each process's newest figure, on screen and once scrolled to."""
+    import asyncio
+
+    from gpuwatch.tui.app import GpuwatchApp
+    from gpuwatch.tui.cell_table import CellTable
+    from gpuwatch.tui.snapshot import ProcessRow, Snapshot
+
+    sm = [10]
+
+    class Source:
+        def fetch(self, view):
+            procs = tuple(ProcessRow(0, 100 + k, 1000, "alice", (40 - k) * 2**30, sm[0] + k % 3, 1.0, None,
+                                     f"python job{k}.py") for k in range(40))
+            return Snapshot(now_ms=NOW, data_ms=NOW, processes=procs)
+
+        def close(self):
+            pass
+
+    def drawn(table: CellTable) -> dict[str, str]:
+        """pid -> the SM% drawn on its row, for the rows on screen."""
+        rows = {}
+        for y in range(table.header_height, table.size.height):
+            cells = table.render_line(y).text.split()
+            if cells:
+                rows[cells[0]] = cells[5]  # PID USER GPU n GiB SM%
+        return rows
+
+    async def scenario():
+        app = GpuwatchApp(Source(), refresh_s=0.2)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause(0.5)
+            table = app.screen.query_one("#processes", CellTable)
+            top = drawn(table)
+            assert len(top) < 40 and top["100"] == "10" and top["101"] == "11"
+            repainted = []
+            refresh = table.refresh
+            table.refresh = lambda *regions, **kw: (repainted.extend(regions), refresh(*regions, **kw))[1]
+            sm[0] = 70
+            await pilot.pause(0.5)
+            assert drawn(table) == {pid: str(int(v) + 60) for pid, v in top.items()}
+            # each row in sight repainted, none out of sight
+            assert sorted(r.y for r in repainted) == list(range(table.header_height, table.size.height))
+            table.move_cursor(row=39, animate=False)  # rows updated out of sight
+            await pilot.pause(0.2)
+            bottom = drawn(table)
+            assert "139" in bottom and all(v == str(70 + (int(pid) - 100) % 3) for pid, v in bottom.items())
+
+    asyncio.run(scenario())
+
+
 def test_sparkline_shifts_only_when_a_new_column_is_due():
     """60 slots of 5 s in 20 columns: 15 s a column. As the window slides a slot at a time, the
     drawn columns move only every third slot; in between only the newest column may change."""

@@ -6,10 +6,13 @@ SSH) the whole table."""
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.text import Text
-from textual.coordinate import Coordinate
+from textual.cache import LRUCache
+from textual.geometry import Region
 from textual.strip import Strip
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
@@ -64,7 +67,29 @@ class PlainTable(DataTable):
 
 
 class CellTable(PlainTable):
+    """A PlainTable of one-line rows of plain strings, for a table whose figures change in place."""
+
     _batching = False
+    DRAWN_CELLS = 512  # rendered cells kept: a screen of 160x48 shows ~350
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._drawn_cells: LRUCache[tuple, list] = LRUCache(self.DRAWN_CELLS)
+
+    def _render_cell(self, row_index: int, column_index: int, base_style, width: int,
+                     cursor: bool = False, hover: bool = False):
+        # DataTable renders every cell again after any cell changed (its cache is keyed by an
+        # update count); a process tick changes two cells of each row, so keep the others.
+        if row_index < 0 or column_index < 0:  # the header
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        cell = self._data[self._row_locations.get_key(row_index)][self._column_locations.get_key(column_index)]
+        key = (row_index, column_index, cell.plain, base_style, width, cursor, hover, self._show_hover_cursor,
+               self._pseudo_class_state)
+        lines = self._drawn_cells.get(key)
+        if lines is None:
+            lines = self._drawn_cells[key] = super()._render_cell(row_index, column_index, base_style, width,
+                                                                  cursor, hover)
+        return lines
 
     def render_line(self, y: int) -> Strip:
         strip = super().render_line(y)
@@ -91,5 +116,18 @@ class CellTable(PlainTable):
         if widen:
             self.refresh(layout=True)
             return
+        # One region per row, from its first to its last changed cell, and none for rows out of
+        # sight (DataTable.refresh_coordinate sums the heights of the rows above, for each cell).
+        spans: dict[str, tuple[int, int]] = {}
         for row, column, _ in changes:
-            self.refresh_coordinate(Coordinate(self.get_row_index(row), self.get_column_index(column)))
+            k = self.get_column_index(column)
+            first, last = spans.get(row, (k, k))
+            spans[row] = (min(first, k), max(last, k))
+        x = list(accumulate((c.get_render_width(self) for c in self.ordered_columns),
+                            initial=self._row_label_column_width))
+        top = self.header_height if self.show_header else 0
+        window = self.window_region
+        for row, (first, last) in spans.items():
+            region = Region(x[first], top + self.get_row_index(row), x[last + 1] - x[first], 1)
+            if window.overlaps(region):
+                self.refresh(region.translate(-self.scroll_offset))

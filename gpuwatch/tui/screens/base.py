@@ -7,6 +7,8 @@ from rich.text import Text
 from textual.geometry import Region
 from textual.containers import Horizontal
 from textual.screen import Screen
+from textual.strip import Strip
+from textual.visual import Visual, visualize
 from textual.widgets import DataTable, Input, Static
 
 from gpuwatch.tui.snapshot import Snapshot, View
@@ -44,18 +46,38 @@ class Lines(Static):
 
     texts: tuple[Text, ...] = ()
 
-    def render(self) -> Text:
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._strips: dict[int, Strip] = {}  # rendered lines, each kept until its text changes
+
+    def render(self) -> Text:  # what sizes the widget; the lines are rendered one by one
         return Text("\n").join(self.texts)
+
+    def render_line(self, y: int) -> Strip:
+        # Static renders every line again when one changed: render only the changed ones.
+        self._dirty_regions.clear()  # what Static's render would have cleared
+        width = self.size.width
+        strip = self._strips.get(y)
+        if strip is None or strip.cell_length != width:
+            text = self.texts[y] if y < len(self.texts) else Text()
+            strip = self._strips[y] = Visual.to_strips(self, visualize(self, text), width, 1, self.visual_style)[0]
+        return strip
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips.clear()
 
     def set_texts(self, texts: list[Text]) -> None:
         old, self.texts = self.texts, tuple(texts)
         width = self.content_size.width
         if len(old) != len(texts) or not width:
+            self._strips.clear()
             self.refresh(layout=len(old) != len(texts))
             return
         for y, (before, after) in enumerate(zip(old, texts)):
             if after == before and after.style == before.style:
                 continue  # rich's Text equality ignores the base style
+            self._strips.pop(y, None)
             first, end = changed_cells(before, after)
             end = width if end is None else min(end, width)
             if first < end:
