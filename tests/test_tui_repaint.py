@@ -12,6 +12,19 @@ from gpuwatch.tui.sparks import SPARK_POINTS, SPARK_SLOT_MS, SPARK_WINDOW_MS, Sp
 NOW = 1_764_676_800_000
 
 
+class Polled:
+    """A TUI data source whose every poll answers `snapshot()`."""
+
+    def __init__(self, snapshot) -> None:
+        self.snapshot = snapshot
+
+    def fetch(self, view):
+        return self.snapshot()
+
+    def close(self):
+        pass
+
+
 def test_changed_cells_spans_only_what_differs():
     old = Text("  0 ") + Text("███", style="green") + Text("  53% ok")
     assert changed_cells(old, Text("  0 ") + Text("███", style="green") + Text("  54% ok")) == (10, 11)
@@ -76,19 +89,15 @@ def test_process_figures_update_in_place(tmp_path):
 
     ticks = itertools.count()
 
-    class TickingSource:
-        def fetch(self, view):
-            n = next(ticks)
-            procs = tuple(ProcessRow(0, 100 + k, 1000, "alice", (10 - k) * 2**30, (n * 7 + k) % 100,
-                                     float(9 if n == 0 else 10_000 * n + k), None, f"python job{k}.py")
-                          for k in range(5))
-            return Snapshot(now_ms=NOW, data_ms=NOW, processes=procs)
-
-        def close(self):
-            pass
+    def ticking():
+        n = next(ticks)
+        procs = tuple(ProcessRow(0, 100 + k, 1000, "alice", (10 - k) * 2**30, (n * 7 + k) % 100,
+                                 float(9 if n == 0 else 10_000 * n + k), None, f"python job{k}.py")
+                      for k in range(5))
+        return Snapshot(now_ms=NOW, data_ms=NOW, processes=procs)
 
     async def scenario():
-        app = GpuwatchApp(TickingSource(), refresh_s=0.2)
+        app = GpuwatchApp(Polled(ticking), refresh_s=0.2)
         async with app.run_test(size=(80, 24)) as pilot:
             await pilot.pause(0.5)
             table = app.screen.query_one("#processes", CellTable)
@@ -116,14 +125,10 @@ def test_changed_figures_are_drawn_new_in_sight_and_after_scrolling_to_them():
 
     sm = [10]
 
-    class Source:
-        def fetch(self, view):
-            procs = tuple(ProcessRow(0, 100 + k, 1000, "alice", (40 - k) * 2**30, sm[0] + k % 3, 1.0, None,
-                                     f"python job{k}.py") for k in range(40))
-            return Snapshot(now_ms=NOW, data_ms=NOW, processes=procs)
-
-        def close(self):
-            pass
+    def forty_processes():
+        procs = tuple(ProcessRow(0, 100 + k, 1000, "alice", (40 - k) * 2**30, sm[0] + k % 3, 1.0, None,
+                                 f"python job{k}.py") for k in range(40))
+        return Snapshot(now_ms=NOW, data_ms=NOW, processes=procs)
 
     def drawn(table: CellTable) -> dict[str, str]:
         """pid -> the SM% drawn on its row, for the rows on screen."""
@@ -135,7 +140,7 @@ def test_changed_figures_are_drawn_new_in_sight_and_after_scrolling_to_them():
         return rows
 
     async def scenario():
-        app = GpuwatchApp(Source(), refresh_s=0.2)
+        app = GpuwatchApp(Polled(forty_processes), refresh_s=0.2)
         async with app.run_test(size=(80, 24)) as pilot:
             await pilot.pause(0.5)
             table = app.screen.query_one("#processes", CellTable)
@@ -176,43 +181,45 @@ def test_sparkline_shifts_only_when_a_new_column_is_due():
     assert all(len(d) == 20 for d in drawn)
 
 
+def spy_on_repaints(monkeypatch) -> list[str]:
+    """What each repaint of a Lines widget writes from now on (Textual writes a region from its
+    widget's left edge)."""
+    from gpuwatch.tui.screens.base import Lines
+
+    repainted: list[str] = []
+    original = Lines.refresh
+
+    def spy(self, *regions, **kwargs):
+        repainted.extend(self.texts[r.y].plain[:r.right] for r in regions)
+        if not regions:
+            repainted.extend(t.plain for t in self.texts)
+        return original(self, *regions, **kwargs)
+
+    monkeypatch.setattr(Lines, "refresh", spy)
+    return repainted
+
+
 def test_a_new_utilisation_repaints_that_figure_alone(monkeypatch):
     """Over SSH a GPU line is no longer resent from its left edge: only the cells whose text
     changed (here GPU 0's utilisation figure) are repainted."""
     import asyncio
 
     from gpuwatch.tui.app import GpuwatchApp
-    from gpuwatch.tui.screens.base import Lines
     from gpuwatch.tui.snapshot import GpuRow, Snapshot
 
     util = [53]
 
-    class Source:
-        def fetch(self, view):
-            gpus = tuple(GpuRow(index=i, name="H100", util_pct=util[0] if i == 0 else 20, util_history=(50.0,) * 60,
-                                mem_used_bytes=2**33, mem_total_bytes=2**36, temp_c=50, power_mw=300_000,
-                                power_limit_mw=700_000) for i in range(2))
-            return Snapshot(now_ms=NOW, data_ms=NOW, gpus=gpus)
-
-        def close(self):
-            pass
-
-    # What each repaint writes: Textual writes a region from its widget's left edge.
-    repainted: list[str] = []
-    original = Lines.refresh
-
-    def spy(self, *regions, **kwargs):
-        for r in regions:
-            repainted.append(self.texts[r.y].plain[:r.right])
-        if not regions:
-            repainted.extend(t.plain for t in self.texts)
-        return original(self, *regions, **kwargs)
+    def two_gpus():
+        gpus = tuple(GpuRow(index=i, name="H100", util_pct=util[0] if i == 0 else 20, util_history=(50.0,) * 60,
+                            mem_used_bytes=2**33, mem_total_bytes=2**36, temp_c=50, power_mw=300_000,
+                            power_limit_mw=700_000) for i in range(2))
+        return Snapshot(now_ms=NOW, data_ms=NOW, gpus=gpus)
 
     async def scenario():
-        app = GpuwatchApp(Source(), refresh_s=0.2)
+        app = GpuwatchApp(Polled(two_gpus), refresh_s=0.2)
         async with app.run_test(size=(80, 24)) as pilot:
             await pilot.pause(0.1)
-            monkeypatch.setattr(Lines, "refresh", spy)
+            repainted = spy_on_repaints(monkeypatch)
             util[0] = 54
             await pilot.pause(0.5)
             assert repainted == ["  54"], repainted  # the utilisation column, to its changed digit
@@ -227,33 +234,16 @@ def test_a_new_second_repaints_the_clock_alone(monkeypatch):
 
     from gpuwatch import fmt
     from gpuwatch.tui.app import GpuwatchApp
-    from gpuwatch.tui.screens.base import Lines
     from gpuwatch.tui.snapshot import Snapshot
 
     data_ms = [NOW]
 
-    class Source:
-        def fetch(self, view):
-            return Snapshot(now_ms=data_ms[0], data_ms=data_ms[0])
-
-        def close(self):
-            pass
-
-    repainted: list[str] = []
-    original = Lines.refresh
-
-    def spy(self, *regions, **kwargs):  # what each repaint writes, from its widget's left edge
-        repainted.extend(self.texts[r.y].plain[:r.right] for r in regions)
-        if not regions:
-            repainted.extend(t.plain for t in self.texts)
-        return original(self, *regions, **kwargs)
-
     async def scenario():
-        app = GpuwatchApp(Source(), refresh_s=0.2)
+        app = GpuwatchApp(Polled(lambda: Snapshot(now_ms=data_ms[0], data_ms=data_ms[0])), refresh_s=0.2)
         async with app.run_test(size=(80, 24)) as pilot:
             await pilot.pause(0.1)
             assert app.screen.query_one("#status").text.plain == f"live · updated {fmt.local_time(NOW, False)}"
-            monkeypatch.setattr(Lines, "refresh", spy)
+            repainted = spy_on_repaints(monkeypatch)
             data_ms[0] = NOW + 1000
             await pilot.pause(0.5)
             assert repainted == [fmt.local_time(NOW + 1000, False)], repainted
