@@ -83,7 +83,7 @@ class GpuwatchApp(App):
         super().__init__()
         # The terminal's own colours, as top and nvitop use: they suit a light terminal as well
         # as a dark one, and a changed figure is sent with the short default-colour code
-        # (39;49) instead of a 256-colour pair, which was half the bytes of a GPU figure.
+        # (39;49) instead of a 256-colour pair, which was two thirds of the bytes of a GPU figure.
         self.theme = TERMINAL_THEME
         self.source = source
         self.fleet = fleet  # the Fleet screen's source (Prometheus); None: not configured
