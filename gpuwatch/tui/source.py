@@ -178,9 +178,10 @@ class StoreSource:
 
     def _read(self, conn: sqlite3.Connection, view: View, now: int) -> Snapshot:
         """`view` as the store has it now."""
-        base = self._freshness(conn, now)
+        latest = queries.latest_gpu_samples(conn)
+        base = self._freshness(conn, now, latest)
         if view.kind == "overview":
-            return self._overview(conn, base)
+            return self._overview(conn, base, latest)
         if view.kind == "runs":
             return replace(base, runs=tuple(map(run_row, queries.runs(conn))))
         if view.kind == "run":
@@ -193,8 +194,9 @@ class StoreSource:
             return replace(base, capacity=capacity_row(conn))
         raise ValueError(f"unknown view {view.kind!r}")
 
-    def _freshness(self, conn: sqlite3.Connection, now: int) -> Snapshot:
-        newest = [s.ts_ms for s in queries.latest_gpu_samples(conn).values()]
+    def _freshness(self, conn: sqlite3.Connection, now: int,
+                   latest: dict[int, queries.GpuSample]) -> Snapshot:
+        newest = [s.ts_ms for s in latest.values()]
         host = queries.latest_host_sample(conn)
         if host:
             newest.append(host.ts_ms)
@@ -204,8 +206,8 @@ class StoreSource:
                             host.cpu_pct, host.load1, host.mem_used_bytes, host.mem_total_bytes,
                             host.shm_used_bytes, host.shm_total_bytes))
 
-    def _overview(self, conn: sqlite3.Connection, base: Snapshot) -> Snapshot:
-        latest = queries.latest_gpu_samples(conn)
+    def _overview(self, conn: sqlite3.Connection, base: Snapshot,
+                  latest: dict[int, queries.GpuSample]) -> Snapshot:
         infos = queries.gpus(conn)
         histories = self.sparks.update(conn, [info.gpu_index for info in infos], base.now_ms)
         first_slot = window_start(base.now_ms) // SPARK_SLOT_MS
