@@ -7,8 +7,8 @@ daemon's sampler, GPUs and the host every second and process samples every 5 s
 (installed in a venv of its own: `python3 -m venv /tmp/nv && /tmp/nv/bin/pip install nvitop`)
 runs in the same way on tests/fake_pynvml.py (through bench/nvitop_shim: 8 simulated H100s
 whose figures change every second, 50 real `sleep` processes spread over them), refreshing every
-second. "textual floor" is bench/textual_floor.py: the same screen in a bare Textual app with
-no gpuwatch code, what Textual alone costs at this content. Goals (issue 12): CPU <= 1 % of one core, <= 1000 B/s to the terminal at 80x24 and
+second. "textual plain" is bench/textual_plain.py: the same screen written plainly in Textual,
+with no gpuwatch code: what Textual itself costs at this content. Goals (issue 12): CPU <= 1 % of one core, <= 1000 B/s to the terminal at 80x24 and
 <= 2x nvitop's, <= 2000 B/s at 160x48, RSS <= 40 MB, first paint <= 1.5 s. `--by-row` says
 which screen rows the bytes went to. Prints figures; asserts nothing.
 
@@ -86,9 +86,9 @@ def gpuwatch_tui(db: Path, pycache: Path) -> tuple[list[str], dict, bytes, bytes
     return [GPUWATCH, "tui", "--db", str(db), "--refresh", "1"], env, FIRST_PAINT_MARK, FIRST_DATA_MARK
 
 
-def textual_floor(pycache: Path) -> tuple[list[str], dict, bytes, bytes]:
-    """bench/textual_floor.py: the overview's screen in a bare Textual app, no gpuwatch code."""
-    return ([sys.executable, str(Path(__file__).with_name("textual_floor.py"))],
+def textual_plain(pycache: Path) -> tuple[list[str], dict, bytes, bytes]:
+    """bench/textual_plain.py: the overview's screen written plainly in Textual, no gpuwatch code."""
+    return ([sys.executable, str(Path(__file__).with_name("textual_plain.py"))],
             {"PYTHONPYCACHEPREFIX": str(pycache)}, FIRST_PAINT_MARK, FIRST_DATA_MARK)
 
 
@@ -197,7 +197,7 @@ def main() -> None:
         db = Path(tmp) / "bench.db"
         writer = make_db(db)
         gpuwatch = gpuwatch_tui(db, Path(tmp) / "pycache")
-        floor = textual_floor(Path(tmp) / "pycache")
+        plain = textual_plain(Path(tmp) / "pycache")
         print(f"gpuwatch tui, 8 GPUs / 50 processes / 20 runs, refresh 1 s, {args.seconds:.0f} s windows, "
               f"load average {os.getloadavg()[0]:.1f}")
         cold = measure(gpuwatch, 80, 24, 1)
@@ -208,14 +208,14 @@ def main() -> None:
             print(f"{'tool':>8}  {'size':>7}  {'data':>6}  {'first paint':>11}  {'first data':>10}  "
                   f"{'CPU % of a core':>15}  {'terminal B/s':>12}  {'RSS MB':>6}")
             for cols, rows in ((80, 24), (160, 48)):
-                runs = [("gpuwatch", "idle"), ("gpuwatch", "daemon"), ("textual", "floor")]
+                runs = [("gpuwatch", "idle"), ("gpuwatch", "daemon"), ("textual", "plain")]
                 if args.nvitop:
                     runs.append(("nvitop", "NVML"))
                 for name, mode in runs:
                     sampler = ProcessChurn(writer) if mode == "daemon" else None
                     if sampler:
                         sampler.start()
-                    tool = (gpuwatch if name == "gpuwatch" else floor if name == "textual"
+                    tool = (gpuwatch if name == "gpuwatch" else plain if name == "textual"
                             else nvitop_tui(args.nvitop, [p.pid for p in sleepers]))
                     r = measure(tool, cols, rows, args.seconds)
                     if sampler:

@@ -1,9 +1,10 @@
-"""The least a Textual app showing the overview's screen costs: bench_tui's reference for
-what Textual itself takes, with no store, no CLI and no gpuwatch code.
+"""The overview's screen written plainly in Textual (Static.update, DataTable.update_cell), with
+no store, no CLI and no gpuwatch code: bench_tui's reference for what Textual itself costs at
+this content.
 
 A clock, 8 GPU lines whose figures change every second, a 50-row process table whose SM% and
 CPU% change every 5 s (DataTable.update_cell), a Footer; the terminal's ANSI colours, as
-gpuwatch uses. Run by bench_tui in a pty: `python bench/textual_floor.py`.
+gpuwatch uses. Run by bench_tui in a pty: `python bench/textual_plain.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from textual.widgets import DataTable, Footer, Static
 GPUS, PROCESSES, PROCESS_EVERY_S = 8, 50, 5
 
 
-class FloorApp(App):
+class PlainApp(App):
     BINDINGS = [("q", "quit", "Quit"), ("r", "noop", "Runs"), ("o", "noop", "OOMs"), ("question_mark", "noop", "Help")]
 
     def __init__(self) -> None:
@@ -57,4 +58,4 @@ class FloorApp(App):
 
 
 if __name__ == "__main__":
-    FloorApp().run()
+    PlainApp().run()
