@@ -8,8 +8,9 @@ daemon's sampler, GPUs and the host every second and process samples every 5 s
 runs in the same way on tests/fake_pynvml.py (through bench/nvitop_shim: 8 simulated H100s
 whose figures change every second, 50 real `sleep` processes spread over them), refreshing every
 second. "textual plain" is bench/textual_plain.py: the same screen written plainly in Textual,
-with no gpuwatch code: what Textual itself costs at this content. Goals (issue 12): CPU <= 1 % of one core, <= 1000 B/s to the terminal at 80x24 and
-<= 2x nvitop's, <= 2000 B/s at 160x48, RSS <= 40 MB, first paint <= 1.5 s. `--by-row` says
+with no gpuwatch code: what Textual itself costs at this content. Goals (issue 12): CPU <= 1 %
+of one core, <= 1000 B/s to the terminal at 80x24 and <= 2x nvitop's, <= 2000 B/s at 160x48,
+RSS <= 40 MB, first paint <= 1.5 s. `--by-row` says
 which screen rows the bytes went to. Prints figures; asserts nothing.
 
 "first paint" is the overview's frame on the terminal, "first data" the process table filled
