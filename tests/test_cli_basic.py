@@ -181,7 +181,9 @@ def test_status_samples_directly_when_the_database_is_stale(db):
 def test_status_live_redraws_until_ctrl_c(tmp_path):
     proc = subprocess.Popen([str(GPUWATCH), "status", "--live", "--db", str(tmp_path / "none.db")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "GPUWATCH_INTERVAL": "0.3"})
+                            env={**os.environ, "GPUWATCH_INTERVAL": "0.3"},
+                            # a shell's background job ignores SIGINT, and its children inherit that
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(3.0)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
