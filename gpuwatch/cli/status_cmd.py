@@ -35,7 +35,7 @@ def _gpu_row(index, name, util, used, total, temp, power_mw, state) -> list:
     name = (name or "-").removeprefix("NVIDIA ")  # room for the rest, e.g. "(simulated)"
     return [index, name, "-" if util is None else f"{util}%",
             f"{fmt.size(used)} / {fmt.size(total)}", "-" if temp is None else f"{temp}C",
-            "-" if power_mw is None else f"{power_mw / 1000:.0f}W", state or "ok"]
+            "-" if power_mw is None else f"{power_mw / 1000:.0f}W", state]
 
 
 def _mig_rows(gpu_index: int, devices, procs) -> list[list]:
@@ -83,7 +83,8 @@ def view_from_db(conn, now: int) -> View | None:
                                       None, None, "no recent sample"))
             continue
         view.gpus.append(_gpu_row(gpu.gpu_index, gpu.name, s.gpu_util_pct, s.mem_used_bytes,
-                                  gpu.mem_total_bytes, s.temp_c, s.power_mw, s.state))
+                                  gpu.mem_total_bytes, s.temp_c, s.power_mw,
+                                  fmt.gpu_state(s.state, gpu.state_since_ms)))
         view.gpus += _mig_rows(gpu.gpu_index, migs, on)
     if not view.gpus:
         view.gpu_note = "no NVIDIA GPUs: the daemon samples the host only"
@@ -128,7 +129,8 @@ class Direct:
             s = by_index.get(g.gpu_index)
             view.gpus.append(_gpu_row(g.gpu_index, g.name, s and s.gpu_util_pct, s and s.mem_used_bytes,
                                       g.mem_total_bytes, s and s.temp_c, s and s.power_mw,
-                                      s.state if s else "lost"))
+                                      fmt.gpu_state(s.state if s else "lost",
+                                                    self.nvml.not_responding_since(g.gpu_index))))
             if s is not None and s.state is None:
                 view.gpus += _mig_rows(g.gpu_index, migs, on)
         for p in procs:

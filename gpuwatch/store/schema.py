@@ -345,6 +345,12 @@ def _quarter_hour_tiers() -> str:
 # rollups every 15 minutes instead of every minute (rollups at ~1 % of the packed raw tier).
 _COMPACT_SAMPLES = packed.migration_sql() + "\n" + _quarter_hour_tiers()
 
+# A GPU's state may now also be 'hung' (its NVML calls block: "not responding"), and says
+# since when it has been in that state.
+_GPU_STATE_SINCE = """
+ALTER TABLE gpus ADD COLUMN state_since_ms INTEGER;  -- when `state` last changed
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
-MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES]
+MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _GPU_STATE_SINCE]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -52,7 +52,7 @@ def gpu_cells(g: GpuRow, width: int) -> list[Text]:
     head_w, bar_w, pct_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
     narrow = width < NARROW
     cells = [Text(f"{g.index:>3} " + (f"{g.name[:head_w - 5]:<{head_w - 5}} " if head_w > 4 else ""))]
-    if g.state == "lost":
+    if g.state != "ok":  # lost or not responding: no values
         cells += [Text(" " * w) for w in (bar_w, pct_w, spark_w, mem_bar_w, mem_w, temp_w, power_w)]
     else:
         used = (fmt.size(g.mem_used_bytes) if narrow

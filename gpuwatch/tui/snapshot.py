@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpuwatch import fmt
+
 if TYPE_CHECKING:  # the fleet's model loads only with the Fleet screen
     from gpuwatch.fleet.model import Fleet
 
@@ -58,7 +60,8 @@ class MigRow:
 class GpuRow:
     index: int
     name: str
-    state: str = "ok"                      # ok | lost
+    state: str = "ok"                      # ok | lost | hung (NVML calls on it block)
+    state_since_ms: int | None = None      # when it entered that state
     util_pct: float | None = None
     util_history: tuple[float | None, ...] = ()   # last minutes, oldest first
     util_history_slot: int = 0             # the first one's slot number since the epoch (sparks.SPARK_SLOT_MS)
@@ -75,6 +78,8 @@ class GpuRow:
         """What is wrong with this GPU, in words; empty when nothing is."""
         if self.state == "lost":
             return ["LOST"]
+        if self.state == "hung":
+            return [fmt.gpu_state(self.state, self.state_since_ms).upper().replace("SINCE", "since")]
         words = throttle_words(self.throttle_reasons)
         if self.ecc_uncorrected:
             words.append(f"ECC errors: {self.ecc_uncorrected}")

@@ -216,8 +216,11 @@ class StoreSource:
             s = latest.get(info.gpu_index)
             history = histories[info.gpu_index]
             lost = info.state == "lost" or (s is not None and s.state == "lost")
+            hung = s is not None and s.state == "hung"
             gpus.append(GpuRow(
-                index=info.gpu_index, name=info.name or info.uuid, state="lost" if lost else "ok",
+                index=info.gpu_index, name=info.name or info.uuid,
+                state="lost" if lost else "hung" if hung else "ok",
+                state_since_ms=info.state_since_ms if hung else None,
                 util_pct=s and s.gpu_util_pct, util_history=history, util_history_slot=first_slot,
                 mem_used_bytes=s and s.mem_used_bytes, mem_total_bytes=info.mem_total_bytes,
                 temp_c=s and s.temp_c, power_mw=s and s.power_mw, power_limit_mw=info.power_limit_mw,
