@@ -130,7 +130,10 @@ def status_line(snap: Snapshot) -> tuple[Text, Text | None]:
     trouble = snap.staleness()
     if trouble:
         return Text(f"⚠ {trouble}", style="bold yellow"), None
-    return Text("live · updated ", style="dim"), Text(fmt.local_time(snap.data_ms, with_date=False), style="dim")
+    clock = Text(fmt.local_time(snap.data_ms, with_date=False), style="dim")
+    if snap.notice:
+        return Text(f"{snap.notice} ", style="yellow"), clock  # at 80 columns: no room for "updated"
+    return Text("live · updated ", style="dim"), clock
 
 
 STATUS_STYLES = {"running": "green", "finished": "blue", "failed": "red", "oom": "bold red",

@@ -245,16 +245,18 @@ class Snapshot:
     capacity: CapacityRow | None = None    # view "capacity": the newest capacity study
     fleet: Fleet | None = None             # view "fleet": every host's GPUs and jobs, from Prometheus
     problem: str | None = None             # the store could not be read: why
+    notice: str | None = None              # a line shown while the data is live (e.g. no daemon)
+    stale_after_ms: int = 15_000           # data older than this: the daemon is away
 
-    def staleness(self, stale_after_ms: int = 15_000) -> str | None:
+    def staleness(self) -> str | None:
         """A plain sentence when the data is old (the daemon stopped), else None."""
         if self.problem:
             return self.problem
         if self.data_ms is None:
             return "no samples yet: is the daemon running?"
         age = self.now_ms - self.data_ms
-        if age > stale_after_ms:
+        if age > self.stale_after_ms:
             # Whole minutes: the line then changes once a minute, not every refresh.
             old = f"{age // 60_000} min" if age >= 60_000 else "less than a minute"
-            return f"daemon not running: data is {old} old"
+            return f"daemon not running: data is {old} old; live again by itself when it is back"
         return None

@@ -136,9 +136,14 @@ def with_migs(gpus: list[GpuRow], devices: list[queries.MigDevice],
 
 
 class StoreSource:
-    def __init__(self, db_path: str, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(self, db_path: str, clock: Callable[[], int] = now_ms, stale_after_ms: int = 15_000,
+                 notice: str | None = None) -> None:
+        """`stale_after_ms`: data older than this is shown as "daemon not running" (a few of
+        its intervals); `notice`: a line shown while the data is live (no daemon: who samples)."""
         self.db_path = db_path
         self.clock = clock
+        self.stale_after_ms = stale_after_ms
+        self.notice = notice
         self.conn: sqlite3.Connection | None = None
         self.sparks = SparkHistory()
         self.last: tuple[tuple, Snapshot] | None = None  # (what it was read for, the snapshot)
@@ -151,7 +156,7 @@ class StoreSource:
         self.last = None
 
     def fetch(self, view: View) -> Snapshot:
-        snap = self._fetch(view)
+        snap = replace(self._fetch(view), stale_after_ms=self.stale_after_ms, notice=self.notice)
         trouble = health.read(self.db_path)  # the daemon cannot write: the banner says why
         return snap if trouble is None else replace(snap, problem=trouble.line())
 
