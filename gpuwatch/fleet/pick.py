@@ -72,7 +72,7 @@ def choose(candidates: list[Candidate], count: int, mem_bytes: int, max_util: fl
 # {samples}: the window's raw samples (store.packed.between seeks only its packed buckets)
 _LOCAL_SQL = """
 SELECT g.gpu_index, min(g.mem_free_bytes), avg(g.gpu_util_pct),
-       max(CASE WHEN g.state = 'lost' THEN 1 ELSE 0 END) OR max(i.state = 'lost')
+       max(CASE WHEN g.state IN ('lost', 'hung') THEN 1 ELSE 0 END) OR max(i.state IN ('lost', 'hung'))
 FROM {samples} JOIN gpus i USING (gpu_index)
 GROUP BY g.gpu_index ORDER BY g.gpu_index
 """
