@@ -8,8 +8,7 @@ run map every RUN_MAP_INTERVAL, store maintenance every MAINTENANCE_INTERVAL. Wi
 driver it logs the reason once and samples the host only.
 
 What is written, and how often (storage is most of what a monitor costs):
-- gpu_samples and host_samples every tick (into their plain `_recent` tables; maintenance
-  packs them later, see store/packed.py).
+- gpu_samples and host_samples every tick.
 - gpu_process_samples every cfg.process_interval, and at once when the set of GPU processes
   changes (a process starts, leaves or changes kind), all GPUs at one ts_ms. The GPU processes
   are still sampled every GPU tick: sm/mem util written is the mean over the ticks since the
@@ -42,7 +41,6 @@ from collectors.processes import ProcessCollector
 from gpuwatch.config import Config
 from gpuwatch.scheduler import Scheduler
 from gpuwatch.store import Writer, insert_rows, now_ms
-from gpuwatch.store.packed import GPU_PROCESS_SAMPLES, GPU_SAMPLES, HOST_SAMPLES
 from gpuwatch.store.writer import Job, insert_sql
 
 log = logging.getLogger(__name__)
@@ -214,7 +212,7 @@ class Sampler:
         writes: list[Job] = []
         self._write_gpus(ts, samples, writes)
         if samples:
-            writes.append(_inserter(GPU_SAMPLES.recent, samples))
+            writes.append(_inserter("gpu_samples", samples))
         self._write_mig_devices(ts, writes)
         self._write_process_samples(ts, proc_samples, mig_samples, writes)
         self._write_processes(ts, {p.pid for p in proc_samples}, writes)
@@ -224,7 +222,7 @@ class Sampler:
         return writes
 
     def _host_writes(self, ts: int) -> list[Job]:
-        return [_inserter(HOST_SAMPLES.recent, [self.host.sample(ts)])]
+        return [_inserter("host_samples", [self.host.sample(ts)])]
 
     def stats_row(self, ts: int) -> dict:
         """The monitor's own cost since the previous call, for daemon_stats."""
@@ -348,7 +346,7 @@ class Sampler:
                            p.used_mem_bytes, sm, mem, rss, cpu, p.gpu_instance_id,
                            p.compute_instance_id))
         if values:
-            sql = insert_sql(GPU_PROCESS_SAMPLES.recent, _PROCESS_SAMPLE_COLUMNS, "IGNORE")
+            sql = insert_sql("gpu_process_samples", _PROCESS_SAMPLE_COLUMNS, "IGNORE")
             writes.append(lambda conn: conn.executemany(sql, values))
 
     def _write_processes(self, ts: int, pids: set[int], writes: list[Job]) -> None:

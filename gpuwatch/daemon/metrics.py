@@ -277,8 +277,7 @@ class StoreCollector:
 
     def _host_families(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> list:
         families = [self._last_sample(conn, newest_gpu_ms)]
-        # The newest samples are always plain rows (store/packed.py): one seek, no decoding.
-        host = conn.execute("SELECT * FROM host_samples_recent ORDER BY ts_ms DESC LIMIT 1")
+        host = conn.execute("SELECT * FROM host_samples ORDER BY ts_ms DESC LIMIT 1")
         families += _row_families(host, HOST_FIELDS, now_ms() - self.stale_after_ms)
         stats = conn.execute("SELECT * FROM daemon_stats ORDER BY ts_ms DESC LIMIT 1")
         families += _row_families(stats, DAEMON_FIELDS, now_ms() - self.stale_after_ms)
@@ -291,7 +290,7 @@ class StoreCollector:
     def _last_sample(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> object:
         """When this host last stored a sample: with `up`, a fleet view says since when a host
         is unreachable or its daemon stopped sampling."""
-        host_ms = conn.execute("SELECT max(ts_ms) FROM host_samples_recent").fetchone()[0]  # one seek
+        host_ms = conn.execute("SELECT max(ts_ms) FROM host_samples").fetchone()[0]  # one seek
         newest = max((t for t in (newest_gpu_ms, host_ms) if t is not None), default=None)
         fam = _family("gpuwatch_host_last_sample_timestamp_seconds",
                       "Time of the newest sample this host stored (seconds since the epoch).", ("Hostname",))

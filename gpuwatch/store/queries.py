@@ -10,13 +10,12 @@ import sqlite3
 from dataclasses import dataclass, field, fields
 from typing import Iterable, TypeVar
 
-from gpuwatch.store import packed
 from gpuwatch.store.db import StoreError, now_ms
 from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS
 
 HOUR_MS = 3_600_000
-# Series tiers: raw only for ranges up to RAW_MAX_RANGE_MS (decoding packed samples of one
-# metric costs ~1.5 us each), 15-minute periods up to QUARTER_HOUR_MAX_RANGE_MS.
+# Series tiers: raw only for ranges up to RAW_MAX_RANGE_MS (6 h of one GPU is 21,600 rows),
+# 15-minute periods up to QUARTER_HOUR_MAX_RANGE_MS.
 RAW_MAX_RANGE_MS = 6 * HOUR_MS
 QUARTER_HOUR_MAX_RANGE_MS = 2 * 24 * HOUR_MS
 # The newest process tick counts as current unless GPU samples are this much newer: the sampler
@@ -215,12 +214,19 @@ def _build(cls: type[T], rows: Iterable[tuple]) -> list[T]:
     return [cls(*row) for row in rows]
 
 
-def _distinct_keys(table: str, col: str) -> str:
+def distinct_keys(table: str, col: str) -> str:
     """A CTE `keys(k)` listing distinct leading-key values by seeking the primary key,
     instead of scanning every sample."""
     return (f"WITH RECURSIVE keys(k) AS (SELECT min({col}) FROM {table} UNION ALL "
             f"SELECT (SELECT min({col}) FROM {table} WHERE {col} > keys.k) FROM keys "
             f"WHERE keys.k IS NOT NULL) ")
+
+
+def every_gpu(table: str) -> str:
+    """Operand for `gpu_index IN ...`: the table's GPUs, found by seeking its primary key. With
+    it a ts_ms range over every GPU seeks (gpu_index, ts_ms) once per GPU instead of reading
+    every sample of the table."""
+    return f"({distinct_keys(table, 'gpu_index')}SELECT k FROM keys WHERE k IS NOT NULL)"
 
 
 # --- GPUs and host ---------------------------------------------------------------------------
@@ -230,18 +236,17 @@ def gpus(conn: sqlite3.Connection) -> list[GpuInfo]:
 
 
 def latest_gpu_samples(conn: sqlite3.Connection) -> dict[int, GpuSample]:
-    """The newest sample of each GPU, one primary-key seek per GPU (the newest samples are
-    always plain rows, see store/packed.py)."""
+    """The newest sample of each GPU, one primary-key seek per GPU."""
     rows = conn.execute(
-        _distinct_keys("gpu_samples_recent", "gpu_index")
-        + f"SELECT {columns_of(GpuSample, 's.')} FROM keys JOIN gpu_samples_recent s "
+        distinct_keys("gpu_samples", "gpu_index")
+        + f"SELECT {columns_of(GpuSample, 's.')} FROM keys JOIN gpu_samples s "
         "ON s.gpu_index = keys.k AND s.ts_ms = "
-        "(SELECT max(ts_ms) FROM gpu_samples_recent WHERE gpu_index = keys.k) ORDER BY s.gpu_index")
+        "(SELECT max(ts_ms) FROM gpu_samples WHERE gpu_index = keys.k) ORDER BY s.gpu_index")
     return {sample.gpu_index: sample for sample in _build(GpuSample, rows)}
 
 
 def latest_host_sample(conn: sqlite3.Connection) -> HostSample | None:
-    row = conn.execute(f"SELECT {columns_of(HostSample)} FROM host_samples_recent "
+    row = conn.execute(f"SELECT {columns_of(HostSample)} FROM host_samples "
                        "ORDER BY ts_ms DESC LIMIT 1").fetchone()
     return HostSample(*row) if row else None
 
@@ -275,23 +280,10 @@ def series_tier(conn: sqlite3.Connection, table: str, key: tuple[str, int] | Non
         tiers = tiers[1:]
     where, params = (f"WHERE {key[0]} = ?", (key[1],)) if key else ("", ())
     for name, period in tiers:
-        if name in packed.TABLES:
-            oldest = _oldest_raw(conn, packed.TABLES[name], where, params)
-        else:
-            oldest = conn.execute(f"SELECT min(ts_ms) FROM {name} {where}", params).fetchone()[0]
+        oldest = conn.execute(f"SELECT min(ts_ms) FROM {name} {where}", params).fetchone()[0]
         if oldest is not None and oldest <= since_ms:
             return name, period
     return tiers[0]
-
-
-def _oldest_raw(conn: sqlite3.Connection, table: packed.SampleTable, where: str, params: tuple) -> int | None:
-    """The oldest raw sample's ts_ms: plain rows, or the oldest packed bucket, decoded alone."""
-    found = [conn.execute(f"SELECT min(ts_ms) FROM {table.recent} {where}", params).fetchone()[0]]
-    start = conn.execute(f"SELECT min(ts_ms) FROM {table.packed} {where}", params).fetchone()[0]
-    if start is not None:
-        bucket = packed.between(table.name, start, start + table.bucket_ms)
-        found.append(conn.execute(f"SELECT min(ts_ms) FROM {bucket} {where}", params).fetchone()[0])
-    return min((f for f in found if f is not None), default=None)
 
 
 def _series(conn, table, key, metric, since_ms, until_ms, max_points) -> list[SeriesPoint]:
@@ -307,11 +299,10 @@ def _series(conn, table, key, metric, since_ms, until_ms, max_points) -> list[Se
     else:
         values = f"min({metric}), avg({metric}), max({metric})"
         present = f"{metric} IS NOT NULL"
-        tier = packed.between(tier, since_ms, until_ms, columns=(key[0], metric) if key else (metric,))
     where = f"{key[0]} = ? AND " if key else ""
-    params = ((key[1],) if key else ()) + (since_ms, until_ms)
+    params = (since_ms, width) + ((key[1],) if key else ()) + (since_ms, until_ms)
     rows = conn.execute(
-        f"SELECT (ts_ms - {since_ms}) / {width} AS bucket, {values} FROM {tier} "
+        f"SELECT (ts_ms - ?) / ? AS bucket, {values} FROM {tier} "
         f"WHERE {where}ts_ms >= ? AND ts_ms < ? AND {present} GROUP BY bucket ORDER BY bucket",
         params)
     return [SeriesPoint(since_ms + bucket * width, lo, avg, hi) for bucket, lo, avg, hi in rows]
@@ -323,17 +314,16 @@ def gpu_processes(conn: sqlite3.Connection) -> list[GpuProcess]:
     A process tick holds every GPU's processes at one ts_ms, so a GPU absent from the newest
     tick has no processes now; so has every GPU when that tick is older than the newest GPU
     sample by more than PROCESS_TICK_SLACK_MS. The run is processes.run_id, else a running run
-    with that pid. kind NULL is stored for 'compute' and read back as such. The newest ticks
-    are always plain rows (store/packed.py), so only those are read.
+    with that pid. kind NULL is stored for 'compute' and read back as such.
     """
     rows = conn.execute(
-        _distinct_keys("gpu_process_samples_recent", "gpu_index")
+        distinct_keys("gpu_process_samples", "gpu_index")
         + ", ticks(gpu_index, ts_ms) AS ("
-        "  SELECT k, (SELECT max(ts_ms) FROM gpu_process_samples_recent WHERE gpu_index = k) FROM keys"
+        "  SELECT k, (SELECT max(ts_ms) FROM gpu_process_samples WHERE gpu_index = k) FROM keys"
         "  WHERE k IS NOT NULL), "
         "newest(ts_ms) AS (SELECT max(ts_ms) FROM ticks "
         "  WHERE (SELECT max(ts_ms) FROM ticks) >= coalesce((SELECT max((SELECT max(g.ts_ms) "
-        "    FROM gpu_samples_recent g WHERE g.gpu_index = t.gpu_index)) FROM ticks t), 0) "
+        "    FROM gpu_samples g WHERE g.gpu_index = t.gpu_index)) FROM ticks t), 0) "
         f"    - {PROCESS_TICK_SLACK_MS}) "
         "SELECT s.gpu_index, s.pid, s.ts_ms, coalesce(s.kind, 'compute'), s.used_mem_bytes, "
         "  s.sm_util_pct, s.mem_util_pct, s.rss_bytes, s.cpu_pct, p.uid, p.user, p.cmdline, "
@@ -341,7 +331,7 @@ def gpu_processes(conn: sqlite3.Connection) -> list[GpuProcess]:
         "                      ORDER BY started_ms DESC LIMIT 1)) AS rid, "
         "  NULL, s.gpu_instance_id, s.compute_instance_id "
         "FROM ticks JOIN newest ON ticks.ts_ms = newest.ts_ms "
-        "JOIN gpu_process_samples_recent s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
+        "JOIN gpu_process_samples s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
         "LEFT JOIN processes p ON p.rowid = (SELECT rowid FROM processes WHERE pid = s.pid "
         "                                    ORDER BY last_seen_ms DESC LIMIT 1) "
         "ORDER BY s.gpu_index, s.used_mem_bytes DESC, s.pid").fetchall()
@@ -356,7 +346,7 @@ def mig_devices(conn: sqlite3.Connection) -> list[MigDevice]:
     PROCESS_TICK_SLACK_MS has none now (MIG mode was turned off, or its devices destroyed).
     """
     rows = conn.execute(
-        _distinct_keys("mig_samples", "gpu_index")
+        distinct_keys("mig_samples", "gpu_index")
         + ", ticks(gpu_index, ts_ms) AS ("
         "  SELECT k, (SELECT max(ts_ms) FROM mig_samples WHERE gpu_index = k) FROM keys"
         "  WHERE k IS NOT NULL) "
@@ -366,7 +356,7 @@ def mig_devices(conn: sqlite3.Connection) -> list[MigDevice]:
         "FROM ticks JOIN mig_samples s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
         "JOIN mig_devices d ON d.gpu_index = s.gpu_index AND d.gpu_instance_id = s.gpu_instance_id "
         "  AND d.compute_instance_id = s.compute_instance_id "
-        "WHERE ticks.ts_ms >= coalesce((SELECT max(ts_ms) FROM gpu_samples_recent g "
+        "WHERE ticks.ts_ms >= coalesce((SELECT max(ts_ms) FROM gpu_samples g "
         f"  WHERE g.gpu_index = ticks.gpu_index), 0) - {PROCESS_TICK_SLACK_MS} "
         "ORDER BY s.gpu_index, s.gpu_instance_id, s.compute_instance_id")
     return _build(MigDevice, rows)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import sqlite3
 
-from gpuwatch.store.packed import between
-
 SPARK_WINDOW_MS = 5 * 60_000   # GPU util sparklines cover the last five minutes
 SPARK_POINTS = 60
 SPARK_SLOT_MS = SPARK_WINDOW_MS // SPARK_POINTS
@@ -33,13 +31,11 @@ class SparkHistory:
         newest = None
         if gpu_indexes:
             marks = ",".join("?" * len(gpu_indexes))
-            samples = between("gpu_samples", since, start + SPARK_WINDOW_MS,
-                              columns=("gpu_index", "gpu_util_pct"))
             rows = conn.execute(
                 f"SELECT gpu_index, ts_ms / {SPARK_SLOT_MS} * {SPARK_SLOT_MS} AS slot, avg(gpu_util_pct), "
-                f"max(ts_ms) FROM {samples} "
-                f"WHERE gpu_index IN ({marks}) AND gpu_util_pct IS NOT NULL GROUP BY gpu_index, slot",
-                gpu_indexes)
+                f"max(ts_ms) FROM gpu_samples WHERE gpu_index IN ({marks}) AND ts_ms >= ? AND ts_ms < ? "
+                "AND gpu_util_pct IS NOT NULL GROUP BY gpu_index, slot",
+                (*gpu_indexes, since, start + SPARK_WINDOW_MS))
             for gpu, slot, avg, last in rows:
                 self.averages.setdefault(gpu, {})[slot] = avg
                 newest = last if newest is None else max(newest, last)
