@@ -38,6 +38,7 @@ import psutil
 from collectors.host import HostCollector
 from collectors.nvml import NvmlCollector, NvmlUnavailable
 from collectors.processes import ProcessCollector
+from gpuwatch.clock import SteadyWall
 from gpuwatch.config import Config
 from gpuwatch.scheduler import Scheduler
 from gpuwatch.store import Writer, insert_rows, now_ms
@@ -88,18 +89,20 @@ def _upsert_sql(template: str, columns: list[str], keep: set[str]) -> str:
 class Sampler:
     def __init__(self, writer: Writer, config: Config, nvml_module=None,
                  dropped_events: Callable[[], int] | None = None,
-                 clock: Callable[[], int] = now_ms):
+                 clock: Callable[[], int] = now_ms, monotonic: Callable[[], float] = time.monotonic):
         """`nvml_module`: a pynvml-like module (tests pass fake_pynvml); default the real one.
 
         `dropped_events`: how many events were dropped so far, for daemon_stats (default: the
         writer's jobs refused because its queue was full, samples included).
 
         `clock`: ms since the epoch, for every ts_ms written and for the write cadences above
-        (tests and the storage bench inject one to tick through hours in seconds).
+        (tests and the storage bench inject one to tick through hours in seconds);
+        `monotonic`: seconds, which retention's idea of now may not run ahead of (clock.py).
         """
         self.writer = writer
         self.cfg = config
         self.clock = clock
+        self.retention_clock = SteadyWall(clock, monotonic)
         self.dropped_events = dropped_events or (lambda: writer.dropped_jobs)
         self.host_name = socket.gethostname()
         self.nvml: NvmlCollector | None = None
@@ -261,8 +264,9 @@ class Sampler:
         self._lineage = {k: v for k, v in self._lineage.items() if psutil.pid_exists(k[0])}
         cfg = self.cfg
         hour, day = 3_600_000, 86_400_000
+        now, steady = self.clock(), self.retention_clock()
         self.writer.submit(lambda conn: maintain(
-            conn, self.clock(),
+            conn, now, retention_now_ms=steady,
             raw_retention_ms=int(cfg.raw_retention_hours * hour),
             minute_retention_ms=int(cfg.minute_retention_days * day),
             hour_retention_ms=int(cfg.hour_retention_days * day),

@@ -12,6 +12,7 @@ from datetime import datetime
 import click
 
 from gpuwatch import fmt
+from gpuwatch.clock import run_duration_ms
 from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
 from gpuwatch.cli.query_cmd import echo_data
 
@@ -55,9 +56,8 @@ def runs_table(summaries, now_ms: int, fit: bool = True) -> str:
     """The runs as a table: cut to 80 columns for a terminal, or whole (full ids and names)."""
     rows = []
     for r in summaries:
-        end = r.ended_ms if r.ended_ms is not None else now_ms
         rows.append([r.run_id[:8] if fit else r.run_id, r.name, r.user, r.status,
-                     _start(r.started_ms, now_ms), fmt.duration(end - r.started_ms),
+                     _start(r.started_ms, now_ms), fmt.duration(run_duration_ms(r.started_ms, r.ended_ms, now_ms)),
                      fmt.count(r.tokens_per_s_avg), fmt.count(r.tokens_per_s_last),
                      fmt.size(r.peak_mem_bytes), "OOM" if r.oom else ""])
     widths = [w if fit else max([len(h)] + [len(c or "-") for c in (row[i] for row in rows)])
@@ -157,10 +157,9 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int) -> st
     add = out.append
     title = f"run {run.run_id}" + (f"  {run.name}" if run.name else "") + f"  [{run.status}]"
     add(title)
-    end = run.ended_ms if run.ended_ms is not None else now_ms
     add(f"  user      {run.user or run.uid} on {run.host or '-'}  pid {run.pid or '-'}  ({run.mode or '-'})")
     add(f"  started   {fmt.local_time(run.started_ms)}   ended {fmt.local_time(run.ended_ms)}"
-        f"   duration {fmt.duration(end - run.started_ms)}")
+        f"   duration {fmt.duration(run_duration_ms(run.started_ms, run.ended_ms, now_ms))}")
     add(f"  command   {run.command or '-'}")
     add(f"  cwd       {run.cwd or '-'}   git {run.git_commit[:12] if run.git_commit else '-'}")
     torch_version = run.torch_version or attached.get("torch_version")

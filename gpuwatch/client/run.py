@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 from gpuwatch import config as config_mod
 from gpuwatch import paths
+from gpuwatch.clock import elapsed_end_ms
 from gpuwatch.client import flops, metadata, oom, profiling, torch_stats
 from gpuwatch.store import now_ms
 
@@ -154,8 +155,9 @@ class Run:
             self.event("attached", {"pid": os.getpid(), "name": name, "config": plain,
                                     "flops_per_token": fixed_flops, **fields})
         else:
-            self._send("run_start", name=name, config=plain, flops_per_token=fixed_flops,
-                       parent_run_id=parent_run_id, **fields)
+            self._started = (now_ms(), time.monotonic())  # the run's end is timed from here too
+            self._send("run_start", ts_ms=self._started[0], name=name, config=plain,
+                       flops_per_token=fixed_flops, parent_run_id=parent_run_id, **fields)
             self._install_signal_handlers()
         self._saved_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -322,7 +324,8 @@ class Run:
             self.event("child_end", {"status": status, **fields})
             self._leave_end_state(status, fields)
         else:
-            self._send("run_end", status=status, **fields)
+            self._send("run_end", ts_ms=elapsed_end_ms(*self._started, now_ms(), time.monotonic()),
+                       status=status, **fields)
         if not self._transport.flush(END_FLUSH_TIMEOUT_S):
             log.warning("gpuwatch: run %s: some events were not confirmed before exit", self.run_id)
         self._transport.close()

@@ -15,6 +15,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
+from typing import Callable
 
 from gpuwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 
@@ -31,8 +32,13 @@ class ReadConnection(sqlite3.Connection):
     frozen = False
 
 
+# The wall clock, which every now_ms() reads: tests replace it to step time back and forth
+# (see gpuwatch/clock.py for what is timed on which clock).
+wall_clock_ns: Callable[[], int] = time.time_ns
+
+
 def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return wall_clock_ns() // 1_000_000
 
 
 def _check_version(conn: sqlite3.Connection, path: Path) -> int:

@@ -63,10 +63,14 @@ class MaintenanceReport:
 
 
 def maintain(conn: sqlite3.Connection, now_ms: int, *, raw_retention_ms: int,
-             minute_retention_ms: int, hour_retention_ms: int, max_db_bytes: int) -> MaintenanceReport:
-    """Roll up, expire and cap. Inside a transaction (the writer's) it joins it; on an
-    autocommit connection it runs in its own transaction and then checkpoints the WAL so
-    the file on disk shrinks at once."""
+             minute_retention_ms: int, hour_retention_ms: int, max_db_bytes: int,
+             retention_now_ms: int | None = None) -> MaintenanceReport:
+    """Roll up, expire and cap. Rollups follow the samples' wall-clock times (`now_ms`);
+    retention measures age from `retention_now_ms` (default now_ms), which the sampler keeps
+    from running ahead of monotonic time (clock.SteadyWall), so a wall clock stepped forward
+    never expires data younger than its window. Inside a transaction (the writer's) it joins
+    it; on an autocommit connection it runs in its own transaction and then checkpoints the
+    WAL so the file on disk shrinks at once."""
     own = not conn.in_transaction
     if own:
         conn.execute("BEGIN IMMEDIATE")
@@ -75,7 +79,7 @@ def maintain(conn: sqlite3.Connection, now_ms: int, *, raw_retention_ms: int,
         for table, key, metrics in ROLLUP_SOURCES:
             report.rolled_up[f"{table}_15m"] = _roll_quarter_hours(conn, table, key, metrics, now_ms)
             report.rolled_up[f"{table}_1h"] = _roll_hours(conn, table, key, metrics, now_ms)
-        _expire(conn, now_ms, raw_retention_ms, minute_retention_ms, hour_retention_ms, report)
+        _expire(conn, now_ms if retention_now_ms is None else retention_now_ms, raw_retention_ms, minute_retention_ms, hour_retention_ms, report)
         _enforce_cap(conn, max_db_bytes, report)
         report.db_bytes_after = db_bytes(conn)
     except BaseException:

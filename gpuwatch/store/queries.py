@@ -10,6 +10,7 @@ import sqlite3
 from dataclasses import dataclass, field, fields
 from typing import Iterable, TypeVar
 
+from gpuwatch.clock import STEP_TOLERANCE_MS
 from gpuwatch.store.db import StoreError, now_ms
 from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS
 
@@ -235,19 +236,27 @@ def gpus(conn: sqlite3.Connection) -> list[GpuInfo]:
     return _build(GpuInfo, conn.execute(f"SELECT {columns_of(GpuInfo)} FROM gpus ORDER BY gpu_index"))
 
 
-def latest_gpu_samples(conn: sqlite3.Connection) -> dict[int, GpuSample]:
+def _upto(now: int | None) -> dict[str, int]:
+    """The newest sample time a reader at `now` (default: the wall clock) takes as current. Samples
+    stamped later were written before the wall clock stepped back: until it is past them again
+    the newest samples are the ones written since, so a view of "now" recovers at once."""
+    return {"upto": (now_ms() if now is None else now) + STEP_TOLERANCE_MS}
+
+
+def latest_gpu_samples(conn: sqlite3.Connection, now: int | None = None) -> dict[int, GpuSample]:
     """The newest sample of each GPU, one primary-key seek per GPU."""
     rows = conn.execute(
         distinct_keys("gpu_samples", "gpu_index")
         + f"SELECT {columns_of(GpuSample, 's.')} FROM keys JOIN gpu_samples s "
         "ON s.gpu_index = keys.k AND s.ts_ms = "
-        "(SELECT max(ts_ms) FROM gpu_samples WHERE gpu_index = keys.k) ORDER BY s.gpu_index")
+        "(SELECT max(ts_ms) FROM gpu_samples WHERE gpu_index = keys.k AND ts_ms <= :upto) "
+        "ORDER BY s.gpu_index", _upto(now))
     return {sample.gpu_index: sample for sample in _build(GpuSample, rows)}
 
 
-def latest_host_sample(conn: sqlite3.Connection) -> HostSample | None:
-    row = conn.execute(f"SELECT {columns_of(HostSample)} FROM host_samples "
-                       "ORDER BY ts_ms DESC LIMIT 1").fetchone()
+def latest_host_sample(conn: sqlite3.Connection, now: int | None = None) -> HostSample | None:
+    row = conn.execute(f"SELECT {columns_of(HostSample)} FROM host_samples WHERE ts_ms <= :upto "
+                       "ORDER BY ts_ms DESC LIMIT 1", _upto(now)).fetchone()
     return HostSample(*row) if row else None
 
 
@@ -308,7 +317,7 @@ def _series(conn, table, key, metric, since_ms, until_ms, max_points) -> list[Se
     return [SeriesPoint(since_ms + bucket * width, lo, avg, hi) for bucket, lo, avg, hi in rows]
 
 
-def gpu_processes(conn: sqlite3.Connection) -> list[GpuProcess]:
+def gpu_processes(conn: sqlite3.Connection, now: int | None = None) -> list[GpuProcess]:
     """Processes in the newest process tick, with their user, command line and run.
 
     A process tick holds every GPU's processes at one ts_ms, so a GPU absent from the newest
@@ -319,11 +328,11 @@ def gpu_processes(conn: sqlite3.Connection) -> list[GpuProcess]:
     rows = conn.execute(
         distinct_keys("gpu_process_samples", "gpu_index")
         + ", ticks(gpu_index, ts_ms) AS ("
-        "  SELECT k, (SELECT max(ts_ms) FROM gpu_process_samples WHERE gpu_index = k) FROM keys"
-        "  WHERE k IS NOT NULL), "
+        "  SELECT k, (SELECT max(ts_ms) FROM gpu_process_samples WHERE gpu_index = k AND ts_ms <= :upto) "
+        "  FROM keys WHERE k IS NOT NULL), "
         "newest(ts_ms) AS (SELECT max(ts_ms) FROM ticks "
         "  WHERE (SELECT max(ts_ms) FROM ticks) >= coalesce((SELECT max((SELECT max(g.ts_ms) "
-        "    FROM gpu_samples g WHERE g.gpu_index = t.gpu_index)) FROM ticks t), 0) "
+        "    FROM gpu_samples g WHERE g.gpu_index = t.gpu_index AND g.ts_ms <= :upto)) FROM ticks t), 0) "
         f"    - {PROCESS_TICK_SLACK_MS}) "
         "SELECT s.gpu_index, s.pid, s.ts_ms, coalesce(s.kind, 'compute'), s.used_mem_bytes, "
         "  s.sm_util_pct, s.mem_util_pct, s.rss_bytes, s.cpu_pct, p.uid, p.user, p.cmdline, "
@@ -334,12 +343,12 @@ def gpu_processes(conn: sqlite3.Connection) -> list[GpuProcess]:
         "JOIN gpu_process_samples s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
         "LEFT JOIN processes p ON p.rowid = (SELECT rowid FROM processes WHERE pid = s.pid "
         "                                    ORDER BY last_seen_ms DESC LIMIT 1) "
-        "ORDER BY s.gpu_index, s.used_mem_bytes DESC, s.pid").fetchall()
+        "ORDER BY s.gpu_index, s.used_mem_bytes DESC, s.pid", _upto(now)).fetchall()
     names = _run_names(conn, {row[12] for row in rows if row[12]})
     return [GpuProcess(*row[:13], names.get(row[12]), *row[14:]) for row in rows]
 
 
-def mig_devices(conn: sqlite3.Connection) -> list[MigDevice]:
+def mig_devices(conn: sqlite3.Connection, now: int | None = None) -> list[MigDevice]:
     """The MIG devices in each GPU's newest MIG tick, by GPU, GPU instance, compute instance.
 
     A GPU whose newest MIG tick is older than its newest GPU sample by more than
@@ -348,7 +357,7 @@ def mig_devices(conn: sqlite3.Connection) -> list[MigDevice]:
     rows = conn.execute(
         distinct_keys("mig_samples", "gpu_index")
         + ", ticks(gpu_index, ts_ms) AS ("
-        "  SELECT k, (SELECT max(ts_ms) FROM mig_samples WHERE gpu_index = k) FROM keys"
+        "  SELECT k, (SELECT max(ts_ms) FROM mig_samples WHERE gpu_index = k AND ts_ms <= :upto) FROM keys"
         "  WHERE k IS NOT NULL) "
         "SELECT d.gpu_index, d.gpu_instance_id, d.compute_instance_id, d.uuid, d.name, "
         "  d.profile, d.mem_total_bytes, d.sm_count, s.ts_ms, s.mem_used_bytes, s.mem_free_bytes, "
@@ -357,8 +366,8 @@ def mig_devices(conn: sqlite3.Connection) -> list[MigDevice]:
         "JOIN mig_devices d ON d.gpu_index = s.gpu_index AND d.gpu_instance_id = s.gpu_instance_id "
         "  AND d.compute_instance_id = s.compute_instance_id "
         "WHERE ticks.ts_ms >= coalesce((SELECT max(ts_ms) FROM gpu_samples g "
-        f"  WHERE g.gpu_index = ticks.gpu_index), 0) - {PROCESS_TICK_SLACK_MS} "
-        "ORDER BY s.gpu_index, s.gpu_instance_id, s.compute_instance_id")
+        f"  WHERE g.gpu_index = ticks.gpu_index AND g.ts_ms <= :upto), 0) - {PROCESS_TICK_SLACK_MS} "
+        "ORDER BY s.gpu_index, s.gpu_instance_id, s.compute_instance_id", _upto(now))
     return _build(MigDevice, rows)
 
 

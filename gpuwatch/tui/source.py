@@ -178,7 +178,7 @@ class StoreSource:
 
     def _read(self, conn: sqlite3.Connection, view: View, now: int) -> Snapshot:
         """`view` as the store has it now."""
-        latest = queries.latest_gpu_samples(conn)
+        latest = queries.latest_gpu_samples(conn, now)
         base = self._freshness(conn, now, latest)
         if view.kind == "overview":
             return self._overview(conn, base, latest)
@@ -197,7 +197,7 @@ class StoreSource:
     def _freshness(self, conn: sqlite3.Connection, now: int,
                    latest: dict[int, queries.GpuSample]) -> Snapshot:
         newest = [s.ts_ms for s in latest.values()]
-        host = queries.latest_host_sample(conn)
+        host = queries.latest_host_sample(conn, now)
         if host:
             newest.append(host.ts_ms)
         driver = conn.execute("SELECT 1 FROM gpus LIMIT 1").fetchone() is not None
@@ -225,8 +225,9 @@ class StoreSource:
         procs = tuple(ProcessRow(p.gpu_index, p.pid, p.uid, p.user, p.used_mem_bytes, p.sm_util_pct,
                                  p.cpu_pct, p.run_name, p.cmdline, p.gpu_instance_id,
                                  p.compute_instance_id)
-                      for p in queries.gpu_processes(conn))
-        return replace(base, gpus=with_migs(gpus, queries.mig_devices(conn), procs), processes=procs)
+                      for p in queries.gpu_processes(conn, base.now_ms))
+        return replace(base, gpus=with_migs(gpus, queries.mig_devices(conn, base.now_ms), procs),
+                       processes=procs)
 
     def _detail(self, conn: sqlite3.Connection, view: View, now: int) -> RunDetail | None:
         try:

@@ -27,6 +27,9 @@ class SparkHistory:
         """Per GPU, the average utilisation of each slot of the window ending at `now_ms`,
         oldest first; None where nothing was sampled (a gap shows as a gap)."""
         start = window_start(now_ms)
+        if self.read_from_ms is not None and self.read_from_ms > now_ms:
+            # The wall clock stepped back: what was read is from its future, read the window afresh.
+            self.averages, self.read_from_ms = {}, None
         since = start if self.read_from_ms is None else max(start, self.read_from_ms)
         newest = None
         if gpu_indexes:
