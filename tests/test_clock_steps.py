@@ -12,6 +12,7 @@ import pytest
 
 import gpuwatch
 from gpuwatch import paths
+from gpuwatch.store import insert_rows, now_ms
 from gpuwatch.config import Config
 from gpuwatch.sampler import Sampler
 from gpuwatch.store import Writer, queries
@@ -134,6 +135,19 @@ def test_the_tuis_last_five_minutes_recover_within_one_interval(daemon, step_ms)
     # The sparkline's newest slot holds it; the processes are those of the newest tick.
     assert snap.gpus[0].util_history[-1] is not None
     assert snap.processes and all(p.gpu_index in (0, 1) for p in snap.processes)
+
+
+def test_metrics_show_the_samples_written_since_a_step_back(tmp_path):
+    from test_metrics import fill_fleet, scrape_and_close
+
+    ts = now_ms()
+    conn = fill_fleet(tmp_path / "g.db", gpus=1, ts=ts)
+    # Written in the hour before the wall clock stepped back, so stamped an hour ahead of now.
+    insert_rows(conn, "gpu_samples", [dict(gpu_index=0, ts_ms=ts + H, gpu_util_pct=77)])
+    insert_rows(conn, "host_samples", [dict(ts_ms=ts + H, cpu_pct=99.0)])
+    got = scrape_and_close(tmp_path / "g.db", conn)
+    assert [s.value for s in got["DCGM_FI_DEV_GPU_UTIL"]] == [5]  # fill_fleet's newest at ts
+    assert [s.value for s in got["gpuwatch_host_last_sample_timestamp_seconds"]] == [ts / 1000]
 
 
 def test_step_times_rates_and_run_durations_use_the_monotonic_clock(monkeypatch):

@@ -256,7 +256,6 @@ def test_host_label_gpu_up_throttling_and_last_sample(tmp_path):
     db = tmp_path / "g.db"
     ts = now_ms()
     conn = fill_fleet(db, gpus=3, ts=ts)
-    # gpu_samples is a view (no UPDATE); fresh samples are the plain rows behind it.
     conn.execute("UPDATE gpu_samples SET throttle_reasons = 0x40 WHERE gpu_index = 1")  # HW thermal
     conn.execute("UPDATE gpu_samples SET throttle_reasons = 0x1 WHERE gpu_index = 0")   # idle: normal
     conn.execute("UPDATE gpus SET state = 'lost' WHERE gpu_index = 2")

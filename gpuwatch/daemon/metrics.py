@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
+from gpuwatch.clock import STEP_TOLERANCE_MS
 from gpuwatch.config import ConfigError
 from gpuwatch.store import StoreError, now_ms, open_ro, queries
 
@@ -276,10 +277,12 @@ class StoreCollector:
         return best
 
     def _host_families(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> list:
-        families = [self._last_sample(conn, newest_gpu_ms)]
-        host = conn.execute("SELECT * FROM host_samples ORDER BY ts_ms DESC LIMIT 1")
+        # Not past now: samples stamped before the wall clock stepped back are not the newest.
+        upto = now_ms() + STEP_TOLERANCE_MS
+        families = [self._last_sample(conn, newest_gpu_ms, upto)]
+        host = conn.execute("SELECT * FROM host_samples WHERE ts_ms <= ? ORDER BY ts_ms DESC LIMIT 1", (upto,))
         families += _row_families(host, HOST_FIELDS, now_ms() - self.stale_after_ms)
-        stats = conn.execute("SELECT * FROM daemon_stats ORDER BY ts_ms DESC LIMIT 1")
+        stats = conn.execute("SELECT * FROM daemon_stats WHERE ts_ms <= ? ORDER BY ts_ms DESC LIMIT 1", (upto,))
         families += _row_families(stats, DAEMON_FIELDS, now_ms() - self.stale_after_ms)
         size = _family("gpuwatch_database_size_bytes", "Database file plus its write-ahead log.", ())
         size.add_metric([], sum(_file_size(self.db_path.with_name(self.db_path.name + suffix))
@@ -287,10 +290,11 @@ class StoreCollector:
         families.append(size)
         return families
 
-    def _last_sample(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> object:
+    def _last_sample(self, conn: sqlite3.Connection, newest_gpu_ms: int | None, upto: int) -> object:
         """When this host last stored a sample: with `up`, a fleet view says since when a host
         is unreachable or its daemon stopped sampling."""
-        host_ms = conn.execute("SELECT max(ts_ms) FROM host_samples").fetchone()[0]  # one seek
+        host_ms = conn.execute("SELECT max(ts_ms) FROM host_samples WHERE ts_ms <= ?",
+                               (upto,)).fetchone()[0]  # one seek
         newest = max((t for t in (newest_gpu_ms, host_ms) if t is not None), default=None)
         fam = _family("gpuwatch_host_last_sample_timestamp_seconds",
                       "Time of the newest sample this host stored (seconds since the epoch).", ("Hostname",))
