@@ -215,7 +215,7 @@ class Sampler:
         writes: list[Job] = []
         self._write_gpus(ts, samples, writes)
         if samples:
-            writes.append(_inserter("gpu_samples", samples))
+            writes.append(_inserter("gpu_samples", samples, keep_on_clash=True))
         self._write_mig_devices(ts, writes)
         self._write_process_samples(ts, proc_samples, mig_samples, writes)
         self._write_processes(ts, {p.pid for p in proc_samples}, writes)
@@ -225,7 +225,7 @@ class Sampler:
         return writes
 
     def _host_writes(self, ts: int) -> list[Job]:
-        return [_inserter("host_samples", [self.host.sample(ts)])]
+        return [_inserter("host_samples", [self.host.sample(ts)], keep_on_clash=True)]
 
     def stats_row(self, ts: int) -> dict:
         """The monitor's own cost since the previous call, for daemon_stats."""
@@ -447,12 +447,31 @@ def _columns(record) -> tuple[tuple[str, ...], Callable]:
     return found
 
 
-def _inserter(table: str, records: list) -> Job:
-    """Insert collector records of one type, at least one, as tuples (asdict is too slow a tick)."""
+def _inserter(table: str, records: list, keep_on_clash: bool = False) -> Job:
+    """Insert collector records of one type, at least one, as tuples (asdict is too slow a tick).
+
+    keep_on_clash (tables keyed by key and ts_ms, one row per key a tick): a row whose key and
+    ts_ms are taken by another sample (the wall clock stepped back onto an earlier sample's very
+    millisecond, which at a steady tick phase is every tick for the hour after) goes in at the
+    next free millisecond instead of being ignored."""
     names, values_of = _columns(records[0])
     sql = insert_sql(table, names, "IGNORE")
     values = [values_of(r) for r in records]
-    return lambda conn: conn.executemany(sql, values)
+    if not keep_on_clash:
+        return lambda conn: conn.executemany(sql, values)
+    ts_at = names.index("ts_ms")
+    same = f"SELECT 1 FROM {table} WHERE " + " AND ".join(f"{n} IS ?" for n in names)
+
+    def job(conn: sqlite3.Connection) -> None:
+        before = conn.total_changes
+        conn.executemany(sql, values)
+        if conn.total_changes - before == len(values):
+            return
+        for row in values:  # rare: find the rows that were ignored
+            row = list(row)
+            while conn.execute(same, row).fetchone() is None and conn.execute(sql, row).rowcount == 0:
+                row[ts_at] += 1
+    return job
 
 
 def _row(record) -> dict:

