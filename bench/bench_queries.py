@@ -5,7 +5,8 @@ Builds a day for 8 simulated GPUs with 50 GPU processes with bench_storage.py's 
 and maintain() (or reuses --db FILE if it exists), copies every raw sample into a second file
 as plain rowid tables with an index on (gpu_index, ts_ms) (ts_ms for the host), and runs each
 query there and through gpuwatch's documented names, alternating, best of --repeat. Prints
-what a raw day costs on disk too.
+what a raw day costs on disk too. --db also reads, as it is, a day written by an earlier
+gpuwatch that packed samples behind views (how the README's figures for it were measured).
 
 Goals: every query <= 3x the plain table, the slowest <= 0.5 s.
 

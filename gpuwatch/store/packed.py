@@ -67,9 +67,8 @@ HOST_SAMPLES = SampleTable("host_samples", _cols(
     ("ts_ms",))
 TABLES = {t.name: t for t in (GPU_SAMPLES, GPU_PROCESS_SAMPLES, HOST_SAMPLES)}
 # migration_sql() builds the migration that introduced packing from these specs, so they must
-# keep describing the tables as it left them: a later column needs its own migration (ALTER
-# TABLE both physical tables, then the view and its trigger dropped and created again) and a
-# spec that the earlier migration does not read.
+# keep describing the tables as it left them; later columns go on the plain tables, in their
+# own migrations.
 
 
 # --- schema -----------------------------------------------------------------------------------
