@@ -280,9 +280,10 @@ class StoreCollector:
         # Not past now: samples stamped before the wall clock stepped back are not the newest.
         upto = now_ms() + STEP_TOLERANCE_MS
         families = [self._last_sample(conn, newest_gpu_ms, upto)]
-        host = conn.execute("SELECT * FROM host_samples WHERE ts_ms <= ? ORDER BY ts_ms DESC LIMIT 1", (upto,))
+        newest = "WHERE ts_ms <= ? ORDER BY ts_ms DESC LIMIT 1"
+        host = conn.execute(f"SELECT * FROM host_samples {newest}", (upto,))
         families += _row_families(host, HOST_FIELDS, now_ms() - self.stale_after_ms)
-        stats = conn.execute("SELECT * FROM daemon_stats WHERE ts_ms <= ? ORDER BY ts_ms DESC LIMIT 1", (upto,))
+        stats = conn.execute(f"SELECT * FROM daemon_stats {newest}", (upto,))
         families += _row_families(stats, DAEMON_FIELDS, now_ms() - self.stale_after_ms)
         size = _family("gpuwatch_database_size_bytes", "Database file plus its write-ahead log.", ())
         size.add_metric([], sum(_file_size(self.db_path.with_name(self.db_path.name + suffix))

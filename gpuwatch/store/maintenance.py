@@ -7,8 +7,8 @@ Order of work, each step safe to repeat:
    is not rolled up).
 2. Retention: raw samples (gpu_samples, gpu_process_samples, mig_samples, host_samples,
    daemon_stats) older than the raw window go, but GPU/host samples only once rolled up;
-   *_15m older than its window
-   (the config's minute_retention_days) once rolled into *_1h; *_1h older than its window.
+   *_15m older than its window (the config's minute_retention_days) once rolled into *_1h;
+   *_1h older than its window. Age is counted from `retention_now_ms` (see maintain()).
 3. Size cap: once the file is larger than max_db_bytes, give its free pages back
    (incremental_vacuum); while still larger, delete the oldest raw samples in chunks, then the
    oldest *_15m, then *_1h, giving pages back likewise. Runs,
@@ -79,7 +79,8 @@ def maintain(conn: sqlite3.Connection, now_ms: int, *, raw_retention_ms: int,
         for table, key, metrics in ROLLUP_SOURCES:
             report.rolled_up[f"{table}_15m"] = _roll_quarter_hours(conn, table, key, metrics, now_ms)
             report.rolled_up[f"{table}_1h"] = _roll_hours(conn, table, key, metrics, now_ms)
-        _expire(conn, now_ms if retention_now_ms is None else retention_now_ms, raw_retention_ms, minute_retention_ms, hour_retention_ms, report)
+        _expire(conn, now_ms if retention_now_ms is None else retention_now_ms, raw_retention_ms,
+                minute_retention_ms, hour_retention_ms, report)
         _enforce_cap(conn, max_db_bytes, report)
         report.db_bytes_after = db_bytes(conn)
     except BaseException:
