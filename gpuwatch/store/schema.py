@@ -345,6 +345,12 @@ def _quarter_hour_tiers() -> str:
 # rollups every 15 minutes instead of every minute (rollups at ~1 % of the packed raw tier).
 _COMPACT_SAMPLES = packed.migration_sql() + "\n" + _quarter_hour_tiers()
 
+# A generation records the run's peak memory so far, as a step does: a decode-only run has no steps.
+_GENERATION_MEMORY = """
+ALTER TABLE generations ADD COLUMN mem_peak_bytes INTEGER;   -- CUDA allocator peak so far
+ALTER TABLE generations ADD COLUMN rss_bytes INTEGER;        -- host RSS at the generation's end
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
-MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES]
+MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _GENERATION_MEMORY]
 SCHEMA_VERSION = len(MIGRATIONS)

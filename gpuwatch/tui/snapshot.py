@@ -234,6 +234,7 @@ class Snapshot:
     host: HostRow | None = None
     processes: tuple[ProcessRow, ...] = ()
     runs: tuple[RunRow, ...] = ()
+    runs_total: int | None = None          # view "runs": every run in the database (runs: the newest)
     detail: RunDetail | None = None
     postmortems: tuple[OomRow, ...] = ()  # view "oom": the run's OOM postmortems
     profile: ProfileRow | None = None      # view "profile": the run's newest profile

@@ -183,7 +183,8 @@ class StoreSource:
         if view.kind == "overview":
             return self._overview(conn, base, latest)
         if view.kind == "runs":
-            return replace(base, runs=tuple(map(run_row, queries.runs(conn))))
+            return replace(base, runs=tuple(map(run_row, queries.runs(conn))),
+                           runs_total=queries.run_count(conn))
         if view.kind == "run":
             return replace(base, detail=self._detail(conn, view, now))
         if view.kind == "oom":
