@@ -1,0 +1,117 @@
+"""Energy per run against a case worked out by hand: the real sampler writes the fake NVML's
+energy counter (a fixed 300 W on GPU 0, 301 W on GPU 1) while two runs share GPU 0 for a while."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+import fake_pynvml
+from gpuwatch.cli import main
+from gpuwatch.config import Config
+from gpuwatch.sampler import Sampler
+from gpuwatch.store import Writer, open_ro
+from gpuwatch.store.energy import EnergyLedger, run_energy
+
+T0 = 1_700_000_000_000
+PID_A, PID_B = fake_pynvml.FAKE_PID_BASE + 1, fake_pynvml.FAKE_PID_BASE + 2
+TOKENS_A = 60 * 1000
+
+# Worked by hand, in joules. Each interval between two GPU samples is charged to the processes
+# seen at its start. GPU 0 (300 J/s): A alone 0-20 s, A and B 20-40 s, A alone 40-60 s, nobody
+# after. GPU 1 (301 J/s): B alone 20-40 s. The counter resets at 30 s: 29-30 s is unknown on
+# both GPUs. No samples at all 45-49 s: the counter still gives 44-50 s exactly, A's alone.
+HAND_A = 300 * 20 + (300 * 20 - 300) / 2 + 300 * 20                     # 14,850 J
+HAND_B = (300 * 20 - 300) / 2 + 301 * 20 - 301                          # 8,569 J
+
+
+@pytest.fixture
+def energy_db(tmp_path):
+    path = tmp_path / "gw.db"
+    writer = Writer(path)
+    ms = [T0]
+    nvml = fake_pynvml.FakeNvml(gpus=2, clock=lambda: ms[0] / 1000)
+    sampler = Sampler(writer, Config(), nvml_module=nvml, clock=lambda: ms[0])
+    writer.insert("runs", [
+        dict(run_id="run-a", name="lr-1e-3", uid=1000, user="alice", pid=PID_A, status="finished",
+             started_ms=T0, ended_ms=T0 + 60_000, host="node1"),
+        dict(run_id="run-b", name="lr-1e-2", uid=1000, user="alice", pid=PID_B, status="finished",
+             started_ms=T0 + 20_000, ended_ms=T0 + 40_000, host="node1")])
+    writer.insert("steps", [dict(run_id="run-a", step=k + 1, ts_ms=T0 + k * 1000 + 500, tokens=1000,
+                                 step_time_ms=1000.0, tokens_per_s=1000.0) for k in range(60)])
+    for second in range(81):
+        if 45 <= second <= 49:
+            continue  # the daemon missed these ticks
+        ms[0] = T0 + second * 1000
+        if second == 30:
+            nvml.loaded_at = ms[0] / 1000  # the driver reloaded: the counter starts again at 0
+        both = 20 <= second < 40
+        nvml.set_procs(0, ([PID_A] + ([PID_B] if both else [])) if second < 60 else [])
+        nvml.set_procs(1, [PID_B] if both else [])
+        sampler.gpu_tick()
+    writer.flush()
+    writer.close()
+    return path
+
+
+def test_energy_per_run_matches_the_hand_computed_case(energy_db):
+    conn = open_ro(energy_db)
+    try:
+        found = run_energy(conn, {"run-a": (T0, T0 + 60_000), "run-b": (T0 + 20_000, T0 + 40_000)})
+    finally:
+        conn.close()
+    assert found["run-a"].joules == pytest.approx(HAND_A, rel=0.01)
+    assert found["run-b"].joules == pytest.approx(HAND_B, rel=0.01)
+    assert found["run-a"].gpus == (0,) and found["run-b"].gpus == (0, 1)
+    assert found["run-a"].complete and found["run-a"].kwh == pytest.approx(HAND_A / 3.6e6, rel=0.01)
+
+
+def test_a_ledger_folded_a_few_seconds_at_a_time_agrees(energy_db):
+    """What /metrics does: each scrape folds only the seconds since the previous one."""
+    conn = open_ro(energy_db)
+    try:
+        ledger = EnergyLedger(T0 - 15_000)
+        for until in range(T0 - 10_000, T0 + 90_000, 3_700):
+            ledger.fold(conn, until)
+        ledger.fold(conn, T0 + 90_000)
+    finally:
+        conn.close()
+    assert ledger.joules["run-a"] == pytest.approx(HAND_A, rel=0.01)
+    assert ledger.joules["run-b"] == pytest.approx(HAND_B, rel=0.01)
+
+
+def _figure(text: str, unit: str) -> float:
+    return float(re.search(r"([\d.]+) " + re.escape(unit), text).group(1))
+
+
+def test_show_and_compare_give_kwh_and_joules_per_token(energy_db):
+    shown = CliRunner().invoke(main, ["show", "run-a", "--db", str(energy_db)])
+    assert shown.exit_code == 0, shown.output
+    line = next(x for x in shown.output.splitlines() if x.strip().startswith("energy"))
+    assert _figure(line, "kWh") == pytest.approx(HAND_A / 3.6e6, rel=0.01)
+    assert _figure(line, "J/token") == pytest.approx(HAND_A / TOKENS_A, rel=0.01)
+    assert "GPU 0" in line
+
+    compared = CliRunner().invoke(main, ["compare", "run-a", "run-b", "--json", "--db", str(energy_db)])
+    assert compared.exit_code == 0, compared.output
+    a, b = json.loads(compared.output)
+    assert a["energy_j"] == pytest.approx(HAND_A, rel=0.01) and b["energy_j"] == pytest.approx(HAND_B, rel=0.01)
+    assert a["joules_per_token"] == pytest.approx(HAND_A / TOKENS_A, rel=0.01)
+    assert b["joules_per_token"] is None  # no tokens recorded
+    table = CliRunner().invoke(main, ["compare", "run-a", "run-b", "--db", str(energy_db)]).output
+    energy_row = next(x for x in table.splitlines() if x.startswith("energy"))
+    assert _figure(energy_row, "kWh") == pytest.approx(HAND_A / 3.6e6, rel=0.01)
+
+
+def test_a_run_whose_early_samples_expired_says_its_energy_is_partial(energy_db):
+    conn = open_ro(energy_db)
+    try:
+        # As if the run had started a minute before the oldest raw sample kept.
+        found = run_energy(conn, {"run-a": (T0 - 60_000, T0 + 60_000)})
+    finally:
+        conn.close()
+    assert not found["run-a"].complete and found["run-a"].from_ms >= T0
+
