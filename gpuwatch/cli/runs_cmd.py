@@ -152,7 +152,37 @@ def _ranks(conn, run) -> list[tuple]:
         (run.run_id, run.job_id, run.run_id)).fetchall()
 
 
-def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int) -> str:
+def energy_line(energy, steps) -> str:
+    """kWh of the run's share of its GPUs, and per token of the steps it covers; '≥' when the
+    raw samples of the run's start had expired."""
+    from gpuwatch.analysis.compare import joules_per_token, kwh
+
+    tokens = sum(s.tokens or 0 for s in steps if s.ts_ms >= energy.from_ms)
+    partial = "" if energy.complete else "≥ "
+    text = (f"  energy    {partial}{kwh(energy.joules)} ({fmt.count(energy.joules)} J) on GPU "
+            f"{','.join(map(str, energy.gpus))}   {joules_per_token(energy.joules / tokens if tokens else None)}")
+    if not energy.complete:
+        text += f"   (counted from {fmt.local_time(energy.from_ms)}: older samples expired)"
+    return text
+
+
+def loss_lines(run_id: str, steps, colour: bool) -> list[str]:
+    """Final and best loss, and the loss against tokens seen (steps when tokens are missing)."""
+    from gpuwatch.analysis.loss import curve_of, final_and_best
+    from gpuwatch.cli.charts import loss_chart
+
+    curve = curve_of(run_id, ((s.step, s.tokens, s.loss) for s in steps))
+    final, best = final_and_best(curve)
+    if final is None:
+        return []
+    unit = "tokens" if curve.tokens_known else "steps"
+    return [f"  loss      final {final:.4g}   best {best:.4g}",
+            *("  " + line for line in loss_chart([("loss", curve.axis(curve.tokens_known))], unit, colour,
+                                                  width=SPARK_WIDTH + 12).splitlines())]
+
+
+def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energy=None,
+              colour: bool = False) -> str:
     out = []
     add = out.append
     title = f"run {run.run_id}" + (f"  {run.name}" if run.name else "") + f"  [{run.status}]"
@@ -189,6 +219,9 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int) -> st
         rss = max((s.rss_bytes for s in steps if s.rss_bytes is not None), default=None)
         add(f"  memory    GPU peak allocated {fmt.size(gpu_peak)}   reserved {fmt.size(reserved)}"
             f"   host RSS peak {fmt.size(rss)}")
+        if energy is not None:
+            add(energy_line(energy, steps))
+        out.extend(loss_lines(run.run_id, steps, colour))
     else:
         add("  steps     none recorded (not instrumented, or no step() yet)")
 
@@ -213,19 +246,24 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int) -> st
 @db_option
 @friendly_errors
 def show_cmd(run_ref, db) -> None:
-    """Show one run: summary, end state, tokens/s sparkline, memory peaks, config, ranks.
+    """Show one run: summary, end state, tokens/s sparkline, memory peaks, energy (kWh, J/token),
+    final and best loss with a chart of loss against tokens seen, config, ranks.
 
     RUN is a run id, a unique id prefix, or a run name (the newest run with that name).
 
     Example: gpuwatch show gpt-4k
     """
+    from gpuwatch.analysis.rundata import run_window
     from gpuwatch.store import now_ms, open_ro, queries
+    from gpuwatch.store.energy import run_energy
 
     conn = open_ro(reader_db_path(db))
+    colour = sys.stdout.isatty()
     try:
         run = queries.run(conn, run_ref)
+        energy = run_energy(conn, {run.run_id: run_window(conn, run)}).get(run.run_id)
         text = show_text(run, queries.steps(conn, run.run_id), _attached(conn, run.run_id),
-                         _ranks(conn, run), now_ms())
+                         _ranks(conn, run), now_ms(), energy=energy, colour=colour)
     finally:
         conn.close()
-    click.echo(text)
+    click.echo(text, color=colour)

@@ -128,7 +128,7 @@ class RunRow:
 
 @dataclass(frozen=True)
 class Series:
-    """One line of a chart; `unit` picks the axis format: bytes | pct | per_s | ms."""
+    """One line of a chart; `unit` picks the axis format: bytes | pct | per_s | ms | loss."""
 
     label: str
     unit: str
