@@ -3,6 +3,7 @@ energy counter (a fixed 300 W on GPU 0, 301 W on GPU 1) while two runs share GPU
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -15,6 +16,9 @@ from gpuwatch.config import Config
 from gpuwatch.sampler import Sampler
 from gpuwatch.store import Writer, open_ro
 from gpuwatch.store.energy import EnergyLedger, run_energy
+from gpuwatch.tui.snapshot import View
+from gpuwatch.tui.source import StoreSource
+from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 T0 = 1_700_000_000_000
 PID_A, PID_B = fake_pynvml.FAKE_PID_BASE + 1, fake_pynvml.FAKE_PID_BASE + 2
@@ -41,7 +45,8 @@ def energy_db(tmp_path):
         dict(run_id="run-b", name="lr-1e-2", uid=1000, user="alice", pid=PID_B, status="finished",
              started_ms=T0 + 20_000, ended_ms=T0 + 40_000, host="node1")])
     writer.insert("steps", [dict(run_id="run-a", step=k + 1, ts_ms=T0 + k * 1000 + 500, tokens=1000,
-                                 step_time_ms=1000.0, tokens_per_s=1000.0) for k in range(60)])
+                                 step_time_ms=1000.0, tokens_per_s=1000.0, loss=5.0 - 0.05 * k)
+                            for k in range(60)])
     for second in range(81):
         if 45 <= second <= 49:
             continue  # the daemon missed these ticks
@@ -115,3 +120,25 @@ def test_a_run_whose_early_samples_expired_says_its_energy_is_partial(energy_db)
         conn.close()
     assert not found["run-a"].complete and found["run-a"].from_ms >= T0
 
+
+
+@pilot_test
+async def test_the_run_screen_shows_energy_and_the_loss_chart(energy_db):
+    from gpuwatch.tui.app import GpuwatchApp
+    from gpuwatch.tui.screens.run import RunScreen
+
+    source = StoreSource(str(energy_db), clock=lambda: T0 + 90_000)
+    detail = source.fetch(View("run", run_id="run-a")).detail
+    assert detail.energy_j == pytest.approx(HAND_A, rel=0.01)
+    assert detail.joules_per_token == pytest.approx(HAND_A / TOKENS_A, rel=0.01)
+    assert [c.title for c in detail.charts][:2] == ["tokens/s", "loss"]
+    assert source.fetch(View("run", run_id="run-a")).detail.energy_j == detail.energy_j  # folded once
+    app = GpuwatchApp(source, refresh_s=60, start_mode="runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.2)
+        app.push_screen(RunScreen("run-a"))
+        await pilot.pause(0.3)
+        screen = html.unescape(re.sub(r"<[^>]+>", "", app.export_screenshot())).replace("\xa0", " ")
+        line = screen[screen.index("energy"):][:60]
+        assert _figure(line, "kWh") == pytest.approx(HAND_A / 3.6e6, rel=0.01)
+        assert _figure(line, "J/token") == pytest.approx(HAND_A / TOKENS_A, rel=0.01)

@@ -86,19 +86,9 @@ def run_stats(conn: sqlite3.Connection, ref: str) -> RunStats:
 def _energy_fields(conn: sqlite3.Connection, run_id: str, energy, end_ms: int) -> dict:
     if energy is None:
         return {}
-    tokens = tokens_between(conn, run_id, energy.from_ms, end_ms)
+    tokens = queries.run_tokens(conn, run_id, energy.from_ms, end_ms)
     return dict(energy_j=energy.joules, energy_complete=energy.complete, energy_from_ms=energy.from_ms,
                 joules_per_token=energy.joules / tokens if tokens else None)
-
-
-def tokens_between(conn: sqlite3.Connection, run_id: str, since_ms: int, until_ms: int) -> int | None:
-    """Tokens a run processed in [since, until]: its steps' tokens, else its generations' new tokens."""
-    for sql in ("SELECT sum(tokens) FROM steps WHERE run_id = ? AND ts_ms BETWEEN ? AND ?",
-                "SELECT sum(new_tokens) FROM generations WHERE run_id = ? AND ts_ms BETWEEN ? AND ?"):
-        tokens = conn.execute(sql, (run_id, since_ms, until_ms)).fetchone()[0]
-        if tokens:
-            return tokens
-    return None
 
 
 def gpu_util(conn: sqlite3.Connection, gpus: Sequence[int], start_ms: int, end_ms: int) -> float | None:
@@ -180,14 +170,6 @@ def _loss(x):
     return fmt.MISSING if x is None else f"{x:.4g}"
 
 
-def kwh(joules: float | None) -> str:
-    return fmt.MISSING if joules is None else f"{joules / 3.6e6:.3g} kWh"
-
-
-def joules_per_token(x: float | None) -> str:
-    return fmt.MISSING if x is None else f"{x:.3g} J/token"
-
-
 def _partial(s: RunStats) -> str:
     return "≥ " if s.energy_j is not None and not s.energy_complete else ""
 
@@ -204,8 +186,8 @@ ROWS = (
     Row("GPU util", lambda s: s.gpu_util_pct, _pct, True),
     Row("final loss", lambda s: s.loss_final, _loss, False),
     Row("best loss", lambda s: s.loss_best, _loss, False),
-    Row("energy", lambda s: s.energy_j, kwh, False, _partial),
-    Row("energy/token", lambda s: s.joules_per_token, joules_per_token, False),
+    Row("energy", lambda s: s.energy_j, fmt.kwh, False, _partial),
+    Row("energy/token", lambda s: s.joules_per_token, fmt.joules_per_token, False),
     Row("duration", lambda s: s.duration_ms, fmt.duration, None),
     Row("steps", lambda s: s.steps, fmt.count, None),
 )

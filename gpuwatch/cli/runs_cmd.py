@@ -152,15 +152,12 @@ def _ranks(conn, run) -> list[tuple]:
         (run.run_id, run.job_id, run.run_id)).fetchall()
 
 
-def energy_line(energy, steps) -> str:
-    """kWh of the run's share of its GPUs, and per token of the steps it covers; '≥' when the
-    raw samples of the run's start had expired."""
-    from gpuwatch.analysis.compare import joules_per_token, kwh
-
-    tokens = sum(s.tokens or 0 for s in steps if s.ts_ms >= energy.from_ms)
+def energy_line(energy, tokens: int | None) -> str:
+    """kWh of the run's share of its GPUs, and per token it processed while counted; '≥' when
+    the raw samples of the run's start had expired."""
     partial = "" if energy.complete else "≥ "
-    text = (f"  energy    {partial}{kwh(energy.joules)} ({fmt.count(energy.joules)} J) on GPU "
-            f"{','.join(map(str, energy.gpus))}   {joules_per_token(energy.joules / tokens if tokens else None)}")
+    text = (f"  energy    {partial}{fmt.kwh(energy.joules)} ({fmt.count(energy.joules)} J) on GPU "
+            f"{','.join(map(str, energy.gpus))}   {fmt.joules_per_token(energy.joules / tokens if tokens else None)}")
     if not energy.complete:
         text += f"   (counted from {fmt.local_time(energy.from_ms)}: older samples expired)"
     return text
@@ -182,7 +179,7 @@ def loss_lines(run_id: str, steps, colour: bool) -> list[str]:
 
 
 def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energy=None,
-              colour: bool = False) -> str:
+              energy_tokens: int | None = None, colour: bool = False) -> str:
     out = []
     add = out.append
     title = f"run {run.run_id}" + (f"  {run.name}" if run.name else "") + f"  [{run.status}]"
@@ -219,11 +216,11 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energ
         rss = max((s.rss_bytes for s in steps if s.rss_bytes is not None), default=None)
         add(f"  memory    GPU peak allocated {fmt.size(gpu_peak)}   reserved {fmt.size(reserved)}"
             f"   host RSS peak {fmt.size(rss)}")
-        if energy is not None:
-            add(energy_line(energy, steps))
         out.extend(loss_lines(run.run_id, steps, colour))
     else:
         add("  steps     none recorded (not instrumented, or no step() yet)")
+    if energy is not None:
+        add(energy_line(energy, energy_tokens))
 
     config = run.config or attached.get("config") or {}
     if config:
@@ -261,9 +258,11 @@ def show_cmd(run_ref, db) -> None:
     colour = sys.stdout.isatty()
     try:
         run = queries.run(conn, run_ref)
-        energy = run_energy(conn, {run.run_id: run_window(conn, run)}).get(run.run_id)
+        start, end = run_window(conn, run)
+        energy = run_energy(conn, {run.run_id: (start, end)}).get(run.run_id)
+        tokens = energy and queries.run_tokens(conn, run.run_id, energy.from_ms, end)
         text = show_text(run, queries.steps(conn, run.run_id), _attached(conn, run.run_id),
-                         _ranks(conn, run), now_ms(), energy=energy, colour=colour)
+                         _ranks(conn, run), now_ms(), energy=energy, energy_tokens=tokens, colour=colour)
     finally:
         conn.close()
     click.echo(text, color=colour)

@@ -445,6 +445,16 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
     return out
 
 
+def run_tokens(conn: sqlite3.Connection, run_id: str, since_ms: int, until_ms: int) -> int | None:
+    """Tokens a run processed in [since, until]: its steps' tokens, else its generations' new tokens."""
+    for sql in ("SELECT sum(tokens) FROM steps WHERE run_id = ? AND ts_ms BETWEEN ? AND ?",
+                "SELECT sum(new_tokens) FROM generations WHERE run_id = ? AND ts_ms BETWEEN ? AND ?"):
+        tokens = conn.execute(sql, (run_id, since_ms, until_ms)).fetchone()[0]
+        if tokens:
+            return tokens
+    return None
+
+
 def run_count(conn: sqlite3.Connection) -> int:
     """Every run in the database (runs() returns at most its limit of them)."""
     return conn.execute("SELECT count(*) FROM runs").fetchone()[0]
@@ -502,6 +512,6 @@ def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
 __all__ = [
     "GpuInfo", "GpuSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
     "SeriesPoint", "MigDevice", "gpus", "latest_gpu_samples", "gpu_series", "latest_host_sample",
-    "host_series", "gpu_processes", "mig_devices", "runs", "run_count", "run", "steps", "series_tier",
+    "host_series", "gpu_processes", "mig_devices", "runs", "run_count", "run_tokens", "run", "steps", "series_tier",
 ]
 

@@ -195,6 +195,9 @@ class RunDetail:
     since_ms: int = 0                      # start of the time range shown
     stacks: StacksRow | None = None        # the newest stack dump (a stall's or on demand)
     profiles: int = 0                      # how many profiles the run has (key p shows the newest)
+    energy_j: float | None = None          # its share of its GPUs' energy (store/energy.py)
+    energy_complete: bool = True           # False: older raw samples had expired ("≥")
+    joules_per_token: float | None = None
 
 
 @dataclass(frozen=True)
