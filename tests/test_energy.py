@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import urllib.request
 
 import pytest
 from click.testing import CliRunner
@@ -34,20 +35,25 @@ HAND_B = (300 * 20 - 300) / 2 + 301 * 20 - 301                          # 8,569 
 
 @pytest.fixture
 def energy_db(tmp_path):
-    path = tmp_path / "gw.db"
+    return record(tmp_path / "gw.db", seconds=81, a_ended=True)
+
+
+def record(path, seconds: int, a_ended: bool):
+    """The sampler ticked each second for `seconds` s; run A ended at 60 s, or is still running."""
     writer = Writer(path)
     ms = [T0]
     nvml = fake_pynvml.FakeNvml(gpus=2, clock=lambda: ms[0] / 1000)
     sampler = Sampler(writer, Config(), nvml_module=nvml, clock=lambda: ms[0])
     writer.insert("runs", [
-        dict(run_id="run-a", name="lr-1e-3", uid=1000, user="alice", pid=PID_A, status="finished",
-             started_ms=T0, ended_ms=T0 + 60_000, host="node1"),
+        dict(run_id="run-a", name="lr-1e-3", uid=1000, user="alice", pid=PID_A,
+             status="finished" if a_ended else "running", started_ms=T0,
+             ended_ms=T0 + 60_000 if a_ended else None, host="node1"),
         dict(run_id="run-b", name="lr-1e-2", uid=1000, user="alice", pid=PID_B, status="finished",
              started_ms=T0 + 20_000, ended_ms=T0 + 40_000, host="node1")])
     writer.insert("steps", [dict(run_id="run-a", step=k + 1, ts_ms=T0 + k * 1000 + 500, tokens=1000,
                                  step_time_ms=1000.0, tokens_per_s=1000.0, loss=5.0 - 0.05 * k)
                             for k in range(60)])
-    for second in range(81):
+    for second in range(seconds):
         if 45 <= second <= 49:
             continue  # the daemon missed these ticks
         ms[0] = T0 + second * 1000
@@ -142,3 +148,25 @@ async def test_the_run_screen_shows_energy_and_the_loss_chart(energy_db):
         line = screen[screen.index("energy"):][:60]
         assert _figure(line, "kWh") == pytest.approx(HAND_A / 3.6e6, rel=0.01)
         assert _figure(line, "J/token") == pytest.approx(HAND_A / TOKENS_A, rel=0.01)
+
+
+def test_metrics_export_a_running_runs_energy_as_a_counter(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuwatch.daemon.metrics import start_metrics_server
+
+    # A still running at 59 s: its last second is 58-59 s, B ended at 40 s (not exported).
+    path = record(tmp_path / "live.db", seconds=60, a_ended=False)
+    hand = 300 * 20 + (300 * 20 - 300) / 2 + 300 * 19
+    server = start_metrics_server("127.0.0.1:0", path)
+    try:
+        with urllib.request.urlopen(server.url, timeout=10) as resp:
+            text = resp.read().decode()
+    finally:
+        server.close()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "gpuwatch_run_energy_joules"]
+    assert family.type == "counter"
+    (sample,) = family.samples
+    assert sample.name == "gpuwatch_run_energy_joules_total"
+    assert sample.labels["run_id"] == "run-a" and sample.labels["name"] == "lr-1e-3"
+    assert sample.value == pytest.approx(hand, rel=0.01)

@@ -21,6 +21,8 @@ from typing import Callable, Iterator, Mapping
 
 from gpuwatch.config import ConfigError
 from gpuwatch.store import StoreError, now_ms, open_ro, queries
+from gpuwatch.store.energy import EnergyLedger
+from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
 
 DEFAULT_HOST = "127.0.0.1"
 MIB = 1024 * 1024
@@ -90,7 +92,10 @@ DAEMON_FIELDS = (
 
 # SQLite returns the xid of the row holding MAX(ts_ms): the last XID per GPU.
 _XID_SQL = "SELECT gpu_index, xid, MAX(ts_ms) FROM xid_events GROUP BY gpu_index"
-_RUNS_SQL = "SELECT run_id, name, user, job_id, rank FROM runs WHERE status = 'running'"
+_RUNS_SQL = "SELECT run_id, name, user, job_id, rank, started_ms FROM runs WHERE status = 'running'"
+# A fresh ledger (first scrape, or the daemon restarted) catches up on running runs' history at
+# most this much per scrape, and shows their energy once it has caught up: a scrape stays fast.
+ENERGY_CATCH_UP_MS = 15 * 60_000
 _LAST_STEP_SQL = "SELECT step, tokens_per_s FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1"
 _PEAK_SINCE_SQL = "SELECT MAX(step), MAX(mem_peak_bytes) FROM steps WHERE run_id = ? AND step > ?"
 
@@ -120,6 +125,7 @@ class StoreCollector:
         self._lock = threading.Lock()  # the HTTP server is threaded; one scrape reads at a time
         # run_id -> (last step folded in, peak bytes so far): each scrape reads only new steps.
         self._peaks: dict[str, tuple[int, int | None]] = {}
+        self._energy: EnergyLedger | None = None  # running runs' joules, folded scrape by scrape
 
     def describe(self):
         return []  # built per scrape; stops the registry calling collect() at register time
@@ -157,7 +163,7 @@ class StoreCollector:
     def _from_store(self, conn: sqlite3.Connection) -> list:
         try:
             gpus, newest_gpu_ms = self._gpu_families(conn)
-            return gpus + self._run_families(conn) + self._host_families(conn, newest_gpu_ms)
+            return gpus + self._run_families(conn, newest_gpu_ms) + self._host_families(conn, newest_gpu_ms)
         except sqlite3.Error:
             self._conn = None  # reopen next time (e.g. the file was replaced)
             conn.close()
@@ -238,18 +244,18 @@ class StoreCollector:
                 fam.add_metric([str(index), uuids[index], self.hostname, user], used)
         return fam
 
-    def _run_families(self, conn: sqlite3.Connection) -> list:
+    def _run_families(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> list:
         """Only running runs: finished ones would grow the series count without bound."""
         tps = _family("gpuwatch_run_tokens_per_second", "Tokens per second of the run's last step.",
                       RUN_LABELS)
         peak = _family("gpuwatch_run_peak_memory_bytes", "Peak CUDA memory of the run so far.",
                        RUN_LABELS)
         step = _family("gpuwatch_run_step", "Last step the run reported.", RUN_LABELS)
-        active = set()
-        for run_id, name, user, job_id, rank in conn.execute(_RUNS_SQL).fetchall():
-            active.add(run_id)
+        active: dict[str, tuple[list[str], int]] = {}
+        for run_id, name, user, job_id, rank, started_ms in conn.execute(_RUNS_SQL).fetchall():
             labels = [run_id, name or "", user or "", job_id or run_id, "" if rank is None else str(rank),
                       self.hostname]
+            active[run_id] = labels, started_ms
             last = conn.execute(_LAST_STEP_SQL, (run_id,)).fetchone()
             if last is None:
                 continue
@@ -259,12 +265,37 @@ class StoreCollector:
             peak_bytes = self._peak(conn, run_id)
             if peak_bytes is not None:
                 peak.add_metric(labels, peak_bytes)
-        for gone in set(self._peaks) - active:
+        for gone in set(self._peaks) - active.keys():
             del self._peaks[gone]
         counts = _family("gpuwatch_runs", "Runs in the database by status.", ("status",))
         for status, n in conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status"):
             counts.add_metric([status], n)
-        return [tps, peak, step, counts]
+        return [tps, peak, step, counts, self._energy_family(conn, active, newest_gpu_ms)]
+
+    def _energy_family(self, conn: sqlite3.Connection, active: dict[str, tuple[list[str], int]],
+                       newest_gpu_ms: int | None) -> object:
+        """Joules of each running run's share of its GPUs (store/energy.py), folded from the
+        samples stored since the last scrape up to the newest GPU sample."""
+        from prometheus_client.core import CounterMetricFamily
+
+        fam = CounterMetricFamily("gpuwatch_run_energy_joules",
+                                  "Energy of the run's share of its GPUs' time, from NVML's energy counter (J).",
+                                  labels=list(RUN_LABELS))
+        if not active or newest_gpu_ms is None:
+            return fam
+        if self._energy is None:
+            self._energy = EnergyLedger(min(started for _, started in active.values()) - PROCESS_TICK_SLACK_MS)
+        ledger = self._energy
+        ledger.fold(conn, min(newest_gpu_ms + 1, ledger.until_ms + ENERGY_CATCH_UP_MS))
+        for gone in set(ledger.joules) - active.keys():
+            del ledger.joules[gone]
+            ledger.gpus_of.pop(gone, None)
+        if ledger.until_ms <= newest_gpu_ms:
+            return fam  # still catching up: no partial figure that would later jump
+        for run_id, (labels, _) in active.items():
+            if run_id in ledger.gpus_of:
+                fam.add_metric(labels, ledger.joules[run_id])
+        return fam
 
     def _peak(self, conn: sqlite3.Connection, run_id: str) -> int | None:
         seen, best = self._peaks.get(run_id, (-1, None))

@@ -55,8 +55,14 @@ class EnergyLedger:
         self.gpus_of: dict[str, set[int]] = defaultdict(set)
         self.first_reading: dict[int, int] = {}        # gpu -> its first counter reading's ts_ms
         self._last: dict[int, tuple[int, int]] = {}    # gpu -> (ts_ms, mJ) of its newest reading
-        self._ticks: list[tuple[int, dict[int, tuple[int, ...]]]] = []  # (ts_ms, gpu -> pids)
-        self._owners: dict[int, list[tuple[str, int, float]]] = {}      # pid -> (run, start, end)
+        self._tick_ts: list[int] = []                  # process ticks, oldest first...
+        self._tick_on: list[dict[int, tuple[int, ...]]] = []  # ...and gpu -> pids in each
+        self._owners: dict[int, list[tuple[str, int, float]]] = {}  # pid -> (run, start, end)
+        # Within one fold: who owns each tick's processes, and for how long that holds, and the
+        # joules of each (gpu, owners) summed before they are split (a fold's many intervals
+        # would otherwise each split again among the same runs).
+        self._resolved: dict[tuple[int, int], tuple[int, float, tuple[str | None, ...]]] = {}
+        self._pending: dict[tuple[int, tuple[str | None, ...]], float] = defaultdict(float)
 
     def fold(self, conn: sqlite3.Connection, until_ms: int, runs: Iterable[str] | None = None) -> None:
         """Fold in the samples with until_ms (as last folded) <= ts_ms < until_ms. `runs`: only the
@@ -64,15 +70,12 @@ class EnergyLedger:
         since = self.until_ms
         if until_ms <= since:
             return
-        self._read_ticks(conn, since, until_ms)
-        gpus = None
-        if runs is not None:
-            wanted = set(runs)
-            gpus = sorted({g for _, on in self._ticks for g, pids in on.items()
-                           if any(o[0] in wanted for p in pids for o in self._owners.get(p, ()))})
-            if not gpus:
-                self.until_ms = until_ms
-                return
+        start = since if self._tick_ts else since - PROCESS_TICK_SLACK_MS  # the tick in effect at since
+        gpus = None if runs is None else _gpus_of(conn, list(runs), start, until_ms)
+        if gpus == []:
+            self.until_ms = until_ms
+            return
+        self._read_ticks(conn, start, until_ms, gpus)
         samples = between("gpu_samples", since, until_ms, columns=("gpu_index", "energy_mj"))
         only = "" if gpus is None else f" AND gpu_index IN ({','.join(map(str, gpus))})"
         rows = sorted(conn.execute(f"SELECT gpu_index, ts_ms, energy_mj FROM {samples} "
@@ -86,6 +89,13 @@ class EnergyLedger:
             if mj < last[1] or ts - last[0] > MAX_GAP_MS:
                 continue  # a reset counter or a long gap: unknown, nobody's
             self._share(gpu, last[0], ts, (mj - last[1]) / 1000.0)
+        for (gpu, owners), joules in self._pending.items():
+            for run_id in owners:
+                if run_id is not None:
+                    self.joules[run_id] += joules / len(owners)
+                    self.gpus_of[run_id].add(gpu)
+        self._pending.clear()
+        self._resolved.clear()
         self.until_ms = until_ms
         self._forget_before(until_ms - MAX_GAP_MS - PROCESS_TICK_SLACK_MS)
 
@@ -100,57 +110,76 @@ class EnergyLedger:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _read_ticks(self, conn: sqlite3.Connection, since: int, until: int) -> None:
-        # The first fold also needs the tick in effect at its start.
-        start = since - PROCESS_TICK_SLACK_MS if not self._ticks else since
-        samples = between("gpu_process_samples", start, until, columns=("gpu_index", "pid"))
-        by_ts: dict[int, dict[int, list[int]]] = {}
-        for ts, gpu, pid in conn.execute(f"SELECT ts_ms, gpu_index, pid FROM {samples}"):
-            by_ts.setdefault(ts, {}).setdefault(gpu, []).append(pid)
+    def _read_ticks(self, conn: sqlite3.Connection, since: int, until: int, gpus: list[int] | None) -> None:
+        """Append the process ticks in [since, until): with `gpus`, those GPUs' processes, and
+        every tick's time (a GPU absent from a tick had no process then)."""
+        only = "" if gpus is None else f" WHERE gpu_index IN ({','.join(map(str, gpus))})"
+        samples = between("gpu_process_samples", since, until, columns=("gpu_index", "pid"))
+        by_ts: dict[int, dict[int, list[int]]] = defaultdict(dict)
+        for ts, gpu, pid in conn.execute(f"SELECT ts_ms, gpu_index, pid FROM {samples}{only}"):
+            by_ts[ts].setdefault(gpu, []).append(pid)
+        if gpus is not None:
+            times = between("gpu_process_samples", since, until, columns=("gpu_index",))
+            for (ts,) in conn.execute(f"SELECT DISTINCT ts_ms FROM {times}"):
+                by_ts[ts]  # noqa: B018 (a tick where the wanted GPUs had no process)
+        newest = self._tick_ts[-1] if self._tick_ts else None
         for ts in sorted(by_ts):
-            if not self._ticks or ts > self._ticks[-1][0]:
-                self._ticks.append((ts, {g: tuple(p) for g, p in by_ts[ts].items()}))
-        pids = {p for _, on in self._ticks for ps in on.values() for p in ps}
-        self._owners = _owners(conn, pids)
+            if newest is None or ts > newest:
+                self._tick_ts.append(ts)
+                self._tick_on.append({g: tuple(p) for g, p in by_ts[ts].items()})
+        self._owners = _owners(conn, {p for on in self._tick_on for ps in on.values() for p in ps})
 
     def _forget_before(self, cutoff_ms: int) -> None:
         """Keep the tick in effect at cutoff_ms and every newer one."""
-        keep = max(0, bisect_right(self._ticks, cutoff_ms, key=lambda t: t[0]) - 1)
-        del self._ticks[:keep]
+        keep = max(0, bisect_right(self._tick_ts, cutoff_ms) - 1)
+        del self._tick_ts[:keep], self._tick_on[:keep]
 
     def _share(self, gpu: int, t0: int, t1: int, joules: float) -> None:
+        """Energy over [t0, t1), evenly in time, to the processes of each tick in effect."""
         per_ms = joules / (t1 - t0)
-        k = bisect_right(self._ticks, t0, key=lambda t: t[0]) - 1
+        k = bisect_right(self._tick_ts, t0) - 1
         a = t0
         while a < t1:
-            nxt = self._ticks[k + 1][0] if k + 1 < len(self._ticks) else t1
-            b = min(t1, nxt)
+            b = min(t1, self._tick_ts[k + 1]) if k + 1 < len(self._tick_ts) else t1
             if k >= 0:
-                ts, on = self._ticks[k]
-                pids = on.get(gpu, ())
+                ts = self._tick_ts[k]
+                pids = self._tick_on[k].get(gpu)
                 end = min(b, ts + PROCESS_TICK_SLACK_MS)
-                if pids and a < end:
-                    for pid in pids:
-                        self._credit(gpu, pid, a, end, per_ms / len(pids))
+                while pids and a < end:  # split where the processes' runs start or end
+                    hi, owners = self._owners_at(ts, gpu, pids, a)
+                    upto = min(end, hi)
+                    self._pending[gpu, owners] += per_ms * (upto - a)
+                    a = upto
             a = b
             k += 1
 
-    def _credit(self, gpu: int, pid: int, a: int, b: int, per_ms: float) -> None:
-        """[a, b) of a process's share to the run it belonged to then (newest first)."""
-        pieces = [(a, b)]
-        for run_id, start, end in self._owners.get(pid, ()):
-            rest = []
-            for x, y in pieces:
-                lo, hi = max(x, start), min(y, end)
-                if lo < hi:
-                    self.joules[run_id] += per_ms * (hi - lo)
-                    self.gpus_of[run_id].add(gpu)
-                    rest += [p for p in ((x, lo), (hi, y)) if p[0] < p[1]]
-                else:
-                    rest.append((x, y))
-            pieces = rest
-            if not pieces:
-                return
+    def _owners_at(self, ts: int, gpu: int, pids: tuple[int, ...], at: int) -> tuple[float, tuple]:
+        """The run of each process at `at` (newest started first; None: no run), and until
+        when that holds (the next start or end of one of their runs)."""
+        cached = self._resolved.get((ts, gpu))
+        if cached is not None and cached[0] <= at < cached[1]:
+            return cached[1], cached[2]
+        lo, hi, owners = -OPEN, OPEN, []
+        for pid in pids:
+            owner = None
+            for run_id, start, end in self._owners.get(pid, ()):
+                lo = max([lo] + [x for x in (start, end) if x <= at])
+                hi = min([hi] + [x for x in (start, end) if x > at])
+                if owner is None and start <= at < end:
+                    owner = run_id
+            owners.append(owner)
+        self._resolved[ts, gpu] = (lo, hi, tuple(owners))
+        return hi, tuple(owners)
+
+
+def _gpus_of(conn: sqlite3.Connection, runs: list[str], since: int, until: int) -> list[int]:
+    """GPUs where a process of one of these runs (by `processes` or the run's pid) was seen."""
+    marks = ",".join("?" * len(runs))
+    samples = between("gpu_process_samples", since, until, columns=("gpu_index", "pid"))
+    return [g for (g,) in conn.execute(
+        f"SELECT DISTINCT gpu_index FROM {samples} WHERE pid IN (SELECT pid FROM processes "
+        f"WHERE run_id IN ({marks}) UNION SELECT pid FROM runs WHERE run_id IN ({marks})) ORDER BY 1",
+        runs + runs)]
 
 
 def _owners(conn: sqlite3.Connection, pids: set[int]) -> dict[int, list[tuple[str, int, float]]]:
