@@ -92,6 +92,15 @@ def test_a_ledger_folded_a_few_seconds_at_a_time_agrees(energy_db):
         conn.close()
     assert ledger.joules["run-a"] == pytest.approx(HAND_A, rel=0.01)
     assert ledger.joules["run-b"] == pytest.approx(HAND_B, rel=0.01)
+    # What the TUI does for the run on screen: folds of a second, most holding no process tick.
+    conn = open_ro(energy_db)
+    try:
+        only_a = EnergyLedger(T0 - 15_000)
+        for until in range(T0 - 10_000, T0 + 90_000, 1_000):
+            only_a.fold(conn, until, runs=["run-a"])
+    finally:
+        conn.close()
+    assert only_a.joules["run-a"] == pytest.approx(HAND_A, rel=0.01)
 
 
 def _figure(text: str, unit: str) -> float:

@@ -63,6 +63,7 @@ class EnergyLedger:
         # would otherwise each split again among the same runs).
         self._resolved: dict[tuple[int, int], tuple[int, float, tuple[str | None, ...]]] = {}
         self._pending: dict[tuple[int, tuple[str | None, ...]], float] = defaultdict(float)
+        self._wanted_gpus: set[int] = set()  # fold(runs=...): the GPUs those runs used so far
 
     def fold(self, conn: sqlite3.Connection, until_ms: int, runs: Iterable[str] | None = None) -> None:
         """Fold in the samples with until_ms (as last folded) <= ts_ms < until_ms. `runs`: only the
@@ -71,7 +72,10 @@ class EnergyLedger:
         if until_ms <= since:
             return
         start = since if self._tick_ts else since - PROCESS_TICK_SLACK_MS  # the tick in effect at since
-        gpus = None if runs is None else _gpus_of(conn, list(runs), start, until_ms)
+        gpus = None
+        if runs is not None:  # the GPUs seen so far too: a short fold may hold no tick of theirs
+            self._wanted_gpus.update(_gpus_of(conn, list(runs), start, until_ms))
+            gpus = sorted(self._wanted_gpus)
         if gpus == []:
             self.until_ms = until_ms
             return
