@@ -179,3 +179,33 @@ def test_metrics_export_a_running_runs_energy_as_a_counter(tmp_path):
     assert sample.name == "gpuwatch_run_energy_joules_total"
     assert sample.labels["run_id"] == "run-a" and sample.labels["name"] == "lr-1e-3"
     assert sample.value == pytest.approx(hand, rel=0.01)
+
+
+def test_a_fresh_exporter_shows_a_long_runs_energy_once_it_has_caught_up(tmp_path):
+    from gpuwatch.daemon.metrics import ENERGY_CATCH_UP_MS, start_metrics_server
+    from gpuwatch.store import insert_rows, now_ms, open_rw
+
+    path, now, seconds = tmp_path / "long.db", now_ms(), 2400  # 40 min: three catch-up scrapes
+    start = now - seconds * 1000
+    conn = open_rw(path)
+    insert_rows(conn, "gpus", [dict(gpu_index=0, uuid="GPU-0", first_seen_ms=start, last_seen_ms=now)])
+    insert_rows(conn, "runs", [dict(run_id="long", name="long", uid=1000, pid=PID_A, status="running",
+                                    started_ms=start)])
+    insert_rows(conn, "gpu_samples", [dict(gpu_index=0, ts_ms=start + 1000 * s, energy_mj=300_000 * s)
+                                      for s in range(seconds + 1)])
+    insert_rows(conn, "gpu_process_samples", [dict(gpu_index=0, pid=PID_A, ts_ms=start + 5000 * k)
+                                              for k in range(seconds // 5 + 1)])
+    conn.close()
+    server = start_metrics_server("127.0.0.1:0", path)
+    try:
+        seen = []
+        for _ in range(4):
+            with urllib.request.urlopen(server.url, timeout=10) as resp:
+                text = resp.read().decode()
+            match = re.search(r'^gpuwatch_run_energy_joules_total\{.*run_id="long".*\} (\S+)$', text, re.M)
+            seen.append(match and float(match.group(1)))
+    finally:
+        server.close()
+    scrapes = -(-(seconds * 1000 + 12_000) // ENERGY_CATCH_UP_MS)
+    assert seen[:scrapes - 1] == [None] * (scrapes - 1)  # nothing partial while catching up
+    assert seen[scrapes - 1] == pytest.approx(300 * seconds, rel=0.01) == seen[-1]

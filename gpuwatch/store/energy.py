@@ -150,7 +150,11 @@ class EnergyLedger:
                 pids = self._tick_on[k].get(gpu)
                 end = min(b, ts + PROCESS_TICK_SLACK_MS)
                 while pids and a < end:  # split where the processes' runs start or end
-                    hi, owners = self._owners_at(ts, gpu, pids, a)
+                    known = self._resolved.get((ts, gpu))
+                    if known is not None and known[0] <= a < known[1]:
+                        hi, owners = known[1], known[2]
+                    else:
+                        hi, owners = self._owners_at(ts, gpu, pids, a)
                     upto = min(end, hi)
                     self._pending[gpu, owners] += per_ms * (upto - a)
                     a = upto
@@ -159,10 +163,7 @@ class EnergyLedger:
 
     def _owners_at(self, ts: int, gpu: int, pids: tuple[int, ...], at: int) -> tuple[float, tuple]:
         """The run of each process at `at` (newest started first; None: no run), and until
-        when that holds (the next start or end of one of their runs)."""
-        cached = self._resolved.get((ts, gpu))
-        if cached is not None and cached[0] <= at < cached[1]:
-            return cached[1], cached[2]
+        when that holds (the next start or end of one of their runs); kept for the next call."""
         lo, hi, owners = -OPEN, OPEN, []
         for pid in pids:
             owner = None
@@ -179,11 +180,15 @@ class EnergyLedger:
 def _gpus_of(conn: sqlite3.Connection, runs: list[str], since: int, until: int) -> list[int]:
     """GPUs where a process of one of these runs (by `processes` or the run's pid) was seen."""
     marks = ",".join("?" * len(runs))
+    pids = [p for (p,) in conn.execute(
+        f"SELECT pid FROM processes WHERE run_id IN ({marks}) UNION "
+        f"SELECT pid FROM runs WHERE run_id IN ({marks}) AND pid IS NOT NULL", runs + runs)]
+    if not pids:
+        return []
+    # The pids written out, not a subquery: SQLite then filters the packed buckets by pid.
     samples = between("gpu_process_samples", since, until, columns=("gpu_index", "pid"))
     return [g for (g,) in conn.execute(
-        f"SELECT DISTINCT gpu_index FROM {samples} WHERE pid IN (SELECT pid FROM processes "
-        f"WHERE run_id IN ({marks}) UNION SELECT pid FROM runs WHERE run_id IN ({marks})) ORDER BY 1",
-        runs + runs)]
+        f"SELECT DISTINCT gpu_index FROM {samples} WHERE pid IN ({','.join(map(str, pids))}) ORDER BY 1")]
 
 
 def _owners(conn: sqlite3.Connection, pids: set[int]) -> dict[int, list[tuple[str, int, float]]]:
