@@ -193,6 +193,7 @@ ROWS = (
 )
 
 ROWS_BY_LABEL = {row.label: row for row in ROWS}
+DIFFER_WIDTH = 40  # a long command or config value is cut in the table (--json has it whole)
 
 
 def change(base: float | None, value: float | None) -> float | None:
@@ -206,7 +207,8 @@ def table(stats: Sequence[RunStats]) -> tuple[list[str], list[list[tuple[str, in
     """Header and rows of cells (text, verdict): verdict +1 better than the first run, -1 worse, 0 neither."""
     header = ["", *(s.name or s.run_id for s in stats)]
     out = [[("run id", 0), *((s.run_id, 0) for s in stats)]]
-    out += [[(key, 0), *((s.differs[key], 0) for s in stats)] for key in stats[0].differs]
+    out += [[(fmt.clip(key, DIFFER_WIDTH), 0), *((fmt.clip(s.differs[key], DIFFER_WIDTH), 0) for s in stats)]
+            for key in stats[0].differs]
     rows = list(ROWS)
     if stats[0].equal_at is not None and len(stats) > 1:
         at = f"loss at {fmt.count(stats[0].equal_at)} {stats[0].equal_unit}"

@@ -33,9 +33,6 @@ def parse_since(text: str, now_ms: int) -> int:
                                  f"time like 2026-01-31T14:00", param_hint="--since") from None
 
 
-def _fit(text: str | None, width: int) -> str:
-    text = "-" if text is None else text
-    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _start(ts_ms: int, now_ms: int) -> str:
@@ -64,7 +61,7 @@ def runs_table(summaries, now_ms: int, fit: bool = True) -> str:
               for i, (h, w, _) in enumerate(_COLUMNS)]
 
     def line(cells):
-        return " ".join(_fit(c, w).rjust(w) if right else _fit(c, w).ljust(w)
+        return " ".join(fmt.clip(c, w).rjust(w) if right else fmt.clip(c, w).ljust(w)
                         for c, w, (_, _, right) in zip(cells, widths, _COLUMNS)).rstrip()
 
     return "\n".join([line([h for h, _, _ in _COLUMNS])] + [line(row) for row in rows])
