@@ -25,4 +25,4 @@ def loss_chart(curves: Sequence[tuple[str, Sequence[tuple[int, float]]]], unit: 
     out = io.StringIO()
     Console(file=out, width=width, force_terminal=colour, color_system="standard" if colour else None,
             highlight=False).print(text, soft_wrap=True)
-    return out.getvalue().rstrip("\n")
+    return "\n".join(line.rstrip() for line in out.getvalue().rstrip("\n").splitlines())

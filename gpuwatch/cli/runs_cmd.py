@@ -153,8 +153,8 @@ def energy_line(energy, tokens: int | None) -> str:
     """kWh of the run's share of its GPUs, and per token it processed while counted; '≥' when
     the raw samples of the run's start had expired."""
     partial = "" if energy.complete else "≥ "
-    text = (f"  energy    {partial}{fmt.kwh(energy.joules)} ({fmt.count(energy.joules)} J) on GPU "
-            f"{','.join(map(str, energy.gpus))}   {fmt.joules_per_token(energy.joules / tokens if tokens else None)}")
+    text = (f"  energy    {partial}{fmt.kwh(energy.joules)} ({fmt.count(energy.joules)} J) on GPU"
+            f"{'s' if len(energy.gpus) > 1 else ''} {','.join(map(str, energy.gpus))}   {fmt.joules_per_token(energy.joules / tokens if tokens else None)}")
     if not energy.complete:
         text += f"   (counted from {fmt.local_time(energy.from_ms)}: older samples expired)"
     return text
