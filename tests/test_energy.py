@@ -125,6 +125,13 @@ def test_show_and_compare_give_kwh_and_joules_per_token(energy_db):
     energy_row = next(x for x in table.splitlines() if x.startswith("energy"))
     assert _figure(energy_row, "kWh") == pytest.approx(HAND_A / 3.6e6, rel=0.01)
 
+    report = energy_db.parent / "a.html"
+    assert CliRunner().invoke(main, ["report", "run-a", "-o", str(report), "--db", str(energy_db)]).exit_code == 0
+    cells = re.findall(r"<td>(energy[^<]*)</td><td>([^<]*)</td>", report.read_text())
+    assert dict(cells)["energy"].endswith("kWh") and dict(cells)["energy/token"].endswith("J/token")
+    assert _figure(dict(cells)["energy"], "kWh") == pytest.approx(HAND_A / 3.6e6, rel=0.01)
+    assert _figure(dict(cells)["energy/token"], "J/token") == pytest.approx(HAND_A / TOKENS_A, rel=0.01)
+
 
 def test_a_run_whose_early_samples_expired_says_its_energy_is_partial(energy_db):
     conn = open_ro(energy_db)
@@ -209,3 +216,30 @@ def test_a_fresh_exporter_shows_a_long_runs_energy_once_it_has_caught_up(tmp_pat
     scrapes = -(-(seconds * 1000 + 12_000) // ENERGY_CATCH_UP_MS)
     assert seen[:scrapes - 1] == [None] * (scrapes - 1)  # nothing partial while catching up
     assert seen[scrapes - 1] == pytest.approx(300 * seconds, rel=0.01) == seen[-1]
+
+
+def test_a_process_of_no_run_keeps_its_share_and_one_kernel_runs_two_runs_in_turn(tmp_path):
+    """GPU 0 at 100 W for 10 s with two processes all along: a Jupyter kernel (pid K) that ran
+    run one for 0-4 s and run two for 4-10 s, and a process of no run. Half the energy is the
+    kernel's, split by time between its runs; the other half is nobody's."""
+    from gpuwatch.store import insert_rows, open_rw
+
+    path = tmp_path / "shared.db"
+    conn = open_rw(path)
+    kernel, stray = 7001, 7002
+    insert_rows(conn, "runs", [dict(run_id="one", uid=1, pid=kernel, status="finished", started_ms=T0,
+                                    ended_ms=T0 + 4_000),
+                               dict(run_id="two", uid=1, pid=kernel, status="finished",
+                                    started_ms=T0 + 4_000, ended_ms=T0 + 10_000)])
+    insert_rows(conn, "gpu_samples", [dict(gpu_index=0, ts_ms=T0 + 1000 * s, energy_mj=100_000 * s)
+                                      for s in range(11)])
+    insert_rows(conn, "gpu_process_samples", [dict(gpu_index=0, pid=pid, ts_ms=T0 + 5000 * k)
+                                              for k in range(3) for pid in (kernel, stray)])
+    conn.close()
+    conn = open_ro(path)
+    try:
+        found = run_energy(conn, {"one": (T0, T0 + 4_000), "two": (T0 + 4_000, T0 + 10_000)})
+    finally:
+        conn.close()
+    assert found["one"].joules == pytest.approx(100 * 4 / 2)
+    assert found["two"].joules == pytest.approx(100 * 6 / 2)
