@@ -3,8 +3,9 @@
 Usage: .venv/bin/python bench/bench_metrics.py [--scrapes 500] [--steps 2000]
 The database is filled first (1000 runs, 50 running, `--steps` steps each for the running ones,
 an hour of GPU samples and of the running runs' process samples), then /metrics is fetched over
-HTTP as Prometheus would, with 15 s of new samples stored between scrapes (untimed). Prints p50/p99/max in milliseconds, and the scrapes a fresh exporter
-takes to fold in the running runs' hour of energy (gpuwatch_run_energy_joules_total).
+HTTP as Prometheus would, with 15 s of new samples stored between scrapes (untimed). Prints
+p50/p99/max in milliseconds, and how long a fresh exporter takes to fold in the running runs'
+hour of energy (gpuwatch_run_energy_joules_total) in its catch-up thread.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def main() -> int:
             timings = []
             size = 0
             catch_up: list[float] = []  # scrapes before the energy series appear
+            began = time.perf_counter()
+            appeared_s = None
             for i in range(args.scrapes + 1):
                 start = time.perf_counter()
                 with urllib.request.urlopen(server.url) as resp:
@@ -90,6 +93,8 @@ def main() -> int:
                 took = (time.perf_counter() - start) * 1000
                 if len(catch_up) == i and b"gpuwatch_run_energy_joules_total{" not in body:
                     catch_up.append(took)
+                elif appeared_s is None:
+                    appeared_s = time.perf_counter() - began
                 if i:  # the first scrape folds in every step's peak once; report it apart
                     timings.append(took)
                 else:
@@ -103,8 +108,9 @@ def main() -> int:
     print(f"8 GPUs, 50 running runs of 1000, {args.steps} steps per running run, {size} bytes per scrape "
           f"({body.count(b'gpuwatch_run_energy_joules_total{')} energy series in the last)")
     print(f"first scrape: {first:.1f} ms")
-    print(f"energy: {len(catch_up)} scrapes to fold in the running runs' hour "
-          f"(max {max(catch_up, default=0):.1f} ms), then every scrape folds only what is new")
+    print(f"energy: the running runs' past hour folded in a thread in {appeared_s or 0:.2f} s "
+          f"({len(catch_up)} scrapes without the series meanwhile, max {max(catch_up, default=0):.1f} ms); "
+          f"then every scrape folds only what is new")
     print(f"{len(timings)} scrapes: p50 {statistics.median(timings):.2f} ms, p99 {p99:.2f} ms, "
           f"max {timings[-1]:.2f} ms (goal p99 <= 50 ms: {'met' if p99 <= 50 else 'MISSED'})")
     return 0

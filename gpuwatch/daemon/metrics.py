@@ -93,8 +93,9 @@ DAEMON_FIELDS = (
 # SQLite returns the xid of the row holding MAX(ts_ms): the last XID per GPU.
 _XID_SQL = "SELECT gpu_index, xid, MAX(ts_ms) FROM xid_events GROUP BY gpu_index"
 _RUNS_SQL = "SELECT run_id, name, user, job_id, rank, started_ms FROM runs WHERE status = 'running'"
-# A fresh ledger (first scrape, or the daemon restarted) catches up on running runs' history at
-# most this much per scrape, and shows their energy once it has caught up: a scrape stays fast.
+# A fresh energy ledger (first scrape, or the daemon restarted) catches up on the running runs'
+# history in a thread of its own, this much at a time, so no scrape waits for it; their energy
+# is exported once it has caught up.
 ENERGY_CATCH_UP_MS = 15 * 60_000
 _LAST_STEP_SQL = "SELECT step, tokens_per_s FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1"
 _PEAK_SINCE_SQL = "SELECT MAX(step), MAX(mem_peak_bytes) FROM steps WHERE run_id = ? AND step > ?"
@@ -126,6 +127,8 @@ class StoreCollector:
         # run_id -> (last step folded in, peak bytes so far): each scrape reads only new steps.
         self._peaks: dict[str, tuple[int, int | None]] = {}
         self._energy: EnergyLedger | None = None  # running runs' joules, folded scrape by scrape
+        self._catch_up: threading.Thread | None = None  # folds a fresh ledger's history
+        self._closing = threading.Event()
 
     def describe(self):
         return []  # built per scrape; stops the registry calling collect() at register time
@@ -147,6 +150,9 @@ class StoreCollector:
         return iter(families)
 
     def close(self) -> None:
+        self._closing.set()
+        if self._catch_up is not None:
+            self._catch_up.join(timeout=5)
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -283,19 +289,45 @@ class StoreCollector:
                                   labels=list(RUN_LABELS))
         if not active or newest_gpu_ms is None:
             return fam
-        if self._energy is None:
-            self._energy = EnergyLedger(min(started for _, started in active.values()) - PROCESS_TICK_SLACK_MS)
+        if self._energy is None and self._catch_up is None:
+            since = min(started for _, started in active.values()) - PROCESS_TICK_SLACK_MS
+            self._catch_up = threading.Thread(target=self._fold_history, args=(since, newest_gpu_ms + 1),
+                                              name="gpuwatch-energy", daemon=True)
+            self._catch_up.start()
         ledger = self._energy
-        ledger.fold(conn, min(newest_gpu_ms + 1, ledger.until_ms + ENERGY_CATCH_UP_MS))
+        if ledger is None:
+            return fam  # still catching up: no partial figure that would later jump
+        try:
+            ledger.fold(conn, newest_gpu_ms + 1)
+        except sqlite3.Error:
+            self._energy = self._catch_up = None  # half folded: start again from the runs' starts
+            raise
         for gone in set(ledger.joules) - active.keys():
             del ledger.joules[gone]
             ledger.gpus_of.pop(gone, None)
-        if ledger.until_ms <= newest_gpu_ms:
-            return fam  # still catching up: no partial figure that would later jump
         for run_id, (labels, _) in active.items():
             if run_id in ledger.gpus_of:
                 fam.add_metric(labels, ledger.joules[run_id])
         return fam
+
+    def _fold_history(self, since_ms: int, until_ms: int) -> None:
+        """Fold [since, until) into a fresh ledger on a connection of its own, a piece at a time;
+        scrapes then fold only what came after."""
+        ledger = EnergyLedger(since_ms)
+        try:
+            conn = open_ro(self.db_path)
+        except StoreError:
+            self._catch_up = None  # tried again on the next scrape
+            return
+        try:
+            while ledger.until_ms < until_ms and not self._closing.is_set():
+                ledger.fold(conn, min(until_ms, ledger.until_ms + ENERGY_CATCH_UP_MS))
+        except sqlite3.Error:
+            self._catch_up = None
+            return
+        finally:
+            conn.close()
+        self._energy = ledger
 
     def _peak(self, conn: sqlite3.Connection, run_id: str) -> int | None:
         seen, best = self._peaks.get(run_id, (-1, None))
