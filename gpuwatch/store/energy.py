@@ -30,6 +30,7 @@ from gpuwatch.store.packed import between
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
 
 MAX_GAP_MS = 5 * 60_000
+FOLD_PIECE_MS = 3_600_000
 OPEN = float("inf")  # a running run's end
 
 
@@ -67,14 +68,18 @@ class EnergyLedger:
 
     def fold(self, conn: sqlite3.Connection, until_ms: int, runs: Iterable[str] | None = None) -> None:
         """Fold in the samples with until_ms (as last folded) <= ts_ms < until_ms. `runs`: only the
-        GPUs where one of these runs' processes appear are read (others' energy is not wanted)."""
+        GPUs where one of these runs' processes appear are read (others' energy is not wanted).
+        A long range is read FOLD_PIECE_MS at a time: a day of 8 GPUs is never in memory at once."""
+        runs = None if runs is None else list(runs)
+        while self.until_ms < until_ms:
+            self._fold_piece(conn, min(until_ms, self.until_ms + FOLD_PIECE_MS), runs)
+
+    def _fold_piece(self, conn: sqlite3.Connection, until_ms: int, runs: list[str] | None) -> None:
         since = self.until_ms
-        if until_ms <= since:
-            return
         start = since if self._tick_ts else since - PROCESS_TICK_SLACK_MS  # the tick in effect at since
         gpus = None
         if runs is not None:  # the GPUs seen so far too: a short fold may hold no tick of theirs
-            self._wanted_gpus.update(_gpus_of(conn, list(runs), start, until_ms))
+            self._wanted_gpus.update(_gpus_of(conn, runs, start, until_ms))
             gpus = sorted(self._wanted_gpus)
         if gpus == []:
             self.until_ms = until_ms
