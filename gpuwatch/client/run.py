@@ -250,10 +250,14 @@ class Run:
             total_ms = ttft_ms + sum(itl)
         self._gen += 1
         prompt_tokens, new_tokens = _whole(prompt_tokens), _whole(new_tokens)
+        # The peak so far, as step() records it: a decode-only run has no steps to carry it.
+        torch = torch_stats.cuda_torch()
+        peak = torch_stats.cuda_memory(torch)[2] if torch is not None else None
         self._send("generation", gen_id=self._gen, prompt_tokens=prompt_tokens,
                    new_tokens=new_tokens, ttft_ms=ttft_ms, itl_p50_ms=_percentile(itl, 50),
                    itl_p90_ms=_percentile(itl, 90),
-                   tokens_per_s=new_tokens / (total_ms / 1000.0) if new_tokens and total_ms else None)
+                   tokens_per_s=new_tokens / (total_ms / 1000.0) if new_tokens and total_ms else None,
+                   mem_peak_bytes=peak, rss_bytes=self._rss.read())
 
     def generate(self, prompt_tokens: int | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> Generation:

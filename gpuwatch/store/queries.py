@@ -388,7 +388,7 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
     tokens_per_s_avg is tokens / step time over steps that have both, else tokens over the
     wall time from start to the newest step; for a run with generations and no steps, generated
     tokens over generation time (tokens_per_s_last: the newest generation's); peak_mem_bytes is the largest of the steps'
-    mem_peak_bytes and rss_bytes; oom is status 'oom' or a recorded postmortem.
+    and generations' mem_peak_bytes and rss_bytes; oom is status 'oom' or a recorded postmortem.
     """
     where, params = [], []
     if user is not None:
@@ -410,24 +410,25 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
         "  max(mem_peak_bytes) AS peak_gpu, max(rss_bytes) AS peak_rss, "
         "  max(step) AS last_step "
         "  FROM steps WHERE run_id IN (SELECT run_id FROM sel) GROUP BY run_id), "
-        "gen AS (SELECT run_id, sum(new_tokens) AS new_tokens, "
-        "  sum(new_tokens / tokens_per_s) AS gen_s, max(gen_id) AS last_gen "
-        "  FROM generations WHERE run_id IN (SELECT run_id FROM sel) AND tokens_per_s > 0 "
-        "  GROUP BY run_id) "
+        "gen AS (SELECT run_id, sum(CASE WHEN tokens_per_s > 0 THEN new_tokens END) AS new_tokens, "
+        "  sum(CASE WHEN tokens_per_s > 0 THEN new_tokens / tokens_per_s END) AS gen_s, "
+        "  max(CASE WHEN tokens_per_s > 0 THEN gen_id END) AS last_gen, "
+        "  max(mem_peak_bytes) AS peak_gpu, max(rss_bytes) AS peak_rss "
+        "  FROM generations WHERE run_id IN (SELECT run_id FROM sel) GROUP BY run_id) "
         "SELECT sel.run_id, sel.job_id, sel.name, sel.user, sel.uid, sel.pid, sel.host, sel.status, "
         "  sel.started_ms, sel.ended_ms, sel.last_step_ms, coalesce(agg.n, 0), "
         "  agg.timed_tokens, agg.step_ms, agg.tokens, agg.newest_ms, "
         "  (SELECT tokens_per_s FROM steps WHERE run_id = sel.run_id AND step = agg.last_step), "
         "  agg.peak_gpu, agg.peak_rss, "
         "  sel.status = 'oom' OR EXISTS (SELECT 1 FROM oom_postmortems o WHERE o.run_id = sel.run_id), "
-        "  sel.rank, sel.world_size, gen.new_tokens, gen.gen_s, "
+        "  sel.rank, sel.world_size, gen.new_tokens, gen.gen_s, gen.peak_gpu, gen.peak_rss, "
         "  (SELECT tokens_per_s FROM generations WHERE run_id = sel.run_id AND gen_id = gen.last_gen) "
         "FROM sel LEFT JOIN agg ON agg.run_id = sel.run_id LEFT JOIN gen ON gen.run_id = sel.run_id "
         "ORDER BY sel.started_ms DESC, sel.run_id", (*params, limit))
     out = []
     for (run_id, job_id, name, user_, uid, pid, host, status_, started, ended, last_step_ms, n,
          timed_tokens, step_ms, tokens, newest_ms, tps_last, peak_gpu, peak_rss, oom, rank,
-         world_size, gen_tokens, gen_s, gen_tps_last) in rows:
+         world_size, gen_tokens, gen_s, gen_peak_gpu, gen_peak_rss, gen_tps_last) in rows:
         if not n and gen_s:  # a generation run: decode tokens over decode time
             tps_avg, tps_last = gen_tokens / gen_s, gen_tps_last
         elif timed_tokens is not None and step_ms:
@@ -436,11 +437,26 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
             tps_avg = tokens / ((newest_ms - started) / 1000.0)
         else:
             tps_avg = None
-        peaks = [p for p in (peak_gpu, peak_rss) if p is not None]
+        peaks = [p for p in (peak_gpu, peak_rss, gen_peak_gpu, gen_peak_rss) if p is not None]
         out.append(RunSummary(run_id, job_id, name, user_, uid, pid, host, status_, started, ended,
                               last_step_ms, n, tps_avg, tps_last, max(peaks) if peaks else None,
                               bool(oom), rank, world_size))
     return out
+
+
+def run_tokens(conn: sqlite3.Connection, run_id: str, since_ms: int, until_ms: int) -> int | None:
+    """Tokens a run processed in [since, until]: its steps' tokens, else its generations' new tokens."""
+    for sql in ("SELECT sum(tokens) FROM steps WHERE run_id = ? AND ts_ms BETWEEN ? AND ?",
+                "SELECT sum(new_tokens) FROM generations WHERE run_id = ? AND ts_ms BETWEEN ? AND ?"):
+        tokens = conn.execute(sql, (run_id, since_ms, until_ms)).fetchone()[0]
+        if tokens:
+            return tokens
+    return None
+
+
+def run_count(conn: sqlite3.Connection) -> int:
+    """Every run in the database (runs() returns at most its limit of them)."""
+    return conn.execute("SELECT count(*) FROM runs").fetchone()[0]
 
 
 _CONFIG_JSON = [f.name for f in fields(Run)].index("config_json")
@@ -495,6 +511,6 @@ def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
 __all__ = [
     "GpuInfo", "GpuSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
     "SeriesPoint", "MigDevice", "gpus", "latest_gpu_samples", "gpu_series", "latest_host_sample",
-    "host_series", "gpu_processes", "mig_devices", "runs", "run", "steps", "series_tier",
+    "host_series", "gpu_processes", "mig_devices", "runs", "run_count", "run_tokens", "run", "steps", "series_tier",
 ]
 

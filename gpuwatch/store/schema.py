@@ -363,6 +363,13 @@ def _plain_raw_samples() -> str:
 
 _PLAIN_RAW_SAMPLES = _plain_raw_samples()
 
+# A generation records the run's peak memory so far, as a step does: a decode-only run has no steps.
+_GENERATION_MEMORY = """
+ALTER TABLE generations ADD COLUMN mem_peak_bytes INTEGER;   -- CUDA allocator peak so far
+ALTER TABLE generations ADD COLUMN rss_bytes INTEGER;        -- host RSS at the generation's end
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
-MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES]
+MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
+                         _GENERATION_MEMORY]
 SCHEMA_VERSION = len(MIGRATIONS)
