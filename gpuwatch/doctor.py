@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from collectors.deadline import TimeoutError, call_with_deadline
-from gpuwatch import fmt, paths
+from gpuwatch import fmt, paths, spool
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 SHM_MIN_BYTES = 8 * 1024 ** 3
@@ -128,6 +128,7 @@ class Env:
     systemctl: Callable[..., tuple[int, str] | None] = _systemctl
     socket_path: Path | None = None
     db_path: Path | None = None
+    spool_dir: Path | None = None
     euid: int = field(default_factory=os.geteuid)
 
 
@@ -313,6 +314,11 @@ def check_daemon(env: Env, facts: _Facts) -> list[Check]:
             checks.append(Check("daemon socket", FAIL, f"{sock} exists but refuses connections "
                                 f"({e.strerror or e}): the daemon died or the socket is stale",
                                 f"restart the daemon (sudo systemctl restart {SERVICE}) or remove {sock}"))
+    waiting = spool.waiting_line(spool.reader_dirs(env.spool_dir))
+    if waiting:
+        checks.append(Check("spooled events", WARN, waiting,
+                            "start the daemon (sudo systemctl start gpuwatch, or `gpuwatch daemon &`): "
+                            "it stores them within a minute, even for runs that have ended"))
     db = env.db_path or (paths.default_db_path(True) if paths.system_daemon_present()
                          else paths.default_db_path(False))
     trouble = health.read(db, [sock])

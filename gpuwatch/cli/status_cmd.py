@@ -25,6 +25,7 @@ PROC_HEADERS = ["pid", "user", "GPU", "GPU mem", "command"]
 class View:
     source: str  # where the figures come from, shown on the first line
     warning: str = ""  # the daemon cannot write its database: why, shown above everything
+    spooled: str = ""  # events waiting in a spool for the daemon
     gpu_note: str = ""  # why there are no GPU rows, if there are none
     gpus: list[list] = field(default_factory=list)
     host: str = ""
@@ -157,6 +158,8 @@ def _direct_migs(static, samples) -> list:
 def render(view: View, width: int) -> str:
     parts = [f"WARNING: {view.warning}"] if view.warning else []
     parts.append(view.source)
+    if view.spooled:
+        parts.append(view.spooled)
     if view.gpu_note:
         parts.append(view.gpu_note)
     if view.gpus:
@@ -198,6 +201,7 @@ def status(db, live):
 
     Uses the daemon's newest samples when it is running, else samples once directly.
     """
+    from gpuwatch import spool
     from gpuwatch.store import health, now_ms
 
     db_path = reader_db_path(db)
@@ -214,6 +218,7 @@ def status(db, live):
                 view = direct.view()
             trouble = health.read(db_path, [cfg.socket_path])
             view.warning = trouble.line() if trouble else ""
+            view.spooled = spool.waiting_line(spool.reader_dirs(cfg.spool_path)) or ""
             width = shutil.get_terminal_size((80, 24)).columns
             if live:
                 click.clear()

@@ -194,7 +194,11 @@ def run_tui(path: str, refresh: float = 1.0, user: str | None = None,
             fleet = PrometheusSource(prometheus_url, prometheus_timeout)
         except PrometheusError as e:
             raise click.ClickException(str(e)) from None
-    app = GpuwatchApp(StoreSource(path, stale_after_ms=stale_after_ms, notice=notice), refresh_s=refresh, user=user, start_mode=start_mode, fleet=fleet)
+    from gpuwatch import spool
+
+    source = StoreSource(path, stale_after_ms=stale_after_ms, notice=notice,
+                         spool_dirs=spool.reader_dirs(load_config().spool_path))
+    app = GpuwatchApp(source, refresh_s=refresh, user=user, start_mode=start_mode, fleet=fleet)
     # Textual's rendered lines (Strips) keep themselves in their own caches, so each repaint
     # leaves cycles that only a full collection frees, and Python runs one only every ~70,000
     # allocations: a TUI left open swung 5-8 MB above its need. What the imports built is never

@@ -129,6 +129,8 @@ def host_line(host: HostRow | None, width: int) -> Text:
 def status_line(snap: Snapshot) -> tuple[Text, Text | None]:
     """The top line as (words, clock): data age or why there is no data, in plain words."""
     trouble = snap.staleness()
+    if snap.spooled:
+        trouble = f"{trouble} · {snap.spooled}" if trouble else snap.spooled
     if trouble:
         return Text(f"⚠ {trouble}", style="bold yellow"), None
     clock = Text(fmt.local_time(snap.data_ms, with_date=False), style="dim")

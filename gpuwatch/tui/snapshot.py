@@ -250,6 +250,7 @@ class Snapshot:
     fleet: Fleet | None = None             # view "fleet": every host's GPUs and jobs, from Prometheus
     problem: str | None = None             # the store could not be read: why
     notice: str | None = None              # a line shown while the data is live (e.g. no daemon)
+    spooled: str | None = None             # events waiting in a spool for the daemon: how many, where
     stale_after_ms: int = 15_000           # data older than this: the daemon is away
 
     def staleness(self) -> str | None:

@@ -10,8 +10,10 @@ import json
 import sqlite3
 from collections import Counter
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Callable
 
+from gpuwatch import spool
 from gpuwatch.store import StoreError, health, now_ms, open_ro, postmortems, profiles, queries
 from gpuwatch.store.energy import EnergyLedger, RunEnergy
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
@@ -139,10 +141,12 @@ def with_migs(gpus: list[GpuRow], devices: list[queries.MigDevice],
 
 class StoreSource:
     def __init__(self, db_path: str, clock: Callable[[], int] = now_ms, stale_after_ms: int = 15_000,
-                 notice: str | None = None) -> None:
+                 notice: str | None = None, spool_dirs: list[Path] = ()) -> None:
         """`stale_after_ms`: data older than this is shown as "daemon not running" (a few of
-        its intervals); `notice`: a line shown while the data is live (no daemon: who samples)."""
+        its intervals); `notice`: a line shown while the data is live (no daemon: who samples);
+        `spool_dirs`: where events may wait for the daemon (gpuwatch/spool.py)."""
         self.db_path = db_path
+        self.spool_dirs = list(spool_dirs)
         self.clock = clock
         self.stale_after_ms = stale_after_ms
         self.notice = notice
@@ -160,7 +164,8 @@ class StoreSource:
         self.energy = None
 
     def fetch(self, view: View) -> Snapshot:
-        snap = replace(self._fetch(view), stale_after_ms=self.stale_after_ms, notice=self.notice)
+        snap = replace(self._fetch(view), stale_after_ms=self.stale_after_ms, notice=self.notice,
+                       spooled=spool.waiting_line(self.spool_dirs) if self.spool_dirs else None)
         trouble = health.read(self.db_path)  # the daemon cannot write: the banner says why
         return snap if trouble is None else replace(snap, problem=trouble.line())
 
