@@ -1,0 +1,92 @@
+"""A full disk under everything the daemon writes: the database, its WAL, the socket's directory
+with the health report, and the spool, all on one small tmpfs. One warning when it fills, one
+when it clears, never a traceback; periods are shortened so seconds stand for minutes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+import fake_pynvml
+from gpuwatch.config import Config
+from gpuwatch.daemon.main import Daemon
+from gpuwatch.store import health
+from gpuwatch.store import writer as writer_mod
+from test_hostile import Filler, Records
+
+
+@pytest.fixture
+def one_small_disk(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], capture_output=True).returncode == 0
+    if not mounted:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs as root and must be able to mount a tmpfs for the disk-full test")
+        pytest.skip("mounting a 6 MB tmpfs needs root (CI runs this test)")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def wait_for(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_database_socket_and_health_file_on_one_full_disk_log_three_lines_and_no_traceback(
+        one_small_disk, monkeypatch):
+    # Housekeeping every 0.1 s instead of 5 s, early retention every 0.2 s instead of 30 s:
+    # 8 s full stand for the 10 minutes of the goal (50x the housekeeping a 10-minute episode has).
+    monkeypatch.setattr(writer_mod, "HOUSEKEEPING_S", 0.1)
+    monkeypatch.setattr(writer_mod, "RECLAIM_EVERY_S", 0.2)
+    monkeypatch.setattr(writer_mod, "RECOVERED_AFTER_S", 0.3)
+    records = Records()
+    logger = logging.getLogger("gpuwatch")
+    logger.addHandler(records)
+    old_level, logger.level = logger.level, logging.DEBUG
+    disk = one_small_disk
+    db, sock = disk / "gpuwatch.db", disk / "gw.sock"
+    cfg = Config(db=str(db), socket=str(sock), spool_dir=str(disk / "spool"), interval=0.05,
+                 host_interval=0.05, spool_scan_interval=0.1, system=True)
+    daemon = Daemon(cfg, nvml_module=fake_pynvml.FakeNvml(gpus=8))
+    thread = threading.Thread(target=lambda: asyncio.run(daemon.serve()))
+    thread.start()
+    filler = Filler(disk / "filler")
+    try:
+        wait_for(sock.exists)
+        time.sleep(0.5)
+        before = len(records.records)
+        filler.start()
+        wait_for(lambda: daemon.writer.health is not None)
+        time.sleep(8.0)
+        during = records.records[before:]
+        assert daemon.writer.health.failed_jobs > 20  # it kept trying all along
+        filler.stop()
+        wait_for(lambda: daemon.writer.health is None and health.read(db, [sock]) is None)
+        time.sleep(0.5)
+        episode = [r for r in records.records[before:] if r.levelno >= logging.INFO]
+    finally:
+        if filler.is_alive():
+            filler.stop()
+        daemon.request_stop()
+        thread.join(15)
+        logger.removeHandler(records)
+        logger.setLevel(old_level)
+    lines = [f"{r.levelname}: {r.getMessage()}" for r in episode]
+    assert records.tracebacks() == [], lines
+    assert len(lines) <= 3, "\n".join(lines)
+    assert str(db) in lines[0] and "bytes free" in lines[0]
+    assert "again" in lines[-1]
+    assert [r for r in during if r.levelno >= logging.INFO][0] is episode[0]
