@@ -90,3 +90,33 @@ def test_database_socket_and_health_file_on_one_full_disk_log_three_lines_and_no
     assert str(db) in lines[0] and "bytes free" in lines[0]
     assert "again" in lines[-1]
     assert [r for r in during if r.levelno >= logging.INFO][0] is episode[0]
+
+
+def test_a_client_spooling_onto_a_full_disk_says_so_once_and_again_once(one_small_disk, caplog):
+    from gpuwatch.client.transport import DaemonTransport
+
+    caplog.set_level(logging.DEBUG, logger="gpuwatch")
+    spool = one_small_disk / "spool"
+    filler = Filler(one_small_disk / "filler")
+    filler.start()
+    filler.full.wait(10)
+    away = DaemonTransport(Config(), one_small_disk / "no-daemon.sock", spool_dir=spool, max_backoff=0.05)
+    try:
+        for i in range(200):  # the daemon is away and the spool's disk is full
+            away.send({"id": f"e{i}", "kind": "step", "run_id": "r", "ts_ms": 1 + i, "step": i})
+            time.sleep(0.005)
+        assert away.flush(10)
+        assert away.dropped > 0
+        filler.stop()
+        away.send({"id": "later", "kind": "step", "run_id": "r", "ts_ms": 999, "step": 999})
+        assert away.flush(10)
+        assert wait_for(lambda: away.spool_path.exists())
+    finally:
+        if filler.is_alive():
+            filler.stop()
+        away.close()
+    lines = [r for r in caplog.records if "spool" in r.getMessage() and r.levelno >= logging.WARNING]
+    assert [r.exc_info for r in caplog.records if r.exc_info] == []
+    assert len(lines) == 3, [r.getMessage() for r in lines]  # full, room again, kept for replay at exit
+    assert str(away.spool_path) in lines[0].getMessage() and "bytes free there" in lines[0].getMessage()
+    assert "again" in lines[1].getMessage()

@@ -33,6 +33,7 @@ from typing import Callable
 
 from gpuwatch import __version__, paths, protocol, spool
 from gpuwatch.config import Config
+from gpuwatch.diskfull import FullDisk, no_space
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,7 @@ class DaemonTransport(Transport):
         self.max_backoff = max_backoff
         self.ack_timeout = ack_timeout
         self.spool_dir, self.spool_mode = spool_dir_for(cfg, path, spool_dir)
+        self._spool_full = FullDisk(log, "gpuwatch: spool")
         self.spool_path = self.spool_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}{spool.SUFFIX}"
         self._link = link
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -382,12 +384,21 @@ class DaemonTransport(Transport):
         return self.spool_path.exists()
 
     def _spool(self, encoded: list[bytes]) -> None:
-        self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.spool_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     self.spool_mode)
-        with open(fd, "ab") as f:
-            os.fchmod(fd, self.spool_mode)  # whatever the umask: a system daemon must read it
-            f.write(b"".join(data + b"\n" for data in encoded))
+        try:
+            self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(self.spool_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         self.spool_mode)
+            with open(fd, "ab") as f:
+                os.fchmod(fd, self.spool_mode)  # whatever the umask: a system daemon must read it
+                f.write(b"".join(data + b"\n" for data in encoded))
+        except OSError as e:
+            if not no_space(e):
+                raise
+            self._spool_full.failed(self.spool_path, e, "events the daemon cannot take are dropped "
+                                    "(counted) until it has room")
+            self.dropped += len(encoded)
+            return
+        self._spool_full.ok(self.spool_path)
 
     def _replay(self, path: Path) -> bool:
         """Send a spool file's events in order; delete it when all are delivered."""
@@ -398,9 +409,15 @@ class DaemonTransport(Transport):
         left = self._deliver(encoded)
         if left:
             tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(b"".join(data + b"\n" for data in left))
-            os.chmod(tmp, self.spool_mode)
-            os.replace(tmp, path)
+            try:
+                tmp.write_bytes(b"".join(data + b"\n" for data in left))
+                os.chmod(tmp, self.spool_mode)
+                os.replace(tmp, path)
+            except OSError as e:  # no room to rewrite it: the whole file stays (replays are idempotent)
+                tmp.unlink(missing_ok=True)
+                if not no_space(e):
+                    raise
+                self._spool_full.failed(tmp, e, "the spool is kept whole and replayed again later")
             return False
         path.unlink()
         log.info("gpuwatch: replayed %d spooled events from %s", len(encoded), path)
