@@ -78,7 +78,13 @@ class EnergyLedger:
         A long range is read FOLD_PIECE_MS at a time: a day of 8 GPUs is never in memory at once."""
         runs = None if runs is None else list(runs)
         while self.until_ms < until_ms:
-            self._fold_piece(conn, min(until_ms, self.until_ms + FOLD_PIECE_MS), runs)
+            following = _next_sample_ms(conn, self.until_ms)
+            if following is None or following >= until_ms:
+                self._fold_piece(conn, until_ms, runs)  # nothing to read before until_ms
+            elif following > self.until_ms + FOLD_PIECE_MS:
+                self.until_ms = following  # a stretch without samples: a run from before them
+            else:
+                self._fold_piece(conn, min(until_ms, self.until_ms + FOLD_PIECE_MS), runs)
 
     def _fold_piece(self, conn: sqlite3.Connection, until_ms: int, runs: list[str] | None) -> None:
         since = self.until_ms
@@ -186,6 +192,15 @@ class EnergyLedger:
             owners.append(owner)
         self._resolved[ts, gpu] = (lo, hi, tuple(owners))
         return hi, tuple(owners)
+
+
+def _next_sample_ms(conn: sqlite3.Connection, since_ms: int) -> int | None:
+    """The first GPU or GPU-process sample at or after since_ms (a seek per GPU), or None."""
+    found = [conn.execute(f"SELECT min(ts_ms) FROM {table} WHERE gpu_index IN {every_gpu(table)} "
+                          "AND ts_ms >= ?", (since_ms,)).fetchone()[0]
+             for table in ("gpu_samples", "gpu_process_samples")]
+    found = [t for t in found if t is not None]
+    return min(found) if found else None
 
 
 def _gpus_of(conn: sqlite3.Connection, runs: list[str], since: int, until: int) -> list[int]:
