@@ -14,7 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
+from gpuwatch.doctor import Env, check_daemon
+from gpuwatch.tui.snapshot import View
+from gpuwatch.tui.source import StoreSource
 
 TESTS = Path(__file__).resolve().parent
 PYTHON = sys.executable
@@ -85,6 +87,9 @@ def test_a_hung_gpu_is_shown_not_responding_while_the_others_and_the_host_keep_t
         status = subprocess.run([str(GPUWATCH), "status", "--db", db], capture_output=True, text=True,
                                 timeout=30, env=dict(os.environ, COLUMNS="160"))
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        overview = StoreSource(db).fetch(View("overview"))
+        doctor = {c.name: c for c in check_daemon(Env(socket_path=tmp_path / "gw.sock", db_path=Path(db),
+                                                      connect=lambda path: None), None)}
         proc.send_signal(signal.SIGUSR1)  # the GPU recovers
         wait_for(lambda: rows(db, "SELECT 1 FROM gpu_samples WHERE gpu_index = ? AND state IS NULL "
                                   "AND ts_ms > ?", HUNG_GPU, hung))
@@ -97,6 +102,11 @@ def test_a_hung_gpu_is_shown_not_responding_while_the_others_and_the_host_keep_t
     line = next(line for line in status.stdout.splitlines() if line.strip().startswith(f"{HUNG_GPU} "))
     assert "not responding since" in line, status.stdout
     assert sum("not responding" in line for line in status.stdout.splitlines()) == 1
+    # The TUI's overview and the doctor say the same.
+    assert [g.index for g in overview.gpus if g.problems()] == [HUNG_GPU]
+    assert overview.gpus[HUNG_GPU].problems()[0].startswith("NOT RESPONDING since ")
+    assert doctor["GPUs answering"].status == "fail"
+    assert doctor["GPUs answering"].detail.startswith(f"GPU {HUNG_GPU} not responding since ")
     up = [m for m in metrics.splitlines() if m.startswith("gpuwatch_gpu_up{")]
     assert len(up) == 8
     assert [m for m in up if m.endswith(" 0.0")] == [
