@@ -120,3 +120,18 @@ def test_a_client_spooling_onto_a_full_disk_says_so_once_and_again_once(one_smal
     assert len(lines) == 3, [r.getMessage() for r in lines]  # full, room again, kept for replay at exit
     assert str(away.spool_path) in lines[0].getMessage() and "bytes free there" in lines[0].getMessage()
     assert "again" in lines[1].getMessage()
+
+
+def test_a_profiler_trace_that_does_not_fit_leaves_no_half_written_file(one_small_disk):
+    from collectors import torch_profiler
+
+    class Prof:  # a trace that fits, but not twice: its gzipped copy runs out of room
+        def export_chrome_trace(self, path):
+            with open(path, "wb") as f:
+                f.write(os.urandom(7 << 19))  # 3.5 MB of the 6 MB, incompressible
+
+    directory = one_small_disk / "profiles"
+    with pytest.raises(OSError) as e:
+        torch_profiler.save_trace(Prof(), directory, "scheduled-1", 1 << 30)
+    assert e.value.errno == 28  # ENOSPC: the client says so once (gpuwatch/client/profiling.py)
+    assert list(directory.iterdir()) == []
