@@ -193,6 +193,7 @@ class StepRow:
     mem_reserved_bytes: int | None
     mem_peak_bytes: int | None
     rss_bytes: int | None
+    data_wait_pct: float | None  # share of the step before its compute began (data loading)
 
 
 @dataclass(frozen=True)

@@ -345,6 +345,10 @@ def _quarter_hour_tiers() -> str:
 # rollups every 15 minutes instead of every minute (rollups at ~1 % of the packed raw tier).
 _COMPACT_SAMPLES = packed.migration_sql() + "\n" + _quarter_hour_tiers()
 
+# Per step, the share of the step spent before its compute began (waiting for data), from
+# Run.mark_compute(); NULL where nothing marked the compute's start.
+_DATA_WAIT = "ALTER TABLE steps ADD COLUMN data_wait_pct REAL;"
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
-MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES]
+MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _DATA_WAIT]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -252,6 +252,9 @@ class StoreSource:
         charts = [Chart("tokens/s", (series("tokens/s", "per_s", "tokens_per_s"),)),
                   Chart("step time", (series("step", "ms", "step_time_ms"),)),
                   Chart("memory", tuple(memory))]
+        data_wait = series("waiting for data", "pct", "data_wait_pct")
+        if data_wait.points:  # only runs whose compute start is marked (hooks, callbacks, mark_compute)
+            charts.insert(2, Chart("data wait (share of each step)", (data_wait,)))
         by_uuid = {g.uuid: g.gpu_index for g in queries.gpus(conn)}
         for uuid in filter(None, (run.gpu_uuids or "").split(",")):
             index = by_uuid.get(uuid.strip())
