@@ -41,6 +41,17 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
+class GpuProfSample:
+    """GPM figures of one GPU over one tick (Hopper and later), each 0-100 or None."""
+    gpu_index: int
+    ts_ms: int
+    sm_active_pct: float | None
+    sm_occupancy_pct: float | None
+    tensor_active_pct: float | None
+    dram_active_pct: float | None
+
+
+@dataclass(frozen=True)
 class GpuSample:
     gpu_index: int
     ts_ms: int
@@ -239,6 +250,18 @@ def latest_gpu_samples(conn: sqlite3.Connection) -> dict[int, GpuSample]:
         "ON s.gpu_index = keys.k AND s.ts_ms = "
         "(SELECT max(ts_ms) FROM gpu_samples_recent WHERE gpu_index = keys.k) ORDER BY s.gpu_index")
     return {sample.gpu_index: sample for sample in _build(GpuSample, rows)}
+
+
+def latest_gpu_prof_samples(conn: sqlite3.Connection, since_ms: int) -> dict[int, GpuProfSample]:
+    """The newest GPM sample of each GPU that has one at or after since_ms (older ones describe
+    a GPU that no longer gives GPM figures): a primary-key seek per GPU."""
+    rows = conn.execute(
+        _distinct_keys("gpu_prof_samples", "gpu_index")
+        + f"SELECT {columns_of(GpuProfSample, 's.')} FROM keys JOIN gpu_prof_samples s "
+        "ON s.gpu_index = keys.k AND s.ts_ms = "
+        "(SELECT max(ts_ms) FROM gpu_prof_samples WHERE gpu_index = keys.k) "
+        "WHERE s.ts_ms >= ? ORDER BY s.gpu_index", (since_ms,))
+    return {sample.gpu_index: sample for sample in _build(GpuProfSample, rows)}
 
 
 def latest_host_sample(conn: sqlite3.Connection) -> HostSample | None:
@@ -495,8 +518,8 @@ def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
 
 
 __all__ = [
-    "GpuInfo", "GpuSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
-    "SeriesPoint", "MigDevice", "gpus", "latest_gpu_samples", "gpu_series", "latest_host_sample",
-    "host_series", "gpu_processes", "mig_devices", "runs", "run", "steps", "series_tier",
+    "GpuInfo", "GpuSample", "GpuProfSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
+    "SeriesPoint", "MigDevice", "gpus", "latest_gpu_samples", "latest_gpu_prof_samples", "gpu_series",
+    "latest_host_sample", "host_series", "gpu_processes", "mig_devices", "runs", "run", "steps", "series_tier",
 ]
 
