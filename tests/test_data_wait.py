@@ -131,3 +131,20 @@ async def test_the_run_screen_charts_the_data_wait_of_each_step():
         assert len(values) == 3 and all(20 < v < 80 for v in values)
         shown = "\n".join(str(c.render()) for c in app.screen.query("ChartView"))
         assert "data wait (share of each step)" in shown and "waiting for data" in shown
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_data_wait_is_the_gap_the_gpu_waited():
+    """Tiny kernels: the GPU reaches each CUDA event about when the host records it, so the
+    gap before the compute event is the loader's sleep (60 % of the step, as on the CPU)."""
+    torch = pytest.importorskip("torch")
+    a = torch.randn(64, 64, device="cuda")
+    with gpuwatch.track(name="slow-loader-gpu") as run:
+        for _ in range(6):
+            time.sleep(DATA_S)
+            run.mark_compute()
+            b = a @ a
+            time.sleep(COMPUTE_S)
+            run.step(tokens=64, loss=b.sum())
+    for s in steps_table()[1:]:
+        assert LOW < s["data_wait_pct"] < HIGH, dict(s)

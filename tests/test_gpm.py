@@ -145,3 +145,27 @@ def test_gpm_stored_shown_beside_utilisation_and_exported_under_dcgm_names(tmp_p
     (sm,) = metrics["DCGM_FI_PROF_SM_ACTIVE"]
     assert sm.value == pytest.approx(newest[0] / 100)
     assert {s.labels["gpu"] for s in metrics["DCGM_FI_DEV_GPU_UTIL"]} == {"0", "1"}
+
+
+def test_the_sampler_goes_on_when_the_gpm_gpu_is_lost_mid_run(tmp_path):
+    db = str(tmp_path / "gw.db")
+    clock = Clock()
+    fake = hopper_and_older(clock)
+    writer = Writer(db)
+    sampler = Sampler(writer, Config(), nvml_module=fake, clock=clock.ms)
+    try:
+        for tick in range(6):
+            if tick == 3:
+                fake.set_lost(0)
+            sampler.gpu_tick()
+            clock.s += 1
+        writer.flush()
+    finally:
+        sampler.nvml.close()
+        writer.close()
+    conn = sqlite3.connect(db)
+    prof = conn.execute("SELECT ts_ms FROM gpu_prof_samples ORDER BY ts_ms").fetchall()
+    states = conn.execute("SELECT state FROM gpu_samples WHERE gpu_index = 0 ORDER BY ts_ms").fetchall()
+    conn.close()
+    assert len(prof) == 2 and [s for (s,) in states] == [None] * 3 + ["lost"] * 3
+    assert fake.gpm_buffers == 0
