@@ -207,6 +207,12 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energ
         if known:
             add(f"  tokens/s  {fmt.sparkline(rates, width=SPARK_WIDTH)}  "
                 f"{fmt.count(min(known))}..{fmt.count(max(known))}")
+        waits = [s.data_wait_pct for s in steps]
+        known_waits = [w for w in waits if w is not None]
+        if known_waits:
+            add(f"  data wait {fmt.sparkline(waits, width=SPARK_WIDTH, lo=0, hi=100)}  "
+                f"avg {sum(known_waits) / len(known_waits):.0f}% of each step, "
+                f"last {known_waits[-1]:.0f}%  (waiting for the batch before compute)")
         gpu_peak = max((s.mem_peak_bytes for s in steps if s.mem_peak_bytes is not None), default=None)
         reserved = max((s.mem_reserved_bytes for s in steps if s.mem_reserved_bytes is not None), default=None)
         rss = max((s.rss_bytes for s in steps if s.rss_bytes is not None), default=None)

@@ -41,6 +41,17 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
+class GpuProfSample:
+    """GPM figures of one GPU over one tick (Hopper and later), each 0-100 or None."""
+    gpu_index: int
+    ts_ms: int
+    sm_active_pct: float | None
+    sm_occupancy_pct: float | None
+    tensor_active_pct: float | None
+    dram_active_pct: float | None
+
+
+@dataclass(frozen=True)
 class GpuSample:
     gpu_index: int
     ts_ms: int
@@ -193,6 +204,7 @@ class StepRow:
     mem_reserved_bytes: int | None
     mem_peak_bytes: int | None
     rss_bytes: int | None
+    data_wait_pct: float | None  # share of the step before its compute began (data loading)
 
 
 @dataclass(frozen=True)
@@ -252,6 +264,20 @@ def latest_gpu_samples(conn: sqlite3.Connection, now: int | None = None) -> dict
         "(SELECT max(ts_ms) FROM gpu_samples WHERE gpu_index = keys.k AND ts_ms <= :upto) "
         "ORDER BY s.gpu_index", _upto(now))
     return {sample.gpu_index: sample for sample in _build(GpuSample, rows)}
+
+
+def latest_gpu_prof_samples(conn: sqlite3.Connection, since_ms: int,
+                            now: int | None = None) -> dict[int, GpuProfSample]:
+    """The newest GPM sample (at or before `now`, as latest_gpu_samples) of each GPU that has
+    one at or after since_ms (older ones describe a GPU that no longer gives GPM figures): a
+    primary-key seek per GPU."""
+    rows = conn.execute(
+        distinct_keys("gpu_prof_samples", "gpu_index")
+        + f"SELECT {columns_of(GpuProfSample, 's.')} FROM keys JOIN gpu_prof_samples s "
+        "ON s.gpu_index = keys.k AND s.ts_ms = "
+        "(SELECT max(ts_ms) FROM gpu_prof_samples WHERE gpu_index = keys.k AND ts_ms <= :upto) "
+        "WHERE s.ts_ms >= :since ORDER BY s.gpu_index", dict(_upto(now), since=since_ms))
+    return {sample.gpu_index: sample for sample in _build(GpuProfSample, rows)}
 
 
 def latest_host_sample(conn: sqlite3.Connection, now: int | None = None) -> HostSample | None:
@@ -509,8 +535,9 @@ def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
 
 
 __all__ = [
-    "GpuInfo", "GpuSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
-    "SeriesPoint", "MigDevice", "gpus", "latest_gpu_samples", "gpu_series", "latest_host_sample",
-    "host_series", "gpu_processes", "mig_devices", "runs", "run_count", "run_tokens", "run", "steps", "series_tier",
+    "GpuInfo", "GpuSample", "GpuProfSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
+    "SeriesPoint", "MigDevice", "gpus", "latest_gpu_samples", "latest_gpu_prof_samples", "gpu_series",
+    "latest_host_sample", "host_series", "gpu_processes", "mig_devices", "runs", "run_count", "run_tokens",
+    "run", "steps", "series_tier",
 ]
 

@@ -369,7 +369,24 @@ ALTER TABLE generations ADD COLUMN mem_peak_bytes INTEGER;   -- CUDA allocator p
 ALTER TABLE generations ADD COLUMN rss_bytes INTEGER;        -- host RSS at the generation's end
 """
 
+# Always-on answers to "why is my run slow", without a profile: per step, the share spent
+# before its compute began (waiting for data, from Run.mark_compute(); NULL where nothing marked
+# it); per GPU with GPM (Hopper and later), SM / tensor / DRAM activity over each GPU tick.
+_ALWAYS_ON = """
+ALTER TABLE steps ADD COLUMN data_wait_pct REAL;
+
+CREATE TABLE gpu_prof_samples (          -- GPM figures, 0-100 over the tick; GPUs without GPM have no rows
+  gpu_index INTEGER NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  sm_active_pct REAL,                    -- SMs with a warp resident (DCGM_FI_PROF_SM_ACTIVE)
+  sm_occupancy_pct REAL,                 -- resident warps vs the SMs' maximum (DCGM_FI_PROF_SM_OCCUPANCY)
+  tensor_active_pct REAL,                -- any tensor pipe busy (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)
+  dram_active_pct REAL,                  -- DRAM bandwidth used vs peak (DCGM_FI_PROF_DRAM_ACTIVE)
+  PRIMARY KEY (gpu_index, ts_ms)
+) WITHOUT ROWID;
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
 MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
-                         _GENERATION_MEMORY]
+                         _GENERATION_MEMORY, _ALWAYS_ON]
 SCHEMA_VERSION = len(MIGRATIONS)
