@@ -85,30 +85,36 @@ _DATA_FIELDS = ("run_id", "name", "user", "uid", "host", "pid", "status", "start
 @click.option("--user", help="Only this user's runs.")
 @click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
 @click.option("--since", help="Runs active since: 2h, 1d, 30m, or an ISO time.")
+@click.option("--search", metavar="TEXT",
+              help="Only runs whose name, command, config, git commit, cwd or notes hold every "
+                   "word of TEXT (full-text search; a word matches as a prefix): lr=3e-4, a3f9c2.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
               help="At most this many runs, newest first.")
 @click.option("--format", "fmt_", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True, help="Output format; csv and json give raw values for scripts.")
 @db_option
 @friendly_errors
-def runs_cmd(user, status, since, limit, fmt_, db) -> None:
+def runs_cmd(user, status, since, search, limit, fmt_, db) -> None:
     """List runs, newest first: status, duration, tokens/s (average and last), peak memory, OOM.
 
-    Example: gpuwatch runs --status oom --since 1d
+    Example: gpuwatch runs --status oom --since 1d; gpuwatch runs --search "lr=3e-4 gpt"
     """
     from gpuwatch.store import now_ms, open_ro, queries
 
     now = now_ms()
     since_ms = parse_since(since, now) if since else None
+    if search is not None and not search.strip():
+        raise click.BadParameter("give at least one word to search for", param_hint="--search")
     conn = open_ro(reader_db_path(db))
     try:
-        summaries = queries.runs(conn, user=user, status=status, since_ms=since_ms, limit=limit)
+        summaries = queries.runs(conn, user=user, status=status, since_ms=since_ms, limit=limit,
+                                 search=search)
     finally:
         conn.close()
     if fmt_ != "table":
         echo_data(list(_DATA_FIELDS), [[getattr(r, f) for f in _DATA_FIELDS] for r in summaries], fmt_)
     elif not summaries:
-        click.echo("no runs match" if (user or status or since) else "no runs recorded yet")
+        click.echo("no runs match" if (user or status or since or search) else "no runs recorded yet")
     else:
         click.echo(runs_table(summaries, now, fit=on_terminal()))
 
@@ -152,7 +158,7 @@ def _ranks(conn, run) -> list[tuple]:
         (run.run_id, run.job_id, run.run_id)).fetchall()
 
 
-def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int) -> str:
+def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, notes=()) -> str:
     out = []
     add = out.append
     title = f"run {run.run_id}" + (f"  {run.name}" if run.name else "") + f"  [{run.status}]"
@@ -205,6 +211,11 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int) -> st
         for run_id, rank, local_rank, status, host in ranks:
             add(f"  {run_id}  rank {'-' if rank is None else rank}"
                 f" (local {'-' if local_rank is None else local_rank})  {status}  {host or '-'}")
+    if notes:
+        add("")
+        add("notes")
+        for note in notes:
+            add(f"  {fmt.local_time(note.ts_ms)}  {note.user or note.uid}: {note.text}")
     return "\n".join(out)
 
 
@@ -213,7 +224,7 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int) -> st
 @db_option
 @friendly_errors
 def show_cmd(run_ref, db) -> None:
-    """Show one run: summary, end state, tokens/s sparkline, memory peaks, config, ranks.
+    """Show one run: summary, end state, tokens/s sparkline, memory peaks, config, ranks, notes.
 
     RUN is a run id, a unique id prefix, or a run name (the newest run with that name).
 
@@ -225,7 +236,7 @@ def show_cmd(run_ref, db) -> None:
     try:
         run = queries.run(conn, run_ref)
         text = show_text(run, queries.steps(conn, run.run_id), _attached(conn, run.run_id),
-                         _ranks(conn, run), now_ms())
+                         _ranks(conn, run), now_ms(), queries.notes(conn, run.run_id))
     finally:
         conn.close()
     click.echo(text)

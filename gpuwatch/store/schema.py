@@ -9,7 +9,11 @@ the raw GPU, GPU-process and host samples are views over plain and packed tables
 
 from __future__ import annotations
 
-from gpuwatch.store import packed
+import sqlite3
+
+from typing import Callable
+
+from gpuwatch.store import packed, search
 
 # Metrics of gpu_samples and host_samples that the rollup tiers keep as min/avg/max.
 GPU_METRICS = (
@@ -346,5 +350,8 @@ def _quarter_hour_tiers() -> str:
 _COMPACT_SAMPLES = packed.migration_sql() + "\n" + _quarter_hour_tiers()
 
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
-MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES]
+# An entry is an SQL script, or a function given the connection inside the migration's
+# transaction, for what SQL alone cannot do (sqlite-utils' FTS set-up, `table.transform()`).
+Migration = str | Callable[[sqlite3.Connection], None]
+MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, search.add_search]
 SCHEMA_VERSION = len(MIGRATIONS)
