@@ -138,3 +138,38 @@ def test_notes_on_the_daemons_runs_go_through_the_daemon_as_the_caller(daemon, t
     owner = as_user(65534, "note", "nobody-run-1")
     assert owner.returncode == 0, owner
     assert _db_rows(db, "SELECT uid, text FROM run_notes") == [(65534, "checked by 65534")]
+
+
+def test_a_migration_function_may_transform_a_table_and_fails_whole(tmp_path, monkeypatch):
+    """A change ALTER TABLE cannot make (a column's default, a NOT NULL) as a function entry of
+    MIGRATIONS, through sqlite-utils' transform(), in the migration's transaction: applied with
+    the rows kept, or, when it fails, not at all. (transform() rebuilds rowid tables only: it
+    copies `rowid`, which a WITHOUT ROWID table has not.)"""
+    import sqlite_utils
+
+    from gpuwatch.store import db as db_mod
+
+    path = tmp_path / "gw.db"
+    conn = open_rw(path)
+    conn.execute("INSERT INTO profiles (id, run_id, ts_ms, trigger) VALUES (1, 'r1', 5, 'on_demand')")
+    conn.close()
+
+    def trigger_default(c):
+        sqlite_utils.Database(c)["profiles"].transform(defaults={"trigger": "scheduled"})
+
+    def rank_not_null(c):
+        sqlite_utils.Database(c)["profiles"].transform(not_null={"rank"})  # a NULL rank is there
+
+    for step, expected in ((rank_not_null, SCHEMA_VERSION), (trigger_default, SCHEMA_VERSION + 1)):
+        monkeypatch.setattr(db_mod, "MIGRATIONS", [*MIGRATIONS, step])
+        monkeypatch.setattr(db_mod, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+        try:
+            open_rw(path).close()
+        except Exception as e:
+            assert step is rank_not_null and "NOT NULL" in str(e), e
+        with sqlite3.connect(path) as plain:
+            assert plain.execute("PRAGMA user_version").fetchone()[0] == expected
+            assert plain.execute("SELECT id, run_id, trigger FROM profiles").fetchall() == [(1, "r1", "on_demand")]
+            sql = plain.execute("SELECT sql FROM sqlite_master WHERE name = 'profiles'").fetchone()[0]
+            assert ("DEFAULT 'scheduled'" in sql) == (step is trigger_default)
+            assert plain.execute("SELECT 1 FROM sqlite_master WHERE name = 'profiles_run'").fetchone()

@@ -352,6 +352,9 @@ _COMPACT_SAMPLES = packed.migration_sql() + "\n" + _quarter_hour_tiers()
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
 # An entry is an SQL script, or a function given the connection inside the migration's
 # transaction, for what SQL alone cannot do (sqlite-utils' FTS set-up, `table.transform()`).
+# transform() rebuilds rowid tables only (it copies `rowid`; WITHOUT ROWID tables have none),
+# and a rebuilt table loses its triggers: transforming `runs` must run search.add_search's
+# trigger part again.
 Migration = str | Callable[[sqlite3.Connection], None]
 MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, search.add_search]
 SCHEMA_VERSION = len(MIGRATIONS)
