@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "capacity": "gpuwatch.cli.capacity_cmd:capacity_cmd",
     "oom": "gpuwatch.cli.oom_cmd:oom_cmd",
     "note": "gpuwatch.cli.note_cmd:note_cmd",
+    "browse": "gpuwatch.cli.browse_cmd:browse_cmd",
     "demo": "gpuwatch.cli.demo_cmd:demo_cmd",
     "pick": "gpuwatch.cli.pick_cmd:pick_cmd",
     "selftest": "gpuwatch.cli.selftest_cmd:selftest_cmd",
