@@ -159,3 +159,20 @@ def test_a_canned_query_opens_with_its_chart_in_chromium(browsed):
             page.wait_for_function("() => document.querySelectorAll('table.rows-and-columns tbody tr').length == 5")
         finally:
             browser.close()
+
+
+def test_every_canned_query_runs(browsed):
+    from gpuwatch.browse.metadata import QUERIES
+
+    _, base, token = browsed
+    cookie = f"gpuwatch_token_{base.rsplit(':', 1)[1]}={token}"
+    results = {}
+    for name in QUERIES:
+        status, body = fetch(f"{base}/gpuwatch/{name}.json?run=baseline&days=100000", cookie=cookie)
+        results[name] = (status, json.loads(body).get("error"))
+    assert results == {name: (200, None) for name in QUERIES}
+    _, body = fetch(f"{base}/gpuwatch/ooms_per_week.json?_shape=array", cookie=cookie)
+    assert [r["ooms"] for r in json.loads(body)] == [1]  # run B: status oom and a postmortem, once
+    _, body = fetch(f"{base}/gpuwatch/gpu_hours_per_user_per_day.json?_shape=array&days=100000", cookie=cookie)
+    hours = {(r["user"], r["gpu_hours"]) for r in json.loads(body)}
+    assert hours == {("alice", round((100 + 60) / 3600, 2))}  # both runs started the same day, 1 GPU each
