@@ -11,7 +11,6 @@ journal mode: one file, nothing beside it, to mail to a colleague.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from pathlib import Path
 
@@ -41,7 +40,7 @@ def write_run_file(conn: sqlite3.Connection, ref: str, path: Path) -> dict[str, 
     start, end = run_window(conn, run)
     gpus = run_gpus(conn, run)
     try:
-        out = open_rw(path, mode=0o644)
+        out = open_rw(path, mode=0o644)  # readable by the colleague it is for
     except Exception:
         path.unlink(missing_ok=True)
         raise
@@ -77,5 +76,4 @@ def write_run_file(conn: sqlite3.Connection, ref: str, path: Path) -> dict[str, 
         path.unlink(missing_ok=True)
         raise
     out.close()
-    os.chmod(path, 0o644)
     return counts

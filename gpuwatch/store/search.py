@@ -15,7 +15,7 @@ import sqlite3
 
 RUN_COLUMNS = ("name", "command", "config_json", "git_commit", "cwd")
 
-_NOTES = """
+NOTES_SQL = """
 CREATE TABLE run_notes (                 -- notes left on a run by its owner (or root)
   id INTEGER PRIMARY KEY,
   run_id TEXT NOT NULL,
@@ -33,7 +33,7 @@ def add_search(conn: sqlite3.Connection) -> None:
     import sqlite_utils
 
     db = sqlite_utils.Database(conn)
-    conn.execute(_NOTES.strip())
+    conn.execute(NOTES_SQL.strip())
     db["runs"].enable_fts(RUN_COLUMNS, create_triggers=True)
     db["run_notes"].enable_fts(["text"], create_triggers=True)
     cols = ", ".join(RUN_COLUMNS)
