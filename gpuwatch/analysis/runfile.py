@@ -3,10 +3,11 @@
 The file has the whole gpuwatch schema (made by the same migrations as the store, so
 `gpuwatch show --db FILE`, `compare`, `report` and `browse` read it like any database) and
 holds one run: its row, steps, generations, memory stats, events, OOM postmortems, profiles
-with their operator breakdowns, stack dumps, notes, its GPUs and their samples over its
-lifetime. Rows are copied with sqlite-utils' `insert_all`; the raw samples go through the
-`gpu_samples` view's INSERT trigger, whatever storage lies under it. It is left in rollback
-journal mode: one file, nothing beside it, to mail to a colleague.
+with their operator breakdowns, stack dumps, notes, its processes, its GPUs and their samples
+over its lifetime, and the GPU-process samples of those GPUs then: other users' processes
+appear there by pid and memory alone (no user, no command), enough for the run's share of its
+GPUs' energy to come out the same. Rows are copied with sqlite-utils' `insert_all`. It is left in rollback journal
+mode: one file, nothing beside it, to mail to a colleague.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from pathlib import Path
 from gpuwatch.analysis.export import ExportError
 from gpuwatch.analysis.rundata import run_gpus, run_window
 from gpuwatch.store import open_rw, queries
-from gpuwatch.store.packed import between
-from gpuwatch.store.writer import insert_sql
+from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
 
 # Tables whose rows hang off the run by run_id (profile_ops hang off profiles).
 RUN_TABLES = ("steps", "generations", "memory_stats", "run_events", "oom_postmortems",
@@ -62,14 +62,13 @@ def write_run_file(conn: sqlite3.Connection, ref: str, path: Path) -> dict[str, 
             copy("profile_ops", "SELECT * FROM profile_ops WHERE profile_id IN "
                                 "(SELECT id FROM profiles WHERE run_id = ?)", (run.run_id,))
             marks = ", ".join("?" * len(gpus))
+            copy("processes", "SELECT * FROM processes WHERE run_id = ? OR pid = ?", (run.run_id, run.pid))
             copy("gpus", f"SELECT * FROM gpus WHERE gpu_index IN ({marks})", gpus)
-            # A view: written through its INSERT trigger, which sqlite-utils' insert does not know.
-            cur = conn.execute(f"SELECT * FROM {between('gpu_samples', start, end + 1)} "
-                               f"WHERE gpu_index IN ({marks}) ORDER BY gpu_index, ts_ms", gpus)
-            columns = [d[0] for d in cur.description]
-            samples = cur.fetchall()
-            out.executemany(insert_sql("gpu_samples", columns), samples)
-            counts["gpu_samples"] = len(samples)
+            copy("gpu_process_samples", f"SELECT * FROM gpu_process_samples WHERE gpu_index IN ({marks}) "
+                                        "AND ts_ms >= ? AND ts_ms <= ? ORDER BY gpu_index, ts_ms",
+                 (*gpus, start - PROCESS_TICK_SLACK_MS, end))
+            copy("gpu_samples", f"SELECT * FROM gpu_samples WHERE gpu_index IN ({marks}) "
+                                "AND ts_ms >= ? AND ts_ms <= ? ORDER BY gpu_index, ts_ms", (*gpus, start, end))
         out.execute("PRAGMA journal_mode = DELETE")
     except BaseException:
         out.close()
