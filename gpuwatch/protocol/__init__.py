@@ -270,6 +270,8 @@ EVENT_KINDS: dict[str, dict[str, Spec]] = {
         "rank": integer(0), "first_step": integer(0), "steps": integer(0),
         "trace_path": text(4096), "trace_bytes": integer(0), "ops": list_of_obj(500),
     },
+    # `gpuwatch note RUN TEXT` -> a `run_notes` row; by the run's owner or root.
+    "note": {"text": text(4096, required=True)},
 }
 
 # Control actions the daemon may push to a run's client: action -> extra field specs.

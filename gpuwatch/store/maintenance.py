@@ -35,7 +35,7 @@ RAW_TABLES = {"gpu_samples": "gpu_index", "gpu_process_samples": "gpu_index",
 ROLLUP_SOURCES = (("gpu_samples", "gpu_index", GPU_METRICS), ("host_samples", None, HOST_METRICS))
 # Deleted with a run when the size cap leaves nothing else; each has a run_id column.
 RUN_TABLES = ("steps", "generations", "memory_stats", "run_events", "oom_postmortems",
-              "stack_dumps")
+              "stack_dumps", "run_notes")
 # Chunks for the size cap: the oldest 1/CAP_CHUNKS of a tier's time span (at least a period).
 CAP_CHUNKS = 20
 

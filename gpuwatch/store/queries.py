@@ -13,6 +13,7 @@ from typing import Iterable, TypeVar
 from gpuwatch.clock import STEP_TOLERANCE_MS
 from gpuwatch.store.db import StoreError, now_ms
 from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS
+from gpuwatch.store.search import MATCHES, match_expression
 
 HOUR_MS = 3_600_000
 # Series tiers: raw only for ranges up to RAW_MAX_RANGE_MS (6 h of one GPU is 21,600 rows),
@@ -407,10 +408,12 @@ def _run_names(conn: sqlite3.Connection, run_ids: set[str]) -> dict[str, str | N
 # --- runs and steps --------------------------------------------------------------------------
 
 def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None = None,
-         since_ms: int | None = None, limit: int = 200) -> list[RunSummary]:
+         since_ms: int | None = None, limit: int = 200, search: str | None = None) -> list[RunSummary]:
     """Runs newest first, with their steps aggregated in one GROUP BY.
 
-    since_ms keeps runs still going at or after that time (not ended, or ended since).
+    since_ms keeps runs still going at or after that time (not ended, or ended since); search
+    keeps runs whose name, command, config, git commit, cwd or notes hold every word of it
+    (store/search.py).
     tokens_per_s_avg is tokens / step time over steps that have both, else tokens over the
     wall time from start to the newest step; for a run with generations and no steps, generated
     tokens over generation time (tokens_per_s_last: the newest generation's); peak_mem_bytes is the largest of the steps'
@@ -426,6 +429,9 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
     if since_ms is not None:
         where.append("(ended_ms IS NULL OR ended_ms >= ?)")
         params.append(since_ms)
+    if search is not None:
+        where.append(MATCHES)
+        params += [match_expression(search)] * 2
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     rows = conn.execute(
         f"WITH sel AS (SELECT * FROM runs {clause} ORDER BY started_ms DESC, run_id LIMIT ?), "
@@ -518,6 +524,20 @@ def run(conn: sqlite3.Connection, run_ref: str) -> Run:
     if row is None:
         raise StoreError(f"no run matches '{run_ref}'")
     return _run_from_row(row)
+
+
+@dataclass(frozen=True)
+class Note:
+    ts_ms: int
+    uid: int
+    user: str | None
+    text: str
+
+
+def notes(conn: sqlite3.Connection, run_id: str) -> list[Note]:
+    """The notes left on a run, oldest first."""
+    return [Note(*r) for r in conn.execute(
+        f"SELECT {columns_of(Note)} FROM run_notes WHERE run_id = ? ORDER BY ts_ms, id", (run_id,))]
 
 
 def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,

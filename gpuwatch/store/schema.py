@@ -9,7 +9,10 @@ over plain and packed tables (store/packed.py); they are plain tables again.
 
 from __future__ import annotations
 
-from gpuwatch.store import packed
+import sqlite3
+from typing import Callable
+
+from gpuwatch.store import packed, search
 
 # Metrics of gpu_samples and host_samples that the rollup tiers keep as min/avg/max.
 GPU_METRICS = (
@@ -387,6 +390,12 @@ CREATE TABLE gpu_prof_samples (          -- GPM figures, 0-100 over the tick; GP
 """
 
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
-MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
-                         _GENERATION_MEMORY, _ALWAYS_ON]
+# An entry is an SQL script, or a function given the connection inside the migration's
+# transaction, for what SQL alone cannot do (sqlite-utils' FTS set-up, `table.transform()`).
+# transform() rebuilds rowid tables only (it copies `rowid`; WITHOUT ROWID tables have none),
+# and a rebuilt table loses its triggers: transforming `runs` must run search.add_search's
+# trigger part again.
+Migration = str | Callable[[sqlite3.Connection], None]
+MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
+                               _GENERATION_MEMORY, _ALWAYS_ON, search.add_search]
 SCHEMA_VERSION = len(MIGRATIONS)
