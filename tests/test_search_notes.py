@@ -173,3 +173,22 @@ def test_a_migration_function_may_transform_a_table_and_fails_whole(tmp_path, mo
             sql = plain.execute("SELECT sql FROM sqlite_master WHERE name = 'profiles'").fetchone()[0]
             assert ("DEFAULT 'scheduled'" in sql) == (step is trigger_default)
             assert plain.execute("SELECT 1 FROM sqlite_master WHERE name = 'profiles_run'").fetchone()
+
+
+def test_runs_keep_their_search_entries_through_a_vacuum(tmp_path):
+    """The search index refers to runs by their integer key, which a VACUUM keeps."""
+    from gpuwatch.store import insert_rows
+    from gpuwatch.store.search import MATCHES, match_expression
+
+    path = tmp_path / "v.db"
+    conn = open_rw(path)
+    insert_rows(conn, "runs", [{"run_id": f"r{i}", "name": f"name{i}", "uid": 0, "started_ms": i}
+                               for i in range(50)])
+    conn.execute("DELETE FROM runs WHERE run_id IN ('r0', 'r1', 'r2', 'r3')")
+    conn.execute("VACUUM")
+    query = match_expression("name42")
+    found = conn.execute(f"SELECT run_id FROM runs WHERE {MATCHES}", (query, query)).fetchall()
+    assert found == [("r42",)]
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute("INSERT INTO runs (run_id, uid, started_ms) VALUES ('r42', 0, 1)")
+    conn.close()

@@ -24,6 +24,7 @@ TABLES = {
     "host_samples_15m": "One row per 15 minutes: min/avg/max of each host metric; n = samples folded in.",
     "host_samples_1h": "One row per hour: min/avg/max of each host metric; n = samples folded in.",
     "processes": "One row per process seen on a GPU or in a run (pid + start time): user, command, container, Slurm/rank tags, run.",
+    "gpu_prof_samples": "One row per GPU and tick, for GPUs with NVML GPM (Hopper and later): SM activity, SM occupancy, tensor-core and DRAM activity (0-100 %).",
     "gpu_process_samples": "One row per GPU process and process tick: GPU memory, SM/memory utilisation, RSS, CPU, MIG device.",
     "mig_devices": "One row per MIG device (GPU, GPU instance, compute instance): UUID, profile, memory, SM count.",
     "mig_samples": "One row per MIG device and process tick: memory used/free, utilisation.",
@@ -99,7 +100,7 @@ def column_description(table: str, column: str, comments: dict[str, dict[str, st
 
 
 # Canned queries: title, SQL, description, chart (datasette-vega's settings, in the page's URL
-# fragment). The first five are the README's worked queries, word for word.
+# fragment). The first six are the README's worked queries, word for word.
 QUERIES: dict[str, dict] = {
     "tokens_per_s_per_run": {
         "title": "Tokens/s and peak memory per run, last 24 h",
@@ -146,6 +147,16 @@ FROM oom_postmortems o JOIN runs r USING (run_id)
 WHERE o.ts_ms >= (unixepoch() - 7 * 86400) * 1000 ORDER BY o.ts_ms DESC;""",
         "chart": {"mark": "bar", "x_column": "at", "x_type": "temporal",
                   "y_column": "req_mib", "y_type": "quantitative"},
+    },
+    "utilisation_vs_sm_activity": {
+        "title": "Utilisation against SM, tensor-core and DRAM activity, last hour",
+        "sql": """-- "utilisation" (a kernel was running) against what the SMs and tensor cores did, last hour
+SELECT p.gpu_index, round(avg(g.gpu_util_pct)) AS util_pct, round(avg(p.sm_active_pct)) AS sm_active_pct,
+       round(avg(p.tensor_active_pct)) AS tensor_pct, round(avg(p.dram_active_pct)) AS dram_pct
+FROM gpu_prof_samples p JOIN gpu_samples g USING (gpu_index, ts_ms)
+WHERE p.ts_ms >= (unixepoch() - 3600) * 1000 GROUP BY p.gpu_index;""",
+        "chart": {"mark": "bar", "x_column": "gpu_index", "x_type": "ordinal",
+                  "y_column": "sm_active_pct", "y_type": "quantitative"},
     },
     "hourly_gpu_utilisation": {
         "title": "Hourly GPU utilisation and peak power, last 7 days",

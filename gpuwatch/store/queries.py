@@ -186,6 +186,7 @@ class Run:
     parent_run_id: str | None
     flops_per_token: float | None
     mode: str | None
+    id: int  # a stable integer key, which the search index refers to (store/search.py)
     config: dict = field(default_factory=dict)  # config_json parsed; {} when absent or not JSON
 
 

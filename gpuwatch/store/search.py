@@ -29,10 +29,20 @@ CREATE TABLE run_notes (                 -- notes left on a run by its owner (or
 
 
 def add_search(conn: sqlite3.Connection) -> None:
-    """The migration: the notes table and both FTS indexes with their triggers."""
+    """The migration: `runs` gets a stable integer key, then the notes table and both FTS
+    indexes with their triggers.
+
+    The runs index refers to runs by rowid, and a VACUUM may renumber an implicit rowid, which
+    would point the index at the wrong runs: `runs` needs an INTEGER PRIMARY KEY. ALTER TABLE
+    cannot change a primary key; sqlite-utils' `transform()` rebuilds the table with one (the
+    columns, their order and the indexes kept) and `run_id` stays unique."""
     import sqlite_utils
 
-    db = sqlite_utils.Database(conn)
+    db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
+    conn.execute("ALTER TABLE runs ADD COLUMN id INTEGER")
+    conn.execute("UPDATE runs SET id = rowid")
+    db["runs"].transform(pk="id", not_null={"run_id"})
+    conn.execute("CREATE UNIQUE INDEX runs_run_id ON runs(run_id)")  # it was the primary key
     conn.execute(NOTES_SQL.strip())
     db["runs"].enable_fts(RUN_COLUMNS, create_triggers=True)
     db["run_notes"].enable_fts(["text"], create_triggers=True)
