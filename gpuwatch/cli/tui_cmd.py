@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 import time
+from typing import Callable
 
 import click
 
@@ -47,12 +48,14 @@ def tui(db: str | None, refresh: float, user: str | None, prometheus: str | None
     notice = NO_DAEMON_NOTICE if local else notice
     try:
         if web:
+            if local:
+                local.first_tick()
             serve_web(reader_db_path(db), refresh, user, web, web_allow_remote, prometheus, notice)
             return
         run_tui(reader_db_path(db), refresh, user, start_mode="fleet" if prometheus else "overview",
                 prometheus_url=prometheus or cfg.prometheus_url or None,
                 prometheus_timeout=cfg.prometheus_timeout, notice=notice,
-                stale_after_ms=stale_after_ms(cfg, refresh))
+                stale_after_ms=stale_after_ms(cfg, refresh), before_run=local and local.first_tick)
     finally:
         if local:
             local.close()
@@ -91,10 +94,14 @@ class LocalSampler:
             self.writer.close()
             raise
         self.sampler.start()
+
+    def first_tick(self) -> None:
+        """Wait (at most FIRST_TICK_WAIT_S) until the first samples are stored; called once the
+        TUI's own imports are done, so the two overlap."""
         deadline = time.monotonic() + FIRST_TICK_WAIT_S
         while not self.sampler.last_tick_at and time.monotonic() < deadline:
             time.sleep(0.01)
-        self.writer.flush(FIRST_TICK_WAIT_S)
+        self.writer.flush(max(0.0, deadline - time.monotonic()))
 
     @classmethod
     def if_no_daemon(cls, cfg: Config, db: str | None, start_mode: str = "overview") -> "LocalSampler | None":
@@ -169,7 +176,7 @@ def serve_web(path: str, refresh: float, user: str | None, address: str, allow_r
 def run_tui(path: str, refresh: float = 1.0, user: str | None = None,
             start_mode: str = "overview", prometheus_url: str | None = None,
             prometheus_timeout: float = 3.0, notice: str | None = None,
-            stale_after_ms: int = 15_000) -> None:
+            stale_after_ms: int = 15_000, before_run: Callable[[], None] | None = None) -> None:
     """Open the TUI on the database at `path`; `start_mode` is "overview", "runs" or "fleet"
     (the Fleet screen reads `prometheus_url`)."""
     from gpuwatch.store import open_ro
@@ -203,6 +210,8 @@ def run_tui(path: str, refresh: float = 1.0, user: str | None = None,
     # leaves cycles that only a full collection frees, and Python runs one only every ~70,000
     # allocations: a TUI left open swung 5-8 MB above its need. What the imports built is never
     # garbage: freeze it, and collect the rest fully every ~7,000 allocations (a few ms).
+    if before_run is not None:
+        before_run()
     gc.collect()
     gc.freeze()
     gc.set_threshold(700, 10, 1)
