@@ -1,5 +1,5 @@
 """Readers with the daemon away: `gpuwatch tui` on a fresh install samples in its own process,
-and an open TUI rides over a daemon restart, saying so while the daemon is away."""
+and an open TUI or `status --live` rides over a daemon restart, saying so while it is away."""
 
 from __future__ import annotations
 
@@ -66,6 +66,17 @@ def test_tui_with_no_daemon_and_no_database_samples_itself_and_says_history_star
         conn.close()
 
 
+def _has_samples(db: str) -> bool:
+    try:
+        conn = sqlite3.connect(db)
+        try:
+            return conn.execute("SELECT count(*) FROM host_samples").fetchone()[0] > 0
+        finally:
+            conn.close()
+    except sqlite3.OperationalError:  # no schema yet
+        return False
+
+
 def _start_daemon(db: str, sock: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", DAEMON, db, sock], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -93,7 +104,7 @@ async def test_open_tui_says_daemon_away_during_a_restart_and_goes_live_again_by
     daemon = _start_daemon(db, sock)
     try:
         deadline = time.monotonic() + 20
-        while not Path(db).exists() and time.monotonic() < deadline:
+        while not _has_samples(db) and time.monotonic() < deadline:
             time.sleep(0.05)
         app = GpuwatchApp(StoreSource(db, stale_after_ms=int(3000 * INTERVAL)), refresh_s=INTERVAL)
         async with app.run_test(size=(80, 24)) as pilot:
@@ -108,3 +119,47 @@ async def test_open_tui_says_daemon_away_during_a_restart_and_goes_live_again_by
     finally:
         daemon.kill()
         daemon.communicate(timeout=20)
+
+
+def test_status_live_says_daemon_away_during_a_restart_and_reads_it_again_by_itself(tmp_path):
+    import queue
+    import threading
+
+    db, sock = str(tmp_path / "gw.db"), str(tmp_path / "gw.sock")
+    daemon = _start_daemon(db, sock)
+    live = None
+    try:
+        deadline = time.monotonic() + 20
+        while not _has_samples(db) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        live = subprocess.Popen([GPUWATCH, "status", "--live", "--db", db], stdout=subprocess.PIPE, text=True,
+                                env=dict(os.environ, GPUWATCH_INTERVAL=str(INTERVAL),
+                                         GPUWATCH_HOST_INTERVAL=str(INTERVAL)),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in live.stdout], daemon=True).start()
+
+        def shows(words: str) -> str:
+            end = time.monotonic() + 20
+            while time.monotonic() < end:
+                try:
+                    line = lines.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if line.startswith(words):
+                    return line
+            raise AssertionError(f"status --live never said {words!r}")
+
+        shows("daemon data, ")
+        daemon.send_signal(signal.SIGTERM)
+        daemon.communicate(timeout=20)
+        assert "live again by itself" in shows("daemon not writing: its data is ")
+        daemon = _start_daemon(db, sock)
+        shows("daemon data, ")
+    finally:
+        if live is not None:
+            live.send_signal(signal.SIGINT)
+            live.wait(20)
+        daemon.kill()
+        daemon.communicate(timeout=20)
+    assert live.returncode == 0

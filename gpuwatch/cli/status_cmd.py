@@ -65,14 +65,19 @@ def _host_line(h) -> str:
             f"{fmt.size(h.mem_total_bytes)}  {shm}")
 
 
-def view_from_db(conn, now: int) -> View | None:
-    """The daemon's newest samples, or None when the database is not being written."""
+def view_from_db(conn, now: int, away_after_ms: int | None = None) -> View | None:
+    """The daemon's newest samples, or None when the database is not being written.
+    `away_after_ms` (--live): data older than this says the daemon is away (a restart, say)."""
     from gpuwatch.store import queries
 
     host = queries.latest_host_sample(conn, now)
     if host is None or now - host.ts_ms > FRESH_MS:
         return None
-    view = View(source=f"daemon data, {fmt.duration(now - host.ts_ms)} old", host=_host_line(host))
+    age = now - host.ts_ms
+    view = View(source=f"daemon data, {fmt.duration(age)} old", host=_host_line(host))
+    if away_after_ms is not None and age > away_after_ms:
+        view.source = (f"daemon not writing: its data is {fmt.duration(age)} old; live again by itself "
+                       "when it is back")
     samples = queries.latest_gpu_samples(conn, now)
     procs = queries.gpu_processes(conn, now)
     migs = queries.mig_devices(conn, now)
@@ -178,7 +183,7 @@ def _gpu_order(label: str) -> tuple[int, ...]:
     return tuple(int(part) for part in label.split("/"))
 
 
-def _read_view(db_path: str, now: int) -> View | None:
+def _read_view(db_path: str, now: int, away_after_ms: int | None = None) -> View | None:
     from pathlib import Path
 
     from gpuwatch.store import open_ro
@@ -187,7 +192,7 @@ def _read_view(db_path: str, now: int) -> View | None:
         return None
     conn = open_ro(db_path)
     try:
-        return view_from_db(conn, now)
+        return view_from_db(conn, now, away_after_ms)
     finally:
         conn.close()
 
@@ -210,7 +215,9 @@ def status(db, live):
     direct: Direct | None = None
     try:
         while True:
-            view = _read_view(db_path, now_ms())
+            # --live: a daemon away for three intervals is said to be (a restart takes seconds).
+            away_after = int(3000 * max(cfg.interval, cfg.host_interval)) if live else None
+            view = _read_view(db_path, now_ms(), away_after)
             if view is None:
                 if direct is None:
                     direct = Direct()
