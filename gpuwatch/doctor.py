@@ -152,20 +152,23 @@ def _cuda_tuple(text: str | None) -> tuple[int, int] | None:
 def check_nvml(env: Env, facts: _Facts) -> list[Check]:
     fix = ("install the NVIDIA driver (e.g. `apt install nvidia-driver-550`, then reboot) and check "
            "that `nvidia-smi` works; in a container, run it with `--gpus all`")
+    hung = [Check("NVIDIA driver / NVML", FAIL, f"NVML did not answer within {NVML_DEADLINE_S:g} s: "
+                  "a GPU or the driver hangs", "look for Xid errors (`sudo dmesg | grep -i xid`) "
+                  "and check `nvidia-smi`; a hung GPU usually needs a reset or a reboot")]
     try:
         nvml = env.nvml()
-        nvml.nvmlInit()
+        # A hung GPU blocks NVML calls on it for good: the doctor says so instead of hanging.
+        call_with_deadline(nvml.nvmlInit, NVML_DEADLINE_S)
+    except TimeoutError:
+        return hung
     except Exception as e:  # ImportError, NVMLError_LibraryNotFound, _DriverNotLoaded, ...
         facts.nvml_error = str(e) or type(e).__name__
         return [Check("NVIDIA driver / NVML", FAIL, f"NVML cannot be loaded: {facts.nvml_error}", fix),
                 Check("GPUs visible", FAIL, "no GPUs can be listed without NVML", "see the driver check")]
     try:
-        # A hung GPU blocks NVML calls on it for good: the doctor says so instead of hanging.
         driver, cuda, names = call_with_deadline(lambda: _nvml_facts(nvml), NVML_DEADLINE_S)
     except TimeoutError:
-        return [Check("NVIDIA driver / NVML", FAIL, f"NVML did not answer within {NVML_DEADLINE_S:g} s: "
-                      "a GPU or the driver hangs", "look for Xid errors (`sudo dmesg | grep -i xid`) "
-                      "and check `nvidia-smi`; a hung GPU usually needs a reset or a reboot")]
+        return hung
     except Exception as e:
         return [Check("NVIDIA driver / NVML", FAIL, f"NVML loaded but failed: {e}", fix)]
     facts.driver_cuda = (cuda // 1000, cuda % 1000 // 10)

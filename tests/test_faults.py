@@ -163,3 +163,17 @@ def test_the_watchdog_is_fed_while_a_gpu_hangs(tmp_path):
         sock.close()
         os.unlink(path)
     assert not thread.is_alive()
+
+
+def test_doctor_says_nvml_hangs_instead_of_hanging(monkeypatch):
+    import fake_pynvml
+    from gpuwatch import doctor
+
+    monkeypatch.setattr(doctor, "NVML_DEADLINE_S", 0.3)
+    nvml = fake_pynvml.FakeNvml(gpus=2, hang={1: 0.0})
+    try:
+        checks = doctor.check_nvml(doctor.Env(nvml=lambda: nvml), doctor._Facts())
+    finally:
+        nvml.set_hung(1, False)
+    assert [(c.status, c.detail) for c in checks] == [
+        ("fail", "NVML did not answer within 0.3 s: a GPU or the driver hangs")]
