@@ -114,3 +114,46 @@ def test_gzip_file_reads(tmp_path):
         fh.write('{"traceEvents": []}')
     r = analyse_files([path])["ranks"][0]
     assert r["gpu"] is False and r["kernels"] == []
+
+
+def _gw(*args):
+    import subprocess
+    from pathlib import Path
+
+    exe = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "gpuwatch"
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_trace_command_table_fits_80_columns_and_leads_with_the_bar(tmp_path):
+    paths = [str(write_trace(tmp_path / f"r{r}.json.gz", make_trace(rank=r, world=2,
+                                                                    loader_us=5000.0)))
+             for r in range(2)]
+    out = _gw("trace", *paths)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert lines[0].startswith("rank 0") and lines[2].startswith("[█")
+    assert "data loader" in out.stdout and "advice:" in out.stdout
+    assert "KERNEL" in out.stdout and "slowest rank" in out.stdout
+
+
+def test_trace_command_json_shape(tmp_path):
+    import json
+
+    path = write_trace(tmp_path / "t.json", make_trace(cpu_gap_us=300.0, sync=False))
+    out = _gw("trace", str(path), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    r = res["ranks"][0]
+    assert (r["rank"], r["file"]) == (0, str(path))
+    assert set(r["temporal"]) >= {"idle_pct", "compute_pct", "non_compute_pct", "kernel_time_us"}
+    assert r["idle"]["host_wait_pct"] > 50 and r["kernels"][0]["share_pct"] > 0
+    assert "overlap_pct" in r and isinstance(res["advice"], list) and res["advice"]
+
+
+def test_trace_command_bad_file_is_one_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{]")
+    out = _gw("trace", str(bad))
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "bad.json" in out.stderr

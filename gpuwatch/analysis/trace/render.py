@@ -1,0 +1,139 @@
+"""The breakdown as text: one bar a glance reads, the idle's causes, advice, kernels, operators.
+
+Plain strings at a given width (80 by default), shared by `gpuwatch trace`, `gpuwatch profile`
+and the TUI's Profile screen.
+"""
+
+from __future__ import annotations
+
+from gpuwatch import fmt
+
+# (key in the temporal dict, bar character, label)
+GPU_PARTS = (("compute_pct", "█", "compute"), ("non_compute_pct", "▒", "comm/mem"),
+             ("idle_pct", "·", "idle"))
+CPU_PARTS = (("operators_pct", "█", "operators"), ("dataloader_pct", "▒", "data loader"),
+             ("optimizer_pct", "▓", "optimizer"), ("other_pct", "·", "other"))
+
+
+def bar(shares: dict, parts, width: int) -> str:
+    """A stacked bar of `width` cells; each part gets its share, rounded so the cells add up."""
+    cells, used, acc = [], 0, 0.0
+    for key, ch, _ in parts:
+        acc += shares.get(key) or 0.0
+        upto = round(width * min(acc, 100.0) / 100.0)
+        cells.append(ch * (upto - used))
+        used = upto
+    return "".join(cells) + " " * (width - used)
+
+
+def legend(shares: dict, parts) -> str:
+    return "  ".join(f"{ch} {label} {shares.get(key) or 0:.0f}%" for key, ch, label in parts)
+
+
+def _us(us: float | None) -> str:
+    """Microseconds as a short time: below a millisecond in µs, above it as fmt.duration does."""
+    if us is not None and abs(us) < 1000:
+        return f"{us:.0f}µs"
+    return fmt.duration(None if us is None else us / 1000.0)
+
+
+def _cut(name: str, w: int) -> str:
+    return name if len(name) <= w else name[: w - 1] + "…"
+
+
+def headline(rank: dict) -> str:
+    """One line: the breakdown's figures (`show`, `compare`, `report` and the run screen use it)."""
+    t = rank.get("temporal")
+    if t:
+        line = (f"GPU idle {t['idle_pct']:.0f}% · compute {t['compute_pct']:.0f}% · "
+                f"comm/mem {t['non_compute_pct']:.0f}%")
+        idle = rank.get("idle") or {}
+        causes = [(idle.get(f"{k}_pct") or 0, label) for k, label in
+                  (("dataloader", "data loader"), ("host_wait", "launch"),
+                   ("sync", "synchronise"), ("other", "other"))]
+        top = max(causes)
+        if t["idle_pct"] and top[0]:
+            line += f" (idle: {top[0]:.0f}% {top[1]})"
+        return line
+    c = rank.get("cpu")
+    if c:
+        return (f"CPU: operators {c['operators_pct']:.0f}% · data loader "
+                f"{c['dataloader_pct']:.0f}% · optimizer {c['optimizer_pct']:.0f}%")
+    return "no GPU or CPU activity in the trace"
+
+
+def rank_lines(rank: dict, width: int = 80, top: int = 8) -> list[str]:
+    head = f"rank {rank['rank']}  "
+    room = width - len(head)
+    path = rank["file"] if len(rank["file"]) <= room else "…" + rank["file"][-(room - 1):]
+    lines = [head + path]
+    bar_w = max(10, width - 2)
+    t = rank.get("temporal")
+    if t:
+        lines += [f"GPU time {_us(t['kernel_time_us'])} over {rank['steps_analysed']} steps",
+                  "[" + bar(t, GPU_PARTS, bar_w - 2) + "]", legend(t, GPU_PARTS)]
+        i = rank["idle"]
+        if i["idle_us"]:
+            lines.append("idle: " + "  ".join(
+                f"{label} {i[f'{k}_pct']:.0f}%" for k, label in
+                (("host_wait", "launch-bound"), ("dataloader", "data loader"),
+                 ("sync", "synchronise"), ("other", "other"))))
+        if rank.get("overlap_pct") is not None:
+            lines.append(f"comm/compute overlap {rank['overlap_pct']:.0f}%")
+        lines.append("")
+        groups = "  ".join(f"{g['group']} {g['share_pct']:.0f}%" for g in rank["kernel_groups"]
+                           if (g["share_pct"] or 0) >= 0.5)
+        lines += _wrap("kernels: " + groups, width)
+        name_w = width - 28
+        lines.append(f"{'KERNEL':<{name_w}} {'GROUP':<10} {'CALLS':>5} {'TIME':>6} {'%':>3}")
+        for k in rank["kernels"][:top]:
+            lines.append(f"{_cut(k['name'], name_w):<{name_w}} {_cut(k['group'], 10):<10} "
+                         f"{k['count']:>5} {_us(k['total_us']):>6} {k['share_pct']:>3.0f}")
+    c = rank.get("cpu")
+    if c and not t:
+        lines += [f"CPU time {_us(c['wall_us'])} over {rank['steps_analysed']} steps (no GPU "
+                  f"activity in the trace)",
+                  "[" + bar(c, CPU_PARTS, bar_w - 2) + "]", legend(c, CPU_PARTS)]
+    if rank.get("operators") and not t:
+        name_w = width - 16
+        lines += ["", f"{'OPERATOR':<{name_w}} {'CALLS':>5} {'SELF':>8}"]
+        for op in rank["operators"][:top]:
+            lines.append(f"{_cut(op['name'], name_w):<{name_w}} {op['calls']:>5} "
+                         f"{_us(op['self_us']):>8}")
+    return lines
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    out, line = [], ""
+    for word in text.split("  "):
+        if line and len(line) + 2 + len(word) > width:
+            out.append(line)
+            line = "  " + word
+        else:
+            line = f"{line}  {word}" if line else word
+    return out + ([line] if line else [])
+
+
+def advice_lines(advice: list[str], width: int = 80) -> list[str]:
+    out = []
+    for a in advice:
+        words, line = a.split(" "), "• "
+        for w in words:
+            if len(line) + len(w) + 1 > width and line.strip("• "):
+                out.append(line.rstrip())
+                line = "  "
+            line += w + " "
+        out.append(line.rstrip())
+    return out
+
+
+def table(result: dict, width: int = 80) -> str:
+    lines: list[str] = []
+    for r in result["ranks"]:
+        lines += rank_lines(r, width) + [""]
+    slow = result.get("slowest")
+    if slow and slow["slower_pct"] is not None:
+        lines.append(f"slowest rank: {slow['rank']}, compute {slow['slower_pct']:+.0f}% vs the "
+                     f"median rank")
+    lines += ["advice:"] + (advice_lines(result["advice"], width) or ["  none: nothing stands out"])
+    return "\n".join(lines)
