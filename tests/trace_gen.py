@@ -37,7 +37,7 @@ class _Writer:
         self.events: list[dict] = []
         self.rng = random.Random(seed * 1000 + rank)
         self.pid = 4000 + rank
-        self.corr = 1000
+        self.corr = 100_000  # real ids run high; HTA (pandas 3) breaks on int16-sized ones
         self.ext = 1
         self.free = {COMPUTE_STREAM: 0.0, COMM_STREAM: 0.0, COPY_STREAM: 0.0}
 
