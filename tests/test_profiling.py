@@ -81,6 +81,12 @@ def test_scheduled_windows_store_top_ops_and_a_gzipped_chrome_trace(tmp_path):
     assert addmm.calls == 2 * 2  # two Linear layers in each of the two profiled steps
     assert addmm.self_cpu_us > 0 and addmm.cpu_total_us >= addmm.self_cpu_us
     assert addmm.self_device_us is None  # a CPU-only window measured no device time, not 0
+    # each window's trace analysed and stored with it: CPU-only, so the CPU-side split
+    for profile_id, *_ in rows:
+        [(gpu, ops_pct, idle_pct)] = _db_rows(
+            db, "SELECT gpu, cpu_operators_pct, idle_pct FROM profile_breakdowns "
+                "WHERE profile_id = ?", profile_id)
+        assert gpu == 0 and 0 < ops_pct <= 100 and idle_pct is None
     assert not list(tmp_path.glob("escape*")) and not (tmp_path.parent / "escape").exists()
 
 
@@ -95,6 +101,7 @@ def test_a_trace_over_the_size_cap_is_dropped_and_the_ops_kept(tmp_path):
     [(pid_, path, size)] = _db_rows(db, "SELECT id, trace_path, trace_bytes FROM profiles")
     assert path is None and size > 0.0001 * 2**20
     assert _db_rows(db, "SELECT count(*) FROM profile_ops WHERE profile_id = ?", pid_)[0][0] > 5
+    assert not _db_rows(db, "SELECT 1 FROM profile_breakdowns")  # no trace kept, nothing to read
     assert not [p for p in runs.rglob("*") if p.is_file()]
 
 

@@ -63,6 +63,16 @@ def profile_ops(conn: sqlite3.Connection, profile_id: int, limit: int = 50) -> l
         (profile_id, limit)))
 
 
+def profile_breakdown(conn: sqlite3.Connection, profile_id: int) -> dict | None:
+    """A profile's trace analysis (one rank of `gpuwatch trace --format json`, with `advice`);
+    None when the profile has none (no trace kept, or stored before the analysis existed)."""
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'profile_breakdowns'").fetchone():
+        return None
+    row = conn.execute("SELECT breakdown_json FROM profile_breakdowns WHERE profile_id = ?",
+                       (profile_id,)).fetchone()
+    return None if row is None else json.loads(row[0])
+
+
 def stack_dumps(conn: sqlite3.Connection, run_id: str, limit: int = 10) -> list[StackDumpRow]:
     """A run's stack dumps, newest first."""
     return _build(StackDumpRow, conn.execute(

@@ -62,16 +62,19 @@ def headline(rank: dict) -> str:
     return "no GPU or CPU activity in the trace"
 
 
-def rank_lines(rank: dict, width: int = 80, top: int = 8) -> list[str]:
-    head = f"rank {rank['rank']}  "
-    room = width - len(head)
-    path = rank["file"] if len(rank["file"]) <= room else "…" + rank["file"][-(room - 1):]
-    lines = [head + path]
-    bar_w = max(10, width - 2)
+def shares_and_parts(rank: dict) -> tuple[dict, tuple]:
+    """What the bar shows: GPU time when the trace has GPU activity, else the CPU's step time."""
+    if rank.get("temporal"):
+        return rank["temporal"], GPU_PARTS
+    return rank.get("cpu") or {}, CPU_PARTS
+
+
+def detail_lines(rank: dict, width: int = 80, top: int = 8) -> list[str]:
+    """Below the bar: the idle's causes, overlap, kernel groups and top kernels (GPU traces), or
+    the top operators (CPU-only traces)."""
+    lines: list[str] = []
     t = rank.get("temporal")
     if t:
-        lines += [f"GPU time {_us(t['kernel_time_us'])} over {rank['steps_analysed']} steps",
-                  "[" + bar(t, GPU_PARTS, bar_w - 2) + "]", legend(t, GPU_PARTS)]
         i = rank["idle"]
         if i["idle_us"]:
             lines.append("idle: " + "  ".join(
@@ -80,7 +83,6 @@ def rank_lines(rank: dict, width: int = 80, top: int = 8) -> list[str]:
                  ("sync", "synchronise"), ("other", "other"))))
         if rank.get("overlap_pct") is not None:
             lines.append(f"comm/compute overlap {rank['overlap_pct']:.0f}%")
-        lines.append("")
         groups = "  ".join(f"{g['group']} {g['share_pct']:.0f}%" for g in rank["kernel_groups"]
                            if (g["share_pct"] or 0) >= 0.5)
         lines += _wrap("kernels: " + groups, width)
@@ -89,18 +91,29 @@ def rank_lines(rank: dict, width: int = 80, top: int = 8) -> list[str]:
         for k in rank["kernels"][:top]:
             lines.append(f"{_cut(k['name'], name_w):<{name_w}} {_cut(k['group'], 10):<10} "
                          f"{k['count']:>5} {_us(k['total_us']):>6} {k['share_pct']:>3.0f}")
-    c = rank.get("cpu")
-    if c and not t:
-        lines += [f"CPU time {_us(c['wall_us'])} over {rank['steps_analysed']} steps (no GPU "
-                  f"activity in the trace)",
-                  "[" + bar(c, CPU_PARTS, bar_w - 2) + "]", legend(c, CPU_PARTS)]
-    if rank.get("operators") and not t:
+    elif rank.get("operators"):
         name_w = width - 16
-        lines += ["", f"{'OPERATOR':<{name_w}} {'CALLS':>5} {'SELF':>8}"]
+        lines.append(f"{'OPERATOR':<{name_w}} {'CALLS':>5} {'SELF':>8}")
         for op in rank["operators"][:top]:
             lines.append(f"{_cut(op['name'], name_w):<{name_w}} {op['calls']:>5} "
                          f"{_us(op['self_us']):>8}")
     return lines
+
+
+def rank_lines(rank: dict, width: int = 80, top: int = 8) -> list[str]:
+    head = f"rank {rank['rank']}  "
+    room = width - len(head)
+    path = rank["file"] if len(rank["file"]) <= room else "…" + rank["file"][-(room - 1):]
+    lines = [head + path]
+    shares, parts = shares_and_parts(rank)
+    if rank.get("temporal"):
+        lines.append(f"GPU time {_us(shares['kernel_time_us'])} over {rank['steps_analysed']} steps")
+    elif shares:
+        lines.append(f"CPU time {_us(shares['wall_us'])} over {rank['steps_analysed']} steps "
+                     f"(no GPU activity in the trace)")
+    if shares:
+        lines += ["[" + bar(shares, parts, max(8, width - 2)) + "]", legend(shares, parts)]
+    return lines + detail_lines(rank, width, top)
 
 
 def _wrap(text: str, width: int) -> list[str]:
