@@ -272,3 +272,50 @@ def test_tui_profile_screen_sorts_top_ops_and_the_run_view_shows_stacks(tmp_path
             assert "4096        OOM    1.7 GiB  measured" in panel  # no measurement, the fit still shown
 
     asyncio.run(drive())
+
+
+def test_a_stored_breakdown_leads_profile_show_and_reaches_show_compare_report(tmp_path):
+    """A profile event with its trace breakdown: `profile --show` prints the bar and advice
+    before the operators; `show`, `compare` and `report` carry the headline figures."""
+    from gpuwatch.client.profiling import breakdown_of
+    from gpuwatch.store import open_rw
+    from gpuwatch.store.events import Peer, apply_events
+    from trace_gen import make_trace, write_trace
+
+    trace = write_trace(tmp_path / "t.json.gz", make_trace(loader_us=6000.0))
+    breakdown = breakdown_of(trace)
+    db = tmp_path / "gw.db"
+    conn = open_rw(db)
+    peer = Peer(os.getuid(), "me", os.getpid(), "embedded")
+    with conn:
+        outcome = apply_events(conn, [
+            {"id": "1", "kind": "run_start", "run_id": "r1", "ts_ms": 1000, "name": "slow-loader"},
+            {"id": "2", "kind": "profile", "run_id": "r1", "ts_ms": 2000, "trigger": "on_demand",
+             "first_step": 1, "steps": 4, "trace_path": str(trace), "trace_bytes": 1,
+             "ops": [{"name": "aten::mm", "calls": 3, "self_cpu_us": 10.0}],
+             "breakdown": breakdown},
+            {"id": "3", "kind": "run_start", "run_id": "r2", "ts_ms": 1000, "name": "plain"},
+            {"id": "4", "kind": "profile", "run_id": "r2", "ts_ms": 2000, "trigger": "scheduled",
+             "breakdown": {"gpu": True, "temporal": {"idle_pct": "lots"}}},  # refused, one line
+        ], peer)
+    conn.close()
+    assert [(i, msg) for i, _, msg in outcome.rejected] == [
+        ("4", "breakdown idle_pct: expected a finite number")]
+    idle = breakdown["temporal"]["idle_pct"]
+    assert idle > 10 and breakdown["idle"]["dataloader_pct"] > 50
+
+    out = CliRunner().invoke(main, ["profile", "r1", "--show", "--db", str(db)]).output
+    lines = out.splitlines()
+    bar = next(i for i, line in enumerate(lines) if line.startswith("[█"))
+    assert bar < next(i for i, line in enumerate(lines) if line.startswith("OPERATOR"))
+    assert "waiting for the data loader" in out and "advice:" in out
+    assert all(len(line) <= 80 for line in lines[2:])
+
+    show = CliRunner().invoke(main, ["show", "r1", "--db", str(db)]).output
+    assert f"profile   GPU idle {idle:.0f}%" in show and "data loader" in show
+    compare = CliRunner().invoke(main, ["compare", "r1", "r2", "--db", str(db)]).output
+    assert "GPU idle (profile)" in compare and f"{idle:.1f} %" in compare
+    report = CliRunner().invoke(main, ["report", "r1", "--db", str(db), "-o",
+                                       str(tmp_path / "r.html")])
+    assert report.exit_code == 0, report.output
+    assert f"{idle:.1f} %" in (tmp_path / "r.html").read_text()

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 from gpuwatch import fmt
 from gpuwatch.analysis.rundata import run_gpus, run_window
-from gpuwatch.store import queries
+from gpuwatch.store import profiles, queries
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,9 @@ class RunStats:
     mfu_mean: float | None
     gpu_util_pct: float | None  # mean over the run's GPUs of each GPU's average while it ran
     gpus: tuple[int, ...]
+    # from the newest profile's trace breakdown (gpuwatch/analysis/trace), when there is one
+    profile_idle_pct: float | None = None
+    profile_compute_pct: float | None = None
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:
@@ -59,9 +62,11 @@ def run_stats(conn: sqlite3.Connection, ref: str) -> RunStats:
     peaks = column(3) or column(4)  # CUDA allocator peak; a CPU-only run's is its RSS
     start, end = run_window(conn, run)
     gpus = run_gpus(conn, run)
+    temporal = (profiles.latest_breakdown(conn, run.run_id) or {}).get("temporal") or {}
     return RunStats(run.run_id, run.name, run.status, end - start, len(rows), dist(column(0)),
                     dist(column(1)), max(peaks) if peaks else None,
-                    sum(mfu) / len(mfu) if mfu else None, gpu_util(conn, gpus, start, end), tuple(gpus))
+                    sum(mfu) / len(mfu) if mfu else None, gpu_util(conn, gpus, start, end), tuple(gpus),
+                    temporal.get("idle_pct"), temporal.get("compute_pct"))
 
 
 def gpu_util(conn: sqlite3.Connection, gpus: Sequence[int], start_ms: int, end_ms: int) -> float | None:
@@ -104,6 +109,8 @@ ROWS = (
     Row("peak memory", lambda s: s.peak_mem_bytes, fmt.size, False),
     Row("MFU mean", lambda s: s.mfu_mean, fmt.percent, True),
     Row("GPU util", lambda s: s.gpu_util_pct, _pct, True),
+    Row("GPU idle (profile)", lambda s: s.profile_idle_pct, _pct, False),
+    Row("GPU compute (profile)", lambda s: s.profile_compute_pct, _pct, True),
     Row("duration", lambda s: s.duration_ms, fmt.duration, None),
     Row("steps", lambda s: s.steps, fmt.count, None),
 )

@@ -152,7 +152,8 @@ def _ranks(conn, run) -> list[tuple]:
         (run.run_id, run.job_id, run.run_id)).fetchall()
 
 
-def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int) -> str:
+def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int,
+              breakdown: dict | None = None) -> str:
     out = []
     add = out.append
     title = f"run {run.run_id}" + (f"  {run.name}" if run.name else "") + f"  [{run.status}]"
@@ -191,6 +192,10 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int) -> st
             f"   host RSS peak {fmt.size(rss)}")
     else:
         add("  steps     none recorded (not instrumented, or no step() yet)")
+    if breakdown:
+        from gpuwatch.analysis.trace.render import headline
+
+        add(f"  profile   {headline(breakdown)}")
 
     config = run.config or attached.get("config") or {}
     if config:
@@ -219,13 +224,13 @@ def show_cmd(run_ref, db) -> None:
 
     Example: gpuwatch show gpt-4k
     """
-    from gpuwatch.store import now_ms, open_ro, queries
+    from gpuwatch.store import now_ms, open_ro, profiles, queries
 
     conn = open_ro(reader_db_path(db))
     try:
         run = queries.run(conn, run_ref)
         text = show_text(run, queries.steps(conn, run.run_id), _attached(conn, run.run_id),
-                         _ranks(conn, run), now_ms())
+                         _ranks(conn, run), now_ms(), profiles.latest_breakdown(conn, run.run_id))
     finally:
         conn.close()
     click.echo(text)
