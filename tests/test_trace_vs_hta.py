@@ -109,3 +109,25 @@ def test_real_cpu_trace_agrees_with_hta(tmp_path, hta):
     # HTA's parsed trace has already left the last (cut short) step out, as we do
     assert [s["step"] for s in ours["steps"]] == [int(n.split("#")[1]) for n in steps["name_s"]]
     assert ours["cpu"]["wall_us"] == pytest.approx(steps["dur"].sum(), rel=0.01)
+
+
+def test_idle_time_matches_htas_idle_breakdown(scenario):
+    """On a one-stream rank, every gap between kernels is GPU idle time: HTA's idle time
+    breakdown (host wait + kernel wait + other) sums to our idle time, and what HTA calls host
+    wait (the next launch came after the GPU ran dry) is what we split into launch-bound, data
+    loader and synchronise, less the short gaps HTA calls kernel wait. With NCCL on a second
+    stream, the GPU is idle only where the compute stream is idle too."""
+    from trace_gen import COMPUTE_STREAM
+
+    ours, theirs = scenario
+    for r in ours["ranks"]:
+        df, _ = theirs.get_idle_time_breakdown(ranks=[r["rank"]], visualize=False)
+        compute = df[df["stream"] == COMPUTE_STREAM].groupby("idle_category")["idle_time"].sum()
+        i = r["idle"]
+        if r["overlap_pct"] is not None:
+            assert 0 < i["idle_us"] <= compute.sum() + 1
+            continue
+        assert i["idle_us"] == pytest.approx(compute.sum(), rel=0.01)
+        waited = i["host_wait_us"] + i["dataloader_us"] + i["sync_us"]
+        assert compute.get("host_wait", 0) <= waited + 1
+        assert waited <= compute.get("host_wait", 0) + compute.get("kernel_wait", 0) + 1
