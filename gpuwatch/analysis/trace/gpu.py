@@ -90,12 +90,16 @@ def kernels(rt: RankTrace, idx: list[int], top: int = 10) -> tuple[list[dict], l
     math = math_attention_flags(rt, idx)
     by_name: dict[int, list] = {}
     by_group: dict[str, list] = {}
+    named: dict[tuple[int, bool], str] = {}  # (name id, under math SDPA) -> group, worked out once
     total = 0.0
     for i in idx:
         dur = rt.gpu_end[i] - rt.gpu_ts[i]
         total += dur
         n = rt.gpu_name[i]
-        g = group(rt.names[n], i in math)
+        key = (n, i in math)
+        g = named.get(key)
+        if g is None:
+            g = named[key] = group(rt.names[n], key[1])
         row = by_name.setdefault(n, [0.0, 0, g])
         row[0] += dur
         row[1] += 1

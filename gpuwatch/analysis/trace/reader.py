@@ -24,7 +24,7 @@ from typing import Iterator
 
 _CHUNK = 1 << 20
 _DECODER = json.JSONDecoder()
-_WS = re.compile(r"[\s,]*")
+_SKIP = {True: re.compile(r"[ \t\r\n,]*"), False: re.compile(r"[ \t\r\n]*")}
 
 DATALOADER_RE = re.compile(r"enumerate\(DataLoader\)|DataLoaderIter.*__next__")
 SYNC_NAMES = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
@@ -80,6 +80,7 @@ class RankTrace:
     op_tid: array = field(default_factory=lambda: array("q"))
 
     _ids: dict = field(default_factory=dict, repr=False)
+    _roles: dict = field(default_factory=dict, repr=False)  # CPU event name -> role (see _role)
 
     def name_id(self, name: str) -> int:
         i = self._ids.get(name)
@@ -112,25 +113,23 @@ class _Stream:
         self.pos = 0
         return True
 
-    def skip(self, chars: str = " \t\r\n,") -> str:
-        """Skip `chars`; return the next character ("" at the end of the file)."""
+    def skip(self, commas: bool = True) -> str:
+        """Skip whitespace (and commas); return the next character ("" at the end of the file)."""
+        pattern = _SKIP[commas]
         while True:
-            buf, pos = self.buf, self.pos
-            while pos < len(buf) and buf[pos] in chars:
-                pos += 1
-            self.pos = pos
-            if pos < len(buf):
-                return buf[pos]
+            pos = self.pos = pattern.match(self.buf, self.pos).end()
+            if pos < len(self.buf):
+                return self.buf[pos]
             if not self._more():
                 return ""
 
     def take(self, ch: str) -> None:
-        if self.skip(" \t\r\n") != ch:
+        if self.skip(commas=False) != ch:
             raise json.JSONDecodeError(f"expected {ch!r}", self.buf, self.pos)
         self.pos += 1
 
     def value(self):
-        self.skip(" \t\r\n")
+        self.skip(commas=False)
         while True:
             try:
                 val, end = _DECODER.raw_decode(self.buf, self.pos)
@@ -232,23 +231,35 @@ def _add_event(rt: RankTrace, e: dict) -> None:
         return
     if corr >= 0:
         rt.launch_ts.setdefault(corr, ts)
-    if "ProfilerStep" in name:
+    role = rt._roles.get(name)
+    if role is None:
+        role = rt._roles[name] = _role(name)
+    if role == "step":
         rt.step_marks.append(ts)
         rt.step_names.add(name)
         m = STEP_RE.search(name)
         if m and cat != "gpu_user_annotation":
             rt.steps.append((int(m.group(1)), ts, end, _int(e.get("tid")) or 0))
         return
-    if name in SYNC_NAMES:
-        rt.sync.add(ts, end)
-    elif DATALOADER_RE.search(name):
-        rt.dataloader.add(ts, end)
-    elif OPTIMIZER_RE.search(name):
-        rt.optimizer.add(ts, end)
-    elif name == MATH_ATTENTION_OP:
-        rt.math_attention.add(ts, end)
+    if role != "op":
+        getattr(rt, role).add(ts, end)
     if cat == "cpu_op":
         rt.op_ts.append(ts)
         rt.op_end.append(end)
         rt.op_name.append(rt.name_id(name))
         rt.op_tid.append(_int(e.get("tid")) or 0)
+
+
+def _role(name: str) -> str:
+    """What a CPU event's name makes it: a step, one of RankTrace's span lists, or an operator."""
+    if "ProfilerStep" in name:
+        return "step"
+    if name in SYNC_NAMES:
+        return "sync"
+    if DATALOADER_RE.search(name):
+        return "dataloader"
+    if OPTIMIZER_RE.search(name):
+        return "optimizer"
+    if name == MATH_ATTENTION_OP:
+        return "math_attention"
+    return "op"
