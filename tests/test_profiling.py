@@ -315,6 +315,14 @@ def test_a_stored_breakdown_leads_profile_show_and_reaches_show_compare_report(t
     assert f"profile   GPU idle {idle:.0f}%" in show and "data loader" in show
     compare = CliRunner().invoke(main, ["compare", "r1", "r2", "--db", str(db)]).output
     assert "GPU idle (profile)" in compare and f"{idle:.1f} %" in compare
+    from gpuwatch.tui.source import profile_row
+
+    conn = open_ro(db)
+    try:  # what the TUI's Profile screen is handed
+        assert json.loads(profile_row(conn, "r1").breakdown_json)["temporal"]["idle_pct"] == idle
+        assert profile_row(conn, "r2") is None  # its refused profile left nothing half-stored
+    finally:
+        conn.close()
     report = CliRunner().invoke(main, ["report", "r1", "--db", str(db), "-o",
                                        str(tmp_path / "r.html")])
     assert report.exit_code == 0, report.output
