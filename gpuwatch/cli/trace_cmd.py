@@ -20,12 +20,21 @@ def trace_cmd(files, fmt_, width) -> None:
 
     Example: gpuwatch trace rank0.json.gz rank1.json.gz
     """
+    import os
+    import sys
+
+    from gpuwatch import fmt
     from gpuwatch.analysis.trace import TraceError, analyse_files
 
-    if fmt_ == "table" and len(files) > 1:
-        click.echo(f"reading {len(files)} traces…", err=True)
+    def progress(path) -> None:
+        try:
+            size = fmt.size(os.path.getsize(path))
+        except OSError:
+            return  # the reader says what is wrong with it
+        click.echo(f"reading {path} ({size})…", err=True)
+
     try:
-        result = analyse_files(list(files))
+        result = analyse_files(list(files), progress if sys.stderr.isatty() else None)
     except TraceError as e:
         raise click.ClickException(str(e)) from None
     if fmt_ == "json":

@@ -57,10 +57,15 @@ def slowest_rank(ranks: list[dict]) -> dict | None:
             "slower_pct": round(100 * (worst - med) / med, 1) if med else None}
 
 
-def analyse_files(paths: list[str | Path]) -> dict:
-    """Analyse one trace file per rank; rank from each trace's distributedInfo, else file order."""
+def analyse_files(paths: list[str | Path], progress=None) -> dict:
+    """Analyse one trace file per rank; rank from each trace's distributedInfo, else file order.
+
+    `progress(path)`, when given, is called as each file is started (the CLI's progress line).
+    """
     ranks = []
     for order, path in enumerate(paths):
+        if progress:
+            progress(path)
         rt = read_trace(path)
         ranks.append(analyse_rank(rt, rt.rank if rt.rank is not None else order))
     ranks.sort(key=lambda r: r["rank"])
