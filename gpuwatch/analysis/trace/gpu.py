@@ -9,7 +9,7 @@ Overlap is the share of (merged) communication time during which compute also ru
 from __future__ import annotations
 
 from gpuwatch.analysis.trace import intervals as iv
-from gpuwatch.analysis.trace.kinds import COMMUNICATION, COMPUTATION, MEMORY, group, kernel_type
+from gpuwatch.analysis.trace.kinds import COMMUNICATION, COMPUTATION, group, kernel_type
 from gpuwatch.analysis.trace.reader import RankTrace
 
 
@@ -137,10 +137,3 @@ def overlap_pct(rt: RankTrace, idx: list[int]) -> float | None:
         return None
     comp = iv.merge(_pairs(rt, idx, COMPUTATION, types))
     return round(100 * iv.intersect_total(comm, comp) / iv.total(comm), 2)
-
-
-def type_totals(rt: RankTrace, idx: list[int]) -> dict[str, float]:
-    """Merged time (µs) per HTA kernel type: COMPUTATION, COMMUNICATION, MEMORY."""
-    types = _types(rt)
-    return {t: iv.total(iv.merge(_pairs(rt, idx, t, types)))
-            for t in (COMPUTATION, COMMUNICATION, MEMORY)}

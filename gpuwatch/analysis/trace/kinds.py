@@ -26,9 +26,6 @@ def kernel_type(name: str) -> str:
     return OTHER
 
 
-GROUPS = ("gemm", "attention (flash/SDPA)", "attention (math)", "elementwise", "reduction",
-          "nccl", "memcpy", "memset", "other")
-
 _FLASH = re.compile(r"flash|fmha|efficient_attention|attention_kernel|_sdpa|cudnn.*attn|attn_fwd"
                     r"|attn_bwd", re.I)
 _GEMM = re.compile(r"gemm|cutlass|cublas|xmma|matmul|_mma|wgmma|sm\d\d_|ampere_|volta_|turing_"

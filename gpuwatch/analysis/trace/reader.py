@@ -60,7 +60,6 @@ class RankTrace:
     # GPU activity (events with a CUDA stream): one entry per kernel, memcpy or memset.
     gpu_ts: array = field(default_factory=lambda: array("d"))
     gpu_end: array = field(default_factory=lambda: array("d"))
-    gpu_stream: array = field(default_factory=lambda: array("q"))
     gpu_name: array = field(default_factory=lambda: array("l"))
     gpu_corr: array = field(default_factory=lambda: array("q"))
     # CPU side of each correlation id (the runtime launch): its start time.
@@ -225,7 +224,6 @@ def _add_event(rt: RankTrace, e: dict) -> None:
     if stream != -1:
         rt.gpu_ts.append(ts)
         rt.gpu_end.append(end)
-        rt.gpu_stream.append(stream)
         rt.gpu_name.append(rt.name_id(name))
         rt.gpu_corr.append(corr)
         return
