@@ -131,3 +131,30 @@ def test_idle_time_matches_htas_idle_breakdown(scenario):
         waited = i["host_wait_us"] + i["dataloader_us"] + i["sync_us"]
         assert compute.get("host_wait", 0) <= waited + 1
         assert waited <= compute.get("host_wait", 0) + compute.get("kernel_wait", 0) + 1
+
+
+KERNEL_NAMES = [
+    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+    "ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)", "Memcpy HtoD (Pageable -> Device)",
+    "Memcpy DtoD (Device -> Device)", "Memset (Device)", "dma_copy", "Stream Sync",
+    "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>",
+    "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits>",
+    "fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "triton_poi_fused_add_mul_0",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps>>",
+    "ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", "cudaMemcpyAsync_Memcpy",
+]
+
+
+def test_kernel_types_are_htas(hta):
+    from hta.utils.utils import get_kernel_type
+
+    from gpuwatch.analysis.trace.kinds import group, kernel_type
+
+    assert [kernel_type(n) for n in KERNEL_NAMES] == [get_kernel_type(n) for n in KERNEL_NAMES]
+    assert [group(n) for n in KERNEL_NAMES[:6]] == ["nccl", "nccl", "memcpy", "memcpy", "memset",
+                                                    "memcpy"]
+    assert [group(n) for n in KERNEL_NAMES[7:13]] == [
+        "gemm", "attention (flash/SDPA)", "attention (flash/SDPA)", "elementwise", "elementwise",
+        "reduction"]
+    assert group(KERNEL_NAMES[7], math_attention=True) == "attention (math)"
