@@ -158,3 +158,39 @@ def test_kernel_types_are_htas(hta):
         "gemm", "attention (flash/SDPA)", "attention (flash/SDPA)", "elementwise", "elementwise",
         "reduction"]
     assert group(KERNEL_NAMES[7], math_attention=True) == "attention (math)"
+
+
+@pytest.mark.slow
+def test_a_reference_workloads_profile_is_stored_with_htas_step_times(tmp_path, hta):
+    """workloads.gpt_train (CPU) with a scheduled profile window: the breakdown stored with the
+    profile reads the trace as HTA does (the same ProfilerSteps, the same step time)."""
+    import json
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root),
+           "GPUWATCH_DB": str(tmp_path / "gw.db"), "GPUWATCH_RUNS_DIR": str(tmp_path / "runs"),
+           "GPUWATCH_PROFILE_WAIT": "0", "GPUWATCH_PROFILE_WARMUP": "1",
+           "GPUWATCH_PROFILE_ACTIVE": "3", "GPUWATCH_PROFILE_REPEAT": "1"}
+    done = subprocess.run([sys.executable, "-m", "workloads.gpt_train", "--tiny", "--steps", "5",
+                           "--device", "cpu"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    conn = sqlite3.connect(tmp_path / "gw.db")
+    [(trace, stored)] = conn.execute("SELECT p.trace_path, b.breakdown_json FROM profiles p JOIN "
+                                     "profile_breakdowns b ON b.profile_id = p.id").fetchall()
+    conn.close()
+    stored = json.loads(stored)
+    assert stored["gpu"] is False and stored["cpu"]["operators_pct"] > 10
+    assert stored["cpu"]["optimizer_pct"] > 0
+
+    t = hta(trace_files={0: trace}, trace_dir=str(Path(trace).parent)).t
+    df = t.get_trace(0)
+    names = t.symbol_table.get_sym_table()
+    steps = df[df["name"].map(lambda i: names[i].startswith("ProfilerStep"))]
+    assert stored["steps_analysed"] == len(steps)
+    assert stored["cpu"]["wall_us"] == pytest.approx(steps["dur"].sum(), rel=0.01)
