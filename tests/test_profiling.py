@@ -159,6 +159,9 @@ def test_on_demand_profile_through_the_daemon_end_to_end(daemon, monkeypatch, tm
         result = CliRunner().invoke(main, ["profile", run_id, "--steps", "3", "--db", str(db), "--wait", "60"])
         assert result.exit_code == 0, result.output
         assert "on_demand" in result.output and "aten::addmm" in result.output
+        # the window's breakdown came with it: the CPU-side bar and advice before the operators
+        out = result.output
+        assert out.index("CPU time") < out.index("advice:") < out.index("OPERATOR")
     finally:
         trainer.kill()
         trainer.wait()

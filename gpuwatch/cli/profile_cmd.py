@@ -66,7 +66,8 @@ def breakdown_text(breakdown: dict | None, width: int = 80) -> list[str]:
         return []
     from gpuwatch.analysis.trace.render import advice_lines, rank_lines
 
-    lines = rank_lines(breakdown, width)[1:]  # the rank/file line repeats the heading
+    # without the rank/file line (the heading says it) and the operators (the table below)
+    lines = rank_lines(breakdown, width, operators=False)[1:]
     return lines + ["advice:"] + (advice_lines(breakdown.get("advice") or [], width)
                                   or ["  none: nothing stands out"]) + [""]
 

@@ -69,9 +69,9 @@ def shares_and_parts(rank: dict) -> tuple[dict, tuple]:
     return rank.get("cpu") or {}, CPU_PARTS
 
 
-def detail_lines(rank: dict, width: int = 80, top: int = 8) -> list[str]:
+def detail_lines(rank: dict, width: int = 80, top: int = 8, operators: bool = True) -> list[str]:
     """Below the bar: the idle's causes, overlap, kernel groups and top kernels (GPU traces), or
-    the top operators (CPU-only traces)."""
+    the top operators (CPU-only traces, unless a table of them follows anyway)."""
     lines: list[str] = []
     t = rank.get("temporal")
     if t:
@@ -91,7 +91,7 @@ def detail_lines(rank: dict, width: int = 80, top: int = 8) -> list[str]:
         for k in rank["kernels"][:top]:
             lines.append(f"{_cut(k['name'], name_w):<{name_w}} {_cut(k['group'], 10):<10} "
                          f"{k['count']:>5} {_us(k['total_us']):>6} {k['share_pct']:>3.0f}")
-    elif rank.get("operators"):
+    elif operators and rank.get("operators"):
         name_w = width - 16
         lines.append(f"{'OPERATOR':<{name_w}} {'CALLS':>5} {'SELF':>8}")
         for op in rank["operators"][:top]:
@@ -100,7 +100,7 @@ def detail_lines(rank: dict, width: int = 80, top: int = 8) -> list[str]:
     return lines
 
 
-def rank_lines(rank: dict, width: int = 80, top: int = 8) -> list[str]:
+def rank_lines(rank: dict, width: int = 80, top: int = 8, operators: bool = True) -> list[str]:
     head = f"rank {rank['rank']}  "
     room = width - len(head)
     path = rank["file"] if len(rank["file"]) <= room else "…" + rank["file"][-(room - 1):]
@@ -113,7 +113,7 @@ def rank_lines(rank: dict, width: int = 80, top: int = 8) -> list[str]:
                      f"(no GPU activity in the trace)")
     if shares:
         lines += ["[" + bar(shares, parts, max(8, width - 2)) + "]", legend(shares, parts)]
-    return lines + detail_lines(rank, width, top)
+    return lines + detail_lines(rank, width, top, operators)
 
 
 def _wrap(text: str, width: int) -> list[str]:
