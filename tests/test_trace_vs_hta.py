@@ -194,3 +194,38 @@ def test_a_reference_workloads_profile_is_stored_with_htas_step_times(tmp_path, 
     steps = df[df["name"].map(lambda i: names[i].startswith("ProfilerStep"))]
     assert stored["steps_analysed"] == len(steps)
     assert stored["cpu"]["wall_us"] == pytest.approx(steps["dur"].sum(), rel=0.01)
+
+
+@pytest.mark.slow
+def test_a_ddp_jobs_rank_traces_read_as_one_job(tmp_path, hta):
+    """workloads.ddp_train on two CPU ranks (gloo) under torchrun, a profile window each: the
+    traces, given in reverse order, come back ranked by their distributedInfo, each rank's step
+    time HTA's, and the slower rank named."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root),
+           "GPUWATCH_DB": str(tmp_path / "gw.db"), "GPUWATCH_RUNS_DIR": str(tmp_path / "runs"),
+           "GPUWATCH_PROFILE_WAIT": "0", "GPUWATCH_PROFILE_WARMUP": "1",
+           "GPUWATCH_PROFILE_ACTIVE": "3", "GPUWATCH_PROFILE_REPEAT": "1"}
+    torchrun = Path(os.sys.executable).parent / "torchrun"
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", "-m",
+                           "workloads.ddp_train", "--tiny", "--steps", "5", "--device", "cpu"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    files = sorted((tmp_path / "runs").rglob("*.json.gz"), key=lambda p: p.name, reverse=True)
+    assert [f.name[-13:] for f in files] == ["rank1.json.gz", "rank0.json.gz"]
+    res = analyse_files(files)
+    assert [(r["rank"], Path(r["file"]).name[-13:]) for r in res["ranks"]] == [
+        (0, "rank0.json.gz"), (1, "rank1.json.gz")]
+    t = hta(trace_files={r["rank"]: r["file"] for r in res["ranks"]},
+            trace_dir=str(tmp_path)).t
+    names = t.symbol_table.get_sym_table()
+    for r in res["ranks"]:
+        df = t.get_trace(r["rank"])
+        steps = df[df["name"].map(lambda i: names[i].startswith("ProfilerStep"))]
+        assert r["cpu"]["wall_us"] == pytest.approx(steps["dur"].sum(), rel=0.01)
+    slow = res["slowest"]
+    assert slow["rank"] == max(res["ranks"], key=lambda r: r["cpu"]["operators_us"])["rank"]

@@ -29,8 +29,8 @@ def advise(result: dict) -> list[str]:
     slow = result.get("slowest")
     if slow and slow["slower_pct"] is not None and slow["slower_pct"] >= _STRAGGLER:
         lines.append(f"rank {slow['rank']} computes {slow['slower_pct']:.0f} % longer than the "
-                     f"median rank, and the others wait for it in NCCL: check its GPU (clocks, "
-                     f"temperature, neighbours) and the size of its data shard")
+                     f"median rank, and the others wait for it in the collectives: check its GPU "
+                     f"(clocks, temperature, neighbours) and the size of its data shard")
     return lines
 
 

@@ -46,9 +46,11 @@ def slowest_rank(ranks: list[dict]) -> dict | None:
     """Across ranks of one job: the rank with the most compute, and how much more than the median.
 
     In a synchronous job every rank's step lasts as long as the slowest one's compute (the others
-    wait in NCCL), so compute time, not step time, names the straggler.
+    wait in NCCL), so compute time, not step time, names the straggler; on CPU-only traces, the
+    time in operators.
     """
-    timed = [(r["rank"], r["temporal"]["compute_us"]) for r in ranks if r.get("temporal")]
+    timed = [(r["rank"], r["temporal"]["compute_us"] if r.get("temporal")
+              else r["cpu"]["operators_us"]) for r in ranks if r.get("temporal") or r.get("cpu")]
     if len(timed) < 2:
         return None
     med = statistics.median(t for _, t in timed)
