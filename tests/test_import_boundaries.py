@@ -22,6 +22,9 @@ HEADLESS = [
     "gpuwatch.store",
     "gpuwatch.store.queries",
     "gpuwatch.store.maintenance",
+    "gpuwatch.store.energy",
+    "gpuwatch.analysis.loss",
+    "gpuwatch.cli.charts",
     "gpuwatch.protocol",
     "gpuwatch.client",
     "gpuwatch.integrations.autohook",  # loaded only once the program imported torch, but imports none itself

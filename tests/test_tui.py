@@ -73,17 +73,19 @@ def _detail(run_id: str, range_s: int | None) -> RunDetail | None:
     alloc = tuple((t, (30 + 10 * (k % 30) / 30) * GiB) for k, t in enumerate(ts))
     reserved = tuple((t, 45 * GiB) for t in ts)
     util = tuple((t, 90 + 8 * math.sin(k / 4)) for k, t in enumerate(ts))
+    loss = tuple((t, 2.1 + 6 * math.exp(-k / 25) + 0.05 * math.sin(k)) for k, t in enumerate(ts))
     return RunDetail(
         run=run, host="gpu-node-07", pid=3101, command="python train.py --seq 131072",
         job_id="job-17", end_state="" if run.status == "running" else f"{run.status}",
         ranks=(run, replace(run, run_id="r-llama-1", rank=1)),
         config=(("lr", "0.0003"), ("seq_len", "131072"), ("batch", "1")),
         charts=(Chart("tokens/s", (Series("tokens/s", "per_s", tps),)),
+                Chart("loss", (Series("loss", "loss", loss),)),
                 Chart("step time", (Series("step", "ms", step),)),
                 Chart("allocator memory", (Series("allocated", "bytes", alloc),
                                            Series("reserved", "bytes", reserved))),
                 Chart("GPU 0", (Series("util", "pct", util),))),
-        since_ms=since)
+        since_ms=since, energy_j=412_000.0, joules_per_token=0.31)
 
 
 _PROFILE: list[ProfileRow] = []
@@ -127,7 +129,7 @@ class FixedSource:
             return replace(base, gpus=_gpus() if self.gpus else (),
                            processes=_processes(self.child_pid))
         if view.kind == "runs":
-            return replace(base, runs=RUNS)
+            return replace(base, runs=RUNS, runs_total=10_002)
         if view.kind == "profile":
             return replace(base, profile=_profile(view.run_id))
         return replace(base, detail=_detail(view.run_id, view.range_s))

@@ -28,13 +28,17 @@ def compare_cmd(runs, as_json, color, db):
     """Compare RUNS side by side; changes are against the first run.
 
     Each RUN is a run id, a unique id prefix or a run name (the newest with that name).
-    Shown: tokens/s and step time (mean, p50, p90), peak CUDA memory, mean MFU, GPU
-    utilisation of the run's GPUs while it ran, duration, steps and end state.
+    Shown: the config keys (git commit, command) that differ; tokens/s and step time (mean,
+    p50, p90), peak CUDA memory, mean MFU, GPU utilisation of the run's GPUs while it ran;
+    final and best loss, and the loss at equal tokens seen (the shortest run's); energy (kWh,
+    J/token); duration, steps and end state; then the loss against tokens seen, as a chart.
     """
     from gpuwatch.analysis.compare import compare, table
+    from gpuwatch.analysis.loss import loss_curve
 
     with _open(db) as conn:
         stats = compare(conn, runs)
+        curves = [loss_curve(conn, s.run_id) for s in stats]
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(s) for s in stats], indent=1))
         return
@@ -51,6 +55,13 @@ def compare_cmd(runs, as_json, color, db):
             cells.append(padded)
         lines.append("  ".join(cells).rstrip())
     click.echo("\n".join(lines), color=colour)
+    if any(c.by_steps for c in curves):
+        from gpuwatch.cli.charts import loss_chart
+
+        by_tokens = all(c.tokens_known for c in curves if c.by_steps)
+        click.echo("")
+        click.echo(loss_chart([(s.name or s.run_id, c.axis(by_tokens)) for s, c in zip(stats, curves)],
+                              "tokens" if by_tokens else "steps", colour), color=colour)
 
 
 @click.command("export")

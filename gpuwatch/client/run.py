@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 from gpuwatch import config as config_mod
 from gpuwatch import paths
+from gpuwatch.clock import elapsed_end_ms
 from gpuwatch.client import flops, metadata, oom, profiling, torch_stats
 from gpuwatch.store import now_ms
 
@@ -154,8 +155,9 @@ class Run:
             self.event("attached", {"pid": os.getpid(), "name": name, "config": plain,
                                     "flops_per_token": fixed_flops, **fields})
         else:
-            self._send("run_start", name=name, config=plain, flops_per_token=fixed_flops,
-                       parent_run_id=parent_run_id, **fields)
+            self._started = (now_ms(), time.monotonic())  # the run's end is timed from here too
+            self._send("run_start", ts_ms=self._started[0], name=name, config=plain,
+                       flops_per_token=fixed_flops, parent_run_id=parent_run_id, **fields)
             self._install_signal_handlers()
         self._saved_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -248,10 +250,14 @@ class Run:
             total_ms = ttft_ms + sum(itl)
         self._gen += 1
         prompt_tokens, new_tokens = _whole(prompt_tokens), _whole(new_tokens)
+        # The peak so far, as step() records it: a decode-only run has no steps to carry it.
+        torch = torch_stats.cuda_torch()
+        peak = torch_stats.cuda_memory(torch)[2] if torch is not None else None
         self._send("generation", gen_id=self._gen, prompt_tokens=prompt_tokens,
                    new_tokens=new_tokens, ttft_ms=ttft_ms, itl_p50_ms=_percentile(itl, 50),
                    itl_p90_ms=_percentile(itl, 90),
-                   tokens_per_s=new_tokens / (total_ms / 1000.0) if new_tokens and total_ms else None)
+                   tokens_per_s=new_tokens / (total_ms / 1000.0) if new_tokens and total_ms else None,
+                   mem_peak_bytes=peak, rss_bytes=self._rss.read())
 
     def generate(self, prompt_tokens: int | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> Generation:
@@ -322,7 +328,8 @@ class Run:
             self.event("child_end", {"status": status, **fields})
             self._leave_end_state(status, fields)
         else:
-            self._send("run_end", status=status, **fields)
+            self._send("run_end", ts_ms=elapsed_end_ms(*self._started, now_ms(), time.monotonic()),
+                       status=status, **fields)
         if not self._transport.flush(END_FLUSH_TIMEOUT_S):
             log.warning("gpuwatch: run %s: some events were not confirmed before exit", self.run_id)
         self._transport.close()

@@ -228,7 +228,7 @@ EVENT_KINDS: dict[str, dict[str, Spec]] = {
         "gen_id": integer(0, required=True),
         "prompt_tokens": integer(0), "new_tokens": integer(0),
         "ttft_ms": number(0), "itl_p50_ms": number(0), "itl_p90_ms": number(0),
-        "tokens_per_s": number(0),
+        "tokens_per_s": number(0), "mem_peak_bytes": integer(0), "rss_bytes": integer(0),
     },
     "memory_stats": {
         "step": integer(0, required=True), "device": integer(0),

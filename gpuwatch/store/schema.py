@@ -2,9 +2,9 @@
 
 Conventions: timestamps are integer milliseconds since the Unix epoch in `*_ms` columns;
 sizes are bytes (`*_bytes`); units live in column names. Sample tables are WITHOUT ROWID
-with a (key, ts_ms) primary key so a sample costs little more than its values; from version 2
-the raw GPU, GPU-process and host samples are views over plain and packed tables
-(store/packed.py).
+with a (key, ts_ms) primary key so a sample costs little more than its values and a time
+range of one key is a seek. For a while the raw GPU, GPU-process and host samples were views
+over plain and packed tables (store/packed.py); they are plain tables again.
 """
 
 from __future__ import annotations
@@ -345,6 +345,30 @@ def _quarter_hour_tiers() -> str:
 # rollups every 15 minutes instead of every minute (rollups at ~1 % of the packed raw tier).
 _COMPACT_SAMPLES = packed.migration_sql() + "\n" + _quarter_hour_tiers()
 
+
+def _plain_raw_samples() -> str:
+    """The packed raw tier back into plain tables: each view's rows (its plain rows and every
+    bucket decoded) go into its `_recent` table, which takes the view's name again. A
+    hand-written time filter seeks the primary key again, where through the view it decoded
+    every bucket (36-50x slower)."""
+    out = []
+    for t in packed.TABLES.values():
+        out += [f"INSERT OR IGNORE INTO {t.recent} SELECT * FROM {t.name};",
+                f"DROP VIEW {t.name};",  # and its INSTEAD OF trigger with it
+                f"DROP TABLE {t.packed};",
+                f"ALTER TABLE {t.recent} RENAME TO {t.name};",
+                f"DELETE FROM rollup_state WHERE tier = '{t.packed}';"]
+    return "\n".join(out + ["DROP TABLE sample_slots;"])
+
+
+_PLAIN_RAW_SAMPLES = _plain_raw_samples()
+
+# A generation records the run's peak memory so far, as a step does: a decode-only run has no steps.
+_GENERATION_MEMORY = """
+ALTER TABLE generations ADD COLUMN mem_peak_bytes INTEGER;   -- CUDA allocator peak so far
+ALTER TABLE generations ADD COLUMN rss_bytes INTEGER;        -- host RSS at the generation's end
+"""
+
 # The trace analysis of each profile (gpuwatch/analysis/trace): headline figures as columns for
 # queries, the whole breakdown (one rank of `gpuwatch trace --format json`) as JSON for screens.
 _PROFILE_BREAKDOWNS = """
@@ -364,5 +388,6 @@ CREATE TABLE profile_breakdowns (
 """
 
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
-MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PROFILE_BREAKDOWNS]
+MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
+                         _GENERATION_MEMORY, _PROFILE_BREAKDOWNS]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from gpuwatch import fmt
+from gpuwatch.clock import run_duration_ms as _run_duration_ms
 from gpuwatch.tui.snapshot import GpuRow, HostRow, MigRow, RunRow, Snapshot
 
 NARROW = 100  # below this many columns, drop the less essential columns
@@ -142,4 +143,4 @@ def status_text(status: str) -> Text:
 
 
 def run_duration_ms(run: RunRow, now_ms: int) -> int:
-    return (run.ended_ms or now_ms) - run.started_ms
+    return _run_duration_ms(run.started_ms, run.ended_ms, now_ms)

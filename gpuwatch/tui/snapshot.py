@@ -128,7 +128,7 @@ class RunRow:
 
 @dataclass(frozen=True)
 class Series:
-    """One line of a chart; `unit` picks the axis format: bytes | pct | per_s | ms."""
+    """One line of a chart; `unit` picks the axis format: bytes | pct | per_s | ms | loss."""
 
     label: str
     unit: str
@@ -196,6 +196,9 @@ class RunDetail:
     since_ms: int = 0                      # start of the time range shown
     stacks: StacksRow | None = None        # the newest stack dump (a stall's or on demand)
     profiles: int = 0                      # how many profiles the run has (key p shows the newest)
+    energy_j: float | None = None          # its share of its GPUs' energy (store/energy.py)
+    energy_complete: bool = True           # False: older raw samples had expired ("≥")
+    joules_per_token: float | None = None
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,7 @@ class Snapshot:
     host: HostRow | None = None
     processes: tuple[ProcessRow, ...] = ()
     runs: tuple[RunRow, ...] = ()
+    runs_total: int | None = None          # view "runs": every run in the database (runs: the newest)
     detail: RunDetail | None = None
     postmortems: tuple[OomRow, ...] = ()  # view "oom": the run's OOM postmortems
     profile: ProfileRow | None = None      # view "profile": the run's newest profile
