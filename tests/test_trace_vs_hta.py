@@ -215,7 +215,7 @@ def test_a_ddp_jobs_rank_traces_read_as_one_job(tmp_path, hta):
                            "workloads.ddp_train", "--tiny", "--steps", "5", "--device", "cpu"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
-    files = sorted((tmp_path / "runs").rglob("*.json.gz"), key=lambda p: p.name, reverse=True)
+    files = sorted((tmp_path / "runs").rglob("*.json.gz"), key=lambda p: p.name[-13:], reverse=True)
     assert [f.name[-13:] for f in files] == ["rank1.json.gz", "rank0.json.gz"]
     res = analyse_files(files)
     assert [(r["rank"], Path(r["file"]).name[-13:]) for r in res["ranks"]] == [
