@@ -69,10 +69,15 @@ def test_gzip_and_plain_give_the_same_breakdown(tmp_path):
 
 
 def test_per_step_figures_cover_every_step_with_gpu_work(tmp_path):
-    r = _one(tmp_path, steps=5)["ranks"][0]
+    r = _one(tmp_path, steps=5, loader_us=5000.0)["ranks"][0]
     assert [s["step"] for s in r["steps"]] == [0, 1, 2, 3, 4]
     assert r["steps_analysed"] == 4  # the last step is left out of the totals, as HTA does
     assert all(0 <= s["idle_pct"] <= 100 for s in r["steps"])
+    # the GPU idles while the next batch loads: that wait is the later step's, not lost between
+    later = r["steps"][1:]
+    assert all(s["idle_pct"] > 10 and s["idle_dataloader_pct"] > 50 for s in later)
+    busy = sum(s["kernel_time_us"] for s in r["steps"][:4])
+    assert busy == pytest.approx(r["temporal"]["kernel_time_us"], rel=0.01)
 
 
 def test_reader_streams_keys_in_any_order_and_split_across_chunks(tmp_path, monkeypatch):
@@ -134,7 +139,7 @@ def test_trace_command_table_fits_80_columns_and_leads_with_the_bar(tmp_path):
     assert all(len(line) <= 80 for line in lines)
     assert lines[0].startswith("rank 0") and lines[2].startswith("[█")
     assert "data loader" in out.stdout and "advice:" in out.stdout
-    assert "KERNEL" in out.stdout and "slowest rank" in out.stdout
+    assert "KERNEL" in out.stdout and "slowest rank" in out.stdout and "IDLE WAITS ON" in out.stdout
 
 
 def test_trace_command_json_shape(tmp_path):

@@ -23,8 +23,7 @@ def analyse_rank(rt: RankTrace, rank: int) -> dict:
             temporal=gpu.temporal(rt, idx), idle=gpu.idle(rt, idx), kernels=top,
             kernel_groups=groups, overlap_pct=gpu.overlap_pct(rt, idx),
             memcpy_us=gpu.memcpy_by_direction(rt, idx))
-        steps = window.by_step(rt, list(range(len(rt.gpu_ts))))
-        out["steps"] = [{"step": n, **_step_figures(rt, ix)} for n, ix in sorted(steps.items())]
+        out["steps"] = _steps(rt, window.by_step(rt, list(range(len(rt.gpu_ts)))))
     else:
         out.update(temporal=None, idle=None, kernels=[], kernel_groups=[], overlap_pct=None,
                    steps=[{"step": s["step"], "cpu": s} for s in cpu_steps])
@@ -33,9 +32,19 @@ def analyse_rank(rt: RankTrace, rank: int) -> dict:
     return out
 
 
-def _step_figures(rt: RankTrace, idx: list[int]) -> dict:
-    t = gpu.temporal(rt, idx)
-    i = gpu.idle(rt, idx)
+def _steps(rt: RankTrace, steps: dict[int, list[int]]) -> list[dict]:
+    """Per step, from the previous step's last GPU event to this one's last: the GPU idle while
+    the next batch loads belongs to the step that waited for it."""
+    out, start = [], None
+    for n, idx in sorted(steps.items(), key=lambda kv: min(rt.gpu_ts[i] for i in kv[1])):
+        out.append({"step": n, **_step_figures(rt, idx, start)})
+        start = max(rt.gpu_end[i] for i in idx)
+    return sorted(out, key=lambda s: s["step"])
+
+
+def _step_figures(rt: RankTrace, idx: list[int], start: float | None) -> dict:
+    t = gpu.temporal(rt, idx, start)
+    i = gpu.idle(rt, idx, start)
     return {"idle_pct": t["idle_pct"], "compute_pct": t["compute_pct"],
             "non_compute_pct": t["non_compute_pct"], "kernel_time_us": t["kernel_time_us"],
             "idle_dataloader_pct": i["dataloader_pct"], "idle_host_wait_pct": i["host_wait_pct"],

@@ -23,13 +23,18 @@ def _types(rt: RankTrace) -> list[str]:
     return [kernel_type(n) for n in rt.names]
 
 
-def temporal(rt: RankTrace, idx: list[int]) -> dict:
-    """Idle / compute / non-compute time (µs and % of kernel time), HTA's temporal breakdown."""
+def temporal(rt: RankTrace, idx: list[int], start: float | None = None) -> dict:
+    """Idle / compute / non-compute time (µs and % of kernel time), HTA's temporal breakdown.
+
+    `start`: count from there instead of the first event (a step's share of the idle before its
+    first kernel: from the previous step's last GPU event).
+    """
     merged = iv.merge(_pairs(rt, idx))
     if not merged:
         return {"kernel_time_us": 0, "idle_us": 0, "compute_us": 0, "non_compute_us": 0,
                 "idle_pct": None, "compute_pct": None, "non_compute_pct": None}
-    kernel_time = merged[-1][1] - merged[0][0]
+    first = merged[0][0] if start is None else min(start, merged[0][0])
+    kernel_time = merged[-1][1] - first
     idle = kernel_time - iv.total(merged)
     compute = iv.total(iv.merge(_pairs(rt, idx, COMPUTATION, _types(rt))))
     non_compute = kernel_time - compute - idle
@@ -39,19 +44,20 @@ def temporal(rt: RankTrace, idx: list[int]) -> dict:
             "non_compute_pct": pct(non_compute)}
 
 
-def idle(rt: RankTrace, idx: list[int]) -> dict:
+def idle(rt: RankTrace, idx: list[int], start: float | None = None) -> dict:
     """The GPU's idle gaps (between merged activity) attributed to what the CPU was doing.
 
     In order of precedence: a synchronise call (cudaStreamSynchronize, cudaDeviceSynchronize,
     `.item()`) covering the gap; the data loader's `__next__` covering it; host wait when the
     next kernel had not been launched yet when the GPU ran dry (launch-bound, HTA's host wait);
-    other (launched in time, yet waiting: events, dependencies between streams).
+    other (launched in time, yet waiting: events, dependencies between streams). `start` as
+    for temporal().
     """
     order = sorted(idx, key=lambda i: rt.gpu_ts[i])
     sync = iv.merge(rt.sync.pairs())
     loader = iv.subtract(iv.merge(rt.dataloader.pairs()), sync)
     out = {"host_wait_us": 0.0, "dataloader_us": 0.0, "sync_us": 0.0, "other_us": 0.0}
-    busy_end = None
+    busy_end = start
     for i in order:
         ts = rt.gpu_ts[i]
         if busy_end is not None and ts > busy_end:

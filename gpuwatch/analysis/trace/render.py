@@ -116,6 +116,33 @@ def rank_lines(rank: dict, width: int = 80, top: int = 8, operators: bool = True
     return lines + detail_lines(rank, width, top, operators)
 
 
+def step_lines(rank: dict, most: int = 8) -> list[str]:
+    """Per ProfilerStep: the same split, to spot the odd step (first `most`; all in JSON)."""
+    steps = rank.get("steps") or []
+    if not steps:
+        return []
+    if rank.get("temporal"):
+        out = [f"{'STEP':>6} {'GPU TIME':>9} {'IDLE':>5} {'COMPUTE':>8} {'COMM/MEM':>8}  IDLE WAITS ON"]
+        for s in steps[:most]:
+            causes = [(s[f"idle_{k}_pct"] or 0, label) for k, label in
+                      (("dataloader", "data loader"), ("host_wait", "launch"),
+                       ("sync", "synchronise"))]
+            top = max(causes)
+            out.append(f"{s['step']:>6} {_us(s['kernel_time_us']):>9} {s['idle_pct'] or 0:>4.0f}% "
+                       f"{s['compute_pct'] or 0:>7.0f}% {s['non_compute_pct'] or 0:>7.0f}%  "
+                       + (f"{top[1]} {top[0]:.0f}%" if top[0] else "-"))
+    else:
+        out = [f"{'STEP':>6} {'WALL':>9} {'OPERATORS':>9} {'LOADER':>7} {'OPTIM':>6} {'OTHER':>6}"]
+        for s in steps[:most]:
+            c = s["cpu"]
+            out.append(f"{s['step']:>6} {_us(c['wall_us']):>9} {c['operators_pct'] or 0:>8.0f}% "
+                       f"{c['dataloader_pct'] or 0:>6.0f}% {c['optimizer_pct'] or 0:>5.0f}% "
+                       f"{c['other_pct'] or 0:>5.0f}%")
+    if len(steps) > most:
+        out.append(f"{'':>6} … {len(steps) - most} more steps (--format json)")
+    return out
+
+
 def _wrap(text: str, width: int) -> list[str]:
     out, line = [], ""
     for word in text.split("  "):
@@ -143,7 +170,7 @@ def advice_lines(advice: list[str], width: int = 80) -> list[str]:
 def table(result: dict, width: int = 80) -> str:
     lines: list[str] = []
     for r in result["ranks"]:
-        lines += rank_lines(r, width) + [""]
+        lines += rank_lines(r, width) + [""] + step_lines(r) + [""]
     slow = result.get("slowest")
     if slow and slow["slower_pct"] is not None:
         lines.append(f"slowest rank: {slow['rank']}, compute {slow['slower_pct']:+.0f}% vs the "
