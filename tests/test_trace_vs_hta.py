@@ -8,6 +8,7 @@ of a tiny model on the CPU. HTA is imported once per module: it is slow to impor
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 
@@ -229,3 +230,43 @@ def test_a_ddp_jobs_rank_traces_read_as_one_job(tmp_path, hta):
         assert r["cpu"]["wall_us"] == pytest.approx(steps["dur"].sum(), rel=0.01)
     slow = res["slowest"]
     assert slow["rank"] == max(res["ranks"], key=lambda r: r["cpu"]["operators_us"])["rank"]
+
+
+@pytest.mark.gpu
+def test_a_real_cuda_trace_agrees_with_hta(tmp_path, hta):
+    """On a GPU: a torch.profiler CUDA trace of a small attention model (GEMMs, SDPA, copies,
+    a DataLoader, .item()) through both; temporal within 1 point, kernel totals within 1 %."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    dev = "cuda"
+    layer = torch.nn.TransformerEncoderLayer(256, 8, 1024, batch_first=True).to(dev)
+    opt = torch.optim.AdamW(layer.parameters())
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 128, 256)),
+                                       batch_size=8)
+    path = tmp_path / "cuda_trace.json"
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 schedule=schedule(wait=1, warmup=1, active=4),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for (x,) in data:
+            loss = layer(x.to(dev, non_blocking=True)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()
+            prof.step()
+    res = analyse_files([path])
+    ours = res["ranks"][0]
+    assert ours["gpu"] and ours["kernels"]
+    ta = hta(trace_files={0: str(path)}, trace_dir=str(tmp_path))
+    row = ta.get_temporal_breakdown(visualize=False).set_index("rank").loc[0]
+    t = ours["temporal"]
+    assert abs(t["idle_pct"] - row["idle_time_pctg"]) <= 1.0
+    assert abs(t["compute_pct"] - row["compute_time_pctg"]) <= 1.0
+    assert abs(t["non_compute_pct"] - row["non_compute_time_pctg"]) <= 1.0
+    _, kernels = ta.get_gpu_kernel_breakdown(visualize=False, num_kernels=10_000,
+                                             duration_ratio=1.0, include_memory_kernels=True)
+    sums = kernels.set_index("name")["sum (us)"]
+    for k in ours["kernels"]:
+        assert k["total_us"] == pytest.approx(sums[k["name"]], rel=0.01), k["name"]
+    print(json.dumps({"temporal": t, "idle": ours["idle"], "advice": res["advice"]}, indent=1))
