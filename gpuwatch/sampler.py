@@ -16,6 +16,8 @@ What is written, and how often (storage is most of what a monitor costs):
   cfg.process_interval (new pids at once). `kind` is NULL for 'compute', the usual case.
 - mig_samples (MIG devices' newest memory and utilisation) with the process samples, and at
   once when the set of MIG devices changes; mig_devices rows when one is new, and once a minute.
+- gpu_prof_samples (GPM: SM activity and occupancy, tensor and DRAM activity) every GPU tick,
+  for the GPUs that have GPM (Hopper and later), over the interval since the previous tick.
 - daemon_stats (the monitor's own cost) every DAEMON_STATS_INTERVAL_MS, CPU % over that window.
 
 Every write is submitted without blocking: when the writer's queue is full the rows are
@@ -212,7 +214,10 @@ class Sampler:
     def _gpu_writes(self, ts: int) -> list[Job]:
         samples, proc_samples = self.nvml.sample(ts)
         mig_samples = self.nvml.sample_mig(ts)
+        prof_samples = self.nvml.sample_gpm(ts)
         writes: list[Job] = []
+        if prof_samples:
+            writes.append(_inserter("gpu_prof_samples", prof_samples))
         self._write_gpus(ts, samples, writes)
         if samples:
             writes.append(_inserter("gpu_samples", samples, keep_on_clash=True))

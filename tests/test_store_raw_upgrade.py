@@ -142,7 +142,7 @@ def test_the_readmes_queries_return_the_same_rows_after_the_upgrade(upgraded_and
     # The queries look back from now; these samples end at END, on GPUs 0 and 1.
     block = block.replace("unixepoch()", str(END // 1000)).replace("gpu_index = 3", "gpu_index = 1")
     statements = [q for q in block.split(";") if q.strip()]
-    assert len(statements) == 5
+    assert len(statements) >= 5
     for sql in statements:
         assert conn.execute(sql).fetchall() == fresh.execute(sql).fetchall()
     who_used = next(q for q in statements if "gpu_process_samples" in q)

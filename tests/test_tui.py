@@ -34,7 +34,10 @@ def _gpus() -> tuple[GpuRow, ...]:
             util_history=tuple(50 + 45 * math.sin((t + i * 7) / 6) for t in range(60)),
             mem_used_bytes=[70, 8, 0, 40][i] * GiB, mem_total_bytes=80 * GiB, temp_c=[78, 45, 31, 60][i],
             power_mw=[690_000, 120_000, 70_000, 400_000][i], power_limit_mw=700_000,
-            throttle_reasons=[0x4 | 0x40, 0, 0x1, 0][i], ecc_uncorrected=[0, 0, 0, 2][i]))
+            throttle_reasons=[0x4 | 0x40, 0, 0x1, 0][i], ecc_uncorrected=[0, 0, 0, 2][i],
+            # GPM on GPUs 0 and 3 only: the others show "n/a"
+            sm_active_pct=[81.0, None, None, 44.5][i], tensor_active_pct=[62.0, None, None, 0.0][i],
+            dram_active_pct=[35.0, None, None, 12.0][i], sm_occupancy_pct=[40.0, None, None, 20.0][i]))
     rows.append(GpuRow(index=4, name="NVIDIA H100 80GB HBM3", state="lost"))
     return tuple(rows)
 

@@ -66,20 +66,44 @@ def compare_cmd(runs, as_json, color, db):
 
 @click.command("export")
 @click.argument("run")
-@click.option("--format", "fmt", type=click.Choice(["csv", "json", "parquet"]), default="csv",
-              show_default=True, help="json: one document; csv/parquet: one file per table.")
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["csv", "json", "parquet", "sqlite"]), default="csv",
+              show_default=True, help="json: one document; csv/parquet: one file per table; "
+                                      "sqlite: one self-contained database file.")
 @click.option("-o", "--output", type=click.Path(), default=None,
-              help="json: a file ('-' or none: stdout). csv/parquet: a directory (default: ./RUN_ID-export).")
+              help="json: a file ('-' or none: stdout). csv/parquet: a directory (default: "
+                   "./RUN_ID-export). sqlite: a new file (default: ./RUN_ID.db). Or give it as FILE.")
 @db_option
 @friendly_errors
-def export_cmd(run, fmt, output, db):
+def export_cmd(run, file, fmt, output, db):
     """Export RUN's row, steps, its GPUs' samples over its lifetime and its events.
+
+    --format sqlite writes one SQLite file with the whole schema holding this run alone: also its
+    generations, memory stats, OOM postmortems, profiles and their operators, stack dumps and
+    notes; open it with any SQLite tool or `gpuwatch show --db FILE RUN`.
 
     Parquet needs pyarrow (pip install pyarrow). GPU samples are the raw samples still kept
     (raw_retention_hours); older parts of a long run survive only as rollups.
+
+    Example: gpuwatch export gpt-4k --format sqlite gpt-4k.db
     """
     from gpuwatch.analysis.export import ExportError, run_tables, write_files, write_json
 
+    if file and output:
+        raise click.UsageError("give the output as FILE or as -o, not both")
+    output = output or file
+    if fmt == "sqlite":
+        from gpuwatch.analysis.runfile import write_run_file
+        from gpuwatch.store import queries
+
+        with _open(db) as conn:
+            target = Path(output or f"{queries.run(conn, run).run_id}.db")
+            try:
+                counts = write_run_file(conn, run, target)
+            except ExportError as e:
+                raise click.ClickException(str(e)) from None
+        click.echo(f"wrote {target}: " + ", ".join(f"{n} {t}" for t, n in counts.items() if n), err=True)
+        return
     with _open(db) as conn:
         tables = run_tables(conn, run)
         if fmt == "json":

@@ -82,30 +82,36 @@ _DATA_FIELDS = ("run_id", "name", "user", "uid", "host", "pid", "status", "start
 @click.option("--user", help="Only this user's runs.")
 @click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
 @click.option("--since", help="Runs active since: 2h, 1d, 30m, or an ISO time.")
+@click.option("--search", metavar="TEXT",
+              help="Only runs whose name, command, config, git commit, cwd or notes hold every "
+                   "word of TEXT (full-text search; a word matches as a prefix): lr=3e-4, a3f9c2.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
               help="At most this many runs, newest first.")
 @click.option("--format", "fmt_", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True, help="Output format; csv and json give raw values for scripts.")
 @db_option
 @friendly_errors
-def runs_cmd(user, status, since, limit, fmt_, db) -> None:
+def runs_cmd(user, status, since, search, limit, fmt_, db) -> None:
     """List runs, newest first: status, duration, tokens/s (average and last), peak memory, OOM.
 
-    Example: gpuwatch runs --status oom --since 1d
+    Example: gpuwatch runs --status oom --since 1d; gpuwatch runs --search "lr=3e-4 gpt"
     """
     from gpuwatch.store import now_ms, open_ro, queries
 
     now = now_ms()
     since_ms = parse_since(since, now) if since else None
+    if search is not None and not search.strip():
+        raise click.BadParameter("give at least one word to search for", param_hint="--search")
     conn = open_ro(reader_db_path(db))
     try:
-        summaries = queries.runs(conn, user=user, status=status, since_ms=since_ms, limit=limit)
+        summaries = queries.runs(conn, user=user, status=status, since_ms=since_ms, limit=limit,
+                                 search=search)
     finally:
         conn.close()
     if fmt_ != "table":
         echo_data(list(_DATA_FIELDS), [[getattr(r, f) for f in _DATA_FIELDS] for r in summaries], fmt_)
     elif not summaries:
-        click.echo("no runs match" if (user or status or since) else "no runs recorded yet")
+        click.echo("no runs match" if (user or status or since or search) else "no runs recorded yet")
     else:
         click.echo(runs_table(summaries, now, fit=on_terminal()))
 
@@ -176,7 +182,7 @@ def loss_lines(run_id: str, steps, colour: bool) -> list[str]:
 
 
 def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energy=None,
-              energy_tokens: int | None = None, colour: bool = False,
+              energy_tokens: int | None = None, colour: bool = False, notes=(),
               breakdown: dict | None = None) -> str:
     out = []
     add = out.append
@@ -208,6 +214,12 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energ
         if known:
             add(f"  tokens/s  {fmt.sparkline(rates, width=SPARK_WIDTH)}  "
                 f"{fmt.count(min(known))}..{fmt.count(max(known))}")
+        waits = [s.data_wait_pct for s in steps]
+        known_waits = [w for w in waits if w is not None]
+        if known_waits:
+            add(f"  data wait {fmt.sparkline(waits, width=SPARK_WIDTH, lo=0, hi=100)}  "
+                f"avg {sum(known_waits) / len(known_waits):.0f}% of each step, "
+                f"last {known_waits[-1]:.0f}%  (waiting for the batch before compute)")
         gpu_peak = max((s.mem_peak_bytes for s in steps if s.mem_peak_bytes is not None), default=None)
         reserved = max((s.mem_reserved_bytes for s in steps if s.mem_reserved_bytes is not None), default=None)
         rss = max((s.rss_bytes for s in steps if s.rss_bytes is not None), default=None)
@@ -236,6 +248,11 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energ
         for run_id, rank, local_rank, status, host in ranks:
             add(f"  {run_id}  rank {'-' if rank is None else rank}"
                 f" (local {'-' if local_rank is None else local_rank})  {status}  {host or '-'}")
+    if notes:
+        add("")
+        add("notes")
+        for note in notes:
+            add(f"  {fmt.local_time(note.ts_ms)}  {note.user or note.uid}: {note.text}")
     return "\n".join(out)
 
 
@@ -245,7 +262,7 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energ
 @friendly_errors
 def show_cmd(run_ref, db) -> None:
     """Show one run: summary, end state, tokens/s sparkline, memory peaks, energy (kWh, J/token),
-    final and best loss with a chart of loss against tokens seen, config, ranks.
+    final and best loss with a chart of loss against tokens seen, config, ranks, notes.
 
     RUN is a run id, a unique id prefix, or a run name (the newest run with that name).
 
@@ -264,6 +281,7 @@ def show_cmd(run_ref, db) -> None:
         tokens = energy and queries.run_tokens(conn, run.run_id, energy.from_ms, end)
         text = show_text(run, queries.steps(conn, run.run_id), _attached(conn, run.run_id),
                          _ranks(conn, run), now_ms(), energy=energy, energy_tokens=tokens, colour=colour,
+                         notes=queries.notes(conn, run.run_id),
                          breakdown=profiles.latest_breakdown(conn, run.run_id))
     finally:
         conn.close()

@@ -66,6 +66,19 @@ MIG_FIELDS = (
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_util_pct", 1),
 )
 _COMPUTE_SHARE = re.compile(r"^\d+c\.")  # "1c.3g.40gb": a compute instance's share of 3g.40gb
+# GPM figures (Hopper and later) under DCGM's profiling names, as its 0-1 ratios:
+# (dcgm name, gpu_prof_samples column, help as dcgm-exporter's).
+PROF_FIELDS = (
+    ("DCGM_FI_PROF_SM_ACTIVE", "sm_active_pct",
+     "The ratio of cycles an SM has at least 1 warp assigned (in %)."),
+    ("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy_pct",
+     "The ratio of number of warps resident on an SM (in %)."),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active_pct",
+     "Ratio of cycles the tensor (HMMA) pipe is active (in %)."),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active_pct",
+     "Ratio of cycles the device memory interface is active sending or receiving data (in %)."),
+)
+
 # NVML gives PCIe throughput as a rate, not dcgm's cumulative KB counter, so it gets our own name.
 OWN_GPU_FIELDS = (
     ("gpuwatch_gpu_pcie_tx_bytes_per_second", "pcie_tx_kbps", 1024, "PCIe transmit throughput."),
@@ -216,8 +229,9 @@ class StoreCollector:
                 reasons.add_metric(labels, v["throttle_reasons"])
                 throttled.add_metric(labels, 1 if v["throttle_reasons"] & THROTTLED_MASK else 0)
         families += [reasons, throttled, self._gpu_up(infos, rows), self._users(conn, rows)]
-        _add_mig_series(conn, families,
-                        {g.gpu_index: labels for (g, _), labels in zip(rows, gpu_labels)})
+        labels_by_gpu = {g.gpu_index: labels for (g, _), labels in zip(rows, gpu_labels)}
+        _add_mig_series(conn, families, labels_by_gpu)
+        families += _prof_families(conn, labels_by_gpu, fresh_after)
         return families, max((s.ts_ms for s in latest.values()), default=None)
 
     def _gpu_up(self, infos: list, fresh: list) -> object:
@@ -395,6 +409,22 @@ def _add_mig_series(conn: sqlite3.Connection, families: list,
             value = getattr(devices[0], column)
             if value is not None and (column.endswith("bytes") or len(devices) == 1):
                 by_name[name].add_sample(name, labels, value * scale)
+
+
+def _prof_families(conn: sqlite3.Connection, labels_by_gpu: dict[int, list[str]],
+                   fresh_after: int) -> list:
+    """PROF_FIELDS' families: a series per fresh GPU with a recent GPM sample; none elsewhere
+    (a GPU without GPM has no such series, as under dcgm-exporter)."""
+    latest = queries.latest_gpu_prof_samples(conn, fresh_after)
+    families = []
+    for name, column, doc in PROF_FIELDS:
+        fam = _family(name, doc, GPU_LABELS)
+        for gpu, sample in latest.items():
+            value = getattr(sample, column)
+            if gpu in labels_by_gpu and value is not None:
+                fam.add_metric(labels_by_gpu[gpu], value / 100)
+        families.append(fam)
+    return families
 
 
 def _row_families(cur: sqlite3.Cursor, fields, min_ts_ms: int) -> list:

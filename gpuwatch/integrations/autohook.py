@@ -132,7 +132,8 @@ class AutoInstrument:
         module, tally = max(self._candidates.values(), key=lambda c: _n_params(c[0]))
         self._candidates.clear()
         self._remove(self._handles[:2])
-        self._handles[:2] = [module.register_forward_hook(self._on_forward, with_kwargs=True)]
+        self._handles[:2] = [module.register_forward_hook(self._on_forward, with_kwargs=True),
+                             module.register_forward_pre_hook(self._on_forward_begin)]
         self.model, self.tally = module, tally
         self._fpt = flops_per_token(module)
         return True
@@ -145,6 +146,14 @@ class AutoInstrument:
             count_forward(self.tally, args, kwargs, output)
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
+
+    def _on_forward_begin(self, module, args) -> None:
+        """The model's forward starts: the iteration's data wait ends (the run keeps the first)."""
+        if self._ours() and module.training and self.torch.is_grad_enabled():
+            try:
+                self.run.mark_compute()
+            except Exception as e:  # noqa: BLE001
+                self.switch_off(e)
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         if not self._ours():

@@ -27,6 +27,10 @@ class GpuwatchCallback(pl.Callback):
                              precision=precision_of(trainer.precision))
         self._global_step = trainer.global_step
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.run is not None:  # the batch is loaded: the time since the last step was data wait
+            self.run.mark_compute()
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.run is None:
             return

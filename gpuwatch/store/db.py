@@ -64,8 +64,11 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
     try:
         version = _check_version(conn, path)
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            for statement in _statements(script):
-                conn.execute(statement)
+            if callable(script):  # a change SQL alone cannot make (sqlite-utils, in this transaction)
+                script(conn)
+            else:
+                for statement in _statements(script):
+                    conn.execute(statement)
             conn.execute("CREATE TABLE IF NOT EXISTS migrations "
                          "(version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)")
             conn.execute("INSERT INTO migrations VALUES (?, ?)", (number, now_ms()))

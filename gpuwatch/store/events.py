@@ -374,6 +374,15 @@ def _profile(batch: _Batch, event: dict) -> None:
         insert_rows(batch.conn, "profile_breakdowns", [{"profile_id": cur.lastrowid, **breakdown}])
 
 
+def _note(batch: _Batch, event: dict) -> None:
+    """A note by the run's owner, or by root (who may annotate anyone's run)."""
+    if batch.peer.uid != 0 or batch.owner(event["run_id"]) is None:
+        batch.require_own(event["run_id"])
+    batch.add_row("run_notes", "IGNORE", {
+        "run_id": event["run_id"], "ts_ms": event["ts_ms"], "uid": batch.peer.uid,
+        "user": batch.peer.user, "text": event["text"]})
+
+
 # kind -> applier; protocol.EVENT_KINDS says which fields each kind may carry.
 APPLIERS: dict[str, Callable[[_Batch, dict], None] | TableApplier] = {
     "run_start": _run_start,
@@ -384,6 +393,7 @@ APPLIERS: dict[str, Callable[[_Batch, dict], None] | TableApplier] = {
     "run_event": TableApplier("run_events", {"event_kind": "kind"}),
     "profile": _profile,
     "oom_postmortem": _oom_postmortem,
+    "note": _note,
 }
 
 

@@ -5,8 +5,8 @@ Order of work, each step safe to repeat:
    *_15m into *_1h. `rollup_state` keeps, per tier, the time before which everything is
    folded in, so re-running never double counts (a sample that arrives later than that mark
    is not rolled up).
-2. Retention: raw samples (gpu_samples, gpu_process_samples, mig_samples, host_samples,
-   daemon_stats) older than the raw window go, but GPU/host samples only once rolled up;
+2. Retention: raw samples (gpu_samples, gpu_process_samples, mig_samples, gpu_prof_samples,
+   host_samples, daemon_stats) older than the raw window go, but GPU/host samples only once rolled up;
    *_15m older than its window (the config's minute_retention_days) once rolled into *_1h;
    *_1h older than its window. Age is counted from `retention_now_ms` (see maintain()).
 3. Size cap: once the file is larger than max_db_bytes, give its free pages back
@@ -30,11 +30,12 @@ from gpuwatch.store.schema import (GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS, c
 ROLLUP_LAG_MS = 10_000
 # Raw sample tables and the key that leads their primary key (None: the key is ts_ms).
 RAW_TABLES = {"gpu_samples": "gpu_index", "gpu_process_samples": "gpu_index",
-              "mig_samples": "gpu_index", "host_samples": None, "daemon_stats": None}
+              "mig_samples": "gpu_index", "gpu_prof_samples": "gpu_index", "host_samples": None,
+              "daemon_stats": None}
 ROLLUP_SOURCES = (("gpu_samples", "gpu_index", GPU_METRICS), ("host_samples", None, HOST_METRICS))
 # Deleted with a run when the size cap leaves nothing else; each has a run_id column.
 RUN_TABLES = ("steps", "generations", "memory_stats", "run_events", "oom_postmortems",
-              "stack_dumps")
+              "stack_dumps", "run_notes")
 # Chunks for the size cap: the oldest 1/CAP_CHUNKS of a tier's time span (at least a period).
 CAP_CHUNKS = 20
 

@@ -13,6 +13,7 @@ from typing import Iterable, TypeVar
 from gpuwatch.clock import STEP_TOLERANCE_MS
 from gpuwatch.store.db import StoreError, now_ms
 from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS
+from gpuwatch.store.search import MATCHES, match_expression
 
 HOUR_MS = 3_600_000
 # Series tiers: raw only for ranges up to RAW_MAX_RANGE_MS (6 h of one GPU is 21,600 rows),
@@ -38,6 +39,17 @@ class GpuInfo:
     first_seen_ms: int
     last_seen_ms: int
     state: str
+
+
+@dataclass(frozen=True)
+class GpuProfSample:
+    """GPM figures of one GPU over one tick (Hopper and later), each 0-100 or None."""
+    gpu_index: int
+    ts_ms: int
+    sm_active_pct: float | None
+    sm_occupancy_pct: float | None
+    tensor_active_pct: float | None
+    dram_active_pct: float | None
 
 
 @dataclass(frozen=True)
@@ -174,6 +186,7 @@ class Run:
     parent_run_id: str | None
     flops_per_token: float | None
     mode: str | None
+    id: int  # a stable integer key, which the search index refers to (store/search.py)
     config: dict = field(default_factory=dict)  # config_json parsed; {} when absent or not JSON
 
 
@@ -193,6 +206,7 @@ class StepRow:
     mem_reserved_bytes: int | None
     mem_peak_bytes: int | None
     rss_bytes: int | None
+    data_wait_pct: float | None  # share of the step before its compute began (data loading)
 
 
 @dataclass(frozen=True)
@@ -252,6 +266,20 @@ def latest_gpu_samples(conn: sqlite3.Connection, now: int | None = None) -> dict
         "(SELECT max(ts_ms) FROM gpu_samples WHERE gpu_index = keys.k AND ts_ms <= :upto) "
         "ORDER BY s.gpu_index", _upto(now))
     return {sample.gpu_index: sample for sample in _build(GpuSample, rows)}
+
+
+def latest_gpu_prof_samples(conn: sqlite3.Connection, since_ms: int,
+                            now: int | None = None) -> dict[int, GpuProfSample]:
+    """The newest GPM sample (at or before `now`, as latest_gpu_samples) of each GPU that has
+    one at or after since_ms (older ones describe a GPU that no longer gives GPM figures): a
+    primary-key seek per GPU."""
+    rows = conn.execute(
+        distinct_keys("gpu_prof_samples", "gpu_index")
+        + f"SELECT {columns_of(GpuProfSample, 's.')} FROM keys JOIN gpu_prof_samples s "
+        "ON s.gpu_index = keys.k AND s.ts_ms = "
+        "(SELECT max(ts_ms) FROM gpu_prof_samples WHERE gpu_index = keys.k AND ts_ms <= :upto) "
+        "WHERE s.ts_ms >= :since ORDER BY s.gpu_index", dict(_upto(now), since=since_ms))
+    return {sample.gpu_index: sample for sample in _build(GpuProfSample, rows)}
 
 
 def latest_host_sample(conn: sqlite3.Connection, now: int | None = None) -> HostSample | None:
@@ -381,10 +409,12 @@ def _run_names(conn: sqlite3.Connection, run_ids: set[str]) -> dict[str, str | N
 # --- runs and steps --------------------------------------------------------------------------
 
 def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None = None,
-         since_ms: int | None = None, limit: int = 200) -> list[RunSummary]:
+         since_ms: int | None = None, limit: int = 200, search: str | None = None) -> list[RunSummary]:
     """Runs newest first, with their steps aggregated in one GROUP BY.
 
-    since_ms keeps runs still going at or after that time (not ended, or ended since).
+    since_ms keeps runs still going at or after that time (not ended, or ended since); search
+    keeps runs whose name, command, config, git commit, cwd or notes hold every word of it
+    (store/search.py).
     tokens_per_s_avg is tokens / step time over steps that have both, else tokens over the
     wall time from start to the newest step; for a run with generations and no steps, generated
     tokens over generation time (tokens_per_s_last: the newest generation's); peak_mem_bytes is the largest of the steps'
@@ -400,6 +430,9 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
     if since_ms is not None:
         where.append("(ended_ms IS NULL OR ended_ms >= ?)")
         params.append(since_ms)
+    if search is not None:
+        where.append(MATCHES)
+        params += [match_expression(search)] * 2
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     rows = conn.execute(
         f"WITH sel AS (SELECT * FROM runs {clause} ORDER BY started_ms DESC, run_id LIMIT ?), "
@@ -494,6 +527,20 @@ def run(conn: sqlite3.Connection, run_ref: str) -> Run:
     return _run_from_row(row)
 
 
+@dataclass(frozen=True)
+class Note:
+    ts_ms: int
+    uid: int
+    user: str | None
+    text: str
+
+
+def notes(conn: sqlite3.Connection, run_id: str) -> list[Note]:
+    """The notes left on a run, oldest first."""
+    return [Note(*r) for r in conn.execute(
+        f"SELECT {columns_of(Note)} FROM run_notes WHERE run_id = ? ORDER BY ts_ms, id", (run_id,))]
+
+
 def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
           limit: int | None = None) -> list[StepRow]:
     """A run's steps in step order; limit keeps the newest `limit` of them."""
@@ -509,8 +556,9 @@ def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
 
 
 __all__ = [
-    "GpuInfo", "GpuSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
-    "SeriesPoint", "MigDevice", "gpus", "latest_gpu_samples", "gpu_series", "latest_host_sample",
-    "host_series", "gpu_processes", "mig_devices", "runs", "run_count", "run_tokens", "run", "steps", "series_tier",
+    "GpuInfo", "GpuSample", "GpuProfSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
+    "SeriesPoint", "MigDevice", "gpus", "latest_gpu_samples", "latest_gpu_prof_samples", "gpu_series",
+    "latest_host_sample", "host_series", "gpu_processes", "mig_devices", "runs", "run_count", "run_tokens",
+    "run", "steps", "series_tier",
 ]
 

@@ -9,7 +9,10 @@ over plain and packed tables (store/packed.py); they are plain tables again.
 
 from __future__ import annotations
 
-from gpuwatch.store import packed
+import sqlite3
+from typing import Callable
+
+from gpuwatch.store import packed, search
 
 # Metrics of gpu_samples and host_samples that the rollup tiers keep as min/avg/max.
 GPU_METRICS = (
@@ -369,6 +372,23 @@ ALTER TABLE generations ADD COLUMN mem_peak_bytes INTEGER;   -- CUDA allocator p
 ALTER TABLE generations ADD COLUMN rss_bytes INTEGER;        -- host RSS at the generation's end
 """
 
+# Always-on answers to "why is my run slow", without a profile: per step, the share spent
+# before its compute began (waiting for data, from Run.mark_compute(); NULL where nothing marked
+# it); per GPU with GPM (Hopper and later), SM / tensor / DRAM activity over each GPU tick.
+_ALWAYS_ON = """
+ALTER TABLE steps ADD COLUMN data_wait_pct REAL;
+
+CREATE TABLE gpu_prof_samples (          -- GPM figures, 0-100 over the tick; GPUs without GPM have no rows
+  gpu_index INTEGER NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  sm_active_pct REAL,                    -- SMs with a warp resident (DCGM_FI_PROF_SM_ACTIVE)
+  sm_occupancy_pct REAL,                 -- resident warps vs the SMs' maximum (DCGM_FI_PROF_SM_OCCUPANCY)
+  tensor_active_pct REAL,                -- any tensor pipe busy (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)
+  dram_active_pct REAL,                  -- DRAM bandwidth used vs peak (DCGM_FI_PROF_DRAM_ACTIVE)
+  PRIMARY KEY (gpu_index, ts_ms)
+) WITHOUT ROWID;
+"""
+
 # The trace analysis of each profile (gpuwatch/analysis/trace): headline figures as columns for
 # queries, the whole breakdown (one rank of `gpuwatch trace --format json`) as JSON for screens.
 _PROFILE_BREAKDOWNS = """
@@ -388,6 +408,13 @@ CREATE TABLE profile_breakdowns (
 """
 
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
-MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
-                         _GENERATION_MEMORY, _PROFILE_BREAKDOWNS]
+# An entry is an SQL script, or a function given the connection inside the migration's
+# transaction, for what SQL alone cannot do (sqlite-utils' FTS set-up, `table.transform()`).
+# transform() rebuilds rowid tables only (it copies `rowid`; WITHOUT ROWID tables have none),
+# and a rebuilt table loses its triggers: transforming `runs` must run search.add_search's
+# trigger part again.
+Migration = str | Callable[[sqlite3.Connection], None]
+MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
+                               _GENERATION_MEMORY, _ALWAYS_ON, search.add_search,
+                               _PROFILE_BREAKDOWNS]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -70,6 +70,11 @@ class GpuRow:
     throttle_reasons: int | None = None
     ecc_uncorrected: int | None = None
     migs: tuple[MigRow, ...] = ()          # its MIG devices, when in MIG mode
+    # GPM (Hopper and later) over the last tick, 0-100; None = the GPU gives none ("n/a")
+    sm_active_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    tensor_active_pct: float | None = None
+    dram_active_pct: float | None = None
 
     def problems(self) -> list[str]:
         """What is wrong with this GPU, in words; empty when nothing is."""

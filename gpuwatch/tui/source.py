@@ -20,6 +20,7 @@ from gpuwatch.tui.snapshot import (CapacityRow, Chart, GpuRow, HostRow, MigRow, 
 from gpuwatch.tui.sparks import SPARK_SLOT_MS, SparkHistory, window_start
 
 CHART_POINTS = 240             # per series; charts are at most ~160 columns x 2 dots
+PROF_FRESH_MS = 60_000         # an older GPM sample says nothing of now: "n/a"
 MAX_STEPS = 50_000             # newest steps read for a run chart; older ones are left out
 OOM_TRACEBACK_LINES = 12       # the traceback's tail on the OOM screen
 READ_CACHE_KIB = 256           # SQLite page cache of the TUI's one long-lived connection
@@ -218,9 +219,11 @@ class StoreSource:
         infos = queries.gpus(conn)
         histories = self.sparks.update(conn, [info.gpu_index for info in infos], base.now_ms)
         first_slot = window_start(base.now_ms) // SPARK_SLOT_MS
+        prof = queries.latest_gpu_prof_samples(conn, base.now_ms - PROF_FRESH_MS, base.now_ms)
         gpus = []
         for info in infos:
             s = latest.get(info.gpu_index)
+            p = prof.get(info.gpu_index)
             history = histories[info.gpu_index]
             lost = info.state == "lost" or (s is not None and s.state == "lost")
             gpus.append(GpuRow(
@@ -228,7 +231,9 @@ class StoreSource:
                 util_pct=s and s.gpu_util_pct, util_history=history, util_history_slot=first_slot,
                 mem_used_bytes=s and s.mem_used_bytes, mem_total_bytes=info.mem_total_bytes,
                 temp_c=s and s.temp_c, power_mw=s and s.power_mw, power_limit_mw=info.power_limit_mw,
-                throttle_reasons=s and s.throttle_reasons, ecc_uncorrected=s and s.ecc_uncorrected))
+                throttle_reasons=s and s.throttle_reasons, ecc_uncorrected=s and s.ecc_uncorrected,
+                sm_active_pct=p and p.sm_active_pct, sm_occupancy_pct=p and p.sm_occupancy_pct,
+                tensor_active_pct=p and p.tensor_active_pct, dram_active_pct=p and p.dram_active_pct))
         procs = tuple(ProcessRow(p.gpu_index, p.pid, p.uid, p.user, p.used_mem_bytes, p.sm_util_pct,
                                  p.cpu_pct, p.run_name, p.cmdline, p.gpu_instance_id,
                                  p.compute_instance_id)
@@ -261,8 +266,11 @@ class StoreSource:
         loss = series("loss", "loss", "loss")
         if loss.points:  # a run that records its loss (inference runs have none)
             charts.append(Chart("loss", (loss,)))
-        charts += [Chart("step time", (series("step", "ms", "step_time_ms"),)),
-                   Chart("memory", tuple(memory))]
+        charts.append(Chart("step time", (series("step", "ms", "step_time_ms"),)))
+        data_wait = series("waiting for data", "pct", "data_wait_pct")
+        if data_wait.points:  # only runs whose compute start is marked (hooks, callbacks, mark_compute)
+            charts.append(Chart("data wait (share of each step)", (data_wait,)))
+        charts.append(Chart("memory", tuple(memory)))
         by_uuid = {g.uuid: g.gpu_index for g in queries.gpus(conn)}
         for uuid in filter(None, (run.gpu_uuids or "").split(",")):
             index = by_uuid.get(uuid.strip())
