@@ -27,6 +27,7 @@ from gpuwatch.tui.snapshot import ProcessRow, Snapshot, View
 FLEET_VIEWS = ("fleet", "fleet_jobs")  # fed by the fleet's source (Prometheus), not the store
 NO_FLEET = ("no Prometheus to read the fleet from: gpuwatch tui --prometheus URL, "
             "or prometheus_url in the config")
+UNMOUNTED_RETRY_S = 0.05  # a snapshot for a screen still being composed: ask again this soon
 TERMINAL_CHECK_S = 2.0  # how often to check the terminal is still there (SSH hang-up)
 HARD_EXIT_AFTER_S = 3.0  # if a clean exit cannot finish writing to a dead terminal
 TERMINAL_THEME = "ansi-dark"  # Textual's theme of the terminal's default colours and ANSI palette
@@ -174,6 +175,9 @@ class GpuwatchApp(App):
         if screen is None:
             return
         if isinstance(screen, LiveScreen) and screen.view() == message.view:
+            if not screen.is_mounted:  # pushed but not yet composed: no widgets to fill yet
+                self._timer = self.set_timer(UNMOUNTED_RETRY_S, self.poll_now)
+                return
             screen.update_snapshot(message.snapshot)
         elif isinstance(screen, LiveScreen):
             self._again = True  # the user moved on while we fetched: fetch their view now
