@@ -177,3 +177,30 @@ def test_doctor_says_nvml_hangs_instead_of_hanging(monkeypatch):
         nvml.set_hung(1, False)
     assert [(c.status, c.detail) for c in checks] == [
         ("fail", "NVML did not answer within 0.3 s: a GPU or the driver hangs")]
+
+
+def test_a_gpu_hung_from_the_start_is_read_once_it_answers(monkeypatch, caplog):
+    import logging
+
+    import fake_pynvml
+    from collectors import nvml as nvml_mod
+
+    caplog.set_level(logging.WARNING, logger="collectors.nvml")
+    monkeypatch.setattr(nvml_mod, "INIT_DEADLINE_S", 0.3)
+    fake = fake_pynvml.FakeNvml(gpus=3, hang={1: 0.0})
+    started = time.monotonic()
+    collector = nvml_mod.NvmlCollector(fake, deadline_s=0.1)
+    assert time.monotonic() - started < 5  # start-up does not wait for the hung GPU
+    assert [s.uuid != "" for s in collector.static] == [True, False, True]
+    samples, _ = collector.sample(1000)
+    assert [s.state for s in samples] == [None, "hung", None]
+    assert collector.not_responding_since(1) is not None
+    fake.set_hung(1, False)
+    deadline = time.monotonic() + 10
+    while collector.sample(2000)[0][1].state == "hung":  # its worker returns, then it is read again
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert collector.static[1].uuid.startswith("GPU-") and collector.not_responding_since(1) is None
+    collector.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and "GPU 1 is not responding" in messages[0] and "GPU 1 answers again" in messages[1]
