@@ -1,0 +1,42 @@
+"""`gpuwatch run` is invisible to the program: the same output, files and exit status, copies and
+pickles of its model work, and a model saved under gpuwatch loads where gpuwatch is absent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from test_autoinstrument import PY, SCRIPTS, gw_run, plain, steps_of, the_run
+
+pytest.importorskip("torch")
+
+LOAD_WITHOUT_GPUWATCH = """
+import sys
+sys.modules["gpuwatch"] = None  # any import of gpuwatch now fails
+import torch
+model = torch.load(sys.argv[1], weights_only=False)
+print(type(model).__name__, sum(p.numel() for p in model.parameters()))
+"""
+
+
+def test_copies_pickles_saves_script_trace_export_and_checkpoints_are_the_same(tmp_path):
+    wrapped_dir, bare_dir = tmp_path / "wrapped", tmp_path / "bare"
+    wrapped_dir.mkdir()
+    bare_dir.mkdir()
+    wrapped = gw_run(PY, str(SCRIPTS / "invisible.py"), str(wrapped_dir))
+    bare = plain(PY, str(SCRIPTS / "invisible.py"), str(bare_dir), env=dict(os.environ, PYTHONPATH=""))
+    assert wrapped.returncode == bare.returncode == 0, wrapped.stderr[-3000:]
+    assert wrapped.stdout == bare.stdout
+    assert "copies agree: [True, True, True, True]" in wrapped.stdout
+    assert "hooks left on the model: []" in wrapped.stdout
+    for name in ("ckpt.pt", "whole.pt"):  # byte-equal files
+        assert (wrapped_dir / name).read_bytes() == (bare_dir / name).read_bytes(), name
+    loaded = subprocess.run([PY, "-c", LOAD_WITHOUT_GPUWATCH, str(wrapped_dir / "whole.pt")], capture_output=True,
+                            text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(SCRIPTS)))
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.startswith("TinyLM ")
+    # gpuwatch's own lines: on stderr, each once; and the run saw the 4 steps.
+    ours = [line for line in wrapped.stderr.splitlines() if "gpuwatch" in line or "GPUs" in line]
+    assert len(ours) == len(set(ours)), ours
+    assert [s["step"] for s in steps_of(the_run()["run_id"])] == [1, 2, 3, 4]
