@@ -40,3 +40,18 @@ def test_copies_pickles_saves_script_trace_export_and_checkpoints_are_the_same(t
     ours = [line for line in wrapped.stderr.splitlines() if "gpuwatch" in line or "GPUs" in line]
     assert len(ours) == len(set(ours)), ours
     assert [s["step"] for s in steps_of(the_run()["run_id"])] == [1, 2, 3, 4]
+
+
+def test_torch_compile_compiles_as_often_and_warns_as_little_as_without_gpuwatch():
+    env = dict(os.environ, TORCH_LOGS="recompiles")
+    wrapped = gw_run(PY, str(SCRIPTS / "compiled.py"), env=env)
+    bare = plain(PY, str(SCRIPTS / "compiled.py"), env=dict(env, PYTHONPATH=""))
+    assert wrapped.returncode == bare.returncode == 0, wrapped.stderr[-3000:]
+    assert wrapped.stdout == bare.stdout  # the same losses and the same number of compilations
+    assert "frames compiled:" in wrapped.stdout
+    recompiles = [line for line in wrapped.stderr.splitlines() if "Recompiling" in line]
+    assert len(recompiles) == len([line for line in bare.stderr.splitlines() if "Recompiling" in line])
+    assert "Warning" not in wrapped.stderr.replace(bare.stderr, ""), wrapped.stderr[-3000:]
+    steps = steps_of(the_run()["run_id"])
+    assert [(s["step"], s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [
+        (n, 64, 4, 16) for n in range(1, 7)]
