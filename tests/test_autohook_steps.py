@@ -1,0 +1,23 @@
+"""Every run has steps, and its loss, even when nothing in it is torch.optim or returns a loss."""
+
+from __future__ import annotations
+
+import pytest
+from test_autoinstrument import PY, SCRIPTS, gw_run, steps_of, the_run
+
+pytest.importorskip("torch")
+
+
+def _logged_losses(stdout: str) -> list[float]:
+    return [float(line.split()[-1]) for line in stdout.splitlines() if line.startswith("step ")]
+
+
+@pytest.mark.parametrize("how", ["sgd", "scaler"])
+def test_hand_updates_and_a_loss_outside_forward_give_steps_and_the_unscaled_loss(how):
+    done = gw_run(PY, str(SCRIPTS / "by_hand.py"), how)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = steps_of(the_run()["run_id"])
+    assert [(s["step"], s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [
+        (n, 64, 4, 16) for n in range(1, 6)]
+    # The scalar backward() was called on; with GradScaler, divided by its scale (1024) again.
+    assert [s["loss"] for s in steps] == pytest.approx(_logged_losses(done.stdout), rel=1e-5)
