@@ -21,3 +21,11 @@ def test_hand_updates_and_a_loss_outside_forward_give_steps_and_the_unscaled_los
         (n, 64, 4, 16) for n in range(1, 6)]
     # The scalar backward() was called on; with GradScaler, divided by its scale (1024) again.
     assert [s["loss"] for s in steps] == pytest.approx(_logged_losses(done.stdout), rel=1e-5)
+
+
+@pytest.mark.parametrize("body", ["transformer", "lstm"])
+def test_sequence_first_inputs_count_samples_and_seq_len_the_right_way_round(body):
+    done = gw_run(PY, str(SCRIPTS / "seq_first.py"), body)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = steps_of(the_run()["run_id"])  # (16, 4) ids: 4 sequences of 16 tokens
+    assert [(s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [(64, 4, 16)] * 3
