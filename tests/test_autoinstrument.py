@@ -75,6 +75,8 @@ def test_the_real_hugging_face_trainer_unchanged(tmp_path):
     line = next(x for x in done.stdout.splitlines() if x.startswith("GPUWATCH_TEST "))
     trainer = json.loads(line.removeprefix("GPUWATCH_TEST "))
     logs = [entry for entry in trainer["logged"] if "loss" in entry]
+    # The bootstrap added our callback (once); the generic hooks stood aside: one step per step.
+    assert trainer["callbacks"].count("gpuwatch.integrations.hf") == 1
     run = the_run()
     steps = steps_of(run["run_id"])
     assert run["status"] == "finished"
@@ -98,7 +100,9 @@ def test_the_real_hugging_face_trainer_unchanged(tmp_path):
     assert gen["tokens_per_s"] > 0
     config = json.loads(query("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'",
                               run["run_id"])[0][0])["config"]
-    assert config["n_layer"] == 2 and config["model_type"] == "gpt2"  # the model's config
+    # The callback's config: the TrainingArguments and the model's config.
+    assert config["model"]["n_layer"] == 2 and config["model"]["model_type"] == "gpt2"
+    assert config["training_args"]["gradient_accumulation_steps"] == 2
 
 
 def test_a_script_that_tracks_itself_is_counted_once_by_its_own_calls():
@@ -178,6 +182,7 @@ def _assert_lightning_run(steps, lightning: dict) -> None:
 
 def test_the_real_lightning_trainer_unchanged():
     lightning = _trainer_figures(gw_run(PY, str(SCRIPTS / "lightning_trainer.py")))
+    assert lightning["callbacks"].count("gpuwatch.integrations.lightning") == 1  # added by the bootstrap
     run = the_run()
     assert run["status"] == "finished"
     _assert_lightning_run(steps_of(run["run_id"]), lightning)

@@ -63,7 +63,7 @@ class AutoInstrument:
         self._handles: list = []
         self._fpt = None
         self._off = False
-        self._framework = 0  # >0 while a framework callback records the training (we stand aside)
+        self._framework = None  # (model, tally): a framework callback records this training
         self._optimizer_made: bool | None = None  # decided at the first backward through the model
         self._through_model = False  # the running backward reached the model's output
         self._scaled = None  # (weakref to GradScaler.scale's output, the scale it applied)
@@ -119,9 +119,11 @@ class AutoInstrument:
             return False
         return True
 
-    def stand_aside(self, on: bool) -> None:
-        """A framework callback records this training (its own steps and loss): count nothing."""
-        self._framework += 1 if on else -1
+    def stand_aside(self, model=None, tally: StepTally | None = None) -> None:
+        """A framework callback records the training of `model` (its own steps and loss): make
+        no steps of ours, only count that model's training forwards into `tally` when given (the
+        callback then puts no hook on the model). stand_aside() again when the training ends."""
+        self._framework = None if model is None else (model, tally)
         self._candidates.clear()
         self.tally.reset()
 
@@ -150,7 +152,7 @@ class AutoInstrument:
         module._forward_hooks[post_id] = self._leave
         module._forward_hooks_with_kwargs[post_id] = True
         module._forward_hooks_always_called[post_id] = True
-        if self._framework or not (module.training and torch.is_grad_enabled()):
+        if self._framework is not None or not (module.training and torch.is_grad_enabled()):
             return
         try:
             if self.model is None or module is self.model:
@@ -170,9 +172,14 @@ class AutoInstrument:
         module._forward_hooks_with_kwargs.pop(post_id, None)
         module._forward_hooks_always_called.pop(post_id, None)
         self._restore_globals()
-        if self._off or self._framework or not (module.training and self.torch.is_grad_enabled()):
+        if self._off or not (module.training and self.torch.is_grad_enabled()):
             return
         try:
+            if self._framework is not None:  # the framework's steps: its callback reads this tally
+                model, tally = self._framework
+                if module is model and tally is not None:
+                    count_forward(tally, args, kwargs, output)
+                return
             if self.model is None:
                 _, tally, seq_first = self._candidates.get(id(module)) or self._candidate(module, args, kwargs)
             elif module is self.model:
@@ -235,7 +242,7 @@ class AutoInstrument:
         def recorded_backward(tensors, *args, **kwargs):
             self._through_model = False
             result = backward(tensors, *args, **kwargs)
-            if self._through_model and not self._framework and self._ours():
+            if self._through_model and self._framework is None and self._ours():
                 try:
                     self._after_backward(tensors)
                 except Exception as e:  # noqa: BLE001
@@ -278,7 +285,7 @@ class AutoInstrument:
 
     # ---- every step ---------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        if self._framework or not self._ours():
+        if self._framework is not None or not self._ours():
             return
         try:
             self._optimizer_made = True

@@ -78,6 +78,18 @@ def _on_torch(torch) -> None:
     autohook.install(torch)
 
 
+def _on_hf_trainer(module) -> None:
+    from gpuwatch.integrations import hf
+
+    hf.add_to_trainers(module)
+
+
+def _on_lightning_trainer(module) -> None:  # the package: our callback subclasses its Callback
+    from gpuwatch.integrations import lightning
+
+    lightning.add_to_trainers(module)
+
+
 def _on_generation_utils(module) -> None:
     from gpuwatch.integrations import autohook
 
@@ -90,4 +102,7 @@ _run_users_sitecustomize()
 # autohook.ENV_INSTRUMENT, read without importing gpuwatch at every Python start-up.
 if os.environ.get("GPUWATCH_INSTRUMENT", "1").strip().lower() not in ("0", "false", "no", "off"):
     sys.meta_path.insert(0, _AfterImport({"torch": _on_torch,
-                                          "transformers.generation.utils": _on_generation_utils}))
+                                          "transformers.generation.utils": _on_generation_utils,
+                                          # the frameworks' Trainers get our callback added
+                                          "transformers.trainer": _on_hf_trainer,
+                                          "lightning.pytorch": _on_lightning_trainer}))
