@@ -134,7 +134,10 @@ class AutoInstrument:
             config = plain_config(getattr(inner, "config", None)) or {}
             # batch, seq_len, heads, attention: known before the first step, for an OOM postmortem
             config.update(model_shape(inner, *find_tokens(args, kwargs)))
-            self.run = run_mod.start_run(config=config or None, precision=_precision(self.torch, module),
+            precision = _precision(self.torch, module)
+            config.setdefault("precision", precision)  # what the OOM advice weighs activations in
+            config.setdefault("n_params", _n_params(inner))
+            self.run = run_mod.start_run(config=config, precision=precision,
                                          flops_per_token=lambda seq_len: self._fpt and self._fpt(seq_len))
         return self.run
 
