@@ -159,9 +159,11 @@ class AutoInstrument:
             return
         try:
             if self.model is None or module is self.model:
-                # Here the first training forward of an iteration is known: tally.forwards == 0.
                 if self.run is None:  # opened before the first forward: an OOM in it gets its postmortem
                     self.ensure_run(module, args)
+                # The model's training forward begins: the iteration's data wait ends (the run
+                # keeps the first mark of an iteration: tally.forwards == 0 here).
+                self.run.mark_compute()
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
 

@@ -17,7 +17,6 @@ from itertools import chain, groupby, repeat
 from operator import itemgetter
 from typing import Callable
 
-from gpuwatch.store.packed import between
 from gpuwatch.store.writer import insert_rows, insert_sql
 
 
@@ -258,14 +257,13 @@ def _neighbours_from_samples(conn: sqlite3.Connection, run_id: str, device: int,
     """Other processes on the OOM's GPU (on a MIG device: on that MIG device, whose memory is
     its own) at the daemon's newest process sample before the OOM."""
     gpu, mig = _gpu_index_of(conn, run_id, device)
-    samples = between("gpu_process_samples", ts_ms - NEIGHBOUR_SAMPLE_MAX_AGE_MS, ts_ms + 1001, "s",
-                      ("gpu_index", "pid", "used_mem_bytes", "gpu_instance_id", "compute_instance_id"))
-    newest = conn.execute(f"SELECT MAX(ts_ms) FROM {samples} WHERE gpu_index = ?", (gpu,)).fetchone()[0]
+    newest = conn.execute("SELECT MAX(ts_ms) FROM gpu_process_samples WHERE gpu_index = ? AND ts_ms < ?",
+                          (gpu, ts_ms + 1001)).fetchone()[0]
     if newest is None or newest < ts_ms - NEIGHBOUR_SAMPLE_MAX_AGE_MS:
         return None
     on_mig = "AND s.gpu_instance_id = ? AND s.compute_instance_id = ? " if mig else ""
     rows = conn.execute(
-        f"SELECT s.pid, p.user, s.used_mem_bytes, p.run_id FROM {samples} "
+        f"SELECT s.pid, p.user, s.used_mem_bytes, p.run_id FROM gpu_process_samples s "
         "LEFT JOIN processes p ON p.pid = s.pid AND p.start_ms = "
         "(SELECT MAX(start_ms) FROM processes WHERE pid = s.pid) "
         f"WHERE s.gpu_index = ? AND s.ts_ms = ? AND s.pid != ? {on_mig}ORDER BY s.used_mem_bytes DESC",
@@ -339,6 +337,15 @@ def _profile(batch: _Batch, event: dict) -> None:
     insert_rows(batch.conn, "profile_ops", ops, "IGNORE")
 
 
+def _note(batch: _Batch, event: dict) -> None:
+    """A note by the run's owner, or by root (who may annotate anyone's run)."""
+    if batch.peer.uid != 0 or batch.owner(event["run_id"]) is None:
+        batch.require_own(event["run_id"])
+    batch.add_row("run_notes", "IGNORE", {
+        "run_id": event["run_id"], "ts_ms": event["ts_ms"], "uid": batch.peer.uid,
+        "user": batch.peer.user, "text": event["text"]})
+
+
 # kind -> applier; protocol.EVENT_KINDS says which fields each kind may carry.
 APPLIERS: dict[str, Callable[[_Batch, dict], None] | TableApplier] = {
     "run_start": _run_start,
@@ -349,6 +356,7 @@ APPLIERS: dict[str, Callable[[_Batch, dict], None] | TableApplier] = {
     "run_event": TableApplier("run_events", {"event_kind": "kind"}),
     "profile": _profile,
     "oom_postmortem": _oom_postmortem,
+    "note": _note,
 }
 
 

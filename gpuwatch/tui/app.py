@@ -113,9 +113,13 @@ class GpuwatchApp(App):
         self.poll_now()  # the first screen exists only now
 
     def on_unmount(self) -> None:
-        self._requests.put(None)
-        if self._poller.is_alive():
-            self._poller.join(timeout=1.0)  # a fetch in flight finishes before its source closes
+        if self._poller.ident is None:  # never started: nothing reads the sources
+            self._close_sources()
+            return
+        self._requests.put(None)  # the poll thread closes them once a fetch in flight is done:
+        self._poller.join(timeout=1.0)  # closing a connection under a query would crash SQLite
+
+    def _close_sources(self) -> None:
         self.source.close()
         if self.fleet is not None:
             self.fleet.close()
@@ -147,8 +151,11 @@ class GpuwatchApp(App):
             return None
 
     def _poll_loop(self) -> None:  # the poll thread
-        while (view := self._requests.get()) is not None:
-            self._fetch(view)
+        try:
+            while (view := self._requests.get()) is not None:
+                self._fetch(view)
+        finally:
+            self._close_sources()
 
     def _fetch(self, view: View) -> None:  # runs in the poll thread
         fleet_view = view.kind in FLEET_VIEWS
