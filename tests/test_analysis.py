@@ -211,21 +211,26 @@ def test_export_sqlite_is_one_file_with_the_run_alone_that_show_and_any_sqlite_t
     conn = open_rw(db)
     insert_rows(conn, "profiles", [dict(id=7, run_id="bbbb2222", ts_ms=T0 + 210_000, trigger="on_demand")])
     insert_rows(conn, "profile_ops", [dict(profile_id=7, name="aten::mm", calls=3, self_cpu_us=5.0)])
+    insert_rows(conn, "profile_breakdowns", [dict(profile_id=7, gpu=1, idle_pct=37.5,
+                                                  breakdown_json='{"temporal": {"idle_pct": 37.5, '
+                                                  '"compute_pct": 60.0, "non_compute_pct": 2.5}}')])
     conn.execute("UPDATE gpu_samples SET energy_mj = (ts_ms - ?) * 200 WHERE gpu_index = 1", (T0,))  # 200 W
     conn.close()
     gw("export", "bbbb2222", "--format", "sqlite", out, "--db", db)
     assert sorted(p.name for p in out.parent.iterdir()) == ["b.db"]  # no -wal/-shm beside it
     plain = sqlite3.connect(out)  # any SQLite tool
     counts = {t: plain.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in (
-        "runs", "steps", "gpu_samples", "oom_postmortems", "profiles", "profile_ops", "run_notes", "gpus")}
+        "runs", "steps", "gpu_samples", "oom_postmortems", "profiles", "profile_ops",
+        "profile_breakdowns", "run_notes", "gpus")}
     assert counts == {"runs": 1, "steps": 5, "gpu_samples": 61, "oom_postmortems": 1, "profiles": 1,
-                      "profile_ops": 1, "run_notes": 1, "gpus": 1}
+                      "profile_ops": 1, "profile_breakdowns": 1, "run_notes": 1, "gpus": 1}
     assert plain.execute("SELECT DISTINCT gpu_index FROM gpu_samples").fetchall() == [(1,)]
     plain.close()
     shown = gw("show", "bbbb2222", "--db", out)
     energy = [line for line in gw("show", "bbbb2222", "--db", db).splitlines() if "energy" in line]
     assert energy and energy == [line for line in shown.splitlines() if "energy" in line]
     assert "[oom]" in shown and "batch 8 was too much" in shown and "steps     5" in shown
+    assert "profile   GPU idle 38% · compute 60%" in shown  # the breakdown came along
     assert "bbbb2222" in gw("runs", "--search", "batch", "--db", out)
     result = CliRunner().invoke(main, ["export", "bbbb2222", "--format", "sqlite", str(out), "--db", str(db)])
     assert result.exit_code == 1 and "exists" in result.output  # never overwritten

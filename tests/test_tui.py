@@ -16,8 +16,8 @@ from dataclasses import replace
 import pytest
 
 from gpuwatch.tui.app import GpuwatchApp
-from gpuwatch.tui.snapshot import (Chart, GpuRow, HostRow, ProcessRow, RunDetail, RunRow, Series,
-                                   Snapshot, View)
+from gpuwatch.tui.snapshot import (Chart, GpuRow, HostRow, ProcessRow, ProfileRow, RunDetail,
+                                   RunRow, Series, Snapshot, View)
 from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 NOW = 1_764_676_800_000  # 2025-12-02 12:00:00 UTC
@@ -91,6 +91,31 @@ def _detail(run_id: str, range_s: int | None) -> RunDetail | None:
         since_ms=since, energy_j=412_000.0, joules_per_token=0.31)
 
 
+_PROFILE: list[ProfileRow] = []
+
+
+def _profile(run_id: str) -> ProfileRow:
+    """A profile whose breakdown is the analysis of a generated, data-loader-bound trace."""
+    if not _PROFILE:
+        import json
+        import tempfile
+        from pathlib import Path
+
+        from gpuwatch.analysis.trace import analyse_files
+        from trace_gen import make_trace, write_trace
+
+        with tempfile.TemporaryDirectory() as d:
+            path = write_trace(Path(d) / "t.json", make_trace(loader_us=4000.0, seed=7))
+            result = analyse_files([path])
+        bd = {**result["ranks"][0], "file": "t.json", "advice": result["advice"]}
+        ops = (("aten::mm", 48, 900.0, 950.0, 21_000.0, 21_000.0, 1 << 20),
+               ("aten::_flash_attention_forward", 12, 300.0, 320.0, 7_700.0, 7_700.0, 0))
+        _PROFILE.append(ProfileRow(run_id, "train-llama", 1, NOW - 60_000, "on_demand", 40, 5,
+                                   "/runs/r/profiles/on_demand.json.gz", 812_000, ops, 1,
+                                   json.dumps(bd)))
+    return replace(_PROFILE[0], run_id=run_id)
+
+
 class FixedSource:
     """Answers every poll with the same data; records what was asked for."""
 
@@ -108,6 +133,8 @@ class FixedSource:
                            processes=_processes(self.child_pid))
         if view.kind == "runs":
             return replace(base, runs=RUNS, runs_total=10_002)
+        if view.kind == "profile":
+            return replace(base, profile=_profile(view.run_id))
         return replace(base, detail=_detail(view.run_id, view.range_s))
 
     def close(self) -> None:
@@ -311,6 +338,7 @@ SCREENS = {
     "run": ["r", "enter"],
     "help": ["question_mark"],
     "signal": ["k"],
+    "profile": ["r", "enter", "p"],
 }
 
 

@@ -12,7 +12,7 @@ from gpuwatch import fmt
 from gpuwatch.analysis import loss as loss_mod
 from gpuwatch.analysis.rundata import run_gpus, run_window
 from gpuwatch.store import energy as energy_mod
-from gpuwatch.store import queries
+from gpuwatch.store import profiles, queries
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,9 @@ class RunStats:
     energy_complete: bool = True       # False: counted from energy_from_ms, older samples expired
     energy_from_ms: int | None = None
     joules_per_token: float | None = None  # over the tokens of the steps the energy covers
+    # from the newest profile's trace breakdown (gpuwatch/analysis/trace), when there is one
+    profile_idle_pct: float | None = None
+    profile_compute_pct: float | None = None
     # Set by compare(), which sees every run: the loss at the shortest run's tokens (or steps)...
     loss_at_equal: float | None = None
     equal_at: int | None = None
@@ -75,12 +78,15 @@ def run_stats(conn: sqlite3.Connection, ref: str) -> RunStats:
     peaks = column(3) or column(4)  # CUDA allocator peak; a CPU-only run's is its RSS
     start, end = run_window(conn, run)
     gpus = run_gpus(conn, run)
+    temporal = (profiles.latest_breakdown(conn, run.run_id) or {}).get("temporal") or {}
     final, best = loss_mod.final_and_best(loss_mod.loss_curve(conn, run.run_id))
     energy = energy_mod.run_energy(conn, {run.run_id: (start, end)}).get(run.run_id)
     return RunStats(run.run_id, run.name, run.status, end - start, len(rows), dist(column(0)),
                     dist(column(1)), max(peaks) if peaks else None,
                     sum(mfu) / len(mfu) if mfu else None, gpu_util(conn, gpus, start, end), tuple(gpus),
-                    final, best, **_energy_fields(conn, run.run_id, energy, end))
+                    final, best, **_energy_fields(conn, run.run_id, energy, end),
+                    profile_idle_pct=temporal.get("idle_pct"),
+                    profile_compute_pct=temporal.get("compute_pct"))
 
 
 def _energy_fields(conn: sqlite3.Connection, run_id: str, energy, end_ms: int) -> dict:
@@ -184,6 +190,8 @@ ROWS = (
     Row("peak memory", lambda s: s.peak_mem_bytes, fmt.size, False),
     Row("MFU mean", lambda s: s.mfu_mean, fmt.percent, True),
     Row("GPU util", lambda s: s.gpu_util_pct, _pct, True),
+    Row("GPU idle (profile)", lambda s: s.profile_idle_pct, _pct, False),
+    Row("GPU compute (profile)", lambda s: s.profile_compute_pct, _pct, True),
     Row("final loss", lambda s: s.loss_final, _loss, False),
     Row("best loss", lambda s: s.loss_best, _loss, False),
     Row("energy", lambda s: s.energy_j, fmt.kwh, False, _partial),

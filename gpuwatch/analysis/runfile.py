@@ -20,7 +20,8 @@ from gpuwatch.analysis.rundata import run_gpus, run_window
 from gpuwatch.store import open_rw, queries
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
 
-# Tables whose rows hang off the run by run_id (profile_ops hang off profiles).
+# Tables whose rows hang off the run by run_id (profile_ops and profile_breakdowns hang off
+# profiles).
 RUN_TABLES = ("steps", "generations", "memory_stats", "run_events", "oom_postmortems",
               "profiles", "stack_dumps", "run_notes")
 
@@ -59,8 +60,9 @@ def write_run_file(conn: sqlite3.Connection, ref: str, path: Path) -> dict[str, 
             copy("runs", "SELECT * FROM runs WHERE run_id = ?", (run.run_id,))
             for table in RUN_TABLES:
                 copy(table, f"SELECT * FROM {table} WHERE run_id = ?", (run.run_id,))
-            copy("profile_ops", "SELECT * FROM profile_ops WHERE profile_id IN "
-                                "(SELECT id FROM profiles WHERE run_id = ?)", (run.run_id,))
+            for table in ("profile_ops", "profile_breakdowns"):
+                copy(table, f"SELECT * FROM {table} WHERE profile_id IN "
+                            "(SELECT id FROM profiles WHERE run_id = ?)", (run.run_id,))
             marks = ", ".join("?" * len(gpus))
             copy("processes", "SELECT * FROM processes WHERE run_id = ? OR pid = ?", (run.run_id, run.pid))
             copy("gpus", f"SELECT * FROM gpus WHERE gpu_index IN ({marks})", gpus)

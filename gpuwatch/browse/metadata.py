@@ -38,6 +38,8 @@ TABLES = {
     "oom_postmortems": "One row per out-of-memory failure, with neighbours and advice as JSON.",
     "profiles": "One row per profiler window of a run.",
     "profile_ops": "One row per profile and operator: its calls and CPU/device time.",
+    "profile_breakdowns": "One row per profile whose trace was analysed: GPU idle / compute / "
+                          "non-compute %, what the idle waited for, overlap, CPU-side split, advice.",
     "stack_dumps": "One row per py-spy dump of a run's process.",
     "capacity_studies": "One row per gpuwatch capacity study.",
     "capacity_points": "One row per study, batch and sequence length measured.",

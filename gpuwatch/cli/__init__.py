@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "demo": "gpuwatch.cli.demo_cmd:demo_cmd",
     "pick": "gpuwatch.cli.pick_cmd:pick_cmd",
     "selftest": "gpuwatch.cli.selftest_cmd:selftest_cmd",
+    "trace": "gpuwatch.cli.trace_cmd:trace_cmd",
 }
 
 

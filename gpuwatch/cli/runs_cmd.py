@@ -182,7 +182,8 @@ def loss_lines(run_id: str, steps, colour: bool) -> list[str]:
 
 
 def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energy=None,
-              energy_tokens: int | None = None, colour: bool = False, notes=()) -> str:
+              energy_tokens: int | None = None, colour: bool = False, notes=(),
+              breakdown: dict | None = None) -> str:
     out = []
     add = out.append
     title = f"run {run.run_id}" + (f"  {run.name}" if run.name else "") + f"  [{run.status}]"
@@ -229,6 +230,10 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energ
         add("  steps     none recorded (not instrumented, or no step() yet)")
     if energy is not None:
         add(energy_line(energy, energy_tokens))
+    if breakdown:
+        from gpuwatch.analysis.trace.render import headline
+
+        add(f"  profile   {headline(breakdown)}")
 
     config = run.config or attached.get("config") or {}
     if config:
@@ -264,7 +269,7 @@ def show_cmd(run_ref, db) -> None:
     Example: gpuwatch show gpt-4k
     """
     from gpuwatch.analysis.rundata import run_window
-    from gpuwatch.store import now_ms, open_ro, queries
+    from gpuwatch.store import now_ms, open_ro, profiles, queries
     from gpuwatch.store.energy import run_energy
 
     conn = open_ro(reader_db_path(db))
@@ -276,7 +281,8 @@ def show_cmd(run_ref, db) -> None:
         tokens = energy and queries.run_tokens(conn, run.run_id, energy.from_ms, end)
         text = show_text(run, queries.steps(conn, run.run_id), _attached(conn, run.run_id),
                          _ranks(conn, run), now_ms(), energy=energy, energy_tokens=tokens, colour=colour,
-                         notes=queries.notes(conn, run.run_id))
+                         notes=queries.notes(conn, run.run_id),
+                         breakdown=profiles.latest_breakdown(conn, run.run_id))
     finally:
         conn.close()
     click.echo(text, color=colour)

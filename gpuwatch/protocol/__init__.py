@@ -269,6 +269,8 @@ EVENT_KINDS: dict[str, dict[str, Spec]] = {
         "trigger": one_of(("scheduled", "on_demand"), required=True),
         "rank": integer(0), "first_step": integer(0), "steps": integer(0),
         "trace_path": text(4096), "trace_bytes": integer(0), "ops": list_of_obj(500),
+        # the trace analysis of the window: one rank of `gpuwatch trace --format json`, + advice
+        "breakdown": obj(),
     },
     # `gpuwatch note RUN TEXT` -> a `run_notes` row; by the run's owner or root.
     "note": {"text": text(4096, required=True)},

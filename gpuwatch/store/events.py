@@ -318,11 +318,46 @@ def _profile_op(op: dict) -> dict:
     return row
 
 
+_BREAKDOWN_MAX_BYTES = 1 << 20
+# profile_breakdowns column -> (section of the breakdown, key in it)
+_BREAKDOWN_COLUMNS = {
+    "kernel_time_us": ("temporal", "kernel_time_us"), "idle_pct": ("temporal", "idle_pct"),
+    "compute_pct": ("temporal", "compute_pct"), "non_compute_pct": ("temporal", "non_compute_pct"),
+    "idle_host_wait_pct": ("idle", "host_wait_pct"), "idle_dataloader_pct": ("idle", "dataloader_pct"),
+    "idle_sync_pct": ("idle", "sync_pct"), "idle_other_pct": ("idle", "other_pct"),
+    "overlap_pct": (None, "overlap_pct"),
+    "cpu_operators_pct": ("cpu", "operators_pct"), "cpu_dataloader_pct": ("cpu", "dataloader_pct"),
+    "cpu_optimizer_pct": ("cpu", "optimizer_pct"), "cpu_other_pct": ("cpu", "other_pct"),
+}
+
+
+def _breakdown_row(bd: dict) -> dict:
+    """A `profile_breakdowns` row from a profile event's `breakdown` (client data: checked)."""
+    row = {"gpu": 1 if bd.get("gpu") else 0}
+    for column, (section, key) in _BREAKDOWN_COLUMNS.items():
+        part = bd if section is None else bd.get(section)
+        value = part.get(key) if isinstance(part, dict) else None
+        if value is not None:
+            if type(value) not in (int, float) or not _INT64[0] <= value <= _INT64[1]:
+                raise EventRejected("invalid", f"breakdown {column}: expected a finite number")
+            row[column] = float(value)
+    advice = bd.get("advice")
+    if advice is not None:
+        if not isinstance(advice, list) or not all(type(a) is str for a in advice):
+            raise EventRejected("invalid", "breakdown advice: expected a list of strings")
+        row["advice_json"] = json.dumps(advice)
+    row["breakdown_json"] = json.dumps(bd, separators=(",", ":"))
+    if len(row["breakdown_json"]) > _BREAKDOWN_MAX_BYTES:
+        raise EventRejected("invalid", f"breakdown: over {_BREAKDOWN_MAX_BYTES} bytes of JSON")
+    return row
+
+
 def _profile(batch: _Batch, event: dict) -> None:
     """A `profiles` row and its `profile_ops`; a replayed event (same run, time, rank, trigger)
     changes nothing."""
     batch.require_own(event["run_id"])
     ops = [_profile_op(op) for op in event.get("ops") or ()]
+    breakdown = _breakdown_row(event["breakdown"]) if event.get("breakdown") else None
     key = (event["run_id"], event["ts_ms"], event.get("rank"), event["trigger"])
     if batch.conn.execute("SELECT 1 FROM profiles WHERE run_id = ? AND ts_ms = ? AND rank IS ? "
                           "AND trigger = ?", key).fetchone():
@@ -335,6 +370,8 @@ def _profile(batch: _Batch, event: dict) -> None:
     for op in ops:
         op["profile_id"] = cur.lastrowid
     insert_rows(batch.conn, "profile_ops", ops, "IGNORE")
+    if breakdown:
+        insert_rows(batch.conn, "profile_breakdowns", [{"profile_id": cur.lastrowid, **breakdown}])
 
 
 def _note(batch: _Batch, event: dict) -> None:

@@ -259,8 +259,9 @@ def _delete_oldest_run(conn: sqlite3.Connection) -> bool:
     if row is None:
         return False
     run_id = row[0]
-    conn.execute("DELETE FROM profile_ops WHERE profile_id IN "
-                 "(SELECT id FROM profiles WHERE run_id = ?)", (run_id,))
+    for table in ("profile_ops", "profile_breakdowns"):
+        conn.execute(f"DELETE FROM {table} WHERE profile_id IN "
+                     "(SELECT id FROM profiles WHERE run_id = ?)", (run_id,))
     for table in RUN_TABLES + ("profiles",):
         conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
     conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))

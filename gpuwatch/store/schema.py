@@ -389,6 +389,24 @@ CREATE TABLE gpu_prof_samples (          -- GPM figures, 0-100 over the tick; GP
 ) WITHOUT ROWID;
 """
 
+# The trace analysis of each profile (gpuwatch/analysis/trace): headline figures as columns for
+# queries, the whole breakdown (one rank of `gpuwatch trace --format json`) as JSON for screens.
+_PROFILE_BREAKDOWNS = """
+CREATE TABLE profile_breakdowns (
+  profile_id INTEGER PRIMARY KEY REFERENCES profiles(id),
+  gpu INTEGER NOT NULL,                  -- 1: the trace has GPU activity; 0: CPU only
+  kernel_time_us REAL,                   -- first GPU event start to last end (HTA's kernel time)
+  idle_pct REAL, compute_pct REAL, non_compute_pct REAL,   -- of kernel_time_us
+  idle_host_wait_pct REAL, idle_dataloader_pct REAL,       -- of the idle time
+  idle_sync_pct REAL, idle_other_pct REAL,
+  overlap_pct REAL,                      -- NCCL time overlapped by compute
+  cpu_operators_pct REAL, cpu_dataloader_pct REAL,         -- of the steps' CPU wall time
+  cpu_optimizer_pct REAL, cpu_other_pct REAL,
+  advice_json TEXT,                      -- list of advice lines
+  breakdown_json TEXT NOT NULL           -- kernels, groups, per-step figures, operators
+);
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
 # An entry is an SQL script, or a function given the connection inside the migration's
 # transaction, for what SQL alone cannot do (sqlite-utils' FTS set-up, `table.transform()`).
@@ -397,5 +415,6 @@ CREATE TABLE gpu_prof_samples (          -- GPM figures, 0-100 over the tick; GP
 # trigger part again.
 Migration = str | Callable[[sqlite3.Connection], None]
 MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
-                               _GENERATION_MEMORY, _ALWAYS_ON, search.add_search]
+                               _GENERATION_MEMORY, _ALWAYS_ON, search.add_search,
+                               _PROFILE_BREAKDOWNS]
 SCHEMA_VERSION = len(MIGRATIONS)

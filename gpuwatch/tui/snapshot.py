@@ -170,6 +170,7 @@ class ProfileRow:
     trace_bytes: int | None
     ops: tuple[tuple[str, int | None, float | None, float | None, float | None, float | None, int | None], ...] = ()
     count: int = 1                         # profiles the run has
+    breakdown_json: str | None = None      # the trace analysis (profile_breakdowns.breakdown_json)
 
 
 @dataclass(frozen=True)

@@ -107,8 +107,10 @@ def profile_row(conn: sqlite3.Connection, run_ref: str) -> ProfileRow | None:
     p = found[0]
     ops = tuple((o.name, o.calls, o.self_cpu_us, o.cpu_total_us, o.self_device_us, o.device_total_us,
                  o.self_mem_bytes) for o in profiles.profile_ops(conn, p.id))
+    breakdown = profiles.profile_breakdown(conn, p.id)
     return ProfileRow(run.run_id, run.name, p.id, p.ts_ms, p.trigger, p.first_step, p.steps,
-                      p.trace_path, p.trace_bytes, ops, len(found))
+                      p.trace_path, p.trace_bytes, ops, len(found),
+                      None if breakdown is None else json.dumps(breakdown))
 
 
 def capacity_row(conn: sqlite3.Connection) -> CapacityRow | None:
