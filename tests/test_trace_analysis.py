@@ -78,6 +78,11 @@ def test_per_step_figures_cover_every_step_with_gpu_work(tmp_path):
     assert all(s["idle_pct"] > 10 and s["idle_dataloader_pct"] > 50 for s in later)
     busy = sum(s["kernel_time_us"] for s in r["steps"][:4])
     assert busy == pytest.approx(r["temporal"]["kernel_time_us"], rel=0.01)
+    # each step's kernel groups add up to the run's
+    for whole in r["kernel_groups"]:
+        per_step = [g["total_us"] for s in r["steps"][:4] for g in s["kernel_groups"]
+                    if g["group"] == whole["group"]]
+        assert sum(per_step) == pytest.approx(whole["total_us"], rel=0.01), whole["group"]
 
 
 def test_reader_streams_keys_in_any_order_and_split_across_chunks(tmp_path, monkeypatch):

@@ -48,7 +48,8 @@ def _step_figures(rt: RankTrace, idx: list[int], start: float | None) -> dict:
     return {"idle_pct": t["idle_pct"], "compute_pct": t["compute_pct"],
             "non_compute_pct": t["non_compute_pct"], "kernel_time_us": t["kernel_time_us"],
             "idle_dataloader_pct": i["dataloader_pct"], "idle_host_wait_pct": i["host_wait_pct"],
-            "idle_sync_pct": i["sync_pct"]}
+            "idle_sync_pct": i["sync_pct"], "kernel_groups": gpu.kernels(rt, idx, top=0)[1],
+            "overlap_pct": gpu.overlap_pct(rt, idx)}
 
 
 def slowest_rank(ranks: list[dict]) -> dict | None:
