@@ -18,6 +18,7 @@ from pathlib import Path
 from gpuwatch.analysis.export import ExportError
 from gpuwatch.analysis.rundata import run_gpus, run_window
 from gpuwatch.store import open_rw, queries
+from gpuwatch.store.db import sqlite_utils_database
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
 
 # Tables whose rows hang off the run by run_id (profile_ops and profile_breakdowns hang off
@@ -33,8 +34,6 @@ def _rows(cur: sqlite3.Cursor):
 
 def write_run_file(conn: sqlite3.Connection, ref: str, path: Path) -> dict[str, int]:
     """Write run `ref` of `conn` to a new SQLite file at `path`; {table: rows written}."""
-    import sqlite_utils
-
     if path.exists():
         raise ExportError(f"{path} exists; give a new file name")
     run = queries.run(conn, ref)
@@ -47,8 +46,7 @@ def write_run_file(conn: sqlite3.Connection, ref: str, path: Path) -> dict[str, 
         raise
     counts: dict[str, int] = {}
     try:
-        db = sqlite_utils.Database(out)
-        with out:
+        with sqlite_utils_database(out) as db, out:
             out.execute("BEGIN")
 
             def copy(table: str, sql: str, params=()) -> None:

@@ -36,24 +36,24 @@ def add_search(conn: sqlite3.Connection) -> None:
     would point the index at the wrong runs: `runs` needs an INTEGER PRIMARY KEY. ALTER TABLE
     cannot change a primary key; sqlite-utils' `transform()` rebuilds the table with one (the
     columns, their order and the indexes kept) and `run_id` stays unique."""
-    import sqlite_utils
+    from gpuwatch.store.db import sqlite_utils_database
 
-    db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
-    conn.execute("ALTER TABLE runs ADD COLUMN id INTEGER")
-    conn.execute("UPDATE runs SET id = rowid")
-    db["runs"].transform(pk="id", not_null={"run_id"})
-    conn.execute("CREATE UNIQUE INDEX runs_run_id ON runs(run_id)")  # it was the primary key
-    conn.execute(NOTES_SQL.strip())
-    db["runs"].enable_fts(RUN_COLUMNS, create_triggers=True)
-    db["run_notes"].enable_fts(["text"], create_triggers=True)
-    cols = ", ".join(RUN_COLUMNS)
-    old = ", ".join(f"old.{c}" for c in RUN_COLUMNS)
-    new = ", ".join(f"new.{c}" for c in RUN_COLUMNS)
-    conn.execute("DROP TRIGGER runs_au")
-    conn.execute(
-        f"CREATE TRIGGER runs_au AFTER UPDATE OF {cols} ON runs BEGIN "
-        f"INSERT INTO runs_fts (runs_fts, rowid, {cols}) VALUES ('delete', old.rowid, {old}); "
-        f"INSERT INTO runs_fts (rowid, {cols}) VALUES (new.rowid, {new}); END")
+    with sqlite_utils_database(conn) as db:
+        conn.execute("ALTER TABLE runs ADD COLUMN id INTEGER")
+        conn.execute("UPDATE runs SET id = rowid")
+        db["runs"].transform(pk="id", not_null={"run_id"})
+        conn.execute("CREATE UNIQUE INDEX runs_run_id ON runs(run_id)")  # it was the primary key
+        conn.execute(NOTES_SQL.strip())
+        db["runs"].enable_fts(RUN_COLUMNS, create_triggers=True)
+        db["run_notes"].enable_fts(["text"], create_triggers=True)
+        cols = ", ".join(RUN_COLUMNS)
+        old = ", ".join(f"old.{c}" for c in RUN_COLUMNS)
+        new = ", ".join(f"new.{c}" for c in RUN_COLUMNS)
+        conn.execute("DROP TRIGGER runs_au")
+        conn.execute(
+            f"CREATE TRIGGER runs_au AFTER UPDATE OF {cols} ON runs BEGIN "
+            f"INSERT INTO runs_fts (runs_fts, rowid, {cols}) VALUES ('delete', old.rowid, {old}); "
+            f"INSERT INTO runs_fts (rowid, {cols}) VALUES (new.rowid, {new}); END")
 
 
 def match_expression(text: str) -> str:
