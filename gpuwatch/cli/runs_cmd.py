@@ -133,10 +133,11 @@ def _end_line(run) -> str:
     return text
 
 
-def _attached(conn, run_id: str) -> dict:
-    """What an instrumented child told a `gpuwatch run` wrapper's run (config, torch version)."""
-    row = conn.execute("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached' "
-                       "ORDER BY seq LIMIT 1", (run_id,)).fetchone()
+def _attached(conn, run_id: str, kind: str = "attached") -> dict:
+    """What an instrumented child told a `gpuwatch run` wrapper's run (config, torch version);
+    with kind 'not_instrumented', why its child could not be instrumented."""
+    row = conn.execute("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = ? "
+                       "ORDER BY seq LIMIT 1", (run_id, kind)).fetchone()
     try:
         payload = json.loads(row[0]) if row and row[0] else {}
     except ValueError:
@@ -152,7 +153,8 @@ def _ranks(conn, run) -> list[tuple]:
         (run.run_id, run.job_id, run.run_id)).fetchall()
 
 
-def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int) -> str:
+def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int,
+              not_instrumented: str | None = None) -> str:
     out = []
     add = out.append
     title = f"run {run.run_id}" + (f"  {run.name}" if run.name else "") + f"  [{run.status}]"
@@ -189,6 +191,8 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int) -> st
         rss = max((s.rss_bytes for s in steps if s.rss_bytes is not None), default=None)
         add(f"  memory    GPU peak allocated {fmt.size(gpu_peak)}   reserved {fmt.size(reserved)}"
             f"   host RSS peak {fmt.size(rss)}")
+    elif not_instrumented:
+        add(f"  steps     none: not instrumented: {not_instrumented}")
     else:
         add("  steps     none recorded (not instrumented, or no step() yet)")
 
@@ -225,7 +229,8 @@ def show_cmd(run_ref, db) -> None:
     try:
         run = queries.run(conn, run_ref)
         text = show_text(run, queries.steps(conn, run.run_id), _attached(conn, run.run_id),
-                         _ranks(conn, run), now_ms())
+                         _ranks(conn, run), now_ms(),
+                         _attached(conn, run.run_id, "not_instrumented").get("reason"))
     finally:
         conn.close()
     click.echo(text)
