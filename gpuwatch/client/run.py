@@ -180,6 +180,10 @@ class Run:
         self._send("run_event", seq=self._last_seq, event_kind=kind, payload=dict(payload or {}))
 
     # ---- steps --------------------------------------------------------------------------
+    @property
+    def steps_recorded(self) -> int:
+        return self._step
+
     def step(self, tokens: int | None = None, samples: int | None = None, seq_len: int | None = None,
              loss: Any = None) -> None:
         """Record one optimiser step. Never synchronises the GPU: timings and a tensor loss are
