@@ -4,12 +4,17 @@ The child (whatever its interpreter) then sends over a Unix socket exactly as it
 daemon, and this process writes those events with the daemon's own ingest code into the
 embedded database it already holds. The GPU/host sampler stays in this process too: the
 training process carries no sampler thread and no database writer.
+
+`python -m gpuwatch.cli.private_ingest SOCKET` does the same for gpuwatch.autolog(), which has
+no wrapper process: a helper that serves SOCKET until its stdin closes (its parent exited).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import sys
 import threading
 from pathlib import Path
 
@@ -51,3 +56,27 @@ class PrivateIngest:
         """Stop serving once every connection had its chance to deliver (the child has exited)."""
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10.0)
+
+
+def _main(socket_path: str) -> None:
+    from gpuwatch.client.transport import EmbeddedTransport
+    from gpuwatch.config import load
+
+    cfg = load()
+    transport = EmbeddedTransport(cfg)
+    try:
+        ingest = PrivateIngest(cfg, transport.writer, Path(socket_path))
+        print("ready", flush=True)
+        sys.stdin.buffer.read()  # EOF once the process we serve has exited
+        ingest.close()
+    finally:
+        transport.close()
+        try:
+            os.unlink(socket_path)
+            os.rmdir(os.path.dirname(socket_path))
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])
