@@ -64,7 +64,9 @@ def test_a_hand_written_loop_with_grad_accumulation_two_optimisers_and_eval():
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]
     assert {(s["tokens"], s["samples"], s["seq_len"]) for s in steps} == {(4 * 4 * 16, 16, 16)}
     assert all(s["step_time_ms"] > 0 and s["tokens_per_s"] > 0 and s["rss_bytes"] > 0 for s in steps)
-    assert all(s["loss"] is None for s in steps)  # the model returns logits, not a loss
+    # The model returns logits: the loss is what backward() was called on (loss / 4, summed).
+    logged = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step ")]
+    assert [s["loss"] for s in steps] == pytest.approx(logged, rel=1e-5)
 
 
 def test_the_real_hugging_face_trainer_unchanged(tmp_path):
@@ -73,6 +75,8 @@ def test_the_real_hugging_face_trainer_unchanged(tmp_path):
     line = next(x for x in done.stdout.splitlines() if x.startswith("GPUWATCH_TEST "))
     trainer = json.loads(line.removeprefix("GPUWATCH_TEST "))
     logs = [entry for entry in trainer["logged"] if "loss" in entry]
+    # The bootstrap added our callback (once); the generic hooks stood aside: one step per step.
+    assert trainer["callbacks"].count("gpuwatch.integrations.hf") == 1
     run = the_run()
     steps = steps_of(run["run_id"])
     assert run["status"] == "finished"
@@ -96,7 +100,9 @@ def test_the_real_hugging_face_trainer_unchanged(tmp_path):
     assert gen["tokens_per_s"] > 0
     config = json.loads(query("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'",
                               run["run_id"])[0][0])["config"]
-    assert config["n_layer"] == 2 and config["model_type"] == "gpt2"  # the model's config
+    # The callback's config: the TrainingArguments and the model's config.
+    assert config["model"]["n_layer"] == 2 and config["model"]["model_type"] == "gpt2"
+    assert config["training_args"]["gradient_accumulation_steps"] == 2
 
 
 def test_a_script_that_tracks_itself_is_counted_once_by_its_own_calls():
@@ -176,6 +182,7 @@ def _assert_lightning_run(steps, lightning: dict) -> None:
 
 def test_the_real_lightning_trainer_unchanged():
     lightning = _trainer_figures(gw_run(PY, str(SCRIPTS / "lightning_trainer.py")))
+    assert lightning["callbacks"].count("gpuwatch.integrations.lightning") == 1  # added by the bootstrap
     run = the_run()
     assert run["status"] == "finished"
     _assert_lightning_run(steps_of(run["run_id"]), lightning)

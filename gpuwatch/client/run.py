@@ -211,6 +211,11 @@ class Run:
         if self._profiling.active:
             self._profiling.step(self._step)
 
+    def note_shape(self, batch: int | None, seq_len: int | None) -> None:
+        """The shape of the step under way (the zero-code hooks see it as the forward begins), so
+        an OOM before the step ends gets it in its postmortem."""
+        self._batch, self._seq_len = _whole(batch), _whole(seq_len)
+
     def _choose_clock(self) -> None:
         torch = torch_stats.cuda_torch()
         if torch is None:

@@ -472,9 +472,13 @@ class EmbeddedTransport(Transport):
         # No daemon watches this database: runs left `running` by processes that died are
         # marked lost (or killed by the OOM killer) now.
         self.writer.submit(RunsWatch(self.writer).check, block=False)
+        # Under `gpuwatch run` (its run id in our environment) the wrapper already samples this
+        # host into the same database: a second sampler would double the rows and the warnings.
+        self.sampler = None
         try:
-            self.sampler = Sampler(self.writer, cfg)
-            self.sampler.start()
+            if not os.environ.get("GPUWATCH_RUN_ID"):  # client.run.ENV_RUN_ID (run imports us)
+                self.sampler = Sampler(self.writer, cfg)
+                self.sampler.start()
         except BaseException:
             self.writer.close()
             raise
@@ -535,5 +539,6 @@ class EmbeddedTransport(Transport):
         return self.writer.flush(timeout)
 
     def close(self) -> None:
-        self.sampler.stop()
+        if self.sampler is not None:
+            self.sampler.stop()
         self.writer.close()

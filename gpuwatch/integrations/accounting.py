@@ -51,11 +51,15 @@ def find_tokens(args: tuple = (), kwargs: Mapping | None = None):
     return None, None
 
 
-def count(ids, mask=None) -> tuple[Any, int, int]:
-    """(tokens, samples, seq_len) of a (batch, seq_len) id tensor: tokens are the unmasked ones
-    when a mask of the same shape is given (a tensor, summed on its device without waiting)."""
+def count(ids, mask=None, seq_first: bool = False) -> tuple[Any, int, int]:
+    """(tokens, samples, seq_len) of a (batch, seq_len) id tensor, or (seq_len, batch) with
+    `seq_first`: tokens are the unmasked ones when a mask of the same shape is given (a tensor,
+    summed on its device without waiting)."""
     shape = ids.shape
-    samples, seq_len = (1, shape[0]) if len(shape) == 1 else (shape[0], shape[-1])
+    if len(shape) == 1:
+        samples, seq_len = 1, shape[0]
+    else:
+        samples, seq_len = (shape[-1], shape[0]) if seq_first else (shape[0], shape[-1])
     if mask is not None and getattr(mask, "shape", None) == shape:
         return mask.sum(), samples, seq_len
     return ids.numel(), samples, seq_len
@@ -85,7 +89,9 @@ def _is_scalar_float(value) -> bool:
 
 
 class StepTally:
-    """Tokens, samples and losses of the micro-batches since the last optimiser step."""
+    """Tokens, samples and losses of the micro-batches since the last optimiser step. A loss is
+    the one the model returned or, when it returned none, the scalar the program called
+    backward() on (a root)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -96,13 +102,14 @@ class StepTally:
         self.samples = 0
         self.seq_len: int | None = None
         self._losses: list = []
+        self._roots: list = []
         self._summed = False
 
-    def add(self, ids, mask=None) -> None:
+    def add(self, ids, mask=None, seq_first: bool = False) -> None:
         self.forwards += 1
         if ids is None:
             return
-        tokens, samples, seq_len = count(ids, mask)
+        tokens, samples, seq_len = count(ids, mask, seq_first)
         self.tokens = tokens if self.tokens is None else self.tokens + tokens
         self.samples += samples
         self.seq_len = max(seq_len, self.seq_len or 0)
@@ -114,10 +121,16 @@ class StepTally:
             self._losses.append(loss.detach())
             self._summed = normalised_over_step
 
+    def add_root(self, loss) -> None:
+        """A scalar the program called backward() on, after a forward of the model."""
+        self._roots.append(loss.detach())
+
     def loss(self):
-        """The step's loss over its micro-batches (a tensor: read later, without a sync)."""
+        """The step's loss over its micro-batches (a tensor: read later, without a sync). Roots
+        are summed: a loop that divides by its accumulation count before backward() (nanoGPT,
+        accelerate) gets the mean micro-batch loss."""
         if not self._losses:
-            return None
+            return sum(self._roots) if self._roots else None
         total = self._losses[0] if len(self._losses) == 1 else sum(self._losses)
         return total if self._summed else total / len(self._losses)
 
@@ -129,12 +142,44 @@ class StepTally:
         return fields
 
 
-def count_forward(tally: StepTally, args, kwargs, output) -> None:
+def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = False) -> None:
     """Add one training forward of the model: its token inputs and the loss it returned."""
     ids, mask = find_tokens(args, kwargs)
-    tally.add(ids, mask)
+    tally.add(ids, mask, seq_first)
     # Hugging Face passes num_items_in_batch when the model divides by the whole step's count.
     tally.add_loss(loss_of(output), normalised_over_step=kwargs.get("num_items_in_batch") is not None)
+
+
+def sequence_first(model) -> bool:
+    """Whether the model takes (seq_len, batch) inputs: it holds modules with a `batch_first`
+    flag (nn.Transformer*, nn.MultiheadAttention, nn.LSTM/GRU/RNN) and every one says False."""
+    flags = [m.batch_first for m in model.modules() if isinstance(getattr(m, "batch_first", None), bool)]
+    return bool(flags) and not any(flags)
+
+
+_HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "nhead")
+# Hugging Face's attention implementations, as the OOM advice names them ("naive": B·H·L² scores).
+_ATTN = {"eager": "naive", "sdpa": "sdpa", "flash_attention_2": "flash", "flash_attention_3": "flash",
+         "flex_attention": "flex"}
+
+
+def model_shape(model, ids=None, mask=None) -> dict:
+    """batch, seq_len, heads and attention implementation of a model's forward, from its inputs
+    and config (Hugging Face's `num_attention_heads`, `_attn_implementation`) or its attention
+    modules (nn.MultiheadAttention's num_heads): what an OOM postmortem's advice needs."""
+    shape: dict = {}
+    if ids is not None:
+        _, shape["batch"], shape["seq_len"] = count(ids, None, sequence_first(model))
+    config = getattr(model, "config", None)
+    heads = next((getattr(config, k) for k in _HEADS if isinstance(getattr(config, k, None), int)), None)
+    if heads is None:
+        heads = next((m.num_heads for m in model.modules() if isinstance(getattr(m, "num_heads", None), int)), None)
+    if heads:
+        shape["heads"] = heads
+    attn = _ATTN.get(str(getattr(config, "_attn_implementation", None)))
+    if attn:
+        shape["attn"] = attn
+    return shape
 
 
 def precision_of(text) -> str:

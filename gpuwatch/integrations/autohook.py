@@ -1,12 +1,20 @@
 """Zero-code instrumentation: torch's own global hooks turn an unmodified training loop into
-the steps of a run.
+the steps of a run, and leave nothing behind on the program's objects.
 
 The bootstrap (`bootstrap/sitecustomize.py`) calls `install()` once the program has imported
-torch. Until the first optimiser step, global module hooks watch the top-level forwards to find
-the outermost module (the trained model: the top-level module with the most parameters); then
-they are removed and one forward hook stays on that module, so the per-step cost does not grow
-with the number of submodules. A step is an optimiser step that follows at least one training
-forward: several optimisers stepping in one iteration count once.
+torch. Two process-global module hooks (torch keeps them in its own module, never on a model)
+see each top-level module call. For the length of that call they take themselves out of torch's
+global hook tables and put a one-shot "forward ended" hook on the called module, which removes
+itself and puts the global ones back. So submodules run torch's hook-free fast path (the per-step
+cost does not grow with the model), a copy or pickle taken between calls finds nothing of ours,
+and code that torch.compile traces inside a forward always sees the same, empty, global tables:
+no guard of dynamo's changes and nothing is recompiled.
+
+A step is an optimiser step that follows at least one training forward (several optimisers in
+one iteration count once). A program that never made an optimiser updates its parameters by
+hand: there a step is each backward through the trained model's output (autograd tells us, via
+a hook on that output's graph node, which vanishes with the graph). The loss is the one the model
+returned, else the scalar the program called backward() on, with AMP's GradScaler scale undone.
 
 Any error in these hooks switches them all off with one warning line: the user's program must
 never break because of us.
@@ -16,12 +24,11 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-import time
+import weakref
 
 from gpuwatch.client import run as run_mod
-from gpuwatch.integrations.accounting import (StepTally, count_forward, flops_per_token,
-                                               plain_config, precision_of)
+from gpuwatch.integrations.accounting import (StepTally, count_forward, find_tokens, flops_per_token,
+                                               model_shape, plain_config, precision_of, sequence_first)
 
 # "0" (or false/no/off): the bootstrap leaves the program alone; `gpuwatch run --no-instrument`.
 ENV_INSTRUMENT = "GPUWATCH_INSTRUMENT"
@@ -62,10 +69,16 @@ class AutoInstrument:
         self.model = None  # the outermost module, once found
         self.tally = StepTally()
         self._candidates: dict[int, tuple] = {}  # id(module) -> (module, its tally), until found
-        self._depth = threading.local()
+        self._pre_id = self._post_id = None
+        self._seq_first = False  # the model takes (seq_len, batch) inputs
         self._handles: list = []
         self._fpt = None
         self._off = False
+        self._framework = None  # (model, tally): a framework callback records this training
+        self._optimizer_made: bool | None = None  # decided at the first backward through the model
+        self._through_model = False  # the running backward reached the model's output
+        self._scaled = None  # (weakref to GradScaler.scale's output, the scale it applied)
+        self._patched: list = []  # (owner, name, original): torch functions we wrapped
         self._pid = os.getpid()  # forked DataLoader workers inherit the hooks, not the run
 
     # ---- set-up and tear-down ----------------------------------------------------------
@@ -73,23 +86,34 @@ class AutoInstrument:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim_module
 
-        self._handles = [
-            nn_module.register_module_forward_pre_hook(self._enter),
-            nn_module.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True),
-            optim_module.register_optimizer_step_post_hook(self._on_optimizer_step),
-        ]
+        self._nn = nn_module
+        pre = nn_module.register_module_forward_pre_hook(self._enter)
+        post = nn_module.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True)
+        self._pre_id, self._post_id = pre.id, post.id
+        self._handles = [pre, post, optim_module.register_optimizer_step_post_hook(self._on_optimizer_step)]
+        self._patch(nn_module, "_has_any_global_hook", self._wrap_has_any_global_hook)
+        self._patch(self.torch.autograd, "backward", self._wrap_backward)
+        scaler = getattr(getattr(self.torch, "amp", None), "GradScaler", None)
+        if scaler is not None:
+            self._patch(scaler, "scale", self._wrap_scale)
 
-    def _remove(self, handles) -> None:
-        for handle in handles:
-            handle.remove()
+    def _patch(self, owner, name: str, wrap) -> None:
+        original = getattr(owner, name, None)
+        if original is not None:
+            self._patched.append((owner, name, original))
+            setattr(owner, name, wrap(original))
 
     def switch_off(self, error: BaseException | None = None) -> None:
         """Remove every hook; with an error, say so in one line (the program goes on)."""
         if self._off:
             return
         self._off = True
-        self._remove(self._handles)
+        for handle in self._handles:
+            handle.remove()
         self._handles = []
+        for owner, name, original in reversed(self._patched):
+            setattr(owner, name, original)
+        self._patched = []
         if error is not None:
             print(f"gpuwatch: automatic instrumentation switched off after an error in its hooks "
                   f"({type(error).__name__}: {error}); the program continues untouched",
@@ -106,61 +130,179 @@ class AutoInstrument:
             return False
         return True
 
+    def stand_aside(self, model=None, tally: StepTally | None = None) -> None:
+        """A framework callback records the training of `model` (its own steps and loss): make
+        no steps of ours, only count that model's training forwards into `tally` when given (the
+        callback then puts no hook on the model). stand_aside() again when the training ends."""
+        self._framework = None if model is None else (model, tally)
+        self._candidates.clear()
+        self.tally.reset()
+
     # ---- the run ------------------------------------------------------------------------
-    def ensure_run(self, module) -> run_mod.Run:
+    def ensure_run(self, module, args=(), kwargs=None) -> run_mod.Run:
         if self.run is None:
-            config = plain_config(getattr(module, "config", None))
-            self.run = run_mod.start_run(name=self.name, config=config, precision=_precision(self.torch, module),
+            inner = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model in it
+            config = plain_config(getattr(inner, "config", None)) or {}
+            # batch, seq_len, heads, attention: known before the first step, for an OOM postmortem
+            config.update(model_shape(inner, *find_tokens(args, kwargs)))
+            precision = _precision(self.torch, module)
+            config.setdefault("precision", precision)  # what the OOM advice weighs activations in
+            config.setdefault("n_params", _n_params(inner))
+            self.run = run_mod.start_run(name=self.name, config=config, precision=precision,
                                          flops_per_token=lambda seq_len: self._fpt and self._fpt(seq_len))
         return self.run
 
-    # ---- finding the outermost module (first iteration only) ---------------------------
+    # ---- top-level module calls -------------------------------------------------------------
+    # While a top-level forward runs, our global hooks are out of torch's tables and a one-shot
+    # hook on the called module (under the same id) brings them back when it returns or raises.
     def _enter(self, module, args) -> None:
-        depth = getattr(self._depth, "n", 0)
-        self._depth.n = depth + 1
-        if depth == 0 and self.run is None and module.training and self.torch.is_grad_enabled() \
-                and self._ours():
-            try:  # open the run before the first forward: an OOM in it gets its postmortem
-                self.ensure_run(module)
-            except Exception as e:  # noqa: BLE001
-                self.switch_off(e)
-
-    def _leave(self, module, args, kwargs, output) -> None:
-        self._depth.n = depth = getattr(self._depth, "n", 1) - 1
-        if depth or not self._ours() or not (module.training and self.torch.is_grad_enabled()):
+        torch = self.torch
+        if torch.compiler.is_compiling() or torch._C._get_tracing_state() or not self._ours():
+            return  # traced by dynamo, jit or export: a no-op, leaving nothing in the graph
+        nn = self._nn
+        post_id = self._post_id
+        nn._global_forward_pre_hooks.pop(self._pre_id, None)
+        nn._global_forward_hooks.pop(post_id, None)
+        module._forward_hooks[post_id] = self._leave
+        module._forward_hooks_with_kwargs[post_id] = True
+        module._forward_hooks_always_called[post_id] = True
+        if self._framework is not None or not (module.training and torch.is_grad_enabled()):
             return
         try:
-            _, tally = self._candidates.setdefault(id(module), (module, StepTally()))
-            count_forward(tally, args, kwargs, output)
-        except Exception as e:  # noqa: BLE001 — never the user's problem
-            self.switch_off(e)
-
-    def _choose_model(self) -> bool:
-        """At the first optimiser step: the top-level training module with the most parameters
-        (the model, not a loss module called beside it); its hook replaces the global ones."""
-        if not self._candidates:
-            return False
-        module, tally = max(self._candidates.values(), key=lambda c: _n_params(c[0]))
-        self._candidates.clear()
-        self._remove(self._handles[:2])
-        self._handles[:2] = [module.register_forward_hook(self._on_forward, with_kwargs=True)]
-        self.model, self.tally = module, tally
-        self._fpt = flops_per_token(module)
-        return True
-
-    # ---- every step ---------------------------------------------------------------------
-    def _on_forward(self, module, args, kwargs, output) -> None:
-        if not self._ours() or not (module.training and self.torch.is_grad_enabled()):
-            return
-        try:
-            count_forward(self.tally, args, kwargs, output)
+            if self.model is None or module is self.model:
+                # Here the first training forward of an iteration is known: tally.forwards == 0.
+                if self.run is None:  # opened before the first forward: an OOM in it gets its postmortem
+                    self.ensure_run(module, args)
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
 
-    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        if not self._ours():
+    def _leave(self, module, args, kwargs, output) -> None:
+        """Also called when the forward raised (output None): before an OOM reaches the run."""
+        if self.torch.compiler.is_compiling():
+            return
+        post_id = self._post_id
+        if module._forward_hooks.pop(post_id, None) is None:
+            return  # called from torch's global table: a call we did not enter (traced, off)
+        module._forward_hooks_with_kwargs.pop(post_id, None)
+        module._forward_hooks_always_called.pop(post_id, None)
+        self._restore_globals()
+        if self._off or not (module.training and self.torch.is_grad_enabled()):
             return
         try:
+            if self._framework is not None:  # the framework's steps: its callback reads this tally
+                model, tally = self._framework
+                if module is model and tally is not None:
+                    count_forward(tally, args, kwargs, output)
+                return
+            if self.model is None:
+                _, tally, seq_first = self._candidates.get(id(module)) or self._candidate(module, args, kwargs)
+            elif module is self.model:
+                tally, seq_first = self.tally, self._seq_first
+            else:
+                return
+            count_forward(tally, args, kwargs, output, seq_first)
+            grad_fn = _first_grad_fn(output)
+            if grad_fn is not None:  # the node dies with the graph: nothing stays behind
+                grad_fn.register_prehook(self._reached_model)
+        except Exception as e:  # noqa: BLE001 — never the user's problem
+            self.switch_off(e)
+
+    def _candidate(self, module, args, kwargs) -> tuple:
+        """A top-level training module of the first iteration; the first one also completes the
+        run's shape (inputs given by keyword are seen only here, before an OOM reaches the run)."""
+        inner = getattr(module, "_orig_mod", module)
+        candidate = self._candidates[id(module)] = (module, StepTally(), sequence_first(inner))
+        if self.run is not None and len(self._candidates) == 1:
+            shape = model_shape(inner, *find_tokens(args, kwargs))
+            self.run.note_shape(shape.get("batch"), shape.get("seq_len"))
+        return candidate
+
+    def _restore_globals(self) -> None:
+        nn = getattr(self, "_nn", None)
+        if nn is None or self._off:
+            return
+        if self._pre_id not in nn._global_forward_pre_hooks:
+            nn._global_forward_pre_hooks[self._pre_id] = self._enter
+        if self._post_id not in nn._global_forward_hooks:
+            nn._global_forward_hooks[self._post_id] = self._leave
+
+    def _wrap_has_any_global_hook(self, original):
+        """torch.compile(module) warns about global hooks firing for its wrapper: ours know it."""
+        nn = self._nn
+
+        def has_any_global_hook_but_ours():
+            ours = {self._pre_id, self._post_id}
+            return bool(nn._global_backward_pre_hooks or nn._global_backward_hooks
+                        or set(nn._global_forward_pre_hooks) - ours or set(nn._global_forward_hooks) - ours)
+
+        return has_any_global_hook_but_ours
+
+    def _choose_model(self) -> bool:
+        """At the first step: the top-level training module with the most parameters (the model,
+        not a loss module called beside it)."""
+        if not self._candidates:
+            return False
+        module, tally, seq_first = max(self._candidates.values(), key=lambda c: _n_params(c[0]))
+        self._candidates.clear()
+        self.model, self.tally, self._seq_first = module, tally, seq_first
+        self._fpt = flops_per_token(getattr(module, "_orig_mod", module))
+        return True
+
+    # ---- backward -------------------------------------------------------------------------
+    def _reached_model(self, grad_outputs) -> None:
+        self._through_model = True
+
+    def _wrap_backward(self, backward):
+        def recorded_backward(tensors, *args, **kwargs):
+            self._through_model = False
+            result = backward(tensors, *args, **kwargs)
+            if self._through_model and self._framework is None and self._ours():
+                try:
+                    self._after_backward(tensors)
+                except Exception as e:  # noqa: BLE001
+                    self.switch_off(e)
+            return result
+
+        recorded_backward.__wrapped__ = backward
+        return recorded_backward
+
+    def _after_backward(self, root) -> None:
+        """A backward through the model ended: its root is the loss (when the model returned
+        none); without any optimiser in the program, this ends the iteration."""
+        self._through_model = False
+        if _is_scalar(root):
+            loss = root.detach()
+            scaled = self._scaled
+            if scaled is not None and scaled[0]() is root:  # GradScaler's scale, undone
+                loss = loss / scaled[1]
+            tallies = [self.tally] if self.model is not None else [c[1] for c in self._candidates.values()]
+            for tally in tallies:
+                tally.add_root(loss)
+        if self._optimizer_made is None:
+            self._optimizer_made = _any_optimizer_made(self.torch)
+        if not self._optimizer_made and (self.model is not None or self._choose_model()) \
+                and self.tally.forwards:
+            self.run.step(**self.tally.take())
+
+    def _wrap_scale(self, scale):
+        def recorded_scale(scaler, outputs):
+            scaled = scale(scaler, outputs)
+            try:
+                if _is_scalar(scaled) and getattr(scaler, "_scale", None) is not None:
+                    self._scaled = (weakref.ref(scaled), scaler._scale.detach().clone())
+            except Exception as e:  # noqa: BLE001
+                self.switch_off(e)
+            return scaled
+
+        recorded_scale.__wrapped__ = scale
+        return recorded_scale
+
+    # ---- every step ---------------------------------------------------------------------
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self._framework is not None or not self._ours():
+            return
+        try:
+            self._optimizer_made = True
             if self.model is None and not self._choose_model():
                 return  # a step with no training forward before it: nothing was trained
             if self.tally.forwards:  # a second optimiser in the same iteration adds nothing
@@ -171,6 +313,7 @@ class AutoInstrument:
     # ---- Hugging Face generate() --------------------------------------------------------
     def wrap_generate(self, generate):
         """GenerationMixin.generate, recorded as one generation per call."""
+        import time
 
         def recorded_generate(model, *args, **kwargs):
             if not self._ours():
@@ -196,6 +339,36 @@ class AutoInstrument:
 
 def _n_params(module) -> int:
     return sum(p.numel() for p in module.parameters())
+
+
+def _is_scalar(value) -> bool:
+    return getattr(value, "ndim", None) == 0 and getattr(getattr(value, "dtype", None), "is_floating_point", False)
+
+
+def _first_grad_fn(output):
+    """The autograd node of the first tensor in a forward's output that has one."""
+    if hasattr(output, "grad_fn"):
+        return output.grad_fn
+    if isinstance(output, dict) or hasattr(output, "values") and hasattr(output, "keys"):
+        output = list(output.values())
+    if isinstance(output, (tuple, list)):
+        for value in output:
+            grad_fn = getattr(value, "grad_fn", None)
+            if grad_fn is not None:
+                return grad_fn
+    return None
+
+
+def _any_optimizer_made(torch) -> bool:
+    """Whether the program has built a torch optimiser: torch marks each optimiser class's step
+    as hooked when its first instance is made."""
+    pending = [torch.optim.Optimizer]
+    while pending:
+        cls = pending.pop()
+        if getattr(cls.__dict__.get("step"), "hooked", False):
+            return True
+        pending.extend(cls.__subclasses__())
+    return False
 
 
 def _precision(torch, module) -> str:

@@ -2,7 +2,9 @@
 
 Hugging Face callbacks do not see the batches, so the callback hooks the model's forward (one
 hook, on the outermost model) for tokens and the loss, and steps at the Trainer's optimiser
-steps; the config is the TrainingArguments and the model's config.
+steps; the config is the TrainingArguments and the model's config. Under `gpuwatch run` the
+bootstrap adds this callback to every Trainer (`add_to_trainers`); the zero-code hooks then stand
+aside and count the forwards for it, so no hook is put on the model.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import torch
 from transformers import TrainerCallback
 
 from gpuwatch.client.run import start_run
+from gpuwatch.integrations import autohook
 from gpuwatch.integrations.accounting import StepTally, count_forward, flops_per_token, plain_config
 
 
@@ -27,7 +30,11 @@ class GpuwatchCallback(TrainerCallback):
         config = {"training_args": plain_config(args), "model": plain_config(getattr(model, "config", None))}
         self.run = start_run(name=self.name or args.run_name, config=config, flops_per_token=flops_per_token(model),
                              precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
-        self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
+        hooks = autohook.active()
+        if hooks is not None:
+            hooks.stand_aside(model, self._tally)
+        else:
+            self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
 
     def _on_forward(self, module, args, kwargs, output) -> None:
         if module.training and torch.is_grad_enabled():
@@ -39,6 +46,24 @@ class GpuwatchCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.run is not None:
-            self._hook.remove()
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
+            elif autohook.active() is not None:
+                autohook.active().stand_aside()
             self.run.finish()
             self.run = None
+
+
+def add_to_trainers(trainer_module) -> None:
+    """Every Trainer built from now on gets a GpuwatchCallback, unless it was given one."""
+    trainer_class = trainer_module.Trainer
+    init = trainer_class.__init__
+
+    def init_with_gpuwatch(trainer, *args, **kwargs):
+        init(trainer, *args, **kwargs)
+        if not any(isinstance(c, GpuwatchCallback) for c in trainer.callback_handler.callbacks):
+            trainer.add_callback(GpuwatchCallback())
+
+    init_with_gpuwatch.__wrapped__ = init
+    trainer_class.__init__ = init_with_gpuwatch

@@ -2,6 +2,8 @@
 
 Steps are Lightning's optimiser steps (gradient accumulation counted once), tokens come from the
 batches, the loss is what training_step returned, the config is the module's hyperparameters.
+Under `gpuwatch run` the bootstrap adds this callback to every Trainer (`add_to_trainers`) and
+the zero-code hooks stand aside while it records the fit (Fabric loops go through the hooks).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 
 from gpuwatch.client.run import start_run
+from gpuwatch.integrations import autohook
 from gpuwatch.integrations.accounting import StepTally, find_tokens, flops_per_token, plain_config, precision_of
 
 
@@ -26,6 +29,8 @@ class GpuwatchCallback(pl.Callback):
         self.run = start_run(name=self.name, config=config, flops_per_token=flops_per_token(pl_module),
                              precision=precision_of(trainer.precision))
         self._global_step = trainer.global_step
+        if autohook.active() is not None:
+            autohook.active().stand_aside(pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.run is None:
@@ -41,8 +46,29 @@ class GpuwatchCallback(pl.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self.run is not None:
+            self._stop_standing_aside()
             self.run.finish()
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if self.run is not None:
+            self._stop_standing_aside()
             self.run.end_from_exception(exception)
+
+    @staticmethod
+    def _stop_standing_aside() -> None:
+        if autohook.active() is not None:
+            autohook.active().stand_aside()
+
+
+def add_to_trainers(trainer_module) -> None:
+    """Every Trainer built from now on gets a GpuwatchCallback, unless it was given one."""
+    trainer_class = trainer_module.Trainer
+    init = trainer_class.__init__
+
+    def init_with_gpuwatch(trainer, *args, **kwargs):
+        init(trainer, *args, **kwargs)
+        if not any(isinstance(c, GpuwatchCallback) for c in trainer.callbacks):
+            trainer.callbacks.append(GpuwatchCallback())
+
+    init_with_gpuwatch.__wrapped__ = init
+    trainer_class.__init__ = init_with_gpuwatch

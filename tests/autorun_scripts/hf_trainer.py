@@ -43,4 +43,5 @@ result = trainer.train()
 prompt = torch.tensor([[1, 2, 3, 4]])
 generated = model.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
 print("GPUWATCH_TEST " + json.dumps({"metrics": result.metrics, "logged": trainer.state.log_history,
-                                     "generated": generated.shape[-1] - prompt.shape[-1]}))
+                                     "generated": generated.shape[-1] - prompt.shape[-1],
+                                     "callbacks": [type(c).__module__ for c in trainer.callback_handler.callbacks]}))

@@ -64,4 +64,5 @@ trainer = pl.Trainer(max_steps=STEPS, accumulate_grad_batches=ACCUM, accelerator
                      logger=Remember(), log_every_n_steps=1, callbacks=callbacks, enable_checkpointing=False,
                      enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(TinyLM(), torch.utils.data.DataLoader(Counting(), batch_size=B))
-print("GPUWATCH_TEST " + json.dumps({"logged": Remember.metrics, "micro_losses": TinyLM.micro_losses}))
+print("GPUWATCH_TEST " + json.dumps({"logged": Remember.metrics, "micro_losses": TinyLM.micro_losses,
+                                     "callbacks": [type(c).__module__ for c in trainer.callbacks]}))

@@ -24,10 +24,13 @@ model, loss_fn = Model(), nn.CrossEntropyLoss()
 body = torch.optim.AdamW([p for n, p in model.named_parameters() if not n.startswith("head")], 1e-2)
 head = torch.optim.SGD(model.head.parameters(), 1e-2)
 for step in range(STEPS):
+    mean = 0.0
     for micro in range(4):
         x = torch.randint(0, V, (B, L))
         loss = loss_fn(model(x).view(-1, V), x.view(-1))  # the loss module is called at top level too
         (loss / 4).backward()
+        mean += loss.item() / 4
+    print(f"step {step + 1} loss {mean:.6f}")
     body.step()
     head.step()
     body.zero_grad()

@@ -29,7 +29,11 @@ def _run_users_sitecustomize() -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a callback once a watched module has finished importing (the loader is wrapped)."""
+    """Runs a callback once a watched module has finished importing (the loader is wrapped).
+
+    A callback is dropped only once it ran: `importlib.util.find_spec("torch")` before
+    `import torch` (transformers, datasets and evaluate do it) asks for a spec that is never
+    executed, and the import that follows must still be seen."""
 
     def __init__(self, callbacks: dict) -> None:
         self._callbacks = callbacks
@@ -45,16 +49,16 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        del self._callbacks[name]
-        if not self._callbacks:
-            sys.meta_path.remove(self)
         loader = spec.loader
         exec_module = loader.exec_module
 
         def exec_then_callback(module):
             exec_module(module)
             loader.exec_module = exec_module
-            _safely(callback, module)
+            if self._callbacks.pop(name, None) is not None:
+                if not self._callbacks and self in sys.meta_path:
+                    sys.meta_path.remove(self)
+                _safely(callback, module)
 
         loader.exec_module = exec_then_callback
         return spec
@@ -96,6 +100,18 @@ def _on_torch(torch) -> None:
     autohook.install(torch)
 
 
+def _on_hf_trainer(module) -> None:
+    from gpuwatch.integrations import hf
+
+    hf.add_to_trainers(module)
+
+
+def _on_lightning_trainer(module) -> None:  # the package: our callback subclasses its Callback
+    from gpuwatch.integrations import lightning
+
+    lightning.add_to_trainers(module)
+
+
 def _on_generation_utils(module) -> None:
     from gpuwatch.integrations import autohook
 
@@ -108,4 +124,7 @@ _run_users_sitecustomize()
 # autohook.ENV_INSTRUMENT, read without importing gpuwatch at every Python start-up.
 if os.environ.get("GPUWATCH_INSTRUMENT", "1").strip().lower() not in ("0", "false", "no", "off"):
     sys.meta_path.insert(0, _AfterImport({"torch": _on_torch,
-                                          "transformers.generation.utils": _on_generation_utils}))
+                                          "transformers.generation.utils": _on_generation_utils,
+                                          # the frameworks' Trainers get our callback added
+                                          "transformers.trainer": _on_hf_trainer,
+                                          "lightning.pytorch": _on_lightning_trainer}))

@@ -1,0 +1,54 @@
+"""Every run has steps, and its loss, even when nothing in it is torch.optim or returns a loss."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from test_autoinstrument import GPUWATCH, PY, SCRIPTS, gw_run, steps_of, the_run
+
+pytest.importorskip("torch")
+
+
+def _logged_losses(stdout: str) -> list[float]:
+    return [float(line.split()[-1]) for line in stdout.splitlines() if line.startswith("step ")]
+
+
+@pytest.mark.parametrize("how", ["sgd", "scaler"])
+def test_hand_updates_and_a_loss_outside_forward_give_steps_and_the_unscaled_loss(how):
+    done = gw_run(PY, str(SCRIPTS / "by_hand.py"), how)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = steps_of(the_run()["run_id"])
+    assert [(s["step"], s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [
+        (n, 64, 4, 16) for n in range(1, 6)]
+    # The scalar backward() was called on; with GradScaler, divided by its scale (1024) again.
+    assert [s["loss"] for s in steps] == pytest.approx(_logged_losses(done.stdout), rel=1e-5)
+
+
+@pytest.mark.parametrize("body", ["transformer", "lstm"])
+def test_sequence_first_inputs_count_samples_and_seq_len_the_right_way_round(body):
+    done = gw_run(PY, str(SCRIPTS / "seq_first.py"), body)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = steps_of(the_run()["run_id"])  # (16, 4) ids: 4 sequences of 16 tokens
+    assert [(s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [(64, 4, 16)] * 3
+
+
+def test_an_oom_in_the_first_forward_of_a_hugging_face_model_gets_the_full_advice():
+    """Eager attention at L=8192, batch 8, 8 heads (16 GiB of scores) under a 4 GiB address space:
+    the inputs (given by keyword) and the model's config reach the postmortem."""
+    import resource
+
+    from test_autoinstrument import query
+
+    limit = 4 << 30
+    done = gw_run(PY, str(SCRIPTS / "hf_oom.py"),
+                  preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert done.returncode == 1, done.stderr[-2000:]
+    run = the_run()
+    assert run["status"] == "oom"
+    (pm,) = query("SELECT * FROM oom_postmortems WHERE run_id = ?", run["run_id"])
+    assert (pm["phase"], pm["seq_len"], pm["batch"]) == ("forward", 8192, 8)
+    shown = subprocess.run([GPUWATCH, "oom", run["run_id"]], capture_output=True, text=True, timeout=60).stdout
+    assert "B·H·L² score tensor at L=8192 (B=8, H=8, 4 bytes each)" in shown and "SDPA/FlashAttention" in shown
+    assert "L ≤ " in shown and "fits" in shown  # the L that fits
+    assert "bf16 autocast" in shown and "batch 8 -> 4" in shown
