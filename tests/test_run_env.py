@@ -89,9 +89,10 @@ def test_a_script_in_a_venv_without_gpuwatch_has_every_step_recorded(foreign_pyt
     assert "gpuwatch:" not in done.stderr
     ((run_id, status),) = _db("SELECT run_id, status FROM runs")
     assert status == "finished"
-    steps = _db("SELECT step, tokens FROM steps WHERE run_id = ? ORDER BY step", run_id)
+    steps = _db("SELECT step, tokens, loss FROM steps WHERE run_id = ? ORDER BY step", run_id)
     assert [s[0] for s in steps] == list(range(1, 8))
-    assert [tokens for _, tokens in steps] == [32] * 7
+    assert [tokens for _, tokens, _ in steps] == [32] * 7
+    assert all(loss is not None and loss > 0 for _, _, loss in steps)
 
 
 def test_a_child_that_cannot_load_gpuwatch_says_so_once_and_show_says_not_instrumented(tmp_path):
