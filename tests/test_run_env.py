@@ -111,3 +111,20 @@ def test_a_child_that_cannot_load_gpuwatch_says_so_once_and_show_says_not_instru
     shown = _gpuwatch("show", run_id)
     assert shown.returncode == 0, shown.stderr
     assert "not instrumented: gpuwatch could not load" in shown.stdout
+
+
+def test_the_child_inherits_the_open_files_limit_it_would_have_had(tmp_path):
+    # `gpuwatch run` serves the child's events itself with the daemon's ingest, which raises its
+    # own open-files limit: the child must still start with the user's.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lower = min(soft, 256)
+    script = tmp_path / "limit.py"
+    script.write_text("import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
+    launcher = f"import sys; sys.path.insert(0, {str(REPO)!r}); from gpuwatch.cli import main; main()"
+    done = subprocess.run([sys.executable, "-c", launcher, "run", "--", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=60, env=_env(),
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (lower, hard)))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{lower}\n"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import resource
 import sys
 import threading
 from pathlib import Path
@@ -35,12 +36,16 @@ class PrivateIngest:
 
         def serve() -> None:
             asyncio.set_event_loop(self._loop)
+            # The daemon's start() raises the open-files limit; the child would inherit that.
+            files = resource.getrlimit(resource.RLIMIT_NOFILE)
             try:
                 self._loop.run_until_complete(self._server.start())
             except BaseException as e:  # noqa: BLE001 — reported to the caller below
                 self._error = e
                 started.set()
                 return
+            finally:
+                resource.setrlimit(resource.RLIMIT_NOFILE, files)
             started.set()
             self._loop.run_forever()
             self._loop.run_until_complete(self._server.stop())

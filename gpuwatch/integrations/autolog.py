@@ -46,6 +46,7 @@ def autolog(name: str | None = None, idle_timeout: float | None = DEFAULT_IDLE_T
     with _lock:
         _end_current()
         if not _helpers and not daemon_answers(config_mod.load()):
+            # The config's socket key: this process's runs (and any gpuwatch client it starts) use it.
             os.environ["GPUWATCH_SOCKET"] = str(_serve_in_helper())
         hooks = autohook.install(torch)
         hooks.name = name or _default_name()
