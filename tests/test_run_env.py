@@ -128,3 +128,15 @@ def test_the_child_inherits_the_open_files_limit_it_would_have_had(tmp_path):
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (lower, hard)))
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{lower}\n"
+
+
+def test_what_a_child_loads_is_python_3_10_syntax_and_the_bootstrap_loads_on_older_ones():
+    # No second interpreter version here to run: the parser's feature_version catches newer
+    # syntax (except*, PEP 695 generics, ...) in anything a 3.10 child would import, and keeps
+    # the bootstrap loadable on an older Python, so it can say why it is not instrumenting.
+    import ast
+
+    for path in [*(REPO / "gpuwatch").rglob("*.py"), *(REPO / "collectors").rglob("*.py")]:
+        ast.parse(path.read_text(), filename=str(path), feature_version=(3, 10))
+    bootstrap = REPO / "gpuwatch" / "integrations" / "bootstrap" / "sitecustomize.py"
+    ast.parse(bootstrap.read_text(), feature_version=(3, 7))
