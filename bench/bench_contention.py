@@ -6,7 +6,8 @@ once, so all three see the same contention: plain, under `gpuwatch run` (the zer
 no daemon, so `gpuwatch run` serves the child's events itself), and with `gpuwatch.autolog()`
 inside the process (embedded mode: the database writer and the sampler live in the training
 process), and a second plain copy as the control. Each times its own steps; the ratio is a
-median step over the first plain copy's. Goal: within 3 % (ratio <= 1.03).
+median step over the mean of the two plain copies' medians, whose own gap is printed as the
+noise floor. Goal: within 3 % (ratio <= 1.03).
 
 With torch's default thread count (`--threads 0`: one OpenMP thread per core) the intra-op
 pool's barriers collapse under contention: steps of seconds instead of milliseconds, and two
@@ -107,7 +108,9 @@ def main() -> None:
         finally:
             stop_load(load)
     times = {name: json.loads(text.strip().splitlines()[-1]) for name, text in out.items()}
-    plain = statistics.median(times["plain"])
+    # The reference is both plain copies; how far they are apart is the window's noise floor.
+    copies = [statistics.median(times["plain"]), statistics.median(times["plain, a second copy"])]
+    plain = statistics.mean(copies)
     print(f"contention: {args.hogs} CPU hogs on {os.cpu_count()} cores + {args.sleepers} sleeping "
           f"processes; {args.seconds:g} s, all variants at once, torch threads "
           f"{args.threads or 'default'}; load average {before:.1f} -> {after:.1f}")
@@ -116,8 +119,9 @@ def main() -> None:
         med = statistics.median(t)
         p90 = statistics.quantiles(t, n=10, method="inclusive")[-1] if len(t) > 1 else t[0]
         print(f"{name:<22} {len(t):>6} {med:>10.2f} {p90:>8.2f} {max(t):>8.1f} {med / plain:>7.3f}")
-    print("goal: instrumented median within 3 % of plain (ratio <= 1.03); the second plain copy "
-          "shows how far two identical processes drift apart in this window")
+    print(f"ratio: a median step over the mean of the two plain copies' medians; the copies are "
+          f"{abs(copies[1] - copies[0]) / min(copies) * 100:.1f} % apart (the noise floor of this window)")
+    print("goal: instrumented median within 3 % of plain (ratio <= 1.03)")
 
 
 if __name__ == "__main__":
