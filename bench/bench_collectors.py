@@ -49,6 +49,12 @@ def main() -> None:
     measure(f"NVML, 8 GPUs x {args.procs_per_gpu} procs (simulated)", args.ticks,
             lambda i: (nvml.sample(i), nvml.xid_events(i)))
     nvml.close()
+    # The same with GPM on every GPU, as on Hopper: one nvmlGpmSampleGet and one
+    # nvmlGpmMetricsGet more per GPU and tick (the fake's cost of them, not a driver's).
+    nvml = NvmlCollector(fake_pynvml.FakeNvml(gpus=8, procs_per_gpu=args.procs_per_gpu, gpm=range(8)))
+    measure(f"NVML + GPM, 8 GPUs x {args.procs_per_gpu} procs (simulated)", args.ticks,
+            lambda i: (nvml.sample(i), nvml.sample_gpm(i), nvml.xid_events(i)))
+    nvml.close()
 
     host = HostCollector()
     measure("host (psutil)", args.ticks, lambda i: host.sample(i))

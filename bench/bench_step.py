@@ -2,6 +2,7 @@
 
 Prints the median, p99 and mean µs per call, with memory figures (RSS) and a loss tensor, and
 the median as a share of a 10 ms step. Goals: median <= 20 µs, <= 1 % of a 10 ms step.
+A third loop adds run.mark_compute() before each step (the data wait's cost).
 Two loops: back to back (the writer thread fights the loop for the GIL, the worst case), and
 paced by 1 ms of GIL-free "work" per step (what a real training step leaves the writer).
 
@@ -18,12 +19,14 @@ import tempfile
 import time
 
 
-def measure(run, loss, calls: int, work_s: float) -> list[int]:
+def measure(run, loss, calls: int, work_s: float, mark_compute: bool = False) -> list[int]:
     costs_ns = []
     for _ in range(calls):
         if work_s:
             time.sleep(work_s)  # releases the GIL, as torch kernels do
         t0 = time.perf_counter_ns()
+        if mark_compute:  # what the zero-code hooks add: the data wait's end, then the step
+            run.mark_compute()
         run.step(tokens=4096, samples=1, seq_len=4096, loss=loss)
         costs_ns.append(time.perf_counter_ns() - t0)
     return costs_ns
@@ -72,11 +75,14 @@ def main() -> None:
         measure(run, loss, 200, 0.0)  # warm up
         back_to_back = measure(run, loss, args.calls, 0.0)
         run._transport.flush(60)
+        with_wait = measure(run, loss, args.calls, 0.0, mark_compute=True)
+        run._transport.flush(60)
         paced = measure(run, loss, args.paced_calls, 0.001)
         t_end = time.perf_counter()
     flush_s = time.perf_counter() - t_end
     report("back to back", back_to_back)
     report("paced, 1 ms ", paced)
+    report("back to back, mark_compute() + step() (data wait)", with_wait)
     print(f"  end of run (drain, run_end, flush): {flush_s:.2f} s")
     print(f"  reference job (not gpuwatch): back to back {reference(5000, 0.0):.1f} µs, "
           f"paced {reference(1000, 0.001):.1f} µs")

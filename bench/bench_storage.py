@@ -2,12 +2,12 @@
 
 Drives the real Sampler (8 simulated GPUs from tests/fake_pynvml.py, 50 GPU processes that are
 real sleeping children, the real host collector, the real Writer) tick by tick at 1 Hz for
---hours hours (default a day) on an injected clock, with maintain() (rollups, packing) every
+--hours hours (default a day) on an injected clock, with maintain() (rollups, retention) every
 simulated minute as the daemon runs it, and measures each table with SQLite's dbstat. The raw
-tier's day: what a packed value costs here times a day's values, plus the newest samples
-that stay plain; the rollups' day: bytes per row times a day's rows.
+tier's day: bytes per value here times a day's values; the rollups' day: bytes per row times
+a day's rows. (bench_queries.py times hand-written queries over such a day.)
 
-Goals: <= 3 bytes per metric-sample in the raw tier, <= 100 MB/day, rollups <= 1 % of raw.
+Goals: <= 100 MB/day raw, rollups <= 1 % of raw.
 
     .venv/bin/python bench/bench_storage.py [--hours 24] [--db /tmp/bench.db]
 """
@@ -30,7 +30,6 @@ import fake_pynvml  # noqa: E402  (the tests' fake NVML, not shipped in the pack
 from gpuwatch.config import Config  # noqa: E402
 from gpuwatch.sampler import Sampler  # noqa: E402
 from gpuwatch.store import Writer  # noqa: E402
-from gpuwatch.store import packed  # noqa: E402
 from gpuwatch.store.maintenance import maintain  # noqa: E402
 
 GPUS, PROCS, DAY_S = 8, 50, 86_400
@@ -54,36 +53,15 @@ class Clock:
         return self.ms / 1000
 
 
-def values_stored(conn: sqlite3.Connection, table: str, source: str | None = None) -> int:
-    """Non-NULL values outside the primary key (in `source`, one of the tables that hold the
-    samples, else through `table` itself): what 'one metric-sample' means here."""
-    spec = packed.TABLES.get(table)
-    cols = ([c for c, _ in spec.values] if spec else
-            [r[1] for r in conn.execute(f"PRAGMA table_info({table})") if not r[5]])
-    if spec is not None and source == spec.packed:
-        return values_stored(conn, table) - values_stored(conn, table, spec.recent)
-    return conn.execute(f"SELECT {' + '.join(f'count({c})' for c in cols)} "
-                        f"FROM {source or table}").fetchone()[0]
-
-
-def physical(table: str) -> tuple[str, ...]:
-    """The tables that hold a raw table's samples: plain and packed, or itself."""
-    spec = packed.TABLES.get(table)
-    return (spec.recent, spec.packed) if spec else (table,)
+def values_stored(conn: sqlite3.Connection, table: str) -> int:
+    """Non-NULL values outside the primary key: what 'one metric-sample' means here."""
+    cols = [r[1] for r in conn.execute(f"PRAGMA table_info({table})") if not r[5]]
+    return conn.execute(f"SELECT {' + '.join(f'count({c})' for c in cols)} FROM {table}").fetchone()[0]
 
 
 def day_bytes(conn: sqlite3.Connection, size: dict, table: str, per_day: float) -> tuple[float, float]:
-    """(bytes, values) of a day of the table's raw tier. Packed tables: the newest samples stay
-    plain (KEEP_PLAIN_MS plus the minute not yet rolled up) whatever the run's length, the rest
-    of the day costs what a packed value costs here."""
-    values = values_stored(conn, table)
-    spec = packed.TABLES.get(table)
-    if spec is None:
-        return size.get(table, 0) * per_day, values * per_day
-    plain = values_stored(conn, table, spec.recent)
-    in_buckets = values - plain
-    packed_b = size.get(spec.packed, 0) / max(in_buckets, 1)
-    return size.get(spec.recent, 0) + packed_b * (values * per_day - plain), values * per_day
+    """(bytes, values) of a day of the table's raw tier."""
+    return size.get(table, 0) * per_day, values_stored(conn, table) * per_day
 
 
 def simulate(path: Path, ticks: int, pids: list[int]) -> tuple[float, float, str]:
@@ -161,24 +139,21 @@ def main() -> None:
           f"(simulated) + {PROCS} GPU processes (sleeping stand-ins) + host; sampled, written and "
           f"maintained every minute in {write_s:.1f} s ({ticks / write_s:.0f} ticks/s), the last "
           f"maintain() took {maintain_s * 1000:.0f} ms: {report}")
-    print(f"maintain() every minute (rollups, packing, retention), writer-thread CPU: mean "
+    print(f"maintain() every minute (rollups, retention), writer-thread CPU: mean "
           f"{1000 * mean(spent):.1f} ms, max {1000 * max(spent):.1f} ms = {100 * mean(spent) / 60:.3f} % of a core")
     print(f"{'table':<28}{'rows':>9}{'bytes':>11}{'values':>10}{'B/value':>9}")
     for t in RAW:
-        for source in physical(t):
-            values = values_stored(conn, t, source)
-            n = conn.execute(f"SELECT count(*) FROM {source}").fetchone()[0]
-            print(f"{source:<28}{n:>9}{size.get(source, 0):>11}{values:>10}"
-                  f"{size.get(source, 0) / max(values, 1):>9.2f}")
-    print(f"a day of the raw tier (the newest {packed.KEEP_PLAIN_MS // 60_000} min plain, the rest packed):")
+        values = values_stored(conn, t)
+        print(f"{t:<28}{rows[t]:>9}{size.get(t, 0):>11}{values:>10}{size.get(t, 0) / max(values, 1):>9.2f}")
+    print("a day of the raw tier:")
     for t in RAW:
         print(f"  {t:<26}{day[t][0] / day[t][1]:>6.2f} B/value {day[t][0] / 1e6:>7.1f} MB/day")
     shortfall = rows["gpu_process_samples"] * STAND_IN_SHORTFALL_B * per_day / 1e6
     print(f"raw tier: {raw_day / raw_values_day:.2f} bytes per metric-sample (non-key, non-NULL value); "
           f"{raw_day / 1e6:.1f} MB/day raw (this run's file: {file_bytes / 1e6:.1f} MB)  "
-          f"[goals: <= 3 B, <= 100 MB/day]")
+          f"[goal: <= 100 MB/day]")
     print(f"  with trainers' RSS and CPU % instead of sleepers' (+{STAND_IN_SHORTFALL_B} B per process "
-          f"row, if all stayed plain): ~{raw_day / 1e6 + shortfall:.1f} MB/day raw")
+          f"row): ~{raw_day / 1e6 + shortfall:.1f} MB/day raw")
     # Rollups: one day holds 96 15-minute rows and 24 hour rows per key, whatever the sample rate.
     tier_day = 0.0
     for t in TIERS:

@@ -125,6 +125,26 @@ class MigSample:
 
 
 @dataclass(frozen=True)
+class GpuProfSample:
+    """GPM (GPU performance monitoring, Hopper and later) figures of one GPU over the interval
+    since its previous tick; the columns of `gpu_prof_samples`. Each 0-100; None = not given."""
+    gpu_index: int
+    ts_ms: int
+    sm_active_pct: float | None = None      # SMs with at least one warp (DCGM_FI_PROF_SM_ACTIVE)
+    sm_occupancy_pct: float | None = None   # resident warps vs the maximum (..._SM_OCCUPANCY)
+    tensor_active_pct: float | None = None  # any tensor pipe active (..._PIPE_TENSOR_ACTIVE)
+    dram_active_pct: float | None = None    # DRAM bandwidth used vs the peak (..._DRAM_ACTIVE)
+
+
+# GpuProfSample's fields and the NVML GPM metric each is read from.
+GPM_METRICS = (("sm_active_pct", "NVML_GPM_METRIC_SM_UTIL"),
+               ("sm_occupancy_pct", "NVML_GPM_METRIC_SM_OCCUPANCY"),
+               ("tensor_active_pct", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+               ("dram_active_pct", "NVML_GPM_METRIC_DRAM_BW_UTIL"))
+_GPM = "gpm"  # the _call key of every GPM call: one refusal switches GPM off for that GPU
+
+
+@dataclass(frozen=True)
 class XidEvent:
     """A critical XID error reported by the driver; the columns of `xid_events`."""
     ts_ms: int
@@ -146,6 +166,9 @@ class _Gpu:
     migs: list = field(default_factory=list)  # its MIG devices (_Mig), when in MIG mode
     migs_read_ms: int | None = None  # when they were last looked for
     pcie: tuple = (None, None)  # last PCIe (tx, rx) KB/s read
+    gpm: list | None = None  # GPM sample buffers [previous, next], allocated while GPM works
+    gpm_request: object = None  # its nvmlGpmMetricsGet request, made once (477 metric slots)
+    gpm_primed: bool = False  # the previous buffer holds a sample: the next tick gives figures
 
 
 @dataclass
@@ -497,6 +520,81 @@ class NvmlCollector:
             found.extend(samples)
         return found
 
+    # -- GPM (Hopper and later) ------------------------------------------------------------------
+    def sample_gpm(self, ts_ms: int) -> list[GpuProfSample]:
+        """GPM figures of every GPU that has them, over the interval since the previous call
+        (one nvmlGpmSampleGet per GPU and tick, into the older of its two buffers); none for a
+        GPU without GPM, a lost GPU, or at a GPU's first call. Call it after sample()."""
+        found: list[GpuProfSample] = []
+        for gpu in self._gpus:
+            if gpu.lost:
+                self._free_gpm(gpu)
+                continue
+            try:
+                values = self._gpm_values(gpu)
+            except _GpuLost:
+                self._free_gpm(gpu)  # the next sample() finds it lost and says so
+                continue
+            if values is not None:
+                found.append(GpuProfSample(gpu.index, ts_ms, *values))
+        return found
+
+    def _gpm_values(self, gpu: _Gpu) -> tuple | None:
+        if _GPM in gpu.unsupported:
+            return None
+        if gpu.gpm is None and not self._alloc_gpm(gpu):
+            return None
+        previous, current = gpu.gpm
+        if self._call(gpu, "nvmlGpmSampleGet", gpu.handle, current, key=_GPM) is None:
+            if _GPM in gpu.unsupported:
+                self._free_gpm(gpu)
+            gpu.gpm_primed = False
+            return None
+        gpu.gpm = [current, previous]  # the newest sample is the next interval's start
+        if not gpu.gpm_primed:
+            gpu.gpm_primed = True
+            return None
+        n, request = self._nvml, gpu.gpm_request
+        request.sample1, request.sample2 = previous, current
+        got = self._call(gpu, "nvmlGpmMetricsGet", request, key=_GPM)
+        if got is None:
+            if _GPM in gpu.unsupported:
+                self._free_gpm(gpu)
+            return None
+        return tuple(round(m.value, 2) if m.nvmlReturn == n.NVML_SUCCESS and 0 <= m.value <= 100 else None
+                     for m in got.metrics[:len(GPM_METRICS)])
+
+    def _alloc_gpm(self, gpu: _Gpu) -> bool:
+        """Two sample buffers for a GPU whose driver says it has GPM; False (for good) if not."""
+        support = self._call(gpu, "nvmlGpmQueryDeviceSupport", gpu.handle, key=_GPM)
+        if support is None or not support.isSupportedDevice:
+            gpu.unsupported.add(_GPM)
+            return False
+        buffers = [self._call(gpu, "nvmlGpmSampleAlloc", key=_GPM) for _ in range(2)]
+        gpu.gpm, gpu.gpm_primed = buffers, False
+        if None in buffers:
+            self._free_gpm(gpu)
+            gpu.unsupported.add(_GPM)
+            return False
+        if gpu.gpm_request is None:
+            n = self._nvml
+            gpu.gpm_request = request = n.c_nvmlGpmMetricsGet_t()
+            request.version = n.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(GPM_METRICS)
+            for i, (_, metric) in enumerate(GPM_METRICS):
+                request.metrics[i].metricId = getattr(n, metric)
+        return True
+
+    def _free_gpm(self, gpu: _Gpu) -> None:
+        """Give back a GPU's GPM buffers (a lost GPU gets new ones when it answers again)."""
+        buffers, gpu.gpm, gpu.gpm_primed = gpu.gpm, None, False
+        for buffer in buffers or ():
+            if buffer is not None:
+                try:
+                    self._nvml.nvmlGpmSampleFree(buffer)
+                except self._nvml.NVMLError:
+                    pass
+
     # -- XID events -----------------------------------------------------------------------------
     def _register_xid_events(self):
         xid = getattr(self._nvml, "nvmlEventTypeXidCriticalError", None)
@@ -538,6 +636,8 @@ class NvmlCollector:
         if self._closed:
             return
         self._closed = True
+        for gpu in self._gpus:
+            self._free_gpm(gpu)
         if self._events is not None:
             try:
                 self._call(None, "nvmlEventSetFree", self._events)

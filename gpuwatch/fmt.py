@@ -57,6 +57,21 @@ def count(x: float | None) -> str:
     return f"{x:.3g}" if x != int(x) else str(int(x))
 
 
+def clip(text: str | None, width: int) -> str:
+    """Text cut to width with an ellipsis: clip("python train.py", 8) -> "python …"."""
+    text = MISSING if text is None else text
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def kwh(joules: float | None) -> str:
+    """Energy in kWh, 3 significant figures: 14850 J -> "0.00413 kWh"."""
+    return MISSING if joules is None else f"{joules / 3.6e6:.3g} kWh"
+
+
+def joules_per_token(x: float | None) -> str:
+    return MISSING if x is None else f"{x:.3g} J/token"
+
+
 def percent(fraction: float | None) -> str:
     """0.423 -> "42.3%"."""
     return MISSING if fraction is None else f"{fraction * 100:.1f}%"

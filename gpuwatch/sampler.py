@@ -8,8 +8,7 @@ run map every RUN_MAP_INTERVAL, store maintenance every MAINTENANCE_INTERVAL. Wi
 driver it logs the reason once and samples the host only.
 
 What is written, and how often (storage is most of what a monitor costs):
-- gpu_samples and host_samples every tick (into their plain `_recent` tables; maintenance
-  packs them later, see store/packed.py).
+- gpu_samples and host_samples every tick.
 - gpu_process_samples every cfg.process_interval, and at once when the set of GPU processes
   changes (a process starts, leaves or changes kind), all GPUs at one ts_ms. The GPU processes
   are still sampled every GPU tick: sm/mem util written is the mean over the ticks since the
@@ -17,6 +16,8 @@ What is written, and how often (storage is most of what a monitor costs):
   cfg.process_interval (new pids at once). `kind` is NULL for 'compute', the usual case.
 - mig_samples (MIG devices' newest memory and utilisation) with the process samples, and at
   once when the set of MIG devices changes; mig_devices rows when one is new, and once a minute.
+- gpu_prof_samples (GPM: SM activity and occupancy, tensor and DRAM activity) every GPU tick,
+  for the GPUs that have GPM (Hopper and later), over the interval since the previous tick.
 - daemon_stats (the monitor's own cost) every DAEMON_STATS_INTERVAL_MS, CPU % over that window.
 
 Every write is submitted without blocking: when the writer's queue is full the rows are
@@ -39,10 +40,10 @@ import psutil
 from collectors.host import HostCollector
 from collectors.nvml import NvmlCollector, NvmlUnavailable
 from collectors.processes import ProcessCollector
+from gpuwatch.clock import SteadyWall
 from gpuwatch.config import Config
 from gpuwatch.scheduler import Scheduler
 from gpuwatch.store import Writer, insert_rows, now_ms
-from gpuwatch.store.packed import GPU_PROCESS_SAMPLES, GPU_SAMPLES, HOST_SAMPLES
 from gpuwatch.store.writer import Job, insert_sql
 
 log = logging.getLogger(__name__)
@@ -90,18 +91,20 @@ def _upsert_sql(template: str, columns: list[str], keep: set[str]) -> str:
 class Sampler:
     def __init__(self, writer: Writer, config: Config, nvml_module=None,
                  dropped_events: Callable[[], int] | None = None,
-                 clock: Callable[[], int] = now_ms):
+                 clock: Callable[[], int] = now_ms, monotonic: Callable[[], float] = time.monotonic):
         """`nvml_module`: a pynvml-like module (tests pass fake_pynvml); default the real one.
 
         `dropped_events`: how many events were dropped so far, for daemon_stats (default: the
         writer's jobs refused because its queue was full, samples included).
 
         `clock`: ms since the epoch, for every ts_ms written and for the write cadences above
-        (tests and the storage bench inject one to tick through hours in seconds).
+        (tests and the storage bench inject one to tick through hours in seconds);
+        `monotonic`: seconds, which retention's idea of now may not run ahead of (clock.py).
         """
         self.writer = writer
         self.cfg = config
         self.clock = clock
+        self.retention_clock = SteadyWall(clock, monotonic)
         self.dropped_events = dropped_events or (lambda: writer.dropped_jobs)
         self.host_name = socket.gethostname()
         self.nvml: NvmlCollector | None = None
@@ -211,10 +214,13 @@ class Sampler:
     def _gpu_writes(self, ts: int) -> list[Job]:
         samples, proc_samples = self.nvml.sample(ts)
         mig_samples = self.nvml.sample_mig(ts)
+        prof_samples = self.nvml.sample_gpm(ts)
         writes: list[Job] = []
+        if prof_samples:
+            writes.append(_inserter("gpu_prof_samples", prof_samples))
         self._write_gpus(ts, samples, writes)
         if samples:
-            writes.append(_inserter(GPU_SAMPLES.recent, samples))
+            writes.append(_inserter("gpu_samples", samples, keep_on_clash=True))
         self._write_mig_devices(ts, writes)
         self._write_process_samples(ts, proc_samples, mig_samples, writes)
         self._write_processes(ts, {p.pid for p in proc_samples}, writes)
@@ -224,7 +230,7 @@ class Sampler:
         return writes
 
     def _host_writes(self, ts: int) -> list[Job]:
-        return [_inserter(HOST_SAMPLES.recent, [self.host.sample(ts)])]
+        return [_inserter("host_samples", [self.host.sample(ts)], keep_on_clash=True)]
 
     def stats_row(self, ts: int) -> dict:
         """The monitor's own cost since the previous call, for daemon_stats."""
@@ -263,8 +269,9 @@ class Sampler:
         self._lineage = {k: v for k, v in self._lineage.items() if psutil.pid_exists(k[0])}
         cfg = self.cfg
         hour, day = 3_600_000, 86_400_000
+        now, steady = self.clock(), self.retention_clock()
         self.writer.submit(lambda conn: maintain(
-            conn, self.clock(),
+            conn, now, retention_now_ms=steady,
             raw_retention_ms=int(cfg.raw_retention_hours * hour),
             minute_retention_ms=int(cfg.minute_retention_days * day),
             hour_retention_ms=int(cfg.hour_retention_days * day),
@@ -348,7 +355,7 @@ class Sampler:
                            p.used_mem_bytes, sm, mem, rss, cpu, p.gpu_instance_id,
                            p.compute_instance_id))
         if values:
-            sql = insert_sql(GPU_PROCESS_SAMPLES.recent, _PROCESS_SAMPLE_COLUMNS, "IGNORE")
+            sql = insert_sql("gpu_process_samples", _PROCESS_SAMPLE_COLUMNS, "IGNORE")
             writes.append(lambda conn: conn.executemany(sql, values))
 
     def _write_processes(self, ts: int, pids: set[int], writes: list[Job]) -> None:
@@ -445,12 +452,31 @@ def _columns(record) -> tuple[tuple[str, ...], Callable]:
     return found
 
 
-def _inserter(table: str, records: list) -> Job:
-    """Insert collector records of one type, at least one, as tuples (asdict is too slow a tick)."""
+def _inserter(table: str, records: list, keep_on_clash: bool = False) -> Job:
+    """Insert collector records of one type, at least one, as tuples (asdict is too slow a tick).
+
+    keep_on_clash (tables keyed by key and ts_ms, one row per key a tick): a row whose key and
+    ts_ms are taken by another sample (the wall clock stepped back onto an earlier sample's very
+    millisecond, which at a steady tick phase is every tick for the hour after) goes in at the
+    next free millisecond instead of being ignored."""
     names, values_of = _columns(records[0])
     sql = insert_sql(table, names, "IGNORE")
     values = [values_of(r) for r in records]
-    return lambda conn: conn.executemany(sql, values)
+    if not keep_on_clash:
+        return lambda conn: conn.executemany(sql, values)
+    ts_at = names.index("ts_ms")
+    same = f"SELECT 1 FROM {table} WHERE " + " AND ".join(f"{n} IS ?" for n in names)
+
+    def job(conn: sqlite3.Connection) -> None:
+        before = conn.total_changes
+        conn.executemany(sql, values)
+        if conn.total_changes - before == len(values):
+            return
+        for row in values:  # rare: find the rows that were ignored
+            row = list(row)
+            while conn.execute(same, row).fetchone() is None and conn.execute(sql, row).rowcount == 0:
+                row[ts_at] += 1
+    return job
 
 
 def _row(record) -> dict:

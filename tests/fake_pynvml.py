@@ -34,6 +34,11 @@ Options (FakeNvml(...) and configure(...) take the same):
                     instance 0; its processes (procs / procs_per_gpu) are spread over them in
                     turn. As on real drivers, such a GPU gives no utilisation (whole-GPU or
                     per-process) and neither do its MIG devices, unless mig_util=True.
+    gpm             GPU indices with GPM (Hopper-style GPU performance metrics; none by
+                    default): nvmlGpmQueryDeviceSupport says so, and nvmlGpmMetricsGet gives SM
+                    activity = 80 % of the GPU's utilisation at the newer sample's time,
+                    occupancy 40 %, tensor 50 %, DRAM 30 %. Other GPUs: not supported.
+                    .gpm_buffers counts the GPM sample buffers allocated and not yet freed.
 
 Inspect and steer it with: .calls (Counter by function name), .gpu_calls (Counter by
 (function name, gpu index)), .util_timestamps[gpu_index] (each lastSeenTimeStamp passed to
@@ -102,6 +107,14 @@ nvmlEventTypeXidCriticalError = 0x0000000000000008
 nvmlEventTypeSingleBitEccError = 0x0000000000000001
 nvmlClocksEventReasonGpuIdle = 0x0000000000000001
 nvmlClocksEventReasonSwPowerCap = 0x0000000000000004
+NVML_GPM_METRIC_GRAPHICS_UTIL = 1
+NVML_GPM_METRIC_SM_UTIL = 2
+NVML_GPM_METRIC_SM_OCCUPANCY = 3
+NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5
+NVML_GPM_METRIC_DRAM_BW_UTIL = 10
+NVML_GPM_METRIC_MAX = 477
+NVML_GPM_METRICS_GET_VERSION = 1
+NVML_GPM_SUPPORT_VERSION = 1
 
 
 class NVMLError(Exception):
@@ -235,6 +248,51 @@ class c_nvmlEventData_t:
     computeInstanceId: int = 0xFFFFFFFF
 
 
+@dataclass
+class c_nvmlGpmSupport_t:
+    version: int = NVML_GPM_SUPPORT_VERSION
+    isSupportedDevice: int = 0
+
+
+@dataclass
+class FakeGpmSample:
+    """What nvmlGpmSampleAlloc hands out (an opaque pointer in pynvml): where and when taken."""
+    gpu: int | None = None
+    t: float | None = None
+    freed: bool = False
+
+
+@dataclass
+class c_metricInfo_t:
+    shortName: bytes | None = None
+    longName: bytes | None = None
+    unit: bytes | None = None
+
+
+@dataclass
+class c_nvmlGpmMetric_t:
+    metricId: int = 0
+    nvmlReturn: int = NVML_SUCCESS
+    value: float = 0.0
+    metricInfo: c_metricInfo_t = field(default_factory=c_metricInfo_t)
+
+
+@dataclass
+class c_nvmlGpmMetricsGet_t:
+    version: int = 0
+    numMetrics: int = 0
+    sample1: FakeGpmSample | None = None
+    sample2: FakeGpmSample | None = None
+    metrics: list = field(default_factory=lambda: [c_nvmlGpmMetric_t() for _ in range(NVML_GPM_METRIC_MAX)])
+
+
+# GPM metric -> its share of the GPU's utilisation in the fake: SM activity, occupancy, tensor
+# and DRAM activity below "a kernel was running", as on a real GPU.
+_GPM_SHARES = {NVML_GPM_METRIC_GRAPHICS_UTIL: 1.0, NVML_GPM_METRIC_SM_UTIL: 0.8,
+               NVML_GPM_METRIC_SM_OCCUPANCY: 0.4, NVML_GPM_METRIC_ANY_TENSOR_UTIL: 0.5,
+               NVML_GPM_METRIC_DRAM_BW_UTIL: 0.3}
+
+
 @dataclass(frozen=True)
 class FakeHandle:
     index: int
@@ -262,7 +320,7 @@ class FakeNvml:
     def __init__(self, gpus=8, name="NVIDIA H100 80GB HBM3 (simulated)", mem_total_bytes=80 * GiB,
                  unsupported=(), lost_after=None, init_error=None, procs=None, procs_per_gpu=0,
                  graphics_procs=None, memory_v2=True, clock=time.time, xids=None, mig=None,
-                 mig_util=False):
+                 mig_util=False, gpm=()):
         self.gpu_count = gpus
         self.name = name
         self.mem_total_bytes = mem_total_bytes
@@ -282,6 +340,8 @@ class FakeNvml:
         self.xids = {i: deque((xids or {}).get(i, ())) for i in range(gpus)}
         self.mig = {i: list(profiles) for i, profiles in (mig or {}).items()}
         self.mig_util = mig_util
+        self.gpm = set(gpm)
+        self.gpm_buffers = 0
         self.lost: set[int] = set()
         self.initialized = False
         self.calls: Counter = Counter()
@@ -608,6 +668,44 @@ class FakeNvml:
     def nvmlEventSetFree(self, eventSet):
         self._system("nvmlEventSetFree")
         eventSet.gpus.clear()
+
+    # -- GPM ----------------------------------------------------------------------------------
+    def nvmlGpmQueryDeviceSupport(self, device):
+        i = self._device("nvmlGpmQueryDeviceSupport", device)
+        return c_nvmlGpmSupport_t(isSupportedDevice=int(i in self.gpm))
+
+    def nvmlGpmSampleAlloc(self):
+        self._system("nvmlGpmSampleAlloc")
+        self.gpm_buffers += 1
+        return FakeGpmSample()
+
+    def nvmlGpmSampleFree(self, gpmSample):
+        self._system("nvmlGpmSampleFree")
+        if gpmSample.freed:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        gpmSample.freed = True
+        self.gpm_buffers -= 1
+
+    def nvmlGpmSampleGet(self, device, gpmSample):
+        i = self._device("nvmlGpmSampleGet", device)
+        if i not in self.gpm:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        gpmSample.gpu, gpmSample.t = i, self.clock()
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet):
+        self._system("nvmlGpmMetricsGet")
+        first, second = metricsGet.sample1, metricsGet.sample2
+        if first.gpu is None or first.gpu != second.gpu:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if "nvmlGpmMetricsGet" in self.unsupported[second.gpu]:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        util = self._util(second.gpu, second.t)
+        for m in metricsGet.metrics[:metricsGet.numMetrics]:
+            share = _GPM_SHARES.get(m.metricId)
+            m.nvmlReturn = NVML_SUCCESS if share is not None else NVML_ERROR_NOT_SUPPORTED
+            m.value = util * share if share is not None else 0.0
+        return metricsGet
 
 
 # Calls a MIG device handle answers; the rest (temperature, power, clocks, ...) are the whole

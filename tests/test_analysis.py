@@ -135,6 +135,50 @@ def test_compare_json_and_unknown_run(db):
     assert result.output.strip() == "Error: no run matches 'nope'"
 
 
+@pytest.fixture
+def sweep_db(db) -> Path:
+    """The two runs as a sweep: lr 3e-4 vs 3e-3, another commit and command; A 10 steps with
+    loss 5.0 - 0.3 s, B 5 steps with loss 4.0 - 0.2 s, 1000 tokens a step."""
+    conn = open_rw(db)
+    conn.execute("UPDATE runs SET config_json = ?, git_commit = 'aaaaaaa' WHERE run_id = 'aaaa1111'",
+                 (json.dumps({"lr": 3e-4, "model": {"layers": 12}}),))
+    conn.execute("UPDATE runs SET config_json = ?, git_commit = 'bbbbbbb', command = 'python train.py --lr 3e-3' "
+                 "WHERE run_id = 'bbbb2222'", (json.dumps({"lr": 3e-3, "model": {"layers": 12}}),))
+    conn.execute("UPDATE steps SET loss = 5.0 - 0.3 * step WHERE run_id = 'aaaa1111'")
+    conn.execute("UPDATE steps SET loss = 4.0 - 0.2 * step WHERE run_id = 'bbbb2222'")
+    conn.commit()
+    conn.close()
+    return db
+
+
+def test_compare_says_what_differed_and_the_loss_at_equal_tokens(sweep_db):
+    out = gw("compare", "aaaa1111", "bbbb2222", "--db", sweep_db, "--no-color")
+    rows = {line.split("  ")[0]: line.split() for line in out.splitlines() if "  " in line}
+    assert rows["lr"][1:] == ["0.0003", "0.003"]
+    assert rows["git commit"][2:] == ["aaaaaaa", "bbbbbbb"]
+    assert "python train.py --lr 3e-3" in " ".join(rows["command"])
+    assert "model.layers" not in rows  # the same in both runs: not a difference
+    assert rows["final loss"][2:4] == ["2.3", "3.2"] and rows["best loss"][2:4] == ["2.3", "3.2"]
+    # B saw 5000 tokens: both runs at 5000 tokens (step 4): A 5.0 - 1.2, B 4.0 - 0.8.
+    assert rows["loss at 5k tokens"][4:6] == ["3.8", "3.2"]
+    chart = out[out.index("loss vs tokens"):].splitlines()
+    assert "baseline" in chart[0] and any(ch in "".join(chart[1:]) for ch in "⡀⠉⠒")
+    assert chart[-1].strip().endswith("10k tokens") and len(chart) <= 12
+
+    data = json.loads(gw("compare", "aaaa1111", "bbbb2222", "--json", "--db", sweep_db))
+    assert [d["loss_at_equal"] for d in data] == [pytest.approx(3.8), pytest.approx(3.2)]
+    assert data[1]["differs"]["lr"] == "0.003" and data[0]["equal_at"] == 5000
+
+
+def test_report_and_show_carry_the_loss(sweep_db, tmp_path):
+    out = tmp_path / "r.html"
+    gw("report", "baseline", "-o", out, "--db", sweep_db)
+    html = out.read_text()
+    assert "Loss vs tokens" in html and "<td>final loss</td><td>2.3</td>" in html
+    shown = gw("show", "baseline", "--db", sweep_db)
+    assert "final 2.3   best 2.3" in shown and "loss vs tokens" in shown
+
+
 def test_export_json_holds_the_runs_data(db, tmp_path):
     out = tmp_path / "a.json"
     gw("export", "baseline", "--format", "json", "-o", out, "--db", db)
@@ -156,6 +200,40 @@ def test_export_csv_one_file_per_table(db, tmp_path):
     assert len(samples) == 61 and {s["gpu_index"] for s in samples} == {"1"}
     with open(tmp_path / "out" / "run_events.csv") as f:
         assert "seq" in f.readline()  # a header even with no rows
+
+
+def test_export_sqlite_is_one_file_with_the_run_alone_that_show_and_any_sqlite_tool_open(db, tmp_path):
+    import sqlite3
+
+    out = tmp_path / "colleague" / "b.db"
+    out.parent.mkdir()
+    gw("note", "bbbb2222", "batch 8 was too much", "--db", db)
+    conn = open_rw(db)
+    insert_rows(conn, "profiles", [dict(id=7, run_id="bbbb2222", ts_ms=T0 + 210_000, trigger="on_demand")])
+    insert_rows(conn, "profile_ops", [dict(profile_id=7, name="aten::mm", calls=3, self_cpu_us=5.0)])
+    insert_rows(conn, "profile_breakdowns", [dict(profile_id=7, gpu=1, idle_pct=37.5,
+                                                  breakdown_json='{"temporal": {"idle_pct": 37.5, '
+                                                  '"compute_pct": 60.0, "non_compute_pct": 2.5}}')])
+    conn.execute("UPDATE gpu_samples SET energy_mj = (ts_ms - ?) * 200 WHERE gpu_index = 1", (T0,))  # 200 W
+    conn.close()
+    gw("export", "bbbb2222", "--format", "sqlite", out, "--db", db)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["b.db"]  # no -wal/-shm beside it
+    plain = sqlite3.connect(out)  # any SQLite tool
+    counts = {t: plain.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in (
+        "runs", "steps", "gpu_samples", "oom_postmortems", "profiles", "profile_ops",
+        "profile_breakdowns", "run_notes", "gpus")}
+    assert counts == {"runs": 1, "steps": 5, "gpu_samples": 61, "oom_postmortems": 1, "profiles": 1,
+                      "profile_ops": 1, "profile_breakdowns": 1, "run_notes": 1, "gpus": 1}
+    assert plain.execute("SELECT DISTINCT gpu_index FROM gpu_samples").fetchall() == [(1,)]
+    plain.close()
+    shown = gw("show", "bbbb2222", "--db", out)
+    energy = [line for line in gw("show", "bbbb2222", "--db", db).splitlines() if "energy" in line]
+    assert energy and energy == [line for line in shown.splitlines() if "energy" in line]
+    assert "[oom]" in shown and "batch 8 was too much" in shown and "steps     5" in shown
+    assert "profile   GPU idle 38% · compute 60%" in shown  # the breakdown came along
+    assert "bbbb2222" in gw("runs", "--search", "batch", "--db", out)
+    result = CliRunner().invoke(main, ["export", "bbbb2222", "--format", "sqlite", str(out), "--db", str(db)])
+    assert result.exit_code == 1 and "exists" in result.output  # never overwritten
 
 
 def test_export_parquet_without_pyarrow_says_how_to_get_it(db, tmp_path, monkeypatch):
@@ -194,7 +272,7 @@ def test_report_is_self_contained_html_with_charts_and_postmortem(db, tmp_path):
     html = out.read_text()
     parser = _Collect()
     parser.feed(html)
-    assert parser.tags.count("svg") == 4  # tokens/s, memory, GPU utilisation, power
+    assert parser.tags.count("svg") == 4  # tokens/s, memory, GPU utilisation, power (no loss recorded)
     assert parser.tags.count("polyline") >= 4
     assert parser.scripts == 0  # the evil run name, error and advice are escaped, not run
     text = "".join(parser.text)

@@ -194,6 +194,8 @@ def test_the_lightning_callback_without_gpuwatch_run():
     assert (run["name"], run["status"]) == ("lightning-explicit", "finished")
     assert json.loads(run["config_json"])["d_model"] == 32  # the module's hyperparameters
     _assert_lightning_run(steps_of(run["run_id"]), lightning)
+    # on_train_batch_start marks where each step's compute began: a data wait from step 2 on
+    assert all(0 <= s["data_wait_pct"] <= 100 for s in steps_of(run["run_id"])[1:])
 
 
 def test_the_hugging_face_callback_without_gpuwatch_run(tmp_path):
@@ -208,6 +210,7 @@ def test_the_hugging_face_callback_without_gpuwatch_run(tmp_path):
     assert {(s["tokens"], s["samples"], s["seq_len"]) for s in steps} == {(8 * 32, 8, 32)}
     for step, entry in zip(steps, logs):
         assert step["loss"] == pytest.approx(entry["loss"], rel=1e-5)
+    assert all(0 <= s["data_wait_pct"] <= 100 for s in steps[1:])  # on_step_begin marks compute
 
 
 def test_an_unmodified_ddp_script_under_torchrun_is_one_job_with_two_ranks():

@@ -385,7 +385,9 @@ def test_a_reader_pinning_the_wal_is_reported_once_and_the_wal_shrinks_after(tmp
         pinned.close()
         _wait(lambda: wal() < writer_mod.WAL_LIMIT_BYTES, timeout=10)
         assert wal() == 0
-        assert any("checkpointed and cut back" in r.getMessage() for r in records.records)
+        # The log line follows the checkpoint, on the writer's thread: wait for it too.
+        _wait(lambda: any("checkpointed and cut back" in r.getMessage() for r in records.records),
+              timeout=10)
         source.close()
         collector.close()
     finally:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "textual")
+HEAVY = ("torch", "textual", "datasette")  # datasette: only behind `gpuwatch browse`
 
 # Daemon, store, protocol, client and CLI: torch and textual only inside the functions that need them.
 HEADLESS = [
@@ -22,6 +22,9 @@ HEADLESS = [
     "gpuwatch.store",
     "gpuwatch.store.queries",
     "gpuwatch.store.maintenance",
+    "gpuwatch.store.energy",
+    "gpuwatch.analysis.loss",
+    "gpuwatch.cli.charts",
     "gpuwatch.protocol",
     "gpuwatch.client",
     "gpuwatch.integrations.autohook",  # loaded only once the program imported torch, but imports none itself
@@ -68,8 +71,13 @@ def test_the_core_modules_exist():
         assert _module_exists(module), module
 
 
+def test_the_tui_and_the_export_leave_datasette_out():
+    code = "import gpuwatch.tui.app, gpuwatch.tui.web, gpuwatch.analysis.runfile, gpuwatch.cli.browse_cmd"
+    assert "datasette" not in heavy_after(code)
+
+
 @pytest.mark.parametrize("args", [["--help"], ["status", "--help"], ["daemon", "--help"],
-                                  ["query", "--help"]])
+                                  ["query", "--help"], ["browse", "--help"]])
 def test_cli_help_loads_neither(args):
     code = ("from gpuwatch.cli import main\n"
             f"try:\n    main({args!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code")

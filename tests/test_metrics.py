@@ -256,9 +256,8 @@ def test_host_label_gpu_up_throttling_and_last_sample(tmp_path):
     db = tmp_path / "g.db"
     ts = now_ms()
     conn = fill_fleet(db, gpus=3, ts=ts)
-    # gpu_samples is a view (no UPDATE); fresh samples are the plain rows behind it.
-    conn.execute("UPDATE gpu_samples_recent SET throttle_reasons = 0x40 WHERE gpu_index = 1")  # HW thermal
-    conn.execute("UPDATE gpu_samples_recent SET throttle_reasons = 0x1 WHERE gpu_index = 0")   # idle: normal
+    conn.execute("UPDATE gpu_samples SET throttle_reasons = 0x40 WHERE gpu_index = 1")  # HW thermal
+    conn.execute("UPDATE gpu_samples SET throttle_reasons = 0x1 WHERE gpu_index = 0")   # idle: normal
     conn.execute("UPDATE gpus SET state = 'lost' WHERE gpu_index = 2")
     got = scrape_and_close(db, conn, hostname="node-7")
     by_gpu = lambda name: {s.labels["gpu"]: s.value for s in got[name]}  # noqa: E731

@@ -242,8 +242,7 @@ def _made_current(path: str, clock) -> str:
     """The sampled database with its samples moved to now, for /metrics' freshness check."""
     conn = sqlite3.connect(path)
     shift = int(fake_pynvml.time.time() * 1000 - clock.ms)
-    # The plain tables behind the sample views (nothing is packed this young; views take no UPDATE).
-    for table in ("gpu_samples_recent", "mig_samples", "gpu_process_samples_recent", "host_samples_recent"):
+    for table in ("gpu_samples", "mig_samples", "gpu_process_samples", "host_samples"):
         conn.execute(f"UPDATE {table} SET ts_ms = ts_ms + ?", (shift,))
     conn.commit()
     conn.close()

@@ -81,6 +81,12 @@ def test_scheduled_windows_store_top_ops_and_a_gzipped_chrome_trace(tmp_path):
     assert addmm.calls == 2 * 2  # two Linear layers in each of the two profiled steps
     assert addmm.self_cpu_us > 0 and addmm.cpu_total_us >= addmm.self_cpu_us
     assert addmm.self_device_us is None  # a CPU-only window measured no device time, not 0
+    # each window's trace analysed and stored with it: CPU-only, so the CPU-side split
+    for profile_id, *_ in rows:
+        [(gpu, ops_pct, idle_pct)] = _db_rows(
+            db, "SELECT gpu, cpu_operators_pct, idle_pct FROM profile_breakdowns "
+                "WHERE profile_id = ?", profile_id)
+        assert gpu == 0 and 0 < ops_pct <= 100 and idle_pct is None
     assert not list(tmp_path.glob("escape*")) and not (tmp_path.parent / "escape").exists()
 
 
@@ -95,6 +101,7 @@ def test_a_trace_over_the_size_cap_is_dropped_and_the_ops_kept(tmp_path):
     [(pid_, path, size)] = _db_rows(db, "SELECT id, trace_path, trace_bytes FROM profiles")
     assert path is None and size > 0.0001 * 2**20
     assert _db_rows(db, "SELECT count(*) FROM profile_ops WHERE profile_id = ?", pid_)[0][0] > 5
+    assert not _db_rows(db, "SELECT 1 FROM profile_breakdowns")  # no trace kept, nothing to read
     assert not [p for p in runs.rglob("*") if p.is_file()]
 
 
@@ -152,6 +159,9 @@ def test_on_demand_profile_through_the_daemon_end_to_end(daemon, monkeypatch, tm
         result = CliRunner().invoke(main, ["profile", run_id, "--steps", "3", "--db", str(db), "--wait", "60"])
         assert result.exit_code == 0, result.output
         assert "on_demand" in result.output and "aten::addmm" in result.output
+        # the window's breakdown came with it: the CPU-side bar and advice before the operators
+        out = result.output
+        assert out.index("CPU time") < out.index("advice:") < out.index("OPERATOR")
     finally:
         trainer.kill()
         trainer.wait()
@@ -265,3 +275,58 @@ def test_tui_profile_screen_sorts_top_ops_and_the_run_view_shows_stacks(tmp_path
             assert "4096        OOM    1.7 GiB  measured" in panel  # no measurement, the fit still shown
 
     asyncio.run(drive())
+
+
+def test_a_stored_breakdown_leads_profile_show_and_reaches_show_compare_report(tmp_path):
+    """A profile event with its trace breakdown: `profile --show` prints the bar and advice
+    before the operators; `show`, `compare` and `report` carry the headline figures."""
+    from gpuwatch.client.profiling import breakdown_of
+    from gpuwatch.store import open_rw
+    from gpuwatch.store.events import Peer, apply_events
+    from trace_gen import make_trace, write_trace
+
+    trace = write_trace(tmp_path / "t.json.gz", make_trace(loader_us=6000.0))
+    breakdown = breakdown_of(trace)
+    db = tmp_path / "gw.db"
+    conn = open_rw(db)
+    peer = Peer(os.getuid(), "me", os.getpid(), "embedded")
+    with conn:
+        outcome = apply_events(conn, [
+            {"id": "1", "kind": "run_start", "run_id": "r1", "ts_ms": 1000, "name": "slow-loader"},
+            {"id": "2", "kind": "profile", "run_id": "r1", "ts_ms": 2000, "trigger": "on_demand",
+             "first_step": 1, "steps": 4, "trace_path": str(trace), "trace_bytes": 1,
+             "ops": [{"name": "aten::mm", "calls": 3, "self_cpu_us": 10.0}],
+             "breakdown": breakdown},
+            {"id": "3", "kind": "run_start", "run_id": "r2", "ts_ms": 1000, "name": "plain"},
+            {"id": "4", "kind": "profile", "run_id": "r2", "ts_ms": 2000, "trigger": "scheduled",
+             "breakdown": {"gpu": True, "temporal": {"idle_pct": "lots"}}},  # refused, one line
+        ], peer)
+    conn.close()
+    assert [(i, msg) for i, _, msg in outcome.rejected] == [
+        ("4", "breakdown idle_pct: expected a finite number")]
+    idle = breakdown["temporal"]["idle_pct"]
+    assert idle > 10 and breakdown["idle"]["dataloader_pct"] > 50
+
+    out = CliRunner().invoke(main, ["profile", "r1", "--show", "--db", str(db)]).output
+    lines = out.splitlines()
+    bar = next(i for i, line in enumerate(lines) if line.startswith("[█"))
+    assert bar < next(i for i, line in enumerate(lines) if line.startswith("OPERATOR"))
+    assert "waiting for the data loader" in out and "advice:" in out
+    assert all(len(line) <= 80 for line in lines[2:])
+
+    show = CliRunner().invoke(main, ["show", "r1", "--db", str(db)]).output
+    assert f"profile   GPU idle {idle:.0f}%" in show and "data loader" in show
+    compare = CliRunner().invoke(main, ["compare", "r1", "r2", "--db", str(db)]).output
+    assert "GPU idle (profile)" in compare and f"{idle:.1f} %" in compare
+    from gpuwatch.tui.source import profile_row
+
+    conn = open_ro(db)
+    try:  # what the TUI's Profile screen is handed
+        assert json.loads(profile_row(conn, "r1").breakdown_json)["temporal"]["idle_pct"] == idle
+        assert profile_row(conn, "r2") is None  # its refused profile left nothing half-stored
+    finally:
+        conn.close()
+    report = CliRunner().invoke(main, ["report", "r1", "--db", str(db), "-o",
+                                       str(tmp_path / "r.html")])
+    assert report.exit_code == 0, report.output
+    assert f"{idle:.1f} %" in (tmp_path / "r.html").read_text()

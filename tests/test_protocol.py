@@ -172,10 +172,10 @@ def test_events_with_as_many_fields_but_different_ones_are_each_checked():
     (b"[" * 100_000, "frame nests deeper than 40 levels"),
     (b'{"v":1,"type":"events","events":[{"id":"a","kind":{"x":1}}]}',
      "events[0].kind: expected one of run_start, step, generation, memory_stats, run_end, run_event, "
-     "oom_postmortem, profile, got {'x': 1}"),
+     "oom_postmortem, profile, note, got {'x': 1}"),
     (b'{"v":1,"type":"events","events":[{"id":"a","kind":[1]}]}',
      "events[0].kind: expected one of run_start, step, generation, memory_stats, run_end, run_event, "
-     "oom_postmortem, profile, got [1]"),
+     "oom_postmortem, profile, note, got [1]"),
     (b'{"v":1,"type":"control_request","action":{"a":1},"run_id":"r"}',
      "control_request.action: expected one of profile, stacks, got {'a': 1}"),
     (b'{"v":1,"type":"events","events":[{"id":"a","kind":"step","run_id":"r","ts_ms":1,"step":9223372036854775808}]}',

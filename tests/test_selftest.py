@@ -177,6 +177,8 @@ def test_selftest_here_runs_the_host_checks_and_skips_the_gpu_ones_with_why():
     assert results["py-spy stack dump"]["status"] in (OK, SKIPPED)  # skipped only without ptrace rights
     assert results["NVML vs nvidia-smi"]["status"] == SKIPPED and "driver" in results["NVML vs nvidia-smi"]["detail"]
     assert results["step timing"]["status"] == SKIPPED and results["step timing"]["detail"]
+    gpm = results["GPM SM activity under a known load"]
+    assert gpm["status"] == SKIPPED and "NVML unavailable" in gpm["detail"]
     assert "checking daemon socket" in done.stderr  # progress, on stderr
 
 
@@ -186,3 +188,33 @@ def test_selftest_on_a_real_gpu_has_no_failures():
     results = json.loads(done.stdout)
     assert done.returncode == 0, [r for r in results if r["status"] == FAIL]
     assert any(r["check"].startswith("GPU 0 ") and r["status"] == OK for r in results)
+
+
+def test_gpm_verdict_against_a_known_load():
+    from collectors.nvml import GpuProfSample
+    from gpuwatch.selftest import gpm
+
+    idle = GpuProfSample(0, 0, sm_active_pct=2.0, tensor_active_pct=0.0)
+    busy = GpuProfSample(0, 1, sm_active_pct=97.0, sm_occupancy_pct=30.0, tensor_active_pct=55.0,
+                         dram_active_pct=20.0)
+    assert [r.status for r in gpm.gpm_verdict("GPU 0 H100", idle, busy)] == [OK, OK]
+    lazy = GpuProfSample(0, 1, sm_active_pct=35.0, tensor_active_pct=0.0)
+    failed = [r for r in gpm.gpm_verdict("GPU 0 H100", idle, lazy) if r.status == FAIL]
+    assert len(failed) == 2 and "SM active 35 %" in failed[0].detail
+    assert gpm.gpm_verdict("GPU 0 H100", idle, None)[0].status == FAIL
+    assert gpm.gpm_verdict("GPU 0 H100", busy, lazy)[-1].check == "GPM SM activity: busy above idle"
+
+
+def test_gpm_check_skips_with_why_where_no_gpu_has_gpm():
+    from gpuwatch.selftest import gpm
+
+    (result,) = gpm._measure(NvmlCollector(fake_pynvml.FakeNvml(gpus=2, procs_per_gpu=1)))
+    assert result.status == SKIPPED and "no GPU here has GPM" in result.detail
+
+
+@pytest.mark.gpu
+def test_gpm_on_a_real_gpu_follows_a_known_load():
+    from gpuwatch.selftest import gpm
+
+    results = gpm.check()
+    assert not [r for r in results if r.status == FAIL], results

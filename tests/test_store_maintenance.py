@@ -197,6 +197,10 @@ def test_size_cap_deletes_oldest_finished_runs_only_when_nothing_else_is_left(tm
     insert_rows(conn, "steps", [{"run_id": rid, "step": s, "ts_ms": s, "loss": 1.0 / (s + 1)}
                                 for rid in ["live"] + [f"r{k}" for k in range(20)] for s in range(400)])
     insert_rows(conn, "gpu_samples", [{"gpu_index": 0, "ts_ms": t, "gpu_util_pct": 1} for t in range(100)])
+    insert_rows(conn, "profiles", [{"id": k, "run_id": f"r{k}", "ts_ms": 5, "trigger": "scheduled"}
+                                   for k in range(20)])
+    insert_rows(conn, "profile_breakdowns", [{"profile_id": k, "gpu": 1, "breakdown_json": "{}"}
+                                             for k in range(20)])
     run_maintain(conn, 10**7)
     cap = os.path.getsize(path) * 3 // 4
     report = run_maintain(conn, 10**7, cap=cap)
@@ -205,5 +209,7 @@ def test_size_cap_deletes_oldest_finished_runs_only_when_nothing_else_is_left(tm
     assert report.runs_deleted > 0 and left[0] == "live" and len(left) > 2 and not report.over_cap
     assert left[1:] == [f"r{k}" for k in range(20 - len(left) + 1, 20)]  # the oldest went
     assert conn.execute("SELECT count(DISTINCT run_id) FROM steps").fetchone()[0] == len(left)
+    # a deleted run's profiles go with their breakdowns
+    assert conn.execute("SELECT count(*) FROM profile_breakdowns").fetchone()[0] == len(left) - 1
     assert os.path.getsize(path) <= cap
     conn.close()

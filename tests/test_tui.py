@@ -16,8 +16,8 @@ from dataclasses import replace
 import pytest
 
 from gpuwatch.tui.app import GpuwatchApp
-from gpuwatch.tui.snapshot import (Chart, GpuRow, HostRow, ProcessRow, RunDetail, RunRow, Series,
-                                   Snapshot, View)
+from gpuwatch.tui.snapshot import (Chart, GpuRow, HostRow, ProcessRow, ProfileRow, RunDetail,
+                                   RunRow, Series, Snapshot, View)
 from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 NOW = 1_764_676_800_000  # 2025-12-02 12:00:00 UTC
@@ -34,7 +34,10 @@ def _gpus() -> tuple[GpuRow, ...]:
             util_history=tuple(50 + 45 * math.sin((t + i * 7) / 6) for t in range(60)),
             mem_used_bytes=[70, 8, 0, 40][i] * GiB, mem_total_bytes=80 * GiB, temp_c=[78, 45, 31, 60][i],
             power_mw=[690_000, 120_000, 70_000, 400_000][i], power_limit_mw=700_000,
-            throttle_reasons=[0x4 | 0x40, 0, 0x1, 0][i], ecc_uncorrected=[0, 0, 0, 2][i]))
+            throttle_reasons=[0x4 | 0x40, 0, 0x1, 0][i], ecc_uncorrected=[0, 0, 0, 2][i],
+            # GPM on GPUs 0 and 3 only: the others show "n/a"
+            sm_active_pct=[81.0, None, None, 44.5][i], tensor_active_pct=[62.0, None, None, 0.0][i],
+            dram_active_pct=[35.0, None, None, 12.0][i], sm_occupancy_pct=[40.0, None, None, 20.0][i]))
     rows.append(GpuRow(index=4, name="NVIDIA H100 80GB HBM3", state="lost"))
     return tuple(rows)
 
@@ -73,17 +76,44 @@ def _detail(run_id: str, range_s: int | None) -> RunDetail | None:
     alloc = tuple((t, (30 + 10 * (k % 30) / 30) * GiB) for k, t in enumerate(ts))
     reserved = tuple((t, 45 * GiB) for t in ts)
     util = tuple((t, 90 + 8 * math.sin(k / 4)) for k, t in enumerate(ts))
+    loss = tuple((t, 2.1 + 6 * math.exp(-k / 25) + 0.05 * math.sin(k)) for k, t in enumerate(ts))
     return RunDetail(
         run=run, host="gpu-node-07", pid=3101, command="python train.py --seq 131072",
         job_id="job-17", end_state="" if run.status == "running" else f"{run.status}",
         ranks=(run, replace(run, run_id="r-llama-1", rank=1)),
         config=(("lr", "0.0003"), ("seq_len", "131072"), ("batch", "1")),
         charts=(Chart("tokens/s", (Series("tokens/s", "per_s", tps),)),
+                Chart("loss", (Series("loss", "loss", loss),)),
                 Chart("step time", (Series("step", "ms", step),)),
                 Chart("allocator memory", (Series("allocated", "bytes", alloc),
                                            Series("reserved", "bytes", reserved))),
                 Chart("GPU 0", (Series("util", "pct", util),))),
-        since_ms=since)
+        since_ms=since, energy_j=412_000.0, joules_per_token=0.31)
+
+
+_PROFILE: list[ProfileRow] = []
+
+
+def _profile(run_id: str) -> ProfileRow:
+    """A profile whose breakdown is the analysis of a generated, data-loader-bound trace."""
+    if not _PROFILE:
+        import json
+        import tempfile
+        from pathlib import Path
+
+        from gpuwatch.analysis.trace import analyse_files
+        from trace_gen import make_trace, write_trace
+
+        with tempfile.TemporaryDirectory() as d:
+            path = write_trace(Path(d) / "t.json", make_trace(loader_us=4000.0, seed=7))
+            result = analyse_files([path])
+        bd = {**result["ranks"][0], "file": "t.json", "advice": result["advice"]}
+        ops = (("aten::mm", 48, 900.0, 950.0, 21_000.0, 21_000.0, 1 << 20),
+               ("aten::_flash_attention_forward", 12, 300.0, 320.0, 7_700.0, 7_700.0, 0))
+        _PROFILE.append(ProfileRow(run_id, "train-llama", 1, NOW - 60_000, "on_demand", 40, 5,
+                                   "/runs/r/profiles/on_demand.json.gz", 812_000, ops, 1,
+                                   json.dumps(bd)))
+    return replace(_PROFILE[0], run_id=run_id)
 
 
 class FixedSource:
@@ -102,7 +132,9 @@ class FixedSource:
             return replace(base, gpus=_gpus() if self.gpus else (),
                            processes=_processes(self.child_pid))
         if view.kind == "runs":
-            return replace(base, runs=RUNS)
+            return replace(base, runs=RUNS, runs_total=10_002)
+        if view.kind == "profile":
+            return replace(base, profile=_profile(view.run_id))
         return replace(base, detail=_detail(view.run_id, view.range_s))
 
     def close(self) -> None:
@@ -306,6 +338,7 @@ SCREENS = {
     "run": ["r", "enter"],
     "help": ["question_mark"],
     "signal": ["k"],
+    "profile": ["r", "enter", "p"],
 }
 
 

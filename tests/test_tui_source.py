@@ -6,6 +6,7 @@ from gpuwatch.store import Writer
 from gpuwatch.tui.source import StoreSource
 from gpuwatch.tui.snapshot import View
 from test_tui_terminal import populate, write_tick
+from tui_pilot import pilot_test
 
 NOW = 1_764_676_800_000
 
@@ -68,3 +69,21 @@ def test_missing_database_is_a_message_then_recovers(tmp_path):
     assert "no such database" in snap.problem and snap.staleness() == snap.problem
     Writer(path).close()
     assert source.fetch(View("overview")).problem is None
+
+
+@pilot_test
+async def test_runs_title_says_how_many_of_all_the_runs_it_lists(tmp_path):
+    from gpuwatch.tui.app import GpuwatchApp
+
+    path = tmp_path / "many.db"
+    writer = Writer(path)
+    populate(writer, NOW, n_runs=205)  # more than the newest 200 the Runs screen reads
+    writer.close()
+    app = GpuwatchApp(StoreSource(str(path), clock=lambda: NOW), refresh_s=60, start_mode="runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.2)
+        title = str(app.screen.query_one("#runs-title").render())
+        assert title.startswith("Runs: 200 of 205 ·")
+        await pilot.press("f")  # running only: a filter over the runs read, and it says so
+        title = str(app.screen.query_one("#runs-title").render())
+        assert title.startswith("Runs: 43 of the newest 200 of 205 · status running")

@@ -15,6 +15,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from click.testing import CliRunner  # noqa: E402
+
+from gpuwatch.cli import main  # noqa: E402
 from workloads import common, gpt_train, kv_generate, lstm_context  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -111,6 +114,16 @@ def test_kv_generate_records_ttft_and_inter_token_latency():
         assert (g["prompt_tokens"], g["new_tokens"]) == (48, 6)
         assert g["ttft_ms"] > 0 and 0 < g["itl_p50_ms"] <= g["itl_p90_ms"]
         assert g["tokens_per_s"] > 0
+    # The peak the workload printed (peak RSS on a CPU) is in `gpuwatch runs`, as for training
+    # runs: each generation records the peak so far (RSS at its end, at most the process's peak).
+    printed = common.parse_result(out)["peak_bytes"]
+    listed = CliRunner().invoke(main, ["runs", "--format", "json"])
+    assert listed.exit_code == 0, listed.output
+    (summary,) = json.loads(listed.output)
+    assert 50 * 2**20 < summary["peak_mem_bytes"] <= printed
+    table = CliRunner().invoke(main, ["runs"]).output.splitlines()
+    peak_column = table[0].index("PEAK MEM")
+    assert table[1][peak_column:peak_column + 9].strip().endswith("MiB")
 
 
 def test_running_out_of_memory_ends_the_run_as_oom_with_a_result_line():
@@ -264,6 +277,16 @@ def test_gpt_train_on_cuda_records_cuda_peak_memory_and_event_step_times():
     # CUDA allocator figures, not RSS: the peak is the allocator's, and the result agrees.
     assert all(s["mem_allocated_bytes"] and s["mem_peak_bytes"] >= s["mem_allocated_bytes"] for s in steps)
     assert result["peak_bytes"] >= max(s["mem_peak_bytes"] for s in steps)
+
+
+@pytest.mark.gpu
+def test_kv_generate_on_cuda_lists_the_cuda_peak_it_printed():
+    out, _ = run_workload("kv_generate", "--tiny", "--generations", "2", "--new-tokens", "6", "--device", "cuda")
+    printed = common.parse_result(out)["peak_bytes"]
+    # The allocator's peak after the last generation is the peak the workload printed at its end.
+    assert query("SELECT max(mem_peak_bytes) AS peak FROM generations")[0]["peak"] == printed
+    listed = CliRunner().invoke(main, ["runs", "--format", "json"])
+    assert json.loads(listed.output)[0]["peak_mem_bytes"] >= printed
 
 
 @pytest.mark.gpu

@@ -1,14 +1,18 @@
-"""Side-by-side figures of finished or running runs, and their change against the first run."""
+"""Side-by-side figures of finished or running runs, and their change against the first run:
+what differed between them (config, git commit, command), speed, memory, loss and energy."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from gpuwatch import fmt
+from gpuwatch.analysis import loss as loss_mod
 from gpuwatch.analysis.rundata import run_gpus, run_window
-from gpuwatch.store import queries
+from gpuwatch.store import energy as energy_mod
+from gpuwatch.store import profiles, queries
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,21 @@ class RunStats:
     mfu_mean: float | None
     gpu_util_pct: float | None  # mean over the run's GPUs of each GPU's average while it ran
     gpus: tuple[int, ...]
+    loss_final: float | None = None
+    loss_best: float | None = None
+    energy_j: float | None = None      # its share of its GPUs' energy (store/energy.py)
+    energy_complete: bool = True       # False: counted from energy_from_ms, older samples expired
+    energy_from_ms: int | None = None
+    joules_per_token: float | None = None  # over the tokens of the steps the energy covers
+    # from the newest profile's trace breakdown (gpuwatch/analysis/trace), when there is one
+    profile_idle_pct: float | None = None
+    profile_compute_pct: float | None = None
+    # Set by compare(), which sees every run: the loss at the shortest run's tokens (or steps)...
+    loss_at_equal: float | None = None
+    equal_at: int | None = None
+    equal_unit: str | None = None
+    # ...and this run's value of each config key (git commit, command) that differs among them.
+    differs: dict[str, str] = field(default_factory=dict)
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:
@@ -59,9 +78,23 @@ def run_stats(conn: sqlite3.Connection, ref: str) -> RunStats:
     peaks = column(3) or column(4)  # CUDA allocator peak; a CPU-only run's is its RSS
     start, end = run_window(conn, run)
     gpus = run_gpus(conn, run)
+    temporal = (profiles.latest_breakdown(conn, run.run_id) or {}).get("temporal") or {}
+    final, best = loss_mod.final_and_best(loss_mod.loss_curve(conn, run.run_id))
+    energy = energy_mod.run_energy(conn, {run.run_id: (start, end)}).get(run.run_id)
     return RunStats(run.run_id, run.name, run.status, end - start, len(rows), dist(column(0)),
                     dist(column(1)), max(peaks) if peaks else None,
-                    sum(mfu) / len(mfu) if mfu else None, gpu_util(conn, gpus, start, end), tuple(gpus))
+                    sum(mfu) / len(mfu) if mfu else None, gpu_util(conn, gpus, start, end), tuple(gpus),
+                    final, best, **_energy_fields(conn, run.run_id, energy, end),
+                    profile_idle_pct=temporal.get("idle_pct"),
+                    profile_compute_pct=temporal.get("compute_pct"))
+
+
+def _energy_fields(conn: sqlite3.Connection, run_id: str, energy, end_ms: int) -> dict:
+    if energy is None:
+        return {}
+    tokens = queries.run_tokens(conn, run_id, energy.from_ms, end_ms)
+    return dict(energy_j=energy.joules, energy_complete=energy.complete, energy_from_ms=energy.from_ms,
+                joules_per_token=energy.joules / tokens if tokens else None)
 
 
 def gpu_util(conn: sqlite3.Connection, gpus: Sequence[int], start_ms: int, end_ms: int) -> float | None:
@@ -75,7 +108,47 @@ def gpu_util(conn: sqlite3.Connection, gpus: Sequence[int], start_ms: int, end_m
 
 
 def compare(conn: sqlite3.Connection, refs: Sequence[str]) -> list[RunStats]:
-    return [run_stats(conn, ref) for ref in refs]
+    runs = [queries.run(conn, ref) for ref in refs]
+    stats = [run_stats(conn, run.run_id) for run in runs]
+    curves = [loss_mod.loss_curve(conn, run.run_id) for run in runs]
+    equal = loss_mod.equal_point(curves)
+    keys = differing_keys(runs) if len(runs) > 1 else []
+    out = []
+    for s, run, curve in zip(stats, runs, curves):
+        at = None if equal is None else loss_mod.loss_at(curve.axis(equal[1] == "tokens"), equal[0])
+        values = described(run)
+        out.append(replace(s, loss_at_equal=at, equal_at=equal and equal[0], equal_unit=equal and equal[1],
+                           differs={k: values.get(k, fmt.MISSING) for k in keys}))
+    return out
+
+
+def described(run: queries.Run) -> dict[str, str]:
+    """A run's config as flat 'key': 'value' text (nested keys joined by dots), then its git
+    commit and command."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = value if isinstance(value, str) else json.dumps(value)
+
+    walk("", run.config)
+    for key, value in (("git commit", run.git_commit), ("command", run.command)):
+        if value:
+            out[key] = value
+    return out
+
+
+def differing_keys(runs: Sequence[queries.Run]) -> list[str]:
+    """Config keys (then git commit, command) whose values are not the same in every run; a key
+    one run lacks differs."""
+    described_runs = [described(r) for r in runs]
+    keys: list[str] = []
+    for d in described_runs:
+        keys += [k for k in d if k not in keys]
+    return [k for k in keys if len({d.get(k) for d in described_runs}) > 1]
 
 
 @dataclass(frozen=True)
@@ -84,6 +157,11 @@ class Row:
     value: Callable[[RunStats], float | None]
     show: Callable[[float | None], str]
     higher_is_better: bool | None  # None: a change is neither good nor bad
+    prefix: Callable[[RunStats], str] = lambda s: ""  # e.g. "≥ " for energy counted in part
+
+    def text(self, stats: RunStats) -> str:
+        value = self.value(stats)
+        return (self.prefix(stats) if value is not None else "") + self.show(value)
 
 
 def _ms(x):
@@ -92,6 +170,14 @@ def _ms(x):
 
 def _pct(x):
     return fmt.MISSING if x is None else f"{x:.1f} %"
+
+
+def _loss(x):
+    return fmt.MISSING if x is None else f"{x:.4g}"
+
+
+def _partial(s: RunStats) -> str:
+    return "≥ " if s.energy_j is not None and not s.energy_complete else ""
 
 
 ROWS = (
@@ -104,9 +190,18 @@ ROWS = (
     Row("peak memory", lambda s: s.peak_mem_bytes, fmt.size, False),
     Row("MFU mean", lambda s: s.mfu_mean, fmt.percent, True),
     Row("GPU util", lambda s: s.gpu_util_pct, _pct, True),
+    Row("GPU idle (profile)", lambda s: s.profile_idle_pct, _pct, False),
+    Row("GPU compute (profile)", lambda s: s.profile_compute_pct, _pct, True),
+    Row("final loss", lambda s: s.loss_final, _loss, False),
+    Row("best loss", lambda s: s.loss_best, _loss, False),
+    Row("energy", lambda s: s.energy_j, fmt.kwh, False, _partial),
+    Row("energy/token", lambda s: s.joules_per_token, fmt.joules_per_token, False),
     Row("duration", lambda s: s.duration_ms, fmt.duration, None),
     Row("steps", lambda s: s.steps, fmt.count, None),
 )
+
+ROWS_BY_LABEL = {row.label: row for row in ROWS}
+DIFFER_WIDTH = 40  # a long command or config value is cut in the table (--json has it whole)
 
 
 def change(base: float | None, value: float | None) -> float | None:
@@ -120,12 +215,19 @@ def table(stats: Sequence[RunStats]) -> tuple[list[str], list[list[tuple[str, in
     """Header and rows of cells (text, verdict): verdict +1 better than the first run, -1 worse, 0 neither."""
     header = ["", *(s.name or s.run_id for s in stats)]
     out = [[("run id", 0), *((s.run_id, 0) for s in stats)]]
-    for row in ROWS:
+    out += [[(fmt.clip(key, DIFFER_WIDTH), 0), *((fmt.clip(s.differs[key], DIFFER_WIDTH), 0) for s in stats)]
+            for key in stats[0].differs]
+    rows = list(ROWS)
+    if stats[0].equal_at is not None and len(stats) > 1:
+        at = f"loss at {fmt.count(stats[0].equal_at)} {stats[0].equal_unit}"
+        rows.insert(rows.index(ROWS_BY_LABEL["best loss"]) + 1,
+                    Row(at, lambda s: s.loss_at_equal, _loss, False))
+    for row in rows:
         base = row.value(stats[0])
-        cells = [(row.label, 0), (row.show(base), 0)]
+        cells = [(row.label, 0), (row.text(stats[0]), 0)]
         for s in stats[1:]:
             value = row.value(s)
-            text, verdict = row.show(value), 0
+            text, verdict = row.text(s), 0
             delta = change(base, value)
             if delta is not None:
                 text += f" ({delta * 100:+.0f} %)"

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from gpuwatch.analysis.rundata import run_gpus, run_window
 from gpuwatch.store import queries
-from gpuwatch.store.packed import between
 
 FORMATS = ("csv", "json", "parquet")
 TABLES = ("run", "steps", "gpu_samples", "run_events")
@@ -31,8 +30,8 @@ def run_tables(conn: sqlite3.Connection, ref: str) -> dict[str, list[dict]]:
     gpus = run_gpus(conn, run)
     marks = ", ".join("?" * len(gpus))
     samples = _rows(conn.execute(
-        f"SELECT * FROM {between('gpu_samples', start, end + 1)} WHERE gpu_index IN ({marks}) "
-        "ORDER BY ts_ms, gpu_index", gpus)) if gpus else []
+        f"SELECT * FROM gpu_samples WHERE gpu_index IN ({marks}) AND ts_ms >= ? AND ts_ms <= ? "
+        "ORDER BY ts_ms, gpu_index", (*gpus, start, end))) if gpus else []
     return {
         "run": _rows(conn.execute("SELECT * FROM runs WHERE run_id = ?", (run.run_id,))),
         "steps": _rows(conn.execute("SELECT * FROM steps WHERE run_id = ? ORDER BY step", (run.run_id,))),

@@ -12,6 +12,7 @@ from html import escape
 from gpuwatch import fmt
 from gpuwatch.analysis import svg
 from gpuwatch.analysis.compare import ROWS, run_stats
+from gpuwatch.analysis.loss import loss_curve
 from gpuwatch.analysis.rundata import run_window
 from gpuwatch.store import now_ms, queries
 
@@ -47,7 +48,19 @@ def _charts(conn: sqlite3.Connection, run, stats, start: int, end: int) -> list[
             points = queries.gpu_series(conn, idx, metric, start, end + 1, max_points=CHART_POINTS)
             series.append((f"GPU {idx}", [(p.ts_ms, p.avg * scale) for p in points if p.avg is not None]))
         charts.append(svg.line_chart(title, series, (start, end), y_fmt, y_max=y_max))
+    curve = loss_curve(conn, run.run_id)
+    if curve.by_steps:
+        charts.append(_loss_chart(curve))
     return charts
+
+
+def _loss_chart(curve) -> str:
+    """Loss against tokens seen (steps when tokens are missing)."""
+    points = curve.axis(curve.tokens_known)
+    unit = "tokens" if curve.tokens_known else "steps"
+    span = (points[0][0], points[-1][0])
+    return svg.line_chart(f"Loss vs {unit}", [("loss", points)], span, lambda v: f"{v:.3g}", y_min=None,
+                          x_fmt=lambda x: f"{fmt.count(round(x))} {unit}")
 
 
 def _oom_section(conn: sqlite3.Connection, run_id: str) -> str:
@@ -103,7 +116,7 @@ def render(conn: sqlite3.Connection, ref: str) -> str:
              ("git commit", run.git_commit), ("torch", run.torch_version), ("CUDA", run.cuda_version),
              ("rank / world size", None if run.world_size is None else f"{run.rank} / {run.world_size}"),
              ("GPUs", ", ".join(map(str, stats.gpus)) or None), ("error", run.error_message)]
-    figures = [(row.label, row.show(row.value(stats))) for row in ROWS]
+    figures = [(row.label, row.text(stats)) for row in ROWS]
     if run.config:
         config = json.dumps(run.config, indent=2, sort_keys=True)
     else:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 from gpuwatch.store import now_ms
-from gpuwatch.store.packed import between
-from gpuwatch.store.queries import Run
+from gpuwatch.store.queries import Run, every_gpu
 
 
 def run_window(conn: sqlite3.Connection, run: Run) -> tuple[int, int]:
@@ -32,10 +31,10 @@ def run_gpus(conn: sqlite3.Connection, run: Run) -> list[int]:
         elif token in uuid_to_index:
             found.add(uuid_to_index[token])
     start, end = run_window(conn, run)
-    samples = between("gpu_process_samples", start, end + 1, "s", ("gpu_index", "pid"))
     rows = conn.execute(
-        f"SELECT DISTINCT s.gpu_index FROM {samples} "
-        "WHERE s.pid IN (SELECT pid FROM processes WHERE run_id = ? UNION SELECT ? WHERE ? IS NOT NULL)",
-        (run.run_id, run.pid, run.pid))
+        f"SELECT DISTINCT gpu_index FROM gpu_process_samples "
+        f"WHERE gpu_index IN {every_gpu('gpu_process_samples')} AND ts_ms >= ? AND ts_ms <= ? "
+        "AND pid IN (SELECT pid FROM processes WHERE run_id = ? UNION SELECT ? WHERE ? IS NOT NULL)",
+        (start, end, run.run_id, run.pid, run.pid))
     found.update(idx for (idx,) in rows)
     return sorted(found)

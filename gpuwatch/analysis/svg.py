@@ -25,9 +25,10 @@ def _downsample(points: Sequence[tuple[float, float]]) -> list[tuple[float, floa
 
 def line_chart(title: str, series: Sequence[Series], x_range: tuple[float, float],
                y_fmt: Callable[[float], str], y_min: float | None = 0.0, y_max: float | None = None,
-               width: int = 760, height: int = 240) -> str:
-    """An <svg> of one line per series over x_range (epoch ms, shown as time since its start),
-    y shown with y_fmt. Charts of one run share x_range so they line up."""
+               width: int = 760, height: int = 240, x_fmt: Callable[[float], str] | None = None) -> str:
+    """An <svg> of one line per series over x_range (epoch ms, shown as time since its start;
+    or any quantity shown with x_fmt), y shown with y_fmt. Charts of one run share x_range so
+    they line up."""
     left, right, top, bottom = 80, 16, 28, 22
     plot_w, plot_h = width - left - right, height - top - bottom
     series = [(label, _downsample(points)) for label, points in series if points]
@@ -61,7 +62,7 @@ def line_chart(title: str, series: Sequence[Series], x_range: tuple[float, float
         x = x_lo + x_span * i / 4
         anchor = ("start", "middle", "middle", "middle", "end")[i]  # keep the end labels inside
         parts.append(f'<text x="{px(x):.1f}" y="{height - 6}" font-size="11" text-anchor="{anchor}">'
-                     f"{escape(fmt.duration(x - x_lo))}</text>")
+                     f"{escape(fmt.duration(x - x_lo) if x_fmt is None else x_fmt(x))}</text>")
     legend_x = left + 9 * len(title) + 24  # legend on the title line, after the title
     for n, (label, pts) in enumerate(series):
         colour = PALETTE[n % len(PALETTE)]

@@ -30,9 +30,12 @@ COMMANDS: dict[str, str] = {
     "stacks": "gpuwatch.cli.stacks_cmd:stacks_cmd",
     "capacity": "gpuwatch.cli.capacity_cmd:capacity_cmd",
     "oom": "gpuwatch.cli.oom_cmd:oom_cmd",
+    "note": "gpuwatch.cli.note_cmd:note_cmd",
+    "browse": "gpuwatch.cli.browse_cmd:browse_cmd",
     "demo": "gpuwatch.cli.demo_cmd:demo_cmd",
     "pick": "gpuwatch.cli.pick_cmd:pick_cmd",
     "selftest": "gpuwatch.cli.selftest_cmd:selftest_cmd",
+    "trace": "gpuwatch.cli.trace_cmd:trace_cmd",
 }
 
 

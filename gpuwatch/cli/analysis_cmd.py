@@ -28,13 +28,17 @@ def compare_cmd(runs, as_json, color, db):
     """Compare RUNS side by side; changes are against the first run.
 
     Each RUN is a run id, a unique id prefix or a run name (the newest with that name).
-    Shown: tokens/s and step time (mean, p50, p90), peak CUDA memory, mean MFU, GPU
-    utilisation of the run's GPUs while it ran, duration, steps and end state.
+    Shown: the config keys (git commit, command) that differ; tokens/s and step time (mean,
+    p50, p90), peak CUDA memory, mean MFU, GPU utilisation of the run's GPUs while it ran;
+    final and best loss, and the loss at equal tokens seen (the shortest run's); energy (kWh,
+    J/token); duration, steps and end state; then the loss against tokens seen, as a chart.
     """
     from gpuwatch.analysis.compare import compare, table
+    from gpuwatch.analysis.loss import loss_curve
 
     with _open(db) as conn:
         stats = compare(conn, runs)
+        curves = [loss_curve(conn, s.run_id) for s in stats]
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(s) for s in stats], indent=1))
         return
@@ -51,24 +55,55 @@ def compare_cmd(runs, as_json, color, db):
             cells.append(padded)
         lines.append("  ".join(cells).rstrip())
     click.echo("\n".join(lines), color=colour)
+    if any(c.by_steps for c in curves):
+        from gpuwatch.cli.charts import loss_chart
+
+        by_tokens = all(c.tokens_known for c in curves if c.by_steps)
+        click.echo("")
+        click.echo(loss_chart([(s.name or s.run_id, c.axis(by_tokens)) for s, c in zip(stats, curves)],
+                              "tokens" if by_tokens else "steps", colour), color=colour)
 
 
 @click.command("export")
 @click.argument("run")
-@click.option("--format", "fmt", type=click.Choice(["csv", "json", "parquet"]), default="csv",
-              show_default=True, help="json: one document; csv/parquet: one file per table.")
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["csv", "json", "parquet", "sqlite"]), default="csv",
+              show_default=True, help="json: one document; csv/parquet: one file per table; "
+                                      "sqlite: one self-contained database file.")
 @click.option("-o", "--output", type=click.Path(), default=None,
-              help="json: a file ('-' or none: stdout). csv/parquet: a directory (default: ./RUN_ID-export).")
+              help="json: a file ('-' or none: stdout). csv/parquet: a directory (default: "
+                   "./RUN_ID-export). sqlite: a new file (default: ./RUN_ID.db). Or give it as FILE.")
 @db_option
 @friendly_errors
-def export_cmd(run, fmt, output, db):
+def export_cmd(run, file, fmt, output, db):
     """Export RUN's row, steps, its GPUs' samples over its lifetime and its events.
+
+    --format sqlite writes one SQLite file with the whole schema holding this run alone: also its
+    generations, memory stats, OOM postmortems, profiles and their operators, stack dumps and
+    notes; open it with any SQLite tool or `gpuwatch show --db FILE RUN`.
 
     Parquet needs pyarrow (pip install pyarrow). GPU samples are the raw samples still kept
     (raw_retention_hours); older parts of a long run survive only as rollups.
+
+    Example: gpuwatch export gpt-4k --format sqlite gpt-4k.db
     """
     from gpuwatch.analysis.export import ExportError, run_tables, write_files, write_json
 
+    if file and output:
+        raise click.UsageError("give the output as FILE or as -o, not both")
+    output = output or file
+    if fmt == "sqlite":
+        from gpuwatch.analysis.runfile import write_run_file
+        from gpuwatch.store import queries
+
+        with _open(db) as conn:
+            target = Path(output or f"{queries.run(conn, run).run_id}.db")
+            try:
+                counts = write_run_file(conn, run, target)
+            except ExportError as e:
+                raise click.ClickException(str(e)) from None
+        click.echo(f"wrote {target}: " + ", ".join(f"{n} {t}" for t, n in counts.items() if n), err=True)
+        return
     with _open(db) as conn:
         tables = run_tables(conn, run)
         if fmt == "json":

@@ -60,7 +60,19 @@ def us_ms(us: float | None) -> float | None:
     return None if us is None else us / 1000.0
 
 
-def profile_text(profile, ops) -> str:
+def breakdown_text(breakdown: dict | None, width: int = 80) -> list[str]:
+    """The stored trace analysis, as `gpuwatch trace` prints it: the bar first, then advice."""
+    if breakdown is None:
+        return []
+    from gpuwatch.analysis.trace.render import advice_lines, rank_lines
+
+    # without the rank/file line (the heading says it) and the operators (the table below)
+    lines = rank_lines(breakdown, width, operators=False)[1:]
+    return lines + ["advice:"] + (advice_lines(breakdown.get("advice") or [], width)
+                                  or ["  none: nothing stands out"]) + [""]
+
+
+def profile_text(profile, ops, breakdown: dict | None = None) -> str:
     last = (profile.first_step or 0) + (profile.steps or 1) - 1
     head = (f"profile {profile.id} of run {profile.run_id} ({profile.trigger}, steps "
             f"{profile.first_step}-{last}{'' if profile.rank is None else f', rank {profile.rank}'}) "
@@ -71,7 +83,7 @@ def profile_text(profile, ops) -> str:
         trace = f"trace dropped: {fmt.size(profile.trace_bytes)} gzipped exceeds profile_max_mb"
     else:
         trace = "no trace file"
-    return "\n".join([head, trace, ops_table(ops)])
+    return "\n".join([head, trace, *breakdown_text(breakdown), ops_table(ops)])
 
 
 @click.command("profile")
@@ -114,6 +126,7 @@ def profile_cmd(run, steps, wait, show, db) -> None:
         found = profiles.profiles(conn, target.run_id)
         if not found:
             raise click.ClickException(f"run {target.run_id} has no profiles yet")
-        click.echo(profile_text(found[0], profiles.profile_ops(conn, found[0].id)))
+        click.echo(profile_text(found[0], profiles.profile_ops(conn, found[0].id),
+                                profiles.profile_breakdown(conn, found[0].id)))
     finally:
         conn.close()

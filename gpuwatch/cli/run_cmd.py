@@ -99,6 +99,7 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     from gpuwatch.client import metadata
     from gpuwatch.client.run import ENV_RUN_ID, new_run_id
     from gpuwatch.client.transport import connect
+    from gpuwatch.clock import elapsed_end_ms
     from gpuwatch.integrations.autohook import ENV_INSTRUMENT
     from gpuwatch.store import now_ms
 
@@ -115,8 +116,12 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     run_id = new_run_id()
     ids = iter(f"wrap-{os.getpid()}-{n}" for n in range(1 << 30))
 
+    started = (now_ms(), time.monotonic())
+
     def send(kind: str, **fields) -> None:
-        transport.send({"id": next(ids), "kind": kind, "run_id": run_id, "ts_ms": now_ms(), **fields})
+        # The end is timed from the start on the monotonic clock if the wall clock stepped.
+        ts = elapsed_end_ms(*started, now_ms(), time.monotonic()) if kind == "run_end" else now_ms()
+        transport.send({"id": next(ids), "kind": kind, "run_id": run_id, "ts_ms": ts, **fields})
 
     try:
         transport = connect(cfg)

@@ -12,6 +12,7 @@ from datetime import datetime
 import click
 
 from gpuwatch import fmt
+from gpuwatch.clock import run_duration_ms
 from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
 from gpuwatch.cli.query_cmd import echo_data
 
@@ -33,9 +34,6 @@ def parse_since(text: str, now_ms: int) -> int:
                                  f"time like 2026-01-31T14:00", param_hint="--since") from None
 
 
-def _fit(text: str | None, width: int) -> str:
-    text = "-" if text is None else text
-    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _start(ts_ms: int, now_ms: int) -> str:
@@ -55,16 +53,15 @@ def runs_table(summaries, now_ms: int, fit: bool = True) -> str:
     """The runs as a table: cut to 80 columns for a terminal, or whole (full ids and names)."""
     rows = []
     for r in summaries:
-        end = r.ended_ms if r.ended_ms is not None else now_ms
         rows.append([r.run_id[:8] if fit else r.run_id, r.name, r.user, r.status,
-                     _start(r.started_ms, now_ms), fmt.duration(end - r.started_ms),
+                     _start(r.started_ms, now_ms), fmt.duration(run_duration_ms(r.started_ms, r.ended_ms, now_ms)),
                      fmt.count(r.tokens_per_s_avg), fmt.count(r.tokens_per_s_last),
                      fmt.size(r.peak_mem_bytes), "OOM" if r.oom else ""])
     widths = [w if fit else max([len(h)] + [len(c or "-") for c in (row[i] for row in rows)])
               for i, (h, w, _) in enumerate(_COLUMNS)]
 
     def line(cells):
-        return " ".join(_fit(c, w).rjust(w) if right else _fit(c, w).ljust(w)
+        return " ".join(fmt.clip(c, w).rjust(w) if right else fmt.clip(c, w).ljust(w)
                         for c, w, (_, _, right) in zip(cells, widths, _COLUMNS)).rstrip()
 
     return "\n".join([line([h for h, _, _ in _COLUMNS])] + [line(row) for row in rows])
@@ -85,30 +82,36 @@ _DATA_FIELDS = ("run_id", "name", "user", "uid", "host", "pid", "status", "start
 @click.option("--user", help="Only this user's runs.")
 @click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
 @click.option("--since", help="Runs active since: 2h, 1d, 30m, or an ISO time.")
+@click.option("--search", metavar="TEXT",
+              help="Only runs whose name, command, config, git commit, cwd or notes hold every "
+                   "word of TEXT (full-text search; a word matches as a prefix): lr=3e-4, a3f9c2.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
               help="At most this many runs, newest first.")
 @click.option("--format", "fmt_", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True, help="Output format; csv and json give raw values for scripts.")
 @db_option
 @friendly_errors
-def runs_cmd(user, status, since, limit, fmt_, db) -> None:
+def runs_cmd(user, status, since, search, limit, fmt_, db) -> None:
     """List runs, newest first: status, duration, tokens/s (average and last), peak memory, OOM.
 
-    Example: gpuwatch runs --status oom --since 1d
+    Example: gpuwatch runs --status oom --since 1d; gpuwatch runs --search "lr=3e-4 gpt"
     """
     from gpuwatch.store import now_ms, open_ro, queries
 
     now = now_ms()
     since_ms = parse_since(since, now) if since else None
+    if search is not None and not search.strip():
+        raise click.BadParameter("give at least one word to search for", param_hint="--search")
     conn = open_ro(reader_db_path(db))
     try:
-        summaries = queries.runs(conn, user=user, status=status, since_ms=since_ms, limit=limit)
+        summaries = queries.runs(conn, user=user, status=status, since_ms=since_ms, limit=limit,
+                                 search=search)
     finally:
         conn.close()
     if fmt_ != "table":
         echo_data(list(_DATA_FIELDS), [[getattr(r, f) for f in _DATA_FIELDS] for r in summaries], fmt_)
     elif not summaries:
-        click.echo("no runs match" if (user or status or since) else "no runs recorded yet")
+        click.echo("no runs match" if (user or status or since or search) else "no runs recorded yet")
     else:
         click.echo(runs_table(summaries, now, fit=on_terminal()))
 
@@ -153,16 +156,42 @@ def _ranks(conn, run) -> list[tuple]:
         (run.run_id, run.job_id, run.run_id)).fetchall()
 
 
-def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int,
-              not_instrumented: str | None = None) -> str:
+def energy_line(energy, tokens: int | None) -> str:
+    """kWh of the run's share of its GPUs, and per token it processed while counted; '≥' when
+    the raw samples of the run's start had expired."""
+    partial = "" if energy.complete else "≥ "
+    text = (f"  energy    {partial}{fmt.kwh(energy.joules)} ({fmt.count(energy.joules)} J) on GPU"
+            f"{'s' if len(energy.gpus) > 1 else ''} {','.join(map(str, energy.gpus))}   {fmt.joules_per_token(energy.joules / tokens if tokens else None)}")
+    if not energy.complete:
+        text += f"   (counted from {fmt.local_time(energy.from_ms)}: older samples expired)"
+    return text
+
+
+def loss_lines(run_id: str, steps, colour: bool) -> list[str]:
+    """Final and best loss, and the loss against tokens seen (steps when tokens are missing)."""
+    from gpuwatch.analysis.loss import curve_of, final_and_best
+    from gpuwatch.cli.charts import loss_chart
+
+    curve = curve_of(run_id, ((s.step, s.tokens, s.loss) for s in steps))
+    final, best = final_and_best(curve)
+    if final is None:
+        return []
+    unit = "tokens" if curve.tokens_known else "steps"
+    return [f"  loss      final {final:.4g}   best {best:.4g}",
+            *("  " + line for line in loss_chart([("loss", curve.axis(curve.tokens_known))], unit, colour,
+                                                  width=SPARK_WIDTH + 12).splitlines())]
+
+
+def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energy=None,
+              energy_tokens: int | None = None, colour: bool = False, notes=(),
+              breakdown: dict | None = None, not_instrumented: str | None = None) -> str:
     out = []
     add = out.append
     title = f"run {run.run_id}" + (f"  {run.name}" if run.name else "") + f"  [{run.status}]"
     add(title)
-    end = run.ended_ms if run.ended_ms is not None else now_ms
     add(f"  user      {run.user or run.uid} on {run.host or '-'}  pid {run.pid or '-'}  ({run.mode or '-'})")
     add(f"  started   {fmt.local_time(run.started_ms)}   ended {fmt.local_time(run.ended_ms)}"
-        f"   duration {fmt.duration(end - run.started_ms)}")
+        f"   duration {fmt.duration(run_duration_ms(run.started_ms, run.ended_ms, now_ms))}")
     add(f"  command   {run.command or '-'}")
     add(f"  cwd       {run.cwd or '-'}   git {run.git_commit[:12] if run.git_commit else '-'}")
     torch_version = run.torch_version or attached.get("torch_version")
@@ -186,15 +215,28 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int,
         if known:
             add(f"  tokens/s  {fmt.sparkline(rates, width=SPARK_WIDTH)}  "
                 f"{fmt.count(min(known))}..{fmt.count(max(known))}")
+        waits = [s.data_wait_pct for s in steps]
+        known_waits = [w for w in waits if w is not None]
+        if known_waits:
+            add(f"  data wait {fmt.sparkline(waits, width=SPARK_WIDTH, lo=0, hi=100)}  "
+                f"avg {sum(known_waits) / len(known_waits):.0f}% of each step, "
+                f"last {known_waits[-1]:.0f}%  (waiting for the batch before compute)")
         gpu_peak = max((s.mem_peak_bytes for s in steps if s.mem_peak_bytes is not None), default=None)
         reserved = max((s.mem_reserved_bytes for s in steps if s.mem_reserved_bytes is not None), default=None)
         rss = max((s.rss_bytes for s in steps if s.rss_bytes is not None), default=None)
         add(f"  memory    GPU peak allocated {fmt.size(gpu_peak)}   reserved {fmt.size(reserved)}"
             f"   host RSS peak {fmt.size(rss)}")
+        out.extend(loss_lines(run.run_id, steps, colour))
     elif not_instrumented:
         add(f"  steps     none: not instrumented: {not_instrumented}")
     else:
         add("  steps     none recorded (not instrumented, or no step() yet)")
+    if energy is not None:
+        add(energy_line(energy, energy_tokens))
+    if breakdown:
+        from gpuwatch.analysis.trace.render import headline
+
+        add(f"  profile   {headline(breakdown)}")
 
     config = run.config or attached.get("config") or {}
     if config:
@@ -209,6 +251,11 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int,
         for run_id, rank, local_rank, status, host in ranks:
             add(f"  {run_id}  rank {'-' if rank is None else rank}"
                 f" (local {'-' if local_rank is None else local_rank})  {status}  {host or '-'}")
+    if notes:
+        add("")
+        add("notes")
+        for note in notes:
+            add(f"  {fmt.local_time(note.ts_ms)}  {note.user or note.uid}: {note.text}")
     return "\n".join(out)
 
 
@@ -217,20 +264,29 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int,
 @db_option
 @friendly_errors
 def show_cmd(run_ref, db) -> None:
-    """Show one run: summary, end state, tokens/s sparkline, memory peaks, config, ranks.
+    """Show one run: summary, end state, tokens/s sparkline, memory peaks, energy (kWh, J/token),
+    final and best loss with a chart of loss against tokens seen, config, ranks, notes.
 
     RUN is a run id, a unique id prefix, or a run name (the newest run with that name).
 
     Example: gpuwatch show gpt-4k
     """
-    from gpuwatch.store import now_ms, open_ro, queries
+    from gpuwatch.analysis.rundata import run_window
+    from gpuwatch.store import now_ms, open_ro, profiles, queries
+    from gpuwatch.store.energy import run_energy
 
     conn = open_ro(reader_db_path(db))
+    colour = sys.stdout.isatty()
     try:
         run = queries.run(conn, run_ref)
+        start, end = run_window(conn, run)
+        energy = run_energy(conn, {run.run_id: (start, end)}).get(run.run_id)
+        tokens = energy and queries.run_tokens(conn, run.run_id, energy.from_ms, end)
         text = show_text(run, queries.steps(conn, run.run_id), _attached(conn, run.run_id),
-                         _ranks(conn, run), now_ms(),
-                         _attached(conn, run.run_id, "not_instrumented").get("reason"))
+                         _ranks(conn, run), now_ms(), energy=energy, energy_tokens=tokens, colour=colour,
+                         notes=queries.notes(conn, run.run_id),
+                         breakdown=profiles.latest_breakdown(conn, run.run_id),
+                         not_instrumented=_attached(conn, run.run_id, "not_instrumented").get("reason"))
     finally:
         conn.close()
-    click.echo(text)
+    click.echo(text, color=colour)

@@ -68,13 +68,13 @@ def view_from_db(conn, now: int) -> View | None:
     """The daemon's newest samples, or None when the database is not being written."""
     from gpuwatch.store import queries
 
-    host = queries.latest_host_sample(conn)
+    host = queries.latest_host_sample(conn, now)
     if host is None or now - host.ts_ms > FRESH_MS:
         return None
     view = View(source=f"daemon data, {fmt.duration(now - host.ts_ms)} old", host=_host_line(host))
-    samples = queries.latest_gpu_samples(conn)
-    procs = queries.gpu_processes(conn)
-    migs = queries.mig_devices(conn)
+    samples = queries.latest_gpu_samples(conn, now)
+    procs = queries.gpu_processes(conn, now)
+    migs = queries.mig_devices(conn, now)
     on = [(p.gpu_index, p.gpu_instance_id, p.compute_instance_id) for p in procs]
     for gpu in queries.gpus(conn):
         s = samples.get(gpu.gpu_index)

@@ -2,8 +2,9 @@
 
 Run.step() checks one attribute (`active`) and calls step() only while something is profiling
 or waiting to: an idle hook costs the training loop a bool test (bench/bench_profiler.py).
-Each finished window becomes one `profile` event (top operators) and a gzipped Chrome trace
-under <runs_path>/<run_id>/profiles/.
+Each finished window becomes one `profile` event (top operators, and the trace's breakdown
+from gpuwatch.analysis.trace, worked out on a thread of its own so the training step does not
+wait for it) and a gzipped Chrome trace under <runs_path>/<run_id>/profiles/.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ON_DEMAND_STEPS = 5
 MAX_ON_DEMAND_STEPS = 1000
+ANALYSIS_JOIN_S = 30.0  # at the run's end, how long to wait for a window still being analysed
+MAX_STORED_STEPS = 200  # per-step figures kept with a breakdown
 
 
 def profiles_dir(cfg: Config, run_id: str) -> Path:
@@ -43,6 +46,7 @@ class Profiling:
         self._trigger = ""
         self._windows_left = 0  # 0 with a running profiler = repeat forever
         self._recorded: list[int] = []  # run steps inside the current window
+        self._analysing: list[threading.Thread] = []
         if self.active:
             self._start("scheduled", cfg.profile_wait, cfg.profile_warmup, cfg.profile_active,
                         cfg.profile_repeat)
@@ -88,6 +92,8 @@ class Profiling:
             except Exception:
                 log.warning("gpuwatch: stopping the profiler failed", exc_info=True)
         self.active = False
+        for thread in self._analysing:
+            thread.join(ANALYSIS_JOIN_S)
 
     def _start(self, trigger: str, wait: int, warmup: int, active: int, repeat: int) -> None:
         self._trigger = trigger
@@ -126,10 +132,34 @@ class Profiling:
         saved = torch_profiler.save_trace(prof, profiles_dir(self._cfg, self._run_id), stem, max_bytes)
         if saved.note:
             log.warning("gpuwatch: %s", saved.note)
-        self._send("profile", ts_ms=ts, trigger=self._trigger, rank=self._rank,
-                   first_step=recorded[0], steps=len(recorded),
-                   trace_path=str(saved.path) if saved.path else None, trace_bytes=saved.bytes,
-                   ops=[vars(op) for op in ops])
+        fields = dict(ts_ms=ts, trigger=self._trigger, rank=self._rank, first_step=recorded[0],
+                      steps=len(recorded), trace_path=str(saved.path) if saved.path else None,
+                      trace_bytes=saved.bytes, ops=[vars(op) for op in ops])
+        if saved.path is None:
+            self._send("profile", **fields)
+            return
+        thread = threading.Thread(target=self._analyse_and_send, args=(saved.path, fields),
+                                  name="gpuwatch-trace-analysis", daemon=True)
+        self._analysing = [t for t in self._analysing if t.is_alive()] + [thread]
+        thread.start()
+
+    def _analyse_and_send(self, path: Path, fields: dict) -> None:
+        """Off the training thread: the trace's breakdown, then the profile event with it."""
+        try:
+            fields["breakdown"] = breakdown_of(path)
+        except Exception:  # the profile is still stored, without its breakdown
+            log.warning("gpuwatch: could not analyse the profile's trace %s", path, exc_info=True)
+        self._send("profile", **fields)
+
+
+def breakdown_of(path: Path) -> dict:
+    """The stored breakdown of one profile window: its rank of `gpuwatch trace`, with the advice."""
+    from gpuwatch.analysis.trace import analyse_files
+
+    result = analyse_files([path])
+    rank = result["ranks"][0]
+    rank["steps"] = rank["steps"][-MAX_STORED_STEPS:]
+    return {**rank, "advice": result["advice"]}
 
 
 def _recording() -> tuple:

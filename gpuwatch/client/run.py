@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 from gpuwatch import config as config_mod
 from gpuwatch import paths
+from gpuwatch.clock import elapsed_end_ms
 from gpuwatch.client import flops, metadata, oom, profiling, torch_stats
 from gpuwatch.store import now_ms
 
@@ -138,6 +139,7 @@ class Run:
         self._gen = 0
         self._ended = False
         self._pending: collections.deque = collections.deque()
+        self._compute_mark = None  # where this iteration's compute began (mark_compute), until step()
         self._rss = torch_stats.RssReader()
         self._torch = None  # set at the first step if the workload runs on CUDA
         self._clock = None
@@ -154,8 +156,9 @@ class Run:
             self.event("attached", {"pid": os.getpid(), "name": name, "config": plain,
                                     "flops_per_token": fixed_flops, **fields})
         else:
-            self._send("run_start", name=name, config=plain, flops_per_token=fixed_flops,
-                       parent_run_id=parent_run_id, **fields)
+            self._started = (now_ms(), time.monotonic())  # the run's end is timed from here too
+            self._send("run_start", ts_ms=self._started[0], name=name, config=plain,
+                       flops_per_token=fixed_flops, parent_run_id=parent_run_id, **fields)
             self._install_signal_handlers()
         self._saved_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -184,6 +187,15 @@ class Run:
     def steps_recorded(self) -> int:
         return self._step
 
+    def mark_compute(self) -> None:
+        """Call once the iteration's batch is ready, just before its forward: the time since the
+        previous step() is then the step's data wait (stored as data_wait_pct, its share of the
+        step). Later calls before the next step() are ignored, so calling it before every
+        micro-batch is fine; before the first step() it does nothing (that step includes the
+        set-up). Costs one CUDA event record (no synchronize) or one clock read."""
+        if self._compute_mark is None and self._clock is not None:
+            self._compute_mark = self._clock.compute_mark()
+
     def step(self, tokens: int | None = None, samples: int | None = None, seq_len: int | None = None,
              loss: Any = None) -> None:
         """Record one optimiser step. Never synchronises the GPU: timings and a tensor loss are
@@ -196,12 +208,13 @@ class Run:
         tokens = torch_stats.capture_loss(tokens) if hasattr(tokens, "detach") else _whole(tokens)
         self._seq_len, self._batch = seq_len, samples
         captured = torch_stats.capture_loss(loss)  # queued before the event: ready with it
+        compute, self._compute_mark = self._compute_mark, None
         mark = self._clock.mark()
         if self._torch is not None:
             alloc, reserved, peak = torch_stats.cuda_memory(self._torch)
         else:
             alloc = reserved = peak = None
-        self._pending.append((self._step, now_ms(), mark, tokens, samples, seq_len, captured,
+        self._pending.append((self._step, now_ms(), mark, compute, tokens, samples, seq_len, captured,
                               alloc, reserved, peak, self._rss.read()))
         self._drain(wait=False)
         every = self._cfg.memory_stats_every
@@ -228,8 +241,9 @@ class Run:
     def _drain(self, wait: bool) -> None:
         pending, clock, send = self._pending, self._clock, self._transport.send
         while pending and clock.ready(pending[0][2], wait):
-            step, ts, mark, tokens, samples, seq_len, loss, alloc, reserved, peak, rss = pending.popleft()
+            step, ts, mark, compute, tokens, samples, seq_len, loss, alloc, reserved, peak, rss = pending.popleft()
             step_ms = clock.elapsed_ms(mark)
+            wait_pct = None if compute is None else clock.wait_pct(mark, compute, step_ms)
             if tokens is not None and type(tokens) is not int:
                 tokens = round(torch_stats.resolve_loss(tokens))
             tps = tokens / (step_ms / 1000.0) if tokens and step_ms else None
@@ -240,7 +254,7 @@ class Run:
             send({"id": self._id_prefix + str(next(self._id_count)), "kind": "step",
                   "run_id": self.run_id, "ts_ms": ts, "step": step, "tokens": tokens,
                   "samples": samples, "seq_len": seq_len, "loss": torch_stats.resolve_loss(loss),
-                  "step_time_ms": step_ms, "tokens_per_s": tps,
+                  "step_time_ms": step_ms, "data_wait_pct": wait_pct, "tokens_per_s": tps,
                   "mfu": flops.mfu(tps, fpt, self._peak_flops),
                   "mem_allocated_bytes": alloc, "mem_reserved_bytes": reserved,
                   "mem_peak_bytes": peak, "rss_bytes": rss})
@@ -257,10 +271,14 @@ class Run:
             total_ms = ttft_ms + sum(itl)
         self._gen += 1
         prompt_tokens, new_tokens = _whole(prompt_tokens), _whole(new_tokens)
+        # The peak so far, as step() records it: a decode-only run has no steps to carry it.
+        torch = torch_stats.cuda_torch()
+        peak = torch_stats.cuda_memory(torch)[2] if torch is not None else None
         self._send("generation", gen_id=self._gen, prompt_tokens=prompt_tokens,
                    new_tokens=new_tokens, ttft_ms=ttft_ms, itl_p50_ms=_percentile(itl, 50),
                    itl_p90_ms=_percentile(itl, 90),
-                   tokens_per_s=new_tokens / (total_ms / 1000.0) if new_tokens and total_ms else None)
+                   tokens_per_s=new_tokens / (total_ms / 1000.0) if new_tokens and total_ms else None,
+                   mem_peak_bytes=peak, rss_bytes=self._rss.read())
 
     def generate(self, prompt_tokens: int | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> Generation:
@@ -331,7 +349,8 @@ class Run:
             self.event("child_end", {"status": status, **fields})
             self._leave_end_state(status, fields)
         else:
-            self._send("run_end", status=status, **fields)
+            self._send("run_end", ts_ms=elapsed_end_ms(*self._started, now_ms(), time.monotonic()),
+                       status=status, **fields)
         if not self._transport.flush(END_FLUSH_TIMEOUT_S):
             log.warning("gpuwatch: run %s: some events were not confirmed before exit", self.run_id)
         self._transport.close()

@@ -31,6 +31,10 @@ class CpuClock:
         self._last = now
         return elapsed_ms
 
+    def compute_mark(self) -> float:
+        """Ms since the last step ended: the wait before this iteration's compute began."""
+        return (time.perf_counter() - self._last) * 1000.0
+
     @staticmethod
     def ready(mark: float, wait: bool = False) -> bool:
         return True
@@ -38,6 +42,10 @@ class CpuClock:
     @staticmethod
     def elapsed_ms(mark: float) -> float:
         return mark
+
+    @staticmethod
+    def wait_pct(mark: float, compute: float, step_ms: float | None) -> float | None:
+        return _share_pct(compute, step_ms)
 
 
 class CudaClock:
@@ -63,6 +71,11 @@ class CudaClock:
         self._last = event
         return pair
 
+    def compute_mark(self):
+        """An event where this iteration's compute begins: the GPU reaches it once it finished the
+        last step and the host queued the new batch, so the gap is time the GPU waited for data."""
+        return self.start_event(self._torch)
+
     @staticmethod
     def ready(mark: tuple, wait: bool = False) -> bool:
         if wait:
@@ -74,6 +87,20 @@ class CudaClock:
     def elapsed_ms(mark: tuple) -> float | None:
         start, end = mark
         return None if start is None else start.elapsed_time(end)  # first step: no start event
+
+    @staticmethod
+    def wait_pct(mark: tuple, compute, step_ms: float | None) -> float | None:
+        start = mark[0]
+        if start is None or not compute.query():  # recorded on another stream, not reached yet
+            return None
+        return _share_pct(start.elapsed_time(compute), step_ms)
+
+
+def _share_pct(wait_ms: float, step_ms: float | None) -> float | None:
+    """The data wait as a share of the step, 0..100 (clock jitter can put it a hair outside)."""
+    if not step_ms or step_ms <= 0:
+        return None
+    return min(100.0, max(0.0, 100.0 * wait_ms / step_ms))
 
 
 def capture_loss(loss):

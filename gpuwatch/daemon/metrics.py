@@ -19,8 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
+from gpuwatch.clock import STEP_TOLERANCE_MS
 from gpuwatch.config import ConfigError
 from gpuwatch.store import StoreError, now_ms, open_ro, queries
+from gpuwatch.store.energy import EnergyLedger
+from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
 
 DEFAULT_HOST = "127.0.0.1"
 MIB = 1024 * 1024
@@ -63,6 +66,19 @@ MIG_FIELDS = (
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_util_pct", 1),
 )
 _COMPUTE_SHARE = re.compile(r"^\d+c\.")  # "1c.3g.40gb": a compute instance's share of 3g.40gb
+# GPM figures (Hopper and later) under DCGM's profiling names, as its 0-1 ratios:
+# (dcgm name, gpu_prof_samples column, help as dcgm-exporter's).
+PROF_FIELDS = (
+    ("DCGM_FI_PROF_SM_ACTIVE", "sm_active_pct",
+     "The ratio of cycles an SM has at least 1 warp assigned (in %)."),
+    ("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy_pct",
+     "The ratio of number of warps resident on an SM (in %)."),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active_pct",
+     "Ratio of cycles the tensor (HMMA) pipe is active (in %)."),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active_pct",
+     "Ratio of cycles the device memory interface is active sending or receiving data (in %)."),
+)
+
 # NVML gives PCIe throughput as a rate, not dcgm's cumulative KB counter, so it gets our own name.
 OWN_GPU_FIELDS = (
     ("gpuwatch_gpu_pcie_tx_bytes_per_second", "pcie_tx_kbps", 1024, "PCIe transmit throughput."),
@@ -90,7 +106,11 @@ DAEMON_FIELDS = (
 
 # SQLite returns the xid of the row holding MAX(ts_ms): the last XID per GPU.
 _XID_SQL = "SELECT gpu_index, xid, MAX(ts_ms) FROM xid_events GROUP BY gpu_index"
-_RUNS_SQL = "SELECT run_id, name, user, job_id, rank FROM runs WHERE status = 'running'"
+_RUNS_SQL = "SELECT run_id, name, user, job_id, rank, started_ms FROM runs WHERE status = 'running'"
+# A fresh energy ledger (first scrape, or the daemon restarted) catches up on the running runs'
+# history in a thread of its own, this much at a time, so no scrape waits for it; their energy
+# is exported once it has caught up.
+ENERGY_CATCH_UP_MS = 15 * 60_000
 _LAST_STEP_SQL = "SELECT step, tokens_per_s FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1"
 _PEAK_SINCE_SQL = "SELECT MAX(step), MAX(mem_peak_bytes) FROM steps WHERE run_id = ? AND step > ?"
 
@@ -120,6 +140,9 @@ class StoreCollector:
         self._lock = threading.Lock()  # the HTTP server is threaded; one scrape reads at a time
         # run_id -> (last step folded in, peak bytes so far): each scrape reads only new steps.
         self._peaks: dict[str, tuple[int, int | None]] = {}
+        self._energy: EnergyLedger | None = None  # running runs' joules, folded scrape by scrape
+        self._catch_up: threading.Thread | None = None  # folds a fresh ledger's history
+        self._closing = threading.Event()
 
     def describe(self):
         return []  # built per scrape; stops the registry calling collect() at register time
@@ -141,6 +164,9 @@ class StoreCollector:
         return iter(families)
 
     def close(self) -> None:
+        self._closing.set()
+        if self._catch_up is not None:
+            self._catch_up.join(timeout=5)
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -157,7 +183,7 @@ class StoreCollector:
     def _from_store(self, conn: sqlite3.Connection) -> list:
         try:
             gpus, newest_gpu_ms = self._gpu_families(conn)
-            return gpus + self._run_families(conn) + self._host_families(conn, newest_gpu_ms)
+            return gpus + self._run_families(conn, newest_gpu_ms) + self._host_families(conn, newest_gpu_ms)
         except sqlite3.Error:
             self._conn = None  # reopen next time (e.g. the file was replaced)
             conn.close()
@@ -203,8 +229,9 @@ class StoreCollector:
                 reasons.add_metric(labels, v["throttle_reasons"])
                 throttled.add_metric(labels, 1 if v["throttle_reasons"] & THROTTLED_MASK else 0)
         families += [reasons, throttled, self._gpu_up(infos, rows), self._users(conn, rows)]
-        _add_mig_series(conn, families,
-                        {g.gpu_index: labels for (g, _), labels in zip(rows, gpu_labels)})
+        labels_by_gpu = {g.gpu_index: labels for (g, _), labels in zip(rows, gpu_labels)}
+        _add_mig_series(conn, families, labels_by_gpu)
+        families += _prof_families(conn, labels_by_gpu, fresh_after)
         return families, max((s.ts_ms for s in latest.values()), default=None)
 
     def _gpu_up(self, infos: list, fresh: list) -> object:
@@ -238,18 +265,18 @@ class StoreCollector:
                 fam.add_metric([str(index), uuids[index], self.hostname, user], used)
         return fam
 
-    def _run_families(self, conn: sqlite3.Connection) -> list:
+    def _run_families(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> list:
         """Only running runs: finished ones would grow the series count without bound."""
         tps = _family("gpuwatch_run_tokens_per_second", "Tokens per second of the run's last step.",
                       RUN_LABELS)
         peak = _family("gpuwatch_run_peak_memory_bytes", "Peak CUDA memory of the run so far.",
                        RUN_LABELS)
         step = _family("gpuwatch_run_step", "Last step the run reported.", RUN_LABELS)
-        active = set()
-        for run_id, name, user, job_id, rank in conn.execute(_RUNS_SQL).fetchall():
-            active.add(run_id)
+        active: dict[str, tuple[list[str], int]] = {}
+        for run_id, name, user, job_id, rank, started_ms in conn.execute(_RUNS_SQL).fetchall():
             labels = [run_id, name or "", user or "", job_id or run_id, "" if rank is None else str(rank),
                       self.hostname]
+            active[run_id] = labels, started_ms
             last = conn.execute(_LAST_STEP_SQL, (run_id,)).fetchone()
             if last is None:
                 continue
@@ -259,12 +286,63 @@ class StoreCollector:
             peak_bytes = self._peak(conn, run_id)
             if peak_bytes is not None:
                 peak.add_metric(labels, peak_bytes)
-        for gone in set(self._peaks) - active:
+        for gone in set(self._peaks) - active.keys():
             del self._peaks[gone]
         counts = _family("gpuwatch_runs", "Runs in the database by status.", ("status",))
         for status, n in conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status"):
             counts.add_metric([status], n)
-        return [tps, peak, step, counts]
+        return [tps, peak, step, counts, self._energy_family(conn, active, newest_gpu_ms)]
+
+    def _energy_family(self, conn: sqlite3.Connection, active: dict[str, tuple[list[str], int]],
+                       newest_gpu_ms: int | None) -> object:
+        """Joules of each running run's share of its GPUs (store/energy.py), folded from the
+        samples stored since the last scrape up to the newest GPU sample."""
+        from prometheus_client.core import CounterMetricFamily
+
+        fam = CounterMetricFamily("gpuwatch_run_energy_joules",
+                                  "Energy of the run's share of its GPUs' time, from NVML's energy counter (J).",
+                                  labels=list(RUN_LABELS))
+        if not active or newest_gpu_ms is None:
+            return fam
+        if self._energy is None and self._catch_up is None:
+            since = min(started for _, started in active.values()) - PROCESS_TICK_SLACK_MS
+            self._catch_up = threading.Thread(target=self._fold_history, args=(since, newest_gpu_ms + 1),
+                                              name="gpuwatch-energy", daemon=True)
+            self._catch_up.start()
+        ledger = self._energy
+        if ledger is None:
+            return fam  # still catching up: no partial figure that would later jump
+        try:
+            ledger.fold(conn, newest_gpu_ms + 1)
+        except sqlite3.Error:
+            self._energy = self._catch_up = None  # half folded: start again from the runs' starts
+            raise
+        for gone in set(ledger.joules) - active.keys():
+            del ledger.joules[gone]
+            ledger.gpus_of.pop(gone, None)
+        for run_id, (labels, _) in active.items():
+            if run_id in ledger.gpus_of:
+                fam.add_metric(labels, ledger.joules[run_id])
+        return fam
+
+    def _fold_history(self, since_ms: int, until_ms: int) -> None:
+        """Fold [since, until) into a fresh ledger on a connection of its own, a piece at a time;
+        scrapes then fold only what came after."""
+        ledger = EnergyLedger(since_ms)
+        try:
+            conn = open_ro(self.db_path)
+        except StoreError:
+            self._catch_up = None  # tried again on the next scrape
+            return
+        try:
+            while ledger.until_ms < until_ms and not self._closing.is_set():
+                ledger.fold(conn, min(until_ms, ledger.until_ms + ENERGY_CATCH_UP_MS))
+        except sqlite3.Error:
+            self._catch_up = None
+            return
+        finally:
+            conn.close()
+        self._energy = ledger
 
     def _peak(self, conn: sqlite3.Connection, run_id: str) -> int | None:
         seen, best = self._peaks.get(run_id, (-1, None))
@@ -276,11 +354,13 @@ class StoreCollector:
         return best
 
     def _host_families(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> list:
-        families = [self._last_sample(conn, newest_gpu_ms)]
-        # The newest samples are always plain rows (store/packed.py): one seek, no decoding.
-        host = conn.execute("SELECT * FROM host_samples_recent ORDER BY ts_ms DESC LIMIT 1")
+        # Not past now: samples stamped before the wall clock stepped back are not the newest.
+        upto = now_ms() + STEP_TOLERANCE_MS
+        families = [self._last_sample(conn, newest_gpu_ms, upto)]
+        newest = "WHERE ts_ms <= ? ORDER BY ts_ms DESC LIMIT 1"
+        host = conn.execute(f"SELECT * FROM host_samples {newest}", (upto,))
         families += _row_families(host, HOST_FIELDS, now_ms() - self.stale_after_ms)
-        stats = conn.execute("SELECT * FROM daemon_stats ORDER BY ts_ms DESC LIMIT 1")
+        stats = conn.execute(f"SELECT * FROM daemon_stats {newest}", (upto,))
         families += _row_families(stats, DAEMON_FIELDS, now_ms() - self.stale_after_ms)
         size = _family("gpuwatch_database_size_bytes", "Database file plus its write-ahead log.", ())
         size.add_metric([], sum(_file_size(self.db_path.with_name(self.db_path.name + suffix))
@@ -288,10 +368,11 @@ class StoreCollector:
         families.append(size)
         return families
 
-    def _last_sample(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> object:
+    def _last_sample(self, conn: sqlite3.Connection, newest_gpu_ms: int | None, upto: int) -> object:
         """When this host last stored a sample: with `up`, a fleet view says since when a host
         is unreachable or its daemon stopped sampling."""
-        host_ms = conn.execute("SELECT max(ts_ms) FROM host_samples_recent").fetchone()[0]  # one seek
+        host_ms = conn.execute("SELECT max(ts_ms) FROM host_samples WHERE ts_ms <= ?",
+                               (upto,)).fetchone()[0]  # one seek
         newest = max((t for t in (newest_gpu_ms, host_ms) if t is not None), default=None)
         fam = _family("gpuwatch_host_last_sample_timestamp_seconds",
                       "Time of the newest sample this host stored (seconds since the epoch).", ("Hostname",))
@@ -328,6 +409,22 @@ def _add_mig_series(conn: sqlite3.Connection, families: list,
             value = getattr(devices[0], column)
             if value is not None and (column.endswith("bytes") or len(devices) == 1):
                 by_name[name].add_sample(name, labels, value * scale)
+
+
+def _prof_families(conn: sqlite3.Connection, labels_by_gpu: dict[int, list[str]],
+                   fresh_after: int) -> list:
+    """PROF_FIELDS' families: a series per fresh GPU with a recent GPM sample; none elsewhere
+    (a GPU without GPM has no such series, as under dcgm-exporter)."""
+    latest = queries.latest_gpu_prof_samples(conn, fresh_after)
+    families = []
+    for name, column, doc in PROF_FIELDS:
+        fam = _family(name, doc, GPU_LABELS)
+        for gpu, sample in latest.items():
+            value = getattr(sample, column)
+            if gpu in labels_by_gpu and value is not None:
+                fam.add_metric(labels_by_gpu[gpu], value / 100)
+        families.append(fam)
+    return families
 
 
 def _row_families(cur: sqlite3.Cursor, fields, min_ts_ms: int) -> list:

@@ -12,7 +12,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from gpuwatch.fleet.prometheus import Prometheus
-from gpuwatch.store.packed import between
+from gpuwatch.store.queries import every_gpu
 
 MIB = 1024 * 1024
 
@@ -69,31 +69,29 @@ def choose(candidates: list[Candidate], count: int, mem_bytes: int, max_util: fl
     return groups
 
 
-# {samples}: the window's raw samples (store.packed.between seeks only its packed buckets)
-_LOCAL_SQL = """
+# Samples are read GPU by GPU (every_gpu) so the window seeks the (gpu_index, ts_ms) key.
+_LOCAL_SQL = f"""
 SELECT g.gpu_index, min(g.mem_free_bytes), avg(g.gpu_util_pct),
        max(CASE WHEN g.state = 'lost' THEN 1 ELSE 0 END) OR max(i.state = 'lost')
-FROM {samples} JOIN gpus i USING (gpu_index)
+FROM gpu_samples g JOIN gpus i USING (gpu_index)
+WHERE g.gpu_index IN {every_gpu('gpu_samples')} AND g.ts_ms >= ?
 GROUP BY g.gpu_index ORDER BY g.gpu_index
 """
-_LOCAL_USERS_SQL = """
+_LOCAL_USERS_SQL = f"""
 SELECT DISTINCT s.gpu_index, coalesce(p.user, 'uid ' || p.uid, 'pid ' || s.pid)
-FROM {samples}
+FROM gpu_process_samples s
 LEFT JOIN processes p ON p.pid = s.pid AND s.ts_ms BETWEEN p.first_seen_ms AND p.last_seen_ms
+WHERE s.gpu_index IN {every_gpu('gpu_process_samples')} AND s.ts_ms >= ?
 """
-_FOREVER_MS = 2**62
 
 
 def local_candidates(conn: sqlite3.Connection, since_ms: int) -> list[Candidate]:
     """This machine's GPUs over the window starting at since_ms, from the store."""
     users: dict[int, set[str]] = {}
-    procs = between("gpu_process_samples", since_ms, _FOREVER_MS, "s", ("gpu_index", "pid"))
-    for index, user in conn.execute(_LOCAL_USERS_SQL.format(samples=procs)):
+    for index, user in conn.execute(_LOCAL_USERS_SQL, (since_ms,)):
         users.setdefault(index, set()).add(user)
-    gpus = between("gpu_samples", since_ms, _FOREVER_MS, "g",
-                   ("gpu_index", "mem_free_bytes", "gpu_util_pct", "state"))
     return [Candidate(None, index, free, util, tuple(sorted(users.get(index, ()))), bool(lost))
-            for index, free, util, lost in conn.execute(_LOCAL_SQL.format(samples=gpus))]
+            for index, free, util, lost in conn.execute(_LOCAL_SQL, (since_ms,))]
 
 
 def fleet_candidates(prom: Prometheus, window_s: int) -> list[Candidate]:

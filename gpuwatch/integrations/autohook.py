@@ -173,6 +173,7 @@ class AutoInstrument:
                 # Here the first training forward of an iteration is known: tally.forwards == 0.
                 if self.run is None:  # opened before the first forward: an OOM in it gets its postmortem
                     self.ensure_run(module, args)
+                self.run.mark_compute()  # the iteration's data wait ends here (the run keeps the first)
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
 

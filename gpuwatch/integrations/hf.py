@@ -40,6 +40,10 @@ class GpuwatchCallback(TrainerCallback):
         if module.training and torch.is_grad_enabled():
             count_forward(self._tally, args, kwargs, output)
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.run is not None:  # the batch is in hand: the time since the last step was data wait
+            self.run.mark_compute()
+
     def on_step_end(self, args, state, control, **kwargs):
         if self.run is not None:
             self.run.step(**self._tally.take())

@@ -32,6 +32,10 @@ class GpuwatchCallback(pl.Callback):
         if autohook.active() is not None:
             autohook.active().stand_aside(pl_module)
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.run is not None:  # the batch is loaded: the time since the last step was data wait
+            self.run.mark_compute()
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.run is None:
             return

@@ -176,6 +176,14 @@ def number(minimum: float | None = None, required: bool = False) -> Spec:
                 lambda vs, types: types <= _NUMBERS and _ints_fit(vs, types) and not any(map(below, vs)))
 
 
+def percent(required: bool = False) -> Spec:
+    """A share from 0 to 100; NaN is refused (a share that cannot be computed is sent as null)."""
+    def fits(v) -> bool:
+        return type(v) in _NUMBER and 0 <= v <= 100  # NaN compares false: refused
+    return Spec("number from 0 to 100", fits, required,
+                lambda vs, types: types <= _NUMBERS and all(map(fits, vs)))
+
+
 def obj(required: bool = False) -> Spec:
     return Spec(f"JSON object nested at most {MAX_DEPTH} deep",
                 lambda v: type(v) is dict and _depth_within(v, MAX_DEPTH), required,
@@ -221,6 +229,7 @@ EVENT_KINDS: dict[str, dict[str, Spec]] = {
         "step": integer(0, required=True),
         "tokens": integer(0), "samples": integer(0), "seq_len": integer(0),
         "loss": number(), "step_time_ms": number(0), "tokens_per_s": number(0), "mfu": number(0),
+        "data_wait_pct": percent(),
         "mem_allocated_bytes": integer(0), "mem_reserved_bytes": integer(0),
         "mem_peak_bytes": integer(0), "rss_bytes": integer(0),
     },
@@ -228,7 +237,7 @@ EVENT_KINDS: dict[str, dict[str, Spec]] = {
         "gen_id": integer(0, required=True),
         "prompt_tokens": integer(0), "new_tokens": integer(0),
         "ttft_ms": number(0), "itl_p50_ms": number(0), "itl_p90_ms": number(0),
-        "tokens_per_s": number(0),
+        "tokens_per_s": number(0), "mem_peak_bytes": integer(0), "rss_bytes": integer(0),
     },
     "memory_stats": {
         "step": integer(0, required=True), "device": integer(0),
@@ -260,7 +269,11 @@ EVENT_KINDS: dict[str, dict[str, Spec]] = {
         "trigger": one_of(("scheduled", "on_demand"), required=True),
         "rank": integer(0), "first_step": integer(0), "steps": integer(0),
         "trace_path": text(4096), "trace_bytes": integer(0), "ops": list_of_obj(500),
+        # the trace analysis of the window: one rank of `gpuwatch trace --format json`, + advice
+        "breakdown": obj(),
     },
+    # `gpuwatch note RUN TEXT` -> a `run_notes` row; by the run's owner or root.
+    "note": {"text": text(4096, required=True)},
 }
 
 # Control actions the daemon may push to a run's client: action -> extra field specs.

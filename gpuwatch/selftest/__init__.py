@@ -48,7 +48,7 @@ Progress = Callable[[str], None]
 
 def run(quick: bool = False, progress: Progress = lambda _: None) -> list[Result]:
     """Every check that applies here; GPU checks skip (with why) where no GPU answers."""
-    from gpuwatch.selftest import cuda, host, smi
+    from gpuwatch.selftest import cuda, gpm, host, smi
 
     results: list[Result] = []
     for name, check in host.CHECKS:
@@ -57,5 +57,7 @@ def run(quick: bool = False, progress: Progress = lambda _: None) -> list[Result
     progress("NVML vs nvidia-smi")
     results += smi.check_gpus()
     results += smi.check_tick_cost()
+    progress("GPM vs a known load")
+    results += gpm.check()
     results += cuda.run_checks(quick, progress)
     return results

@@ -15,6 +15,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
+from typing import Callable
 
 from gpuwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 
@@ -31,8 +32,13 @@ class ReadConnection(sqlite3.Connection):
     frozen = False
 
 
+# The wall clock, which every now_ms() reads: tests replace it to step time back and forth
+# (see gpuwatch/clock.py for what is timed on which clock).
+wall_clock_ns: Callable[[], int] = time.time_ns
+
+
 def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return wall_clock_ns() // 1_000_000
 
 
 def _check_version(conn: sqlite3.Connection, path: Path) -> int:
@@ -58,8 +64,11 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
     try:
         version = _check_version(conn, path)
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            for statement in _statements(script):
-                conn.execute(statement)
+            if callable(script):  # a change SQL alone cannot make (sqlite-utils, in this transaction)
+                script(conn)
+            else:
+                for statement in _statements(script):
+                    conn.execute(statement)
             conn.execute("CREATE TABLE IF NOT EXISTS migrations "
                          "(version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)")
             conn.execute("INSERT INTO migrations VALUES (?, ?)", (number, now_ms()))
@@ -144,9 +153,8 @@ def open_rw(path: str | os.PathLike, *, mode: int = 0o644) -> sqlite3.Connection
 
 def _connect_ro(path: Path, immutable: bool) -> ReadConnection:
     uri = f"{path.resolve().as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
-    # Time-windowed reads put their bounds in the SQL text (store/packed.py), so a long-lived
-    # reader (the TUI, /metrics) prepares new statements as time passes; sqlite3 keeps 128 of
-    # them, a few MB of compiled queries nobody runs again. 32 holds every fixed one.
+    # A long-lived reader (the TUI, /metrics) runs a few dozen fixed statements; sqlite3's
+    # default cache of 128 would also keep one-off ones (a few MB nobody runs again).
     conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None,
                            factory=ReadConnection, cached_statements=32)
     conn.frozen = immutable

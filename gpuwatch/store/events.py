@@ -17,7 +17,6 @@ from itertools import chain, groupby, repeat
 from operator import itemgetter
 from typing import Callable
 
-from gpuwatch.store.packed import between
 from gpuwatch.store.writer import insert_rows, insert_sql
 
 
@@ -258,14 +257,13 @@ def _neighbours_from_samples(conn: sqlite3.Connection, run_id: str, device: int,
     """Other processes on the OOM's GPU (on a MIG device: on that MIG device, whose memory is
     its own) at the daemon's newest process sample before the OOM."""
     gpu, mig = _gpu_index_of(conn, run_id, device)
-    samples = between("gpu_process_samples", ts_ms - NEIGHBOUR_SAMPLE_MAX_AGE_MS, ts_ms + 1001, "s",
-                      ("gpu_index", "pid", "used_mem_bytes", "gpu_instance_id", "compute_instance_id"))
-    newest = conn.execute(f"SELECT MAX(ts_ms) FROM {samples} WHERE gpu_index = ?", (gpu,)).fetchone()[0]
+    newest = conn.execute("SELECT MAX(ts_ms) FROM gpu_process_samples WHERE gpu_index = ? AND ts_ms < ?",
+                          (gpu, ts_ms + 1001)).fetchone()[0]
     if newest is None or newest < ts_ms - NEIGHBOUR_SAMPLE_MAX_AGE_MS:
         return None
     on_mig = "AND s.gpu_instance_id = ? AND s.compute_instance_id = ? " if mig else ""
     rows = conn.execute(
-        f"SELECT s.pid, p.user, s.used_mem_bytes, p.run_id FROM {samples} "
+        f"SELECT s.pid, p.user, s.used_mem_bytes, p.run_id FROM gpu_process_samples s "
         "LEFT JOIN processes p ON p.pid = s.pid AND p.start_ms = "
         "(SELECT MAX(start_ms) FROM processes WHERE pid = s.pid) "
         f"WHERE s.gpu_index = ? AND s.ts_ms = ? AND s.pid != ? {on_mig}ORDER BY s.used_mem_bytes DESC",
@@ -320,11 +318,46 @@ def _profile_op(op: dict) -> dict:
     return row
 
 
+_BREAKDOWN_MAX_BYTES = 1 << 20
+# profile_breakdowns column -> (section of the breakdown, key in it)
+_BREAKDOWN_COLUMNS = {
+    "kernel_time_us": ("temporal", "kernel_time_us"), "idle_pct": ("temporal", "idle_pct"),
+    "compute_pct": ("temporal", "compute_pct"), "non_compute_pct": ("temporal", "non_compute_pct"),
+    "idle_host_wait_pct": ("idle", "host_wait_pct"), "idle_dataloader_pct": ("idle", "dataloader_pct"),
+    "idle_sync_pct": ("idle", "sync_pct"), "idle_other_pct": ("idle", "other_pct"),
+    "overlap_pct": (None, "overlap_pct"),
+    "cpu_operators_pct": ("cpu", "operators_pct"), "cpu_dataloader_pct": ("cpu", "dataloader_pct"),
+    "cpu_optimizer_pct": ("cpu", "optimizer_pct"), "cpu_other_pct": ("cpu", "other_pct"),
+}
+
+
+def _breakdown_row(bd: dict) -> dict:
+    """A `profile_breakdowns` row from a profile event's `breakdown` (client data: checked)."""
+    row = {"gpu": 1 if bd.get("gpu") else 0}
+    for column, (section, key) in _BREAKDOWN_COLUMNS.items():
+        part = bd if section is None else bd.get(section)
+        value = part.get(key) if isinstance(part, dict) else None
+        if value is not None:
+            if type(value) not in (int, float) or not _INT64[0] <= value <= _INT64[1]:
+                raise EventRejected("invalid", f"breakdown {column}: expected a finite number")
+            row[column] = float(value)
+    advice = bd.get("advice")
+    if advice is not None:
+        if not isinstance(advice, list) or not all(type(a) is str for a in advice):
+            raise EventRejected("invalid", "breakdown advice: expected a list of strings")
+        row["advice_json"] = json.dumps(advice)
+    row["breakdown_json"] = json.dumps(bd, separators=(",", ":"))
+    if len(row["breakdown_json"]) > _BREAKDOWN_MAX_BYTES:
+        raise EventRejected("invalid", f"breakdown: over {_BREAKDOWN_MAX_BYTES} bytes of JSON")
+    return row
+
+
 def _profile(batch: _Batch, event: dict) -> None:
     """A `profiles` row and its `profile_ops`; a replayed event (same run, time, rank, trigger)
     changes nothing."""
     batch.require_own(event["run_id"])
     ops = [_profile_op(op) for op in event.get("ops") or ()]
+    breakdown = _breakdown_row(event["breakdown"]) if event.get("breakdown") else None
     key = (event["run_id"], event["ts_ms"], event.get("rank"), event["trigger"])
     if batch.conn.execute("SELECT 1 FROM profiles WHERE run_id = ? AND ts_ms = ? AND rank IS ? "
                           "AND trigger = ?", key).fetchone():
@@ -337,6 +370,17 @@ def _profile(batch: _Batch, event: dict) -> None:
     for op in ops:
         op["profile_id"] = cur.lastrowid
     insert_rows(batch.conn, "profile_ops", ops, "IGNORE")
+    if breakdown:
+        insert_rows(batch.conn, "profile_breakdowns", [{"profile_id": cur.lastrowid, **breakdown}])
+
+
+def _note(batch: _Batch, event: dict) -> None:
+    """A note by the run's owner, or by root (who may annotate anyone's run)."""
+    if batch.peer.uid != 0 or batch.owner(event["run_id"]) is None:
+        batch.require_own(event["run_id"])
+    batch.add_row("run_notes", "IGNORE", {
+        "run_id": event["run_id"], "ts_ms": event["ts_ms"], "uid": batch.peer.uid,
+        "user": batch.peer.user, "text": event["text"]})
 
 
 # kind -> applier; protocol.EVENT_KINDS says which fields each kind may carry.
@@ -349,6 +393,7 @@ APPLIERS: dict[str, Callable[[_Batch, dict], None] | TableApplier] = {
     "run_event": TableApplier("run_events", {"event_kind": "kind"}),
     "profile": _profile,
     "oom_postmortem": _oom_postmortem,
+    "note": _note,
 }
 
 

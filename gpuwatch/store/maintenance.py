@@ -5,12 +5,10 @@ Order of work, each step safe to repeat:
    *_15m into *_1h. `rollup_state` keeps, per tier, the time before which everything is
    folded in, so re-running never double counts (a sample that arrives later than that mark
    is not rolled up).
-   Then pack plain raw rows that are rolled up and older than KEEP_PLAIN_MS into buckets
-   (store/packed.py); rollups read the plain rows only.
-2. Retention: raw samples (gpu_samples, gpu_process_samples, mig_samples, host_samples,
-   daemon_stats) older than the raw window go, but GPU/host samples only once rolled up (a
-   packed bucket goes when its whole span is past the window); *_15m older than its window
-   (the config's minute_retention_days) once rolled into *_1h; *_1h older than its window.
+2. Retention: raw samples (gpu_samples, gpu_process_samples, mig_samples, gpu_prof_samples,
+   host_samples, daemon_stats) older than the raw window go, but GPU/host samples only once rolled up;
+   *_15m older than its window (the config's minute_retention_days) once rolled into *_1h;
+   *_1h older than its window. Age is counted from `retention_now_ms` (see maintain()).
 3. Size cap: once the file is larger than max_db_bytes, give its free pages back
    (incremental_vacuum); while still larger, delete the oldest raw samples in chunks, then the
    oldest *_15m, then *_1h, giving pages back likewise. Runs,
@@ -24,8 +22,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
-from gpuwatch.store import packed
-from gpuwatch.store.queries import HOUR_MS
+from gpuwatch.store.queries import HOUR_MS, distinct_keys
 from gpuwatch.store.schema import (GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS, coarser_values,
                                    rollup_avg)
 
@@ -33,11 +30,12 @@ from gpuwatch.store.schema import (GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS, c
 ROLLUP_LAG_MS = 10_000
 # Raw sample tables and the key that leads their primary key (None: the key is ts_ms).
 RAW_TABLES = {"gpu_samples": "gpu_index", "gpu_process_samples": "gpu_index",
-              "mig_samples": "gpu_index", "host_samples": None, "daemon_stats": None}
+              "mig_samples": "gpu_index", "gpu_prof_samples": "gpu_index", "host_samples": None,
+              "daemon_stats": None}
 ROLLUP_SOURCES = (("gpu_samples", "gpu_index", GPU_METRICS), ("host_samples", None, HOST_METRICS))
 # Deleted with a run when the size cap leaves nothing else; each has a run_id column.
 RUN_TABLES = ("steps", "generations", "memory_stats", "run_events", "oom_postmortems",
-              "stack_dumps")
+              "stack_dumps", "run_notes")
 # Chunks for the size cap: the oldest 1/CAP_CHUNKS of a tier's time span (at least a period).
 CAP_CHUNKS = 20
 
@@ -45,7 +43,6 @@ CAP_CHUNKS = 20
 @dataclass
 class MaintenanceReport:
     rolled_up: dict[str, int] = field(default_factory=dict)      # tier -> rows written
-    packed: dict[str, int] = field(default_factory=dict)         # raw table -> samples packed
     retention_deleted: dict[str, int] = field(default_factory=dict)  # table -> rows
     cap_deleted: dict[str, int] = field(default_factory=dict)    # table -> rows
     runs_deleted: int = 0
@@ -55,8 +52,7 @@ class MaintenanceReport:
 
     def __str__(self) -> str:
         parts = [f"db {self.db_bytes_before} -> {self.db_bytes_after} bytes"]
-        for label, counts in (("rolled up", self.rolled_up), ("packed", self.packed),
-                              ("expired", self.retention_deleted),
+        for label, counts in (("rolled up", self.rolled_up), ("expired", self.retention_deleted),
                               ("capped", self.cap_deleted)):
             if any(counts.values()):
                 parts.append(f"{label}: " + ", ".join(f"{t} {n}" for t, n in counts.items() if n))
@@ -68,10 +64,14 @@ class MaintenanceReport:
 
 
 def maintain(conn: sqlite3.Connection, now_ms: int, *, raw_retention_ms: int,
-             minute_retention_ms: int, hour_retention_ms: int, max_db_bytes: int) -> MaintenanceReport:
-    """Roll up, expire and cap. Inside a transaction (the writer's) it joins it; on an
-    autocommit connection it runs in its own transaction and then checkpoints the WAL so
-    the file on disk shrinks at once."""
+             minute_retention_ms: int, hour_retention_ms: int, max_db_bytes: int,
+             retention_now_ms: int | None = None) -> MaintenanceReport:
+    """Roll up, expire and cap. Rollups follow the samples' wall-clock times (`now_ms`);
+    retention measures age from `retention_now_ms` (default now_ms), which the sampler keeps
+    from running ahead of monotonic time (clock.SteadyWall), so a wall clock stepped forward
+    never expires data younger than its window. Inside a transaction (the writer's) it joins
+    it; on an autocommit connection it runs in its own transaction and then checkpoints the
+    WAL so the file on disk shrinks at once."""
     own = not conn.in_transaction
     if own:
         conn.execute("BEGIN IMMEDIATE")
@@ -80,13 +80,8 @@ def maintain(conn: sqlite3.Connection, now_ms: int, *, raw_retention_ms: int,
         for table, key, metrics in ROLLUP_SOURCES:
             report.rolled_up[f"{table}_15m"] = _roll_quarter_hours(conn, table, key, metrics, now_ms)
             report.rolled_up[f"{table}_1h"] = _roll_hours(conn, table, key, metrics, now_ms)
-        rolled = {table: _done_until(conn, f"{table}_15m") or 0 for table, _, _ in ROLLUP_SOURCES}
-        for table in packed.TABLES.values():
-            report.packed[table.name], mark = packed.pack(
-                conn, table, _done_until(conn, table.packed), rolled.get(table.name, now_ms))
-            if mark is not None:
-                _set_done_until(conn, table.packed, mark)
-        _expire(conn, now_ms, raw_retention_ms, minute_retention_ms, hour_retention_ms, report)
+        _expire(conn, now_ms if retention_now_ms is None else retention_now_ms, raw_retention_ms,
+                minute_retention_ms, hour_retention_ms, report)
         _enforce_cap(conn, max_db_bytes, report)
         report.db_bytes_after = db_bytes(conn)
     except BaseException:
@@ -107,37 +102,24 @@ def db_bytes(conn: sqlite3.Connection) -> int:
 
 # --- helpers over keyed sample tables ---------------------------------------------------------
 
-def _keys_cte(table: str, key: str) -> str:
-    """`keys(k)`: distinct leading-key values found by seeking the primary key (no full scan)."""
-    return (f"WITH RECURSIVE keys(k) AS (SELECT min({key}) FROM {table} UNION ALL "
-            f"SELECT (SELECT min({key}) FROM {table} WHERE {key} > keys.k) FROM keys "
-            f"WHERE keys.k IS NOT NULL) ")
-
-
 def _key_filter(table: str, key: str | None) -> tuple[str, str]:
     """(CTE prefix, WHERE prefix) that let a ts_ms range use the (key, ts_ms) primary key."""
     if key is None:
         return "", ""
-    return _keys_cte(table, key), f"{key} IN (SELECT k FROM keys) AND "
+    return distinct_keys(table, key), f"{key} IN (SELECT k FROM keys) AND "
 
 
 def _oldest(conn: sqlite3.Connection, table: str, key: str | None) -> int | None:
-    if table in packed.TABLES:  # a packed bucket's start stands for its samples
-        found = [_oldest(conn, t, key) for t in (f"{table}_recent", f"{table}_packed")]
-        return min((f for f in found if f is not None), default=None)
     if key is None:
         return conn.execute(f"SELECT min(ts_ms) FROM {table}").fetchone()[0]
-    return conn.execute(_keys_cte(table, key) + f"SELECT min((SELECT min(ts_ms) FROM {table} "
+    return conn.execute(distinct_keys(table, key) + f"SELECT min((SELECT min(ts_ms) FROM {table} "
                         f"WHERE {key} = keys.k)) FROM keys").fetchone()[0]
 
 
 def _newest(conn: sqlite3.Connection, table: str, key: str | None) -> int | None:
-    if table in packed.TABLES:  # the plain rows are the newest, unless there are none
-        found = [_newest(conn, t, key) for t in (f"{table}_recent", f"{table}_packed")]
-        return max((f for f in found if f is not None), default=None)
     if key is None:
         return conn.execute(f"SELECT max(ts_ms) FROM {table}").fetchone()[0]
-    return conn.execute(_keys_cte(table, key) + f"SELECT max((SELECT max(ts_ms) FROM {table} "
+    return conn.execute(distinct_keys(table, key) + f"SELECT max((SELECT max(ts_ms) FROM {table} "
                         f"WHERE {key} = keys.k)) FROM keys").fetchone()[0]
 
 
@@ -148,21 +130,10 @@ def _changed(conn: sqlite3.Connection, sql: str, params: tuple) -> int:
     return conn.total_changes - before
 
 
-def _delete_before(conn: sqlite3.Connection, table: str, key: str | None, cutoff_ms: int,
-                   whole_buckets: bool = True) -> int:
-    """Delete samples older than cutoff_ms; returns how many. A packed bucket goes whole: once
-    its last possible sample is older than the cutoff, or (whole_buckets False: the size cap,
-    which must make progress) once its first is."""
-    spec = packed.TABLES.get(table)
-    if spec is None:
-        cte, where = _key_filter(table, key)
-        return _changed(conn, f"{cte}DELETE FROM {table} WHERE {where}ts_ms < ?", (cutoff_ms,))
-    cte, where = _key_filter(spec.packed, key)
-    bucket_cutoff = cutoff_ms - spec.bucket_ms + 1 if whole_buckets else cutoff_ms
-    samples = conn.execute(f"{cte}SELECT coalesce(sum(n), 0) FROM {spec.packed} WHERE {where}ts_ms < ?",
-                           (bucket_cutoff,)).fetchone()[0]
-    conn.execute(f"{cte}DELETE FROM {spec.packed} WHERE {where}ts_ms < ?", (bucket_cutoff,))
-    return samples + _delete_before(conn, spec.recent, key, cutoff_ms)
+def _delete_before(conn: sqlite3.Connection, table: str, key: str | None, cutoff_ms: int) -> int:
+    """Delete samples older than cutoff_ms; returns how many."""
+    cte, where = _key_filter(table, key)
+    return _changed(conn, f"{cte}DELETE FROM {table} WHERE {where}ts_ms < ?", (cutoff_ms,))
 
 
 # --- rollups ----------------------------------------------------------------------------------
@@ -202,8 +173,7 @@ def _tier_columns(metrics: tuple[str, ...]) -> list[str]:
 def _roll_quarter_hours(conn, table, key, metrics, now_ms) -> int:
     until = (now_ms - ROLLUP_LAG_MS) // QUARTER_HOUR_MS * QUARTER_HOUR_MS
     values = "count(*), " + ", ".join(f"min({m}), {rollup_avg(m, f'avg({m})')}, max({m})" for m in metrics)
-    # From the plain rows: nothing is packed before this tier has folded it in.
-    return _roll(conn, f"{table}_recent", f"{table}_15m", key, QUARTER_HOUR_MS, until,
+    return _roll(conn, table, f"{table}_15m", key, QUARTER_HOUR_MS, until,
                  _tier_columns(metrics), values)
 
 
@@ -246,7 +216,7 @@ def _used_bytes(conn: sqlite3.Connection) -> int:
 
 
 def _enforce_cap(conn: sqlite3.Connection, max_db_bytes: int, report: MaintenanceReport) -> None:
-    # A file within the cap keeps its free pages: packing frees some every minute and new
+    # A file within the cap keeps its free pages: retention frees some every minute and new
     # samples reuse them, where giving them back would move pages about every minute.
     if db_bytes(conn) <= max_db_bytes or _used_bytes(conn) <= max_db_bytes:
         return
@@ -278,7 +248,7 @@ def _delete_oldest_chunk(conn, group: list[tuple[str, str | None]], period_ms: i
     cutoff = oldest + max((newest - oldest) // CAP_CHUNKS, period_ms)
     for table, key in group:
         report.cap_deleted[table] = (report.cap_deleted.get(table, 0)
-                                     + _delete_before(conn, table, key, cutoff, whole_buckets=False))
+                                     + _delete_before(conn, table, key, cutoff))
     return True
 
 
@@ -289,8 +259,9 @@ def _delete_oldest_run(conn: sqlite3.Connection) -> bool:
     if row is None:
         return False
     run_id = row[0]
-    conn.execute("DELETE FROM profile_ops WHERE profile_id IN "
-                 "(SELECT id FROM profiles WHERE run_id = ?)", (run_id,))
+    for table in ("profile_ops", "profile_breakdowns"):
+        conn.execute(f"DELETE FROM {table} WHERE profile_id IN "
+                     "(SELECT id FROM profiles WHERE run_id = ?)", (run_id,))
     for table in RUN_TABLES + ("profiles",):
         conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
     conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))

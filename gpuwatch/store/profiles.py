@@ -63,6 +63,26 @@ def profile_ops(conn: sqlite3.Connection, profile_id: int, limit: int = 50) -> l
         (profile_id, limit)))
 
 
+def profile_breakdown(conn: sqlite3.Connection, profile_id: int) -> dict | None:
+    """A profile's trace analysis (one rank of `gpuwatch trace --format json`, with `advice`);
+    None when the profile has none (no trace kept, or stored before the analysis existed)."""
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'profile_breakdowns'").fetchone():
+        return None
+    row = conn.execute("SELECT breakdown_json FROM profile_breakdowns WHERE profile_id = ?",
+                       (profile_id,)).fetchone()
+    return None if row is None else json.loads(row[0])
+
+
+def latest_breakdown(conn: sqlite3.Connection, run_id: str) -> dict | None:
+    """The breakdown of a run's newest profile that has one (show, compare and report)."""
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'profile_breakdowns'").fetchone():
+        return None
+    row = conn.execute("SELECT b.breakdown_json FROM profile_breakdowns b JOIN profiles p ON "
+                       "p.id = b.profile_id WHERE p.run_id = ? ORDER BY p.ts_ms DESC, p.id DESC "
+                       "LIMIT 1", (run_id,)).fetchone()
+    return None if row is None else json.loads(row[0])
+
+
 def stack_dumps(conn: sqlite3.Connection, run_id: str, limit: int = 10) -> list[StackDumpRow]:
     """A run's stack dumps, newest first."""
     return _build(StackDumpRow, conn.execute(

@@ -10,13 +10,14 @@ import sqlite3
 from dataclasses import dataclass, field, fields
 from typing import Iterable, TypeVar
 
-from gpuwatch.store import packed
+from gpuwatch.clock import STEP_TOLERANCE_MS
 from gpuwatch.store.db import StoreError, now_ms
 from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS
+from gpuwatch.store.search import MATCHES, match_expression
 
 HOUR_MS = 3_600_000
-# Series tiers: raw only for ranges up to RAW_MAX_RANGE_MS (decoding packed samples of one
-# metric costs ~1.5 us each), 15-minute periods up to QUARTER_HOUR_MAX_RANGE_MS.
+# Series tiers: raw only for ranges up to RAW_MAX_RANGE_MS (6 h of one GPU is 21,600 rows),
+# 15-minute periods up to QUARTER_HOUR_MAX_RANGE_MS.
 RAW_MAX_RANGE_MS = 6 * HOUR_MS
 QUARTER_HOUR_MAX_RANGE_MS = 2 * 24 * HOUR_MS
 # The newest process tick counts as current unless GPU samples are this much newer: the sampler
@@ -38,6 +39,17 @@ class GpuInfo:
     first_seen_ms: int
     last_seen_ms: int
     state: str
+
+
+@dataclass(frozen=True)
+class GpuProfSample:
+    """GPM figures of one GPU over one tick (Hopper and later), each 0-100 or None."""
+    gpu_index: int
+    ts_ms: int
+    sm_active_pct: float | None
+    sm_occupancy_pct: float | None
+    tensor_active_pct: float | None
+    dram_active_pct: float | None
 
 
 @dataclass(frozen=True)
@@ -174,6 +186,7 @@ class Run:
     parent_run_id: str | None
     flops_per_token: float | None
     mode: str | None
+    id: int  # a stable integer key, which the search index refers to (store/search.py)
     config: dict = field(default_factory=dict)  # config_json parsed; {} when absent or not JSON
 
 
@@ -193,6 +206,7 @@ class StepRow:
     mem_reserved_bytes: int | None
     mem_peak_bytes: int | None
     rss_bytes: int | None
+    data_wait_pct: float | None  # share of the step before its compute began (data loading)
 
 
 @dataclass(frozen=True)
@@ -215,12 +229,19 @@ def _build(cls: type[T], rows: Iterable[tuple]) -> list[T]:
     return [cls(*row) for row in rows]
 
 
-def _distinct_keys(table: str, col: str) -> str:
+def distinct_keys(table: str, col: str) -> str:
     """A CTE `keys(k)` listing distinct leading-key values by seeking the primary key,
     instead of scanning every sample."""
     return (f"WITH RECURSIVE keys(k) AS (SELECT min({col}) FROM {table} UNION ALL "
             f"SELECT (SELECT min({col}) FROM {table} WHERE {col} > keys.k) FROM keys "
             f"WHERE keys.k IS NOT NULL) ")
+
+
+def every_gpu(table: str) -> str:
+    """Operand for `gpu_index IN ...`: the table's GPUs, found by seeking its primary key. With
+    it a ts_ms range over every GPU seeks (gpu_index, ts_ms) once per GPU instead of reading
+    every sample of the table."""
+    return f"({distinct_keys(table, 'gpu_index')}SELECT k FROM keys WHERE k IS NOT NULL)"
 
 
 # --- GPUs and host ---------------------------------------------------------------------------
@@ -229,20 +250,41 @@ def gpus(conn: sqlite3.Connection) -> list[GpuInfo]:
     return _build(GpuInfo, conn.execute(f"SELECT {columns_of(GpuInfo)} FROM gpus ORDER BY gpu_index"))
 
 
-def latest_gpu_samples(conn: sqlite3.Connection) -> dict[int, GpuSample]:
-    """The newest sample of each GPU, one primary-key seek per GPU (the newest samples are
-    always plain rows, see store/packed.py)."""
+def _upto(now: int | None) -> dict[str, int]:
+    """The newest sample time a reader at `now` (default: the wall clock) takes as current. Samples
+    stamped later were written before the wall clock stepped back: until it is past them again
+    the newest samples are the ones written since, so a view of "now" recovers at once."""
+    return {"upto": (now_ms() if now is None else now) + STEP_TOLERANCE_MS}
+
+
+def latest_gpu_samples(conn: sqlite3.Connection, now: int | None = None) -> dict[int, GpuSample]:
+    """The newest sample of each GPU, one primary-key seek per GPU."""
     rows = conn.execute(
-        _distinct_keys("gpu_samples_recent", "gpu_index")
-        + f"SELECT {columns_of(GpuSample, 's.')} FROM keys JOIN gpu_samples_recent s "
+        distinct_keys("gpu_samples", "gpu_index")
+        + f"SELECT {columns_of(GpuSample, 's.')} FROM keys JOIN gpu_samples s "
         "ON s.gpu_index = keys.k AND s.ts_ms = "
-        "(SELECT max(ts_ms) FROM gpu_samples_recent WHERE gpu_index = keys.k) ORDER BY s.gpu_index")
+        "(SELECT max(ts_ms) FROM gpu_samples WHERE gpu_index = keys.k AND ts_ms <= :upto) "
+        "ORDER BY s.gpu_index", _upto(now))
     return {sample.gpu_index: sample for sample in _build(GpuSample, rows)}
 
 
-def latest_host_sample(conn: sqlite3.Connection) -> HostSample | None:
-    row = conn.execute(f"SELECT {columns_of(HostSample)} FROM host_samples_recent "
-                       "ORDER BY ts_ms DESC LIMIT 1").fetchone()
+def latest_gpu_prof_samples(conn: sqlite3.Connection, since_ms: int,
+                            now: int | None = None) -> dict[int, GpuProfSample]:
+    """The newest GPM sample (at or before `now`, as latest_gpu_samples) of each GPU that has
+    one at or after since_ms (older ones describe a GPU that no longer gives GPM figures): a
+    primary-key seek per GPU."""
+    rows = conn.execute(
+        distinct_keys("gpu_prof_samples", "gpu_index")
+        + f"SELECT {columns_of(GpuProfSample, 's.')} FROM keys JOIN gpu_prof_samples s "
+        "ON s.gpu_index = keys.k AND s.ts_ms = "
+        "(SELECT max(ts_ms) FROM gpu_prof_samples WHERE gpu_index = keys.k AND ts_ms <= :upto) "
+        "WHERE s.ts_ms >= :since ORDER BY s.gpu_index", dict(_upto(now), since=since_ms))
+    return {sample.gpu_index: sample for sample in _build(GpuProfSample, rows)}
+
+
+def latest_host_sample(conn: sqlite3.Connection, now: int | None = None) -> HostSample | None:
+    row = conn.execute(f"SELECT {columns_of(HostSample)} FROM host_samples WHERE ts_ms <= :upto "
+                       "ORDER BY ts_ms DESC LIMIT 1", _upto(now)).fetchone()
     return HostSample(*row) if row else None
 
 
@@ -275,23 +317,10 @@ def series_tier(conn: sqlite3.Connection, table: str, key: tuple[str, int] | Non
         tiers = tiers[1:]
     where, params = (f"WHERE {key[0]} = ?", (key[1],)) if key else ("", ())
     for name, period in tiers:
-        if name in packed.TABLES:
-            oldest = _oldest_raw(conn, packed.TABLES[name], where, params)
-        else:
-            oldest = conn.execute(f"SELECT min(ts_ms) FROM {name} {where}", params).fetchone()[0]
+        oldest = conn.execute(f"SELECT min(ts_ms) FROM {name} {where}", params).fetchone()[0]
         if oldest is not None and oldest <= since_ms:
             return name, period
     return tiers[0]
-
-
-def _oldest_raw(conn: sqlite3.Connection, table: packed.SampleTable, where: str, params: tuple) -> int | None:
-    """The oldest raw sample's ts_ms: plain rows, or the oldest packed bucket, decoded alone."""
-    found = [conn.execute(f"SELECT min(ts_ms) FROM {table.recent} {where}", params).fetchone()[0]]
-    start = conn.execute(f"SELECT min(ts_ms) FROM {table.packed} {where}", params).fetchone()[0]
-    if start is not None:
-        bucket = packed.between(table.name, start, start + table.bucket_ms)
-        found.append(conn.execute(f"SELECT min(ts_ms) FROM {bucket} {where}", params).fetchone()[0])
-    return min((f for f in found if f is not None), default=None)
 
 
 def _series(conn, table, key, metric, since_ms, until_ms, max_points) -> list[SeriesPoint]:
@@ -307,33 +336,31 @@ def _series(conn, table, key, metric, since_ms, until_ms, max_points) -> list[Se
     else:
         values = f"min({metric}), avg({metric}), max({metric})"
         present = f"{metric} IS NOT NULL"
-        tier = packed.between(tier, since_ms, until_ms, columns=(key[0], metric) if key else (metric,))
     where = f"{key[0]} = ? AND " if key else ""
-    params = ((key[1],) if key else ()) + (since_ms, until_ms)
+    params = (since_ms, width) + ((key[1],) if key else ()) + (since_ms, until_ms)
     rows = conn.execute(
-        f"SELECT (ts_ms - {since_ms}) / {width} AS bucket, {values} FROM {tier} "
+        f"SELECT (ts_ms - ?) / ? AS bucket, {values} FROM {tier} "
         f"WHERE {where}ts_ms >= ? AND ts_ms < ? AND {present} GROUP BY bucket ORDER BY bucket",
         params)
     return [SeriesPoint(since_ms + bucket * width, lo, avg, hi) for bucket, lo, avg, hi in rows]
 
 
-def gpu_processes(conn: sqlite3.Connection) -> list[GpuProcess]:
+def gpu_processes(conn: sqlite3.Connection, now: int | None = None) -> list[GpuProcess]:
     """Processes in the newest process tick, with their user, command line and run.
 
     A process tick holds every GPU's processes at one ts_ms, so a GPU absent from the newest
     tick has no processes now; so has every GPU when that tick is older than the newest GPU
     sample by more than PROCESS_TICK_SLACK_MS. The run is processes.run_id, else a running run
-    with that pid. kind NULL is stored for 'compute' and read back as such. The newest ticks
-    are always plain rows (store/packed.py), so only those are read.
+    with that pid. kind NULL is stored for 'compute' and read back as such.
     """
     rows = conn.execute(
-        _distinct_keys("gpu_process_samples_recent", "gpu_index")
+        distinct_keys("gpu_process_samples", "gpu_index")
         + ", ticks(gpu_index, ts_ms) AS ("
-        "  SELECT k, (SELECT max(ts_ms) FROM gpu_process_samples_recent WHERE gpu_index = k) FROM keys"
-        "  WHERE k IS NOT NULL), "
+        "  SELECT k, (SELECT max(ts_ms) FROM gpu_process_samples WHERE gpu_index = k AND ts_ms <= :upto) "
+        "  FROM keys WHERE k IS NOT NULL), "
         "newest(ts_ms) AS (SELECT max(ts_ms) FROM ticks "
         "  WHERE (SELECT max(ts_ms) FROM ticks) >= coalesce((SELECT max((SELECT max(g.ts_ms) "
-        "    FROM gpu_samples_recent g WHERE g.gpu_index = t.gpu_index)) FROM ticks t), 0) "
+        "    FROM gpu_samples g WHERE g.gpu_index = t.gpu_index AND g.ts_ms <= :upto)) FROM ticks t), 0) "
         f"    - {PROCESS_TICK_SLACK_MS}) "
         "SELECT s.gpu_index, s.pid, s.ts_ms, coalesce(s.kind, 'compute'), s.used_mem_bytes, "
         "  s.sm_util_pct, s.mem_util_pct, s.rss_bytes, s.cpu_pct, p.uid, p.user, p.cmdline, "
@@ -341,24 +368,24 @@ def gpu_processes(conn: sqlite3.Connection) -> list[GpuProcess]:
         "                      ORDER BY started_ms DESC LIMIT 1)) AS rid, "
         "  NULL, s.gpu_instance_id, s.compute_instance_id "
         "FROM ticks JOIN newest ON ticks.ts_ms = newest.ts_ms "
-        "JOIN gpu_process_samples_recent s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
+        "JOIN gpu_process_samples s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
         "LEFT JOIN processes p ON p.rowid = (SELECT rowid FROM processes WHERE pid = s.pid "
         "                                    ORDER BY last_seen_ms DESC LIMIT 1) "
-        "ORDER BY s.gpu_index, s.used_mem_bytes DESC, s.pid").fetchall()
+        "ORDER BY s.gpu_index, s.used_mem_bytes DESC, s.pid", _upto(now)).fetchall()
     names = _run_names(conn, {row[12] for row in rows if row[12]})
     return [GpuProcess(*row[:13], names.get(row[12]), *row[14:]) for row in rows]
 
 
-def mig_devices(conn: sqlite3.Connection) -> list[MigDevice]:
+def mig_devices(conn: sqlite3.Connection, now: int | None = None) -> list[MigDevice]:
     """The MIG devices in each GPU's newest MIG tick, by GPU, GPU instance, compute instance.
 
     A GPU whose newest MIG tick is older than its newest GPU sample by more than
     PROCESS_TICK_SLACK_MS has none now (MIG mode was turned off, or its devices destroyed).
     """
     rows = conn.execute(
-        _distinct_keys("mig_samples", "gpu_index")
+        distinct_keys("mig_samples", "gpu_index")
         + ", ticks(gpu_index, ts_ms) AS ("
-        "  SELECT k, (SELECT max(ts_ms) FROM mig_samples WHERE gpu_index = k) FROM keys"
+        "  SELECT k, (SELECT max(ts_ms) FROM mig_samples WHERE gpu_index = k AND ts_ms <= :upto) FROM keys"
         "  WHERE k IS NOT NULL) "
         "SELECT d.gpu_index, d.gpu_instance_id, d.compute_instance_id, d.uuid, d.name, "
         "  d.profile, d.mem_total_bytes, d.sm_count, s.ts_ms, s.mem_used_bytes, s.mem_free_bytes, "
@@ -366,9 +393,9 @@ def mig_devices(conn: sqlite3.Connection) -> list[MigDevice]:
         "FROM ticks JOIN mig_samples s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
         "JOIN mig_devices d ON d.gpu_index = s.gpu_index AND d.gpu_instance_id = s.gpu_instance_id "
         "  AND d.compute_instance_id = s.compute_instance_id "
-        "WHERE ticks.ts_ms >= coalesce((SELECT max(ts_ms) FROM gpu_samples_recent g "
-        f"  WHERE g.gpu_index = ticks.gpu_index), 0) - {PROCESS_TICK_SLACK_MS} "
-        "ORDER BY s.gpu_index, s.gpu_instance_id, s.compute_instance_id")
+        "WHERE ticks.ts_ms >= coalesce((SELECT max(ts_ms) FROM gpu_samples g "
+        f"  WHERE g.gpu_index = ticks.gpu_index AND g.ts_ms <= :upto), 0) - {PROCESS_TICK_SLACK_MS} "
+        "ORDER BY s.gpu_index, s.gpu_instance_id, s.compute_instance_id", _upto(now))
     return _build(MigDevice, rows)
 
 
@@ -382,14 +409,16 @@ def _run_names(conn: sqlite3.Connection, run_ids: set[str]) -> dict[str, str | N
 # --- runs and steps --------------------------------------------------------------------------
 
 def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None = None,
-         since_ms: int | None = None, limit: int = 200) -> list[RunSummary]:
+         since_ms: int | None = None, limit: int = 200, search: str | None = None) -> list[RunSummary]:
     """Runs newest first, with their steps aggregated in one GROUP BY.
 
-    since_ms keeps runs still going at or after that time (not ended, or ended since).
+    since_ms keeps runs still going at or after that time (not ended, or ended since); search
+    keeps runs whose name, command, config, git commit, cwd or notes hold every word of it
+    (store/search.py).
     tokens_per_s_avg is tokens / step time over steps that have both, else tokens over the
     wall time from start to the newest step; for a run with generations and no steps, generated
     tokens over generation time (tokens_per_s_last: the newest generation's); peak_mem_bytes is the largest of the steps'
-    mem_peak_bytes and rss_bytes; oom is status 'oom' or a recorded postmortem.
+    and generations' mem_peak_bytes and rss_bytes; oom is status 'oom' or a recorded postmortem.
     """
     where, params = [], []
     if user is not None:
@@ -401,6 +430,9 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
     if since_ms is not None:
         where.append("(ended_ms IS NULL OR ended_ms >= ?)")
         params.append(since_ms)
+    if search is not None:
+        where.append(MATCHES)
+        params += [match_expression(search)] * 2
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     rows = conn.execute(
         f"WITH sel AS (SELECT * FROM runs {clause} ORDER BY started_ms DESC, run_id LIMIT ?), "
@@ -411,24 +443,25 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
         "  max(mem_peak_bytes) AS peak_gpu, max(rss_bytes) AS peak_rss, "
         "  max(step) AS last_step "
         "  FROM steps WHERE run_id IN (SELECT run_id FROM sel) GROUP BY run_id), "
-        "gen AS (SELECT run_id, sum(new_tokens) AS new_tokens, "
-        "  sum(new_tokens / tokens_per_s) AS gen_s, max(gen_id) AS last_gen "
-        "  FROM generations WHERE run_id IN (SELECT run_id FROM sel) AND tokens_per_s > 0 "
-        "  GROUP BY run_id) "
+        "gen AS (SELECT run_id, sum(CASE WHEN tokens_per_s > 0 THEN new_tokens END) AS new_tokens, "
+        "  sum(CASE WHEN tokens_per_s > 0 THEN new_tokens / tokens_per_s END) AS gen_s, "
+        "  max(CASE WHEN tokens_per_s > 0 THEN gen_id END) AS last_gen, "
+        "  max(mem_peak_bytes) AS peak_gpu, max(rss_bytes) AS peak_rss "
+        "  FROM generations WHERE run_id IN (SELECT run_id FROM sel) GROUP BY run_id) "
         "SELECT sel.run_id, sel.job_id, sel.name, sel.user, sel.uid, sel.pid, sel.host, sel.status, "
         "  sel.started_ms, sel.ended_ms, sel.last_step_ms, coalesce(agg.n, 0), "
         "  agg.timed_tokens, agg.step_ms, agg.tokens, agg.newest_ms, "
         "  (SELECT tokens_per_s FROM steps WHERE run_id = sel.run_id AND step = agg.last_step), "
         "  agg.peak_gpu, agg.peak_rss, "
         "  sel.status = 'oom' OR EXISTS (SELECT 1 FROM oom_postmortems o WHERE o.run_id = sel.run_id), "
-        "  sel.rank, sel.world_size, gen.new_tokens, gen.gen_s, "
+        "  sel.rank, sel.world_size, gen.new_tokens, gen.gen_s, gen.peak_gpu, gen.peak_rss, "
         "  (SELECT tokens_per_s FROM generations WHERE run_id = sel.run_id AND gen_id = gen.last_gen) "
         "FROM sel LEFT JOIN agg ON agg.run_id = sel.run_id LEFT JOIN gen ON gen.run_id = sel.run_id "
         "ORDER BY sel.started_ms DESC, sel.run_id", (*params, limit))
     out = []
     for (run_id, job_id, name, user_, uid, pid, host, status_, started, ended, last_step_ms, n,
          timed_tokens, step_ms, tokens, newest_ms, tps_last, peak_gpu, peak_rss, oom, rank,
-         world_size, gen_tokens, gen_s, gen_tps_last) in rows:
+         world_size, gen_tokens, gen_s, gen_peak_gpu, gen_peak_rss, gen_tps_last) in rows:
         if not n and gen_s:  # a generation run: decode tokens over decode time
             tps_avg, tps_last = gen_tokens / gen_s, gen_tps_last
         elif timed_tokens is not None and step_ms:
@@ -437,11 +470,26 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
             tps_avg = tokens / ((newest_ms - started) / 1000.0)
         else:
             tps_avg = None
-        peaks = [p for p in (peak_gpu, peak_rss) if p is not None]
+        peaks = [p for p in (peak_gpu, peak_rss, gen_peak_gpu, gen_peak_rss) if p is not None]
         out.append(RunSummary(run_id, job_id, name, user_, uid, pid, host, status_, started, ended,
                               last_step_ms, n, tps_avg, tps_last, max(peaks) if peaks else None,
                               bool(oom), rank, world_size))
     return out
+
+
+def run_tokens(conn: sqlite3.Connection, run_id: str, since_ms: int, until_ms: int) -> int | None:
+    """Tokens a run processed in [since, until]: its steps' tokens, else its generations' new tokens."""
+    for sql in ("SELECT sum(tokens) FROM steps WHERE run_id = ? AND ts_ms BETWEEN ? AND ?",
+                "SELECT sum(new_tokens) FROM generations WHERE run_id = ? AND ts_ms BETWEEN ? AND ?"):
+        tokens = conn.execute(sql, (run_id, since_ms, until_ms)).fetchone()[0]
+        if tokens:
+            return tokens
+    return None
+
+
+def run_count(conn: sqlite3.Connection) -> int:
+    """Every run in the database (runs() returns at most its limit of them)."""
+    return conn.execute("SELECT count(*) FROM runs").fetchone()[0]
 
 
 _CONFIG_JSON = [f.name for f in fields(Run)].index("config_json")
@@ -479,6 +527,20 @@ def run(conn: sqlite3.Connection, run_ref: str) -> Run:
     return _run_from_row(row)
 
 
+@dataclass(frozen=True)
+class Note:
+    ts_ms: int
+    uid: int
+    user: str | None
+    text: str
+
+
+def notes(conn: sqlite3.Connection, run_id: str) -> list[Note]:
+    """The notes left on a run, oldest first."""
+    return [Note(*r) for r in conn.execute(
+        f"SELECT {columns_of(Note)} FROM run_notes WHERE run_id = ? ORDER BY ts_ms, id", (run_id,))]
+
+
 def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
           limit: int | None = None) -> list[StepRow]:
     """A run's steps in step order; limit keeps the newest `limit` of them."""
@@ -494,8 +556,9 @@ def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
 
 
 __all__ = [
-    "GpuInfo", "GpuSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
-    "SeriesPoint", "MigDevice", "gpus", "latest_gpu_samples", "gpu_series", "latest_host_sample",
-    "host_series", "gpu_processes", "mig_devices", "runs", "run", "steps", "series_tier",
+    "GpuInfo", "GpuSample", "GpuProfSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
+    "SeriesPoint", "MigDevice", "gpus", "latest_gpu_samples", "latest_gpu_prof_samples", "gpu_series",
+    "latest_host_sample", "host_series", "gpu_processes", "mig_devices", "runs", "run_count", "run_tokens",
+    "run", "steps", "series_tier",
 ]
 

@@ -2,14 +2,17 @@
 
 Conventions: timestamps are integer milliseconds since the Unix epoch in `*_ms` columns;
 sizes are bytes (`*_bytes`); units live in column names. Sample tables are WITHOUT ROWID
-with a (key, ts_ms) primary key so a sample costs little more than its values; from version 2
-the raw GPU, GPU-process and host samples are views over plain and packed tables
-(store/packed.py).
+with a (key, ts_ms) primary key so a sample costs little more than its values and a time
+range of one key is a seek. For a while the raw GPU, GPU-process and host samples were views
+over plain and packed tables (store/packed.py); they are plain tables again.
 """
 
 from __future__ import annotations
 
-from gpuwatch.store import packed
+import sqlite3
+from typing import Callable
+
+from gpuwatch.store import packed, search
 
 # Metrics of gpu_samples and host_samples that the rollup tiers keep as min/avg/max.
 GPU_METRICS = (
@@ -345,6 +348,73 @@ def _quarter_hour_tiers() -> str:
 # rollups every 15 minutes instead of every minute (rollups at ~1 % of the packed raw tier).
 _COMPACT_SAMPLES = packed.migration_sql() + "\n" + _quarter_hour_tiers()
 
+
+def _plain_raw_samples() -> str:
+    """The packed raw tier back into plain tables: each view's rows (its plain rows and every
+    bucket decoded) go into its `_recent` table, which takes the view's name again. A
+    hand-written time filter seeks the primary key again, where through the view it decoded
+    every bucket (36-50x slower)."""
+    out = []
+    for t in packed.TABLES.values():
+        out += [f"INSERT OR IGNORE INTO {t.recent} SELECT * FROM {t.name};",
+                f"DROP VIEW {t.name};",  # and its INSTEAD OF trigger with it
+                f"DROP TABLE {t.packed};",
+                f"ALTER TABLE {t.recent} RENAME TO {t.name};",
+                f"DELETE FROM rollup_state WHERE tier = '{t.packed}';"]
+    return "\n".join(out + ["DROP TABLE sample_slots;"])
+
+
+_PLAIN_RAW_SAMPLES = _plain_raw_samples()
+
+# A generation records the run's peak memory so far, as a step does: a decode-only run has no steps.
+_GENERATION_MEMORY = """
+ALTER TABLE generations ADD COLUMN mem_peak_bytes INTEGER;   -- CUDA allocator peak so far
+ALTER TABLE generations ADD COLUMN rss_bytes INTEGER;        -- host RSS at the generation's end
+"""
+
+# Always-on answers to "why is my run slow", without a profile: per step, the share spent
+# before its compute began (waiting for data, from Run.mark_compute(); NULL where nothing marked
+# it); per GPU with GPM (Hopper and later), SM / tensor / DRAM activity over each GPU tick.
+_ALWAYS_ON = """
+ALTER TABLE steps ADD COLUMN data_wait_pct REAL;
+
+CREATE TABLE gpu_prof_samples (          -- GPM figures, 0-100 over the tick; GPUs without GPM have no rows
+  gpu_index INTEGER NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  sm_active_pct REAL,                    -- SMs with a warp resident (DCGM_FI_PROF_SM_ACTIVE)
+  sm_occupancy_pct REAL,                 -- resident warps vs the SMs' maximum (DCGM_FI_PROF_SM_OCCUPANCY)
+  tensor_active_pct REAL,                -- any tensor pipe busy (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)
+  dram_active_pct REAL,                  -- DRAM bandwidth used vs peak (DCGM_FI_PROF_DRAM_ACTIVE)
+  PRIMARY KEY (gpu_index, ts_ms)
+) WITHOUT ROWID;
+"""
+
+# The trace analysis of each profile (gpuwatch/analysis/trace): headline figures as columns for
+# queries, the whole breakdown (one rank of `gpuwatch trace --format json`) as JSON for screens.
+_PROFILE_BREAKDOWNS = """
+CREATE TABLE profile_breakdowns (
+  profile_id INTEGER PRIMARY KEY REFERENCES profiles(id),
+  gpu INTEGER NOT NULL,                  -- 1: the trace has GPU activity; 0: CPU only
+  kernel_time_us REAL,                   -- first GPU event start to last end (HTA's kernel time)
+  idle_pct REAL, compute_pct REAL, non_compute_pct REAL,   -- of kernel_time_us
+  idle_host_wait_pct REAL, idle_dataloader_pct REAL,       -- of the idle time
+  idle_sync_pct REAL, idle_other_pct REAL,
+  overlap_pct REAL,                      -- NCCL time overlapped by compute
+  cpu_operators_pct REAL, cpu_dataloader_pct REAL,         -- of the steps' CPU wall time
+  cpu_optimizer_pct REAL, cpu_other_pct REAL,
+  advice_json TEXT,                      -- list of advice lines
+  breakdown_json TEXT NOT NULL           -- kernels, groups, per-step figures, operators
+);
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
-MIGRATIONS: list[str] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES]
+# An entry is an SQL script, or a function given the connection inside the migration's
+# transaction, for what SQL alone cannot do (sqlite-utils' FTS set-up, `table.transform()`).
+# transform() rebuilds rowid tables only (it copies `rowid`; WITHOUT ROWID tables have none),
+# and a rebuilt table loses its triggers: transforming `runs` must run search.add_search's
+# trigger part again.
+Migration = str | Callable[[sqlite3.Connection], None]
+MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
+                               _GENERATION_MEMORY, _ALWAYS_ON, search.add_search,
+                               _PROFILE_BREAKDOWNS]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -27,6 +27,7 @@ from gpuwatch.tui.snapshot import ProcessRow, Snapshot, View
 FLEET_VIEWS = ("fleet", "fleet_jobs")  # fed by the fleet's source (Prometheus), not the store
 NO_FLEET = ("no Prometheus to read the fleet from: gpuwatch tui --prometheus URL, "
             "or prometheus_url in the config")
+UNMOUNTED_RETRY_S = 0.05  # a snapshot for a screen still being composed: ask again this soon
 TERMINAL_CHECK_S = 2.0  # how often to check the terminal is still there (SSH hang-up)
 HARD_EXIT_AFTER_S = 3.0  # if a clean exit cannot finish writing to a dead terminal
 TERMINAL_THEME = "ansi-dark"  # Textual's theme of the terminal's default colours and ANSI palette
@@ -113,9 +114,13 @@ class GpuwatchApp(App):
         self.poll_now()  # the first screen exists only now
 
     def on_unmount(self) -> None:
-        self._requests.put(None)
-        if self._poller.is_alive():
-            self._poller.join(timeout=1.0)  # a fetch in flight finishes before its source closes
+        if self._poller.ident is None:  # never started: nothing reads the sources
+            self._close_sources()
+            return
+        self._requests.put(None)  # the poll thread closes them once a fetch in flight is done:
+        self._poller.join(timeout=1.0)  # closing a connection under a query would crash SQLite
+
+    def _close_sources(self) -> None:
         self.source.close()
         if self.fleet is not None:
             self.fleet.close()
@@ -147,8 +152,11 @@ class GpuwatchApp(App):
             return None
 
     def _poll_loop(self) -> None:  # the poll thread
-        while (view := self._requests.get()) is not None:
-            self._fetch(view)
+        try:
+            while (view := self._requests.get()) is not None:
+                self._fetch(view)
+        finally:
+            self._close_sources()
 
     def _fetch(self, view: View) -> None:  # runs in the poll thread
         fleet_view = view.kind in FLEET_VIEWS
@@ -167,6 +175,9 @@ class GpuwatchApp(App):
         if screen is None:
             return
         if isinstance(screen, LiveScreen) and screen.view() == message.view:
+            if not screen.is_mounted:  # pushed but not yet composed: no widgets to fill yet
+                self._timer = self.set_timer(UNMOUNTED_RETRY_S, self.poll_now)
+                return
             screen.update_snapshot(message.snapshot)
         elif isinstance(screen, LiveScreen):
             self._again = True  # the user moved on while we fetched: fetch their view now

@@ -6,6 +6,8 @@ when its size or its snapshot changes. Each terminal cell holds 2x4 braille dots
 
 from __future__ import annotations
 
+from typing import Callable
+
 from rich.text import Text
 
 from gpuwatch import fmt
@@ -22,11 +24,17 @@ def axis_value(value: float, unit: str) -> str:
         return f"{value:.0f}%"
     if unit == "ms":
         return fmt.duration(value)
+    if unit == "loss":
+        return f"{value:.3g}"
     return fmt.count(round(value, 1))
 
 
-def render_chart(chart: Chart, width: int, height: int, until_ms: int) -> Text:
-    """Draw every series of `chart` into width x height cells (axis and legend included)."""
+def render_chart(chart: Chart, width: int, height: int, until_ms: int,
+                 x_format: Callable[[float], str] | None = None) -> Text:
+    """Draw every series of `chart` into width x height cells (axis and legend included).
+
+    x is time ending at until_ms (the axis says how long before "now"), or with `x_format` any
+    quantity up to until_ms (e.g. tokens seen), its ends labelled with x_format."""
     out = Text()
     legend = Text(chart.title + "  ", style="bold")
     for i, s in enumerate(chart.series):
@@ -84,7 +92,7 @@ def render_chart(chart: Chart, width: int, height: int, until_ms: int) -> Text:
             else:
                 out.append(" ")
         out.append("\n")
-    start = "-" + fmt.duration(t1 - t0)
-    axis = " " * (label_w + 1) + "└" + start.ljust(plot_w - 3, "─") + "now"
+    start, end = ("-" + fmt.duration(t1 - t0), "now") if x_format is None else (x_format(t0), x_format(t1))
+    axis = " " * (label_w + 1) + "└" + start.ljust(plot_w - len(end), "─") + end
     out.append(axis, style="dim")
     return out

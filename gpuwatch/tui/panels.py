@@ -8,10 +8,11 @@ from __future__ import annotations
 from rich.text import Text
 
 from gpuwatch import fmt
+from gpuwatch.clock import run_duration_ms as _run_duration_ms
 from gpuwatch.tui.snapshot import GpuRow, HostRow, MigRow, RunRow, Snapshot
 
 NARROW = 100  # below this many columns, drop the less essential columns
-WIDE = 140    # from this many columns, a wider sparkline: a column per 10 s instead of 15 s
+WIDE = 140    # from this many columns, all GPM figures (tensor, DRAM, occupancy beside SM activity)
 
 
 def bar(fraction: float | None, width: int) -> Text:
@@ -28,32 +29,57 @@ def _ratio(used: float | None, total: float | None) -> float | None:
     return used / total if used is not None and total else None
 
 
+# GPM figures beside utilisation, as many as the width allows: (header, GpuRow attribute).
+PROF_COLUMNS = (("SM", "sm_active_pct"), ("TENS", "tensor_active_pct"), ("DRAM", "dram_active_pct"),
+                ("OCC", "sm_occupancy_pct"))
+PROF_W = 5  # " 72% " / " n/a "
+
+
+def prof_columns(width: int) -> tuple[tuple[str, str], ...]:
+    """SM activity; from WIDE columns, tensor-core and DRAM activity and SM occupancy too."""
+    return PROF_COLUMNS[:1 if width < WIDE else 4]
+
+
 def gpu_widths(width: int) -> tuple[int, ...]:
     """Widths of a GPU line's cells (the state's cell takes the rest): index and name, utilisation
-    bar, utilisation, sparkline, memory bar, memory, temperature, power."""
+    bar, utilisation, GPM figures, sparkline, memory bar, memory, temperature, power."""
     narrow = width < NARROW
-    bar_w, spark_w, name_w = (6, 10, 0) if narrow else (10, 20 if width < WIDE else 30, 22)
-    return (4 + (name_w + 1 if name_w else 0), bar_w, 6, spark_w + 1, bar_w,
-            10 if narrow else 21, 6, 7 if narrow else 13)
+    # At 80 columns the bars and the sparkline give up a little room for the GPM figure.
+    bar_w, spark_w, name_w = (5, 8, 0) if narrow else (10, 20, 22)
+    return (4 + (name_w + 1 if name_w else 0), bar_w, 5, PROF_W * len(prof_columns(width)), spark_w + 1,
+            bar_w, 10 if narrow else 21, 6, 7 if narrow else 13)
 
 
 def gpu_header(width: int) -> Text:
-    head_w, bar_w, pct_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
+    head_w, bar_w, pct_w, prof_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
     head = f"{'GPU':>3} " + (f"{'NAME':<{head_w - 5}} " if head_w > 4 else "")
-    head += (f"{'UTIL':<{bar_w + pct_w - 1}} {'LAST 5 MIN':<{spark_w - 1}} {'MEMORY':<{mem_bar_w + mem_w}}"
-             f"{'TEMP':>{temp_w}}{'POWER':>{power_w - 1}} STATE")
+    prof = "".join(f"{name:>{PROF_W - 1}} " for name, _ in prof_columns(width))
+    head += (f"{'UTIL':<{bar_w + pct_w}}{prof}{'LAST 5 MIN':<{spark_w - 1}} "
+             f"{'MEMORY':<{mem_bar_w + mem_w}}{'TEMP':>{temp_w}}{'POWER':>{power_w - 1}} STATE")
     return Text(head, style="bold")
+
+
+def prof_cell(g: GpuRow, width: int) -> Text:
+    """GPM figures (Hopper and later: SM, tensor-core, DRAM activity); "n/a" where the GPU has none."""
+    cell = Text()
+    for _, attr in prof_columns(width):
+        value = getattr(g, attr)
+        if value is None:
+            cell.append(" n/a ", style="dim")
+        else:
+            cell.append(f"{value:>3.0f}% ")
+    return cell
 
 
 def gpu_cells(g: GpuRow, width: int) -> list[Text]:
     """One GPU's line as cells of gpu_widths(width), then its state. Each column of cells is its
     own widget on screen, so a new utilisation repaints (and sends over SSH) that figure alone,
     not the line from its left edge; few style runs keep each repaint small."""
-    head_w, bar_w, pct_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
+    head_w, bar_w, pct_w, prof_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
     narrow = width < NARROW
     cells = [Text(f"{g.index:>3} " + (f"{g.name[:head_w - 5]:<{head_w - 5}} " if head_w > 4 else ""))]
     if g.state == "lost":
-        cells += [Text(" " * w) for w in (bar_w, pct_w, spark_w, mem_bar_w, mem_w, temp_w, power_w)]
+        cells += [Text(" " * w) for w in (bar_w, pct_w, prof_w, spark_w, mem_bar_w, mem_w, temp_w, power_w)]
     else:
         used = (fmt.size(g.mem_used_bytes) if narrow
                 else f"{fmt.size(g.mem_used_bytes)}/{fmt.size(g.mem_total_bytes)}")
@@ -61,7 +87,8 @@ def gpu_cells(g: GpuRow, width: int) -> list[Text]:
         power = _watts(g.power_mw) if narrow else f"{_watts(g.power_mw)}/{_watts(g.power_limit_mw)}"
         columns = spark_columns(g.util_history, g.util_history_slot, spark_w - 1)
         cells += [bar(None if g.util_pct is None else g.util_pct / 100, bar_w),
-                  Text(f" {g.util_pct:>3.0f}% " if g.util_pct is not None else "   -  "),
+                  Text(f" {g.util_pct:>3.0f}%" if g.util_pct is not None else "   - "),
+                  prof_cell(g, width),
                   Text(fmt.sparkline(columns, lo=0, hi=100).rjust(spark_w - 1) + " ", style="cyan"),
                   bar(_ratio(g.mem_used_bytes, g.mem_total_bytes), mem_bar_w),
                   Text(f" {used:<{mem_w - 1}}"), Text(f" {temp:>{temp_w - 1}}"),
@@ -89,9 +116,9 @@ def mig_line(gpu_index: int, m: MigRow, width: int) -> Text:
     """A MIG device under its GPU: GPU/GI/CI, profile and utilisation ("n/a" when NVML gives
     none) where the GPU's name and utilisation go, its memory in the memory column, and how
     many processes run on it in the state column."""
-    head_w, bar_w, pct_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
+    head_w, bar_w, pct_w, prof_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
     narrow = width < NARROW
-    memory_at = head_w + bar_w + pct_w + spark_w
+    memory_at = head_w + bar_w + pct_w + prof_w + spark_w
     util = "util " + ("n/a" if m.util_pct is None else f"{m.util_pct:.0f}%")
     label = f"  └ {fmt.gpu_label(gpu_index, m.gpu_instance_id, m.compute_instance_id)} {m.profile or 'MIG'}"
     line = Text(f"{label[:memory_at - len(util) - 2]} {util}".ljust(memory_at))
@@ -142,4 +169,4 @@ def status_text(status: str) -> Text:
 
 
 def run_duration_ms(run: RunRow, now_ms: int) -> int:
-    return (run.ended_ms or now_ms) - run.started_ms
+    return _run_duration_ms(run.started_ms, run.ended_ms, now_ms)

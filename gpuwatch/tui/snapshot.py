@@ -70,6 +70,11 @@ class GpuRow:
     throttle_reasons: int | None = None
     ecc_uncorrected: int | None = None
     migs: tuple[MigRow, ...] = ()          # its MIG devices, when in MIG mode
+    # GPM (Hopper and later) over the last tick, 0-100; None = the GPU gives none ("n/a")
+    sm_active_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    tensor_active_pct: float | None = None
+    dram_active_pct: float | None = None
 
     def problems(self) -> list[str]:
         """What is wrong with this GPU, in words; empty when nothing is."""
@@ -128,7 +133,7 @@ class RunRow:
 
 @dataclass(frozen=True)
 class Series:
-    """One line of a chart; `unit` picks the axis format: bytes | pct | per_s | ms."""
+    """One line of a chart; `unit` picks the axis format: bytes | pct | per_s | ms | loss."""
 
     label: str
     unit: str
@@ -165,6 +170,7 @@ class ProfileRow:
     trace_bytes: int | None
     ops: tuple[tuple[str, int | None, float | None, float | None, float | None, float | None, int | None], ...] = ()
     count: int = 1                         # profiles the run has
+    breakdown_json: str | None = None      # the trace analysis (profile_breakdowns.breakdown_json)
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,9 @@ class RunDetail:
     since_ms: int = 0                      # start of the time range shown
     stacks: StacksRow | None = None        # the newest stack dump (a stall's or on demand)
     profiles: int = 0                      # how many profiles the run has (key p shows the newest)
+    energy_j: float | None = None          # its share of its GPUs' energy (store/energy.py)
+    energy_complete: bool = True           # False: older raw samples had expired ("≥")
+    joules_per_token: float | None = None
 
 
 @dataclass(frozen=True)
@@ -234,6 +243,7 @@ class Snapshot:
     host: HostRow | None = None
     processes: tuple[ProcessRow, ...] = ()
     runs: tuple[RunRow, ...] = ()
+    runs_total: int | None = None          # view "runs": every run in the database (runs: the newest)
     detail: RunDetail | None = None
     postmortems: tuple[OomRow, ...] = ()  # view "oom": the run's OOM postmortems
     profile: ProfileRow | None = None      # view "profile": the run's newest profile

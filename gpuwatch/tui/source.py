@@ -13,11 +13,14 @@ from dataclasses import asdict, replace
 from typing import Callable
 
 from gpuwatch.store import StoreError, health, now_ms, open_ro, postmortems, profiles, queries
+from gpuwatch.store.energy import EnergyLedger, RunEnergy
+from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
 from gpuwatch.tui.snapshot import (CapacityRow, Chart, GpuRow, HostRow, MigRow, OomRow, ProcessRow,
                                    ProfileRow, RunDetail, RunRow, Series, Snapshot, StacksRow, View)
 from gpuwatch.tui.sparks import SPARK_SLOT_MS, SparkHistory, window_start
 
 CHART_POINTS = 240             # per series; charts are at most ~160 columns x 2 dots
+PROF_FRESH_MS = 60_000         # an older GPM sample says nothing of now: "n/a"
 MAX_STEPS = 50_000             # newest steps read for a run chart; older ones are left out
 OOM_TRACEBACK_LINES = 12       # the traceback's tail on the OOM screen
 READ_CACHE_KIB = 256           # SQLite page cache of the TUI's one long-lived connection
@@ -104,8 +107,10 @@ def profile_row(conn: sqlite3.Connection, run_ref: str) -> ProfileRow | None:
     p = found[0]
     ops = tuple((o.name, o.calls, o.self_cpu_us, o.cpu_total_us, o.self_device_us, o.device_total_us,
                  o.self_mem_bytes) for o in profiles.profile_ops(conn, p.id))
+    breakdown = profiles.profile_breakdown(conn, p.id)
     return ProfileRow(run.run_id, run.name, p.id, p.ts_ms, p.trigger, p.first_step, p.steps,
-                      p.trace_path, p.trace_bytes, ops, len(found))
+                      p.trace_path, p.trace_bytes, ops, len(found),
+                      None if breakdown is None else json.dumps(breakdown))
 
 
 def capacity_row(conn: sqlite3.Connection) -> CapacityRow | None:
@@ -142,6 +147,7 @@ class StoreSource:
         self.conn: sqlite3.Connection | None = None
         self.sparks = SparkHistory()
         self.last: tuple[tuple, Snapshot] | None = None  # (what it was read for, the snapshot)
+        self.energy: tuple[str, EnergyLedger] | None = None  # the Run screen's run, folded so far
 
     def close(self) -> None:
         if self.conn is not None:
@@ -149,6 +155,7 @@ class StoreSource:
             self.conn = None
         self.sparks = SparkHistory()  # the file may be replaced before we reopen it
         self.last = None
+        self.energy = None
 
     def fetch(self, view: View) -> Snapshot:
         snap = self._fetch(view)
@@ -178,12 +185,13 @@ class StoreSource:
 
     def _read(self, conn: sqlite3.Connection, view: View, now: int) -> Snapshot:
         """`view` as the store has it now."""
-        latest = queries.latest_gpu_samples(conn)
+        latest = queries.latest_gpu_samples(conn, now)
         base = self._freshness(conn, now, latest)
         if view.kind == "overview":
             return self._overview(conn, base, latest)
         if view.kind == "runs":
-            return replace(base, runs=tuple(map(run_row, queries.runs(conn))))
+            return replace(base, runs=tuple(map(run_row, queries.runs(conn))),
+                           runs_total=queries.run_count(conn))
         if view.kind == "run":
             return replace(base, detail=self._detail(conn, view, now))
         if view.kind == "oom":
@@ -197,7 +205,7 @@ class StoreSource:
     def _freshness(self, conn: sqlite3.Connection, now: int,
                    latest: dict[int, queries.GpuSample]) -> Snapshot:
         newest = [s.ts_ms for s in latest.values()]
-        host = queries.latest_host_sample(conn)
+        host = queries.latest_host_sample(conn, now)
         if host:
             newest.append(host.ts_ms)
         driver = conn.execute("SELECT 1 FROM gpus LIMIT 1").fetchone() is not None
@@ -211,9 +219,11 @@ class StoreSource:
         infos = queries.gpus(conn)
         histories = self.sparks.update(conn, [info.gpu_index for info in infos], base.now_ms)
         first_slot = window_start(base.now_ms) // SPARK_SLOT_MS
+        prof = queries.latest_gpu_prof_samples(conn, base.now_ms - PROF_FRESH_MS, base.now_ms)
         gpus = []
         for info in infos:
             s = latest.get(info.gpu_index)
+            p = prof.get(info.gpu_index)
             history = histories[info.gpu_index]
             lost = info.state == "lost" or (s is not None and s.state == "lost")
             gpus.append(GpuRow(
@@ -221,12 +231,15 @@ class StoreSource:
                 util_pct=s and s.gpu_util_pct, util_history=history, util_history_slot=first_slot,
                 mem_used_bytes=s and s.mem_used_bytes, mem_total_bytes=info.mem_total_bytes,
                 temp_c=s and s.temp_c, power_mw=s and s.power_mw, power_limit_mw=info.power_limit_mw,
-                throttle_reasons=s and s.throttle_reasons, ecc_uncorrected=s and s.ecc_uncorrected))
+                throttle_reasons=s and s.throttle_reasons, ecc_uncorrected=s and s.ecc_uncorrected,
+                sm_active_pct=p and p.sm_active_pct, sm_occupancy_pct=p and p.sm_occupancy_pct,
+                tensor_active_pct=p and p.tensor_active_pct, dram_active_pct=p and p.dram_active_pct))
         procs = tuple(ProcessRow(p.gpu_index, p.pid, p.uid, p.user, p.used_mem_bytes, p.sm_util_pct,
                                  p.cpu_pct, p.run_name, p.cmdline, p.gpu_instance_id,
                                  p.compute_instance_id)
-                      for p in queries.gpu_processes(conn))
-        return replace(base, gpus=with_migs(gpus, queries.mig_devices(conn), procs), processes=procs)
+                      for p in queries.gpu_processes(conn, base.now_ms))
+        return replace(base, gpus=with_migs(gpus, queries.mig_devices(conn, base.now_ms), procs),
+                       processes=procs)
 
     def _detail(self, conn: sqlite3.Connection, view: View, now: int) -> RunDetail | None:
         try:
@@ -249,9 +262,15 @@ class StoreSource:
             ("peak", "mem_peak_bytes"))]
         if not any(s.points for s in memory):  # a CPU run: the process's resident memory
             memory = [series("RSS", "bytes", "rss_bytes")]
-        charts = [Chart("tokens/s", (series("tokens/s", "per_s", "tokens_per_s"),)),
-                  Chart("step time", (series("step", "ms", "step_time_ms"),)),
-                  Chart("memory", tuple(memory))]
+        charts = [Chart("tokens/s", (series("tokens/s", "per_s", "tokens_per_s"),))]
+        loss = series("loss", "loss", "loss")
+        if loss.points:  # a run that records its loss (inference runs have none)
+            charts.append(Chart("loss", (loss,)))
+        charts.append(Chart("step time", (series("step", "ms", "step_time_ms"),)))
+        data_wait = series("waiting for data", "pct", "data_wait_pct")
+        if data_wait.points:  # only runs whose compute start is marked (hooks, callbacks, mark_compute)
+            charts.append(Chart("data wait (share of each step)", (data_wait,)))
+        charts.append(Chart("memory", tuple(memory)))
         by_uuid = {g.uuid: g.gpu_index for g in queries.gpus(conn)}
         for uuid in filter(None, (run.gpu_uuids or "").split(",")):
             index = by_uuid.get(uuid.strip())
@@ -266,8 +285,21 @@ class StoreSource:
                        for k, v in sorted(run.config.items()))
         row = run_row(me) if me else RunRow(run.run_id, run.name, run.user, run.status,
                                             run.started_ms, run.ended_ms)
+        energy = self._energy(conn, run, until)
+        tokens = energy and queries.run_tokens(conn, run.run_id, energy.from_ms, until)
         return RunDetail(run=row, host=run.host, pid=run.pid, command=run.command,
                          job_id=run.job_id, end_state=end_state(run), ranks=ranks,
                          config=config, charts=tuple(charts), since_ms=since,
                          stacks=stacks_row(conn, run.run_id),
-                         profiles=len(profiles.profiles(conn, run.run_id)))
+                         profiles=len(profiles.profiles(conn, run.run_id)),
+                         energy_j=energy and energy.joules,
+                         energy_complete=energy is None or energy.complete,
+                         joules_per_token=energy.joules / tokens if tokens else None)
+
+    def _energy(self, conn: sqlite3.Connection, run: queries.Run, until_ms: int) -> RunEnergy | None:
+        """The run's energy so far: the first poll folds its lifetime, later ones only what is new."""
+        if self.energy is None or self.energy[0] != run.run_id:
+            self.energy = run.run_id, EnergyLedger(run.started_ms - PROCESS_TICK_SLACK_MS)
+        ledger = self.energy[1]
+        ledger.fold(conn, until_ms + 1, runs=[run.run_id])
+        return ledger.energy(run.run_id, run.started_ms)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import sqlite3
 
-from gpuwatch.store.packed import between
-
 SPARK_WINDOW_MS = 5 * 60_000   # GPU util sparklines cover the last five minutes
 SPARK_POINTS = 60
 SPARK_SLOT_MS = SPARK_WINDOW_MS // SPARK_POINTS
@@ -29,17 +27,18 @@ class SparkHistory:
         """Per GPU, the average utilisation of each slot of the window ending at `now_ms`,
         oldest first; None where nothing was sampled (a gap shows as a gap)."""
         start = window_start(now_ms)
+        if self.read_from_ms is not None and self.read_from_ms > now_ms:
+            # The wall clock stepped back: what was read is from its future, read the window afresh.
+            self.averages, self.read_from_ms = {}, None
         since = start if self.read_from_ms is None else max(start, self.read_from_ms)
         newest = None
         if gpu_indexes:
             marks = ",".join("?" * len(gpu_indexes))
-            samples = between("gpu_samples", since, start + SPARK_WINDOW_MS,
-                              columns=("gpu_index", "gpu_util_pct"))
             rows = conn.execute(
                 f"SELECT gpu_index, ts_ms / {SPARK_SLOT_MS} * {SPARK_SLOT_MS} AS slot, avg(gpu_util_pct), "
-                f"max(ts_ms) FROM {samples} "
-                f"WHERE gpu_index IN ({marks}) AND gpu_util_pct IS NOT NULL GROUP BY gpu_index, slot",
-                gpu_indexes)
+                f"max(ts_ms) FROM gpu_samples WHERE gpu_index IN ({marks}) AND ts_ms >= ? AND ts_ms < ? "
+                "AND gpu_util_pct IS NOT NULL GROUP BY gpu_index, slot",
+                (*gpu_indexes, since, start + SPARK_WINDOW_MS))
             for gpu, slot, avg, last in rows:
                 self.averages.setdefault(gpu, {})[slot] = avg
                 newest = last if newest is None else max(newest, last)

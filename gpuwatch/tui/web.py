@@ -9,15 +9,15 @@ from another machine, reach it through an SSH tunnel.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
-import secrets
 import shlex
 import socket
 import sys
 
 from aiohttp import web
 from textual_serve.server import Server
+
+from gpuwatch.webtoken import cookie_name, new_token, refusal, token_ok
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -57,8 +57,8 @@ class TokenServer(Server):
 
     def __init__(self, command: str, host: str, port: int, token: str | None = None) -> None:
         super().__init__(command, host=host, port=port, title="gpuwatch")
-        self.token = token or secrets.token_urlsafe(24)
-        self.cookie = f"gpuwatch_token_{port}"  # cookies ignore ports: one per server on a host
+        self.token = token or new_token()
+        self.cookie = cookie_name(port)
 
     @property
     def url(self) -> str:
@@ -71,9 +71,8 @@ class TokenServer(Server):
         @web.middleware
         async def require_token(request: web.Request, handler):
             given = request.query.get("token") or request.cookies.get(self.cookie, "")
-            if not hmac.compare_digest(given.encode(), self.token.encode()):
-                return web.Response(status=403, text="gpuwatch: this page needs the token printed "
-                                                     "by `gpuwatch tui --web`\n")
+            if not token_ok(given, self.token):
+                return web.Response(status=403, text=refusal("gpuwatch tui --web"))
             response = await handler(request)
             if request.path == "/":
                 response.set_cookie(self.cookie, self.token, httponly=True, samesite="Strict")

@@ -1,6 +1,9 @@
-"""A run's newest profile: its top operators in a table sorted by the column the user picks."""
+"""A run's newest profile: the trace's breakdown (a bar, the idle's causes, advice, top kernels)
+first, then its top operators in a table sorted by the column the user picks."""
 
 from __future__ import annotations
+
+import json
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -8,6 +11,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Footer, Static
 
 from gpuwatch import fmt
+from gpuwatch.analysis.trace import render
 from gpuwatch.tui import panels
 from gpuwatch.tui.cell_table import PlainTable
 from gpuwatch.tui.screens.base import LiveScreen, StatusLine
@@ -39,6 +43,34 @@ def heading(p: ProfileRow) -> Text:
     return text
 
 
+# bar part -> style; the characters differ too, so the bar reads without colour
+_STYLES = {"compute_pct": "green", "non_compute_pct": "yellow", "idle_pct": "red",
+           "operators_pct": "green", "dataloader_pct": "yellow", "optimizer_pct": "cyan",
+           "other_pct": "red"}
+TOP_KERNELS = 3
+
+
+def breakdown_text(bd: dict | None, width: int) -> Text:
+    """The breakdown as `gpuwatch trace` prints it: the bar in colour, advice, top kernels."""
+    if bd is None:
+        return Text("no trace breakdown for this profile (no trace kept)", style="dim")
+    shares, parts = render.shares_and_parts(bd)
+    text = Text("")
+    if shares:
+        cells = render.bar(shares, parts, max(8, width - 2))
+        text += Text("[")
+        for key, ch, _ in parts:
+            run = len(cells) - len(cells.lstrip(ch))
+            text += Text(cells[:run], style=_STYLES[key])
+            cells = cells[run:]
+        text += Text(cells + "]\n") + Text(render.legend(shares, parts) + "\n")
+    advice = render.advice_lines(bd.get("advice") or [], width)
+    text += Text("\n".join(advice) if advice else "no advice: nothing stands out", style="bold")
+    if bd.get("temporal"):  # CPU-only: the operators table below says the rest
+        text += Text("\n" + "\n".join(render.detail_lines(bd, width, TOP_KERNELS)))
+    return text
+
+
 class ProfileScreen(LiveScreen):
     BINDINGS = [
         Binding("escape,backspace", "app.pop_screen", "Back"),
@@ -53,6 +85,7 @@ class ProfileScreen(LiveScreen):
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
         yield Static(id="profile-head")
+        yield Static(id="profile-breakdown")
         yield PlainTable(id="profile-ops", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
@@ -83,6 +116,10 @@ class ProfileScreen(LiveScreen):
         head = self.query_one("#profile-head", Static)
         table = self.query_one("#profile-ops", DataTable)
         table.clear()
+        self.query_one("#profile-breakdown", Static).update(
+            "" if profile is None else breakdown_text(
+                None if profile.breakdown_json is None else json.loads(profile.breakdown_json),
+                self.size.width - 2 if self.size.width else 78))
         if profile is None:
             head.update(Text(f"run {self.run_id}: no profile yet (in the run view, P asks a live run "
                              f"for one; or set profile_active in the config)", style="dim"))

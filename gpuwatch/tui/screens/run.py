@@ -1,5 +1,5 @@
-"""One run: throughput, step time, memory and its GPUs over a chosen time range; config, ranks,
-how it ended. Other run views (OOM postmortem, profiles, stack dumps) push from here."""
+"""One run: throughput, loss, step time, memory and its GPUs over a chosen time range; energy,
+config, ranks, how it ended. Other run views (OOM postmortem, profiles, stack dumps) push from here."""
 
 from __future__ import annotations
 
@@ -140,6 +140,9 @@ def summary(d: RunDetail, now_ms: int) -> Table:
     t.add_row("started", f"{fmt.local_time(r.started_ms)} · ran {fmt.duration(panels.run_duration_ms(r, now_ms))}")
     t.add_row("tokens/s", f"now {fmt.count(r.tokens_per_s_last)} · avg {fmt.count(r.tokens_per_s_avg)}"
                           f" · peak mem {fmt.size(r.peak_mem_bytes)}")
+    if d.energy_j is not None:
+        t.add_row("energy", f"{'' if d.energy_complete else '≥ '}{fmt.kwh(d.energy_j)}"
+                            f" · {fmt.joules_per_token(d.joules_per_token)}")
     if r.world_size:
         ranks = ", ".join(f"{x.rank}:{x.status}" for x in d.ranks) or "-"
         t.add_row("ranks", Text(f"rank {r.rank} of {r.world_size} (job {d.job_id or '-'}) · {ranks}"))

@@ -16,6 +16,18 @@ from gpuwatch.tui.snapshot import RunRow, Snapshot, View
 STATUSES = (None, "running", "finished", "failed", "oom", "killed", "lost")
 
 
+def runs_count(shown: int, snap: Snapshot | None) -> str:
+    """'200 of 10,002' when the newest runs read are fewer than the database holds; a filter
+    searches only those read, so it says so."""
+    read = len(snap.runs) if snap else 0
+    total = snap.runs_total if snap and snap.runs_total is not None else read
+    if total <= read:
+        return f"{shown:,}"
+    if shown == read:
+        return f"{shown:,} of {total:,}"
+    return f"{shown:,} of the newest {read:,} of {total:,}"
+
+
 class RunsScreen(UserFiltered):
     TABLE = "#runs"
     BINDINGS = [
@@ -85,7 +97,8 @@ class RunsScreen(UserFiltered):
         scope = ("only mine" if self.app.only_mine
                  else f"user {self.app.user_filter}" if self.app.user_filter else "all users")
         self.query_one("#runs-title", Static).update(Text(
-            f"Runs: {len(rows)} · status {self.status_filter or 'any'} · {scope}", style="bold"))
+            f"Runs: {runs_count(len(rows), self.snapshot)} · status {self.status_filter or 'any'} · {scope}",
+            style="bold"))
 
     def selected_run_id(self) -> str | None:
         table = self.query_one("#runs", DataTable)
