@@ -52,3 +52,13 @@ def test_an_oom_in_the_first_forward_of_a_hugging_face_model_gets_the_full_advic
     assert "B·H·L² score tensor at L=8192 (B=8, H=8, 4 bytes each)" in shown and "SDPA/FlashAttention" in shown
     assert "L ≤ " in shown and "fits" in shown  # the L that fits
     assert "bf16 autocast" in shown and "batch 8 -> 4" in shown
+
+
+@pytest.mark.parametrize("library", ["fabric", "accelerate"])
+def test_fabric_and_accelerate_loops_go_through_the_generic_hooks(library):
+    done = gw_run(PY, str(SCRIPTS / "fabric_accelerate.py"), library)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = steps_of(the_run()["run_id"])
+    assert [(s["step"], s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [
+        (n, 64, 4, 16) for n in range(1, 5)]
+    assert [s["loss"] for s in steps] == pytest.approx(_logged_losses(done.stdout), rel=1e-5)

@@ -77,6 +77,8 @@ class AutoInstrument:
         self._framework = None  # (model, tally): a framework callback records this training
         self._optimizer_made: bool | None = None  # decided at the first backward through the model
         self._through_model = False  # the running backward reached the model's output
+        self._backward_depth = 0  # reentrant checkpointing runs backward() inside a backward
+        self._open = None  # the module whose top-level forward is under way
         self._scaled = None  # (weakref to GradScaler.scale's output, the scale it applied)
         self._patched: list = []  # (owner, name, original): torch functions we wrapped
         self._pid = os.getpid()  # forked DataLoader workers inherit the hooks, not the run
@@ -166,14 +168,16 @@ class AutoInstrument:
         module._forward_hooks[post_id] = self._leave
         module._forward_hooks_with_kwargs[post_id] = True
         module._forward_hooks_always_called[post_id] = True
+        self._open = module
         if self._framework is not None or not (module.training and torch.is_grad_enabled()):
             return
         try:
             if self.model is None or module is self.model:
-                # Here the first training forward of an iteration is known: tally.forwards == 0.
                 if self.run is None:  # opened before the first forward: an OOM in it gets its postmortem
                     self.ensure_run(module, args)
-                self.run.mark_compute()  # the iteration's data wait ends here (the run keeps the first)
+                # The model's training forward begins: the iteration's data wait ends (the run
+                # keeps the first mark of an iteration: tally.forwards == 0 here).
+                self.run.mark_compute()
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
 
@@ -186,6 +190,7 @@ class AutoInstrument:
             return  # called from torch's global table: a call we did not enter (traced, off)
         module._forward_hooks_with_kwargs.pop(post_id, None)
         module._forward_hooks_always_called.pop(post_id, None)
+        self._open = None
         self._restore_globals()
         if self._off or not (module.training and self.torch.is_grad_enabled()):
             return
@@ -217,6 +222,16 @@ class AutoInstrument:
             shape = model_shape(inner, *find_tokens(args, kwargs))
             self.run.note_shape(shape.get("batch"), shape.get("seq_len"))
         return candidate
+
+    def _unstrand(self) -> None:
+        """A forward left by a BaseException (Ctrl-C) skips torch's always-called hooks: once the
+        program goes on to a backward or an optimiser step, take our one-shot hook off it."""
+        module, self._open = self._open, None
+        if module is not None:
+            for table in (module._forward_hooks, module._forward_hooks_with_kwargs,
+                          module._forward_hooks_always_called):
+                table.pop(self._post_id, None)
+            self._restore_globals()
 
     def _restore_globals(self) -> None:
         nn = getattr(self, "_nn", None)
@@ -255,8 +270,15 @@ class AutoInstrument:
 
     def _wrap_backward(self, backward):
         def recorded_backward(tensors, *args, **kwargs):
+            if self._backward_depth:  # a reentrant checkpoint's inner backward: not an iteration
+                return backward(tensors, *args, **kwargs)
+            self._unstrand()
             self._through_model = False
-            result = backward(tensors, *args, **kwargs)
+            self._backward_depth = 1
+            try:
+                result = backward(tensors, *args, **kwargs)
+            finally:
+                self._backward_depth = 0
             if self._through_model and self._framework is None and self._ours():
                 try:
                     self._after_backward(tensors)
@@ -300,6 +322,7 @@ class AutoInstrument:
 
     # ---- every step ---------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self._unstrand()
         if self._framework is not None or not self._ours():
             return
         try:
