@@ -9,6 +9,12 @@ with nvmlDeviceGetMigDeviceHandleByIndex, again every MIG_RESCAN_MS (instances c
 and destroyed while the driver runs). Its processes are listed through its own handle (that
 works without root, the parent's aggregate list may not) and carry its GPU / compute instance
 ids. The parent GPU keeps its own sample: temperature, power and clocks are the whole GPU's.
+
+A GPU in a bad state can make every NVML call on it block (the "nvidia-smi hangs" of real
+servers). So each GPU's reads run in its own worker thread (collectors/deadline.py), waited for
+only until a deadline: a GPU that misses it is sampled as state 'hung' ("not responding") while
+the others go on, and is not asked again until its blocked call returns. NVML's system-wide
+calls (init, XID events, shutdown) get a worker and the same deadline.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
+
+from collectors.deadline import TimeoutError, Worker
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +40,10 @@ MIG_RESCAN_MS = 60_000
 PCIE_MAX_SHARE = 0.25
 PCIE_MIN_MS = 5.0
 PCIE_SLOW_EVERY = 10
+DEADLINE_S = 1.0  # a GPU's reads of one tick, when the caller names no deadline
+# NVML's start (nvmlInit, each GPU's facts) is given at least this long: without persistence
+# mode the driver initialises every GPU on the first nvmlInit, which can take seconds.
+INIT_DEADLINE_S = 10.0
 _MIG_PROFILE = re.compile(r"\bMIG (\S+)")  # the driver names a MIG device "<GPU name> MIG 1g.10gb"
 
 
@@ -74,7 +87,8 @@ class GpuSample:
     throttle_reasons: int | None = None
     ecc_corrected: int | None = None
     ecc_uncorrected: int | None = None
-    state: str | None = None  # None = ok; 'lost' = fell off the bus (no values then)
+    state: str | None = None  # None = ok; 'lost' = fell off the bus, 'hung' = NVML calls on it
+    #                           block (not responding); no values then
 
 
 @dataclass(frozen=True)
@@ -166,6 +180,10 @@ class _Gpu:
     migs: list = field(default_factory=list)  # its MIG devices (_Mig), when in MIG mode
     migs_read_ms: int | None = None  # when they were last looked for
     pcie: tuple = (None, None)  # last PCIe (tx, rx) KB/s read
+    pcie_s: float = 0.0  # what the PCIe reads took this tick
+    worker: Worker | None = None  # where its NVML calls run (None for a MIG device's handle)
+    hung_since_ms: int | None = None  # when its calls first missed the deadline; None = answering
+    static_pending: bool = False  # its facts are still to be read (it hung at start)
     gpm: list | None = None  # GPM sample buffers [previous, next], allocated while GPM works
     gpm_request: object = None  # its nvmlGpmMetricsGet request, made once (477 metric slots)
     gpm_primed: bool = False  # the previous buffer holds a sample: the next tick gives figures
@@ -217,8 +235,12 @@ def _import_pynvml():
 class NvmlCollector:
     """Samples every GPU NVML can see. `nvml` is the module to use (default: pynvml)."""
 
-    def __init__(self, nvml=None):
+    def __init__(self, nvml=None, deadline_s: float = DEADLINE_S):
+        """`deadline_s`: how long one tick waits for a GPU's reads before calling it hung."""
         self._nvml = nvml if nvml is not None else _import_pynvml()
+        self.deadline_s = deadline_s
+        init_deadline = max(deadline_s, INIT_DEADLINE_S)
+        self._system = Worker("gpuwatch-nvml")
         n = self._nvml
         self._not_available = {n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_NO_PERMISSION,
                                n.NVML_ERROR_NOT_FOUND, n.NVML_ERROR_FUNCTION_NOT_FOUND,
@@ -232,36 +254,45 @@ class NvmlCollector:
         self.pcie_every = 1  # PCIe read every this many ticks (PCIE_SLOW_EVERY once they prove slow)
         self.last_tick_ms = self.last_pcie_ms = 0.0  # what the newest sample() took, PCIe apart
         self._ticks = 0
-        count = self._init_library()
-        self._gpus: list[_Gpu] = []
-        self.static: list[GpuStatic] = []
-        driver = _text(self._call(None, "nvmlSystemGetDriverVersion"))
-        cuda = _cuda_version(self._call(None, "nvmlSystemGetCudaDriverVersion_v2")
-                             or self._call(None, "nvmlSystemGetCudaDriverVersion"))
-        for index in range(count):
-            gpu = _Gpu(index, None)
-            self._gpus.append(gpu)
+        self._mig_samples: list[MigSample] = []
+        try:
+            count, self._driver, self._cuda = self._system.call(self._init_library, init_deadline)
+        except TimeoutError:
+            self._system.close()
+            raise NvmlUnavailable(f"NVML unavailable: nvmlInit did not answer within {init_deadline:g} s "
+                                  "(a GPU or the driver hangs; try `nvidia-smi`)") from None
+        except NvmlUnavailable:
+            self._system.close()
+            raise
+        self._gpus = [_Gpu(index, None, worker=Worker(f"gpuwatch-nvml-gpu{index}"))
+                      for index in range(count)]
+        # Lost or hung before its facts could be read: uuid unknown (the column is NOT NULL).
+        self.static: list[GpuStatic] = [GpuStatic(i, "", None, None, None, None, None, self._driver,
+                                                  self._cuda) for i in range(count)]
+        started = [(gpu, gpu.worker.submit(partial(self._start_gpu, gpu))) for gpu in self._gpus]
+        deadline = time.monotonic() + init_deadline
+        for gpu, future in started:
             try:
-                gpu.handle = self._call(gpu, "nvmlDeviceGetHandleByIndex", index)
-                self.static.append(self._read_static(gpu, driver, cuda))
-                gpu.migs = self._read_migs(gpu, self.static[-1].mig_mode)
-            except _GpuLost:
-                gpu.lost = True
-                # Lost before its facts could be read: uuid unknown (the column is NOT NULL).
-                self.static.append(GpuStatic(index, "", None, None, None, None, None, driver, cuda))
-        self._events = self._register_xid_events()
+                future.result(max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                gpu.static_pending = True
+                self._not_responding(gpu, int(time.time() * 1000))
+        try:
+            self._events = self._system.call(self._register_xid_events, self.deadline_s)
+        except TimeoutError:
+            self._events = None
 
     @property
     def mig_static(self) -> list[MigStatic]:
         """The MIG devices found at start or by the latest rescan in sample(), GPU by GPU."""
         return [m.static for gpu in self._gpus for m in gpu.migs]
 
-    def _init_library(self) -> int:
-        """nvmlInit and the GPU count, or NvmlUnavailable saying why not."""
+    def _init_library(self) -> tuple[int, str | None, str | None]:
+        """nvmlInit, the GPU count and driver versions, or NvmlUnavailable saying why not."""
         n = self._nvml
         try:
             n.nvmlInit()
-            return n.nvmlDeviceGetCount()
+            count = n.nvmlDeviceGetCount()
         except n.NVMLError as e:
             reasons = {
                 n.NVML_ERROR_LIBRARY_NOT_FOUND:
@@ -270,6 +301,19 @@ class NvmlCollector:
                 n.NVML_ERROR_NO_PERMISSION: "no permission to open the NVIDIA devices (/dev/nvidia*)",
             }
             raise NvmlUnavailable(f"NVML unavailable: {reasons.get(e.value, f'nvmlInit failed: {e}')}") from None
+        driver = _text(self._call(None, "nvmlSystemGetDriverVersion"))
+        cuda = _cuda_version(self._call(None, "nvmlSystemGetCudaDriverVersion_v2")
+                             or self._call(None, "nvmlSystemGetCudaDriverVersion"))
+        return count, driver, cuda
+
+    def _start_gpu(self, gpu: _Gpu) -> None:
+        """A GPU's facts and MIG devices (in its worker)."""
+        try:
+            gpu.handle = self._call(gpu, "nvmlDeviceGetHandleByIndex", gpu.index)
+            self.static[gpu.index] = self._read_static(gpu, self._driver, self._cuda)
+            gpu.migs = self._read_migs(gpu, self.static[gpu.index].mig_mode)
+        except _GpuLost:
+            gpu.lost = True
 
     # -- the one wrapper ------------------------------------------------------------------------
     def _call(self, gpu: _Gpu | None, name: str, *args, key=None):
@@ -319,43 +363,91 @@ class NvmlCollector:
 
     # -- per tick -------------------------------------------------------------------------------
     def sample(self, ts_ms: int) -> tuple[list[GpuSample], list[GpuProcessSample]]:
+        """Every GPU's sample and processes; returns within deadline_s whatever NVML does."""
         started = time.perf_counter()
         self._ticks += 1
-        self._pcie_s = 0.0
         try:
             return self._sample_all(ts_ms)
         finally:
             self._time_tick(time.perf_counter() - started)
 
+    def not_responding_since(self, index: int) -> int | None:
+        """When GPU `index` stopped answering (ms since the epoch); None while it answers."""
+        return self._gpus[index].hung_since_ms
+
     def _time_tick(self, tick_s: float) -> None:
-        self.last_tick_ms, self.last_pcie_ms = tick_s * 1000, self._pcie_s * 1000
+        # GPUs are read side by side: the slowest GPU's PCIe reads are what hold a tick back.
+        pcie_s = max((gpu.pcie_s for gpu in self._gpus), default=0.0)
+        self.last_tick_ms, self.last_pcie_ms = tick_s * 1000, pcie_s * 1000
         if self.pcie_every == 1 and self.last_pcie_ms > max(PCIE_MIN_MS, PCIE_MAX_SHARE * self.last_tick_ms):
             self.pcie_every = PCIE_SLOW_EVERY
             log.warning("PCIe throughput reads took %.0f ms of a %.0f ms GPU tick: reading them every %d "
                         "ticks from now on", self.last_pcie_ms, self.last_tick_ms, PCIE_SLOW_EVERY)
 
+    def _ask_every_gpu(self, job) -> dict:
+        """{gpu index: job(gpu)} of the GPUs whose worker answered within the deadline; each
+        GPU's job runs in its own worker, side by side. A GPU whose worker is still blocked in
+        an earlier call is not asked again."""
+        deadline = time.monotonic() + self.deadline_s
+        asked = [(gpu, gpu.worker.submit(partial(job, gpu))) for gpu in self._gpus if not gpu.worker.busy]
+        answers = {}
+        for gpu, future in asked:
+            try:
+                answers[gpu.index] = future.result(max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                pass
+        return answers
+
     def _sample_all(self, ts_ms: int) -> tuple[list[GpuSample], list[GpuProcessSample]]:
+        answers = self._ask_every_gpu(partial(self._read_gpu, ts_ms=ts_ms))
         gpu_samples: list[GpuSample] = []
         proc_samples: list[GpuProcessSample] = []
+        mig_samples: list[MigSample] = []
         for gpu in self._gpus:
-            try:
-                if gpu.lost:
-                    self._recheck(gpu)
-                if gpu.migs_read_ms is None:  # found at start; rescanned from now on
-                    gpu.migs_read_ms = ts_ms
-                elif not 0 <= ts_ms - gpu.migs_read_ms < MIG_RESCAN_MS:
-                    gpu.migs, gpu.migs_read_ms = self._read_migs(gpu, self._mig_mode(gpu)), ts_ms
-                sample = self._sample_gpu(gpu, ts_ms)
-                procs = self._sample_processes(gpu, ts_ms)
-            except _GpuLost:
-                if not gpu.lost:
-                    log.warning("GPU %d is lost (fell off the bus or needs a reset)", gpu.index)
-                gpu.lost = True
-                gpu_samples.append(GpuSample(gpu.index, ts_ms, state="lost"))
+            answer = answers.get(gpu.index)
+            if answer is None:
+                self._not_responding(gpu, ts_ms)
+                gpu_samples.append(GpuSample(gpu.index, ts_ms, state="hung"))
                 continue
-            gpu_samples.append(sample)
-            proc_samples.extend(procs)
+            self._responding(gpu, ts_ms)
+            gpu_samples.append(answer[0])
+            proc_samples.extend(answer[1])
+            mig_samples.extend(answer[2])
+        self._mig_samples = mig_samples
         return gpu_samples, proc_samples
+
+    def _read_gpu(self, gpu: _Gpu, ts_ms: int) -> tuple[GpuSample, list, list]:
+        """One GPU's tick, in its worker: its sample, its processes, its MIG devices' samples."""
+        gpu.pcie_s = 0.0
+        try:
+            if gpu.lost:
+                self._recheck(gpu)
+            if gpu.static_pending:
+                self._start_gpu(gpu)
+                gpu.static_pending = False
+            if gpu.migs_read_ms is None:  # found at start; rescanned from now on
+                gpu.migs_read_ms = ts_ms
+            elif not 0 <= ts_ms - gpu.migs_read_ms < MIG_RESCAN_MS:
+                gpu.migs, gpu.migs_read_ms = self._read_migs(gpu, self._mig_mode(gpu)), ts_ms
+            return (self._sample_gpu(gpu, ts_ms), self._sample_processes(gpu, ts_ms),
+                    self._sample_migs(gpu, ts_ms))
+        except _GpuLost:
+            if not gpu.lost:
+                log.warning("GPU %d is lost (fell off the bus or needs a reset)", gpu.index)
+            gpu.lost = True
+            return GpuSample(gpu.index, ts_ms, state="lost"), [], []
+
+    def _not_responding(self, gpu: _Gpu, ts_ms: int) -> None:
+        if gpu.hung_since_ms is None:
+            gpu.hung_since_ms = ts_ms
+            log.warning("GPU %d is not responding: its NVML calls did not return within %.2g s "
+                        "(sampling the other GPUs and the host on)", gpu.index, self.deadline_s)
+
+    def _responding(self, gpu: _Gpu, ts_ms: int) -> None:
+        if gpu.hung_since_ms is not None:
+            log.warning("GPU %d answers again after %.0f s not responding", gpu.index,
+                        max(0, ts_ms - gpu.hung_since_ms) / 1000)
+            gpu.hung_since_ms = None
 
     def _recheck(self, gpu: _Gpu) -> None:
         """Two cheap calls; raises _GpuLost while the GPU is still gone."""
@@ -402,7 +494,13 @@ class NvmlCollector:
     def persistence_mode(self, index: int) -> int | None:
         """1 when the driver stays loaded with no client (nvidia-smi's persistence_mode), else 0."""
         gpu = self._gpus[index]
-        return None if gpu.lost else self._call(gpu, "nvmlDeviceGetPersistenceMode", gpu.handle)
+        if gpu.lost or gpu.worker.busy:
+            return None
+        try:
+            return gpu.worker.call(partial(self._call, gpu, "nvmlDeviceGetPersistenceMode",
+                                           gpu.handle), self.deadline_s)
+        except (TimeoutError, _GpuLost):
+            return None
 
     def _pcie(self, gpu: _Gpu) -> tuple:
         if self.pcie_every > 1 and self._ticks % self.pcie_every:
@@ -411,7 +509,7 @@ class NvmlCollector:
         n, h = self._nvml, gpu.handle
         gpu.pcie = (self._call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_TX_BYTES),
                     self._call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_RX_BYTES))
-        self._pcie_s += time.perf_counter() - started
+        gpu.pcie_s += time.perf_counter() - started
         return gpu.pcie
 
     def _memory(self, gpu: _Gpu):
@@ -498,46 +596,42 @@ class NvmlCollector:
         return found
 
     def sample_mig(self, ts_ms: int) -> list[MigSample]:
-        """Memory and (where the driver gives it) utilisation of every MIG device that the
-        latest sample() found; call it after sample()."""
-        found: list[MigSample] = []
-        for gpu in self._gpus:
-            if gpu.lost:
-                continue
-            try:
-                samples = []
-                for m in gpu.migs:
-                    mem = self._memory(m.device)
-                    util = self._call(m.device, "nvmlDeviceGetUtilizationRates", m.device.handle)
-                    samples.append(MigSample(
-                        gpu.index, m.static.gpu_instance_id, m.static.compute_instance_id, ts_ms,
-                        mem_used_bytes=mem.used if mem is not None else None,
-                        mem_free_bytes=mem.free if mem is not None else None,
-                        gpu_util_pct=util.gpu if util is not None else None,
-                        mem_util_pct=util.memory if util is not None else None))
-            except _GpuLost:
-                continue  # the next sample() finds it lost and says so
-            found.extend(samples)
-        return found
+        """Memory and (where the driver gives it) utilisation of every MIG device, read by the
+        latest sample() (call it after sample(); `ts_ms` is that sample's)."""
+        return [m for m in self._mig_samples if m.ts_ms == ts_ms]
+
+    def _sample_migs(self, gpu: _Gpu, ts_ms: int) -> list[MigSample]:
+        samples = []
+        for m in gpu.migs:
+            mem = self._memory(m.device)
+            util = self._call(m.device, "nvmlDeviceGetUtilizationRates", m.device.handle)
+            samples.append(MigSample(
+                gpu.index, m.static.gpu_instance_id, m.static.compute_instance_id, ts_ms,
+                mem_used_bytes=mem.used if mem is not None else None,
+                mem_free_bytes=mem.free if mem is not None else None,
+                gpu_util_pct=util.gpu if util is not None else None,
+                mem_util_pct=util.memory if util is not None else None))
+        return samples
 
     # -- GPM (Hopper and later) ------------------------------------------------------------------
     def sample_gpm(self, ts_ms: int) -> list[GpuProfSample]:
         """GPM figures of every GPU that has them, over the interval since the previous call
         (one nvmlGpmSampleGet per GPU and tick, into the older of its two buffers); none for a
-        GPU without GPM, a lost GPU, or at a GPU's first call. Call it after sample()."""
-        found: list[GpuProfSample] = []
-        for gpu in self._gpus:
-            if gpu.lost:
-                self._free_gpm(gpu)
-                continue
-            try:
-                values = self._gpm_values(gpu)
-            except _GpuLost:
-                self._free_gpm(gpu)  # the next sample() finds it lost and says so
-                continue
-            if values is not None:
-                found.append(GpuProfSample(gpu.index, ts_ms, *values))
-        return found
+        GPU without GPM, a lost GPU, or at a GPU's first call. Call it after sample(). Each
+        GPU is read in its worker, with the deadline: a hung GPU gives none."""
+        answers = self._ask_every_gpu(self._gpm_of)
+        return [GpuProfSample(index, ts_ms, *values) for index, values in sorted(answers.items())
+                if values is not None]
+
+    def _gpm_of(self, gpu: _Gpu) -> tuple | None:
+        if gpu.lost:
+            self._free_gpm(gpu)
+            return None
+        try:
+            return self._gpm_values(gpu)
+        except _GpuLost:
+            self._free_gpm(gpu)  # the next sample() finds it lost and says so
+            return None
 
     def _gpm_values(self, gpu: _Gpu) -> tuple | None:
         if _GPM in gpu.unsupported:
@@ -602,7 +696,7 @@ class NvmlCollector:
         if events is None:
             return None
         for gpu in self._gpus:
-            if gpu.lost:
+            if gpu.lost or gpu.static_pending:  # a GPU hung at start would hang this too
                 continue
             try:
                 supported = self._call(gpu, "nvmlDeviceGetSupportedEventTypes", gpu.handle)
@@ -614,10 +708,16 @@ class NvmlCollector:
         return events
 
     def xid_events(self, ts_ms: int) -> list[XidEvent]:
-        """Critical XID errors since the last call; never waits (timeout 0)."""
+        """Critical XID errors since the last call; never waits (timeout 0) beyond the deadline."""
+        if self._events is None or self._system.busy:
+            return []
+        try:
+            return self._system.call(partial(self._read_xids, ts_ms), self.deadline_s)
+        except TimeoutError:
+            return []
+
+    def _read_xids(self, ts_ms: int) -> list[XidEvent]:
         found: list[XidEvent] = []
-        if self._events is None:
-            return found
         for _ in range(64):  # a bound, in case a broken GPU floods the set
             try:
                 data = self._call(None, "nvmlEventSetWait", self._events, 0)
@@ -636,8 +736,18 @@ class NvmlCollector:
         if self._closed:
             return
         self._closed = True
+        if not self._system.busy:
+            try:
+                self._system.call(self._shutdown, self.deadline_s)
+            except TimeoutError:
+                log.warning("nvmlShutdown did not return within %.2g s; leaving it", self.deadline_s)
+        for worker in [self._system] + [gpu.worker for gpu in self._gpus]:
+            worker.close()
+
+    def _shutdown(self) -> None:
         for gpu in self._gpus:
-            self._free_gpm(gpu)
+            if not gpu.worker.busy:  # a hung GPU's buffers are left to the process's end
+                self._free_gpm(gpu)
         if self._events is not None:
             try:
                 self._call(None, "nvmlEventSetFree", self._events)

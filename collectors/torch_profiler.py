@@ -88,11 +88,14 @@ def save_trace(prof, directory: Path, stem: str, max_bytes: int) -> SavedTrace:
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     final = directory / f"{safe_name(stem)}.json.gz"
     raw = final.with_name(f".{final.name}.{os.getpid()}.json")
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     try:
         prof.export_chrome_trace(str(raw))
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         with open(raw, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
+    except BaseException:  # e.g. a full disk: no half-written trace left behind
+        tmp.unlink(missing_ok=True)
+        raise
     finally:
         raw.unlink(missing_ok=True)
     size = tmp.stat().st_size

@@ -42,6 +42,7 @@ class Config:
     db: str = ""
     socket: str = ""
     runs_dir: str = ""
+    spool_dir: str = ""  # events clients could not deliver (gpuwatch/spool.py)
     system: bool = False  # system mode: /var/lib/gpuwatch and /run/gpuwatch
 
     # Sampling intervals, seconds.
@@ -63,6 +64,7 @@ class Config:
     rate_limit_events: int = 5000  # events per second per uid
     stall_factor: float = 10.0  # a run is stalled after max(factor x median step, floor)
     stall_floor: float = 120.0
+    spool_scan_interval: float = 30.0  # seconds between looks for spools of clients that died
 
     # Readers: the fleet's Prometheus for `gpuwatch tui`'s Fleet screen and `gpuwatch pick`.
     prometheus_url: str = ""  # e.g. "http://prometheus:9090"; empty = no fleet view
@@ -88,6 +90,10 @@ class Config:
     @property
     def socket_path(self) -> Path:
         return Path(self.socket) if self.socket else paths.default_socket_path(self.system)
+
+    @property
+    def spool_path(self) -> Path:
+        return Path(self.spool_dir) if self.spool_dir else paths.spool_dir(self.system)
 
     @property
     def runs_path(self) -> Path:

@@ -11,18 +11,21 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from gpuwatch import fmt, paths
+from collectors.deadline import TimeoutError, call_with_deadline
+from gpuwatch import fmt, paths, spool
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 SHM_MIN_BYTES = 8 * 1024 ** 3
 CAP_SYS_PTRACE = 19
 SERVICE = "gpuwatch.service"
+NVML_DEADLINE_S = 10.0  # the driver's first nvmlInit can take seconds without persistence mode
 
 # Run in a child interpreter: torch's import is slow and must not leak into the caller.
 _TORCH_PROBE = """
@@ -125,6 +128,7 @@ class Env:
     systemctl: Callable[..., tuple[int, str] | None] = _systemctl
     socket_path: Path | None = None
     db_path: Path | None = None
+    spool_dir: Path | None = None
     euid: int = field(default_factory=os.geteuid)
 
 
@@ -148,30 +152,27 @@ def _cuda_tuple(text: str | None) -> tuple[int, int] | None:
 def check_nvml(env: Env, facts: _Facts) -> list[Check]:
     fix = ("install the NVIDIA driver (e.g. `apt install nvidia-driver-550`, then reboot) and check "
            "that `nvidia-smi` works; in a container, run it with `--gpus all`")
+    hung = [Check("NVIDIA driver / NVML", FAIL, f"NVML did not answer within {NVML_DEADLINE_S:g} s: "
+                  "a GPU or the driver hangs", "look for Xid errors (`sudo dmesg | grep -i xid`) "
+                  "and check `nvidia-smi`; a hung GPU usually needs a reset or a reboot")]
     try:
         nvml = env.nvml()
-        nvml.nvmlInit()
+        # A hung GPU blocks NVML calls on it for good: the doctor says so instead of hanging.
+        call_with_deadline(nvml.nvmlInit, NVML_DEADLINE_S)
+    except TimeoutError:
+        return hung
     except Exception as e:  # ImportError, NVMLError_LibraryNotFound, _DriverNotLoaded, ...
         facts.nvml_error = str(e) or type(e).__name__
         return [Check("NVIDIA driver / NVML", FAIL, f"NVML cannot be loaded: {facts.nvml_error}", fix),
                 Check("GPUs visible", FAIL, "no GPUs can be listed without NVML", "see the driver check")]
     try:
-        driver = nvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-        cuda = nvml.nvmlSystemGetCudaDriverVersion()
-        facts.driver_cuda = (cuda // 1000, cuda % 1000 // 10)
-        count = nvml.nvmlDeviceGetCount()
-        names = []
-        for i in range(count):
-            name = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(name.decode() if isinstance(name, bytes) else name)
+        driver, cuda, names = call_with_deadline(lambda: _nvml_facts(nvml), NVML_DEADLINE_S)
+    except TimeoutError:
+        return hung
     except Exception as e:
         return [Check("NVIDIA driver / NVML", FAIL, f"NVML loaded but failed: {e}", fix)]
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
+    facts.driver_cuda = (cuda // 1000, cuda % 1000 // 10)
+    count = len(names)
     checks = [Check("NVIDIA driver / NVML", OK,
                     f"driver {driver}, supports CUDA {facts.driver_cuda[0]}.{facts.driver_cuda[1]}")]
     if count == 0:
@@ -182,6 +183,23 @@ def check_nvml(env: Env, facts: _Facts) -> list[Check]:
         checks.append(Check("GPUs visible", OK, f"{count} × {', '.join(kinds)}; `gpuwatch selftest` checks "
                             "gpuwatch's figures for them against nvidia-smi and CUDA"))
     return checks
+
+
+def _nvml_facts(nvml) -> tuple[str, int, list[str]]:
+    """Driver version, CUDA version code and every GPU's name; shuts NVML down after."""
+    try:
+        driver = nvml.nvmlSystemGetDriverVersion()
+        cuda = nvml.nvmlSystemGetCudaDriverVersion()
+        names = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            name = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))
+            names.append(name.decode() if isinstance(name, bytes) else name)
+        return driver.decode() if isinstance(driver, bytes) else driver, cuda, names
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
 
 
 def check_torch(env: Env, facts: _Facts) -> list[Check]:
@@ -299,6 +317,11 @@ def check_daemon(env: Env, facts: _Facts) -> list[Check]:
             checks.append(Check("daemon socket", FAIL, f"{sock} exists but refuses connections "
                                 f"({e.strerror or e}): the daemon died or the socket is stale",
                                 f"restart the daemon (sudo systemctl restart {SERVICE}) or remove {sock}"))
+    waiting = spool.waiting_line(spool.reader_dirs(env.spool_dir))
+    if waiting:
+        checks.append(Check("spooled events", WARN, waiting,
+                            "start the daemon (sudo systemctl start gpuwatch, or `gpuwatch daemon &`): "
+                            "it stores them within a minute, even for runs that have ended"))
     db = env.db_path or (paths.default_db_path(True) if paths.system_daemon_present()
                          else paths.default_db_path(False))
     trouble = health.read(db, [sock])
@@ -309,14 +332,30 @@ def check_daemon(env: Env, facts: _Facts) -> list[Check]:
     try:
         conn = open_ro(db)
         conn.execute("SELECT count(*) FROM runs").fetchone()
+        hung = _hung_gpus(conn)
         conn.close()
         checks.append(Check("database", OK, f"{db} readable"))
+        if hung:
+            checks.append(Check("GPUs answering", FAIL, "; ".join(
+                f"GPU {i} {fmt.gpu_state('hung', since)}" for i, since in hung) +
+                ": its NVML calls block (the others are sampled on)",
+                "look for Xid errors (`sudo dmesg | grep -i xid`); a hung GPU usually needs "
+                "`nvidia-smi -r -i N` with nothing running on it, or a reboot"))
     except StoreError as e:
         missing = not Path(db).exists()
         checks.append(Check("database", WARN if missing else FAIL, str(e),
                             "it is created by the daemon or the first tracked run" if missing else
                             "check the file's permissions, or move it aside and let gpuwatch make a new one"))
     return checks
+
+
+def _hung_gpus(conn) -> list[tuple[int, int | None]]:
+    """(GPU, since ms) of the GPUs the sampler finds not responding."""
+    try:
+        return conn.execute("SELECT gpu_index, state_since_ms FROM gpus WHERE state = 'hung' "
+                            "ORDER BY gpu_index").fetchall()
+    except sqlite3.OperationalError:  # a database from before GPU states had a time
+        return []
 
 
 def check_service(env: Env, facts: _Facts) -> list[Check]:

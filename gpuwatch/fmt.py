@@ -86,6 +86,13 @@ def gpu_label(gpu_index: int, gpu_instance_id: int | None = None,
     return f"{gpu_index}/{gpu_instance_id}/{compute_instance_id}"
 
 
+def gpu_state(state: str | None, since_ms: int | None = None) -> str:
+    """A GPU's state in words: "ok", "lost", "not responding since 14:05:09"."""
+    if state == "hung":
+        return "not responding" + (f" since {local_time(since_ms, False)}" if since_ms else "")
+    return state or "ok"
+
+
 def local_time(ts_ms: int | None, with_date: bool = True) -> str:
     """Epoch ms as local time: "12-02 14:05:09" (or "14:05:09")."""
     if ts_ms is None:

@@ -46,6 +46,11 @@ def default_socket_path(system: bool) -> Path:
     return runtime_dir(system) / SOCKET_NAME
 
 
+def spool_dir(system: bool) -> Path:
+    """Where clients keep events the daemon could not take (see gpuwatch/spool.py)."""
+    return state_dir(system) / "spool"
+
+
 def system_daemon_present() -> bool:
     """True when a system-wide daemon's socket exists: readers and clients then use it."""
     return (SYSTEM_RUNTIME_DIR / SOCKET_NAME).exists()

@@ -53,6 +53,8 @@ RUN_MAP_INTERVAL = 5.0
 GPU_ROW_REFRESH_MS = 60_000  # gpus.last_seen_ms is refreshed this often, or when state changes
 PROCESS_ROW_REFRESH_MS = 10_000  # processes.last_seen_ms likewise, or when its run link changes
 DAEMON_STATS_INTERVAL_MS = 30_000
+NVML_DEADLINE_SHARE = 0.5  # of the GPU interval: longer, and a GPU's reads are called hung
+NVML_DEADLINE_MIN_S = 0.05  # but never less: a busy host's thread switches are not a hung GPU
 _PROCESS_SAMPLE_COLUMNS = ("gpu_index", "pid", "ts_ms", "kind", "used_mem_bytes", "sm_util_pct",
                            "mem_util_pct", "rss_bytes", "cpu_pct", "gpu_instance_id",
                            "compute_instance_id")
@@ -110,14 +112,16 @@ class Sampler:
         self.nvml: NvmlCollector | None = None
         self.nvml_error = ""
         try:
-            self.nvml = NvmlCollector(nvml=nvml_module)
+            # A GPU's reads may take half an interval; the rest of the tick stays the others'.
+            self.nvml = NvmlCollector(nvml=nvml_module, deadline_s=max(
+                NVML_DEADLINE_SHARE * config.interval, NVML_DEADLINE_MIN_S))
         except NvmlUnavailable as e:
             self.nvml_error = str(e) or "NVML unavailable"
             log.warning("no GPUs to sample, host only: %s", self.nvml_error)
         self.host = HostCollector()
         self.procs = ProcessCollector()
         self._cpu_mark = (time.monotonic(), _own_cpu_s())
-        self._gpu_rows: dict[int, tuple[str, int]] = {}  # gpu_index -> (state, last written ms)
+        self._gpu_rows: dict[int, tuple[str, int, int]] = {}  # gpu_index -> (state, written, since)
         self._run_by_pid: dict[int, str] = {}  # pid of a running run on this host -> run_id
         self._lineage: dict[tuple[int, int], tuple[int, ...]] = {}  # (pid, start_ms) -> pid + ancestors
         # GPU pids of the previous tick -> (info, run_id written, when written). A pid still on
@@ -177,8 +181,9 @@ class Sampler:
             return False
         if not self.last_tick_at:
             return True  # just started
-        # last_tick_at comes from the GPU tick (the host tick when host-only); a hung NVML call
-        # stops it, the watchdog starves and systemd restarts the daemon.
+        # last_tick_at comes from the GPU tick (the host tick when host-only). A hung GPU does
+        # not stop it (its NVML calls are abandoned at a deadline, see collectors/nvml.py), so
+        # only the sampler's own trouble starves the watchdog: never a restart loop over a GPU.
         period = self.cfg.interval if self.nvml else self.cfg.host_interval
         return time.monotonic() - self.last_tick_at < max(3 * period, 10.0)
 
@@ -309,9 +314,10 @@ class Sampler:
             last = self._gpu_rows.get(static.gpu_index)
             if last is not None and last[0] == state and ts - last[1] < GPU_ROW_REFRESH_MS:
                 continue
-            self._gpu_rows[static.gpu_index] = (state, ts)
+            since = last[2] if last is not None and last[0] == state else ts
+            self._gpu_rows[static.gpu_index] = (state, ts, since)
             rows.append({**_row(static), "first_seen_ms": ts, "last_seen_ms": ts,
-                         "state": state})
+                         "state": state, "state_since_ms": since})
         if rows:
             columns = list(rows[0])
             sql = _upsert_sql(_UPSERT_GPU, columns, keep={"gpu_index", "first_seen_ms"})

@@ -34,6 +34,8 @@ Options (FakeNvml(...) and configure(...) take the same):
                     instance 0; its processes (procs / procs_per_gpu) are spread over them in
                     turn. As on real drivers, such a GPU gives no utilisation (whole-GPU or
                     per-process) and neither do its MIG devices, unless mig_util=True.
+    hang            {gpu_index: t}: from t seconds after the fake is made, every call on that
+                    GPU blocks (as a hung GPU's do) until .set_hung(index, False)
     gpm             GPU indices with GPM (Hopper-style GPU performance metrics; none by
                     default): nvmlGpmQueryDeviceSupport says so, and nvmlGpmMetricsGet gives SM
                     activity = 80 % of the GPU's utilisation at the newer sample's time,
@@ -43,7 +45,7 @@ Options (FakeNvml(...) and configure(...) take the same):
 Inspect and steer it with: .calls (Counter by function name), .gpu_calls (Counter by
 (function name, gpu index)), .util_timestamps[gpu_index] (each lastSeenTimeStamp passed to
 nvmlDeviceGetProcessUtilization), .set_lost(index, lost=True), .set_procs(index, pids),
-.add_xid(index, xid), .set_mig(index, profiles).
+.add_xid(index, xid), .set_mig(index, profiles), .set_hung(index, hung=True).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from __future__ import annotations
 import math
 import string
 import sys
+import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -320,7 +323,7 @@ class FakeNvml:
     def __init__(self, gpus=8, name="NVIDIA H100 80GB HBM3 (simulated)", mem_total_bytes=80 * GiB,
                  unsupported=(), lost_after=None, init_error=None, procs=None, procs_per_gpu=0,
                  graphics_procs=None, memory_v2=True, clock=time.time, xids=None, mig=None,
-                 mig_util=False, gpm=()):
+                 mig_util=False, gpm=(), hang=None):
         self.gpu_count = gpus
         self.name = name
         self.mem_total_bytes = mem_total_bytes
@@ -347,6 +350,9 @@ class FakeNvml:
         self.calls: Counter = Counter()
         self.gpu_calls: Counter = Counter()
         self.util_timestamps: dict[int, list[int]] = {i: [] for i in range(gpus)}
+        made = time.monotonic()
+        self.hang_from = {i: made + t for i, t in (hang or {}).items()}  # monotonic s
+        self._released = {i: threading.Event() for i in range(gpus)}
 
     # Everything else (constants, error classes, structs) comes from the module itself.
     def __getattr__(self, attr):
@@ -358,6 +364,15 @@ class FakeNvml:
     # -- steering ---------------------------------------------------------------------------
     def set_lost(self, index: int, lost: bool = True) -> None:
         (self.lost.add if lost else self.lost.discard)(index)
+
+    def set_hung(self, index: int, hung: bool = True) -> None:
+        """Calls on the GPU block from now on; hung=False lets every blocked call return."""
+        if hung:
+            self._released[index] = threading.Event()
+            self.hang_from[index] = time.monotonic()
+        else:
+            self.hang_from.pop(index, None)
+            self._released[index].set()
 
     def set_procs(self, index: int, pids) -> None:
         self.procs[index] = list(pids)
@@ -380,6 +395,8 @@ class FakeNvml:
         self._system(fn)
         i = handle.index
         self.gpu_calls[fn, i] += 1
+        if time.monotonic() >= self.hang_from.get(i, math.inf):
+            self._released[i].wait()  # a hung GPU: the call returns only once released
         if i in self.lost_after:
             self.lost_after[i] -= 1
             if self.lost_after[i] < 0:

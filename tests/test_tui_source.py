@@ -59,7 +59,7 @@ def test_stale_store_and_no_driver(tmp_path):
     snap = StoreSource(str(path), clock=lambda: NOW + 12 * 60_000).fetch(View("overview"))
     assert not snap.driver and snap.gpus == ()
     assert snap.host is not None
-    assert snap.staleness() == "daemon not running: data is 12 min old"
+    assert snap.staleness() == "daemon not running: data is 12 min old; live again by itself when it is back"
 
 
 def test_missing_database_is_a_message_then_recovers(tmp_path):

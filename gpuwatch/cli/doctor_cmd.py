@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpuwatch.cli.options import db_option, friendly_errors
+from gpuwatch.cli.options import db_option, friendly_errors, load_config
 
 _MARK = {"ok": ("ok", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "red")}
 
@@ -25,7 +25,9 @@ def doctor_cmd(as_json, socket_path, db):
 
     from gpuwatch.doctor import Env, as_json as to_json, healthy, run_checks
 
-    env = Env(socket_path=Path(socket_path) if socket_path else None, db_path=Path(db) if db else None)
+    cfg = load_config()
+    env = Env(socket_path=Path(socket_path) if socket_path else None, db_path=Path(db) if db else None,
+              spool_dir=Path(cfg.spool_dir) if cfg.spool_dir else None)
     checks = run_checks(env)
     if as_json:
         click.echo(to_json(checks))

@@ -25,6 +25,7 @@ PROC_HEADERS = ["pid", "user", "GPU", "GPU mem", "command"]
 class View:
     source: str  # where the figures come from, shown on the first line
     warning: str = ""  # the daemon cannot write its database: why, shown above everything
+    spooled: str = ""  # events waiting in a spool for the daemon
     gpu_note: str = ""  # why there are no GPU rows, if there are none
     gpus: list[list] = field(default_factory=list)
     host: str = ""
@@ -35,7 +36,7 @@ def _gpu_row(index, name, util, used, total, temp, power_mw, state) -> list:
     name = (name or "-").removeprefix("NVIDIA ")  # room for the rest, e.g. "(simulated)"
     return [index, name, "-" if util is None else f"{util}%",
             f"{fmt.size(used)} / {fmt.size(total)}", "-" if temp is None else f"{temp}C",
-            "-" if power_mw is None else f"{power_mw / 1000:.0f}W", state or "ok"]
+            "-" if power_mw is None else f"{power_mw / 1000:.0f}W", state]
 
 
 def _mig_rows(gpu_index: int, devices, procs) -> list[list]:
@@ -64,14 +65,19 @@ def _host_line(h) -> str:
             f"{fmt.size(h.mem_total_bytes)}  {shm}")
 
 
-def view_from_db(conn, now: int) -> View | None:
-    """The daemon's newest samples, or None when the database is not being written."""
+def view_from_db(conn, now: int, away_after_ms: int | None = None) -> View | None:
+    """The daemon's newest samples, or None when the database is not being written.
+    `away_after_ms` (--live): data older than this says the daemon is away (a restart, say)."""
     from gpuwatch.store import queries
 
     host = queries.latest_host_sample(conn, now)
     if host is None or now - host.ts_ms > FRESH_MS:
         return None
-    view = View(source=f"daemon data, {fmt.duration(now - host.ts_ms)} old", host=_host_line(host))
+    age = now - host.ts_ms
+    view = View(source=f"daemon data, {fmt.duration(age)} old", host=_host_line(host))
+    if away_after_ms is not None and age > away_after_ms:
+        view.source = (f"daemon not writing: its data is {fmt.duration(age)} old; live again by itself "
+                       "when it is back")
     samples = queries.latest_gpu_samples(conn, now)
     procs = queries.gpu_processes(conn, now)
     migs = queries.mig_devices(conn, now)
@@ -83,7 +89,8 @@ def view_from_db(conn, now: int) -> View | None:
                                       None, None, "no recent sample"))
             continue
         view.gpus.append(_gpu_row(gpu.gpu_index, gpu.name, s.gpu_util_pct, s.mem_used_bytes,
-                                  gpu.mem_total_bytes, s.temp_c, s.power_mw, s.state))
+                                  gpu.mem_total_bytes, s.temp_c, s.power_mw,
+                                  fmt.gpu_state(s.state, gpu.state_since_ms)))
         view.gpus += _mig_rows(gpu.gpu_index, migs, on)
     if not view.gpus:
         view.gpu_note = "no NVIDIA GPUs: the daemon samples the host only"
@@ -128,7 +135,8 @@ class Direct:
             s = by_index.get(g.gpu_index)
             view.gpus.append(_gpu_row(g.gpu_index, g.name, s and s.gpu_util_pct, s and s.mem_used_bytes,
                                       g.mem_total_bytes, s and s.temp_c, s and s.power_mw,
-                                      s.state if s else "lost"))
+                                      fmt.gpu_state(s.state if s else "lost",
+                                                    self.nvml.not_responding_since(g.gpu_index))))
             if s is not None and s.state is None:
                 view.gpus += _mig_rows(g.gpu_index, migs, on)
         for p in procs:
@@ -155,6 +163,8 @@ def _direct_migs(static, samples) -> list:
 def render(view: View, width: int) -> str:
     parts = [f"WARNING: {view.warning}"] if view.warning else []
     parts.append(view.source)
+    if view.spooled:
+        parts.append(view.spooled)
     if view.gpu_note:
         parts.append(view.gpu_note)
     if view.gpus:
@@ -173,7 +183,7 @@ def _gpu_order(label: str) -> tuple[int, ...]:
     return tuple(int(part) for part in label.split("/"))
 
 
-def _read_view(db_path: str, now: int) -> View | None:
+def _read_view(db_path: str, now: int, away_after_ms: int | None = None) -> View | None:
     from pathlib import Path
 
     from gpuwatch.store import open_ro
@@ -182,7 +192,7 @@ def _read_view(db_path: str, now: int) -> View | None:
         return None
     conn = open_ro(db_path)
     try:
-        return view_from_db(conn, now)
+        return view_from_db(conn, now, away_after_ms)
     finally:
         conn.close()
 
@@ -196,6 +206,7 @@ def status(db, live):
 
     Uses the daemon's newest samples when it is running, else samples once directly.
     """
+    from gpuwatch import spool
     from gpuwatch.store import health, now_ms
 
     db_path = reader_db_path(db)
@@ -204,7 +215,9 @@ def status(db, live):
     direct: Direct | None = None
     try:
         while True:
-            view = _read_view(db_path, now_ms())
+            # --live: a daemon away for three intervals is said to be (a restart takes seconds).
+            away_after = int(3000 * max(cfg.interval, cfg.host_interval)) if live else None
+            view = _read_view(db_path, now_ms(), away_after)
             if view is None:
                 if direct is None:
                     direct = Direct()
@@ -212,6 +225,7 @@ def status(db, live):
                 view = direct.view()
             trouble = health.read(db_path, [cfg.socket_path])
             view.warning = trouble.line() if trouble else ""
+            view.spooled = spool.waiting_line(spool.reader_dirs(cfg.spool_path)) or ""
             width = shutil.get_terminal_size((80, 24)).columns
             if live:
                 click.clear()

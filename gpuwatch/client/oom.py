@@ -21,6 +21,8 @@ import traceback as traceback_mod
 from pathlib import Path
 from typing import Any
 
+from gpuwatch.diskfull import free_bytes, no_space, show_bytes
+
 log = logging.getLogger(__name__)
 
 TRACEBACK_MAX_CHARS = 20000
@@ -134,8 +136,12 @@ def _save_snapshot(snapshot: dict, directory: Path) -> str | None:
         with open(path, "wb") as f:
             pickle.dump(snapshot, f, protocol=4)
         return str(path)
-    except OSError:
-        log.warning("gpuwatch: could not save the memory snapshot in %s", directory, exc_info=True)
+    except OSError as e:
+        if no_space(e):  # one line, no traceback: the postmortem itself still goes out
+            log.warning("gpuwatch: could not save the memory snapshot in %s: %s; %s bytes free there",
+                        directory, e.strerror, show_bytes(free_bytes(directory)))
+        else:
+            log.warning("gpuwatch: could not save the memory snapshot in %s", directory, exc_info=True)
         return None
 
 

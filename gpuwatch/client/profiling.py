@@ -16,6 +16,7 @@ from typing import Callable
 
 from collectors import torch_profiler
 from gpuwatch.config import Config
+from gpuwatch.diskfull import FullDisk, no_space
 from gpuwatch.store import now_ms
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class Profiling:
         self._trigger = ""
         self._windows_left = 0  # 0 with a running profiler = repeat forever
         self._recorded: list[int] = []  # run steps inside the current window
+        self._disk = FullDisk(log, "gpuwatch: profiler traces")
         self._analysing: list[threading.Thread] = []
         if self.active:
             self._start("scheduled", cfg.profile_wait, cfg.profile_warmup, cfg.profile_active,
@@ -129,7 +131,16 @@ class Profiling:
         rank = "" if self._rank is None else f"-rank{self._rank}"
         stem = f"{self._trigger}-{ts}-steps{recorded[0]}-{recorded[-1]}{rank}"
         max_bytes = int(self._cfg.profile_max_mb * 2**20)
-        saved = torch_profiler.save_trace(prof, profiles_dir(self._cfg, self._run_id), stem, max_bytes)
+        directory = profiles_dir(self._cfg, self._run_id)
+        try:
+            saved = torch_profiler.save_trace(prof, directory, stem, max_bytes)
+        except OSError as e:
+            if not no_space(e):
+                raise
+            self._disk.failed(directory, e, "profiles keep their top operators, without the trace")
+            saved = torch_profiler.SavedTrace(None, None, None)
+        else:
+            self._disk.ok(directory)
         if saved.note:
             log.warning("gpuwatch: %s", saved.note)
         fields = dict(ts_ms=ts, trigger=self._trigger, rank=self._rank, first_step=recorded[0],

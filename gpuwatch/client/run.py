@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 from gpuwatch import config as config_mod
 from gpuwatch import paths
 from gpuwatch.clock import elapsed_end_ms
+from gpuwatch.diskfull import free_bytes, show_bytes
 from gpuwatch.client import flops, metadata, oom, profiling, torch_stats
 from gpuwatch.store import now_ms
 
@@ -363,8 +364,9 @@ class Run:
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps({"status": status, **fields}))
             tmp.replace(path)
-        except OSError:
-            log.warning("gpuwatch: could not leave the end state for the wrapper at %s", path)
+        except OSError as e:
+            log.warning("gpuwatch: could not leave the end state for the wrapper at %s: %s; %s bytes free "
+                        "there", path, e.strerror or e, show_bytes(free_bytes(path.parent)))
 
     # ---- process hooks ------------------------------------------------------------------
     def _install_signal_handlers(self) -> None:

@@ -9,10 +9,11 @@ sender thread batches, sends and waits for acks (sent only after the daemon comm
 the queue is full the event is DROPPED and counted in `dropped` (newest lost, never a wait:
 the training loop matters more). When the daemon is away, the connection breaks, or the
 daemon says "rate limited"/"busy", unacknowledged events go to a spool file
-($XDG_DATA_HOME/gpuwatch/spool/<pid>-<token>.jsonl); the sender reconnects with backoff,
+(<spool dir>/<pid>-<token>.jsonl, see gpuwatch/spool.py); the sender reconnects with backoff,
 replays the spool in order, then deletes it. Acked ids are never resent; anything resent
 after a lost ack is deduplicated by the database's natural keys. A spool left by a process
-that died is replayed by the next client of the same user that reaches the daemon.
+that died (or ended while the daemon was away) is replayed by the daemon when it is back, or
+by the next client of the same user that reaches the daemon and can list the directory.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from gpuwatch import __version__, paths, protocol
+from gpuwatch import __version__, paths, protocol, spool
 from gpuwatch.config import Config
+from gpuwatch.diskfull import FullDisk, no_space
 
 log = logging.getLogger(__name__)
 
@@ -184,8 +186,9 @@ class DaemonTransport(Transport):
         self.path = path
         self.max_backoff = max_backoff
         self.ack_timeout = ack_timeout
-        self.spool_dir = spool_dir or paths.user_data_dir() / "spool"
-        self.spool_path = self.spool_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+        self.spool_dir, self.spool_mode = spool_dir_for(cfg, path, spool_dir)
+        self._spool_full = FullDisk(log, "gpuwatch: spool")
+        self.spool_path = self.spool_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}{spool.SUFFIX}"
         self._link = link
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._backoff = 0.0
@@ -395,9 +398,21 @@ class DaemonTransport(Transport):
         return self.spool_path.exists()
 
     def _spool(self, encoded: list[bytes]) -> None:
-        self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(self.spool_path, "ab") as f:
-            f.write(b"".join(data + b"\n" for data in encoded))
+        try:
+            self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(self.spool_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         self.spool_mode)
+            with open(fd, "ab") as f:
+                os.fchmod(fd, self.spool_mode)  # whatever the umask: a system daemon must read it
+                f.write(b"".join(data + b"\n" for data in encoded))
+        except OSError as e:
+            if not no_space(e):
+                raise
+            self._spool_full.failed(self.spool_path, e, "events the daemon cannot take are dropped "
+                                    "(counted) until it has room")
+            self.dropped += len(encoded)
+            return
+        self._spool_full.ok(self.spool_path)
 
     def _replay(self, path: Path) -> bool:
         """Send a spool file's events in order; delete it when all are delivered."""
@@ -408,8 +423,15 @@ class DaemonTransport(Transport):
         left = self._deliver(encoded)
         if left:
             tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(b"".join(data + b"\n" for data in left))
-            os.replace(tmp, path)
+            try:
+                tmp.write_bytes(b"".join(data + b"\n" for data in left))
+                os.chmod(tmp, self.spool_mode)
+                os.replace(tmp, path)
+            except OSError as e:  # no room to rewrite it: the whole file stays (replays are idempotent)
+                tmp.unlink(missing_ok=True)
+                if not no_space(e):
+                    raise
+                self._spool_full.failed(tmp, e, "the spool is kept whole and replayed again later")
             return False
         path.unlink()
         log.info("gpuwatch: replayed %d spooled events from %s", len(encoded), path)
@@ -419,13 +441,18 @@ class DaemonTransport(Transport):
         """Replay spools whose writing process has died (same user: same spool directory)."""
         try:
             names = os.listdir(self.spool_dir)
-        except FileNotFoundError:
+        except OSError:  # none yet, or a system spool this user may not list: the daemon adopts
             return
         for name in sorted(names):
-            pid = name.split("-", 1)[0]
-            if not name.endswith(".jsonl") or not pid.isdigit() or _pid_alive(int(pid)):
+            pid = spool.writer_pid(name)
+            if pid is None or spool.pid_alive(pid):
                 continue
-            mine = self.spool_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+            try:
+                if os.stat(self.spool_dir / name, follow_symlinks=False).st_uid != os.getuid():
+                    continue  # another user's: only the daemon replays it, as that user
+            except FileNotFoundError:
+                continue
+            mine = self.spool_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}{spool.SUFFIX}"
             try:
                 os.rename(self.spool_dir / name, mine)  # atomic: one adopter wins
             except FileNotFoundError:
@@ -434,14 +461,19 @@ class DaemonTransport(Transport):
                 return  # left under our pid; the next adopter after us takes it
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def spool_dir_for(cfg: Config, path: Path, chosen: Path | None = None) -> tuple[Path, int]:
+    """The spool directory for events to the daemon at `path`, and the mode of its files: the
+    system spool (which that daemon reads) when talking to the system daemon and it exists,
+    else this user's own."""
+    system_dir = paths.spool_dir(True)
+    if chosen is not None or cfg.spool_dir:
+        directory = chosen or Path(cfg.spool_dir)
+    elif path == paths.default_socket_path(True) and os.access(system_dir, os.W_OK | os.X_OK):
+        directory = system_dir
+    else:
+        directory = paths.spool_dir(False)
+    return directory, spool.file_mode(directory)
+
 
 
 class EmbeddedTransport(Transport):

@@ -20,6 +20,7 @@ from gpuwatch.config import Config, ConfigError
 from gpuwatch.daemon.ingest import IngestServer
 from gpuwatch.daemon.notify import Notifier
 from gpuwatch.runs_watch import RunsWatch
+from gpuwatch.daemon.spool import SpoolAdopter
 from gpuwatch.daemon.stalls import StallWatch
 from gpuwatch.sampler import Sampler
 from gpuwatch.store import StoreError, Writer, health
@@ -93,6 +94,10 @@ class Daemon:
             runs_watch = RunsWatch(self.writer)
             runs_watch.start()
             self._on_stop.append(runs_watch.stop)
+            # Events spooled by clients that ended or died while the daemon was away.
+            adopter = SpoolAdopter(self.cfg, self.writer)
+            adopter.start()
+            self._on_stop.append(adopter.stop)
             stall_watch = StallWatch(self.writer, self.cfg)
             stall_watch.start()
             self._on_stop.append(stall_watch.stop)

@@ -228,20 +228,26 @@ class StoreCollector:
             if v["throttle_reasons"] is not None:
                 reasons.add_metric(labels, v["throttle_reasons"])
                 throttled.add_metric(labels, 1 if v["throttle_reasons"] & THROTTLED_MASK else 0)
-        families += [reasons, throttled, self._gpu_up(infos, rows), self._users(conn, rows)]
+        families += [reasons, throttled, self._gpu_up(infos, rows, latest), self._users(conn, rows)]
         labels_by_gpu = {g.gpu_index: labels for (g, _), labels in zip(rows, gpu_labels)}
         _add_mig_series(conn, families, labels_by_gpu)
         families += _prof_families(conn, labels_by_gpu, fresh_after)
         return families, max((s.ts_ms for s in latest.values()), default=None)
 
-    def _gpu_up(self, infos: list, fresh: list) -> object:
-        """Every GPU the host ever had: 0 when lost or no longer sampled, so an alert can fire."""
+    def _gpu_up(self, infos: list, fresh: list, latest: dict) -> object:
+        """Every GPU the host ever had: 0 when lost, not responding or no longer sampled (the
+        `reason` label says which), so an alert can fire."""
         ok = {gpu.gpu_index for gpu, _ in fresh}
-        up = _family("gpuwatch_gpu_up", "1 while the GPU answers and is sampled; 0 when it is lost.",
-                     GPU_LABELS)
+        up = _family("gpuwatch_gpu_up", "1 while the GPU answers and is sampled; 0 when it is lost, "
+                     "not responding (its NVML calls block) or not sampled lately: see `reason`.",
+                     GPU_LABELS + ("reason",))
         for g in infos:
+            s = latest.get(g.gpu_index)
+            state = s.state if s is not None and g.state == "ok" else g.state
+            reason = ("" if g.gpu_index in ok else "lost" if state == "lost"
+                      else "not responding" if state == "hung" else "no recent sample")
             up.add_metric([str(g.gpu_index), g.uuid or "", g.pci_bus_id or "", f"nvidia{g.gpu_index}",
-                           g.name or "", self.hostname], 1 if g.gpu_index in ok else 0)
+                           g.name or "", self.hostname, reason], 1 if g.gpu_index in ok else 0)
         return up
 
     def _users(self, conn: sqlite3.Connection, fresh: list) -> object:

@@ -29,7 +29,7 @@ HOST_QUERIES = (
 )
 GPU_QUERIES = HOST_QUERIES + (
     'max by (__name__, %s, gpu) ({__name__=~"%s"})' % (TARGET, "|".join(GPU_VALUES)),
-    f"max by ({TARGET}, gpu, modelName) (gpuwatch_gpu_up)",
+    f"max by ({TARGET}, gpu, modelName, reason) (gpuwatch_gpu_up)",
     f"max by ({TARGET}, gpu, user) (gpuwatch_gpu_user_memory_bytes)",
 )
 JOB_QUERIES = HOST_QUERIES + ('{__name__=~"%s"}' % "|".join(RUN_METRICS),)
@@ -156,13 +156,15 @@ def _gpus(series: list[dict], names: dict, targets: set) -> list[FleetGpu]:
         elif "modelName" in m:
             entry["model"] = m["modelName"]
             entry["gpuwatch_gpu_up"] = r["value"][1]
+            entry["reason"] = m.get("reason", "")
         else:
             entry[m["__name__"]] = r["value"][1]
     gpus = []
     for (host, index), v in values.items():
         used, free = v.get("DCGM_FI_DEV_FB_USED"), v.get("DCGM_FI_DEV_FB_FREE")
         lost = v.get("gpuwatch_gpu_up") == 0
-        state = "lost" if lost else "throttled" if v.get("gpuwatch_gpu_throttled") == 1 else "ok"
+        state = ("not responding" if lost and v.get("reason") == "not responding" else "lost" if lost
+                 else "throttled" if v.get("gpuwatch_gpu_throttled") == 1 else "ok")
         gpus.append(FleetGpu(
             host=host, index=int(index), model=v["model"], util_pct=v.get("DCGM_FI_DEV_GPU_UTIL"),
             mem_used_bytes=None if used is None else round(used * MIB),

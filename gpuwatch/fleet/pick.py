@@ -72,7 +72,7 @@ def choose(candidates: list[Candidate], count: int, mem_bytes: int, max_util: fl
 # Samples are read GPU by GPU (every_gpu) so the window seeks the (gpu_index, ts_ms) key.
 _LOCAL_SQL = f"""
 SELECT g.gpu_index, min(g.mem_free_bytes), avg(g.gpu_util_pct),
-       max(CASE WHEN g.state = 'lost' THEN 1 ELSE 0 END) OR max(i.state = 'lost')
+       max(CASE WHEN g.state IN ('lost', 'hung') THEN 1 ELSE 0 END) OR max(i.state IN ('lost', 'hung'))
 FROM gpu_samples g JOIN gpus i USING (gpu_index)
 WHERE g.gpu_index IN {every_gpu('gpu_samples')} AND g.ts_ms >= ?
 GROUP BY g.gpu_index ORDER BY g.gpu_index

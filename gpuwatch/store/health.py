@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,16 +38,6 @@ class StoreHealth:
                 "kept spooled)")
 
 
-def free_bytes(path) -> int | None:
-    """Bytes free to this process on the filesystem holding `path` (its directory if it is gone)."""
-    for where in (path, os.path.dirname(os.path.abspath(path))):
-        try:
-            return shutil.disk_usage(where).free
-        except OSError:
-            continue
-    return None
-
-
 def report_path(socket_path) -> Path:
     return Path(socket_path).parent / FILE_NAME
 
@@ -60,9 +49,13 @@ def publish(socket_path, health: StoreHealth | None) -> None:
         target.unlink(missing_ok=True)
         return
     tmp = target.with_name(f".{FILE_NAME}.{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(health)))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)
+    try:
+        tmp.write_text(json.dumps(asdict(health)))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except OSError as e:  # e.g. the socket's directory is on the full disk too
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(target)) from None
 
 
 def read(db_path, socket_paths=()) -> StoreHealth | None:

@@ -38,7 +38,8 @@ class GpuInfo:
     cuda_driver_version: str | None
     first_seen_ms: int
     last_seen_ms: int
-    state: str
+    state: str  # ok | lost | hung (its NVML calls block: "not responding")
+    state_since_ms: int | None  # when it entered that state
 
 
 @dataclass(frozen=True)

@@ -407,6 +407,12 @@ CREATE TABLE profile_breakdowns (
 );
 """
 
+# A GPU's state may now also be 'hung' (its NVML calls block: "not responding"), and says
+# since when it has been in that state.
+_GPU_STATE_SINCE = """
+ALTER TABLE gpus ADD COLUMN state_since_ms INTEGER;  -- when `state` last changed
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
 # An entry is an SQL script, or a function given the connection inside the migration's
 # transaction, for what SQL alone cannot do (sqlite-utils' FTS set-up, `table.transform()`).
@@ -416,5 +422,5 @@ CREATE TABLE profile_breakdowns (
 Migration = str | Callable[[sqlite3.Connection], None]
 MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
                                _GENERATION_MEMORY, _ALWAYS_ON, search.add_search,
-                               _PROFILE_BREAKDOWNS]
+                               _PROFILE_BREAKDOWNS, _GPU_STATE_SINCE]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -22,7 +22,8 @@ import time
 from typing import Callable, Iterable, Mapping, Sequence
 
 from gpuwatch.store.db import StoreError, now_ms, open_rw
-from gpuwatch.store.health import StoreHealth, free_bytes
+from gpuwatch.diskfull import free_bytes, show_bytes as _bytes
+from gpuwatch.store.health import StoreHealth
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class Writer:
         # Early retention for a full disk (None: maintenance.reclaim_raw, the oldest raw samples).
         self.reclaim: Callable[[sqlite3.Connection], object] | None = None
         self._reclaimed_at = 0.0
+        self._reclaim_told = False  # early retention's outcome was logged in this episode
         self._ok_since: float | None = None  # while failing: when writes began to work again
         self._housekept_at = time.monotonic()
         self.wal_pinned_bytes = 0  # WAL size when a pinned reader was reported; 0 = not pinned
@@ -230,10 +232,11 @@ class Writer:
         if self.health is None:
             self.health = StoreHealth(str(self.path), problem, error, now_ms(), free_bytes(self.path),
                                       pid=os.getpid())
+            unpublished = self._publish()
             log.warning("store: cannot write %s: %s (%s); %s bytes free on its filesystem. "
                         "Samples are dropped and workloads keep their events spooled until it "
-                        "works again", self.path, problem, error, _bytes(self.health.free_bytes))
-            self._publish()
+                        "works again%s", self.path, problem, error, _bytes(self.health.free_bytes),
+                        f"; readers cannot be told either ({unpublished})" if unpublished else "")
         self.health.failed_jobs += jobs
         if problem == _STORAGE_CODES[_SQLITE_FULL] and time.monotonic() - self._reclaimed_at >= RECLAIM_EVERY_S:
             self._reclaimed_at = time.monotonic()
@@ -250,16 +253,23 @@ class Writer:
 
     def _recovered(self) -> None:
         health, self.health = self.health, None
+        self._reclaim_told = False
         log.info("store: writing %s again after %.0f s; %d writes failed meanwhile",
                  self.path, (now_ms() - health.since_ms) / 1000, health.failed_jobs)
         self._publish()
 
-    def _publish(self) -> None:
+    def _publish(self) -> str:
+        """Hand `health` to on_health; '' or why it could not be. A report that cannot be
+        written (its disk is full too) is said once, in the episode's warning, not per retry."""
         if self.on_health is not None:
             try:
                 self.on_health(self.health)
+            except OSError as e:
+                return f"{e.filename or 'the health report'}: {e.strerror or e}"
             except Exception:
                 log.exception("store: publishing the store's health failed")
+                return "publishing failed"
+        return ""
 
     def _reclaim(self) -> None:
         """Win space back on a full disk: empty the WAL, then retention early (raw tier first)."""
@@ -267,14 +277,17 @@ class Writer:
 
         if self.conn is None:
             return
+        # Said once an episode: every RECLAIM_EVERY_S of a long one would be a line each.
+        level, self._reclaim_told = (logging.DEBUG if self._reclaim_told else logging.INFO), True
         try:
             self._checkpoint()
-            log.info("store: early retention on a full disk: %s; %s bytes free now",
-                     (self.reclaim or reclaim_raw)(self.conn), _bytes(free_bytes(self.path)))
+            log.log(level, "store: early retention on a full disk: %s; %s bytes free now",
+                    (self.reclaim or reclaim_raw)(self.conn), _bytes(free_bytes(self.path)))
         except sqlite3.Error as e:
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
-            log.info("store: early retention could not run yet: %s", e)
+            log.log(level, "store: early retention could not run yet (%s); tried again every %g s",
+                    e, RECLAIM_EVERY_S)
 
     def _reopen(self) -> sqlite3.Connection:
         """A connection to the file at `path` now (after it was deleted or replaced); a file
@@ -350,6 +363,3 @@ def _identity(path) -> tuple[int, int] | None:
         return None
     return st.st_dev, st.st_ino
 
-
-def _bytes(n: int | None) -> str:
-    return "unknown" if n is None else f"{n:,}"

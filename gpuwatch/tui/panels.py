@@ -78,7 +78,7 @@ def gpu_cells(g: GpuRow, width: int) -> list[Text]:
     head_w, bar_w, pct_w, prof_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
     narrow = width < NARROW
     cells = [Text(f"{g.index:>3} " + (f"{g.name[:head_w - 5]:<{head_w - 5}} " if head_w > 4 else ""))]
-    if g.state == "lost":
+    if g.state != "ok":  # lost or not responding: no values
         cells += [Text(" " * w) for w in (bar_w, pct_w, prof_w, spark_w, mem_bar_w, mem_w, temp_w, power_w)]
     else:
         used = (fmt.size(g.mem_used_bytes) if narrow
@@ -155,9 +155,14 @@ def host_line(host: HostRow | None, width: int) -> Text:
 def status_line(snap: Snapshot) -> tuple[Text, Text | None]:
     """The top line as (words, clock): data age or why there is no data, in plain words."""
     trouble = snap.staleness()
+    if snap.spooled:
+        trouble = f"{trouble} · {snap.spooled}" if trouble else snap.spooled
     if trouble:
         return Text(f"⚠ {trouble}", style="bold yellow"), None
-    return Text("live · updated ", style="dim"), Text(fmt.local_time(snap.data_ms, with_date=False), style="dim")
+    clock = Text(fmt.local_time(snap.data_ms, with_date=False), style="dim")
+    if snap.notice:
+        return Text(f"{snap.notice} ", style="yellow"), clock  # at 80 columns: no room for "updated"
+    return Text("live · updated ", style="dim"), clock
 
 
 STATUS_STYLES = {"running": "green", "finished": "blue", "failed": "red", "oom": "bold red",

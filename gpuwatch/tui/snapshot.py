@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpuwatch import fmt
+
 if TYPE_CHECKING:  # the fleet's model loads only with the Fleet screen
     from gpuwatch.fleet.model import Fleet
 
@@ -58,7 +60,8 @@ class MigRow:
 class GpuRow:
     index: int
     name: str
-    state: str = "ok"                      # ok | lost
+    state: str = "ok"                      # ok | lost | hung (NVML calls on it block)
+    state_since_ms: int | None = None      # when it entered that state
     util_pct: float | None = None
     util_history: tuple[float | None, ...] = ()   # last minutes, oldest first
     util_history_slot: int = 0             # the first one's slot number since the epoch (sparks.SPARK_SLOT_MS)
@@ -80,6 +83,8 @@ class GpuRow:
         """What is wrong with this GPU, in words; empty when nothing is."""
         if self.state == "lost":
             return ["LOST"]
+        if self.state == "hung":
+            return [fmt.gpu_state(self.state, self.state_since_ms).upper().replace("SINCE", "since")]
         words = throttle_words(self.throttle_reasons)
         if self.ecc_uncorrected:
             words.append(f"ECC errors: {self.ecc_uncorrected}")
@@ -250,16 +255,19 @@ class Snapshot:
     capacity: CapacityRow | None = None    # view "capacity": the newest capacity study
     fleet: Fleet | None = None             # view "fleet": every host's GPUs and jobs, from Prometheus
     problem: str | None = None             # the store could not be read: why
+    notice: str | None = None              # a line shown while the data is live (e.g. no daemon)
+    spooled: str | None = None             # events waiting in a spool for the daemon: how many, where
+    stale_after_ms: int = 15_000           # data older than this: the daemon is away
 
-    def staleness(self, stale_after_ms: int = 15_000) -> str | None:
+    def staleness(self) -> str | None:
         """A plain sentence when the data is old (the daemon stopped), else None."""
         if self.problem:
             return self.problem
         if self.data_ms is None:
             return "no samples yet: is the daemon running?"
         age = self.now_ms - self.data_ms
-        if age > stale_after_ms:
+        if age > self.stale_after_ms:
             # Whole minutes: the line then changes once a minute, not every refresh.
             old = f"{age // 60_000} min" if age >= 60_000 else "less than a minute"
-            return f"daemon not running: data is {old} old"
+            return f"daemon not running: data is {old} old; live again by itself when it is back"
         return None

@@ -10,8 +10,10 @@ import json
 import sqlite3
 from collections import Counter
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Callable
 
+from gpuwatch import spool
 from gpuwatch.store import StoreError, health, now_ms, open_ro, postmortems, profiles, queries
 from gpuwatch.store.energy import EnergyLedger, RunEnergy
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
@@ -141,9 +143,16 @@ def with_migs(gpus: list[GpuRow], devices: list[queries.MigDevice],
 
 
 class StoreSource:
-    def __init__(self, db_path: str, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(self, db_path: str, clock: Callable[[], int] = now_ms, stale_after_ms: int = 15_000,
+                 notice: str | None = None, spool_dirs: list[Path] = ()) -> None:
+        """`stale_after_ms`: data older than this is shown as "daemon not running" (a few of
+        its intervals); `notice`: a line shown while the data is live (no daemon: who samples);
+        `spool_dirs`: where events may wait for the daemon (gpuwatch/spool.py)."""
         self.db_path = db_path
+        self.spool_dirs = list(spool_dirs)
         self.clock = clock
+        self.stale_after_ms = stale_after_ms
+        self.notice = notice
         self.conn: sqlite3.Connection | None = None
         self.sparks = SparkHistory()
         self.last: tuple[tuple, Snapshot] | None = None  # (what it was read for, the snapshot)
@@ -158,7 +167,8 @@ class StoreSource:
         self.energy = None
 
     def fetch(self, view: View) -> Snapshot:
-        snap = self._fetch(view)
+        snap = replace(self._fetch(view), stale_after_ms=self.stale_after_ms, notice=self.notice,
+                       spooled=spool.waiting_line(self.spool_dirs) if self.spool_dirs else None)
         trouble = health.read(self.db_path)  # the daemon cannot write: the banner says why
         return snap if trouble is None else replace(snap, problem=trouble.line())
 
@@ -226,8 +236,11 @@ class StoreSource:
             p = prof.get(info.gpu_index)
             history = histories[info.gpu_index]
             lost = info.state == "lost" or (s is not None and s.state == "lost")
+            hung = s is not None and s.state == "hung"
             gpus.append(GpuRow(
-                index=info.gpu_index, name=info.name or info.uuid, state="lost" if lost else "ok",
+                index=info.gpu_index, name=info.name or info.uuid,
+                state="lost" if lost else "hung" if hung else "ok",
+                state_since_ms=info.state_since_ms if hung else None,
                 util_pct=s and s.gpu_util_pct, util_history=history, util_history_slot=first_slot,
                 mem_used_bytes=s and s.mem_used_bytes, mem_total_bytes=info.mem_total_bytes,
                 temp_c=s and s.temp_c, power_mw=s and s.power_mw, power_limit_mw=info.power_limit_mw,

@@ -33,7 +33,8 @@ SORTS = {
     "free memory": lambda g: (-(g.mem_free_bytes or 0), g.host, g.index),
     "user": lambda g: (g.users[0][0] if g.users else "~", g.host, g.index),
 }
-STATE_STYLES = {"ok": "green", "throttled": "yellow", "lost": "bold red", "down": "bold red"}
+STATE_STYLES = {"ok": "green", "throttled": "yellow", "lost": "bold red", "not responding": "bold red",
+                "down": "bold red"}
 
 
 def is_free(g: FleetGpu) -> bool:

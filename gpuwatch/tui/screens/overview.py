@@ -91,7 +91,7 @@ class OverviewScreen(UserFiltered):
             rows = [[panels.gpu_header(width)]]
             for g in snap.gpus:
                 rows.append(panels.gpu_cells(g, width))
-                if g.state != "lost":  # its MIG devices, a line each
+                if g.state == "ok":  # its MIG devices, a line each
                     rows.extend([panels.mig_line(g.index, m, width)] for m in g.migs)
             widths = panels.gpu_widths(width)
         elif not snap.driver:

@@ -1,0 +1,166 @@
+"""Spools of clients that died, adopted by the daemon and replayed as their file's owner.
+
+A client that cannot reach the daemon appends its events to a spool file (gpuwatch/spool.py)
+and replays them itself once the daemon is back. When it ended or died first, nobody would:
+the daemon looks at start and every cfg.spool_scan_interval for spool files whose writer has
+exited, replays their events with their own ids (idempotent: a replay racing the client's own
+stores each event once) and deletes them. A run marked `lost` meanwhile gets its real end.
+
+Whose events they are comes from the file, never from its name or content: it is opened with
+O_NOFOLLOW and its owner uid read with fstat, then used as SO_PEERCRED's uid is on the socket,
+so the usual rule holds: a uid writes only to runs it created. A user-mode daemon takes files
+of its own uid only. A file refused (another uid's in a user spool, a link, not a regular file)
+is logged once and left where it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import stat
+import threading
+from pathlib import Path
+
+from gpuwatch import protocol, spool
+from gpuwatch.config import Config
+from gpuwatch.daemon.ingest import user_name
+from gpuwatch.store import Writer
+from gpuwatch.store.events import Peer, apply_events
+
+log = logging.getLogger(__name__)
+
+COMMIT_WAIT_S = 60.0
+
+
+class SpoolAdopter:
+    def __init__(self, cfg: Config, writer: Writer):
+        self.dir: Path = cfg.spool_path
+        self.interval = cfg.spool_scan_interval
+        self.system = cfg.system
+        self.writer = writer
+        self._refused: set[tuple[int, int]] = set()  # (st_dev, st_ino) already logged
+        self._task: asyncio.Task | None = None
+
+    def prepare(self) -> None:
+        """System mode: the shared spool directory, which every user may add files to."""
+        if not self.system:
+            return
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.dir, spool.SYSTEM_DIR_MODE)
+        except OSError as e:
+            log.warning("spool directory %s unusable (%s): clients keep their events in their own "
+                        "data directory and replay them themselves", self.dir, e.strerror or e)
+
+    def start(self) -> None:
+        """Adopt now, then every interval, on the running asyncio loop (the files are read in
+        a worker thread)."""
+        self.prepare()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.scan)
+            except Exception:  # one bad file or a full disk must not end adoption for good
+                log.exception("spool: adopting orphaned spool files failed")
+            await asyncio.sleep(self.interval)
+
+    def scan(self) -> int:
+        """Replay every spool file whose writer has exited; returns the events stored."""
+        try:
+            names = sorted(os.listdir(self.dir))
+        except OSError:
+            return 0
+        stored = 0
+        for name in names:
+            pid = spool.writer_pid(name)
+            if pid is not None:
+                stored += self._adopt(self.dir / name, pid)
+        return stored
+
+    def _adopt(self, path: Path, pid: int) -> int:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return 0  # replayed by its client meanwhile
+        except OSError as e:
+            st = os.lstat(path) if os.path.lexists(path) else None
+            self._refuse(path, st, f"cannot open it ({e.strerror or e})")
+            return 0
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            why = self._not_acceptable(st)
+            if why:
+                self._refuse(path, st, why)
+                return 0
+            if not spool.writer_gone(pid, st.st_mtime):
+                return 0  # its client is alive and replays it itself
+            data = f.read()
+        return self._replay(path, st.st_uid, pid, data)
+
+    def _not_acceptable(self, st: os.stat_result) -> str:
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        if st.st_nlink != 1:
+            return "it has other hard links"
+        if not self.system and st.st_uid != os.getuid():
+            return f"owned by uid {st.st_uid}, not by this daemon's user ({os.getuid()})"
+        return ""
+
+    def _refuse(self, path: Path, st: os.stat_result | None, why: str) -> None:
+        key = (st.st_dev, st.st_ino) if st is not None else (0, hash(str(path)))
+        if key not in self._refused:
+            self._refused.add(key)
+            log.warning("spool file %s refused: %s", path, why)
+
+    def _replay(self, path: Path, uid: int, pid: int, data: bytes) -> int:
+        events, unreadable = [], 0
+        for line in data.split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                events.append(protocol.validate_event(json.loads(line))[0])
+            except (ValueError, protocol.ProtocolError):
+                unreadable += 1  # e.g. the last line of a process killed mid-write
+        peer = Peer(uid, user_name(uid), pid, "daemon")
+        stored, refused = 0, []
+        for start in range(0, len(events), protocol.MAX_EVENTS_PER_BATCH):
+            outcome = self._apply(events[start:start + protocol.MAX_EVENTS_PER_BATCH], peer)
+            if outcome is None:
+                return stored  # the database cannot take them now: the file stays for the next scan
+            stored += len(outcome.applied)
+            refused += outcome.rejected
+        try:
+            path.unlink()
+        except OSError as e:
+            log.warning("spool file %s replayed but not removed (%s)", path, e.strerror or e)
+        log.info("spool file %s of uid %d (pid %d, exited): %d events stored%s", path, uid, pid, stored,
+                 f", {unreadable} unreadable lines skipped" if unreadable else "")
+        if refused:
+            log.warning("spool file %s of uid %d: %d events refused, first: %s", path, uid,
+                        len(refused), refused[0][2])
+        return stored
+
+    def _apply(self, events: list[dict], peer: Peer):
+        """apply_events in the writer thread; its Outcome once committed, None if not stored."""
+        done = threading.Event()
+        result: list = []
+        committed: list[bool] = []
+
+        def job(conn) -> None:
+            result.append(apply_events(conn, events, peer))
+
+        def on_commit(ok: bool) -> None:
+            committed.append(ok)
+            done.set()
+
+        if not self.writer.submit(job, on_commit, timeout=COMMIT_WAIT_S) or not done.wait(COMMIT_WAIT_S):
+            return None
+        return result[0] if committed[0] and result else None
