@@ -17,7 +17,10 @@ from typing import Any, Mapping
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on 3.10
-    import tomli as tomllib
+    try:
+        import tomli as tomllib
+    except ImportError:  # a `gpuwatch run` child's own Python 3.10 env: files need tomli
+        tomllib = None
 
 from gpuwatch import paths
 
@@ -25,7 +28,8 @@ ENV_PREFIX = "GPUWATCH_"
 # GPUWATCH_* variables that are not config keys: the config file's path, and the run id that
 # `gpuwatch run` hands its child so an instrumented child joins the wrapper's run, and the
 # switch for its zero-code hooks (read by the bootstrap).
-NOT_CONFIG_ENV = {"GPUWATCH_CONFIG", "GPUWATCH_RUN_ID", "GPUWATCH_INSTRUMENT"}
+# The bootstrap's note path says where a child that cannot be instrumented explains why.
+NOT_CONFIG_ENV = {"GPUWATCH_CONFIG", "GPUWATCH_RUN_ID", "GPUWATCH_INSTRUMENT", "GPUWATCH_BOOTSTRAP_NOTE"}
 
 
 class ConfigError(ValueError):
@@ -127,6 +131,10 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
 
 
 def _read_file(path: Path) -> dict[str, Any]:
+    if tomllib is None:
+        if path.exists():
+            raise ConfigError(f"{path}: reading it on Python 3.10 needs tomli (pip install tomli)")
+        return {}
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import click
 
@@ -27,6 +30,14 @@ def _end_state(run_id: str) -> dict:
     except (OSError, ValueError):
         return {}
     return state if isinstance(state, dict) else {}
+
+
+def _bootstrap_note(path: Path) -> str | None:
+    """The line a Python child's bootstrap left when it could not instrument that interpreter."""
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _wait_forwarding(pid: int) -> int:
@@ -84,11 +95,12 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     `gpu_env` is added to the command's environment (CUDA_VISIBLE_DEVICES from --pick); with
     `instrument`, a Python child gets the bootstrap that hooks torch when it imports it."""
     from collectors.host import cgroup_oom_kills
+    from gpuwatch.cli import child_path
     from gpuwatch.client import metadata
     from gpuwatch.client.run import ENV_RUN_ID, new_run_id
     from gpuwatch.client.transport import connect
-    from gpuwatch.integrations.autohook import BOOTSTRAP_DIR, ENV_INSTRUMENT
     from gpuwatch.clock import elapsed_end_ms
+    from gpuwatch.integrations.autohook import ENV_INSTRUMENT
     from gpuwatch.store import now_ms
 
     cfg = load_config()
@@ -96,7 +108,11 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     # Block before any thread starts (the transport's threads inherit the mask), so every
     # SIGINT/SIGTERM comes to sigtimedwait below instead of interrupting us.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
-    transport = None
+    transport = ingest = None
+    # Short, private and ours alone: the child's import directory, its note, and (with no
+    # daemon) the socket this process serves it on (Unix socket paths are capped at 107 bytes).
+    private = Path(tempfile.mkdtemp(prefix="gpuwatch-run-"))
+    note = private / "note"
     run_id = new_run_id()
     ids = iter(f"wrap-{os.getpid()}-{n}" for n in range(1 << 30))
 
@@ -114,8 +130,15 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
         send("run_start", name=name or default_name(command), **fields)
         transport.flush()  # the run exists before the child can add steps to it
         env = dict(os.environ, **{ENV_RUN_ID: run_id}, **(gpu_env or {}))
+        if transport.mode == "embedded":
+            from gpuwatch.cli.private_ingest import PrivateIngest
+
+            ingest = PrivateIngest(cfg, transport.writer, private / "sock")
+            env["GPUWATCH_SOCKET"] = str(ingest.path)
         if instrument:
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH")) if p)
+            path = child_path.make(private / "path")
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(path), env.get("PYTHONPATH")) if p)
+            env[child_path.ENV_NOTE] = str(note)
         else:
             env[ENV_INSTRUMENT] = "0"
         oom_kills_before = cgroup_oom_kills()
@@ -128,6 +151,10 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
             raise click.ClickException(f"cannot run {command[0]!r}: {e.strerror}") from None
         status = os.waitstatus_to_exitcode(_wait_forwarding(pid))
         state = _end_state(run_id)
+        why = _bootstrap_note(note)
+        if why:
+            send("run_event", seq=time.time_ns() // 1000, event_kind="not_instrumented",
+                 payload={"reason": why})
         if status < 0:
             send("run_end", status="killed", signal=-status, **_kill_cause(pid, -status, oom_kills_before))
             return 128 - status
@@ -139,8 +166,11 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
                  error_message=state.get("error_message"), signal=state.get("signal"))
         return status
     finally:
+        if ingest is not None:
+            ingest.close()
         if transport is not None:
             transport.close()
+        shutil.rmtree(private, ignore_errors=True)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
 

@@ -136,10 +136,11 @@ def _end_line(run) -> str:
     return text
 
 
-def _attached(conn, run_id: str) -> dict:
-    """What an instrumented child told a `gpuwatch run` wrapper's run (config, torch version)."""
-    row = conn.execute("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached' "
-                       "ORDER BY seq LIMIT 1", (run_id,)).fetchone()
+def _attached(conn, run_id: str, kind: str = "attached") -> dict:
+    """What an instrumented child told a `gpuwatch run` wrapper's run (config, torch version);
+    with kind 'not_instrumented', why its child could not be instrumented."""
+    row = conn.execute("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = ? "
+                       "ORDER BY seq LIMIT 1", (run_id, kind)).fetchone()
     try:
         payload = json.loads(row[0]) if row and row[0] else {}
     except ValueError:
@@ -183,7 +184,7 @@ def loss_lines(run_id: str, steps, colour: bool) -> list[str]:
 
 def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energy=None,
               energy_tokens: int | None = None, colour: bool = False, notes=(),
-              breakdown: dict | None = None) -> str:
+              breakdown: dict | None = None, not_instrumented: str | None = None) -> str:
     out = []
     add = out.append
     title = f"run {run.run_id}" + (f"  {run.name}" if run.name else "") + f"  [{run.status}]"
@@ -226,6 +227,8 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energ
         add(f"  memory    GPU peak allocated {fmt.size(gpu_peak)}   reserved {fmt.size(reserved)}"
             f"   host RSS peak {fmt.size(rss)}")
         out.extend(loss_lines(run.run_id, steps, colour))
+    elif not_instrumented:
+        add(f"  steps     none: not instrumented: {not_instrumented}")
     else:
         add("  steps     none recorded (not instrumented, or no step() yet)")
     if energy is not None:
@@ -282,7 +285,8 @@ def show_cmd(run_ref, db) -> None:
         text = show_text(run, queries.steps(conn, run.run_id), _attached(conn, run.run_id),
                          _ranks(conn, run), now_ms(), energy=energy, energy_tokens=tokens, colour=colour,
                          notes=queries.notes(conn, run.run_id),
-                         breakdown=profiles.latest_breakdown(conn, run.run_id))
+                         breakdown=profiles.latest_breakdown(conn, run.run_id),
+                         not_instrumented=_attached(conn, run.run_id, "not_instrumented").get("reason"))
     finally:
         conn.close()
     click.echo(text, color=colour)

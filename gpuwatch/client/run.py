@@ -184,6 +184,10 @@ class Run:
         self._send("run_event", seq=self._last_seq, event_kind=kind, payload=dict(payload or {}))
 
     # ---- steps --------------------------------------------------------------------------
+    @property
+    def steps_recorded(self) -> int:
+        return self._step
+
     def mark_compute(self) -> None:
         """Call once the iteration's batch is ready, just before its forward: the time since the
         previous step() is then the step's data wait (stored as data_wait_pct, its share of the

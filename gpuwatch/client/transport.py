@@ -87,13 +87,27 @@ def socket_candidates(cfg: Config) -> list[Path]:
     return found
 
 
-def connect(cfg: Config, **options) -> Transport:
+def _daemon_link(cfg: Config) -> tuple[Path, _Link] | None:
     for path in socket_candidates(cfg):
         try:
-            link = _Link.open(path, timeout=2.0)
+            return path, _Link.open(path, timeout=2.0)
         except (OSError, TransportClosed, protocol.ProtocolError):
             continue
-        return DaemonTransport(cfg, path, link, **options)
+    return None
+
+
+def daemon_answers(cfg: Config) -> bool:
+    """True when a daemon (or a `gpuwatch run` serving its child) answers on a socket of cfg's."""
+    found = _daemon_link(cfg)
+    if found is not None:
+        found[1].close()
+    return found is not None
+
+
+def connect(cfg: Config, **options) -> Transport:
+    found = _daemon_link(cfg)
+    if found is not None:
+        return DaemonTransport(cfg, *found, **options)
     return EmbeddedTransport(cfg)
 
 

@@ -51,10 +51,21 @@ def active() -> "AutoInstrument | None":
     return _active
 
 
+def uninstall() -> "AutoInstrument | None":
+    """Remove the hooks and forget them (the run, if any, is the caller's to end); returns them.
+    gpuwatch.autolog() does this to start afresh: the next training forward finds the model again."""
+    global _active
+    hooks, _active = _active, None
+    if hooks is not None:
+        hooks.switch_off()
+    return hooks
+
+
 class AutoInstrument:
     def __init__(self, torch) -> None:
         self.torch = torch
         self.run: run_mod.Run | None = None
+        self.name: str | None = None  # of the runs these hooks start (gpuwatch.autolog's name=)
         self.model = None  # the outermost module, once found
         self.tally = StepTally()
         self._candidates: dict[int, tuple] = {}  # id(module) -> (module, its tally), until found
@@ -139,7 +150,7 @@ class AutoInstrument:
             precision = _precision(self.torch, module)
             config.setdefault("precision", precision)  # what the OOM advice weighs activations in
             config.setdefault("n_params", _n_params(inner))
-            self.run = run_mod.start_run(config=config, precision=precision,
+            self.run = run_mod.start_run(name=self.name, config=config, precision=precision,
                                          flops_per_token=lambda seq_len: self._fpt and self._fpt(seq_len))
         return self.run
 

@@ -64,15 +64,37 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _not_instrumented(why: str) -> None:
+    """One stderr line, and the same line left where `gpuwatch run` reads it for `gpuwatch show`."""
+    print("gpuwatch: this run is not instrumented: " + why, file=sys.stderr, flush=True)
+    note = os.environ.get("GPUWATCH_BOOTSTRAP_NOTE")  # child_path.ENV_NOTE
+    if note:
+        try:
+            with open(note, "x") as f:  # the first process to fail explains; its children don't repeat
+                f.write(why)
+        except OSError:
+            pass
+
+
 def _safely(callback, module) -> None:
     try:
         callback(module)
+    except ImportError as e:  # our package cannot load in this interpreter
+        _not_instrumented("gpuwatch could not load in {} ({}: {}); install gpuwatch into this "
+                          "environment (pip install gpuwatch)".format(sys.executable, type(e).__name__, e))
+    except SyntaxError as e:
+        _not_instrumented("gpuwatch's code does not compile on this Python {} ({}); run the program "
+                          "with Python >= 3.10".format(sys.version.split()[0], e))
     except Exception as e:  # noqa: BLE001 — our failure must never become the program's
         print(f"gpuwatch: automatic instrumentation is off ({type(e).__name__}: {e})",
               file=sys.stderr, flush=True)
 
 
 def _on_torch(torch) -> None:
+    if sys.version_info < (3, 10):  # this file itself must still load there, to say so
+        _not_instrumented("Python {}.{} is older than the 3.10 gpuwatch's hooks need; run the program "
+                          "with Python >= 3.10 to record its steps".format(*sys.version_info[:2]))
+        return
     from gpuwatch.integrations import autohook
 
     autohook.install(torch)

@@ -1,0 +1,294 @@
+"""Unmodified third-party training code under `gpuwatch run`, against a plain run in the same sitting.
+
+Nothing third-party is committed: pass the checkouts you have (each row runs when its path is
+given). Every script gets tiny sizes on the CPU and local data only (no downloads):
+
+  --nanogpt DIR            karpathy/nanoGPT (train.py, shakespeare_char config, compile off and on;
+                           its prepare.py runs on a generated text file)
+  --hf-examples DIR        a folder with Hugging Face's examples/pytorch/language-modeling/
+                           run_clm.py (the Trainer); a tiny GPT-2 config and a word-level
+                           tokenizer are made locally (needs `datasets` and `evaluate`)
+  --pytorch-examples DIR   pytorch/examples (word_language_model/main.py: parameters updated by
+                           hand with p.data.add_, whole-model torch.save; wikitext-2 trimmed)
+  always                   ours, in bench/realworld/: ema_whole_model.py (EMA by deepcopy,
+                           whole-model checkpoints), lightning_loss_in_step.py (loss in
+                           training_step), accelerate_loop.py (accelerate, no Trainer)
+
+For each: steps recorded / steps done (the script's own log), tokens per step recorded vs the
+true count, the largest loss difference vs the script's own log, median step time (the
+script's own figure) and wall time under gpuwatch over plain, torch.compile recompilations
+(TORCH_LOGS=recompiles) with and without, exit status with and without, and whether the files
+the script wrote are byte-equal. OMP_NUM_THREADS=1 for both runs: on a shared machine torch's
+default thread pool makes timings meaningless (see bench_contention.py).
+
+    .venv/bin/python bench/bench_realworld.py --nanogpt /tmp/nanoGPT --pytorch-examples /tmp/examples
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+GPUWATCH = str(Path(PY).with_name("gpuwatch"))
+OURS = ROOT / "bench" / "realworld"
+STEP_LOSS = re.compile(r"^step (\d+) loss ([\d.]+) time ([\d.]+)ms", re.M)
+
+
+@dataclass
+class Row:
+    name: str
+    cmd: list[str]
+    cwd: Path
+    tokens_per_step: int | list[int]  # the true count: one for every step, or step by step
+    parse: object  # (stdout) -> (steps done, {step: loss}, [step ms])
+    outputs: list[str] = field(default_factory=list)  # files (relative to cwd) to compare
+    env: dict = field(default_factory=dict)
+
+
+def _ours_parse(out: str):
+    found = STEP_LOSS.findall(out)
+    return len(found), {int(s): float(loss) for s, loss, _ in found}, [float(ms) for *_, ms in found]
+
+
+# ---- nanoGPT ---------------------------------------------------------------------------------
+
+def nanogpt_rows(checkout: Path, work: Path) -> list[Row]:
+    tree = work / "nanoGPT"
+    shutil.copytree(checkout, tree, ignore=shutil.ignore_patterns(".git"))
+    data = tree / "data" / "shakespeare_char"
+    lines = [f"{who}: {' '.join(words)}\n" for who, words in
+             ((f"CITIZEN {i % 7}", ["first", "second", "we", "are", "accounted", "poor"][i % 6:] * 3)
+              for i in range(4000))]
+    (data / "input.txt").write_text("".join(lines))
+    subprocess.run([PY, "prepare.py"], cwd=data, check=True, capture_output=True)
+    iters, batch, block = 20, 4, 32
+    base = [PY, "train.py", "config/train_shakespeare_char.py", "--device=cpu", f"--max_iters={iters}",
+            f"--lr_decay_iters={iters}", "--eval_interval=1000", "--eval_iters=2", "--log_interval=1",
+            f"--batch_size={batch}", f"--block_size={block}", "--n_layer=2", "--n_head=2", "--n_embd=32",
+            "--dropout=0.0", "--warmup_iters=2"]
+
+    def parse(out: str):
+        found = re.findall(r"^iter (\d+): loss ([\d.]+), time ([\d.]+)ms", out, re.M)
+        # nanoGPT counts from iter 0; our steps from 1
+        return len(found), {int(i) + 1: float(loss) for i, loss, _ in found}, [float(ms) for *_, ms in found[1:]]
+
+    return [Row(f"nanoGPT, compile {c}", [*base, f"--compile={c}"], tree, batch * block, parse,
+                env={"TORCH_LOGS": "recompiles"}) for c in ("False", "True")]
+
+
+# ---- Hugging Face examples -------------------------------------------------------------------
+
+def _tiny_hf_model(work: Path) -> tuple[Path, Path, Path]:
+    """A GPT-2 config and a word-level tokenizer trained on generated text, saved locally."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, PreTrainedTokenizerFast
+
+    words = ["the", "model", "learns", "to", "count", "tokens", "on", "a", "shared", "server"]
+    text = [" ".join(words[(i * j) % len(words)] for j in range(12)) for i in range(600)]
+    train, valid = work / "train.txt", work / "valid.txt"
+    train.write_text("\n".join(text[:500]) + "\n")
+    valid.write_text("\n".join(text[500:]) + "\n")
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train([str(train)], trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|endoftext|>"]))
+    model_dir = work / "tiny-gpt2"
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="<|endoftext|>",
+                                   bos_token="<|endoftext|>")
+    fast.save_pretrained(model_dir)
+    GPT2Config(vocab_size=len(fast), n_positions=64, n_embd=32, n_layer=2, n_head=2,
+               bos_token_id=fast.eos_token_id, eos_token_id=fast.eos_token_id).save_pretrained(model_dir)
+    return model_dir, train, valid
+
+
+def hf_rows(examples: Path, work: Path) -> list[Row]:
+    model_dir, train, valid = _tiny_hf_model(work)
+    steps, batch, block = 20, 4, 32
+    common = ["--config_name", str(model_dir), "--tokenizer_name", str(model_dir), "--train_file", str(train),
+              "--validation_file", str(valid), "--block_size", str(block), "--seed", "0"]
+    rows = []
+    if (examples / "run_clm.py").exists():
+        def parse_trainer(out: str):
+            losses = [float(v) for v in re.findall(r"'loss': '?([\d.]+)'?", out)]
+            return len(losses), dict(enumerate(losses, 1)), []
+
+        rows.append(Row("HF run_clm.py (Trainer)", [PY, str(examples / "run_clm.py"), *common, "--model_type",
+                        "gpt2", "--do_train", "--max_steps", str(steps), "--per_device_train_batch_size",
+                        str(batch), "--output_dir", "out", "--logging_steps", "1", "--report_to", "none",
+                        "--save_strategy", "no", "--use_cpu", "--disable_tqdm", "true"],
+                        work, batch * block, parse_trainer, ["out/model.safetensors"]))
+    return rows
+
+
+# ---- pytorch/examples ------------------------------------------------------------------------
+
+def pytorch_rows(checkout: Path, work: Path) -> list[Row]:
+    src = checkout / "word_language_model"
+    data = work / "wikitext-tiny"
+    data.mkdir()
+    wiki = src / "data" / "wikitext-2"
+    for name, n in (("train.txt", 400), ("valid.txt", 60), ("test.txt", 60)):
+        # A partial checkout may lack the 10 MB train.txt: its valid.txt trains as well.
+        source = wiki / name if (wiki / name).stat().st_size else wiki / "valid.txt"
+        with open(source) as f:
+            (data / name).write_text("".join(f.readline() for _ in range(n)))
+    bptt, batch = 16, 20
+    # The true tokens per step from the example's own corpus reader: the last bptt window of the
+    # epoch is shorter than the others.
+    sys.path.insert(0, str(src))
+    try:
+        import data as wlm_data
+
+        rows_per_column = len(wlm_data.Corpus(str(data)).train) // batch
+    finally:
+        sys.path.remove(str(src))
+    windows = [min(bptt, rows_per_column - 1 - i) * batch for i in range(0, rows_per_column - 1, bptt)]
+
+    def parse(out: str):
+        # It logs every batch but the first, and its first line sums the losses of batches 0
+        # and 1 (its running total is not reset after batch 0): compare from batch 2 on.
+        found = re.findall(r"\|\s+(\d+)/\s*\d+ batches .*?ms/batch\s+([\d.]+) \| loss\s+([\d.]+)", out)
+        return len(found) + 1, {int(b) + 1: float(loss) for b, _, loss in found[1:]}, \
+            [float(ms) for _, ms, _ in found]
+
+    return [Row("pytorch/examples word_language_model (hand SGD)", [PY, str(src / "main.py"), "--data", str(data),
+                "--epochs", "1", "--emsize", "16", "--nhid", "16", "--nlayers", "1", "--bptt", str(bptt),
+                "--batch_size", str(batch), "--log-interval", "1", "--save", "wlm.pt"],
+                work, windows, parse, ["wlm.pt"])]
+
+
+# ---- ours ------------------------------------------------------------------------------------
+
+def our_rows(work: Path) -> list[Row]:
+    return [Row("EMA deepcopy + torch.save(model)", [PY, str(OURS / "ema_whole_model.py"), "ckpt", "30"],
+                work, 8 * 32, _ours_parse, ["ckpt/model.pt", "ckpt/ema.pt"]),
+            Row("Lightning, loss in training_step", [PY, str(OURS / "lightning_loss_in_step.py"), "30"],
+                work, 8 * 32, _ours_parse),
+            Row("accelerate loop, no Trainer", [PY, str(OURS / "accelerate_loop.py"), "30"],
+                work, 8 * 32, _ours_parse, ["accelerate_state.pt"])]
+
+
+# ---- running and measuring -------------------------------------------------------------------
+
+def _digest(cwd: Path, names: list[str]) -> dict:
+    out = {}
+    for name in names:
+        try:
+            out[name] = hashlib.sha256((cwd / name).read_bytes()).hexdigest()
+        except OSError:
+            out[name] = None
+    for name in names:  # the next run writes them afresh
+        (cwd / name).unlink(missing_ok=True)
+    return out
+
+
+def run_once(row: Row, instrumented: bool, data_home: Path) -> dict:
+    # Fresh caches each run, so neither run reuses the other's compiled graphs or mapped datasets.
+    caches = data_home / "caches"
+    env = dict(os.environ, OMP_NUM_THREADS="1", XDG_DATA_HOME=str(data_home),
+               TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"), HF_HOME=str(caches / "hf"),
+               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **row.env)
+    cmd = [GPUWATCH, "run", "--", *row.cmd] if instrumented else row.cmd
+    started = time.perf_counter()
+    done = subprocess.run(cmd, cwd=row.cwd, env=env, capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - started
+    steps, losses, step_ms = row.parse(done.stdout + done.stderr)
+    return {"rc": done.returncode, "wall": wall, "steps": steps, "losses": losses, "step_ms": step_ms,
+            "recompiles": done.stderr.count("Recompiling function"),
+            "warnings": len(re.findall(r"UserWarning", done.stderr)), "files": _digest(row.cwd, row.outputs),
+            "stderr": done.stderr}
+
+
+def recorded(data_home: Path) -> tuple[int, list, list]:
+    conn = sqlite3.connect(data_home / "gpuwatch" / "gpuwatch.db")
+    try:
+        (run_id,) = conn.execute("SELECT run_id FROM runs WHERE parent_run_id IS NULL "
+                                 "ORDER BY started_ms DESC LIMIT 1").fetchone()
+        rows = conn.execute("SELECT step, tokens, loss FROM steps WHERE run_id = ? ORDER BY step",
+                            (run_id,)).fetchall()
+    finally:
+        conn.close()
+    return len(rows), [t for _, t, _ in rows], {s: loss for s, _, loss in rows}
+
+
+def measure(row: Row, work: Path, repeat: int) -> dict:
+    """Plain and instrumented runs alternated `repeat` times; times are pooled, everything else
+    must hold in every pair."""
+    pairs = []
+    for n in range(repeat):
+        plain = run_once(row, False, work / f"db-plain-{id(row)}-{n}")
+        home = work / f"db-{id(row)}-{n}"
+        pairs.append((plain, run_once(row, True, home), recorded(home)))
+    plain, instr, (n, tokens, losses) = pairs[0]
+    common = [s for s in plain["losses"] if s in losses and losses[s] is not None]
+    loss_diff = max((abs(plain["losses"][s] - losses[s]) for s in common), default=None)
+    pooled = [sum((p[i]["step_ms"] for p in pairs), []) for i in (0, 1)]
+    step_ms = [statistics.median(times) if times else None for times in pooled]
+    wall = [statistics.median(p[i]["wall"] for p in pairs) for i in (0, 1)]
+    same_files = all(p["files"] == i["files"] and None not in p["files"].values() for p, i, _ in pairs)
+    true = row.tokens_per_step
+    exact = tokens == true if isinstance(true, list) else set(tokens) == {true}
+    return {"row": row.name, "steps": " ".join(f"{r[0]}/{p['steps']}" for p, _, r in pairs),
+            "tokens": "-" if not tokens else ("exact" if exact else "DIFFER"),
+            "loss": "not logged" if not plain["losses"] else (
+                f"{len(common)}/{len(plain['losses'])} steps, max |diff| {loss_diff:.2g}" if common else "missing"),
+            "step": f"{step_ms[1] / step_ms[0]:.3f}" if step_ms[0] and step_ms[1] else "-",
+            "wall": f"{wall[1] / wall[0]:.3f}",
+            "recompiles": " ".join(f"{i['recompiles']} vs {p['recompiles']}" for p, i, _ in pairs[:1]),
+            "exit": " ".join(f"{i['rc']} vs {p['rc']}" for p, i, _ in pairs[:1]),
+            "files": "-" if not row.outputs else ("byte-equal" if same_files else "DIFFER"),
+            "plain stderr": plain["stderr"][-300:] if plain["rc"] else ""}
+
+
+COLUMNS = ["row", "steps", "tokens", "loss", "step", "wall", "recompiles", "exit", "files"]
+HEADERS = ["script", "steps rec/done (each pair)", "tokens/step", "loss vs its log", "step time ×", "wall ×",
+           "recompiles (gw vs plain)", "exit (gw vs plain)", "saved files"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nanogpt", type=Path)
+    parser.add_argument("--hf-examples", type=Path)
+    parser.add_argument("--pytorch-examples", type=Path)
+    parser.add_argument("--only", help="run only the rows whose name contains this")
+    parser.add_argument("--repeat", type=int, default=2, help="plain/instrumented pairs per script")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gw-realworld-") as tmp:
+        work = Path(tmp)
+        rows = our_rows(work)
+        if args.nanogpt:
+            rows += nanogpt_rows(args.nanogpt, work)
+        if args.hf_examples:
+            rows += hf_rows(args.hf_examples, work)
+        if args.pytorch_examples:
+            rows += pytorch_rows(args.pytorch_examples, work)
+        if args.only:
+            rows = [r for r in rows if args.only.lower() in r.name.lower()]
+        results = []
+        for n, row in enumerate(rows, 1):
+            print(f"[{n}/{len(rows)}] {row.name} ...", file=sys.stderr, flush=True)
+            results.append(measure(row, work, args.repeat))
+            if results[-1]["plain stderr"]:
+                print(f"  plain run failed: {results[-1]['plain stderr']}", file=sys.stderr)
+    print(f"load average {os.getloadavg()[0]:.1f}; OMP_NUM_THREADS=1; tiny sizes on the CPU; "
+          f"{args.repeat} plain/gpuwatch pairs per script, alternated; step and wall: median over median")
+    print("| " + " | ".join(HEADERS) + " |")
+    print("|" + "---|" * len(HEADERS))
+    for r in results:
+        print("| " + " | ".join(str(r[c]) for c in COLUMNS) + " |")
+
+
+if __name__ == "__main__":
+    main()

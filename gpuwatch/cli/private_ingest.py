@@ -1,0 +1,87 @@
+"""With no daemon, `gpuwatch run` serves its child's events itself.
+
+The child (whatever its interpreter) then sends over a Unix socket exactly as it would to a
+daemon, and this process writes those events with the daemon's own ingest code into the
+embedded database it already holds. The GPU/host sampler stays in this process too: the
+training process carries no sampler thread and no database writer.
+
+`python -m gpuwatch.cli.private_ingest SOCKET` does the same for gpuwatch.autolog(), which has
+no wrapper process: a helper that serves SOCKET until its stdin closes (its parent exited).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import resource
+import sys
+import threading
+from pathlib import Path
+
+from gpuwatch.config import Config
+from gpuwatch.daemon.ingest import IngestServer
+from gpuwatch.store import Writer
+
+
+class PrivateIngest:
+    """The daemon's IngestServer on `path`, on an event loop in a thread of its own."""
+
+    def __init__(self, cfg: Config, writer: Writer, path: Path):
+        self.path = path
+        self._server = IngestServer(dataclasses.replace(cfg, socket=str(path), system=False), writer)
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self._error: BaseException | None = None
+
+        def serve() -> None:
+            asyncio.set_event_loop(self._loop)
+            # The daemon's start() raises the open-files limit; the child would inherit that.
+            files = resource.getrlimit(resource.RLIMIT_NOFILE)
+            try:
+                self._loop.run_until_complete(self._server.start())
+            except BaseException as e:  # noqa: BLE001 — reported to the caller below
+                self._error = e
+                started.set()
+                return
+            finally:
+                resource.setrlimit(resource.RLIMIT_NOFILE, files)
+            started.set()
+            self._loop.run_forever()
+            self._loop.run_until_complete(self._server.stop())
+            self._loop.close()
+
+        self._thread = threading.Thread(target=serve, name="gpuwatch-run-ingest", daemon=True)
+        self._thread.start()
+        started.wait()
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Stop serving once every connection had its chance to deliver (the child has exited)."""
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10.0)
+
+
+def _main(socket_path: str) -> None:
+    from gpuwatch.client.transport import EmbeddedTransport
+    from gpuwatch.config import load
+
+    cfg = load()
+    transport = EmbeddedTransport(cfg)
+    try:
+        ingest = PrivateIngest(cfg, transport.writer, Path(socket_path))
+        print("ready", flush=True)
+        sys.stdin.buffer.read()  # EOF once the process we serve has exited
+        ingest.close()
+    finally:
+        transport.close()
+        try:
+            os.unlink(socket_path)
+            os.rmdir(os.path.dirname(socket_path))
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])
