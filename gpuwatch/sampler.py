@@ -361,8 +361,7 @@ class Sampler:
                            p.used_mem_bytes, sm, mem, rss, cpu, p.gpu_instance_id,
                            p.compute_instance_id))
         if values:
-            sql = insert_sql("gpu_process_samples", _PROCESS_SAMPLE_COLUMNS, "IGNORE")
-            writes.append(lambda conn: conn.executemany(sql, values))
+            writes.append(_process_inserter(ts, values))
 
     def _write_processes(self, ts: int, pids: set[int], writes: list[Job]) -> None:
         """Upsert `processes` rows for GPU pids: new ones, changed run links, and every so often."""
@@ -482,6 +481,26 @@ def _inserter(table: str, records: list, keep_on_clash: bool = False) -> Job:
             row = list(row)
             while conn.execute(same, row).fetchone() is None and conn.execute(sql, row).rowcount == 0:
                 row[ts_at] += 1
+    return job
+
+
+def _process_inserter(ts: int, values: list[tuple]) -> Job:
+    """Insert one tick of process samples (gpu_index, pid, ts_ms, ...). A GPU whose rows at ts
+    are taken by an earlier tick (the wall clock stepped back onto its very millisecond) has
+    this tick's rows moved together to its next free millisecond: its processes stay one tick,
+    and none is dropped."""
+    sql = insert_sql("gpu_process_samples", _PROCESS_SAMPLE_COLUMNS, "IGNORE")
+    taken = "SELECT 1 FROM gpu_process_samples WHERE gpu_index = ? AND ts_ms = ? LIMIT 1"
+
+    def job(conn: sqlite3.Connection) -> None:
+        moved = {}
+        for gpu in {v[0] for v in values}:
+            at = ts
+            while conn.execute(taken, (gpu, at)).fetchone() is not None:
+                at += 1
+            moved[gpu] = at
+        conn.executemany(sql, [v if moved[v[0]] == ts else (v[0], v[1], moved[v[0]], *v[3:])
+                               for v in values])
     return job
 
 

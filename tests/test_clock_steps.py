@@ -72,8 +72,9 @@ def rollups(conn: sqlite3.Connection) -> set[tuple]:
             for row in conn.execute(f"SELECT '{tier}', * FROM {tier}")}
 
 
-def samples_between(conn: sqlite3.Connection, since: int, until: int) -> int:
-    return conn.execute("SELECT count(*) FROM gpu_samples WHERE ts_ms >= ? AND ts_ms < ?",
+def samples_between(conn: sqlite3.Connection, since: int, until: int,
+                    table: str = "gpu_samples") -> int:
+    return conn.execute(f"SELECT count(*) FROM {table} WHERE ts_ms >= ? AND ts_ms < ?",
                         (since, until)).fetchone()[0]
 
 
@@ -86,6 +87,8 @@ def test_rollups_and_retention_survive_a_step_back_and_a_step_forward(daemon):
     last_hour = (clocks.wall - 50 * MIN, clocks.wall)
     kept = samples_between(conn, *last_hour)
     assert kept == 2 * 50 * 60 // TICK_S
+    kept_processes = samples_between(conn, *last_hour, table="gpu_process_samples")
+    assert kept_processes == kept  # one process per GPU, a row a tick
 
     # Stepped back exactly an hour: every tick now falls on an earlier sample's millisecond.
     clocks.wall -= H
@@ -95,6 +98,8 @@ def test_rollups_and_retention_survive_a_step_back_and_a_step_forward(daemon):
     assert all(row[3] <= per_period for row in after_back if row[0].endswith("_15m"))  # none doubled
     # Nothing expired early, and the 20 of those 30 minutes that fall in that hour are there too.
     assert samples_between(conn, *last_hour) == kept + 2 * 20 * 60 // TICK_S
+    assert samples_between(conn, *last_hour, table="gpu_process_samples") == \
+        kept_processes + 2 * 20 * 60 // TICK_S  # the processes' rows too, none dropped
     # What was sampled after the step is all there: it was written minutes ago.
     since_back = (clocks.wall - 30 * MIN, clocks.wall)
     written_since = samples_between(conn, *since_back)
