@@ -8,12 +8,12 @@ import sqlite3
 import sys
 from pathlib import Path
 
+import jupyter_client.manager as jupyter_client
 import pytest
 
 from gpuwatch import paths
 
 pytest.importorskip("torch")
-jupyter_client = pytest.importorskip("jupyter_client.manager")
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = '''
