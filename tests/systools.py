@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import pytest
 
@@ -15,3 +16,14 @@ def needs_tools(*names: str):
     missing = [name for name in names if shutil.which(name) is None]
     return pytest.mark.skipif(bool(missing) and not os.environ.get("CI"),
                               reason=f"needs {', '.join(missing)} (.ci/run installs it)")
+
+
+def wait_for(predicate, timeout=30.0):
+    """The first truthy value of predicate(), polled every 50 ms; fails after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import subprocess
 import threading
 import time
 
@@ -18,35 +17,12 @@ from gpuwatch.config import Config
 from gpuwatch.daemon.main import Daemon
 from gpuwatch.store import health
 from gpuwatch.store import writer as writer_mod
-from test_hostile import Filler, Records
-
-
-@pytest.fixture
-def one_small_disk(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], capture_output=True).returncode == 0
-    if not mounted:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI runs as root and must be able to mount a tmpfs for the disk-full test")
-        pytest.skip("mounting a 6 MB tmpfs needs root (CI runs this test)")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
-def wait_for(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
+from systools import wait_for
+from test_hostile import Filler, Records, small_disk  # noqa: F401 (a fixture)
 
 
 def test_database_socket_and_health_file_on_one_full_disk_log_three_lines_and_no_traceback(
-        one_small_disk, monkeypatch):
+        small_disk, monkeypatch):
     # Housekeeping every 0.1 s instead of 5 s, early retention every 0.2 s instead of 30 s:
     # 8 s full stand for the 10 minutes of the goal (50x the housekeeping a 10-minute episode has).
     monkeypatch.setattr(writer_mod, "HOUSEKEEPING_S", 0.1)
@@ -56,7 +32,7 @@ def test_database_socket_and_health_file_on_one_full_disk_log_three_lines_and_no
     logger = logging.getLogger("gpuwatch")
     logger.addHandler(records)
     old_level, logger.level = logger.level, logging.DEBUG
-    disk = one_small_disk
+    disk = small_disk
     db, sock = disk / "gpuwatch.db", disk / "gw.sock"
     cfg = Config(db=str(db), socket=str(sock), spool_dir=str(disk / "spool"), interval=0.05,
                  host_interval=0.05, spool_scan_interval=0.1, system=True)
@@ -92,15 +68,15 @@ def test_database_socket_and_health_file_on_one_full_disk_log_three_lines_and_no
     assert [r for r in during if r.levelno >= logging.INFO][0] is episode[0]
 
 
-def test_a_client_spooling_onto_a_full_disk_says_so_once_and_again_once(one_small_disk, caplog):
+def test_a_client_spooling_onto_a_full_disk_says_so_once_and_again_once(small_disk, caplog):
     from gpuwatch.client.transport import DaemonTransport
 
     caplog.set_level(logging.DEBUG, logger="gpuwatch")
-    spool = one_small_disk / "spool"
-    filler = Filler(one_small_disk / "filler")
+    spool = small_disk / "spool"
+    filler = Filler(small_disk / "filler")
     filler.start()
     filler.full.wait(10)
-    away = DaemonTransport(Config(), one_small_disk / "no-daemon.sock", spool_dir=spool, max_backoff=0.05)
+    away = DaemonTransport(Config(), small_disk / "no-daemon.sock", spool_dir=spool, max_backoff=0.05)
     try:
         for i in range(200):  # the daemon is away and the spool's disk is full
             away.send({"id": f"e{i}", "kind": "step", "run_id": "r", "ts_ms": 1 + i, "step": i})
@@ -122,7 +98,7 @@ def test_a_client_spooling_onto_a_full_disk_says_so_once_and_again_once(one_smal
     assert "again" in lines[1].getMessage()
 
 
-def test_a_profiler_trace_that_does_not_fit_leaves_no_half_written_file(one_small_disk):
+def test_a_profiler_trace_that_does_not_fit_leaves_no_half_written_file(small_disk):
     from collectors import torch_profiler
 
     class Prof:  # a trace that fits, but not twice: its gzipped copy runs out of room
@@ -130,7 +106,7 @@ def test_a_profiler_trace_that_does_not_fit_leaves_no_half_written_file(one_smal
             with open(path, "wb") as f:
                 f.write(os.urandom(7 << 19))  # 3.5 MB of the 6 MB, incompressible
 
-    directory = one_small_disk / "profiles"
+    directory = small_disk / "profiles"
     with pytest.raises(OSError) as e:
         torch_profiler.save_trace(Prof(), directory, "scheduled-1", 1 << 30)
     assert e.value.errno == 28  # ENOSPC: the client says so once (gpuwatch/client/profiling.py)

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from gpuwatch import protocol
 from conftest import REPO
+from systools import wait_for
 from test_ingest import Client, Server, events, run_start, step, shared_dir  # noqa: F401 (fixture)
 
 from gpuwatch.config import Config
@@ -260,16 +261,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 def test_a_full_disk_is_one_warning_a_visible_state_and_no_lost_event(small_disk, shared_dir,  # noqa: F811
                                                                        records, monkeypatch):
     import asyncio
@@ -293,7 +284,7 @@ def test_a_full_disk_is_one_warning_a_visible_state_and_no_lost_event(small_disk
     monkeypatch.setenv("GPUWATCH_SOCKET", str(sock))
     filler = Filler(small_disk / "filler")
     try:
-        _wait(sock.exists)
+        wait_for(sock.exists)
         run = gpuwatch.track(name="through-a-full-disk")
         assert run._transport.mode == "daemon"
         for _ in range(20):
@@ -301,7 +292,7 @@ def test_a_full_disk_is_one_warning_a_visible_state_and_no_lost_event(small_disk
         assert run._transport.flush(10)
 
         filler.start()
-        trouble = _wait(lambda: health.read(db, [sock]))
+        trouble = wait_for(lambda: health.read(db, [sock]))
         assert trouble.problem == "disk full" and trouble.path == db
         for _ in range(30):  # the daemon answers `store`: the client keeps these spooled
             run.step(tokens=10)
@@ -309,7 +300,7 @@ def test_a_full_disk_is_one_warning_a_visible_state_and_no_lost_event(small_disk
         run._drain(wait=True)
         assert run._transport.flush(10)
         assert run._transport._spool_exists()  # refused with `store`, kept on the client's disk
-        _wait(lambda: daemon.writer.health.failed_jobs >= 40)  # many failed commits...
+        wait_for(lambda: daemon.writer.health.failed_jobs >= 40)  # many failed commits...
 
         out = CliRunner().invoke(cli, ["status", "--db", db]).output
         assert f"WARNING: the daemon cannot write {db}: disk full" in out
@@ -322,12 +313,12 @@ def test_a_full_disk_is_one_warning_a_visible_state_and_no_lost_event(small_disk
         assert float(dropped[0].split()[1]) > 0
 
         filler.stop()  # space comes back: everything resumes by itself
-        _wait(lambda: health.read(db, [sock]) is None and daemon.writer.health is None)
+        wait_for(lambda: health.read(db, [sock]) is None and daemon.writer.health is None)
         for _ in range(10):
             run.step(tokens=10)
         run.finish()  # flushes and closes the transport: the spool is replayed
         steps = lambda: sqlite3.connect(db).execute("SELECT count(*), sum(tokens) FROM steps").fetchone()  # noqa: E731
-        assert _wait(lambda: steps() == (60, 600), timeout=30)
+        assert wait_for(lambda: steps() == (60, 600), timeout=30)
         with sqlite3.connect(db) as conn:
             assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
             assert conn.execute("SELECT status FROM runs").fetchall() == [("finished",)]
@@ -369,7 +360,7 @@ def test_a_reader_pinning_the_wal_is_reported_once_and_the_wal_shrinks_after(tmp
         source.fetch(View("overview"))
         list(collector.collect())
         fill(4)
-        _wait(lambda: wal() == 0, timeout=10)
+        wait_for(lambda: wal() == 0, timeout=10)
 
         pinned = sqlite3.connect(db, isolation_level=None)
         pinned.execute("BEGIN")
@@ -383,10 +374,10 @@ def test_a_reader_pinning_the_wal_is_reported_once_and_the_wal_shrinks_after(tmp
 
         pinned.execute("COMMIT")  # the reader is done
         pinned.close()
-        _wait(lambda: wal() < writer_mod.WAL_LIMIT_BYTES, timeout=10)
+        wait_for(lambda: wal() < writer_mod.WAL_LIMIT_BYTES, timeout=10)
         assert wal() == 0
         # The log line follows the checkpoint, on the writer's thread: wait for it too.
-        _wait(lambda: any("checkpointed and cut back" in r.getMessage() for r in records.records),
+        wait_for(lambda: any("checkpointed and cut back" in r.getMessage() for r in records.records),
               timeout=10)
         source.close()
         collector.close()
@@ -424,7 +415,7 @@ def test_one_uid_flooding_does_not_hold_up_another_uids_acks(open_server):
     srv = open_server
     flood = subprocess.Popen([sys.executable, "-c", FLOOD, str(srv.cfg.socket_path), "16"])
     try:
-        _wait(lambda: sqlite3.connect(srv.cfg.db_path).execute(
+        wait_for(lambda: sqlite3.connect(srv.cfg.db_path).execute(
             "SELECT count(*) FROM steps WHERE run_id = 'flood'").fetchone()[0] >= 16_000)  # flowing
         done = subprocess.run([sys.executable, "-c", VICTIM, str(srv.cfg.socket_path), "150"],
                               capture_output=True, text=True, timeout=120)
@@ -532,7 +523,7 @@ def test_a_database_deleted_or_replaced_while_open_is_noticed_and_writing_goes_o
     try:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)  # an admin's rm
-        _wait(lambda: db.exists())  # noticed, and a new database made at that path
+        wait_for(lambda: db.exists())  # noticed, and a new database made at that path
         note("after delete")
         assert writer.flush(10)
         assert sqlite3.connect(db).execute("SELECT kind FROM run_events").fetchall() == [("after delete",)]

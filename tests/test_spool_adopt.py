@@ -22,6 +22,7 @@ import pytest
 from gpuwatch.config import Config
 from gpuwatch.daemon.spool import SpoolAdopter
 from gpuwatch.store import Writer
+from systools import wait_for
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -76,16 +77,6 @@ def rows(db, sql, *args):
         return []
     finally:
         conn.close()
-
-
-def wait_for(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def start_daemon(where: Path, mode: str) -> subprocess.Popen:
