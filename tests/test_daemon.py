@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import fake_pynvml
+from systools import wait_for
 from gpuwatch.config import Config, load
 from gpuwatch.daemon.main import Daemon
 from gpuwatch.daemon.notify import Notifier
@@ -60,16 +61,6 @@ def count_when_ready(db, table) -> int:
         return rows(db, f"SELECT count(*) FROM {table}")[0][0] if Path(db).exists() else 0
     except sqlite3.OperationalError:
         return 0
-
-
-def wait_for(predicate, timeout=15.0, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("condition not met in time")
 
 
 def sleeper() -> subprocess.Popen:

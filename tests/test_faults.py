@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from gpuwatch.doctor import Env, check_daemon
+from systools import wait_for
 from gpuwatch.tui.snapshot import View
 from gpuwatch.tui.source import StoreSource
 
@@ -49,16 +50,6 @@ def rows(db, sql, *args):
         return []  # the daemon has not made the schema yet
     finally:
         conn.close()
-
-
-def wait_for(predicate, timeout=20.0, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("condition not met in time")
 
 
 def free_port() -> int:
