@@ -62,3 +62,17 @@ def test_fabric_and_accelerate_loops_go_through_the_generic_hooks(library):
     assert [(s["step"], s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [
         (n, 64, 4, 16) for n in range(1, 5)]
     assert [s["loss"] for s in steps] == pytest.approx(_logged_losses(done.stdout), rel=1e-5)
+
+
+def test_a_loss_outside_forward_stays_right_when_the_loop_changes_its_backward_pattern():
+    """After TRUSTED_AFTER clean iterations the check that a backward runs through the model is
+    left off; an iteration that then backpropagates something else gets no loss, not a wrong one,
+    and the following ones are checked again."""
+    done = gw_run(PY, str(SCRIPTS / "loss_pattern_change.py"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = steps_of(the_run()["run_id"])
+    logged = _logged_losses(done.stdout)
+    assert [s["tokens"] for s in steps] == [128] * 12 + [64] * 6
+    assert [s["loss"] for s in steps[:12]] == pytest.approx(logged[:12], rel=1e-5)
+    assert steps[12]["loss"] is None  # the auxiliary root came first: which one was the loss?
+    assert [s["loss"] for s in steps[13:]] == pytest.approx(logged[13:], rel=1e-5)

@@ -116,7 +116,7 @@ def capture_loss(loss):
         return float(loss)
     if loss.is_cuda:
         return detach().to("cpu", non_blocking=True)
-    if loss.device.type == "cpu":
+    if loss.is_cpu:
         return loss.item()  # reading a CPU tensor costs no more than keeping it
     return detach()
 
@@ -129,22 +129,29 @@ def resolve_loss(captured) -> float | None:
 
 
 class RssReader:
-    """Resident set size of this process from /proc/self/statm (one pread, a few µs)."""
+    """Resident set size of this process from /proc/self/statm: one pread, at most once per
+    `every_s` (a /proc read costs tens of µs in a sandbox's kernel; steps can be milliseconds)."""
 
-    def __init__(self) -> None:
+    def __init__(self, every_s: float = 0.25) -> None:
         self._page = os.sysconf("SC_PAGE_SIZE")
+        self._every_s = every_s
+        self._read_at = -every_s
+        self._last: int | None = None
         try:
             self._fd: int | None = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:  # not Linux
             self._fd = None
 
     def read(self) -> int | None:
-        if self._fd is None:
-            return None
+        now = time.monotonic()
+        if now - self._read_at < self._every_s or self._fd is None:
+            return self._last
+        self._read_at = now
         try:
-            return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
+            self._last = int(os.pread(self._fd, 128, 0).split()[1]) * self._page
         except (OSError, ValueError, IndexError):
-            return None
+            self._last = None
+        return self._last
 
     def close(self) -> None:
         if self._fd is not None:

@@ -33,11 +33,13 @@ def _is_int_tensor(value) -> bool:
 def find_tokens(args: tuple = (), kwargs: Mapping | None = None):
     """(token ids, attention mask or None) from a forward's arguments or a batch; (None, None)
     when no integer tensor is there. A batch may be a tensor, a mapping or a tuple/list."""
-    kwargs = kwargs or {}
-    for key in _TOKEN_KEYS:
-        if _is_int_tensor(kwargs.get(key)):
-            return kwargs[key], kwargs.get(_MASK_KEY)
-    for value in (*args, *kwargs.values()):
+    if not kwargs:  # the usual model(ids): no keyword to look through
+        kwargs = {}
+    else:
+        for key in _TOKEN_KEYS:
+            if _is_int_tensor(kwargs.get(key)):
+                return kwargs[key], kwargs.get(_MASK_KEY)
+    for value in (*args, *kwargs.values()) if kwargs else args:
         if _is_int_tensor(value):
             return value, kwargs.get(_MASK_KEY)
         if isinstance(value, Mapping):
@@ -122,17 +124,25 @@ class StepTally:
             self._summed = normalised_over_step
 
     def add_root(self, loss) -> None:
-        """A scalar the program called backward() on, after a forward of the model."""
-        self._roots.append(loss.detach())
+        """A scalar the program called backward() on, after a forward of the model (detached)."""
+        self._roots.append(loss)
+
+    def forget_roots(self) -> None:
+        self._roots.clear()
 
     def loss(self):
         """The step's loss over its micro-batches (a tensor: read later, without a sync). Roots
         are summed: a loop that divides by its accumulation count before backward() (nanoGPT,
         accelerate) gets the mean micro-batch loss."""
-        if not self._losses:
-            return sum(self._roots) if self._roots else None
-        total = self._losses[0] if len(self._losses) == 1 else sum(self._losses)
-        return total if self._summed else total / len(self._losses)
+        losses = self._losses or self._roots
+        if not losses:
+            return None
+        total = losses[0]  # not sum(): its int start costs a tensor op, as a division by 1 would
+        for loss in losses[1:]:
+            total = total + loss
+        if self._summed or not self._losses or len(losses) == 1:
+            return total
+        return total / len(losses)
 
     def take(self) -> dict:
         """The step's fields for Run.step(), and a fresh tally for the next step."""
@@ -142,12 +152,15 @@ class StepTally:
         return fields
 
 
-def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = False) -> None:
-    """Add one training forward of the model: its token inputs and the loss it returned."""
+def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = False):
+    """Add one training forward of the model: its token inputs and the loss it returned (which
+    this returns, None when it returned none)."""
     ids, mask = find_tokens(args, kwargs)
     tally.add(ids, mask, seq_first)
+    loss = loss_of(output)
     # Hugging Face passes num_items_in_batch when the model divides by the whole step's count.
-    tally.add_loss(loss_of(output), normalised_over_step=kwargs.get("num_items_in_batch") is not None)
+    tally.add_loss(loss, normalised_over_step=kwargs.get("num_items_in_batch") is not None)
+    return loss
 
 
 def sequence_first(model) -> bool:

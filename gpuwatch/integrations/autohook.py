@@ -15,6 +15,9 @@ one iteration count once). A program that never made an optimiser updates its pa
 hand: there a step is each backward through the trained model's output (autograd tells us, via
 a hook on that output's graph node, which vanishes with the graph). The loss is the one the model
 returned, else the scalar the program called backward() on, with AMP's GradScaler scale undone.
+With an optimiser, that hook is left off once TRUSTED_AFTER iterations in a row had one backward
+through the model per forward of it, until an iteration breaks that pattern (its loss is then
+not known, rather than wrong).
 
 Any error in these hooks switches them all off with one warning line: the user's program must
 never break because of us.
@@ -35,6 +38,18 @@ ENV_INSTRUMENT = "GPUWATCH_INSTRUMENT"
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 
 _active: "AutoInstrument | None" = None
+# Iterations in a row whose every backward() ran through the model's output, once per forward of
+# it, after which the hook that checks this (the costliest part of a step) is no longer put on.
+TRUSTED_AFTER = 8
+_forks = 0  # how many forks deep this process is: the hooks' own process knows its depth
+
+
+def _note_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_note_fork)  # DataLoader workers: cheaper than getpid() per call
 
 
 def install(torch) -> "AutoInstrument | None":
@@ -78,10 +93,13 @@ class AutoInstrument:
         self._optimizer_made: bool | None = None  # decided at the first backward through the model
         self._through_model = False  # the running backward reached the model's output
         self._backward_depth = 0  # reentrant checkpointing runs backward() inside a backward
+        self._backwards = 0  # backward() calls in this iteration
+        self._unreached = False  # one of them did not run through the model's output
+        self._clean = 0  # iterations in a row like TRUSTED_AFTER says; -1: one broke the pattern since
         self._open = None  # the module whose top-level forward is under way
         self._scaled = None  # (weakref to GradScaler.scale's output, the scale it applied)
         self._patched: list = []  # (owner, name, original): torch functions we wrapped
-        self._pid = os.getpid()  # forked DataLoader workers inherit the hooks, not the run
+        self._forks = _forks
 
     # ---- set-up and tear-down ----------------------------------------------------------
     def install(self) -> None:
@@ -89,6 +107,7 @@ class AutoInstrument:
         from torch.optim import optimizer as optim_module
 
         self._nn = nn_module
+        self._compiling = self.torch.compiler.is_compiling  # looked up once: every forward asks
         pre = nn_module.register_module_forward_pre_hook(self._enter)
         post = nn_module.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True)
         self._pre_id, self._post_id = pre.id, post.id
@@ -123,7 +142,7 @@ class AutoInstrument:
 
     def _ours(self) -> bool:
         """False in a forked child, after switch-off, or once the script tracks itself."""
-        if self._off or os.getpid() != self._pid:
+        if self._off or _forks != self._forks:  # forked DataLoader workers inherit the hooks, not the run
             return False
         if run_mod.explicit_track_started:
             if self.run is not None:
@@ -159,7 +178,7 @@ class AutoInstrument:
     # hook on the called module (under the same id) brings them back when it returns or raises.
     def _enter(self, module, args) -> None:
         torch = self.torch
-        if torch.compiler.is_compiling() or torch._C._get_tracing_state() or not self._ours():
+        if self._compiling() or torch._C._get_tracing_state() or not self._ours():
             return  # traced by dynamo, jit or export: a no-op, leaving nothing in the graph
         nn = self._nn
         post_id = self._post_id
@@ -183,7 +202,7 @@ class AutoInstrument:
 
     def _leave(self, module, args, kwargs, output) -> None:
         """Also called when the forward raised (output None): before an OOM reaches the run."""
-        if self.torch.compiler.is_compiling():
+        if self._compiling():
             return
         post_id = self._post_id
         if module._forward_hooks.pop(post_id, None) is None:
@@ -191,8 +210,10 @@ class AutoInstrument:
         module._forward_hooks_with_kwargs.pop(post_id, None)
         module._forward_hooks_always_called.pop(post_id, None)
         self._open = None
+        if self._off:
+            return
         self._restore_globals()
-        if self._off or not (module.training and self.torch.is_grad_enabled()):
+        if not (module.training and self.torch.is_grad_enabled()):
             return
         try:
             if self._framework is not None:  # the framework's steps: its callback reads this tally
@@ -206,7 +227,10 @@ class AutoInstrument:
                 tally, seq_first = self.tally, self._seq_first
             else:
                 return
-            count_forward(tally, args, kwargs, output, seq_first)
+            if count_forward(tally, args, kwargs, output, seq_first) is not None and self._optimizer_made:
+                return  # the model's loss and the optimiser's steps: its backward tells nothing more
+            if self._clean >= TRUSTED_AFTER:
+                return  # each backward() runs through this model's output: no need to check
             grad_fn = _first_grad_fn(output)
             if grad_fn is not None:  # the node dies with the graph: nothing stays behind
                 grad_fn.register_prehook(self._reached_model)
@@ -237,10 +261,9 @@ class AutoInstrument:
         nn = getattr(self, "_nn", None)
         if nn is None or self._off:
             return
-        if self._pre_id not in nn._global_forward_pre_hooks:
-            nn._global_forward_pre_hooks[self._pre_id] = self._enter
-        if self._post_id not in nn._global_forward_hooks:
-            nn._global_forward_hooks[self._post_id] = self._leave
+        # (Setting a key that is there keeps its place: no need to look first.)
+        nn._global_forward_pre_hooks[self._pre_id] = self._enter
+        nn._global_forward_hooks[self._post_id] = self._leave
 
     def _wrap_has_any_global_hook(self, original):
         """torch.compile(module) warns about global hooks firing for its wrapper: ours know it."""
@@ -274,11 +297,16 @@ class AutoInstrument:
                 return backward(tensors, *args, **kwargs)
             self._unstrand()
             self._through_model = False
+            self._backwards += 1
             self._backward_depth = 1
             try:
                 result = backward(tensors, *args, **kwargs)
             finally:
                 self._backward_depth = 0
+            if self._clean >= TRUSTED_AFTER:  # unchecked: the root counts when a forward awaits it
+                self._through_model = self._backwards <= self.tally.forwards
+            elif not self._through_model:
+                self._unreached = True
             if self._through_model and self._framework is None and self._ours():
                 try:
                     self._after_backward(tensors)
@@ -298,14 +326,29 @@ class AutoInstrument:
             scaled = self._scaled
             if scaled is not None and scaled[0]() is root:  # GradScaler's scale, undone
                 loss = loss / scaled[1]
-            tallies = [self.tally] if self.model is not None else [c[1] for c in self._candidates.values()]
-            for tally in tallies:
-                tally.add_root(loss)
+            if self.model is not None:
+                self.tally.add_root(loss)
+            else:
+                for _, tally, _ in self._candidates.values():
+                    tally.add_root(loss)
         if self._optimizer_made is None:
             self._optimizer_made = _any_optimizer_made(self.torch)
         if not self._optimizer_made and (self.model is not None or self._choose_model()) \
                 and self.tally.forwards:
             self.run.step(**self.tally.take())
+
+    def _judge_iteration(self) -> None:
+        """At an optimiser step: was each backward() of this iteration one through the model's
+        output, one per forward of it? TRUSTED_AFTER such iterations in a row, and the check is
+        left off; once an unchecked iteration breaks the pattern, it is checked for good."""
+        clean = self._backwards == self.tally.forwards and not self._unreached
+        if self._clean >= TRUSTED_AFTER:
+            self._clean = TRUSTED_AFTER if clean else -1
+            if not clean:  # which root was the loss is unknown: better none than a wrong one
+                self.tally.forget_roots()
+        elif self._clean >= 0:
+            self._clean = self._clean + 1 if clean else 0
+        self._backwards, self._unreached = 0, False
 
     def _wrap_scale(self, scale):
         def recorded_scale(scaler, outputs):
@@ -330,6 +373,7 @@ class AutoInstrument:
             if self.model is None and not self._choose_model():
                 return  # a step with no training forward before it: nothing was trained
             if self.tally.forwards:  # a second optimiser in the same iteration adds nothing
+                self._judge_iteration()
                 self.run.step(**self.tally.take())
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
