@@ -45,7 +45,8 @@ def test_python_dash_m_runs_a_package_and_its_steps_are_recorded(tmp_path, monke
     (package / "train.py").write_text(TRAIN)
     (package / "__main__.py").write_text("from .train import main\n\nmain()\n")
     monkeypatch.chdir(tmp_path)  # `python -m` finds the package in the working directory
-    done = gw_run(PY, "-m", "tinytrain", env=dict(os.environ, PYTHONPATH=str(SCRIPTS)))
+    path = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))  # tiny_model
+    done = gw_run(PY, "-m", "tinytrain", env=dict(os.environ, PYTHONPATH=path))
     assert done.returncode == 0, done.stderr[-3000:]
     run = the_run()
     assert (run["name"], run["status"]) == ("tinytrain", "finished")
