@@ -6,10 +6,15 @@ given). Every script gets tiny sizes on the CPU and local data only (no download
   --nanogpt DIR            karpathy/nanoGPT (train.py, shakespeare_char config, compile off and on;
                            its prepare.py runs on a generated text file)
   --hf-examples DIR        a folder with Hugging Face's examples/pytorch/language-modeling/
-                           run_clm.py (the Trainer); a tiny GPT-2 config and a word-level
-                           tokenizer are made locally (needs `datasets` and `evaluate`)
+                           run_clm.py (the Trainer) and/or run_clm_no_trainer.py (accelerate, no
+                           Trainer); a tiny GPT-2 config and a word-level tokenizer are made
+                           locally (needs `datasets` and `evaluate`)
   --pytorch-examples DIR   pytorch/examples (word_language_model/main.py: parameters updated by
                            hand with p.data.add_, whole-model torch.save; wikitext-2 trimmed)
+  --lightning-examples DIR Lightning-AI/pytorch-lightning's examples/ (pytorch/basics/transformer.py:
+                           the Trainer, loss computed in training_step, lightning.pytorch.demos'
+                           Transformer on a generated data/wikitext-2.txt, so it downloads nothing;
+                           its Trainer is shortened through Lightning's PL_TRAINER_* variables)
   always                   ours, in bench/realworld/: ema_whole_model.py (EMA by deepcopy,
                            whole-model checkpoints), lightning_loss_in_step.py (loss in
                            training_step), accelerate_loop.py (accelerate, no Trainer)
@@ -22,11 +27,13 @@ the script wrote are byte-equal. OMP_NUM_THREADS=1 for both runs: on a shared ma
 default thread pool makes timings meaningless (see bench_contention.py).
 
     .venv/bin/python bench/bench_realworld.py --nanogpt /tmp/nanoGPT --pytorch-examples /tmp/examples
+    .venv/bin/python bench/bench_realworld.py --hf-examples /tmp/hf --only no_trainer  # one row
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
 import os
 import re
@@ -56,6 +63,8 @@ class Row:
     parse: object  # (stdout) -> (steps done, {step: loss}, [step ms])
     outputs: list[str] = field(default_factory=list)  # files (relative to cwd) to compare
     env: dict = field(default_factory=dict)
+    scratch: list[str] = field(default_factory=list)  # folders removed after each run (Lightning
+    # numbers its log folders: the next run must write version_0 again)
 
 
 def _ours_parse(out: str):
@@ -113,6 +122,14 @@ def _tiny_hf_model(work: Path) -> tuple[Path, Path, Path]:
     return model_dir, train, valid
 
 
+def _tqdm_steps(out: str, total: int) -> tuple[int, list[float]]:
+    """The last count and rate (as ms per step) of the tqdm bar that counts to `total`."""
+    bars = [(int(n), float(rate) * 1000 if unit == "s/it" else 1000 / float(rate))
+            for n, t, rate, unit in re.findall(r"\| *(\d+)/(\d+) \[[^,\]]*, ([\d.]+)(it/s|s/it)\]", out)
+            if int(t) == total]
+    return (bars[-1][0], [bars[-1][1]]) if bars else (0, [])
+
+
 def hf_rows(examples: Path, work: Path) -> list[Row]:
     model_dir, train, valid = _tiny_hf_model(work)
     steps, batch, block = 20, 4, 32
@@ -129,6 +146,18 @@ def hf_rows(examples: Path, work: Path) -> list[Row]:
                         str(batch), "--output_dir", "out", "--logging_steps", "1", "--report_to", "none",
                         "--save_strategy", "no", "--use_cpu", "--disable_tqdm", "true"],
                         work, batch * block, parse_trainer, ["out/model.safetensors"]))
+    if (examples / "run_clm_no_trainer.py").exists():
+        def parse_no_trainer(out: str):
+            # It logs no training loss (only to an experiment tracker, none installed here) and
+            # no step time: steps and step time from its tqdm bar (tqdm's smoothed rate).
+            done, step_ms = _tqdm_steps(out, steps)
+            return done, {}, step_ms
+
+        rows.append(Row("HF run_clm_no_trainer.py (accelerate, no Trainer)",
+                        [PY, str(examples / "run_clm_no_trainer.py"), *common, "--max_train_steps", str(steps),
+                         "--per_device_train_batch_size", str(batch), "--output_dir", "out-no-trainer"],
+                        work, batch * block, parse_no_trainer,
+                        ["out-no-trainer/model.safetensors", "out-no-trainer/all_results.json"]))
     return rows
 
 
@@ -169,6 +198,38 @@ def pytorch_rows(checkout: Path, work: Path) -> list[Row]:
                 work, windows, parse, ["wlm.pt"])]
 
 
+# ---- Lightning examples ----------------------------------------------------------------------
+
+def lightning_rows(examples: Path, work: Path) -> list[Row]:
+    tree = work / "lightning"
+    (tree / "data").mkdir(parents=True)
+    # WikiText2 reads data/wikitext-2.txt and downloads only when it is missing. The script holds
+    # out 2 x 2000 blocks of 35 tokens and trains on the rest: 6735 lines of 21 tokens (20 words
+    # and <eos>) make 4040 blocks, 40 training samples, 2 batches of 20 an epoch, 20 epochs.
+    words = ["the", "model", "learns", "to", "count", "tokens", "on", "a", "shared", "server"]
+    lines = [" ".join(words[(i * 7 + j * (i % 5 + 1)) % len(words)] for j in range(20)) for i in range(6735)]
+    (tree / "data" / "wikitext-2.txt").write_text("\n".join(lines) + "\n")
+    logs = "lightning_logs/version_0"
+
+    def parse(out: str):
+        # Its CSVLogger's train_loss, every step (PL_TRAINER_LOG_EVERY_N_STEPS=1); its step
+        # column counts from 0, ours from 1. No step time in its log.
+        try:
+            with open(tree / logs / "metrics.csv") as f:
+                losses = {int(r["step"]) + 1: float(r["train_loss"]) for r in csv.DictReader(f) if r["train_loss"]}
+        except FileNotFoundError:  # the run failed before logging: its exit status says so
+            losses = {}
+        return len(losses), losses, []
+
+    # Lightning's Trainer takes defaults from PL_TRAINER_* variables (the script passes neither):
+    # 2 validation and test batches instead of 100 each, the loss logged at every step.
+    env = {"PL_TRAINER_LIMIT_VAL_BATCHES": "2", "PL_TRAINER_LIMIT_TEST_BATCHES": "2",
+           "PL_TRAINER_LOG_EVERY_N_STEPS": "1"}
+    return [Row("Lightning examples/pytorch/basics/transformer.py", [PY, str(examples / "pytorch" / "basics" /
+                "transformer.py")], tree, 20 * 35, parse, [f"{logs}/checkpoints/epoch=19-step=40.ckpt",
+                f"{logs}/metrics.csv"], env, ["lightning_logs"])]
+
+
 # ---- ours ------------------------------------------------------------------------------------
 
 def our_rows(work: Path) -> list[Row]:
@@ -205,10 +266,13 @@ def run_once(row: Row, instrumented: bool, data_home: Path) -> dict:
     done = subprocess.run(cmd, cwd=row.cwd, env=env, capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - started
     steps, losses, step_ms = row.parse(done.stdout + done.stderr)
-    return {"rc": done.returncode, "wall": wall, "steps": steps, "losses": losses, "step_ms": step_ms,
-            "recompiles": done.stderr.count("Recompiling function"),
-            "warnings": len(re.findall(r"UserWarning", done.stderr)), "files": _digest(row.cwd, row.outputs),
-            "stderr": done.stderr}
+    result = {"rc": done.returncode, "wall": wall, "steps": steps, "losses": losses, "step_ms": step_ms,
+              "recompiles": done.stderr.count("Recompiling function"),
+              "warnings": len(re.findall(r"UserWarning", done.stderr)), "files": _digest(row.cwd, row.outputs),
+              "stderr": done.stderr}
+    for folder in row.scratch:
+        shutil.rmtree(row.cwd / folder, ignore_errors=True)
+    return result
 
 
 def recorded(data_home: Path) -> tuple[int, list, list]:
@@ -262,7 +326,8 @@ def main() -> None:
     parser.add_argument("--nanogpt", type=Path)
     parser.add_argument("--hf-examples", type=Path)
     parser.add_argument("--pytorch-examples", type=Path)
-    parser.add_argument("--only", help="run only the rows whose name contains this")
+    parser.add_argument("--lightning-examples", type=Path)
+    parser.add_argument("--only", action="append", help="run only the rows whose name contains this (repeatable)")
     parser.add_argument("--repeat", type=int, default=2, help="plain/instrumented pairs per script")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gw-realworld-") as tmp:
@@ -274,8 +339,10 @@ def main() -> None:
             rows += hf_rows(args.hf_examples, work)
         if args.pytorch_examples:
             rows += pytorch_rows(args.pytorch_examples, work)
+        if args.lightning_examples:
+            rows += lightning_rows(args.lightning_examples, work)
         if args.only:
-            rows = [r for r in rows if args.only.lower() in r.name.lower()]
+            rows = [r for r in rows if any(o.lower() in r.name.lower() for o in args.only)]
         results = []
         for n, row in enumerate(rows, 1):
             print(f"[{n}/{len(rows)}] {row.name} ...", file=sys.stderr, flush=True)
