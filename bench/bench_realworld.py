@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -44,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,6 +256,21 @@ def _digest(cwd: Path, names: list[str]) -> dict:
     return out
 
 
+def hook_share(row: Row, data_home: Path) -> str:
+    """One more run under `gpuwatch run`, through bench/hook_share.py: the share of the wall time
+    between its first and last step spent inside gpuwatch's hooks."""
+    out = data_home / "hook-share.json"
+    timed = replace(row, cmd=[PY, str(ROOT / "bench" / "hook_share.py"), *row.cmd[1:]],
+                    env={**row.env, "HOOK_SHARE_OUT": str(out)})
+    run_once(timed, True, data_home)
+    try:
+        figures = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return "-"
+    per_step = figures["hook_s"] / figures["steps"] * 1e6
+    return f"{per_step:.0f} µs = {figures['hook_s'] / figures['wall_s'] * 100:.2f} %"
+
+
 def run_once(row: Row, instrumented: bool, data_home: Path) -> dict:
     # Fresh caches each run, so neither run reuses the other's compiled graphs or mapped datasets.
     caches = data_home / "caches"
@@ -295,12 +311,15 @@ def measure(row: Row, work: Path, repeat: int) -> dict:
         plain = run_once(row, False, work / f"db-plain-{id(row)}-{n}")
         home = work / f"db-{id(row)}-{n}"
         pairs.append((plain, run_once(row, True, home), recorded(home)))
+    share = hook_share(row, work / f"db-share-{id(row)}")
     plain, instr, (n, tokens, losses) = pairs[0]
     common = [s for s in plain["losses"] if s in losses and losses[s] is not None]
     loss_diff = max((abs(plain["losses"][s] - losses[s]) for s in common), default=None)
-    pooled = [sum((p[i]["step_ms"] for p in pairs), []) for i in (0, 1)]
-    step_ms = [statistics.median(times) if times else None for times in pooled]
-    wall = [statistics.median(p[i]["wall"] for p in pairs) for i in (0, 1)]
+    # Each pair's ratio of median step times (the first two steps, warm-up and compilation, left
+    # out), then the median over pairs: a pair's two runs share the machine's state of the moment.
+    step = [statistics.median(i["step_ms"][2:]) / statistics.median(p["step_ms"][2:])
+            for p, i, _ in pairs if len(p["step_ms"]) > 2 and len(i["step_ms"]) > 2]
+    wall = [i["wall"] / p["wall"] for p, i, _ in pairs]
     same_files = all(p["files"] == i["files"] and None not in p["files"].values() for p, i, _ in pairs)
     true = row.tokens_per_step
     exact = tokens == true if isinstance(true, list) else set(tokens) == {true}
@@ -308,16 +327,18 @@ def measure(row: Row, work: Path, repeat: int) -> dict:
             "tokens": "-" if not tokens else ("exact" if exact else "DIFFER"),
             "loss": "not logged" if not plain["losses"] else (
                 f"{len(common)}/{len(plain['losses'])} steps, max |diff| {loss_diff:.2g}" if common else "missing"),
-            "step": f"{step_ms[1] / step_ms[0]:.3f}" if step_ms[0] and step_ms[1] else "-",
-            "wall": f"{wall[1] / wall[0]:.3f}",
+            "step": f"{statistics.median(step):.3f} ({min(step):.2f}–{max(step):.2f})" if step else "-",
+            "wall": f"{statistics.median(wall):.3f}",
+            "share": share,
             "recompiles": " ".join(f"{i['recompiles']} vs {p['recompiles']}" for p, i, _ in pairs[:1]),
             "exit": " ".join(f"{i['rc']} vs {p['rc']}" for p, i, _ in pairs[:1]),
             "files": "-" if not row.outputs else ("byte-equal" if same_files else "DIFFER"),
             "plain stderr": plain["stderr"][-300:] if plain["rc"] else ""}
 
 
-COLUMNS = ["row", "steps", "tokens", "loss", "step", "wall", "recompiles", "exit", "files"]
-HEADERS = ["script", "steps rec/done (each pair)", "tokens/step", "loss vs its log", "step time ×", "wall ×",
+COLUMNS = ["row", "steps", "tokens", "loss", "share", "step", "wall", "recompiles", "exit", "files"]
+HEADERS = ["script", "steps rec/done (each pair)", "tokens/step", "loss vs its log",
+           "in gpuwatch's hooks per step (share of step time)", "step time ×", "wall ×",
            "recompiles (gw vs plain)", "exit (gw vs plain)", "saved files"]
 
 
@@ -350,7 +371,8 @@ def main() -> None:
             if results[-1]["plain stderr"]:
                 print(f"  plain run failed: {results[-1]['plain stderr']}", file=sys.stderr)
     print(f"load average {os.getloadavg()[0]:.1f}; OMP_NUM_THREADS=1; tiny sizes on the CPU; "
-          f"{args.repeat} plain/gpuwatch pairs per script, alternated; step and wall: median over median")
+          f"{args.repeat} plain/gpuwatch pairs per script, alternated; step time: the median over pairs of "
+          f"each pair's median-step ratio (its range in brackets); wall: the median pair's ratio")
     print("| " + " | ".join(HEADERS) + " |")
     print("|" + "---|" * len(HEADERS))
     for r in results:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -52,6 +54,33 @@ def test_signal_death_is_killed_and_exit_status_follows_the_shell_convention():
     assert out.returncode == 128 + signal.SIGKILL
     (r,) = runs()
     assert (r["status"], r["signal"], r["exit_code"]) == ("killed", signal.SIGKILL, None)
+
+
+def test_the_program_keeps_its_cpu_priority_and_every_thread_of_the_wrapper_steps_back():
+    """On a saturated host the training must get the CPU before gpuwatch's own bookkeeping."""
+    child = textwrap.dedent("""
+        import json, os, time
+        parent = os.getppid()
+        def nices():  # the wrapper's threads: nice is field 19 of /proc/PID/task/TID/stat
+            found = {}
+            for tid in os.listdir(f"/proc/{parent}/task"):
+                try:
+                    found[tid] = int(open(f"/proc/{parent}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[16])
+                except OSError:
+                    pass
+            return found
+        deadline = time.monotonic() + 10
+        while len(set(nices().values())) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the wrapper lowers its threads just after starting us
+        print(json.dumps({"own": os.getpriority(os.PRIO_PROCESS, 0), "wrapper": sorted(set(nices().values())),
+                          "threads": len(nices())}))
+    """)
+    out = gw_run(PY, "-c", child)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert seen["own"] == base
+    assert seen["wrapper"] == [min(19, base + 10)] and seen["threads"] > 1  # its writer, sampler, ingest too
 
 
 def test_sigterm_to_the_wrapper_is_forwarded_to_the_child(tmp_path):

@@ -61,6 +61,22 @@ def _wait_forwarding(pid: int) -> int:
             pass
 
 
+def _yield_cpu(increment: int = 10) -> None:
+    """Lower the CPU priority of this process's threads (the transport's and, with no daemon, the
+    sampler's and the child's ingest) once the program is spawned at the priority it was given:
+    on a saturated host the training gets the CPU before its bookkeeping. Linux keeps a nice value
+    per thread, so each is lowered; threads started later inherit it."""
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: this thread alone
+        threads = [0]
+    for tid in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+        except OSError:  # a thread that just ended
+            pass
+
+
 def default_name(command: tuple[str, ...]) -> str:
     """`python train.py --lr 1` -> 'train.py'; `torchrun ... x.py` -> 'x.py'; else the program."""
     scripts = [os.path.basename(a) for a in command[1:] if a.endswith(".py")]
@@ -149,6 +165,7 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
             send("run_end", status="failed", exit_code=127, error_type=type(e).__name__,
                  error_message=f"cannot run {command[0]}: {e.strerror}")
             raise click.ClickException(f"cannot run {command[0]!r}: {e.strerror}") from None
+        _yield_cpu()
         status = os.waitstatus_to_exitcode(_wait_forwarding(pid))
         state = _end_state(run_id)
         why = _bootstrap_note(note)

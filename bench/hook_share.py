@@ -1,0 +1,74 @@
+"""Run a training script as `python SCRIPT ARGS...` would, timing what gpuwatch's zero-code hooks
+take of its steps; for bench_realworld.py, under `gpuwatch run`:
+
+    gpuwatch run -- python bench/hook_share.py SCRIPT ARGS...
+
+Between the WARM_UP-th and the last recorded step, the time inside the hooks (outermost calls only:
+the module-call enter/leave, the backward and optimiser-step hooks, Run.step and mark_compute)
+over the wall time. Timing a step in two separate processes cannot resolve a few per cent on a
+shared machine (two plain runs of one script differ more than that); this share can. A framework
+callback's own code (HF, Lightning) is not timed, only the Run.step it calls. Writes
+{"steps", "hook_s", "wall_s"} as JSON to $HOOK_SHARE_OUT at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import sys
+import time
+
+from gpuwatch.client.run import Run
+from gpuwatch.integrations.autohook import AutoInstrument
+
+WARM_UP = 10  # steps left out (at most a third of them): first calls, and the hooks' own checks
+# of the first iterations (see autohook.TRUSTED_AFTER)
+_clock = time.perf_counter
+_spent = [0.0]  # inside the hooks so far
+_depth = [0]
+_steps: list[tuple[float, float]] = []  # (when a step was recorded, _spent then)
+
+
+def _timed(fn):
+    def timed(*args, **kwargs):
+        if _depth[0]:
+            return fn(*args, **kwargs)
+        _depth[0] = 1
+        started = _clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _spent[0] += _clock() - started
+            _depth[0] = 0
+    return timed
+
+
+def _marking_steps(step):
+    def marked(*args, **kwargs):
+        result = step(*args, **kwargs)
+        _steps.append((_clock(), _spent[0]))  # read in the outer hook: this step's own cost is in the next
+        return result
+    return marked
+
+
+def _report() -> None:
+    first = min(WARM_UP, len(_steps) // 3)
+    if len(_steps) - first < 2:
+        return
+    (t0, s0), (t1, s1) = _steps[first], _steps[-1]
+    with open(os.environ["HOOK_SHARE_OUT"], "w") as out:
+        json.dump({"steps": len(_steps) - 1 - first, "hook_s": s1 - s0, "wall_s": t1 - t0}, out)
+
+
+for _name in ("_enter", "_leave", "_reached_model", "_after_backward", "_on_optimizer_step"):
+    setattr(AutoInstrument, _name, _timed(getattr(AutoInstrument, _name)))
+Run.mark_compute = _timed(Run.mark_compute)
+Run.step = _timed(_marking_steps(Run.step))
+atexit.register(_report)
+
+if __name__ == "__main__":
+    sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+    runpy.run_path(sys.argv[0], run_name="__main__")
