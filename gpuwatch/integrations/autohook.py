@@ -158,6 +158,7 @@ class AutoInstrument:
         self._framework = None if model is None else (model, tally)
         self._candidates.clear()
         self.tally.reset()
+        self._backwards, self._unreached = 0, False
 
     # ---- the run ------------------------------------------------------------------------
     def ensure_run(self, module, args=(), kwargs=None) -> run_mod.Run:
