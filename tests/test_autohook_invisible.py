@@ -42,19 +42,25 @@ def test_copies_pickles_saves_script_trace_export_and_checkpoints_are_the_same(t
     assert [s["step"] for s in steps_of(the_run()["run_id"])] == [1, 2, 3, 4]
 
 
-def test_torch_compile_compiles_as_often_and_warns_as_little_as_without_gpuwatch():
+@pytest.mark.parametrize("how", ["module", "inplace", "step", "optimizer"])
+def test_torch_compile_compiles_as_often_and_warns_as_little_as_without_gpuwatch(how):
+    """torch.compile(model), model.compile(), a training step compiled whole (the forward inside
+    compiled code: steps and losses, no tokens) and a compiled optimiser step."""
     env = dict(os.environ, TORCH_LOGS="recompiles")
-    wrapped = gw_run(PY, str(SCRIPTS / "compiled.py"), env=env)
-    bare = plain(PY, str(SCRIPTS / "compiled.py"), env=dict(env, PYTHONPATH=""))
+    wrapped = gw_run(PY, str(SCRIPTS / "compiled.py"), how, env=env)
+    bare = plain(PY, str(SCRIPTS / "compiled.py"), how, env=dict(env, PYTHONPATH=""))
     assert wrapped.returncode == bare.returncode == 0, wrapped.stderr[-3000:]
     assert wrapped.stdout == bare.stdout  # the same losses and the same number of compilations
-    assert "frames compiled:" in wrapped.stdout
+    assert "graphs compiled:" in wrapped.stdout
     recompiles = [line for line in wrapped.stderr.splitlines() if "Recompiling" in line]
     assert len(recompiles) == len([line for line in bare.stderr.splitlines() if "Recompiling" in line])
     assert "Warning" not in wrapped.stderr.replace(bare.stderr, ""), wrapped.stderr[-3000:]
     steps = steps_of(the_run()["run_id"])
+    seen = (64, 4, 16) if how != "step" else (None, None, None)  # no forward of a module seen
     assert [(s["step"], s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [
-        (n, 64, 4, 16) for n in range(1, 7)]
+        (n, *seen) for n in range(1, 7)]
+    logged = [float(line.split()[-1]) for line in wrapped.stdout.splitlines() if line.startswith("step ")]
+    assert [s["loss"] for s in steps] == pytest.approx(logged, abs=1e-6)
 
 
 def test_a_forward_interrupted_by_ctrl_c_leaves_nothing_behind_once_training_goes_on():

@@ -99,6 +99,7 @@ class AutoInstrument:
         self._open = None  # the module whose top-level forward is under way
         self._scaled = None  # (weakref to GradScaler.scale's output, the scale it applied)
         self._patched: list = []  # (owner, name, original): torch functions we wrapped
+        self._out_of_dynamo = False  # our hooks run eagerly even when called from compiled code
         self._forks = _forks
 
     # ---- set-up and tear-down ----------------------------------------------------------
@@ -113,6 +114,7 @@ class AutoInstrument:
         self._pre_id, self._post_id = pre.id, post.id
         self._handles = [pre, post, optim_module.register_optimizer_step_post_hook(self._on_optimizer_step)]
         self._patch(nn_module, "_has_any_global_hook", self._wrap_has_any_global_hook)
+        self._patch(self.torch, "compile", self._wrap_torch_compile)
         self._patch(self.torch.autograd, "backward", self._wrap_backward)
         scaler = getattr(getattr(self.torch, "amp", None), "GradScaler", None)
         if scaler is not None:
@@ -277,6 +279,48 @@ class AutoInstrument:
 
         return has_any_global_hook_but_ours
 
+    def _wrap_torch_compile(self, compile_):
+        """Compiled code may call every hook of ours: the module hooks (`model.compile()` compiles
+        the module's whole call), the backward, GradScaler and optimiser-step ones (a training
+        step compiled whole, a compiled optimiser step). Dynamo must not trace them: their
+        bookkeeping would be compiled away and guarded on, and each would count as a compiled
+        frame. At the first torch.compile (which imports dynamo: a program that never compiles
+        never pays for that import) they are put behind torch.compiler.disable, which runs them
+        eagerly, as if no compiler were there."""
+        def recorded_torch_compile(*args, **kwargs):
+            compiled = compile_(*args, **kwargs)
+            if not self._out_of_dynamo and not self._off:
+                self._out_of_dynamo = True
+                try:
+                    self._keep_out_of_dynamo()
+                except Exception as e:  # noqa: BLE001
+                    self.switch_off(e)
+            return compiled
+
+        recorded_torch_compile.__wrapped__ = compile_
+        return recorded_torch_compile
+
+    def _keep_out_of_dynamo(self) -> None:
+        disable = self.torch.compiler.disable
+        for owner, name, original in self._patched:
+            if name in ("backward", "scale"):
+                setattr(owner, name, disable(getattr(owner, name)))
+        from torch.optim import optimizer as optim_module
+
+        hooks = optim_module._global_optimizer_post_hooks
+        step_hook = self._handles[2].id
+        hooks[step_hook] = disable(hooks[step_hook])
+        # The module hooks stay inlinable (traced, they are no-ops: see _enter), so a step compiled
+        # whole keeps its one graph; where dynamo meets them as frames of their own (the module
+        # call that `model.compile()` compiles is run, not traced), those frames are skipped.
+        try:
+            from torch._C._dynamo.eval_frame import set_code_exec_strategy
+            from torch._dynamo.types import FrameAction, FrameExecStrategy
+        except ImportError:  # another torch: those frames are traced, to nothing
+            return
+        for hook in (AutoInstrument._enter, AutoInstrument._leave):
+            set_code_exec_strategy(hook.__code__, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+
     def _choose_model(self) -> bool:
         """At the first step: the top-level training module with the most parameters (the model,
         not a loss module called beside it)."""
@@ -308,6 +352,8 @@ class AutoInstrument:
                 self._through_model = self._backwards <= self.tally.forwards
             elif not self._through_model:
                 self._unreached = True
+            if not (self._through_model or self.model is not None or self._candidates):
+                self._through_model = True  # no training forward seen at all: see _step_unseen
             if self._through_model and self._framework is None and self._ours():
                 try:
                     self._after_backward(tensors)
@@ -327,7 +373,7 @@ class AutoInstrument:
             scaled = self._scaled
             if scaled is not None and scaled[0]() is root:  # GradScaler's scale, undone
                 loss = loss / scaled[1]
-            if self.model is not None:
+            if self.model is not None or not self._candidates:  # (none: see _step_unseen)
                 self.tally.add_root(loss)
             else:
                 for _, tally, _ in self._candidates.values():
@@ -337,6 +383,20 @@ class AutoInstrument:
         if not self._optimizer_made and (self.model is not None or self._choose_model()) \
                 and self.tally.forwards:
             self.run.step(**self.tally.take())
+
+    def _step_unseen(self, optimizer) -> None:
+        """An optimiser step after a backward, with no training forward of any module seen: the
+        model runs inside a function compiled whole (`torch.compile(train_step)`), or there is no
+        module. A step all the same, with the loss backward() was called on, without tokens."""
+        if not self._backwards:
+            return  # no backward since the last step: a second optimiser, or nothing trained
+        self._backwards = 0
+        if self.run is None:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            precision = _precision(self.torch, None, params[0] if params else None)
+            self.run = run_mod.start_run(name=self.name, precision=precision, config={
+                "precision": precision, "n_params": sum(p.numel() for p in params)})
+        self.run.step(**self.tally.take())
 
     def _judge_iteration(self) -> None:
         """At an optimiser step: was each backward() of this iteration one through the model's
@@ -372,7 +432,8 @@ class AutoInstrument:
         try:
             self._optimizer_made = True
             if self.model is None and not self._choose_model():
-                return  # a step with no training forward before it: nothing was trained
+                self._step_unseen(optimizer)
+                return
             if self.tally.forwards:  # a second optimiser in the same iteration adds nothing
                 self._judge_iteration()
                 self.run.step(**self.tally.take())
@@ -440,10 +501,12 @@ def _any_optimizer_made(torch) -> bool:
     return False
 
 
-def _precision(torch, module) -> str:
-    """The dtype the matmuls run in, for MFU's peak: autocast's, else the weights'."""
+def _precision(torch, module, param=None) -> str:
+    """The dtype the matmuls run in, for MFU's peak: autocast's, else the weights' (the module's,
+    or the `param` given)."""
     for device in ("cuda", "cpu"):
         if torch.is_autocast_enabled(device):
             return precision_of(torch.get_autocast_dtype(device))
-    param = next(module.parameters(), None)
+    if module is not None:
+        param = next(module.parameters(), None)
     return precision_of(param.dtype if param is not None else "fp32")
