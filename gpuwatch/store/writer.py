@@ -87,7 +87,8 @@ class Writer:
 
     def __init__(self, path, batch: int = 2000, maxsize: int = 100_000, linger_s: float = 0.0):
         """linger_s: after the first job of a batch arrives, wait this long for more before
-        committing: fewer, larger transactions, and fewer wake-ups of this thread."""
+        committing: fewer, larger transactions, and fewer wake-ups of this thread. A flush() or
+        close() cuts it short: whoever waits on the database does not wait for the linger."""
         self.path = path
         self.linger_s = linger_s
         self.conn: sqlite3.Connection | None = open_rw(path)
@@ -107,6 +108,7 @@ class Writer:
         self._ok_since: float | None = None  # while failing: when writes began to work again
         self._housekept_at = time.monotonic()
         self.wal_pinned_bytes = 0  # WAL size when a pinned reader was reported; 0 = not pinned
+        self._hurry = threading.Event()  # a flush or close is waiting: cut the linger short
         self._thread = threading.Thread(target=self._run, name="gpuwatch-writer", daemon=True)
         self._thread.start()
 
@@ -140,6 +142,7 @@ class Writer:
         done = threading.Event()
         if not self.submit(lambda conn: None, lambda ok: done.set(), timeout=timeout):
             return False
+        self._hurry.set()
         return done.wait(timeout)
 
     def close(self) -> None:
@@ -148,6 +151,7 @@ class Writer:
             return
         self._closed = True
         self._queue.put(_STOP)
+        self._hurry.set()
         self._thread.join()
         if self.conn is not None:
             self.conn.close()
@@ -164,7 +168,8 @@ class Writer:
             jobs = [item]
             stop = False
             if self.linger_s:
-                time.sleep(self.linger_s)
+                self._hurry.wait(self.linger_s)
+                self._hurry.clear()
             while len(jobs) < self.batch:
                 try:
                     nxt = self._queue.get_nowait()
