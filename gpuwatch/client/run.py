@@ -30,9 +30,6 @@ log = logging.getLogger(__name__)
 # Set by `gpuwatch run` for its child: an instrumented child adds its steps to that run.
 ENV_RUN_ID = "GPUWATCH_RUN_ID"
 END_FLUSH_TIMEOUT_S = 10.0
-# Finished steps are turned into events at most this often, a burst at a time: one event built
-# per step with cold caches costs a ms-step loop several times what a burst of them costs.
-DRAIN_EVERY_MS = 100
 _OOM_MESSAGES = ("CUDA out of memory", "DefaultCPUAllocator: can't allocate memory",
                  "DefaultCPUAllocator: not enough memory")
 
@@ -143,7 +140,6 @@ class Run:
         self._gen = 0
         self._ended = False
         self._pending: collections.deque = collections.deque()
-        self._drained_ms = 0  # when step() last turned finished steps into events
         self._compute_mark = None  # where this iteration's compute began (mark_compute), until step()
         self._rss = torch_stats.RssReader()
         self._torch = None  # set at the first step if the workload runs on CUDA
@@ -204,8 +200,7 @@ class Run:
     def step(self, tokens: int | None = None, samples: int | None = None, seq_len: int | None = None,
              loss: Any = None) -> None:
         """Record one optimiser step. Never synchronises the GPU: timings and a tensor loss are
-        read once the GPU has passed this point, at a later step() (at most DRAIN_EVERY_MS
-        later) or at the end of the run."""
+        read once the GPU has passed this point, at a later step() or at the end of the run."""
         if self._clock is None:
             self._choose_clock()
         self._step += 1
@@ -222,12 +217,9 @@ class Run:
             alloc, reserved, peak = torch_stats.cuda_memory(self._torch)
         else:
             alloc = reserved = peak = None
-        ts = now_ms()
-        self._pending.append((self._step, ts, mark, compute, tokens, samples, seq_len, captured,
+        self._pending.append((self._step, now_ms(), mark, compute, tokens, samples, seq_len, captured,
                               alloc, reserved, peak, self._rss.read()))
-        if not 0 <= ts - self._drained_ms < DRAIN_EVERY_MS:  # a clock stepped back drains too
-            self._drained_ms = ts
-            self._drain(wait=False)
+        self._drain(wait=False)
         every = self._cfg.memory_stats_every
         if self._torch is not None and every > 0 and self._step % every == 0:
             self._send("memory_stats", step=self._step, device=self._torch.cuda.current_device(),
