@@ -5,7 +5,8 @@
    run.step), and the whole loop's step with and without the hooks, in blocks alternated in one
    process.
    Goals: <= 30 µs per step and <= 1 % of a 10 ms step.
-2. Tokens/s of an unmodified Hugging Face Trainer and Lightning script under `gpuwatch run` vs the
+2. `gpuwatch run -- true`'s wall time: what the wrapper alone adds to a program's.
+3. Tokens/s of an unmodified Hugging Face Trainer and Lightning script under `gpuwatch run` vs the
    framework's own figure over the same steps (the test scripts in tests/autorun_scripts).
    Goal: within 2 %.
 
@@ -129,6 +130,22 @@ def _trimmed_total(times: list[int]) -> float:
     return statistics.fmean(kept) * len(times)
 
 
+def wrapper_start(runs: int = 7) -> None:
+    """What `gpuwatch run` adds to a program's wall time on its own (no daemon: it opens the
+    embedded database, starts and stops its sampler, records the run): `-- true` against `true`."""
+    gpuwatch = str(Path(sys.executable).with_name("gpuwatch"))
+    walls = {}
+    for label, cmd in (("alone", ["true"]), ("under gpuwatch run", [gpuwatch, "run", "--", "true"])):
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            subprocess.run(cmd, capture_output=True, check=True)
+            times.append(time.perf_counter() - started)
+        walls[label] = statistics.median(times)
+    print(f"gpuwatch run -- true: {walls['under gpuwatch run']:.2f} s wall, `true` alone "
+          f"{walls['alone'] * 1000:.0f} ms (median of {runs})")
+
+
 def framework_agreement() -> None:
     gpuwatch = str(Path(sys.executable).with_name("gpuwatch"))
     for label, script, args in (("Hugging Face Trainer", "hf_trainer.py", ["--pad"]),
@@ -170,6 +187,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.update(XDG_DATA_HOME=tmp, GPUWATCH_SOCKET=os.devnull)  # embedded mode, a fresh db
         hook_cost(args.steps)
+        wrapper_start()
     if not args.skip_frameworks:
         framework_agreement()
 

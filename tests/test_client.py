@@ -15,6 +15,7 @@ import gpuwatch
 from gpuwatch import paths
 from gpuwatch.client import flops, metadata, torch_stats
 from gpuwatch.client.run import is_oom
+from systools import wait_for
 
 PY = sys.executable
 
@@ -78,6 +79,17 @@ def test_training_steps_are_recorded_with_rates_losses_and_memory():
         assert s["rss_bytes"] > 10 * 2**20  # torch alone makes the process this big
         assert s["mem_allocated_bytes"] is None and s["mfu"] is None  # CPU: no allocator, no peak
     assert sum(s["step_time_ms"] for s in steps) <= wall_ms
+
+
+def test_steps_reach_the_database_while_the_run_pauses_after_them():
+    """Steps in quick succession become events a burst at a time; a run that then pauses (an
+    eval, a long wait) still has its last steps stored, not held back until its next step."""
+    with gpuwatch.track(name="pausing") as run:
+        for n in range(3):
+            run.step(tokens=100 + n)
+        stored = wait_for(lambda: db().execute("SELECT group_concat(tokens) FROM steps").fetchone()[0]
+                          == "100,101,102")
+        assert stored
 
 
 def test_tensor_counts_and_flops_per_token_are_stored_as_plain_numbers():

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 # Set by `gpuwatch run` for its child: an instrumented child adds its steps to that run.
 ENV_RUN_ID = "GPUWATCH_RUN_ID"
 END_FLUSH_TIMEOUT_S = 10.0
+# Finished steps become events at most this often on the training thread, a burst at a time; a
+# thread of ours turns a burst left waiting (the run paused after a step) into events meanwhile.
+DRAIN_EVERY_MS = 100
 _OOM_MESSAGES = ("CUDA out of memory", "DefaultCPUAllocator: can't allocate memory",
                  "DefaultCPUAllocator: not enough memory")
 
@@ -119,6 +122,46 @@ def _percentile(values: list[float], q: float) -> float | None:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
+class _Drainer:
+    """The thread that turns the steps step() left waiting into events within DRAIN_EVERY_MS,
+    when no later step() does (started at the first such wait)."""
+
+    def __init__(self, run: "Run") -> None:
+        self._run = run
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def wake(self) -> None:
+        if self._thread is None and not self._stopped:
+            self._thread = threading.Thread(target=self._loop, name="gpuwatch-steps", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+
+    def _loop(self) -> None:
+        run = self._run
+        while not self._stopped:
+            self._wake.wait()
+            self._wake.clear()
+            while not self._stopped:
+                time.sleep(DRAIN_EVERY_MS / 1000)
+                run._drain_due = False  # before draining: a step appended after this wakes us again
+                with run._draining:
+                    if run._ended:
+                        return
+                    try:
+                        run._drain(wait=False)
+                    except Exception:  # a broken CUDA context: the training thread's end says so
+                        log.debug("gpuwatch: background drain failed", exc_info=True)
+                        return
+                if not run._pending:  # else a step the GPU has not reached yet: look again
+                    break
+
+
 class Run:
     """One tracked run. Made by track(); usable as a context manager or ended with finish()."""
 
@@ -140,6 +183,11 @@ class Run:
         self._gen = 0
         self._ended = False
         self._pending: collections.deque = collections.deque()
+        self._drained_ms = 0  # when step() last turned finished steps into events
+        self._draining = threading.RLock()  # step() and the drainer take turns (RLock: a signal
+        # handler that ends the run may interrupt step()'s own drain)
+        self._drain_due = False  # steps wait for the drainer thread
+        self._drainer = _Drainer(self)
         self._compute_mark = None  # where this iteration's compute began (mark_compute), until step()
         self._rss = torch_stats.RssReader()
         self._torch = None  # set at the first step if the workload runs on CUDA
@@ -200,7 +248,7 @@ class Run:
     def step(self, tokens: int | None = None, samples: int | None = None, seq_len: int | None = None,
              loss: Any = None) -> None:
         """Record one optimiser step. Never synchronises the GPU: timings and a tensor loss are
-        read once the GPU has passed this point, at a later step() or at the end of the run."""
+        read once the GPU has passed this point, within DRAIN_EVERY_MS or at the end of the run."""
         if self._clock is None:
             self._choose_clock()
         self._step += 1
@@ -217,9 +265,16 @@ class Run:
             alloc, reserved, peak = torch_stats.cuda_memory(self._torch)
         else:
             alloc = reserved = peak = None
-        self._pending.append((self._step, now_ms(), mark, compute, tokens, samples, seq_len, captured,
+        ts = now_ms()
+        self._pending.append((self._step, ts, mark, compute, tokens, samples, seq_len, captured,
                               alloc, reserved, peak, self._rss.read()))
-        self._drain(wait=False)
+        if not 0 <= ts - self._drained_ms < DRAIN_EVERY_MS:  # a clock stepped back drains too
+            self._drained_ms = ts
+            with self._draining:
+                self._drain(wait=False)
+        elif not self._drain_due:
+            self._drain_due = True
+            self._drainer.wake()
         every = self._cfg.memory_stats_every
         if self._torch is not None and every > 0 and self._step % every == 0:
             self._send("memory_stats", step=self._step, device=self._torch.cuda.current_device(),
@@ -331,6 +386,7 @@ class Run:
         track() under `gpuwatch run`) carries on and ends it."""
         if not self._ended:
             self._ended = True
+            self._drainer.stop()
             self._profiling.close()
             self._restore_hooks()
             self._transport.flush(END_FLUSH_TIMEOUT_S)
@@ -341,9 +397,11 @@ class Run:
         if self._ended:
             return
         self._ended = True
+        self._drainer.stop()
         try:
             if drain and self._pending:
-                self._drain(wait=True)
+                with self._draining:
+                    self._drain(wait=True)
         except Exception:  # a broken CUDA context must not hide the user's own error
             log.warning("gpuwatch: could not read the last steps' timings", exc_info=True)
         self._profiling.close()
