@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -64,6 +65,7 @@ def timed(fn, spent: list):
 def hook_cost(steps: int) -> None:
     import torch
 
+    from gpuwatch.client import run as run_mod
     from gpuwatch.integrations import autohook
 
     model, opt = model_and_optimizer(torch)
@@ -76,6 +78,12 @@ def hook_cost(steps: int) -> None:
     spent = {name: [] for name in ("_enter", "_leave", "_reached_model", "_after_backward", "_on_optimizer_step")}
     for name, times in spent.items():
         setattr(hooks, name, timed(getattr(hooks, name), times))
+    # and the step events gpuwatch's drainer thread builds (those of the training thread are in
+    # the optimiser-step hook)
+    spent["drainer thread"] = drains = []
+    drain = run_mod.Run._drain
+    run_mod.Run._drain = lambda run, wait: (drain(run, wait) if threading.current_thread() is threading.main_thread()
+                                            else timed(drain, drains)(run, wait))
     hooks.install()
     step_times_us(torch, model, opt, 5)  # the first iteration finds the model
     for times in spent.values():
@@ -83,6 +91,7 @@ def hook_cost(steps: int) -> None:
     step_times_us(torch, model, opt, steps)
     hooks.switch_off()
     hooks.run.finish()
+    run_mod.Run._drain = drain
     plain = statistics.median(before)
     deltas = interleaved_deltas(torch, autohook, model, opt)
     # µs per step, each hook: its calls' total over the steps, less its slowest 2 % of calls (a

@@ -4,7 +4,8 @@ take of its steps; for bench_realworld.py, under `gpuwatch run`:
     gpuwatch run -- python bench/hook_share.py SCRIPT ARGS...
 
 Between the WARM_UP-th and the last recorded step, the time inside the hooks (outermost calls only:
-the module-call enter/leave, the backward and optimiser-step hooks, Run.step and mark_compute)
+the module-call enter/leave, the backward and optimiser-step hooks, Run.step and mark_compute,
+and the events built from steps on gpuwatch's own drainer thread)
 over the wall time. Timing a step in two separate processes cannot resolve a few per cent on a
 shared machine (two plain runs of one script differ more than that); this share can. A framework
 callback's own code (HF, Lightning) is not timed, only the Run.step it calls. Writes
@@ -18,6 +19,7 @@ import json
 import os
 import runpy
 import sys
+import threading
 import time
 
 from gpuwatch.client.run import Run
@@ -26,22 +28,22 @@ from gpuwatch.integrations.autohook import AutoInstrument
 WARM_UP = 10  # steps left out (at most a third of them): first calls, and the hooks' own checks
 # of the first iterations (see autohook.TRUSTED_AFTER)
 _clock = time.perf_counter
-_spent = [0.0]  # inside the hooks so far
-_depth = [0]
+_spent = [0.0]  # inside the hooks so far, on any thread
+_depth = threading.local()
 _steps: list[tuple[float, float]] = []  # (when a step was recorded, _spent then)
 
 
 def _timed(fn):
     def timed(*args, **kwargs):
-        if _depth[0]:
+        if getattr(_depth, "in_hook", False):
             return fn(*args, **kwargs)
-        _depth[0] = 1
+        _depth.in_hook = True
         started = _clock()
         try:
             return fn(*args, **kwargs)
         finally:
             _spent[0] += _clock() - started
-            _depth[0] = 0
+            _depth.in_hook = False
     return timed
 
 
@@ -65,6 +67,7 @@ def _report() -> None:
 for _name in ("_enter", "_leave", "_reached_model", "_after_backward", "_on_optimizer_step"):
     setattr(AutoInstrument, _name, _timed(getattr(AutoInstrument, _name)))
 Run.mark_compute = _timed(Run.mark_compute)
+Run._drain = _timed(Run._drain)  # also where gpuwatch's drainer thread turns steps into events
 Run.step = _timed(_marking_steps(Run.step))
 atexit.register(_report)
 
