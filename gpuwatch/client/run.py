@@ -131,8 +131,13 @@ class _Drainer:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._due = False  # steps wait for this thread
 
     def wake(self) -> None:
+        """A step waits: drain within DRAIN_EVERY_MS (one wake-up per burst, not per step)."""
+        if self._due:
+            return
+        self._due = True
         if self._thread is None and not self._stopped:
             self._thread = threading.Thread(target=self._loop, name="gpuwatch-steps", daemon=True)
             self._thread.start()
@@ -149,7 +154,7 @@ class _Drainer:
             self._wake.clear()
             while not self._stopped:
                 time.sleep(DRAIN_EVERY_MS / 1000)
-                run._drain_due = False  # before draining: a step appended after this wakes us again
+                self._due = False  # before draining: a step appended after this wakes us again
                 with run._draining:
                     if run._ended:
                         return
@@ -186,7 +191,6 @@ class Run:
         self._drained_ms = 0  # when step() last turned finished steps into events
         self._draining = threading.RLock()  # step() and the drainer take turns (RLock: a signal
         # handler that ends the run may interrupt step()'s own drain)
-        self._drain_due = False  # steps wait for the drainer thread
         self._drainer = _Drainer(self)
         self._compute_mark = None  # where this iteration's compute began (mark_compute), until step()
         self._rss = torch_stats.RssReader()
@@ -272,8 +276,7 @@ class Run:
             self._drained_ms = ts
             with self._draining:
                 self._drain(wait=False)
-        elif not self._drain_due:
-            self._drain_due = True
+        else:
             self._drainer.wake()
         every = self._cfg.memory_stats_every
         if self._torch is not None and every > 0 and self._step % every == 0:

@@ -33,9 +33,8 @@ def _is_int_tensor(value) -> bool:
 def find_tokens(args: tuple = (), kwargs: Mapping | None = None):
     """(token ids, attention mask or None) from a forward's arguments or a batch; (None, None)
     when no integer tensor is there. A batch may be a tensor, a mapping or a tuple/list."""
-    if not kwargs:  # the usual model(ids): no keyword to look through
-        kwargs = {}
-    else:
+    kwargs = kwargs or {}
+    if kwargs:  # (the usual model(ids) has none to look through)
         for key in _TOKEN_KEYS:
             if _is_int_tensor(kwargs.get(key)):
                 return kwargs[key], kwargs.get(_MASK_KEY)

@@ -163,15 +163,20 @@ class AutoInstrument:
         self._backwards, self._unreached = 0, False
 
     # ---- the run ------------------------------------------------------------------------
-    def ensure_run(self, module, args=(), kwargs=None) -> run_mod.Run:
+    def ensure_run(self, module, args=(), kwargs=None, params=()) -> run_mod.Run:
+        """The run these hooks record, started from the trained module, or from an optimiser's
+        `params` where no module was seen (module None: see _step_unseen)."""
         if self.run is None:
-            inner = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model in it
-            config = plain_config(getattr(inner, "config", None)) or {}
-            # batch, seq_len, heads, attention: known before the first step, for an OOM postmortem
-            config.update(model_shape(inner, *find_tokens(args, kwargs)))
-            precision = _precision(self.torch, module)
+            config = {}
+            if module is not None:
+                inner = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model in it
+                config = plain_config(getattr(inner, "config", None)) or {}
+                # batch, seq_len, heads, attention: known before the first step, for an OOM postmortem
+                config.update(model_shape(inner, *find_tokens(args, kwargs)))
+                params = list(inner.parameters())
+            precision = _precision(self.torch, params[0] if params else None)
             config.setdefault("precision", precision)  # what the OOM advice weighs activations in
-            config.setdefault("n_params", _n_params(inner))
+            config.setdefault("n_params", _n_params(params))
             self.run = run_mod.start_run(name=self.name, config=config, precision=precision,
                                          flops_per_token=lambda seq_len: self._fpt and self._fpt(seq_len))
         return self.run
@@ -326,7 +331,7 @@ class AutoInstrument:
         not a loss module called beside it)."""
         if not self._candidates:
             return False
-        module, tally, seq_first = max(self._candidates.values(), key=lambda c: _n_params(c[0]))
+        module, tally, seq_first = max(self._candidates.values(), key=lambda c: _n_params(c[0].parameters()))
         self._candidates.clear()
         self.model, self.tally, self._seq_first = module, tally, seq_first
         self._fpt = flops_per_token(getattr(module, "_orig_mod", module))
@@ -391,11 +396,7 @@ class AutoInstrument:
         if not self._backwards:
             return  # no backward since the last step: a second optimiser, or nothing trained
         self._backwards = 0
-        if self.run is None:
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            precision = _precision(self.torch, None, params[0] if params else None)
-            self.run = run_mod.start_run(name=self.name, precision=precision, config={
-                "precision": precision, "n_params": sum(p.numel() for p in params)})
+        self.ensure_run(None, params=[p for group in optimizer.param_groups for p in group["params"]])
         self.run.step(**self.tally.take())
 
     def _judge_iteration(self) -> None:
@@ -467,8 +468,8 @@ class AutoInstrument:
         return recorded_generate
 
 
-def _n_params(module) -> int:
-    return sum(p.numel() for p in module.parameters())
+def _n_params(params) -> int:
+    return sum(p.numel() for p in params)
 
 
 def _is_scalar(value) -> bool:
@@ -501,12 +502,10 @@ def _any_optimizer_made(torch) -> bool:
     return False
 
 
-def _precision(torch, module, param=None) -> str:
-    """The dtype the matmuls run in, for MFU's peak: autocast's, else the weights' (the module's,
-    or the `param` given)."""
+def _precision(torch, param) -> str:
+    """The dtype the matmuls run in, for MFU's peak: autocast's, else the weights' (`param`, one
+    of them)."""
     for device in ("cuda", "cpu"):
         if torch.is_autocast_enabled(device):
             return precision_of(torch.get_autocast_dtype(device))
-    if module is not None:
-        param = next(module.parameters(), None)
     return precision_of(param.dtype if param is not None else "fp32")
