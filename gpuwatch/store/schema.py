@@ -413,6 +413,26 @@ _GPU_STATE_SINCE = """
 ALTER TABLE gpus ADD COLUMN state_since_ms INTEGER;  -- when `state` last changed
 """
 
+# Alert events: one row per incident (UNIQUE (kind, incident) makes a repeat a no-op), written
+# by the rules (gpuwatch/alerts). No subscription URL is ever stored here: URLs are secrets kept
+# by their owners (see gpuwatch/alerts), and this file is readable by every user.
+_ALERTS = """
+CREATE TABLE alerts (
+  id INTEGER PRIMARY KEY,
+  ts_ms INTEGER NOT NULL,                -- when the event happened (or its threshold was met)
+  kind TEXT NOT NULL,                    -- run.finished, run.failed, run.oom, ..., gpu.idle_held, gpus.free
+  incident TEXT NOT NULL,                -- what makes it one incident: a second alert for it is ignored
+  host TEXT NOT NULL,
+  uid INTEGER,                           -- whose: the run's or the process's owner; NULL for a GPU or the host
+  run_id TEXT, gpu_index INTEGER, pid INTEGER,
+  title TEXT NOT NULL, body TEXT NOT NULL,
+  detail_json TEXT,                      -- the figures it rests on
+  UNIQUE (kind, incident)
+);
+CREATE INDEX alerts_uid ON alerts (uid, id);
+CREATE INDEX alerts_run ON alerts (run_id);
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
 # An entry is an SQL script, or a function given the connection inside the migration's
 # transaction, for what SQL alone cannot do (sqlite-utils' FTS set-up, `table.transform()`).
@@ -422,5 +442,5 @@ ALTER TABLE gpus ADD COLUMN state_since_ms INTEGER;  -- when `state` last change
 Migration = str | Callable[[sqlite3.Connection], None]
 MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
                                _GENERATION_MEMORY, _ALWAYS_ON, search.add_search,
-                               _PROFILE_BREAKDOWNS, _GPU_STATE_SINCE]
+                               _PROFILE_BREAKDOWNS, _GPU_STATE_SINCE, _ALERTS]
 SCHEMA_VERSION = len(MIGRATIONS)
