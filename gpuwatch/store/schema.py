@@ -433,6 +433,15 @@ CREATE INDEX alerts_uid ON alerts (uid, id);
 CREATE INDEX alerts_run ON alerts (run_id);
 """
 
+# A steps row may stand for several steps: past the transport's budget the client folds them
+# into one row per short window (`step` is the window's last step; tokens and samples are sums,
+# loss and step time means). Count steps by n_steps, never by rows. With several optimisers
+# (a GAN's D and G), each one's loss, named after the program's module where it can be found.
+_FOLDED_STEPS = """
+ALTER TABLE steps ADD COLUMN n_steps INTEGER NOT NULL DEFAULT 1;  -- steps this row stands for
+ALTER TABLE steps ADD COLUMN losses_json TEXT;  -- {"netD": 1.21, "netG": 0.83}: per-optimiser loss
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
 # An entry is an SQL script, or a function given the connection inside the migration's
 # transaction, for what SQL alone cannot do (sqlite-utils' FTS set-up, `table.transform()`).
@@ -442,5 +451,6 @@ CREATE INDEX alerts_run ON alerts (run_id);
 Migration = str | Callable[[sqlite3.Connection], None]
 MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
                                _GENERATION_MEMORY, _ALWAYS_ON, search.add_search,
-                               _PROFILE_BREAKDOWNS, _GPU_STATE_SINCE, _ALERTS]
+                               _PROFILE_BREAKDOWNS, _GPU_STATE_SINCE, _ALERTS,
+                               _FOLDED_STEPS]
 SCHEMA_VERSION = len(MIGRATIONS)
