@@ -208,6 +208,8 @@ class StepRow:
     mem_peak_bytes: int | None
     rss_bytes: int | None
     data_wait_pct: float | None  # share of the step before its compute began (data loading)
+    n_steps: int  # steps this row stands for (folded rows: more than one)
+    losses_json: str | None  # per-optimiser losses, a JSON object
 
 
 @dataclass(frozen=True)
