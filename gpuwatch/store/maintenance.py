@@ -31,7 +31,7 @@ ROLLUP_LAG_MS = 10_000
 # Raw sample tables and the key that leads their primary key (None: the key is ts_ms).
 RAW_TABLES = {"gpu_samples": "gpu_index", "gpu_process_samples": "gpu_index",
               "mig_samples": "gpu_index", "gpu_prof_samples": "gpu_index", "host_samples": None,
-              "daemon_stats": None}
+              "daemon_stats": None, "host_top_processes": None}
 ROLLUP_SOURCES = (("gpu_samples", "gpu_index", GPU_METRICS), ("host_samples", None, HOST_METRICS))
 # Deleted with a run when the size cap leaves nothing else; each has a run_id column.
 RUN_TABLES = ("steps", "generations", "memory_stats", "run_events", "oom_postmortems",

@@ -94,6 +94,9 @@ class HostSample:
     net_tx_bytes: int | None
     shm_total_bytes: int | None
     shm_used_bytes: int | None
+    swap_in_bytes: int | None  # cumulative counters
+    swap_out_bytes: int | None
+    page_cache_bytes: int | None
 
 
 @dataclass(frozen=True)

@@ -442,6 +442,23 @@ ALTER TABLE steps ADD COLUMN n_steps INTEGER NOT NULL DEFAULT 1;  -- steps this 
 ALTER TABLE steps ADD COLUMN losses_json TEXT;  -- {"netD": 1.21, "netG": 0.83}: per-optimiser loss
 """
 
+# Evidence for "why did my run slow down": the few top CPU consumers of the whole host at each
+# process tick (on a GPU or not), and the host's memory pressure.
+_SLOWDOWN_EVIDENCE = """
+CREATE TABLE host_top_processes (
+  ts_ms INTEGER NOT NULL,
+  pid INTEGER NOT NULL,
+  start_ms INTEGER,                      -- with pid, identifies the process across pid reuse
+  uid INTEGER, user TEXT, cmdline TEXT,
+  cpu_pct REAL,                          -- % of one core since the previous process tick
+  rss_bytes INTEGER,
+  PRIMARY KEY (ts_ms, pid)
+) WITHOUT ROWID;
+ALTER TABLE host_samples ADD COLUMN swap_in_bytes INTEGER;    -- cumulative counters
+ALTER TABLE host_samples ADD COLUMN swap_out_bytes INTEGER;
+ALTER TABLE host_samples ADD COLUMN page_cache_bytes INTEGER;
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
 # An entry is an SQL script, or a function given the connection inside the migration's
 # transaction, for what SQL alone cannot do (sqlite-utils' FTS set-up, `table.transform()`).
@@ -452,5 +469,5 @@ Migration = str | Callable[[sqlite3.Connection], None]
 MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
                                _GENERATION_MEMORY, _ALWAYS_ON, search.add_search,
                                _PROFILE_BREAKDOWNS, _GPU_STATE_SINCE, _ALERTS,
-                               _FOLDED_STEPS]
+                               _FOLDED_STEPS, _SLOWDOWN_EVIDENCE]
 SCHEMA_VERSION = len(MIGRATIONS)
