@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # One-step set-up and run: `bash dev.sh demo` or `bash dev.sh test [pytest args]`.
+# Contributors: `bash dev.sh lint` (ruff, formatting, mypy, import contracts), `bash dev.sh fmt`,
+# `bash dev.sh docs [serve]` (the MkDocs site, built strictly), `bash dev.sh screenshots`.
 # Makes ./.venv if missing, installs gpuwatch with its extras (CPU torch 2.13.0), then runs.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -18,5 +20,16 @@ shift || true
 case "$what" in
   demo) exec .venv/bin/gpuwatch demo "$@" ;;
   test) exec .venv/bin/python -m pytest -q "$@" ;;
-  *) echo "usage: bash dev.sh demo|test [args]" >&2; exit 2 ;;
+  lint)
+    export PATH="$PWD/.venv/bin:$PATH"
+    ruff check .
+    ruff format --check .
+    mypy
+    lint-imports ;;
+  fmt) exec .venv/bin/ruff format "$@" ;;
+  docs)
+    if [ "${1:-build}" = serve ]; then exec .venv/bin/mkdocs serve; fi
+    exec .venv/bin/mkdocs build --strict ;;
+  screenshots) exec .venv/bin/python -m gpuwatch.tui.screenshots docs/img "$@" ;;
+  *) echo "usage: bash dev.sh demo|test|lint|fmt|docs [serve]|screenshots [args]" >&2; exit 2 ;;
 esac

@@ -145,7 +145,7 @@ def main() -> None:
     print(f"\n{span_h:.1f} h of raw samples, {bench_storage.GPUS} GPUs (simulated), "
           f"{bench_storage.PROCS} GPU processes; best of {args.repeat}; load average "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print(f"| query | gpuwatch | plain indexed table | ratio | rows (same) |")
+    print("| query | gpuwatch | plain indexed table | ratio | rows (same) |")
     print("|---|---|---|---|---|")
     for label, ((o, p), n, equal) in results.items():
         print(f"| {label} | {o * 1000:,.1f} ms | {p * 1000:,.1f} ms | {o / p:.2f}x | {n} ({'yes' if equal else 'NO'}) |")

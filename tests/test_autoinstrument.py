@@ -227,7 +227,7 @@ def test_an_unmodified_ddp_script_under_torchrun_is_one_job_with_two_ranks():
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the daemon fixture runs in system mode")
-def test_profile_and_stacks_of_an_unmodified_live_run_through_the_daemon(daemon, tmp_path):
+def test_profile_and_stacks_of_an_unmodified_live_run_through_the_daemon(daemon, tmp_path):  # noqa: F811 (the fixture)
     db, sock = daemon
     env = dict(os.environ, GPUWATCH_SOCKET=str(sock), GPUWATCH_RUNS_DIR=str(tmp_path / "runs"))
     wrapper = subprocess.Popen([GPUWATCH, "run", "--name", "live", "--", PY, str(SCRIPTS / "live.py")],

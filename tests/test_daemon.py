@@ -376,7 +376,7 @@ def test_daemon_in_a_thread_samples_and_stops_the_watchdog_when_the_sampler_dies
         assert "STATUS=sampling 8 GPUs every 0.1s; db " + db in ready[-1][1]
         receive(sock, "WATCHDOG=1")
         daemon.sampler.sched.stop()  # the sampling thread is gone: the watchdog must starve
-        got = receive(sock, "STATUS=sampler stalled")
+        receive(sock, "STATUS=sampler stalled")
         sock.settimeout(0.6)
         with pytest.raises(socket.timeout):
             print(sock.recv(4096))

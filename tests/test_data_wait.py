@@ -7,7 +7,6 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 

@@ -22,7 +22,7 @@ from test_hostile import Filler, Records, small_disk  # noqa: F401 (a fixture)
 
 
 def test_database_socket_and_health_file_on_one_full_disk_log_three_lines_and_no_traceback(
-        small_disk, monkeypatch):
+        small_disk, monkeypatch):  # noqa: F811 (the fixture)
     # Housekeeping every 0.1 s instead of 5 s, early retention every 0.2 s instead of 30 s:
     # 8 s full stand for the 10 minutes of the goal (50x the housekeeping a 10-minute episode has).
     monkeypatch.setattr(writer_mod, "HOUSEKEEPING_S", 0.1)
@@ -68,7 +68,7 @@ def test_database_socket_and_health_file_on_one_full_disk_log_three_lines_and_no
     assert [r for r in during if r.levelno >= logging.INFO][0] is episode[0]
 
 
-def test_a_client_spooling_onto_a_full_disk_says_so_once_and_again_once(small_disk, caplog):
+def test_a_client_spooling_onto_a_full_disk_says_so_once_and_again_once(small_disk, caplog):  # noqa: F811 (the fixture)
     from gpuwatch.client.transport import DaemonTransport
 
     caplog.set_level(logging.DEBUG, logger="gpuwatch")
@@ -98,7 +98,7 @@ def test_a_client_spooling_onto_a_full_disk_says_so_once_and_again_once(small_di
     assert "again" in lines[1].getMessage()
 
 
-def test_a_profiler_trace_that_does_not_fit_leaves_no_half_written_file(small_disk):
+def test_a_profiler_trace_that_does_not_fit_leaves_no_half_written_file(small_disk):  # noqa: F811 (the fixture)
     from collectors import torch_profiler
 
     class Prof:  # a trace that fits, but not twice: its gzipped copy runs out of room

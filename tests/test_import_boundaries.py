@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +83,13 @@ def test_cli_help_loads_neither(args):
     code = ("from gpuwatch.cli import main\n"
             f"try:\n    main({args!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code")
     assert heavy_after(code) == []
+
+
+def test_the_import_contracts_of_the_architecture_hold():
+    # The table of parts as import-linter contracts (pyproject.toml): what each part may never
+    # import, including through function-level imports, which the runtime checks above miss.
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run([str(lint_imports), "--no-cache"], capture_output=True, text=True,
+                            timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout

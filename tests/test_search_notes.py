@@ -119,7 +119,7 @@ else:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switches to other uids")
-def test_notes_on_the_daemons_runs_go_through_the_daemon_as_the_caller(daemon, tmp_path):
+def test_notes_on_the_daemons_runs_go_through_the_daemon_as_the_caller(daemon, tmp_path):  # noqa: F811 (the fixture)
     db, sock = daemon
     env = _env(GPUWATCH_SOCKET=str(sock), TEST_DB_FILE=str(db), HOME="/tmp",
                GPUWATCH_CONFIG="/nonexistent/gpuwatch.toml", XDG_CONFIG_HOME="/nonexistent")

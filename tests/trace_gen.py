@@ -105,7 +105,7 @@ def make_trace(rank: int = 0, world: int = 1, steps: int = 4, seed: int = 0,
                                  COMPUTE_STREAM) + 1
                     t = w.launch(t + 1, KERNELS[0][0], 200 * scale * slow, COMPUTE_STREAM) + 1
                     w.cpu("aten::_scaled_dot_product_attention_math", m0, t - m0)
-                w.cpu(f"aten::linear" if layer % 2 else "aten::layer_norm", op_start,
+                w.cpu("aten::linear" if layer % 2 else "aten::layer_norm", op_start,
                       t - op_start)
                 if phase == "backward" and nccl and world > 1:
                     # all-reduce of this layer's gradients, overlapping the next layer's compute
@@ -117,7 +117,7 @@ def make_trace(rank: int = 0, world: int = 1, steps: int = 4, seed: int = 0,
             t = w.launch(t + cpu_gap_us, "void at::native::(anonymous namespace)::"
                          "multi_tensor_apply_kernel<at::native::FusedAdamMathFunctor>", 35.0,
                          COMPUTE_STREAM) + 1
-        w.cpu(f"Optimizer.step#AdamW.step", opt_start, t - opt_start, cat="user_annotation")
+        w.cpu("Optimizer.step#AdamW.step", opt_start, t - opt_start, cat="user_annotation")
         if sync:
             sync_start = t
             end = max(w.free.values())

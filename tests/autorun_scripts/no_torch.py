@@ -1,5 +1,4 @@
 """Never imports torch: must behave exactly as without gpuwatch."""
-import os
 import sys
 
 print("argv", sys.argv[1:], "instrument hooks seen:", "torch" in sys.modules)
