@@ -30,6 +30,6 @@ case "$what" in
   docs)
     if [ "${1:-build}" = serve ]; then exec .venv/bin/mkdocs serve; fi
     exec .venv/bin/mkdocs build --strict ;;
-  screenshots) exec .venv/bin/python -m gpuwatch.tui.screenshots docs/img "$@" ;;
+  screenshots) exec .venv/bin/python tools/screenshots.py docs/img "$@" ;;
   *) echo "usage: bash dev.sh demo|test|lint|fmt|docs [serve]|screenshots [args]" >&2; exit 2 ;;
 esac

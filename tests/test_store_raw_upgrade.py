@@ -141,9 +141,9 @@ def test_a_packed_database_is_upgraded_to_plain_tables_with_every_value(upgraded
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
-def test_the_readmes_queries_return_the_same_rows_after_the_upgrade(upgraded_and_fresh):
+def test_the_documented_queries_return_the_same_rows_after_the_upgrade(upgraded_and_fresh):
     conn, fresh, _ = upgraded_and_fresh
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "database.md").read_text()
     block = readme.split("```sql\n", 1)[1].split("```", 1)[0]
     # The queries look back from now; these samples end at END, on GPUs 0 and 1.
     block = block.replace("unixepoch()", str(END // 1000)).replace("gpu_index = 3", "gpu_index = 1")

@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 from gpuwatch.store import search
 from gpuwatch.store.schema import MIGRATIONS
 
-# What one row of each user-facing table or view is; the README's table of tables says the same.
+# What one row of each user-facing table or view is; docs/database.md's table of tables says the same.
 TABLES = {
     "gpus": "One row per GPU: static facts read once (name, UUID, PCI bus id, memory, power limit, MIG mode, driver).",
     "gpu_samples": "One row per GPU and tick: utilisation, memory, temperature, power, energy, clocks, PCIe, fan, throttle reasons, ECC. Raw samples, kept raw_retention_hours.",
@@ -102,7 +102,7 @@ def column_description(table: str, column: str, comments: dict[str, dict[str, st
 
 
 # Canned queries: title, SQL, description, chart (datasette-vega's settings, in the page's URL
-# fragment). The first six are the README's worked queries, word for word.
+# fragment). The first six are docs/database.md's worked queries, word for word.
 QUERIES: dict[str, dict] = {
     "tokens_per_s_per_run": {
         "title": "Tokens/s and peak memory per run, last 24 h",

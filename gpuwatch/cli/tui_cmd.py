@@ -165,7 +165,7 @@ def serve_web(path: str, refresh: float, user: str | None, address: str, allow_r
         raise click.ClickException(str(e)) from None
     if not allow_remote and not web.is_loopback(host):
         raise click.ClickException(f"--web {address}: {host} is not a loopback address; other hosts could "
-                                   "reach it. Use an SSH tunnel (see the README), or add --web-allow-remote")
+                                   "reach it. Use an SSH tunnel (see docs/tui.md), or add --web-allow-remote")
     open_ro(path).close()  # a wrong path or schema is one clear line, not a page of errors
     try:
         web.TokenServer(web.tui_command(path, refresh, user, prometheus, notice), host, port).serve()

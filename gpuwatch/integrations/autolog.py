@@ -1,7 +1,7 @@
 """gpuwatch.autolog() and `%load_ext gpuwatch`: the zero-code hooks of `gpuwatch run`, switched
 on inside an interpreter nothing wraps (a Jupyter kernel, a program someone else launched).
 
-When a run ends (the README's "Notebooks and programs you did not launch"):
+When a run ends (docs/tracking.md, "Notebooks and programs you did not launch"):
 - the interpreter exits (a kernel shut down or restarted): the run finishes;
 - autolog() is called again (or `%unload_ext gpuwatch`): the current run finishes, and the
   next training step starts a new one, under the new name;
