@@ -88,9 +88,9 @@ class Spec:
     expected: str
     check: Callable[[Any], bool]
     required: bool = False
-    check_all: Callable[[list, set], bool] | None = None
+    check_all: Callable[[list[Any], set[Any]], bool] | None = None
 
-    def column_ok(self, values: list, types: set) -> bool:
+    def column_ok(self, values: list[Any], types: set[Any]) -> bool:
         if self.check_all is not None:
             return self.check_all(values, types)
         return all(map(self.check, values))
@@ -134,7 +134,7 @@ def text(max_chars: int = 65536, required: bool = False) -> Spec:
                 lambda vs, types: types == _STR and max(set(map(len, vs))) <= max_chars)
 
 
-def _lengths_within(values, shortest: int, longest: int) -> bool:
+def _lengths_within(values: list[Any], shortest: int, longest: int) -> bool:
     lengths = set(map(len, values))  # ids of a batch come in few lengths: min/max over those
     return shortest <= min(lengths) and max(lengths) <= longest
 
@@ -153,7 +153,7 @@ def integer(minimum: int | None = None, required: bool = False, maximum: int = I
                 lambda vs, types: types == _INT and low <= min(vs) and max(vs) <= high)
 
 
-def _ints_fit(values, types: set) -> bool:
+def _ints_fit(values: list[float], types: set[Any]) -> bool:
     """The integers among a number column fit SQLite's 64 bits (it binds a Python int as one)."""
     if int not in types:
         return True
@@ -162,7 +162,7 @@ def _ints_fit(values, types: set) -> bool:
     return all(INT64[0] <= v <= INT64[1] for v in values if type(v) is int)
 
 
-def _number_fits(v) -> bool:
+def _number_fits(v: Any) -> bool:
     return type(v) is float or (type(v) is int and INT64[0] <= v <= INT64[1])
 
 
@@ -178,7 +178,7 @@ def number(minimum: float | None = None, required: bool = False) -> Spec:
 
 def percent(required: bool = False) -> Spec:
     """A share from 0 to 100; NaN is refused (a share that cannot be computed is sent as null)."""
-    def fits(v) -> bool:
+    def fits(v: Any) -> bool:
         return type(v) in _NUMBER and 0 <= v <= 100  # NaN compares false: refused
     return Spec("number from 0 to 100", fits, required,
                 lambda vs, types: types <= _NUMBERS and all(map(fits, vs)))
@@ -290,12 +290,12 @@ class Message:
     """A validated client frame. `events` hold only known fields, nulls removed."""
 
     type: str
-    frame: dict
-    events: list[dict] = field(default_factory=list)
+    frame: dict[str, Any]
+    events: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
 
-def encode(frame: dict) -> bytes:
+def encode(frame: dict[str, Any]) -> bytes:
     """One frame as a line; `v` is added. Raises ProtocolError if it would exceed the cap."""
     data = json.dumps({"v": VERSION, **frame}, separators=(",", ":")).encode() + b"\n"
     if len(data) > MAX_FRAME_BYTES:
@@ -331,7 +331,7 @@ def _nesting_within(line: bytes, limit: int) -> bool:
             and brackets.count(b"[") + brackets.count(b"{") <= limit)
 
 
-def decode(line: bytes) -> dict:
+def decode(line: bytes) -> dict[str, Any]:
     """Parse one frame line (without the cap check, done by the reader)."""
     if not _nesting_within(line, MAX_FRAME_DEPTH):
         raise ProtocolError(f"frame nests deeper than {MAX_FRAME_DEPTH} levels")
@@ -349,13 +349,13 @@ def decode(line: bytes) -> dict:
     return frame
 
 
-def check_version(frame: dict) -> None:
+def check_version(frame: dict[str, Any]) -> None:
     v = frame.get("v")
     if type(v) is not int or v != VERSION:
         raise ProtocolError(f"unsupported protocol version {_show(v)}; this daemon speaks {VERSION}", "version")
 
 
-_compiled: dict[str, tuple[dict, dict[str, Spec], tuple[str, ...]]] = {}
+_compiled: dict[str, tuple[dict[str, Any], dict[str, Spec], tuple[str, ...]]] = {}
 
 
 def _kind_specs(kind: str) -> tuple[dict[str, Spec], tuple[str, ...]]:
@@ -369,7 +369,7 @@ def _kind_specs(kind: str) -> tuple[dict[str, Spec], tuple[str, ...]]:
     return cached[1], cached[2]
 
 
-def validate_event(event: Any, where: str = "event") -> tuple[dict, list[str]]:
+def validate_event(event: Any, where: str = "event") -> tuple[dict[str, Any], list[str]]:
     """Check one event; return it with unknown and identity fields dropped, and warnings.
     A null field means "not given" (it stays null); the event is copied only if it must be."""
     if type(event) is not dict:
@@ -399,20 +399,20 @@ _not_none = partial(is_not, None)
 _NONE_TYPE = type(None)
 
 
-def _batch_is_clean(events: list) -> bool:
+def _batch_is_clean(events: list[Any]) -> bool:
     """True if every event is valid as it stands (no unknown field, nothing to warn about),
     checked a column at a time. False says nothing more: validate_event then finds the exact
     problem, or keeps the batch after all."""
     if set(map(type, events)) != _DICT:
         return False
-    kinds = list(map(dict.get, events, repeat("kind")))
+    kinds: list[Any] = list(map(dict.get, events, repeat("kind")))
     try:
         distinct = set(kinds)
     except TypeError:  # an unhashable kind: the slow path names it
         return False
     if not distinct <= EVENT_KINDS.keys():
         return False
-    groups: dict[str, list[dict]] = {kinds[0]: events}
+    groups: dict[str, list[dict[str, Any]]] = {kinds[0]: events}
     if len(distinct) > 1:
         groups = {kind: [] for kind in distinct}
         for kind, event in zip(kinds, events):
@@ -437,7 +437,7 @@ def _batch_is_clean(events: list) -> bool:
     return True
 
 
-def _columns(events: list[dict]) -> tuple[tuple[str, ...], Any]:
+def _columns(events: list[dict[str, Any]]) -> tuple[tuple[str, ...], Any]:
     """The events' field names and their values a column at a time (None where one lacks it)."""
     names = tuple(events[0])
     if len(names) > 1 and set(map(len, events)) == {len(names)}:
@@ -449,12 +449,12 @@ def _columns(events: list[dict]) -> tuple[tuple[str, ...], Any]:
     return names, (list(map(dict.get, events, repeat(name))) for name in names)
 
 
-def validate_events(events: list) -> tuple[list[dict], list[str]]:
+def validate_events(events: list[Any]) -> tuple[list[dict[str, Any]], list[str]]:
     """Check a frame's events: the clean ones and the warnings; ProtocolError names the first
     bad field of the first bad event (`events[i].field`)."""
     if _batch_is_clean(events):
         return events, []
-    clean: list[dict] = []
+    clean: list[dict[str, Any]] = []
     warnings: list[str] = []
     for i, event in enumerate(events):
         event, dropped = validate_event(event, f"events[{i}]")
@@ -463,7 +463,7 @@ def validate_events(events: list) -> tuple[list[dict], list[str]]:
     return clean, warnings
 
 
-def _check_fields(frame: dict, specs: dict[str, Spec]) -> None:
+def _check_fields(frame: dict[str, Any], specs: dict[str, Spec]) -> None:
     for name, spec in specs.items():
         value = frame.get(name)
         if value is None:
@@ -474,7 +474,7 @@ def _check_fields(frame: dict, specs: dict[str, Spec]) -> None:
             raise ProtocolError(f"{frame['type']}.{name}: expected {spec.expected}, got {_show(value)}")
 
 
-def validate(frame: dict) -> Message:
+def validate(frame: dict[str, Any]) -> Message:
     """Validate a decoded client frame; raise ProtocolError with one exact line otherwise."""
     check_version(frame)
     kind = frame.get("type")
@@ -499,6 +499,6 @@ def validate(frame: dict) -> Message:
     raise ProtocolError(f"type: unknown frame type {_show(kind)}")
 
 
-def error(message: str, code: str, **extra) -> dict:
+def error(message: str, code: str, **extra: Any) -> dict[str, Any]:
     assert code in ERROR_CODES, code
     return {"type": "error", "code": code, "error": message, **extra}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass, field
+from typing import Any
 
 _COLUMNS = ("ts_ms", "kind", "incident", "host", "uid", "run_id", "gpu_index", "pid",
             "title", "body", "detail_json")
@@ -27,7 +28,7 @@ class Alert:
     run_id: str | None = None
     gpu_index: int | None = None
     pid: int | None = None
-    detail: dict = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
     id: int | None = None  # set once stored
 
 
@@ -42,7 +43,7 @@ def record(conn: sqlite3.Connection, alert: Alert) -> int | None:
     return cur.lastrowid if cur.rowcount else None
 
 
-def _build(row: tuple) -> Alert:
+def _build(row: tuple[Any, ...]) -> Alert:
     (id_, ts_ms, kind, incident, host, uid, run_id, gpu_index, pid, title, body, detail) = row
     return Alert(kind=kind, incident=incident, ts_ms=ts_ms, host=host, title=title, body=body,
                  uid=uid, run_id=run_id, gpu_index=gpu_index, pid=pid,

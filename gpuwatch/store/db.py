@@ -17,7 +17,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from gpuwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 
@@ -44,7 +44,7 @@ def now_ms() -> int:
 
 
 @contextlib.contextmanager
-def sqlite_utils_database(conn: sqlite3.Connection):
+def sqlite_utils_database(conn: sqlite3.Connection) -> Iterator[Any]:
     """sqlite-utils' Database over `conn`, its connection settings left alone.
 
     Importing sqlite-utils imports pandas and numpy when they are installed, only to map their
@@ -54,7 +54,7 @@ def sqlite_utils_database(conn: sqlite3.Connection):
     ours = "sqlite_utils" not in sys.modules
     hidden = [m for m in ("pandas", "numpy") if ours and m not in sys.modules]
     for name in hidden:
-        sys.modules[name] = None  # import fails: sqlite-utils goes on without them
+        sys.modules[name] = None  # type: ignore[assignment]  # import fails: sqlite-utils goes on without them
     try:
         import sqlite_utils
     finally:
@@ -69,7 +69,7 @@ def sqlite_utils_database(conn: sqlite3.Connection):
 
 
 def _check_version(conn: sqlite3.Connection, path: Path) -> int:
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    version: int = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"{path} has schema version {version}, newer than this gpuwatch understands "
@@ -107,7 +107,7 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
         raise
 
 
-def _statements(script: str):
+def _statements(script: str) -> Iterator[str]:
     """The statements of an SQL script, one at a time (executescript would commit first, so it
     cannot run inside our transaction). A statement ends at the ';' where SQLite would end
     it, so a trigger's inner ';' and one in a string or comment stay inside."""
@@ -148,7 +148,7 @@ def _wal(conn: sqlite3.Connection, wait_s: float = 5.0) -> None:
             time.sleep(0.01)
 
 
-def open_rw(path: str | os.PathLike, *, mode: int = 0o644) -> sqlite3.Connection:
+def open_rw(path: str | os.PathLike[str], *, mode: int = 0o644) -> sqlite3.Connection:
     """Open (creating if needed) for writing, migrate, and set WAL + synchronous=NORMAL."""
     path = Path(path)
     try:
@@ -195,7 +195,7 @@ def _connect_ro(path: Path, immutable: bool) -> ReadConnection:
     return conn
 
 
-def open_ro(path: str | os.PathLike) -> ReadConnection:
+def open_ro(path: str | os.PathLike[str]) -> ReadConnection:
     """Open for reading only; works for users who cannot write the file or its directory."""
     path = Path(path)
     if not path.exists():

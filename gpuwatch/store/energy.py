@@ -1,7 +1,7 @@
 """Energy per run: each GPU's NVML energy counter (gpu_samples.energy_mj), shared among the runs
 whose processes were on that GPU.
 
-The rule (README, "Energy per run"):
+The rule (docs/analysis.md, "Energy per run"):
 - Between two consecutive samples of a GPU that both read the counter, the GPU used their
   difference, spread evenly over that interval. A counter that went down (driver reload, GPU
   reset) or a gap longer than MAX_GAP_MS (daemon stopped, GPU lost) leaves that interval
@@ -24,7 +24,7 @@ import sqlite3
 from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS, every_gpu
 
@@ -68,7 +68,7 @@ class EnergyLedger:
         # Within one fold: who owns each tick's processes, and for how long that holds, and the
         # joules of each (gpu, owners) summed before they are split (a fold's many intervals
         # would otherwise each split again among the same runs).
-        self._resolved: dict[tuple[int, int], tuple[int, float, tuple[str | None, ...]]] = {}
+        self._resolved: dict[tuple[int, int], tuple[float, float, tuple[str | None, ...]]] = {}
         self._pending: dict[tuple[int, tuple[str | None, ...]], float] = defaultdict(float)
         self._wanted_gpus: set[int] = set()  # fold(runs=...): the GPUs those runs used so far
 
@@ -172,16 +172,17 @@ class EnergyLedger:
                         hi, owners = known[1], known[2]
                     else:
                         hi, owners = self._owners_at(ts, gpu, pids, a)
-                    upto = min(end, hi)
+                    upto = int(min(end, hi))  # hi is an int, or OPEN (inf) past end
                     self._pending[gpu, owners] += per_ms * (upto - a)
                     a = upto
             a = b
             k += 1
 
-    def _owners_at(self, ts: int, gpu: int, pids: tuple[int, ...], at: int) -> tuple[float, tuple]:
+    def _owners_at(self, ts: int, gpu: int, pids: tuple[int, ...], at: int) -> tuple[float, tuple[Any, ...]]:
         """The run of each process at `at` (newest started first; None: no run), and until
         when that holds (the next start or end of one of their runs); kept for the next call."""
-        lo, hi, owners = -OPEN, OPEN, []
+        lo, hi = -OPEN, OPEN
+        owners: list[str | None] = []
         for pid in pids:
             owner = None
             for run_id, start, end in self._owners.get(pid, ()):

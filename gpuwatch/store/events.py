@@ -15,7 +15,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from itertools import chain, groupby, repeat
 from operator import itemgetter
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from gpuwatch.store.writer import insert_rows, insert_sql
 
@@ -41,7 +41,7 @@ class Outcome:
     applied: list[str] = field(default_factory=list)  # event ids now durable (once committed)
     rejected: list[tuple[str, str, str]] = field(default_factory=list)  # (id, code, message)
 
-    def reply(self, warnings: list[str] = ()) -> dict:
+    def reply(self, warnings: Sequence[str] = ()) -> dict[str, Any]:
         """The wire reply: `ack`, or an `error` naming the first refused event; `ids` are durable."""
         extra = {"warnings": list(warnings)[:20]} if warnings else {}
         if not self.rejected:
@@ -60,7 +60,7 @@ class _Batch:
         self.peer = peer
         self.owners: dict[str, int | None] = {}
         # (table, conflict, columns) -> rows, each one executemany
-        self.rows: dict[tuple[str, str, tuple[str, ...]], list[tuple]] = {}
+        self.rows: dict[tuple[str, str, tuple[str, ...]], list[tuple[Any, ...]]] = {}
         self.last_step_ms: dict[str, int] = {}
 
     def owner(self, run_id: str) -> int | None:
@@ -77,10 +77,10 @@ class _Batch:
             raise EventRejected("forbidden", f"run {run_id!r} belongs to uid {uid}; "
                                              f"uid {self.peer.uid} may not write to it")
 
-    def add_row(self, table: str, conflict: str, row: dict) -> None:
+    def add_row(self, table: str, conflict: str, row: dict[str, Any]) -> None:
         self.rows.setdefault((table, conflict, tuple(row)), []).append(tuple(row.values()))
 
-    def add_rows(self, table: str, conflict: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
+    def add_rows(self, table: str, conflict: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
         self.rows.setdefault((table, conflict, columns), []).extend(rows)
 
     def note_step(self, run_id: str, ts_ms: int) -> None:
@@ -98,7 +98,7 @@ _ENVELOPE = frozenset({"id", "kind"})
 _NO_RENAMES: dict[str, str] = {}
 
 
-def _row(event: dict, renames: dict[str, str] = _NO_RENAMES) -> dict:
+def _row(event: dict[str, Any], renames: dict[str, str] = _NO_RENAMES) -> dict[str, Any]:
     """Event fields -> table columns: objects become <name>_json; envelope and nulls dropped."""
     row = {renames.get(k, k): v for k, v in event.items() if v is not None and k not in _ENVELOPE}
     for name in [k for k, v in row.items() if type(v) is dict]:
@@ -106,7 +106,7 @@ def _row(event: dict, renames: dict[str, str] = _NO_RENAMES) -> dict:
     return row
 
 
-def _run_start(batch: _Batch, event: dict) -> None:
+def _run_start(batch: _Batch, event: dict[str, Any]) -> None:
     run_id = event["run_id"]
     uid = batch.owner(run_id)
     if uid is not None:
@@ -126,7 +126,7 @@ def _run_start(batch: _Batch, event: dict) -> None:
         (run_id, batch.peer.pid, batch.peer.pid))
 
 
-def _run_end(batch: _Batch, event: dict) -> None:
+def _run_end(batch: _Batch, event: dict[str, Any]) -> None:
     batch.require_own(event["run_id"])
     # Overwrites 'lost' too: a client that was away and comes back knows better.
     batch.conn.execute(
@@ -161,7 +161,7 @@ class TableApplier:
         self.renames = renames
         self.tracks_steps = tracks_steps  # keeps runs.last_step_ms current
 
-    def apply_many(self, batch: _Batch, events: list[dict], outcome: Outcome) -> None:
+    def apply_many(self, batch: _Batch, events: list[dict[str, Any]], outcome: Outcome) -> None:
         run_ids = list(map(_get_run_id, events))
         refused: dict[str, EventRejected] = {}
         for run_id in set(run_ids):
@@ -186,7 +186,7 @@ class TableApplier:
                 for run_id, ts in zip(run_ids, map(_get_ts, events)):
                     batch.note_step(run_id, ts)
 
-    def _add_rows(self, batch: _Batch, events: list[dict]) -> None:
+    def _add_rows(self, batch: _Batch, events: list[dict[str, Any]]) -> None:
         """The same rows as _row gives, built column-wise: all-null columns are left out."""
         fields = [name for name in events[0] if name not in _ENVELOPE]
         rows = None
@@ -202,8 +202,9 @@ class TableApplier:
             batch.add_rows(self.table, "IGNORE", tuple(self.renames.get(n, n) for n in fields), rows)
             return
         columns: list[str] = []
-        values: list = []
+        values: list[Any] = []
         nullable: list[str] = []  # columns null in some rows only
+        column: Sequence[Any]
         for name, column in zip(fields, zip(*rows)):
             types = set(map(type, column))
             if _NONE_TYPE in types and len(types) == 1:
@@ -253,7 +254,7 @@ def _gpu_index_of(conn: sqlite3.Connection, run_id: str,
 
 
 def _neighbours_from_samples(conn: sqlite3.Connection, run_id: str, device: int, own_pid: int,
-                             ts_ms: int) -> list[dict] | None:
+                             ts_ms: int) -> list[dict[str, Any]] | None:
     """Other processes on the OOM's GPU (on a MIG device: on that MIG device, whose memory is
     its own) at the daemon's newest process sample before the OOM."""
     gpu, mig = _gpu_index_of(conn, run_id, device)
@@ -272,7 +273,7 @@ def _neighbours_from_samples(conn: sqlite3.Connection, run_id: str, device: int,
             for pid, user, used, run in rows]
 
 
-def _oom_postmortem(batch: _Batch, event: dict) -> None:
+def _oom_postmortem(batch: _Batch, event: dict[str, Any]) -> None:
     run_id, ts = event["run_id"], event["ts_ms"]
     batch.require_own(run_id)
     # The table has no natural key: a replayed postmortem is recognised by its run and time.
@@ -302,7 +303,7 @@ _OP_COLUMNS = {"calls": int, "self_cpu_us": float, "cpu_total_us": float, "self_
                "device_total_us": float, "self_mem_bytes": int}
 
 
-def _profile_op(op: dict) -> dict:
+def _profile_op(op: dict[str, Any]) -> dict[str, Any]:
     name = op.get("name")
     if type(name) is not str or not 0 < len(name) <= 1024:
         raise EventRejected("invalid", f"profile op name: expected a string of 1-1024 characters, got {name!r:.40}")
@@ -331,9 +332,9 @@ _BREAKDOWN_COLUMNS = {
 }
 
 
-def _breakdown_row(bd: dict) -> dict:
+def _breakdown_row(bd: dict[str, Any]) -> dict[str, Any]:
     """A `profile_breakdowns` row from a profile event's `breakdown` (client data: checked)."""
-    row = {"gpu": 1 if bd.get("gpu") else 0}
+    row: dict[str, Any] = {"gpu": 1 if bd.get("gpu") else 0}
     for column, (section, key) in _BREAKDOWN_COLUMNS.items():
         part = bd if section is None else bd.get(section)
         value = part.get(key) if isinstance(part, dict) else None
@@ -352,7 +353,7 @@ def _breakdown_row(bd: dict) -> dict:
     return row
 
 
-def _profile(batch: _Batch, event: dict) -> None:
+def _profile(batch: _Batch, event: dict[str, Any]) -> None:
     """A `profiles` row and its `profile_ops`; a replayed event (same run, time, rank, trigger)
     changes nothing."""
     batch.require_own(event["run_id"])
@@ -374,7 +375,7 @@ def _profile(batch: _Batch, event: dict) -> None:
         insert_rows(batch.conn, "profile_breakdowns", [{"profile_id": cur.lastrowid, **breakdown}])
 
 
-def _note(batch: _Batch, event: dict) -> None:
+def _note(batch: _Batch, event: dict[str, Any]) -> None:
     """A note by the run's owner, or by root (who may annotate anyone's run)."""
     if batch.peer.uid != 0 or batch.owner(event["run_id"]) is None:
         batch.require_own(event["run_id"])
@@ -384,7 +385,7 @@ def _note(batch: _Batch, event: dict) -> None:
 
 
 # kind -> applier; protocol.EVENT_KINDS says which fields each kind may carry.
-APPLIERS: dict[str, Callable[[_Batch, dict], None] | TableApplier] = {
+APPLIERS: dict[str, Callable[[_Batch, dict[str, Any]], None] | TableApplier] = {
     "run_start": _run_start,
     "run_end": _run_end,
     "step": TableApplier("steps", tracks_steps=True),
@@ -397,7 +398,7 @@ APPLIERS: dict[str, Callable[[_Batch, dict], None] | TableApplier] = {
 }
 
 
-def apply_events(conn: sqlite3.Connection, events: list[dict], peer: Peer) -> Outcome:
+def apply_events(conn: sqlite3.Connection, events: list[dict[str, Any]], peer: Peer) -> Outcome:
     """Apply validated events in order; refused ones are reported, the rest applied."""
     batch = _Batch(conn, peer)
     outcome = Outcome()

@@ -13,6 +13,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterable
 
 from gpuwatch import paths
 
@@ -38,11 +39,11 @@ class StoreHealth:
                 "kept spooled)")
 
 
-def report_path(socket_path) -> Path:
+def report_path(socket_path: str | os.PathLike[str]) -> Path:
     return Path(socket_path).parent / FILE_NAME
 
 
-def publish(socket_path, health: StoreHealth | None) -> None:
+def publish(socket_path: str | os.PathLike[str], health: StoreHealth | None) -> None:
     """Write the report (atomically, world-readable like the socket's directory) or remove it."""
     target = report_path(socket_path)
     if health is None:
@@ -58,7 +59,7 @@ def publish(socket_path, health: StoreHealth | None) -> None:
         raise OSError(e.errno, e.strerror, str(target)) from None
 
 
-def read(db_path, socket_paths=()) -> StoreHealth | None:
+def read(db_path: str | os.PathLike[str], socket_paths: Iterable[str | os.PathLike[str]] = ()) -> StoreHealth | None:
     """The live report about `db_path`, looked for beside each of `socket_paths` and both
     default sockets; None when the daemon writing it reports nothing wrong."""
     want = os.path.realpath(db_path)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuwatch.store.queries import HOUR_MS, distinct_keys
 from gpuwatch.store.schema import (GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS, coarser_values,
@@ -96,8 +97,9 @@ def maintain(conn: sqlite3.Connection, now_ms: int, *, raw_retention_ms: int,
 
 def db_bytes(conn: sqlite3.Connection) -> int:
     """Size of the main database as this connection sees it, free pages included."""
-    pages = conn.execute("PRAGMA page_count").fetchone()[0]
-    return pages * conn.execute("PRAGMA page_size").fetchone()[0]
+    pages: int = conn.execute("PRAGMA page_count").fetchone()[0]
+    page_bytes: int = conn.execute("PRAGMA page_size").fetchone()[0]
+    return pages * page_bytes
 
 
 # --- helpers over keyed sample tables ---------------------------------------------------------
@@ -111,19 +113,25 @@ def _key_filter(table: str, key: str | None) -> tuple[str, str]:
 
 def _oldest(conn: sqlite3.Connection, table: str, key: str | None) -> int | None:
     if key is None:
-        return conn.execute(f"SELECT min(ts_ms) FROM {table}").fetchone()[0]
-    return conn.execute(distinct_keys(table, key) + f"SELECT min((SELECT min(ts_ms) FROM {table} "
-                        f"WHERE {key} = keys.k)) FROM keys").fetchone()[0]
+        sql = f"SELECT min(ts_ms) FROM {table}"
+    else:
+        sql = distinct_keys(table, key) + (f"SELECT min((SELECT min(ts_ms) FROM {table} "
+                                           f"WHERE {key} = keys.k)) FROM keys")
+    oldest: int | None = conn.execute(sql).fetchone()[0]
+    return oldest
 
 
 def _newest(conn: sqlite3.Connection, table: str, key: str | None) -> int | None:
     if key is None:
-        return conn.execute(f"SELECT max(ts_ms) FROM {table}").fetchone()[0]
-    return conn.execute(distinct_keys(table, key) + f"SELECT max((SELECT max(ts_ms) FROM {table} "
-                        f"WHERE {key} = keys.k)) FROM keys").fetchone()[0]
+        sql = f"SELECT max(ts_ms) FROM {table}"
+    else:
+        sql = distinct_keys(table, key) + (f"SELECT max((SELECT max(ts_ms) FROM {table} "
+                                           f"WHERE {key} = keys.k)) FROM keys")
+    newest: int | None = conn.execute(sql).fetchone()[0]
+    return newest
 
 
-def _changed(conn: sqlite3.Connection, sql: str, params: tuple) -> int:
+def _changed(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> int:
     """Rows a statement changed (cursor.rowcount is -1 for statements that start with WITH)."""
     before = conn.total_changes
     conn.execute(sql, params)
@@ -148,7 +156,7 @@ def _set_done_until(conn: sqlite3.Connection, tier: str, until_ms: int) -> None:
                  (tier, until_ms))
 
 
-def _roll(conn, source: str, dest: str, key: str | None, period_ms: int, until_ms: int,
+def _roll(conn: sqlite3.Connection, source: str, dest: str, key: str | None, period_ms: int, until_ms: int,
           columns: list[str], values: str) -> int:
     """Fold source rows in [done_until, until_ms) into dest periods; returns rows written."""
     since = _done_until(conn, dest)
@@ -170,14 +178,16 @@ def _tier_columns(metrics: tuple[str, ...]) -> list[str]:
     return [f"{m}_{agg}" for m in metrics for agg in ("min", "avg", "max")]
 
 
-def _roll_quarter_hours(conn, table, key, metrics, now_ms) -> int:
+def _roll_quarter_hours(conn: sqlite3.Connection, table: str, key: str | None, metrics: tuple[str, ...],
+                        now_ms: int) -> int:
     until = (now_ms - ROLLUP_LAG_MS) // QUARTER_HOUR_MS * QUARTER_HOUR_MS
     values = "count(*), " + ", ".join(f"min({m}), {rollup_avg(m, f'avg({m})')}, max({m})" for m in metrics)
     return _roll(conn, table, f"{table}_15m", key, QUARTER_HOUR_MS, until,
                  _tier_columns(metrics), values)
 
 
-def _roll_hours(conn, table, key, metrics, now_ms) -> int:
+def _roll_hours(conn: sqlite3.Connection, table: str, key: str | None, metrics: tuple[str, ...],
+                now_ms: int) -> int:
     periods_done = _done_until(conn, f"{table}_15m") or 0
     until = min(now_ms - ROLLUP_LAG_MS, periods_done) // HOUR_MS * HOUR_MS
     return _roll(conn, f"{table}_15m", f"{table}_1h", key, HOUR_MS, until,
@@ -186,7 +196,8 @@ def _roll_hours(conn, table, key, metrics, now_ms) -> int:
 
 # --- retention --------------------------------------------------------------------------------
 
-def _expire(conn, now_ms, raw_ms, minute_ms, hour_ms, report: MaintenanceReport) -> None:
+def _expire(conn: sqlite3.Connection, now_ms: int, raw_ms: int, minute_ms: int, hour_ms: int,
+            report: MaintenanceReport) -> None:
     rolled = {table: table for table, _, _ in ROLLUP_SOURCES}
     for table, key in RAW_TABLES.items():
         cutoff = now_ms - raw_ms
@@ -205,14 +216,15 @@ def _expire(conn, now_ms, raw_ms, minute_ms, hour_ms, report: MaintenanceReport)
 def _used_bytes(conn: sqlite3.Connection) -> int:
     """Bytes the file keeps after incremental_vacuum; on a database created without
     auto_vacuum free pages cannot be given back, so only used pages are counted."""
-    free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    free: int = conn.execute("PRAGMA freelist_count").fetchone()[0]
     if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
         # The pragma frees one page per step and Python's sqlite3 steps a statement that
         # returns no columns only once, so it is run once per free page (~10 us each).
         for _ in range(free):
             conn.execute("PRAGMA incremental_vacuum")
         return db_bytes(conn)
-    return db_bytes(conn) - free * conn.execute("PRAGMA page_size").fetchone()[0]
+    page_bytes: int = conn.execute("PRAGMA page_size").fetchone()[0]
+    return db_bytes(conn) - free * page_bytes
 
 
 def _enforce_cap(conn: sqlite3.Connection, max_db_bytes: int, report: MaintenanceReport) -> None:
@@ -236,11 +248,11 @@ def _enforce_cap(conn: sqlite3.Connection, max_db_bytes: int, report: Maintenanc
         report.runs_deleted += 1
 
 
-def _delete_oldest_chunk(conn, group: list[tuple[str, str | None]], period_ms: int,
+def _delete_oldest_chunk(conn: sqlite3.Connection, group: list[tuple[str, str | None]], period_ms: int,
                          report: MaintenanceReport) -> bool:
     """Delete the oldest 1/CAP_CHUNKS of the group's time span from every table in it."""
-    spans = [(_oldest(conn, t, k), _newest(conn, t, k)) for t, k in group]
-    spans = [(lo, hi) for lo, hi in spans if lo is not None]
+    found = [(_oldest(conn, t, k), _newest(conn, t, k)) for t, k in group]
+    spans = [(lo, hi) for lo, hi in found if lo is not None and hi is not None]
     if not spans:
         return False
     oldest = min(lo for lo, _ in spans)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,13 @@ class Postmortem:
     traceback: str | None
     memory_summary: str | None
     snapshot_path: str | None
-    stats: dict = field(default_factory=dict)
-    largest_blocks: list = field(default_factory=list)
-    neighbours: list | None = None  # None: nobody could read NVML; [] = alone on the GPU
-    advice: list = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    largest_blocks: list[Any] = field(default_factory=list)
+    neighbours: list[Any] | None = None  # None: nobody could read NVML; [] = alone on the GPU
+    advice: list[Any] = field(default_factory=list)
 
 
-def headroom_bytes(pm: dict) -> int | None:
+def headroom_bytes(pm: dict[str, Any]) -> int | None:
     """Memory the failed allocation could have had: free GPU memory, or the tightest host bound
     (available memory, cgroup limit less RSS, RLIMIT_AS less address space). `pm`: captured
     fields (oom_kind) or a stored row as a dict (kind)."""
@@ -49,8 +50,8 @@ def headroom_bytes(pm: dict) -> int | None:
         bounds.append(max(pm["cgroup_limit_bytes"] - rss, 0))
     if stats.get("rlimit_as_bytes"):
         bounds.append(max(stats["rlimit_as_bytes"] - (stats.get("vms_bytes") or rss), 0))
-    bounds = [b for b in bounds if b is not None]
-    return min(bounds) if bounds else None
+    known: list[int] = [b for b in bounds if b is not None]
+    return min(known) if known else None
 
 
 _JSON = ("stats", "largest_blocks", "neighbours", "advice")
@@ -59,7 +60,7 @@ _COLUMNS = _PLAIN + [f"{n}_json" for n in _JSON]
 _SELECT = "SELECT " + ", ".join(_COLUMNS) + " FROM oom_postmortems"
 
 
-def _parse(text: str | None, empty):
+def _parse(text: str | None, empty: Any) -> Any:
     if not text:
         return empty
     try:
@@ -68,10 +69,10 @@ def _parse(text: str | None, empty):
         return empty
 
 
-def _build(row: tuple) -> Postmortem:
+def _build(row: tuple[Any, ...]) -> Postmortem:
     plain, parsed = row[:len(_PLAIN)], row[len(_PLAIN):]
     stats, blocks, neighbours, advice = parsed
-    return Postmortem(*plain, stats=_parse(stats, {}), largest_blocks=_parse(blocks, []),
+    return Postmortem(**dict(zip(_PLAIN, plain)), stats=_parse(stats, {}), largest_blocks=_parse(blocks, []),
                       neighbours=_parse(neighbours, None), advice=_parse(advice, []))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwatch.store.queries import _build, columns_of
 
@@ -44,7 +45,7 @@ class StackDumpRow:
     error: str | None
 
     @property
-    def threads(self) -> list | None:
+    def threads(self) -> list[Any] | None:
         return None if self.stacks_json is None else json.loads(self.stacks_json)
 
 
@@ -63,7 +64,7 @@ def profile_ops(conn: sqlite3.Connection, profile_id: int, limit: int = 50) -> l
         (profile_id, limit)))
 
 
-def profile_breakdown(conn: sqlite3.Connection, profile_id: int) -> dict | None:
+def profile_breakdown(conn: sqlite3.Connection, profile_id: int) -> dict[str, Any] | None:
     """A profile's trace analysis (one rank of `gpuwatch trace --format json`, with `advice`);
     None when the profile has none (no trace kept, or stored before the analysis existed)."""
     if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'profile_breakdowns'").fetchone():
@@ -73,7 +74,7 @@ def profile_breakdown(conn: sqlite3.Connection, profile_id: int) -> dict | None:
     return None if row is None else json.loads(row[0])
 
 
-def latest_breakdown(conn: sqlite3.Connection, run_id: str) -> dict | None:
+def latest_breakdown(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
     """The breakdown of a run's newest profile that has one (show, compare and report)."""
     if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'profile_breakdowns'").fetchone():
         return None
@@ -106,7 +107,7 @@ class CapacityStudy:
         return None if fit is None else fit["a"] + fit["b"] * seq_len + fit["c"] * seq_len * seq_len
 
     @property
-    def predicted(self) -> dict[int, dict]:
+    def predicted(self) -> dict[int, dict[str, Any]]:
         return {int(b): p for b, p in json.loads(self.predicted_json or "{}").items()}
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass, field, fields
-from typing import Iterable, TypeVar
+from typing import Any, Iterable, TypeVar
 
 from gpuwatch.clock import STEP_TOLERANCE_MS
 from gpuwatch.store.db import StoreError, now_ms
@@ -191,7 +191,7 @@ class Run:
     flops_per_token: float | None
     mode: str | None
     id: int  # a stable integer key, which the search index refers to (store/search.py)
-    config: dict = field(default_factory=dict)  # config_json parsed; {} when absent or not JSON
+    config: dict[str, Any] = field(default_factory=dict)  # config_json parsed; {} when absent or not JSON
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,7 @@ def columns_of(cls: type, prefix: str = "") -> str:
     return ", ".join(prefix + f.name for f in fields(cls) if f.name != "config")
 
 
-def _build(cls: type[T], rows: Iterable[tuple]) -> list[T]:
+def _build(cls: type[T], rows: Iterable[tuple[Any, ...]]) -> list[T]:
     return [cls(*row) for row in rows]
 
 
@@ -329,7 +329,8 @@ def series_tier(conn: sqlite3.Connection, table: str, key: tuple[str, int] | Non
     return tiers[0]
 
 
-def _series(conn, table, key, metric, since_ms, until_ms, max_points) -> list[SeriesPoint]:
+def _series(conn: sqlite3.Connection, table: str, key: tuple[str, int] | None, metric: str, since_ms: int,
+            until_ms: int | None, max_points: int) -> list[SeriesPoint]:
     until_ms = now_ms() if until_ms is None else until_ms
     if until_ms <= since_ms or max_points < 1:
         return []
@@ -379,7 +380,7 @@ def gpu_processes(conn: sqlite3.Connection, now: int | None = None) -> list[GpuP
         "                                    ORDER BY last_seen_ms DESC LIMIT 1) "
         "ORDER BY s.gpu_index, s.used_mem_bytes DESC, s.pid", _upto(now)).fetchall()
     names = _run_names(conn, {row[12] for row in rows if row[12]})
-    return [GpuProcess(*row[:13], names.get(row[12]), *row[14:]) for row in rows]
+    return [GpuProcess(*[*row[:13], names.get(row[12]), *row[14:]]) for row in rows]
 
 
 def mig_devices(conn: sqlite3.Connection, now: int | None = None) -> list[MigDevice]:
@@ -426,7 +427,8 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
     tokens over generation time (tokens_per_s_last: the newest generation's); peak_mem_bytes is the largest of the steps'
     and generations' mem_peak_bytes and rss_bytes; oom is status 'oom' or a recorded postmortem.
     """
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if user is not None:
         where.append("user = ?")
         params.append(user)
@@ -487,7 +489,7 @@ def run_tokens(conn: sqlite3.Connection, run_id: str, since_ms: int, until_ms: i
     """Tokens a run processed in [since, until]: its steps' tokens, else its generations' new tokens."""
     for sql in ("SELECT sum(tokens) FROM steps WHERE run_id = ? AND ts_ms BETWEEN ? AND ?",
                 "SELECT sum(new_tokens) FROM generations WHERE run_id = ? AND ts_ms BETWEEN ? AND ?"):
-        tokens = conn.execute(sql, (run_id, since_ms, until_ms)).fetchone()[0]
+        tokens: int | None = conn.execute(sql, (run_id, since_ms, until_ms)).fetchone()[0]
         if tokens:
             return tokens
     return None
@@ -495,19 +497,21 @@ def run_tokens(conn: sqlite3.Connection, run_id: str, since_ms: int, until_ms: i
 
 def run_count(conn: sqlite3.Connection) -> int:
     """Every run in the database (runs() returns at most its limit of them)."""
-    return conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+    count: int = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+    return count
 
 
-_CONFIG_JSON = [f.name for f in fields(Run)].index("config_json")
+_RUN_FIELDS = [f.name for f in fields(Run)]
+_CONFIG_JSON = _RUN_FIELDS.index("config_json")
 
 
-def _run_from_row(row: tuple) -> Run:
+def _run_from_row(row: tuple[Any, ...]) -> Run:
     text = row[_CONFIG_JSON]
     try:
         config = json.loads(text) if text else {}
     except ValueError:
         config = {}
-    return Run(*row, config=config if isinstance(config, dict) else {})
+    return Run(**dict(zip(_RUN_FIELDS, row)), config=config if isinstance(config, dict) else {})
 
 
 def run(conn: sqlite3.Connection, run_ref: str) -> Run:
@@ -550,7 +554,8 @@ def notes(conn: sqlite3.Connection, run_id: str) -> list[Note]:
 def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
           limit: int | None = None) -> list[StepRow]:
     """A run's steps in step order; limit keeps the newest `limit` of them."""
-    where, params = "run_id = ?", [run_id]
+    where = "run_id = ?"
+    params: list[Any] = [run_id]
     if since_ms is not None:
         where += " AND ts_ms >= ?"
         params.append(since_ms)

@@ -19,7 +19,7 @@ import queue
 import sqlite3
 import threading
 import time
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from gpuwatch.store.db import StoreError, now_ms, open_rw
 from gpuwatch.diskfull import free_bytes, show_bytes as _bytes
@@ -67,9 +67,9 @@ def insert_sql(table: str, columns: Sequence[str], conflict: str = "") -> str:
     return f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
 
 
-def insert_rows(conn: sqlite3.Connection, table: str, rows: Iterable[Mapping], conflict: str = "") -> None:
+def insert_rows(conn: sqlite3.Connection, table: str, rows: Iterable[Mapping[str, Any]], conflict: str = "") -> None:
     """Insert dict rows; rows sharing a column set go in one executemany."""
-    groups: dict[tuple[str, ...], list[tuple]] = {}
+    groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
     for row in rows:
         cols = tuple(row)
         groups.setdefault(cols, []).append(tuple(row.values()))
@@ -85,7 +85,7 @@ class Writer:
     failed (ok=False), so ingest can acknowledge only durable events.
     """
 
-    def __init__(self, path, batch: int = 2000, maxsize: int = 100_000, linger_s: float = 0.0):
+    def __init__(self, path: str | os.PathLike[str], batch: int = 2000, maxsize: int = 100_000, linger_s: float = 0.0):
         """linger_s: after the first job of a batch arrives, wait this long for more before
         committing: fewer, larger transactions, and fewer wake-ups of this thread. A flush() or
         close() cuts it short: whoever waits on the database does not wait for the linger."""
@@ -94,7 +94,7 @@ class Writer:
         self.conn: sqlite3.Connection | None = open_rw(path)
         self._identity = _identity(path)
         self.batch = batch
-        self._queue: queue.Queue = queue.Queue(maxsize=maxsize)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=maxsize)
         self._closed = False
         self.failed_jobs = 0
         self.dropped_jobs = 0
@@ -125,7 +125,7 @@ class Writer:
             return False
         return True
 
-    def insert(self, table: str, rows: Iterable[Mapping], conflict: str = "",
+    def insert(self, table: str, rows: Iterable[Mapping[str, Any]], conflict: str = "",
                on_commit: OnCommit | None = None, *, block: bool = True,
                timeout: float | None = None) -> bool:
         rows = list(rows)
@@ -185,7 +185,7 @@ class Writer:
             if stop:
                 return
 
-    def _commit(self, jobs: list) -> None:
+    def _commit(self, jobs: list[Any]) -> None:
         results = []
         conn = self.conn
         try:
@@ -258,6 +258,7 @@ class Writer:
 
     def _recovered(self) -> None:
         health, self.health = self.health, None
+        assert health is not None  # called only while failing
         self._reclaim_told = False
         log.info("store: writing %s again after %.0f s; %d writes failed meanwhile",
                  self.path, (now_ms() - health.since_ms) / 1000, health.failed_jobs)
@@ -327,8 +328,9 @@ class Writer:
         try:
             self._checkpoint()
         except sqlite3.Error as e:
-            if storage_problem(e):
-                self._failing(storage_problem(e), str(e), 0)
+            problem = storage_problem(e)
+            if problem:
+                self._failing(problem, str(e), 0)
         if self.health is not None and self._ok_since is not None:
             self._maybe_recovered()
         elif self.health is not None:
@@ -338,6 +340,7 @@ class Writer:
     def _checkpoint(self) -> None:
         """TRUNCATE checkpoint without waiting: a reader that pins the WAL makes it return busy."""
         conn = self.conn
+        assert conn is not None  # the caller checked
         conn.execute("PRAGMA busy_timeout = 0")
         try:
             busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
@@ -354,14 +357,14 @@ class Writer:
             self.wal_pinned_bytes = 0
 
 
-def wal_bytes(path) -> int:
+def wal_bytes(path: str | os.PathLike[str]) -> int:
     try:
         return os.path.getsize(f"{path}-wal")
     except OSError:
         return 0
 
 
-def _identity(path) -> tuple[int, int] | None:
+def _identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
     except OSError:
