@@ -19,7 +19,9 @@ what=${1:-demo}
 shift || true
 case "$what" in
   demo) exec .venv/bin/gpuwatch demo "$@" ;;
-  test) exec .venv/bin/python -m pytest -q "$@" ;;
+  # One worker per core; a worker that runs out of tests takes some of another's queue, which
+  # keeps the long torch tests from leaving one core idle at the end. `-n 0`: one process.
+  test) exec .venv/bin/python -m pytest -q -n auto --dist worksteal "$@" ;;
   lint)
     export PATH="$PWD/.venv/bin:$PATH"
     ruff check .

@@ -9,7 +9,7 @@ import os
 import signal
 import sqlite3
 import subprocess
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from gpuwatch.cli import COMMANDS
 from gpuwatch.config import Config
 from gpuwatch.sampler import Sampler
 from gpuwatch.store import Writer
+from systools import wait_for
 
 GPUWATCH = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "gpuwatch"
 
@@ -184,11 +185,16 @@ def test_status_live_redraws_until_ctrl_c(tmp_path):
                             env={**os.environ, "GPUWATCH_INTERVAL": "0.3"},
                             # a shell's background job ignores SIGINT, and its children inherit that
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(3.0)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=20)
-    assert proc.returncode == 0, err
-    assert out.count("no daemon: sampled now") >= 2
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:  # until it has drawn twice, however long a loaded machine takes to start it
+        wait_for(lambda: "".join(seen).count("no daemon: sampled now") >= 2, timeout=60)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=20)
+    reader.join(10)
+    assert proc.returncode == 0, proc.stderr.read()
 
 
 def test_daemon_that_cannot_open_its_database_says_why_in_one_line(tmp_path):
