@@ -25,9 +25,9 @@ case "$what" in
   lint)
     export PATH="$PWD/.venv/bin:$PATH"
     ruff check .
-    ruff format --check .
     mypy
-    lint-imports ;;
+    lint-imports
+    ruff format --check . ;;
   fmt) exec .venv/bin/ruff format "$@" ;;
   docs)
     if [ "${1:-build}" = serve ]; then exec .venv/bin/mkdocs serve; fi
