@@ -171,6 +171,8 @@ class GpuwatchApp(App):
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
         self._polling = False
+        if not self.is_running:  # shutting down: the screens' widgets are being removed
+            return
         screen = self._visible_screen()
         if screen is None:
             return
