@@ -18,7 +18,7 @@ from pathlib import Path
 from gpuwatch.analysis.export import ExportError
 from gpuwatch.analysis.rundata import run_gpus, run_window
 from gpuwatch.store import open_rw, queries
-from gpuwatch.store.db import sqlite_utils_database
+from gpuwatch.store.sqlite_utils_db import sqlite_utils_database
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
 
 # Tables whose rows hang off the run by run_id (profile_ops and profile_breakdowns hang off

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 import sqlite3
 
+from gpuwatch.store.sqlite_utils_db import sqlite_utils_database
+
 RUN_COLUMNS = ("name", "command", "config_json", "git_commit", "cwd")
 
 NOTES_SQL = """
@@ -36,8 +38,6 @@ def add_search(conn: sqlite3.Connection) -> None:
     would point the index at the wrong runs: `runs` needs an INTEGER PRIMARY KEY. ALTER TABLE
     cannot change a primary key; sqlite-utils' `transform()` rebuilds the table with one (the
     columns, their order and the indexes kept) and `run_id` stays unique."""
-    from gpuwatch.store.db import sqlite_utils_database
-
     with sqlite_utils_database(conn) as db:
         conn.execute("ALTER TABLE runs ADD COLUMN id INTEGER")
         conn.execute("UPDATE runs SET id = rowid")
