@@ -5,42 +5,11 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import sqlite3
 import sys
 
 import click
 
 from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
-
-# Statements a read may need; anything else (writes, ATTACH, schema changes) is refused.
-_READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-                 sqlite3.SQLITE_PRAGMA, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
-
-
-def _only_reads(action, table, *_args):
-    # Connecting a table-valued function (json_each, json_tree) asks for SQLITE_UPDATE on
-    # sqlite_master; the connection is read-only and query_only, so nothing can be written.
-    if action == sqlite3.SQLITE_UPDATE and table == "sqlite_master":
-        return sqlite3.SQLITE_OK
-    return sqlite3.SQLITE_OK if action in _READ_ACTIONS else sqlite3.SQLITE_DENY
-
-
-def run_query(conn: sqlite3.Connection, sql: str) -> tuple[list[str], list[tuple]]:
-    """Run one read-only statement; raise click.ClickException with one line on any failure."""
-    conn.set_authorizer(_only_reads)
-    try:
-        cur = conn.execute(sql)
-        rows = cur.fetchall()
-    except sqlite3.DatabaseError as e:
-        # A write to a raw-sample view fails before the authorizer sees it ("cannot modify").
-        if any(m in str(e) for m in ("not authorized", "readonly", "cannot modify")):
-            raise click.ClickException(
-                "query is read-only: only SELECT, WITH and PRAGMA reads run; nothing was changed") from None
-        raise click.ClickException(f"query failed: {e}") from None
-    except sqlite3.ProgrammingError as e:  # e.g. two statements at once
-        raise click.ClickException(f"query failed: {e}") from None
-    headers = [d[0] for d in cur.description or ()]
-    return headers, rows
 
 
 def _cell(value) -> str:
@@ -124,10 +93,13 @@ def query(sql, db, fmt):
       gpuwatch query "SELECT * FROM runs" --format csv > runs.csv
     """
     from gpuwatch.store import open_ro
+    from gpuwatch.store.adhoc import QueryError, read_only_query
 
     conn = open_ro(reader_db_path(db))
     try:
-        headers, rows = run_query(conn, sql)
+        headers, rows = read_only_query(conn, sql)
+    except QueryError as e:
+        raise click.ClickException(str(e)) from None
     finally:
         conn.close()
     if fmt in ("json", "csv"):
