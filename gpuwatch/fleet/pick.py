@@ -8,11 +8,14 @@ from the store; fleet-wide from Prometheus (`*_over_time` over the same window).
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuwatch.fleet.prometheus import Prometheus
-from gpuwatch.store.queries import every_gpu
+from gpuwatch.store.gpu_windows import gpu_windows
+
+if TYPE_CHECKING:
+    import sqlite3
 
 MIB = 1024 * 1024
 
@@ -69,29 +72,10 @@ def choose(candidates: list[Candidate], count: int, mem_bytes: int, max_util: fl
     return groups
 
 
-# Samples are read GPU by GPU (every_gpu) so the window seeks the (gpu_index, ts_ms) key.
-_LOCAL_SQL = f"""
-SELECT g.gpu_index, min(g.mem_free_bytes), avg(g.gpu_util_pct),
-       max(CASE WHEN g.state IN ('lost', 'hung') THEN 1 ELSE 0 END) OR max(i.state IN ('lost', 'hung'))
-FROM gpu_samples g JOIN gpus i USING (gpu_index)
-WHERE g.gpu_index IN {every_gpu('gpu_samples')} AND g.ts_ms >= ?
-GROUP BY g.gpu_index ORDER BY g.gpu_index
-"""
-_LOCAL_USERS_SQL = f"""
-SELECT DISTINCT s.gpu_index, coalesce(p.user, 'uid ' || p.uid, 'pid ' || s.pid)
-FROM gpu_process_samples s
-LEFT JOIN processes p ON p.pid = s.pid AND s.ts_ms BETWEEN p.first_seen_ms AND p.last_seen_ms
-WHERE s.gpu_index IN {every_gpu('gpu_process_samples')} AND s.ts_ms >= ?
-"""
-
-
 def local_candidates(conn: sqlite3.Connection, since_ms: int) -> list[Candidate]:
     """This machine's GPUs over the window starting at since_ms, from the store."""
-    users: dict[int, set[str]] = {}
-    for index, user in conn.execute(_LOCAL_USERS_SQL, (since_ms,)):
-        users.setdefault(index, set()).add(user)
-    return [Candidate(None, index, free, util, tuple(sorted(users.get(index, ()))), bool(lost))
-            for index, free, util, lost in conn.execute(_LOCAL_SQL, (since_ms,))]
+    return [Candidate(None, w.gpu_index, w.min_free_bytes, w.mean_util_pct, w.users, w.lost)
+            for w in gpu_windows(conn, since_ms)]
 
 
 def fleet_candidates(prom: Prometheus, window_s: int) -> list[Candidate]:
