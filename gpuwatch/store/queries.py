@@ -223,6 +223,14 @@ class SeriesPoint:
     max: float | None
 
 
+@dataclass(frozen=True)
+class SlotUtil:
+    gpu_index: int
+    slot_ms: int       # start of the slot, a multiple of its width
+    util_pct: float    # mean utilisation of the samples in the slot
+    newest_ms: int     # the newest sample in it
+
+
 T = TypeVar("T")
 
 
@@ -350,6 +358,20 @@ def _series(conn: sqlite3.Connection, table: str, key: tuple[str, int] | None, m
         f"WHERE {where}ts_ms >= ? AND ts_ms < ? AND {present} GROUP BY bucket ORDER BY bucket",
         params)
     return [SeriesPoint(since_ms + bucket * width, lo, avg, hi) for bucket, lo, avg, hi in rows]
+
+
+def util_by_slot(conn: sqlite3.Connection, gpu_indexes: list[int], since_ms: int, until_ms: int,
+                 slot_ms: int) -> list[SlotUtil]:
+    """Each GPU's mean utilisation per clock-aligned slot of `slot_ms` in [since_ms, until_ms)
+    (the TUI's sparklines); slots with no utilisation sampled are absent."""
+    if not gpu_indexes:
+        return []
+    marks = ",".join("?" * len(gpu_indexes))
+    return _build(SlotUtil, conn.execute(
+        f"SELECT gpu_index, ts_ms / {int(slot_ms)} * {int(slot_ms)} AS slot, avg(gpu_util_pct), "
+        f"max(ts_ms) FROM gpu_samples WHERE gpu_index IN ({marks}) AND ts_ms >= ? AND ts_ms < ? "
+        "AND gpu_util_pct IS NOT NULL GROUP BY gpu_index, slot",
+        (*gpu_indexes, since_ms, until_ms)))
 
 
 def gpu_processes(conn: sqlite3.Connection, now: int | None = None) -> list[GpuProcess]:

@@ -3,7 +3,12 @@ newest slots instead of five minutes of every GPU (8 series queries a second, be
 
 from __future__ import annotations
 
-import sqlite3
+from typing import TYPE_CHECKING
+
+from gpuwatch.store.queries import util_by_slot
+
+if TYPE_CHECKING:
+    import sqlite3
 
 SPARK_WINDOW_MS = 5 * 60_000   # GPU util sparklines cover the last five minutes
 SPARK_POINTS = 60
@@ -32,16 +37,9 @@ class SparkHistory:
             self.averages, self.read_from_ms = {}, None
         since = start if self.read_from_ms is None else max(start, self.read_from_ms)
         newest = None
-        if gpu_indexes:
-            marks = ",".join("?" * len(gpu_indexes))
-            rows = conn.execute(
-                f"SELECT gpu_index, ts_ms / {SPARK_SLOT_MS} * {SPARK_SLOT_MS} AS slot, avg(gpu_util_pct), "
-                f"max(ts_ms) FROM gpu_samples WHERE gpu_index IN ({marks}) AND ts_ms >= ? AND ts_ms < ? "
-                "AND gpu_util_pct IS NOT NULL GROUP BY gpu_index, slot",
-                (*gpu_indexes, since, start + SPARK_WINDOW_MS))
-            for gpu, slot, avg, last in rows:
-                self.averages.setdefault(gpu, {})[slot] = avg
-                newest = last if newest is None else max(newest, last)
+        for s in util_by_slot(conn, gpu_indexes, since, start + SPARK_WINDOW_MS, SPARK_SLOT_MS):
+            self.averages.setdefault(s.gpu_index, {})[s.slot_ms] = s.util_pct
+            newest = s.newest_ms if newest is None else max(newest, s.newest_ms)
         if newest is not None:
             self.read_from_ms = (newest // SPARK_SLOT_MS - REREAD_SLOTS + 1) * SPARK_SLOT_MS
         elif self.read_from_ms is None:
