@@ -1,6 +1,6 @@
 """Hand-built databases for `gpuwatch why`: a steady run with causes injected into one window.
 
-The run "r" (pid 1000, alice, GPU 0) takes 500 ms steps of 4096 tokens (3 % noise) for 300 s;
+The run "r" (pid 1000, alice, GPU 0) takes 500 ms steps of 4096 tokens (+-3 % noise) for 300 s;
 GPU, host and process samples are written as the daemon writes them (1 s GPU/host ticks, 5 s
 process ticks). Each injection slows the steps in [SLOW_FROM, SLOW_TO) and writes its evidence.
 """
@@ -20,8 +20,11 @@ MIB = 1 << 20
 
 
 class Scenario:
-    def __init__(self, seed: int = 1, seconds: int = SECONDS):
-        self.rnd = random.Random(seed)
+    def __init__(self, seed: int = 1, seconds: int = SECONDS, window: tuple[int, int] = (SLOW_FROM, SLOW_TO),
+                 noise: float = 0.03):
+        self.seed = seed
+        self.noise = noise
+        self.window = window
         self.seconds = seconds
         self.factor: dict[str, float] = {"r": 1.0}   # slow-window step time factor per run
         self.runs = [dict(run_id="r", name="train", uid=1000, user="alice", pid=1000, status="finished",
@@ -55,17 +58,17 @@ class Scenario:
                 self.gproc.append(dict(gpu_index=0, pid=1000, ts_ms=ts, used_mem_bytes=30 * GIB, sm_util_pct=90))
 
     def in_window(self, s: int) -> bool:
-        return SLOW_FROM <= s < SLOW_TO
+        return self.window[0] <= s < self.window[1]
 
     def slow(self, factor: float, run: str = "r") -> None:
         self.factor[run] = self.factor.get(run, 1.0) * factor
 
     # ---- injections --------------------------------------------------------------------
     def cotenant(self, gpu: int = 0, pid: int = 8812, factor: float = 1.6) -> None:
-        self.procs.append(dict(pid=pid, start_ms=T0 + SLOW_FROM * 1000 - 500, uid=1001, user="bob",
-                               cmdline="python other.py", first_seen_ms=T0 + SLOW_FROM * 1000,
-                               last_seen_ms=T0 + SLOW_TO * 1000))
-        for s in range(SLOW_FROM, SLOW_TO, 5):
+        self.procs.append(dict(pid=pid, start_ms=T0 + self.window[0] * 1000 - 500, uid=1001, user="bob",
+                               cmdline="python other.py", first_seen_ms=T0 + self.window[0] * 1000,
+                               last_seen_ms=T0 + self.window[1] * 1000))
+        for s in range(self.window[0], self.window[1], 5):
             self.gproc.append(dict(gpu_index=gpu, pid=pid, ts_ms=T0 + s * 1000, used_mem_bytes=10 * GIB,
                                    sm_util_pct=40))
         self.slow(factor)
@@ -74,8 +77,8 @@ class Scenario:
         for row in self.host:
             if self.in_window((row["ts_ms"] - T0) // 1000):
                 row["cpu_pct"] = 97.0
-        for s in range(SLOW_FROM, SLOW_TO, 5):
-            self.top.append(dict(ts_ms=T0 + s * 1000, pid=pid, start_ms=T0 + SLOW_FROM * 1000, uid=1002,
+        for s in range(self.window[0], self.window[1], 5):
+            self.top.append(dict(ts_ms=T0 + s * 1000, pid=pid, start_ms=T0 + self.window[0] * 1000, uid=1002,
                                  user="carol", cmdline="python preprocess.py", cpu_pct=170.0, rss_bytes=2 * GIB))
         self.slow(factor)
 
@@ -93,8 +96,8 @@ class Scenario:
                 row["page_cache_bytes"] = 2 * GIB
             row["swap_in_bytes"] += swapped // 2
             row["swap_out_bytes"] += swapped // 2
-        for s in range(SLOW_FROM, SLOW_TO, 5):
-            self.top.append(dict(ts_ms=T0 + s * 1000, pid=pid, start_ms=T0 + SLOW_FROM * 1000, uid=1003,
+        for s in range(self.window[0], self.window[1], 5):
+            self.top.append(dict(ts_ms=T0 + s * 1000, pid=pid, start_ms=T0 + self.window[0] * 1000, uid=1003,
                                  user="dave", cmdline="python load_everything.py", cpu_pct=20.0,
                                  rss_bytes=200 * GIB))
         self.slow(factor)
@@ -104,7 +107,7 @@ class Scenario:
         self.slow(factor)
 
     def sequence_length_doubles(self) -> None:
-        self.tokens_from = (SLOW_FROM, 8192)
+        self.tokens_from = (self.window[0], 8192)
 
     def evaluation_pauses(self) -> None:
         self.evals = True
@@ -128,12 +131,12 @@ class Scenario:
     # ---- writing -----------------------------------------------------------------------
     def _steps(self, run_id: str) -> list[dict]:
         rows, t, step = [], float(T0), 0
-        rnd = random.Random(hash(run_id) % 1000 + 7)
+        rnd = random.Random(f"{self.seed}-{run_id}")
         while t < T0 + self.seconds * 1000 - 1000:
             second = int((t - T0) // 1000)
             step += 1
             tokens = 4096
-            base = 500.0 * rnd.uniform(0.97, 1.03)
+            base = 500.0 * rnd.uniform(1 - self.noise, 1 + self.noise)
             if self.tokens_from and second >= self.tokens_from[0]:
                 tokens = self.tokens_from[1]
                 base *= tokens / 4096

@@ -11,6 +11,7 @@ from gpuwatch.analysis.why.window import Window, mean
 
 SATURATED_PCT = 75.0     # host CPU above this is contended
 HOG_RISE_PCT = 50.0      # a process whose CPU rose by half a core or more
+HOST_RISE_PCT = 15.0     # the host's CPU rose this many points into saturation
 SWAPPING_BPS = 1 << 20   # 1 MiB/s in and out of swap
 SWAP_FULL_BPS = 10 << 20 # swapping this fast (page faults waiting on disk) explains it all
 
@@ -59,6 +60,12 @@ def cpu(conn: sqlite3.Connection, w: Window) -> list[Candidate]:
             detail=f"from {fmt.local_time(first)} pid {pid} ({user or '?'}, {cmdline or '?'}) took "
                    f"{pct / 100:.1f} of the host's {cores:.0f} cores; host CPU {host_now:.0f} %"
                    + (f" (was {host_was:.0f} %)" if host_was is not None else ""))))
+    if not out and host_was is not None and host_now - host_was >= HOST_RISE_PCT:
+        # No top-process samples name the hog (older data, or it was spread over many small
+        # processes): the host's own saturation, scaled by how much of the headroom it took.
+        took = min((host_now - host_was) / max(100 - host_was, 1e-9), 1.0)
+        out.append((w.extra * took, dict(kind="host_cpu", detail=f"host CPU {host_now:.0f} % (was {host_was:.0f} %); "
+                                                                  "no sampled process took it alone")))
     return out
 
 

@@ -1,0 +1,188 @@
+"""`gpuwatch why`: slowdowns found per token and traced to their injected cause, on hand-built
+databases written as the daemon writes them (tests/why_scenarios.py), and one real tracked run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gpuwatch.analysis.why import analyse, top_cause
+from gpuwatch.cli import main
+from gpuwatch.store import open_ro
+from why_scenarios import SLOW_FROM, SLOW_TO, T0, Scenario
+
+
+def why(sc: Scenario, tmp_path, run: str = "r"):
+    path = sc.write(tmp_path / "why.db")
+    conn = open_ro(path)
+    try:
+        return analyse(conn, run)
+    finally:
+        conn.close()
+
+
+def the_slowdown(result, factor: float):
+    """The one slowdown, over the injected window, about as much slower as injected."""
+    assert len(result.slowdowns) == 1, result.slowdowns
+    s = result.slowdowns[0]
+    assert abs(s.start_ms - (T0 + SLOW_FROM * 1000)) < 3000 and abs(s.end_ms - (T0 + SLOW_TO * 1000)) < 3000
+    assert s.slower_pct == pytest.approx((factor - 1) * 100, abs=6)
+    return s
+
+
+SINGLE = [
+    # injection, its step-time factor, expected first cause: kind, pid, gpu_index
+    ("cotenant", 1.6, "gpu_cotenant", 8812, 0),
+    ("cpu_hog", 1.5, "host_cpu", 7777, None),
+    ("throttle", 1.4, "gpu_throttle", None, 0),
+    ("swapping", 1.5, "host_swap", 5555, None),
+    ("data_loader_sleeps", 1.6, "data_wait", None, None),
+]
+
+
+@pytest.mark.parametrize("inject, factor, kind, pid, gpu", SINGLE, ids=[s[0] for s in SINGLE])
+def test_each_injected_cause_is_found_and_ranked_first(tmp_path, inject, factor, kind, pid, gpu):
+    sc = Scenario()
+    getattr(sc, inject)()
+    s = the_slowdown(why(sc, tmp_path), factor)
+    first = s.causes[0]
+    assert (first.kind, first.pid, first.gpu_index) == (kind, pid, gpu), s.causes
+    assert first.share_pct >= 60, s.causes
+
+
+def test_a_cotenant_names_the_process_its_user_memory_and_sm(tmp_path):
+    sc = Scenario()
+    sc.cotenant()
+    first = the_slowdown(why(sc, tmp_path), 1.6).causes[0]
+    assert (first.user, first.command) == ("bob", "python other.py")
+    assert "10.0 GiB" in first.detail and "SM 40 %" in first.detail
+
+
+def test_a_cpu_hog_says_how_much_of_the_host_it_took(tmp_path):
+    sc = Scenario()
+    sc.cpu_hog()
+    first = the_slowdown(why(sc, tmp_path), 1.5).causes[0]
+    assert (first.user, first.command) == ("carol", "python preprocess.py")
+    assert "host CPU 9" in first.detail and "(was 3" in first.detail
+
+
+def test_throttling_gives_its_reason_clock_and_power(tmp_path):
+    sc = Scenario()
+    sc.throttle()
+    first = the_slowdown(why(sc, tmp_path), 1.4).causes[0]
+    assert "power cap" in first.detail and "-> 14" in first.detail and "700 W cap" in first.detail
+
+
+PAIRS = [("cotenant", "cpu_hog", {"gpu_cotenant", "host_cpu"}),
+         ("throttle", "data_loader_sleeps", {"gpu_throttle", "data_wait"}),
+         ("swapping", "cotenant", {"host_swap", "gpu_cotenant"}),
+         ("cpu_hog", "throttle", {"host_cpu", "gpu_throttle"})]
+
+
+@pytest.mark.parametrize("a, b, kinds", PAIRS, ids=[f"{a}+{b}" for a, b, _ in PAIRS])
+def test_two_causes_at_once_are_both_found_and_ranked_above_the_rest(tmp_path, a, b, kinds):
+    sc = Scenario()
+    getattr(sc, a)()
+    getattr(sc, b)()
+    result = why(sc, tmp_path)
+    assert len(result.slowdowns) == 1, result.slowdowns
+    causes = result.slowdowns[0].causes
+    assert {c.kind for c in causes[:2]} == kinds, causes
+    assert all(c.share_pct >= 15 for c in causes[:2]), causes
+
+
+def test_a_straggling_rank_is_named_with_what_slowed_it(tmp_path):
+    sc = Scenario()
+    sc.second_rank(straggling_cotenant=True)
+    s = the_slowdown(why(sc, tmp_path), 1.5)
+    first = s.causes[0]
+    assert (first.kind, first.pid, first.gpu_index) == ("straggler_rank", 9911, 1), s.causes
+    assert "rank 1 (run r1)" in first.detail
+    # Seen from the slow rank itself, the co-tenant on its own GPU comes first.
+    own = the_slowdown(_again(sc, tmp_path, "r1"), 1.5)
+    assert own.causes[0].kind == "gpu_cotenant" and own.causes[0].pid == 9911
+
+
+def _again(sc: Scenario, tmp_path, run: str):
+    conn = open_ro(tmp_path / "why.db")
+    try:
+        return analyse(conn, run)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("seed", range(1, 6))
+@pytest.mark.parametrize("noise", [0.03, 0.2])
+def test_steady_runs_report_no_slowdown(tmp_path, seed, noise):
+    result = why(Scenario(seed=seed, noise=noise), tmp_path)
+    assert result.slowdowns == ()
+    long_slow = [p for p in result.phases if p.kind == "slow"
+                 and (p.slower_pct or 0) >= 20 and p.end_ms - p.start_ms >= 10_000]
+    assert long_slow == []
+
+
+def test_a_longer_sequence_is_not_a_slowdown_per_token(tmp_path):
+    sc = Scenario()
+    sc.sequence_length_doubles()
+    assert why(sc, tmp_path).slowdowns == ()
+
+
+def test_evaluation_pauses_are_pauses_not_slowdowns(tmp_path):
+    sc = Scenario()
+    sc.evaluation_pauses()
+    result = why(sc, tmp_path)
+    assert result.slowdowns == ()
+    assert result.pauses >= 3 and result.pause_ms >= 3 * 20_000
+    assert [p.first_step // 100 for p in result.phases if p.kind == "pause"][:3] == [1, 2, 3]
+
+
+def test_thirty_percent_for_fifteen_seconds_is_always_reported(tmp_path):
+    sc = Scenario(window=(150, 165))
+    sc.cotenant(factor=1.3)
+    result = why(sc, tmp_path)
+    assert len(result.slowdowns) == 1, result.phases
+    s = result.slowdowns[0]
+    assert s.slower_pct >= 25 and s.end_ms - s.start_ms >= 12_000
+    assert s.causes[0].kind == "gpu_cotenant"
+
+
+def test_top_cause_of_a_window_for_the_alert_rule(tmp_path):
+    sc = Scenario()
+    sc.cpu_hog()
+    path = sc.write(tmp_path / "why.db")
+    conn = open_ro(path)
+    try:
+        cause = top_cause(conn, "r", T0 + 130_000, T0 + 170_000)
+        steady = top_cause(conn, "r", T0 + 200_000, T0 + 260_000)
+    finally:
+        conn.close()
+    assert cause is not None and (cause.kind, cause.pid) == ("host_cpu", 7777)
+    assert steady is None or steady.kind == "unexplained"
+
+
+def test_cli_json_has_the_documented_shape(tmp_path):
+    sc = Scenario()
+    sc.cotenant()
+    path = sc.write(tmp_path / "why.db")
+    out = CliRunner().invoke(main, ["why", "--db", str(path), "r", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert list(doc) == ["run", "slowdowns"] and doc["run"] == "r"
+    (s,) = doc["slowdowns"]
+    assert list(s) == ["start_ms", "end_ms", "first_step", "last_step", "slower_pct", "causes"]
+    assert list(s["causes"][0]) == ["kind", "share_pct", "pid", "user", "command", "gpu_index", "detail"]
+    assert (s["causes"][0]["kind"], s["causes"][0]["pid"], s["causes"][0]["user"]) == ("gpu_cotenant", 8812, "bob")
+
+
+def test_cli_table_lists_phases_and_causes_and_names_a_bad_run(tmp_path):
+    sc = Scenario()
+    sc.throttle()
+    path = sc.write(tmp_path / "why.db")
+    out = CliRunner().invoke(main, ["why", "--db", str(path), "r"])
+    assert out.exit_code == 0, out.output
+    assert "warm-up" in out.output and "steady" in out.output and "40 % slower per token" in out.output
+    assert "gpu_throttle" in out.output
+    bad = CliRunner().invoke(main, ["why", "--db", str(path), "nope"])
+    assert bad.exit_code == 1 and "nope" in bad.output and len(bad.output.strip().splitlines()) == 1
