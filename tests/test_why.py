@@ -186,3 +186,80 @@ def test_cli_table_lists_phases_and_causes_and_names_a_bad_run(tmp_path):
     assert "gpu_throttle" in out.output
     bad = CliRunner().invoke(main, ["why", "--db", str(path), "nope"])
     assert bad.exit_code == 1 and "nope" in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+HOGGED_RUN = """
+import json, subprocess, sys, time
+import gpuwatch
+
+def work():  # a fixed amount of CPU work per step
+    x = 0
+    for i in range(150_000):
+        x += i * i
+    return x
+
+def steps_for(run, seconds):
+    end = time.time() + seconds
+    while time.time() < end:
+        work()
+        run.step(tokens=1024)
+
+with gpuwatch.track(name="hogged") as run:
+    steps_for(run, 25)
+    hog_from = time.time()
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+    steps_for(run, 40)
+    for h in hogs:
+        h.kill()
+        h.wait()
+    hog_to = time.time()
+    steps_for(run, 20)
+print(json.dumps({"run": run.run_id, "from": int(hog_from * 1000), "to": int(hog_to * 1000)}))
+"""
+
+
+def test_a_real_tracked_run_slowed_by_cpu_hogs(tmp_path):
+    """gpuwatch.track + step in embedded mode (its sampler writes the host's samples), while
+    four busy processes compete for the CPU for 40 s: the slowdown is found over their window
+    and the host's CPU is its first cause."""
+    import subprocess
+    import sys
+
+    from gpuwatch import paths
+
+    done = subprocess.run([sys.executable, "-c", HOGGED_RUN], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    conn = open_ro(paths.default_db_path(system=False))
+    try:
+        result = analyse(conn, info["run"])
+    finally:
+        conn.close()
+    hog = info["to"] - info["from"]
+    over = [s for s in result.slowdowns
+            if min(s.end_ms, info["to"]) - max(s.start_ms, info["from"]) >= 0.6 * hog]
+    assert over, (result.phases, info)
+    assert over[0].slower_pct >= 30
+    assert over[0].causes[0].kind == "host_cpu", over[0].causes
+
+
+def test_show_and_report_carry_the_slowdowns(tmp_path):
+    sc = Scenario()
+    sc.cotenant()
+    path = sc.write(tmp_path / "why.db")
+    shown = CliRunner().invoke(main, ["show", "--db", str(path), "r"])
+    assert shown.exit_code == 0, shown.output
+    section = shown.output.split("slowdowns (gpuwatch why")[1]
+    assert "60 % slower per token" in section and "gpu_cotenant" in section and "pid 8812 (bob" in section
+    html = tmp_path / "r.html"
+    reported = CliRunner().invoke(main, ["report", "--db", str(path), "r", "-o", str(html)])
+    assert reported.exit_code == 0, reported.output
+    page = html.read_text()
+    assert "<h2>Slowdowns</h2>" in page and "gpu_cotenant" in page and "python other.py" in page
+
+
+def test_show_of_a_steady_run_says_none(tmp_path):
+    path = Scenario().write(tmp_path / "why.db")
+    shown = CliRunner().invoke(main, ["show", "--db", str(path), "r"])
+    assert shown.exit_code == 0, shown.output
+    assert "none (no phase 20 % or more slower per token" in shown.output.split("slowdowns (gpuwatch why")[1]

@@ -133,7 +133,8 @@ def export_cmd(run, file, fmt, output, db):
 @db_option
 @friendly_errors
 def report_cmd(run, output, db):
-    """Write one self-contained HTML report of RUN: figures, charts, config, OOM postmortem."""
+    """Write one self-contained HTML report of RUN: figures, charts, slowdowns and their causes,
+    config, OOM postmortem."""
     from gpuwatch.analysis.report import render
     from gpuwatch.store import queries
 

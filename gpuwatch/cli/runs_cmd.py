@@ -184,7 +184,8 @@ def loss_lines(run_id: str, steps, colour: bool) -> list[str]:
 
 def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energy=None,
               energy_tokens: int | None = None, colour: bool = False, notes=(),
-              breakdown: dict | None = None, not_instrumented: str | None = None) -> str:
+              breakdown: dict | None = None, not_instrumented: str | None = None,
+              slowdowns: list[str] | None = None) -> str:
     out = []
     add = out.append
     title = f"run {run.run_id}" + (f"  {run.name}" if run.name else "") + f"  [{run.status}]"
@@ -238,6 +239,11 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energ
 
         add(f"  profile   {headline(breakdown)}")
 
+    if slowdowns:
+        add("")
+        add("slowdowns (gpuwatch why RUN: phases and evidence)")
+        out.extend(slowdowns)
+
     config = run.config or attached.get("config") or {}
     if config:
         add("")
@@ -265,13 +271,16 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energ
 @friendly_errors
 def show_cmd(run_ref, db) -> None:
     """Show one run: summary, end state, tokens/s sparkline, memory peaks, energy (kWh, J/token),
-    final and best loss with a chart of loss against tokens seen, config, ranks, notes.
+    final and best loss with a chart of loss against tokens seen, slowdowns and their causes
+    (as `gpuwatch why`), config, ranks, notes.
 
     RUN is a run id, a unique id prefix, or a run name (the newest run with that name).
 
     Example: gpuwatch show gpt-4k
     """
     from gpuwatch.analysis.rundata import run_window
+    from gpuwatch.analysis.why import analyse
+    from gpuwatch.analysis.why.render import slowdown_lines
     from gpuwatch.store import now_ms, open_ro, profiles, queries
     from gpuwatch.store.energy import run_energy
 
@@ -282,11 +291,14 @@ def show_cmd(run_ref, db) -> None:
         start, end = run_window(conn, run)
         energy = run_energy(conn, {run.run_id: (start, end)}).get(run.run_id)
         tokens = energy and queries.run_tokens(conn, run.run_id, energy.from_ms, end)
-        text = show_text(run, queries.steps(conn, run.run_id), _attached(conn, run.run_id),
+        steps = queries.steps(conn, run.run_id)
+        slowdowns = slowdown_lines(analyse(conn, run.run_id)) if steps else None
+        text = show_text(run, steps, _attached(conn, run.run_id),
                          _ranks(conn, run), now_ms(), energy=energy, energy_tokens=tokens, colour=colour,
                          notes=queries.notes(conn, run.run_id),
                          breakdown=profiles.latest_breakdown(conn, run.run_id),
-                         not_instrumented=_attached(conn, run.run_id, "not_instrumented").get("reason"))
+                         not_instrumented=_attached(conn, run.run_id, "not_instrumented").get("reason"),
+                         slowdowns=slowdowns)
     finally:
         conn.close()
     click.echo(text, color=colour)

@@ -3,6 +3,8 @@ memory pressure (swapping, page cache, /dev/shm)."""
 
 from __future__ import annotations
 
+import math
+import os
 import sqlite3
 
 from gpuwatch import fmt
@@ -10,8 +12,8 @@ from gpuwatch.analysis.why.gpu import Candidate
 from gpuwatch.analysis.why.window import Window, mean
 
 SATURATED_PCT = 75.0     # host CPU above this is contended
-HOG_RISE_PCT = 50.0      # a process whose CPU rose by half a core or more
-HOST_RISE_PCT = 15.0     # the host's CPU rose this many points into saturation
+HOG_RISE_PCT = 25.0      # a program whose CPU rose by a quarter of a core or more
+HOST_RISE_PCT = 15.0     # the host's CPU rose this many points into saturation (or its run queue 20 %)
 SWAPPING_BPS = 1 << 20   # 1 MiB/s in and out of swap
 SWAP_FULL_BPS = 10 << 20 # swapping this fast (page faults waiting on disk) explains it all
 
@@ -37,36 +39,70 @@ def _cores(conn: sqlite3.Connection, span: tuple[int, int]) -> float:
     return max(estimates[len(estimates) // 2], 1.0) if estimates else 1.0
 
 
+def _host_cpu(conn: sqlite3.Connection, span: tuple[int, int]) -> float | None:
+    return mean(c for (c,) in conn.execute("SELECT cpu_pct FROM host_samples WHERE ts_ms BETWEEN ? AND ?", span))
+
+
+def _run_queue(conn: sqlite3.Connection, span: tuple[int, int], mean_of_span: bool) -> float | None:
+    """The host's runnable tasks over the span. load1 is a one-minute exponential average, so
+    over a window it lags: the queue the window had is recovered from load1 at its two ends,
+    L_end = L_start e^(-T/60) + Q (1 - e^(-T/60)). A steady span: the mean of load1."""
+    if mean_of_span:
+        return mean(v for (v,) in conn.execute("SELECT load1 FROM host_samples WHERE ts_ms BETWEEN ? AND ?", span))
+    ends = [conn.execute("SELECT ts_ms, load1 FROM host_samples WHERE ts_ms <= ? AND load1 IS NOT NULL "
+                         "ORDER BY ts_ms DESC LIMIT 1", (t,)).fetchone() for t in span]
+    if not all(ends) or ends[1][0] <= ends[0][0]:
+        return None
+    decay = math.exp(-(ends[1][0] - ends[0][0]) / 60_000)
+    return (ends[1][1] - ends[0][1] * decay) / (1 - decay)
+
+
+def _groups(top: dict[int, tuple]) -> dict[tuple, list[int]]:
+    """Pids by (user, command line): four copies of one program are one hog."""
+    out: dict[tuple, list[int]] = {}
+    for pid, (_pct, _rss, user, cmdline, _first) in top.items():
+        out.setdefault((user, cmdline), []).append(pid)
+    return out
+
+
 def cpu(conn: sqlite3.Connection, w: Window) -> list[Candidate]:
-    """Processes outside the run whose CPU rose while the host was saturated. A hog taking h of
+    """Programs outside the run whose CPU rose while the host was saturated. A hog taking h of
     n cores leaves the run's CPU work (launches, data loading) n - h of them: time x n/(n-h)."""
-    host_now = mean(c for (c,) in conn.execute("SELECT cpu_pct FROM host_samples WHERE ts_ms BETWEEN ? AND ?",
-                                               w.span()))
+    host_now = _host_cpu(conn, w.span())
     if host_now is None or host_now < SATURATED_PCT:
         return []
-    host_was = mean(c for (c,) in conn.execute("SELECT cpu_pct FROM host_samples WHERE ts_ms BETWEEN ? AND ?",
-                                               w.span(base=True)))
-    _, now = _top(conn, w.span())
+    host_was = _host_cpu(conn, w.span(base=True))
+    ticks, now = _top(conn, w.span())
     _, was = _top(conn, w.span(base=True))
-    cores = _cores(conn, w.span())
+    cores = _cores(conn, w.span()) if ticks else float(os.cpu_count() or 1)
+    was_text = f" (was {host_was:.0f} %)" if host_was is not None else ""
     out = []
-    for pid, (pct, _rss, user, cmdline, first) in now.items():
-        rise = pct - was.get(pid, (0.0,))[0]
-        if pid in w.own_pids or rise < HOG_RISE_PCT:
+    for (user, cmdline), pids in _groups(now).items():
+        pids = [p for p in pids if p not in w.own_pids]
+        pct = sum(now[p][0] for p in pids)
+        rise = pct - sum(was.get(p, (0.0,))[0] for p in pids)
+        if rise < HOG_RISE_PCT:
             continue
+        pid = max(pids, key=lambda p: now[p][0])
         share = min(rise / 100 / cores, 0.9)
+        who = f"pid {pid}" if len(pids) == 1 else f"{len(pids)} processes (pid {pid}, ...)"
         out.append((share / (1 - share), dict(
             kind="host_cpu", pid=pid, user=user, command=cmdline,
-            detail=f"from {fmt.local_time(first)} pid {pid} ({user or '?'}, {cmdline or '?'}) took "
-                   f"{pct / 100:.1f} of the host's {cores:.0f} cores; host CPU {host_now:.0f} %"
-                   + (f" (was {host_was:.0f} %)" if host_was is not None else ""))))
-    if not out and host_was is not None and host_now - host_was >= HOST_RISE_PCT:
-        # No top-process samples name the hog (older data, or it was spread over many small
-        # processes): the host's own saturation, scaled by how much of the headroom it took.
-        took = min((host_now - host_was) / max(100 - host_was, 1e-9), 1.0)
-        out.append((w.extra * took, dict(kind="host_cpu", detail=f"host CPU {host_now:.0f} % (was {host_was:.0f} %); "
-                                                                  "no sampled process took it alone")))
-    return out
+            detail=f"from {fmt.local_time(min(now[p][4] for p in pids))} {who} ({user or '?'}, {cmdline or '?'}) "
+                   f"took {pct / 100:.1f} of the host's {cores:.0f} cores; host CPU {host_now:.0f} %{was_text}")))
+    if out or host_was is None:
+        return out
+    # No sampled process names the hog (no top-process samples, or many small processes): the
+    # host's saturation itself. A runnable process gets n/queue of a core once the run queue
+    # is longer than n cores, so a longer queue stretches CPU work by queue_now/queue_was.
+    took = min(max(host_now - host_was, 0) / max(100 - host_was, 1e-9), 1.0)
+    q_now, q_was = _run_queue(conn, w.span(), False), _run_queue(conn, w.span(base=True), True)
+    longer = max(q_now, cores) / max(q_was, cores) if q_now and q_was else 1.0
+    if host_now - host_was < HOST_RISE_PCT and longer < 1.2:
+        return []
+    queue_text = f"; run queue {q_was:.1f} -> {q_now:.1f} on {cores:.0f} cores" if q_now and q_was else ""
+    return [(max(w.extra * took, longer - 1), dict(
+        kind="host_cpu", detail=f"host CPU {host_now:.0f} %{was_text}{queue_text}; no sampled process took it alone"))]
 
 
 def _rates(conn: sqlite3.Connection, span: tuple[int, int]) -> dict:
