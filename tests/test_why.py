@@ -263,3 +263,15 @@ def test_show_of_a_steady_run_says_none(tmp_path):
     shown = CliRunner().invoke(main, ["show", "--db", str(path), "r"])
     assert shown.exit_code == 0, shown.output
     assert "none (no phase 20 % or more slower per token" in shown.output.split("slowdowns (gpuwatch why")[1]
+
+
+def test_compare_says_where_a_run_was_slower_per_token_and_why(tmp_path):
+    sc = Scenario(seconds=600)
+    sc.later_run_beside_a_cotenant()
+    path = sc.write(tmp_path / "why.db")
+    out = CliRunner().invoke(main, ["compare", "--db", str(path), "r", "b"])
+    assert out.exit_code == 0, out.output
+    line = next(x for x in out.output.splitlines() if x.startswith("train-b: steady speed"))
+    assert "50 % slower per token than train" in line
+    why_lines = out.output.split(line)[1].splitlines()
+    assert "gpu_cotenant" in why_lines[1] and "pid 8813 (bob" in why_lines[1]

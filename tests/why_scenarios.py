@@ -40,7 +40,9 @@ class Scenario:
         self.tokens_from: tuple[int, int] | None = None  # (second, tokens) a sequence-length change
         self.wait = False
         self.evals = False
-        self.step_factor_from: dict[str, tuple[int, float]] = {}
+        self.starts = {"r": 0}                 # second each run starts at
+        self.until = {"r": seconds}             # and stops at
+        self.always: dict[str, float] = {}      # a step-time factor over a run's whole life
         for s in range(seconds):
             ts = T0 + s * 1000
             for gpu in (0, 1):
@@ -128,11 +130,30 @@ class Scenario:
             self.cotenant(gpu=1, pid=9911, factor=1.5)
             self.factor["r1"] = self.factor["r"]
 
+    def later_run_beside_a_cotenant(self, factor: float = 1.5) -> None:
+        """Run "b" (pid 3000) on GPU 0 in the second half (seconds must be 600, run "r" stops at
+        300), sharing it throughout with bob's pid 8813 (SM 40 %): steadily slower than "r"."""
+        half = self.seconds // 2
+        self.until["r"] = half
+        self.runs[0]["ended_ms"] = T0 + half * 1000
+        self.runs.append(dict(run_id="b", name="train-b", uid=1000, user="alice", pid=3000, status="finished",
+                              started_ms=T0 + half * 1000, ended_ms=T0 + self.seconds * 1000, gpu_uuids="0",
+                              command="python train.py"))
+        self.procs += [dict(pid=3000, start_ms=T0 + half * 1000, uid=1000, user="alice", cmdline="python train.py",
+                            run_id="b", first_seen_ms=T0 + half * 1000, last_seen_ms=T0 + self.seconds * 1000),
+                       dict(pid=8813, start_ms=T0 + half * 1000, uid=1001, user="bob", cmdline="python other.py",
+                            first_seen_ms=T0 + half * 1000, last_seen_ms=T0 + self.seconds * 1000)]
+        for s in range(half, self.seconds, 5):
+            self.gproc += [dict(gpu_index=0, pid=3000, ts_ms=T0 + s * 1000, used_mem_bytes=30 * GIB, sm_util_pct=60),
+                           dict(gpu_index=0, pid=8813, ts_ms=T0 + s * 1000, used_mem_bytes=10 * GIB, sm_util_pct=40)]
+        self.starts["b"] = half
+        self.always["b"] = factor
+
     # ---- writing -----------------------------------------------------------------------
     def _steps(self, run_id: str) -> list[dict]:
-        rows, t, step = [], float(T0), 0
+        rows, t, step = [], float(T0 + self.starts.get(run_id, 0) * 1000), 0
         rnd = random.Random(f"{self.seed}-{run_id}")
-        while t < T0 + self.seconds * 1000 - 1000:
+        while t < T0 + self.until.get(run_id, self.seconds) * 1000 - 1000:
             second = int((t - T0) // 1000)
             step += 1
             tokens = 4096
@@ -140,7 +161,7 @@ class Scenario:
             if self.tokens_from and second >= self.tokens_from[0]:
                 tokens = self.tokens_from[1]
                 base *= tokens / 4096
-            ms = base * (self.factor.get(run_id, 1.0) if self.in_window(second) else 1.0)
+            ms = base * (self.factor.get(run_id, 1.0) if self.in_window(second) else 1.0) * self.always.get(run_id, 1.0)
             wait = 2.0
             if self.wait and self.in_window(second):
                 wait = (ms - base * 0.98) / ms * 100

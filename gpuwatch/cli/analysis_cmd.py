@@ -31,14 +31,19 @@ def compare_cmd(runs, as_json, color, db):
     Shown: the config keys (git commit, command) that differ; tokens/s and step time (mean,
     p50, p90), peak CUDA memory, mean MFU, GPU utilisation of the run's GPUs while it ran;
     final and best loss, and the loss at equal tokens seen (the shortest run's); energy (kWh,
-    J/token); duration, steps and end state; then the loss against tokens seen, as a chart.
+    J/token); duration, steps and end state; then where each run was slower per token than the
+    first and why (as `gpuwatch why`), and the loss against tokens seen, as a chart.
     """
     from gpuwatch.analysis.compare import compare, table
     from gpuwatch.analysis.loss import loss_curve
+    from gpuwatch.analysis.why.versus import lines as why_lines
+    from gpuwatch.analysis.why.versus import versus
 
     with _open(db) as conn:
         stats = compare(conn, runs)
         curves = [loss_curve(conn, s.run_id) for s in stats]
+        why = [] if as_json else [line for s in stats[1:] for line in why_lines(
+            versus(conn, s.run_id, stats[0].run_id), s.name or s.run_id, stats[0].name or stats[0].run_id)]
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(s) for s in stats], indent=1))
         return
@@ -55,6 +60,9 @@ def compare_cmd(runs, as_json, color, db):
             cells.append(padded)
         lines.append("  ".join(cells).rstrip())
     click.echo("\n".join(lines), color=colour)
+    if why:
+        click.echo("")
+        click.echo("\n".join(why))
     if any(c.by_steps for c in curves):
         from gpuwatch.cli.charts import loss_chart
 
