@@ -275,3 +275,39 @@ def test_compare_says_where_a_run_was_slower_per_token_and_why(tmp_path):
     assert "50 % slower per token than train" in line
     why_lines = out.output.split(line)[1].splitlines()
     assert "gpu_cotenant" in why_lines[1] and "pid 8813 (bob" in why_lines[1]
+
+
+def test_the_tui_run_screen_shades_the_slow_phase_and_lists_its_causes(tmp_path):
+    import asyncio
+
+    from gpuwatch.tui.app import GpuwatchApp
+    from gpuwatch.tui.chart import SHADE, render_chart
+    from gpuwatch.tui.screens.run import RunScreen
+    from gpuwatch.tui.snapshot import View
+    from gpuwatch.tui.source import StoreSource
+
+    sc = Scenario()
+    sc.cotenant()
+    path = sc.write(tmp_path / "why.db")
+    source = StoreSource(str(path), clock=lambda: T0 + 300_000)
+    detail = source.fetch(View("run", run_id="r")).detail
+    (slow,) = detail.slowdowns
+    assert slow.causes[0].startswith("100 % gpu_cotenant: ") and "pid 8812 (bob" in slow.causes[0]
+    chart = next(c for c in detail.charts if c.title == "step time")
+    assert chart.shaded == ((slow.start_ms, slow.end_ms),)
+    drawn = render_chart(chart, 60, 8, T0 + 300_000)
+    shaded = [s for s in drawn.spans if SHADE in str(s.style)]
+    # The slow minute of the five shown: about a fifth of the plot's columns, in its middle.
+    row = drawn.plain.splitlines()[2]
+    columns = {s.start - drawn.plain.index(row) for s in shaded if drawn.plain.index(row) <= s.start < drawn.plain.index(row) + len(row)}
+    assert 8 <= len(columns) <= 14 and min(columns) > 15 and max(columns) < 45, sorted(columns)
+
+    async def pilot():
+        app = GpuwatchApp(source, refresh_s=60, start_mode="runs")
+        async with app.run_test(size=(100, 40)) as p:
+            app.push_screen(RunScreen("r"))
+            await p.pause(0.5)
+            text = str(app.screen.query_one("#run-slowdowns").render())
+            assert "60 % slower per token" in text and "gpu_cotenant" in text
+
+    asyncio.run(pilot())

@@ -149,6 +149,19 @@ class Series:
 class Chart:
     title: str
     series: tuple[Series, ...]
+    shaded: tuple[tuple[int, int], ...] = ()  # (start_ms, end_ms) spans drawn on a dark background
+
+
+@dataclass(frozen=True)
+class SlowRow:
+    """One slow phase of a run (gpuwatch why) and its ranked causes, as lines to show."""
+    start_ms: int
+    end_ms: int
+    first_step: int
+    last_step: int
+    slower_pct: float
+    unit: str                              # token | step
+    causes: tuple[str, ...]                # "62 % gpu_cotenant: pid 8812 (bob, ...) on GPU 0 ..."
 
 
 @dataclass(frozen=True)
@@ -209,6 +222,7 @@ class RunDetail:
     energy_j: float | None = None          # its share of its GPUs' energy (store/energy.py)
     energy_complete: bool = True           # False: older raw samples had expired ("≥")
     joules_per_token: float | None = None
+    slowdowns: tuple[SlowRow, ...] = ()    # slow phases with their causes (gpuwatch why)
 
 
 @dataclass(frozen=True)
