@@ -1,8 +1,8 @@
 """A run's phases from its own steps: warm-up, steady, slow, pauses, profiler windows.
 
 Step times are normalised per token (per step when the run records no tokens), so a longer
-sequence is not a slowdown. The steps are binned in SQL by time (at most MAX_BINS bins, so a
-million-step run costs one indexed pass), pauses between steps (evaluation, checkpoints: one
+sequence is not a slowdown. The steps are summed in SQL per bin of consecutive steps (at most
+MAX_BINS bins, each at least MIN_BIN_MS long: a million-step run costs one pass over its rows), pauses between steps (evaluation, checkpoints: one
 step far longer than the typical one) are set apart, and a change-point search cuts the per-bin series
 where its level changes (binary segmentation). A phase must span MIN_BINS bins, so one noisy bin is not a phase.
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass, fields
 
 from gpuwatch.analysis.why.model import MIN_SLOW_MS, SLOW_PCT, Phase
 
-MAX_BINS = 8_640          # 10 s bins over a day; 1 s bins up to 2.4 h
-MIN_BIN_MS = 1_000
+MAX_BINS = 8_640          # a day of steps in 10 s bins; 1 s bins up to 2.4 h
+MIN_BIN_MS = 1_000        # of typical steps
 MIN_BINS = 2
 # A step that takes PAUSE_FACTOR times the typical step (per token) and PAUSE_MIN_MS or more is
 # a pause in the training loop (evaluation, a checkpoint), not a slow step.
@@ -52,8 +52,8 @@ class Timeline:
     pause_phases: tuple[Phase, ...] = ()
 
 
-def _typical(conn: sqlite3.Connection, run_id: str, lo: int, hi: int) -> tuple[str, float | None]:
-    """(unit, typical ms per unit) from a few thousand rows at five places in the run."""
+def _typical(conn: sqlite3.Connection, run_id: str, lo: int, hi: int) -> tuple[str, float | None, float]:
+    """(unit, typical ms per unit, typical ms per row) from a few thousand rows at five places."""
     rows = []
     for frac in (0.1, 0.3, 0.5, 0.7, 0.9):
         rows += conn.execute(
@@ -64,43 +64,43 @@ def _typical(conn: sqlite3.Connection, run_id: str, lo: int, hi: int) -> tuple[s
     unit = "token" if rows and len(with_tokens) * 2 >= len(rows) else "step"
     ratios = sorted(busy / tok for busy, tok in with_tokens) if unit == "token" else \
         sorted(busy for busy, _ in rows)
-    return unit, (ratios[len(ratios) // 2] if ratios else None)
+    per_row = sorted(busy for busy, _ in rows)
+    return unit, (ratios[len(ratios) // 2] if ratios else None), (per_row[len(per_row) // 2] if per_row else 0.0)
 
 
 def read_bins(conn: sqlite3.Connection, run_id: str) -> tuple[str, Bins | None]:
-    """The run's steps summed per time bin, pauses set apart. One lean GROUP BY over the run's
-    rows; only the few bins whose slowest row looks like a pause are read again, row by row."""
+    """The run's steps summed per bin of consecutive steps, pauses set apart. A bin holds at
+    least MIN_BIN_MS of typical steps, and there are at most MAX_BINS: one aggregate per bin,
+    each a range of the primary key (2x faster than one GROUP BY, which sorts every row). Only
+    the few bins whose slowest row looks like a pause are read again, row by row."""
     import numpy as np
 
-    lo_hi = conn.execute("SELECT min(step), max(step), min(ts_ms), max(ts_ms) FROM steps WHERE run_id = ?",
-                         (run_id,)).fetchone()
-    if lo_hi[0] is None:
+    lo, hi = conn.execute("SELECT min(step), max(step) FROM steps WHERE run_id = ?", (run_id,)).fetchone()
+    if lo is None:
         return "step", None
-    unit, typical = _typical(conn, run_id, lo_hi[0], lo_hi[1])
+    unit, typical, row_ms = _typical(conn, run_id, lo, hi)
     if typical is None:
         return unit, None
-    t0 = lo_hi[2]
-    bin_ms = max(MIN_BIN_MS, -(-(lo_hi[3] - t0 + 1) // MAX_BINS))
+    per_bin = max(-(-(hi - lo + 1) // MAX_BINS), int(MIN_BIN_MS // max(row_ms, 1e-3)), 1)
     units = "tokens" if unit == "token" else "n_steps"
-    rows = conn.execute(
-        f"SELECT (ts_ms - ?) / ? AS b, min(step), max(step), min(ts_ms), max(ts_ms), sum(n_steps), "
-        f"total(step_time_ms * n_steps), total({units}), total(step_time_ms * n_steps * data_wait_pct), "
-        f"max(step_time_ms * n_steps - ? * {units}) "
-        f"FROM steps WHERE run_id = ? AND step_time_ms IS NOT NULL AND {units} > 0 GROUP BY b ORDER BY b",
-        (t0, bin_ms, PAUSE_FACTOR * typical, run_id)).fetchall()
+    query = (f"SELECT min(step), max(step), min(ts_ms), max(ts_ms), sum(n_steps), total(step_time_ms * n_steps), "
+             f"total({units}), total(step_time_ms * n_steps * data_wait_pct), max(step_time_ms * n_steps - ? * {units}) "
+             f"FROM steps WHERE run_id = ? AND step BETWEEN ? AND ? AND step_time_ms IS NOT NULL AND {units} > 0")
+    pause_at = PAUSE_FACTOR * typical
+    rows = [r for r in (conn.execute(query, (pause_at, run_id, s, s + per_bin - 1)).fetchone()
+                        for s in range(lo, hi + 1, per_bin)) if r[0] is not None]
     if not rows:
         return unit, None
-    b = Bins(*(np.asarray(c, dtype=np.float64) for c in list(zip(*rows))[1:9]),
+    b = Bins(*(np.asarray(c, dtype=np.float64) for c in list(zip(*rows))[:8]),
              pauses=np.zeros(len(rows)), pause_ms=np.zeros(len(rows)))
     b.wait_ms[:] /= 100.0
     # Pauses: a row over PAUSE_FACTOR typical steps' time for its units and PAUSE_MIN_MS; the
     # run's first row (set-up, compilation) is warm-up, never a pause.
-    for i in np.flatnonzero(np.asarray([r[9] for r in rows]) > 0):
+    for i in np.flatnonzero(np.asarray([r[8] for r in rows]) > 0):
         for busy, u, wait in conn.execute(
                 f"SELECT step_time_ms * n_steps, {units}, coalesce(data_wait_pct, 0) / 100.0 FROM steps "
                 f"WHERE run_id = ? AND step BETWEEN ? AND ? AND step > ? AND step_time_ms * n_steps > max(?, ? * {units})",
-                (run_id, int(b.first_step[i]), int(b.last_step[i]), lo_hi[0], PAUSE_MIN_MS,
-                 PAUSE_FACTOR * typical)):
+                (run_id, int(b.first_step[i]), int(b.last_step[i]), lo, PAUSE_MIN_MS, pause_at)):
             b.pauses[i] += 1
             b.pause_ms[i] += busy
             b.busy_ms[i] -= busy
