@@ -11,20 +11,12 @@ import sqlite3
 
 from gpuwatch.analysis.why import gpu, host, own, ranks
 from gpuwatch.analysis.why.model import Cause, Phase, Slowdown, WhyResult
-from gpuwatch.analysis.why.phases import Bins, Timeline, timeline
+from gpuwatch.analysis.why.phases import Timeline, timeline, totals
 from gpuwatch.analysis.why.ranking import rank
 from gpuwatch.analysis.why.window import BASE_MAX_MS, Window, make_window
 from gpuwatch.store import queries
 
 __all__ = ["Cause", "Phase", "Slowdown", "WhyResult", "analyse", "top_cause"]
-
-
-def _sums(b: Bins, start_ms: int, end_ms: int) -> tuple[float, float, float, float] | None:
-    """(busy ms, units, wait ms, steps) of the bins within [start_ms, end_ms]."""
-    sel = (b.end_ms >= start_ms) & (b.start_ms <= end_ms)
-    if not sel.any() or b.units[sel].sum() <= 0:
-        return None
-    return float(b.busy_ms[sel].sum()), float(b.units[sel].sum()), float(b.wait_ms[sel].sum()), float(b.steps[sel].sum())
 
 
 def _base_span(tl: Timeline, start_ms: int, end_ms: int) -> tuple[int, int] | None:
@@ -46,9 +38,9 @@ def _base_span(tl: Timeline, start_ms: int, end_ms: int) -> tuple[int, int] | No
 
 def _window(conn: sqlite3.Connection, run: queries.Run, tl: Timeline, start_ms: int, end_ms: int) -> Window | None:
     base = _base_span(tl, start_ms, end_ms)
-    if tl.bins is None or base is None:
+    if base is None:
         return None
-    now, was = _sums(tl.bins, start_ms, end_ms), _sums(tl.bins, *base)
+    now, was = totals(tl.bins, start_ms, end_ms), totals(tl.bins, *base)
     if now is None or was is None:
         return None
     level, base_level = now[0] / now[1], was[0] / was[1]

@@ -10,7 +10,9 @@ where its level changes (binary segmentation). A phase must span MIN_BINS bins, 
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass, fields
+import math
+import statistics
+from dataclasses import dataclass, replace
 
 from gpuwatch.analysis.why.model import MIN_SLOW_MS, SLOW_PCT, Phase
 
@@ -27,18 +29,27 @@ SAMPLE_ROWS = 2_000       # rows read at each of 5 places to learn the typical s
 
 
 @dataclass(frozen=True)
-class Bins:
-    """Per-bin sums of a run's steps (numpy arrays, one entry per bin holding steps)."""
-    first_step: object
-    last_step: object
-    start_ms: object
-    end_ms: object
-    steps: object
-    busy_ms: object           # step time outside pauses
-    units: object             # tokens (or steps) outside pauses
-    wait_ms: object           # busy time spent waiting for data (data_wait_pct)
-    pauses: object
-    pause_ms: object
+class Bin:
+    """Sums over consecutive steps."""
+    first_step: int
+    last_step: int
+    start_ms: int             # the first step's end (ts_ms) ...
+    end_ms: int               # ... to the last one's
+    steps: int                # steps it stands for (folded rows count n_steps)
+    busy_ms: float            # step time outside pauses
+    units: float              # tokens (or steps) outside pauses
+    wait_ms: float            # busy time spent waiting for data (data_wait_pct)
+    pauses: int = 0
+    pause_ms: float = 0.0
+
+
+def totals(bins: list[Bin], start_ms: int, end_ms: int) -> tuple[float, float, float, int] | None:
+    """(busy ms, units, wait ms, steps) of the bins overlapping [start_ms, end_ms]; None if no units."""
+    sel = [b for b in bins if b.end_ms >= start_ms and b.start_ms <= end_ms]
+    units = sum(b.units for b in sel)
+    if units <= 0:
+        return None
+    return sum(b.busy_ms for b in sel), units, sum(b.wait_ms for b in sel), sum(b.steps for b in sel)
 
 
 @dataclass(frozen=True)
@@ -46,7 +57,7 @@ class Timeline:
     unit: str                 # token | step
     baseline: float | None    # steady ms per unit
     phases: tuple[Phase, ...]
-    bins: Bins | None
+    bins: list[Bin]
     pauses: int
     pause_ms: int
     pause_phases: tuple[Phase, ...] = ()
@@ -68,150 +79,132 @@ def _typical(conn: sqlite3.Connection, run_id: str, lo: int, hi: int) -> tuple[s
     return unit, (ratios[len(ratios) // 2] if ratios else None), (per_row[len(per_row) // 2] if per_row else 0.0)
 
 
-def read_bins(conn: sqlite3.Connection, run_id: str) -> tuple[str, Bins | None]:
+def read_bins(conn: sqlite3.Connection, run_id: str) -> tuple[str, list[Bin]]:
     """The run's steps summed per bin of consecutive steps, pauses set apart. A bin holds at
     least MIN_BIN_MS of typical steps, and there are at most MAX_BINS: one aggregate per bin,
     each a range of the primary key (2x faster than one GROUP BY, which sorts every row). Only
     the few bins whose slowest row looks like a pause are read again, row by row."""
-    import numpy as np
-
     lo, hi = conn.execute("SELECT min(step), max(step) FROM steps WHERE run_id = ?", (run_id,)).fetchone()
     if lo is None:
-        return "step", None
+        return "step", []
     unit, typical, row_ms = _typical(conn, run_id, lo, hi)
     if typical is None:
-        return unit, None
+        return unit, []
     per_bin = max(-(-(hi - lo + 1) // MAX_BINS), int(MIN_BIN_MS // max(row_ms, 1e-3)), 1)
     units = "tokens" if unit == "token" else "n_steps"
     query = (f"SELECT min(step), max(step), min(ts_ms), max(ts_ms), sum(n_steps), total(step_time_ms * n_steps), "
-             f"total({units}), total(step_time_ms * n_steps * data_wait_pct), max(step_time_ms * n_steps - ? * {units}) "
+             f"total({units}), total(step_time_ms * n_steps * data_wait_pct) / 100.0, "
+             f"max(step_time_ms * n_steps - ? * {units}) "
              f"FROM steps WHERE run_id = ? AND step BETWEEN ? AND ? AND step_time_ms IS NOT NULL AND {units} > 0")
     pause_at = PAUSE_FACTOR * typical
-    rows = [r for r in (conn.execute(query, (pause_at, run_id, s, s + per_bin - 1)).fetchone()
-                        for s in range(lo, hi + 1, per_bin)) if r[0] is not None]
-    if not rows:
-        return unit, None
-    b = Bins(*(np.asarray(c, dtype=np.float64) for c in list(zip(*rows))[:8]),
-             pauses=np.zeros(len(rows)), pause_ms=np.zeros(len(rows)))
-    b.wait_ms[:] /= 100.0
-    # Pauses: a row over PAUSE_FACTOR typical steps' time for its units and PAUSE_MIN_MS; the
-    # run's first row (set-up, compilation) is warm-up, never a pause.
-    for i in np.flatnonzero(np.asarray([r[8] for r in rows]) > 0):
-        for busy, u, wait in conn.execute(
-                f"SELECT step_time_ms * n_steps, {units}, coalesce(data_wait_pct, 0) / 100.0 FROM steps "
-                f"WHERE run_id = ? AND step BETWEEN ? AND ? AND step > ? AND step_time_ms * n_steps > max(?, ? * {units})",
-                (run_id, int(b.first_step[i]), int(b.last_step[i]), lo, PAUSE_MIN_MS, pause_at)):
-            b.pauses[i] += 1
-            b.pause_ms[i] += busy
-            b.busy_ms[i] -= busy
-            b.units[i] -= u
-            b.wait_ms[i] -= busy * wait
-    return unit, b
+    bins = []
+    for first in range(lo, hi + 1, per_bin):
+        row = conn.execute(query, (pause_at, run_id, first, first + per_bin - 1)).fetchone()
+        if row[0] is None:
+            continue
+        b = Bin(*row[:8])
+        if row[8] > 0:
+            b = _without_pauses(conn, run_id, b, lo, units, pause_at)
+        bins.append(b)
+    return unit, bins
 
 
-def _segments(level) -> list[tuple[int, int]]:
+def _without_pauses(conn: sqlite3.Connection, run_id: str, b: Bin, first_step: int, units: str,
+                    pause_at: float) -> Bin:
+    """The bin with its pauses set apart: rows over PAUSE_FACTOR typical steps' time for their
+    units and PAUSE_MIN_MS. The run's first row (set-up, compilation) is warm-up, never a pause."""
+    rows = conn.execute(
+        f"SELECT step_time_ms * n_steps, {units}, coalesce(data_wait_pct, 0) / 100.0 FROM steps "
+        f"WHERE run_id = ? AND step BETWEEN ? AND ? AND step > ? AND step_time_ms * n_steps > max(?, ? * {units})",
+        (run_id, b.first_step, b.last_step, first_step, PAUSE_MIN_MS, pause_at)).fetchall()
+    busy = sum(r[0] for r in rows)
+    return replace(b, busy_ms=b.busy_ms - busy, units=b.units - sum(r[1] for r in rows),
+                   wait_ms=b.wait_ms - sum(r[0] * r[2] for r in rows), pauses=len(rows), pause_ms=busy)
+
+
+def _segments(level: list[float]) -> list[tuple[int, int]]:
     """[start, end) bin ranges of constant level, by binary segmentation of log(level) with a
     squared-error cost (a change of mean), penalised by the series' own noise so that noise is no
-    phase. (ruptures does the same, but importing it pulls in scipy.stats: 1.2-1.6 s, more than
-    the whole analysis may take.)"""
-    import numpy as np
-
-    signal = np.log(level)
+    phase. Plain Python over prefix sums: a day's 8,640 bins take milliseconds. (ruptures does
+    the same, but importing it pulls in scipy.stats: 1.2-1.6 s, more than the whole analysis.)"""
+    signal = [math.log(v) for v in level]
     n = len(signal)
-    sigma = max(1.4826 * float(np.median(np.abs(np.diff(signal)))) / np.sqrt(2), 0.02) if n > 1 else 0.02
-    penalty = 4 * sigma ** 2 * np.log(max(n, 2)) + 0.02
-    csum, csq = np.concatenate(([0.0], np.cumsum(signal))), np.concatenate(([0.0], np.cumsum(signal ** 2)))
+    diffs = [abs(b - a) for a, b in zip(signal, signal[1:])]
+    sigma = max(1.4826 * statistics.median(diffs) / math.sqrt(2), 0.02) if diffs else 0.02
+    penalty = 4 * sigma ** 2 * math.log(max(n, 2)) + 0.02
+    csum, csq = [0.0], [0.0]
+    for v in signal:
+        csum.append(csum[-1] + v)
+        csq.append(csq[-1] + v * v)
 
-    def sse(i, j):  # squared error around the mean of [i, j), vectorised over arrays of bounds
-        m = j - i
+    def sse(i: int, j: int) -> float:  # squared error around the mean of [i, j)
         s = csum[j] - csum[i]
-        return csq[j] - csq[i] - s * s / m
+        return csq[j] - csq[i] - s * s / (j - i)
 
     cuts, todo = [], [(0, n)]
     while todo:
         i, j = todo.pop()
         if j - i < 2 * MIN_BINS:
             continue
-        k = np.arange(i + MIN_BINS, j - MIN_BINS + 1)
-        gains = sse(i, j) - sse(i, k) - sse(k, j)
-        best = int(np.argmax(gains))
-        if gains[best] > penalty:
-            cuts.append(int(k[best]))
-            todo += [(i, int(k[best])), (int(k[best]), j)]
+        whole = sse(i, j)
+        gain, k = max((whole - sse(i, k) - sse(k, j), k) for k in range(i + MIN_BINS, j - MIN_BINS + 1))
+        if gain > penalty:
+            cuts.append(k)
+            todo += [(i, k), (k, j)]
     bounds = [0, *sorted(cuts), n]
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def _phase(kind: str, b: Bins, i: int, j: int, baseline: float | None) -> Phase:
-    busy, units = float(b.busy_ms[i:j].sum()), float(b.units[i:j].sum())
-    level = busy / units if units else None
-    slower = None if level is None or not baseline else (level / baseline - 1) * 100
-    return Phase(kind, int(b.start_ms[i]), int(b.end_ms[j - 1]), int(b.first_step[i]), int(b.last_step[j - 1]),
-                 int(b.steps[i:j].sum()), level, slower)
+def _level(bins: list[Bin]) -> float:
+    return sum(b.busy_ms for b in bins) / sum(b.units for b in bins)
 
 
-def _baseline(b: Bins, segs: list[tuple[int, int]]) -> float:
+def _phase(kind: str, bins: list[Bin], baseline: float) -> Phase:
+    level = _level(bins)
+    return Phase(kind, bins[0].start_ms, bins[-1].end_ms, bins[0].first_step, bins[-1].last_step,
+                 sum(b.steps for b in bins), level, (level / baseline - 1) * 100)
+
+
+def _baseline(bins: list[Bin], segs: list[tuple[int, int]]) -> float:
     """The run's steady ms per unit: the fastest segment lasting at least a fifth of the time
     (a run slow most of the time is still measured against its normal speed), else the median bin."""
-    import numpy as np
-
-    span = float(b.end_ms[-1] - b.start_ms[0]) or 1.0
-    long = [float(b.busy_ms[i:j].sum() / b.units[i:j].sum()) for i, j in segs
-            if b.units[i:j].sum() and (b.end_ms[j - 1] - b.start_ms[i]) >= span / 5]
-    if long:
-        return min(long)
-    level = b.busy_ms / np.maximum(b.units, 1e-12)
-    return float(np.median(level[b.units > 0]))
+    span = (bins[-1].end_ms - bins[0].start_ms) or 1
+    long = [_level(bins[i:j]) for i, j in segs if bins[j - 1].end_ms - bins[i].start_ms >= span / 5]
+    return min(long) if long else statistics.median(b.busy_ms / b.units for b in bins)
 
 
 def timeline(conn: sqlite3.Connection, run_id: str) -> Timeline:
     """Cut a run's steps into phases; slow phases are those at least SLOW_PCT slower per unit
     than the steady speed for at least MIN_SLOW_MS."""
-    unit, b = read_bins(conn, run_id)
-    if b is None:
-        return Timeline(unit, None, (), None, 0, 0)
-    pauses, pause_ms, paused = int(b.pauses.sum()), int(b.pause_ms.sum()), tuple(pause_phases(b))
-    keep = b.units > 0
-    if not keep.all():
-        b = Bins(*(getattr(b, f.name)[keep] for f in fields(Bins)))
-    if len(b.units) == 0:
-        return Timeline(unit, None, (), None, pauses, pause_ms, paused)
-    segs = _segments(b.busy_ms / b.units)
-    baseline = _baseline(b, segs)
-    slow_at = 1 + SLOW_PCT / 100
-    kinds = []
-    for i, j in segs:
-        level = b.busy_ms[i:j].sum() / b.units[i:j].sum()
-        kinds.append("slow" if level >= baseline * slow_at else "steady")
-    total_steps = float(b.steps.sum())
-    if kinds[0] == "slow" and b.steps[segs[0][0]:segs[0][1]].sum() <= WARMUP_MAX_SHARE * total_steps \
-            and len(segs) > 1:
+    unit, all_bins = read_bins(conn, run_id)
+    paused = tuple(Phase("pause", b.start_ms, b.end_ms, b.first_step, b.last_step, b.pauses, None)
+                   for b in all_bins if b.pauses)
+    pauses, pause_ms = sum(b.pauses for b in all_bins), int(sum(b.pause_ms for b in all_bins))
+    bins = [b for b in all_bins if b.units > 0]
+    if not bins:
+        return Timeline(unit, None, (), [], pauses, pause_ms, paused)
+    segs = _segments([b.busy_ms / b.units for b in bins])
+    baseline = _baseline(bins, segs)
+    kinds = ["slow" if _level(bins[i:j]) >= baseline * (1 + SLOW_PCT / 100) else "steady" for i, j in segs]
+    first = bins[segs[0][0]:segs[0][1]]
+    if kinds[0] == "slow" and len(segs) > 1 and \
+            sum(b.steps for b in first) <= WARMUP_MAX_SHARE * sum(b.steps for b in bins):
         kinds[0] = "warm-up"
-    # Adjacent segments of one kind are one phase; a slow phase too short to matter is steady.
-    merged: list[list] = []
-    for (i, j), kind in zip(segs, kinds):
-        if merged and merged[-1][2] == kind:
-            merged[-1][1] = j
+    # Adjacent segments of one kind are one phase; a slow phase too short to matter is steady
+    # (and joins its steady neighbours).
+    merged = _merge([(i, j, kind) for (i, j), kind in zip(segs, kinds)])
+    merged = _merge([(i, j, "steady" if kind == "slow" and bins[j - 1].end_ms - bins[i].start_ms < MIN_SLOW_MS
+                      else kind) for i, j, kind in merged])
+    phases = tuple(_phase(kind, bins[i:j], baseline) for i, j, kind in merged)
+    return Timeline(unit, baseline, phases, bins, pauses, pause_ms, paused)
+
+
+def _merge(parts: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Adjacent [i, j) ranges of the same kind joined."""
+    out: list[tuple[int, int, str]] = []
+    for i, j, kind in parts:
+        if out and out[-1][2] == kind:
+            out[-1] = (out[-1][0], j, kind)
         else:
-            merged.append([i, j, kind])
-    for m in merged:
-        if m[2] == "slow" and b.end_ms[m[1] - 1] - b.start_ms[m[0]] < MIN_SLOW_MS:
-            m[2] = "steady"
-    phases: list[Phase] = []
-    for i, j, kind in merged:
-        if phases and phases[-1].kind == kind:
-            i = _bin_of(b, phases.pop().first_step)
-        phases.append(_phase(kind, b, i, j, baseline))
-    return Timeline(unit, baseline, tuple(phases), b, pauses, pause_ms, paused)
-
-
-def _bin_of(b: Bins, first_step: int) -> int:
-    import numpy as np
-
-    return int(np.searchsorted(b.first_step, first_step))
-
-
-def pause_phases(b: Bins) -> list[Phase]:
-    """Each bin that holds a pause, as a phase (evaluation, checkpoint)."""
-    return [Phase("pause", int(b.start_ms[i]), int(b.end_ms[i]), int(b.first_step[i]), int(b.last_step[i]),
-                  int(b.pauses[i]), None) for i in range(len(b.pauses)) if b.pauses[i]]
+            out.append((i, j, kind))
+    return out

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from gpuwatch.analysis.why import explain
 from gpuwatch.analysis.why.model import SLOW_PCT, Cause, Slowdown
-from gpuwatch.analysis.why.phases import Timeline, timeline
+from gpuwatch.analysis.why.phases import Timeline, timeline, totals
 from gpuwatch.analysis.why.window import BASE_MAX_MS, make_window
 from gpuwatch.store import queries
 
@@ -33,12 +33,6 @@ def _steady(tl: Timeline) -> tuple[int, int] | None:
     return max(p.start_ms, p.end_ms - BASE_MAX_MS), p.end_ms
 
 
-def _sums(tl: Timeline, span: tuple[int, int]) -> tuple[float, float, float]:
-    b = tl.bins
-    sel = (b.end_ms >= span[0]) & (b.start_ms <= span[1])
-    return float(b.busy_ms[sel].sum()), float(b.units[sel].sum()), float(b.wait_ms[sel].sum())
-
-
 def versus(conn: sqlite3.Connection, ref: str, than_ref: str) -> Versus:
     from gpuwatch.analysis.why import analyse
 
@@ -48,7 +42,10 @@ def versus(conn: sqlite3.Connection, ref: str, than_ref: str) -> Versus:
     span, base = _steady(mine), _steady(theirs)
     if span is None or base is None or mine.unit != theirs.unit:
         return Versus(run.run_id, than.run_id, mine.unit, None, (), slowdowns)
-    (busy, units, wait), (busy0, units0, wait0) = _sums(mine, span), _sums(theirs, base)
+    now, was = totals(mine.bins, *span), totals(theirs.bins, *base)
+    if now is None or was is None:
+        return Versus(run.run_id, than.run_id, mine.unit, None, (), slowdowns)
+    (busy, units, wait, _), (busy0, units0, wait0, _) = now, was
     level, level0 = busy / units, busy0 / units0
     extra = level / level0 - 1
     causes: tuple[Cause, ...] = ()
