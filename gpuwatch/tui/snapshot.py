@@ -11,26 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuwatch import fmt
+from gpuwatch.fmt import throttle_words
 
 if TYPE_CHECKING:  # the fleet's model loads only with the Fleet screen
     from gpuwatch.fleet.model import Fleet
-
-
-# NVML clock-event ("throttle") reason bits worth telling a user about; idle and
-# application-clock settings are normal operation, not throttling.
-THROTTLE_REASONS = (
-    (0x4, "power cap"),
-    (0x8, "HW slowdown"),
-    (0x10, "sync boost"),
-    (0x20, "SW thermal"),
-    (0x40, "HW thermal"),
-    (0x80, "power brake"),
-)
-
-
-def throttle_words(mask: int | None) -> list[str]:
-    """Decode an NVML clock-event reason bitmask into words: 0x44 -> ["power cap", "HW thermal"]."""
-    return [word for bit, word in THROTTLE_REASONS if mask and mask & bit]
 
 
 @dataclass(frozen=True)
