@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from gpuwatch.analysis.why import analyse, top_cause
 from gpuwatch.cli import main
-from gpuwatch.store import open_ro
+from gpuwatch.store import open_ro, open_rw
 from why_scenarios import SLOW_FROM, SLOW_TO, T0, Scenario
 
 
@@ -311,3 +311,39 @@ def test_the_tui_run_screen_shades_the_slow_phase_and_lists_its_causes(tmp_path)
             assert "60 % slower per token" in text and "gpu_cotenant" in text
 
     asyncio.run(pilot())
+
+
+def test_a_run_without_tokens_is_measured_per_step(tmp_path):
+    sc = Scenario(tokens=None)
+    sc.cotenant()
+    result = why(sc, tmp_path)
+    assert result.unit == "step"
+    assert the_slowdown(result, 1.6).causes[0].kind == "gpu_cotenant"
+
+
+def test_folded_rows_count_as_the_steps_they_stand_for(tmp_path):
+    sc = Scenario(fold=4)
+    sc.throttle()
+    result = why(sc, tmp_path)
+    s = the_slowdown(result, 1.4)
+    assert s.causes[0].kind == "gpu_throttle"
+    assert sum(p.steps for p in result.phases if p.kind != "pause") == result.phases[-1].last_step
+
+
+def test_a_slow_warm_up_is_warm_up_not_a_slowdown(tmp_path):
+    result = why(Scenario(warmup_s=45), tmp_path)  # the compiled first step, then 29 s at half speed
+    assert result.slowdowns == ()
+    assert result.phases[0].kind == "warm-up" and result.phases[0].end_ms - result.phases[0].start_ms >= 15_000
+
+
+def test_a_run_with_no_steps_has_nothing_to_say(tmp_path):
+    sc = Scenario()
+    path = sc.write(tmp_path / "why.db")
+    conn = open_rw(path)
+    conn.execute("DELETE FROM steps")
+    conn.commit()
+    conn.close()
+    table = CliRunner().invoke(main, ["why", "--db", str(path), "r"])
+    assert table.exit_code == 0 and "no timed steps" in table.output
+    doc = json.loads(CliRunner().invoke(main, ["why", "--db", str(path), "r", "--format", "json"]).output)
+    assert doc == {"run": "r", "slowdowns": []}

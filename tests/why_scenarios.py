@@ -21,9 +21,12 @@ MIB = 1 << 20
 
 class Scenario:
     def __init__(self, seed: int = 1, seconds: int = SECONDS, window: tuple[int, int] = (SLOW_FROM, SLOW_TO),
-                 noise: float = 0.03):
+                 noise: float = 0.03, tokens: int | None = 4096, fold: int = 1, warmup_s: int = 0):
         self.seed = seed
         self.noise = noise
+        self.tokens = tokens      # None: a run that records no tokens (speed is per step)
+        self.fold = fold          # rows of this many steps each, as the client folds them past its budget
+        self.warmup_s = warmup_s  # the first seconds at half speed (compilation, caches)
         self.window = window
         self.seconds = seconds
         self.factor: dict[str, float] = {"r": 1.0}   # slow-window step time factor per run
@@ -162,6 +165,8 @@ class Scenario:
                 tokens = self.tokens_from[1]
                 base *= tokens / 4096
             ms = base * (self.factor.get(run_id, 1.0) if self.in_window(second) else 1.0) * self.always.get(run_id, 1.0)
+            if second < self.warmup_s:
+                ms *= 2
             wait = 2.0
             if self.wait and self.in_window(second):
                 wait = (ms - base * 0.98) / ms * 100
@@ -170,9 +175,20 @@ class Scenario:
             if step == 1:
                 ms += 15_000  # compilation
             t += ms
-            rows.append(dict(run_id=run_id, step=step, ts_ms=int(t), tokens=tokens, step_time_ms=ms,
-                             data_wait_pct=wait, tokens_per_s=tokens / ms * 1000, loss=2.0))
-        return rows
+            rows.append(dict(run_id=run_id, step=step, ts_ms=int(t), tokens=tokens if self.tokens else None,
+                             step_time_ms=ms, data_wait_pct=wait, tokens_per_s=tokens / ms * 1000, loss=2.0))
+        return self._folded(rows) if self.fold > 1 else rows
+
+    def _folded(self, rows: list[dict]) -> list[dict]:
+        """One row per `fold` steps: the last step and time, summed tokens, mean step time and wait."""
+        out = []
+        for k in range(0, len(rows), self.fold):
+            part = rows[k:k + self.fold]
+            n = len(part)
+            out.append(dict(part[-1], n_steps=n, tokens=sum(r["tokens"] for r in part) if self.tokens else None,
+                            step_time_ms=sum(r["step_time_ms"] for r in part) / n,
+                            data_wait_pct=sum(r["data_wait_pct"] for r in part) / n))
+        return out
 
     def write(self, path: Path) -> Path:
         conn = open_rw(path)

@@ -23,7 +23,7 @@ MIN_BINS = 2
 # a pause in the training loop (evaluation, a checkpoint), not a slow step.
 PAUSE_FACTOR = 5.0
 PAUSE_MIN_MS = 1_000
-# Warm-up: a slow first phase ending within this share of the run's steps.
+# Warm-up: slow first phases ending within this share of the run's steps.
 WARMUP_MAX_SHARE = 0.2
 SAMPLE_ROWS = 2_000       # rows read at each of 5 places to learn the typical step
 
@@ -186,10 +186,13 @@ def timeline(conn: sqlite3.Connection, run_id: str) -> Timeline:
     segs = _segments([b.busy_ms / b.units for b in bins])
     baseline = _baseline(bins, segs)
     kinds = ["slow" if _level(bins[i:j]) >= baseline * (1 + SLOW_PCT / 100) else "steady" for i, j in segs]
-    first = bins[segs[0][0]:segs[0][1]]
-    if kinds[0] == "slow" and len(segs) > 1 and \
-            sum(b.steps for b in first) <= WARMUP_MAX_SHARE * sum(b.steps for b in bins):
-        kinds[0] = "warm-up"
+    # Warm-up: the slow segments the run starts with (a compiled first step, then slower steps
+    # while caches fill), within its first WARMUP_MAX_SHARE of steps.
+    total, k = sum(b.steps for b in bins), 0
+    while k < len(segs) - 1 and kinds[k] == "slow" and \
+            sum(b.steps for b in bins[:segs[k][1]]) <= WARMUP_MAX_SHARE * total:
+        kinds[k] = "warm-up"
+        k += 1
     # Adjacent segments of one kind are one phase; a slow phase too short to matter is steady
     # (and joins its steady neighbours).
     merged = _merge([(i, j, kind) for (i, j), kind in zip(segs, kinds)])
