@@ -93,8 +93,9 @@ def _preformatted(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
-def hparams_values(run: queries.Run) -> dict[str, float | str | bool]:
-    """The run's config flattened to TensorBoard hparams (dotted keys), and what ran."""
+def hparams_values(run: queries.Run, attached: dict) -> dict[str, float | str | bool]:
+    """The run's config (or its instrumented child's, under `gpuwatch run`) flattened to
+    TensorBoard hparams (dotted keys), and what ran."""
     values: dict[str, float | str | bool] = {}
 
     def flatten(prefix: str, value) -> None:
@@ -108,7 +109,7 @@ def hparams_values(run: queries.Run) -> dict[str, float | str | bool]:
         elif value is not None:
             values[prefix] = json.dumps(value)
 
-    flatten("", run.config)
+    flatten("", run.config or attached.get("config") or {})
     for key in ("name", "command", "git_commit", "torch_version", "cuda_version", "host", "user"):
         if getattr(run, key):
             values.setdefault(key, getattr(run, key))
@@ -196,7 +197,8 @@ class RunMirror:
         run = queries.run(conn, self.run_id)
         written = 0
         if not self.started:
-            self._add(run.started_ms, 0, _hparams_start(run, hparams_values(run)))
+            attached = queries.run_event_payload(conn, run.run_id)
+            self._add(run.started_ms, 0, _hparams_start(run, hparams_values(run, attached)))
             self.started = True
         written += self._steps(conn)
         written += self._gpus(conn, run)
