@@ -375,15 +375,15 @@ class Selection:
 
 
 def _alive(pid: int | None) -> bool:
+    """The process runs (a zombie its parent has not reaped yet has ended)."""
+    import psutil
+
     if pid is None:
         return True
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        pass
-    return True
 
 
 def follow(open_conn: Callable[[], sqlite3.Connection], selection: Selection, target: str,
