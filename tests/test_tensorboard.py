@@ -236,7 +236,27 @@ def test_autolog_mirrors_a_notebook_style_process(tmp_path):
     assert len(scalars(events, "gpuwatch/step/loss")) == 6
 
 
+def test_a_generation_run_exports_its_latencies(tmp_path):
+    done = subprocess.run([PY, "-m", "workloads.kv_generate", "--tiny", "--prompt-len", "16", "--new-tokens", "4",
+                           "--name", "tb-decode"], capture_output=True, text=True, timeout=180,
+                          cwd=TESTS.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = subprocess.run([GPUWATCH, "export", "tb-decode", "--format", "tensorboard", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    (directory,) = (tmp_path / "gpuwatch").iterdir()
+    events = read_back(directory)
+    with db() as conn:
+        run = the_run(conn, "tb-decode")
+        rows = conn.execute("SELECT gen_id, ttft_ms, tokens_per_s FROM generations WHERE run_id = ? ORDER BY gen_id",
+                            (run["run_id"],)).fetchall()
+    assert rows
+    assert scalars(events, "gpuwatch/generation/ttft_ms") == [(r[0], pytest.approx(r[1], rel=1e-6)) for r in rows]
+    assert scalars(events, "gpuwatch/generation/tokens_per_s") == [(r[0], pytest.approx(r[2], rel=1e-6)) for r in rows]
+
+
 def test_bad_requests_get_one_line_errors(tmp_path):
+    assert subprocess.run([GPUWATCH, "run", "--", "true"], timeout=60).returncode == 0  # a database
     unknown = subprocess.run([GPUWATCH, "export", "no-such-run", "--format", "tensorboard", str(tmp_path)],
                              capture_output=True, text=True, timeout=60)
     assert unknown.returncode != 0 and unknown.stderr.startswith("Error: ") and "no-such-run" in unknown.stderr

@@ -6,6 +6,8 @@ Written with TensorBoard's own event-file writer and protos; scalars are classic
 (`simple_value`), which every reader sees as scalars. Tags:
   gpuwatch/step/…    per step (global step = the run's step): tokens/s, step time, loss and the
                      per-optimiser losses, data wait, MFU, CUDA memory (MiB), host RSS
+  gpuwatch/generation/…  per generate() call of a serving run: tokens/s, TTFT, inter-token
+                     latency (p50, p90), prompt and new tokens
   gpuwatch/gpuN/…    per GPU of the run over its lifetime (step = seconds since the run began):
                      utilisation, SM activity, memory used, power, temperature, clocks, and each
                      throttle reason as a 0/1 series
@@ -48,6 +50,15 @@ STEP_SERIES = (
     ("mem_reserved_bytes", "cuda_reserved_mib", 1 / MIB),
     ("mem_peak_bytes", "cuda_peak_mib", 1 / MIB),
     ("rss_bytes", "host_rss_mib", 1 / MIB),
+)
+# generations column -> (tag under gpuwatch/generation/, scale); x axis: the generation's number
+GENERATION_SERIES = (
+    ("tokens_per_s", "tokens_per_s", 1.0),
+    ("ttft_ms", "ttft_ms", 1.0),
+    ("itl_p50_ms", "itl_p50_ms", 1.0),
+    ("itl_p90_ms", "itl_p90_ms", 1.0),
+    ("prompt_tokens", "prompt_tokens", 1.0),
+    ("new_tokens", "new_tokens", 1.0),
 )
 # what the hparams table shows beside each run's config
 HPARAMS_METRICS = ("tokens_per_s", "loss", "step_time_ms")
@@ -168,6 +179,7 @@ class RunMirror:
     run_id: str
     directory: Path
     last_step: int = -1
+    last_generation: int = -1
     last_step_ts_ms: int = 0
     gpu_after_ms: dict[int, int] = field(default_factory=dict)   # GPU -> newest sample written
     prof_after_ms: dict[int, int] = field(default_factory=dict)
@@ -201,6 +213,7 @@ class RunMirror:
             self._add(run.started_ms, 0, _hparams_start(run, hparams_values(run, attached)))
             self.started = True
         written += self._steps(conn)
+        written += self._generations(conn)
         written += self._gpus(conn, run)
         written += self._profiles(conn)
         if self._writer is not None and time.monotonic() - self._flushed >= FLUSH_S / 2:
@@ -229,6 +242,19 @@ class RunMirror:
                 self.last_step, self.last_step_ts_ms = rows[-1][0], rows[-1][1]
             if len(rows) < BATCH_ROWS:
                 return written
+
+    def _generations(self, conn: sqlite3.Connection) -> int:
+        cols = ", ".join(c for c, _, _ in GENERATION_SERIES)
+        written = 0
+        for gen_id, ts_ms, *figures in conn.execute(
+                f"SELECT gen_id, ts_ms, {cols} FROM generations WHERE run_id = ? AND gen_id > ? "
+                "ORDER BY gen_id", (self.run_id, self.last_generation)):
+            values = [_scalar(f"gpuwatch/generation/{tag}", v * scale)
+                      for (_, tag, scale), v in zip(GENERATION_SERIES, figures) if v is not None]
+            self._add(ts_ms, gen_id, values)
+            self.last_generation = gen_id
+            written += len(values)
+        return written
 
     def _gpus(self, conn: sqlite3.Connection, run: queries.Run) -> int:
         start, end = run_window(conn, run)
