@@ -1,5 +1,4 @@
-"""Human formatting shared by the CLI, the TUI and reports: sizes, durations, counts, sparklines,
-GPU throttle reasons.
+"""Human formatting shared by the CLI, the TUI and reports: sizes, durations, counts, sparklines.
 
 Every function takes None (a figure nobody measured) and returns "-" for it, so callers never
 branch on missing data.
@@ -14,6 +13,22 @@ from typing import Iterable
 MISSING = "-"
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+# NVML clock-event ("throttle") reason bits worth telling a user about; idle and
+# application-clock settings are normal operation, not throttling.
+THROTTLE_REASONS = (
+    (0x4, "power cap"),
+    (0x8, "HW slowdown"),
+    (0x10, "sync boost"),
+    (0x20, "SW thermal"),
+    (0x40, "HW thermal"),
+    (0x80, "power brake"),
+)
+
+
+def throttle_words(mask: int | None) -> list[str]:
+    """Decode an NVML clock-event reason bitmask into words: 0x44 -> ["power cap", "HW thermal"]."""
+    return [word for bit, word in THROTTLE_REASONS if mask and mask & bit]
 
 
 def size(n: float | None) -> str:
@@ -136,20 +151,3 @@ def _bucket_means(vals: list[float | None], width: int) -> list[float | None]:
         chunk = [v for v in vals[b * n // width:(b + 1) * n // width] if v is not None]
         out.append(sum(chunk) / len(chunk) if chunk else None)
     return out
-
-
-# NVML clock-event ("throttle") reason bits worth telling a user about; idle and
-# application-clock settings are normal operation, not throttling.
-THROTTLE_REASONS = (
-    (0x4, "power cap"),
-    (0x8, "HW slowdown"),
-    (0x10, "sync boost"),
-    (0x20, "SW thermal"),
-    (0x40, "HW thermal"),
-    (0x80, "power brake"),
-)
-
-
-def throttle_words(mask: int | None) -> list[str]:
-    """Decode an NVML clock-event reason bitmask into words: 0x44 -> ["power cap", "HW thermal"]."""
-    return [word for bit, word in THROTTLE_REASONS if mask and mask & bit]

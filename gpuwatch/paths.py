@@ -54,3 +54,11 @@ def spool_dir(system: bool) -> Path:
 def system_daemon_present() -> bool:
     """True when a system-wide daemon's socket exists: readers and clients then use it."""
     return (SYSTEM_RUNTIME_DIR / SOCKET_NAME).exists()
+
+
+def reader_db_path(configured: str = "") -> Path:
+    """The database a reader opens: the configured one, else the system daemon's if one runs,
+    else the user's own."""
+    if configured:
+        return Path(configured)
+    return default_db_path(system=system_daemon_present())

@@ -77,6 +77,17 @@ def _yield_cpu(increment: int = 10) -> None:
             pass
 
 
+def _wait_for_mirror(mirror, timeout_s: float = 30.0) -> None:
+    """Let the TensorBoard mirror write the ended run's last figures before we exit; past the
+    timeout it finishes on its own (it watches our pid)."""
+    import subprocess
+
+    try:
+        mirror.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def default_name(command: tuple[str, ...]) -> str:
     """`python train.py --lr 1` -> 'train.py'; `torchrun ... x.py` -> 'x.py'; else the program."""
     scripts = [os.path.basename(a) for a in command[1:] if a.endswith(".py")]
@@ -106,10 +117,11 @@ def _kill_cause(pid: int, signum: int, oom_kills_before: int | None) -> dict:
 
 
 def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | None = None,
-         instrument: bool = True) -> int:
+         instrument: bool = True, tensorboard: str | None = None) -> int:
     """Run `command` as a run of its own; return the exit code the wrapper should exit with.
     `gpu_env` is added to the command's environment (CUDA_VISIBLE_DEVICES from --pick); with
-    `instrument`, a Python child gets the bootstrap that hooks torch when it imports it."""
+    `instrument`, a Python child gets the bootstrap that hooks torch when it imports it; with
+    `tensorboard` (a directory or "auto"), a process beside it mirrors the run's figures there."""
     from collectors.host import cgroup_oom_kills
     from gpuwatch.cli import child_path
     from gpuwatch.client import metadata
@@ -124,7 +136,7 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     # Block before any thread starts (the transport's threads inherit the mask), so every
     # SIGINT/SIGTERM comes to sigtimedwait below instead of interrupting us.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
-    transport = ingest = None
+    transport = ingest = mirror = None
     # Short, private and ours alone: the child's import directory, its note, and (with no
     # daemon) the socket this process serves it on (Unix socket paths are capped at 107 bytes).
     private = Path(tempfile.mkdtemp(prefix="gpuwatch-run-"))
@@ -145,6 +157,11 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
         fields["command"] = shlex.join(command)
         send("run_start", name=name or default_name(command), **fields)
         transport.flush()  # the run exists before the child can add steps to it
+        if tensorboard:
+            from gpuwatch.client.tensorboard import start_mirror
+
+            mirror = start_mirror(tensorboard, since_ms=started[0], watch_pid=os.getpid(),
+                                  wrapper_run_id=run_id)
         env = dict(os.environ, **{ENV_RUN_ID: run_id}, **(gpu_env or {}))
         if transport.mode == "embedded":
             from gpuwatch.cli.private_ingest import PrivateIngest
@@ -187,6 +204,8 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
             ingest.close()
         if transport is not None:
             transport.close()
+        if mirror is not None:
+            _wait_for_mirror(mirror)
         shutil.rmtree(private, ignore_errors=True)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
@@ -197,9 +216,13 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
               help="Run on the N best free GPUs of this host (as `gpuwatch pick -n N`).")
 @click.option("--no-instrument", is_flag=True,
               help="Do not hook torch in the command (also: GPUWATCH_INSTRUMENT=0).")
+@click.option("--tensorboard", metavar="DIR|auto",
+              help="Mirror the run's figures live into TensorBoard files under DIR/gpuwatch/; "
+                   "'auto': beside the TensorBoard logs the program writes itself.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @friendly_errors
-def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, command: tuple[str, ...]) -> None:
+def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, tensorboard: str | None,
+            command: tuple[str, ...]) -> None:
     """Run COMMAND as a tracked run and exit with its status.
 
     The run records the command, exit code or signal and duration; the daemon links the
@@ -216,4 +239,5 @@ def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, command: 
         from gpuwatch.cli.pick_cmd import visible_devices
 
         gpu_env["CUDA_VISIBLE_DEVICES"] = visible_devices(pick_n)
-    raise SystemExit(wrap(command, name, gpu_env, instrument=not no_instrument))
+    raise SystemExit(wrap(command, name, gpu_env, instrument=not no_instrument,
+                          tensorboard=tensorboard))

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuwatch import fmt
-from gpuwatch.fmt import throttle_words
 
 if TYPE_CHECKING:  # the fleet's model loads only with the Fleet screen
     from gpuwatch.fleet.model import Fleet
@@ -69,7 +68,7 @@ class GpuRow:
             return ["LOST"]
         if self.state == "hung":
             return [fmt.gpu_state(self.state, self.state_since_ms).upper().replace("SINCE", "since")]
-        words = throttle_words(self.throttle_reasons)
+        words = fmt.throttle_words(self.throttle_reasons)
         if self.ecc_uncorrected:
             words.append(f"ECC errors: {self.ecc_uncorrected}")
         return words
