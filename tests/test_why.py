@@ -207,7 +207,7 @@ def steps_for(run, seconds):
 with gpuwatch.track(name="hogged") as run:
     steps_for(run, 25)
     hog_from = time.time()
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(6)]
     steps_for(run, 40)
     for h in hogs:
         h.kill()
@@ -220,7 +220,7 @@ print(json.dumps({"run": run.run_id, "from": int(hog_from * 1000), "to": int(hog
 
 def test_a_real_tracked_run_slowed_by_cpu_hogs(tmp_path):
     """gpuwatch.track + step in embedded mode (its sampler writes the host's samples), while
-    four busy processes compete for the CPU for 40 s: the slowdown is found over their window
+    six busy processes compete for the CPU for 40 s: the slowdown is found over their window
     and the host's CPU is its first cause."""
     import subprocess
     import sys
