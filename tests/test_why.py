@@ -347,3 +347,14 @@ def test_a_run_with_no_steps_has_nothing_to_say(tmp_path):
     assert table.exit_code == 0 and "no timed steps" in table.output
     doc = json.loads(CliRunner().invoke(main, ["why", "--db", str(path), "r", "--format", "json"]).output)
     assert doc == {"run": "r", "slowdowns": []}
+
+
+def test_neither_the_daemon_nor_the_client_loads_the_analysis():
+    import subprocess
+    import sys
+
+    code = ("import sys, gpuwatch.daemon.main, gpuwatch.client, gpuwatch.sampler\n"
+            "print(sorted(m for m in sys.modules if m.startswith('gpuwatch.analysis.why')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
