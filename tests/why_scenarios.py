@@ -111,6 +111,13 @@ class Scenario:
         self.wait = True
         self.slow(factor)
 
+    def profiler_window(self, factor: float = 1.5) -> None:
+        """The run's own scheduled profile over the window's steps (a traced step is slower)."""
+        self.extra_rows.setdefault("profiles", []).append(dict(
+            run_id="r", ts_ms=T0 + self.window[0] * 1000, trigger="scheduled", first_step=211, steps=80,
+            trace_path="/tmp/trace.json"))
+        self.slow(factor)
+
     def sequence_length_doubles(self) -> None:
         self.tokens_from = (self.window[0], 8192)
 
@@ -204,6 +211,8 @@ class Scenario:
         insert_rows(conn, "host_samples", self.host)
         insert_rows(conn, "host_top_processes", self.top)
         insert_rows(conn, "gpu_process_samples", self.gproc)
+        for table, rows in self.extra_rows.items():
+            insert_rows(conn, table, rows)
         conn.execute("COMMIT")
         conn.close()
         return path

@@ -100,13 +100,13 @@ def _oom_section(conn: sqlite3.Connection, run_id: str) -> str:
 def _slowdowns_section(conn: sqlite3.Connection, run_id: str) -> str:
     """Each slow phase (gpuwatch why) with its ranked causes."""
     from gpuwatch.analysis.why import analyse
+    from gpuwatch.analysis.why.render import none_found
 
     result = analyse(conn, run_id)
     if result.baseline_ms_per_unit is None:
         return ""
     if not result.slowdowns:
-        return (f"<h2>Slowdowns</h2><p>None: no phase 20 % or more slower per {result.unit} for 10 s or more"
-                f" ({result.pauses} pauses between steps).</p>")
+        return f"<h2>Slowdowns</h2><p>{escape(none_found(result.unit))}; {result.pauses} pauses between steps.</p>"
     rows = []
     for s in result.slowdowns:
         causes = "; ".join(f"{c.share_pct:.0f} % {c.kind}: {c.detail}" for c in s.causes)

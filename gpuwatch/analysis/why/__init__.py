@@ -73,12 +73,23 @@ def analyse(conn: sqlite3.Connection, run_ref: str) -> WhyResult:
             notes += own.stack_dumps(conn, w)
         slowdowns.append(Slowdown(p.start_ms, p.end_ms, p.first_step, p.last_step, p.slower_pct or 0.0,
                                   causes, p.steps))
-    profiles = [Phase("profiler", ts, ts, first or 0, (first or 0) + max((n or 1) - 1, 0), n or 0, None)
-                for ts, first, n in conn.execute("SELECT ts_ms, first_step, steps FROM profiles WHERE run_id = ? "
-                                                 "ORDER BY ts_ms", (run.run_id,))]
-    phases = tuple(sorted(tl.phases + tl.pause_phases + tuple(profiles), key=lambda p: (p.start_ms, p.first_step)))
+    phases = tuple(sorted(tl.phases + tl.pause_phases + _profiler_phases(conn, run.run_id),
+                          key=lambda p: (p.start_ms, p.first_step)))
     return WhyResult(run.run_id, run.name, tl.unit, tl.baseline, phases, tuple(slowdowns), tl.pauses, tl.pause_ms,
                      tuple(notes))
+
+
+def _profiler_phases(conn: sqlite3.Connection, run_id: str) -> tuple[Phase, ...]:
+    """The run's profiles, each over the steps it traced (from the time it was taken when the
+    steps are not known)."""
+    out = []
+    for ts, first, n in conn.execute("SELECT ts_ms, first_step, steps FROM profiles WHERE run_id = ? ORDER BY ts_ms",
+                                     (run_id,)).fetchall():
+        last = None if first is None else first + max((n or 1) - 1, 0)
+        span = conn.execute("SELECT min(ts_ms), max(ts_ms) FROM steps WHERE run_id = ? AND step BETWEEN ? AND ?",
+                            (run_id, first, last)).fetchone() if first is not None else (None, None)
+        out.append(Phase("profiler", span[0] or ts, span[1] or ts, first or 0, last or 0, n or 0, None))
+    return tuple(out)
 
 
 def top_cause(conn: sqlite3.Connection, run_id: str, start_ms: int, end_ms: int) -> Cause | None:

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 from gpuwatch import fmt
-from gpuwatch.analysis.why.model import WhyResult
+from gpuwatch.analysis.why.model import MIN_SLOW_MS, SLOW_PCT, WhyResult
 
 
 def _span(start_ms: int, end_ms: int) -> str:
     return f"{fmt.local_time(start_ms)} +{fmt.duration(end_ms - start_ms)}"
 
 
+def _steps(first: int, last: int) -> str:
+    return f"{first:,}" if first == last else f"{first:,}-{last:,}"
+
+
+def none_found(unit: str) -> str:
+    return f"none (no phase {SLOW_PCT:.0f} % or more slower per {unit} for {MIN_SLOW_MS // 1000} s or more)"
+
+
 def slowdown_lines(r: WhyResult, indent: str = "  ") -> list[str]:
     """One line per slowdown and one per cause: the "slowdowns" section of `show`."""
     if not r.slowdowns:
-        return [f"{indent}none (no phase {20} % or more slower per {r.unit} for 10 s or more)"]
+        return [indent + none_found(r.unit)]
     out = []
     for s in r.slowdowns:
         out.append(f"{indent}steps {s.first_step:,}-{s.last_step:,}  {_span(s.start_ms, s.end_ms)}  "
@@ -38,11 +46,11 @@ def text(r: WhyResult) -> str:
     for p in shown:
         speed = "" if p.ms_per_unit is None else f"{p.ms_per_unit * scale:.3g} ms/{per}"
         slower = f"  {p.slower_pct:+.0f} %" if p.slower_pct is not None and p.kind != "steady" else ""
-        out.append(f"  {p.kind:<9} steps {p.first_step:,}-{p.last_step:,}  {_span(p.start_ms, p.end_ms)}  "
+        out.append(f"  {p.kind:<9} steps {_steps(p.first_step, p.last_step)}  {_span(p.start_ms, p.end_ms)}  "
                    f"{speed}{slower}")
     pauses = [p for p in r.phases if p.kind == "pause"]
     if pauses:
-        listed = ", ".join(f"{p.first_step:,}-{p.last_step:,}" for p in pauses[:6])
+        listed = ", ".join(_steps(p.first_step, p.last_step) for p in pauses[:6])
         out.append(f"  pauses    around steps {listed}{' ...' if len(pauses) > 6 else ''} "
                    "(evaluation, checkpoints: not counted as slow)")
     out.append("")
