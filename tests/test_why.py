@@ -199,7 +199,7 @@ def test_cli_table_lists_phases_and_causes_and_names_a_bad_run(tmp_path):
 
 
 HOGGED_RUN = """
-import json, subprocess, sys, time
+import json, os, subprocess, sys, time
 import gpuwatch
 
 def work():  # a fixed amount of CPU work per step
@@ -217,7 +217,8 @@ def steps_for(run, seconds):
 with gpuwatch.track(name="hogged") as run:
     steps_for(run, 25)
     hog_from = time.time()
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(6)]
+    # Enough busy processes to saturate any host: every core, and four more.
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() + 4)]
     steps_for(run, 40)
     for h in hogs:
         h.kill()
@@ -230,8 +231,8 @@ print(json.dumps({"run": run.run_id, "from": int(hog_from * 1000), "to": int(hog
 
 def test_a_real_tracked_run_slowed_by_cpu_hogs(tmp_path):
     """gpuwatch.track + step in embedded mode (its sampler writes the host's samples), while
-    six busy processes compete for the CPU for 40 s: the slowdown is found over their window
-    and the host's CPU is its first cause."""
+    busy processes (one per core, and four more) compete for the CPU for 40 s: the slowdown is
+    found over their window and the host's CPU is its first cause."""
     import subprocess
     import sys
 
