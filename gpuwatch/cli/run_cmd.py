@@ -105,11 +105,38 @@ def _kill_cause(pid: int, signum: int, oom_kills_before: int | None) -> dict:
     return {}
 
 
+def _subscribe(cfg, urls: tuple[str, ...], run_id: str):
+    """Each --notify URL becomes a subscription to this run's alerts alone; the backend that
+    holds it (None without --notify and without saved subscriptions)."""
+    from gpuwatch.alerts.subscriptions import SubscriptionError
+    from gpuwatch.cli.notify_cmd import backend
+
+    try:
+        where = backend(cfg)
+        for url in urls:
+            where.add(os.getuid(), url, run_id=run_id, transient=True)
+        return where if urls or where.list(os.getuid()) else None
+    except SubscriptionError as e:  # the run matters more than its alerts: say so and go on
+        click.echo(f"gpuwatch: this run's alerts will not be sent: {e}", err=True)
+        return None
+
+
+def _deliver(cfg, run_id: str) -> None:
+    """No daemon: deliver this run's alerts (and the user's other pending ones) ourselves."""
+    from gpuwatch.alerts.run_delivery import deliver_after_run
+
+    left = deliver_after_run(cfg.notify_db_path, cfg.db_path, run_id, cfg.notify_group_seconds)
+    if left:
+        click.echo(f"gpuwatch: {left} alert message(s) not delivered yet (endpoint down?); they stay "
+                   "queued for the next `gpuwatch run` or `gpuwatch daemon --user`", err=True)
+
+
 def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | None = None,
-         instrument: bool = True) -> int:
+         instrument: bool = True, notify: tuple[str, ...] = ()) -> int:
     """Run `command` as a run of its own; return the exit code the wrapper should exit with.
     `gpu_env` is added to the command's environment (CUDA_VISIBLE_DEVICES from --pick); with
-    `instrument`, a Python child gets the bootstrap that hooks torch when it imports it."""
+    `instrument`, a Python child gets the bootstrap that hooks torch when it imports it; each
+    `notify` URL gets this run's alerts (delivered by the wrapper when no daemon runs)."""
     from collectors.host import cgroup_oom_kills
     from gpuwatch.cli import child_path
     from gpuwatch.client import metadata
@@ -124,7 +151,7 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     # Block before any thread starts (the transport's threads inherit the mask), so every
     # SIGINT/SIGTERM comes to sigtimedwait below instead of interrupting us.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
-    transport = ingest = None
+    transport = ingest = subscribed = None
     # Short, private and ours alone: the child's import directory, its note, and (with no
     # daemon) the socket this process serves it on (Unix socket paths are capped at 107 bytes).
     private = Path(tempfile.mkdtemp(prefix="gpuwatch-run-"))
@@ -145,6 +172,7 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
         fields["command"] = shlex.join(command)
         send("run_start", name=name or default_name(command), **fields)
         transport.flush()  # the run exists before the child can add steps to it
+        subscribed = _subscribe(cfg, notify, run_id)
         env = dict(os.environ, **{ENV_RUN_ID: run_id}, **(gpu_env or {}))
         if transport.mode == "embedded":
             from gpuwatch.cli.private_ingest import PrivateIngest
@@ -189,6 +217,10 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
             transport.close()
         shutil.rmtree(private, ignore_errors=True)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        from gpuwatch.alerts.service import Local
+
+        if transport is not None and transport.mode == "embedded" and isinstance(subscribed, Local):
+            _deliver(cfg, run_id)
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -197,9 +229,13 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
               help="Run on the N best free GPUs of this host (as `gpuwatch pick -n N`).")
 @click.option("--no-instrument", is_flag=True,
               help="Do not hook torch in the command (also: GPUWATCH_INSTRUMENT=0).")
+@click.option("--notify", "notify", multiple=True, metavar="URL",
+              help="Send this run's alerts (its end, failure, OOM, stall) to an apprise URL; "
+                   "works with no daemon. Repeatable.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @friendly_errors
-def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, command: tuple[str, ...]) -> None:
+def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, notify: tuple[str, ...],
+            command: tuple[str, ...]) -> None:
     """Run COMMAND as a tracked run and exit with its status.
 
     The run records the command, exit code or signal and duration; the daemon links the
@@ -209,11 +245,20 @@ def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, command: 
     that calls gpuwatch.track() itself is counted by its own calls instead. SIGINT and SIGTERM
     are passed on to the command.
 
-    Example: gpuwatch run --name sweep-3 -- python train.py --lr 3e-4
+    Example: gpuwatch run --name sweep-3 --notify 'ntfy://ntfy.sh/my-topic' -- python train.py
     """
+    if notify:
+        from gpuwatch.alerts.deliver import check_url
+        from gpuwatch.alerts.subscriptions import SubscriptionError
+
+        try:
+            for url in notify:
+                check_url(url)
+        except SubscriptionError as e:
+            raise click.ClickException(f"--notify: {e}") from None
     gpu_env = {}
     if pick_n:
         from gpuwatch.cli.pick_cmd import visible_devices
 
         gpu_env["CUDA_VISIBLE_DEVICES"] = visible_devices(pick_n)
-    raise SystemExit(wrap(command, name, gpu_env, instrument=not no_instrument))
+    raise SystemExit(wrap(command, name, gpu_env, instrument=not no_instrument, notify=notify))
