@@ -196,11 +196,14 @@ CHILD_RECORDS_ITS_END = textwrap.dedent("""
 
 def test_run_notify_with_no_daemon_delivers_the_runs_alert_and_saved_subscriptions_fire(hook):
     gw("notify", "add", hook.url("saved"))
-    result = gw("run", "--no-instrument", "--notify", hook.url(SECRET), "--", sys.executable, "-c",
-                CHILD_RECORDS_ITS_END, env={"DB": str(user_db())})
+    # env:NAME keeps the URL off the command line, which every user's `ps` shows.
+    result = gw("run", "--no-instrument", "--notify", "env:GW_HOOK", "--", sys.executable, "-c",
+                CHILD_RECORDS_ITS_END, env={"DB": str(user_db()), "GW_HOOK": hook.url(SECRET)})
     assert result.returncode == 0, result.stderr
-    # Both the --notify URL and the saved subscription, once each (the hook sees both paths).
+    # Both the --notify URL and the saved subscription, once each.
     assert sorted(m["title"] for _, m in hook.received) == ["run ended", "run ended"]
+    missing = gw("run", "--notify", "env:GW_UNSET", "--", "true")
+    assert missing.returncode == 1 and "GW_UNSET is not set" in missing.stderr
     assert SECRET not in result.stdout + result.stderr
     listed = gw("notify", "list").stdout.splitlines()
     assert len(listed) == 1  # the --notify subscription is gone once the run's end went out

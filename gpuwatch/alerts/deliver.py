@@ -105,7 +105,8 @@ class Deliverer:
         self.messages_sent = 0
 
     # -- the one-deliverer lock ------------------------------------------------------------
-    def _locked(self) -> bool:
+    def owns_store(self) -> bool:
+        """True while this deliverer is the one working its store (taken on first call)."""
         if self._lock_fd is None:
             fd = os.open(f"{self.store_path}.lock", os.O_CREAT | os.O_RDWR, 0o600)
             try:
@@ -127,7 +128,7 @@ class Deliverer:
     # -- a pass ----------------------------------------------------------------------------
     def deliver_once(self) -> int:
         """Match new alerts, send what is due; the number of messages that arrived."""
-        if not self._locked():
+        if not self.owns_store():
             return 0
         main = self._shared_db()
         if main is None:

@@ -36,6 +36,8 @@ def deliver_after_run(store_path: Path, db_path: Path, run_id: str, group_s: flo
         time.sleep(0.2)
     deliverer = Deliverer(store_path, db_path, group_s)
     try:
+        if not deliverer.owns_store():
+            return 0  # a user daemon works this store: it delivers them
         deadline = time.monotonic() + wait_s
         while True:
             deliverer.deliver_once()

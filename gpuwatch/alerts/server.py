@@ -82,6 +82,8 @@ class NotifyService:
                 conn.sendall((json.dumps(reply) + "\n").encode())
             except OSError:
                 pass  # the client went away; nothing of ours to keep
+            except Exception:  # a bug answering one request must not stop the service
+                log.exception("notify request failed")
 
     def stop(self) -> None:
         self._stop.set()

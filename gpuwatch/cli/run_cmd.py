@@ -105,6 +105,22 @@ def _kill_cause(pid: int, signum: int, oom_kills_before: int | None) -> dict:
     return {}
 
 
+def _notify_url(value: str) -> str:
+    """A --notify value: the URL, or env:NAME for one kept in an environment variable (a command
+    line is visible to every user's `ps`; an environment is not)."""
+    from gpuwatch.alerts.deliver import check_url
+    from gpuwatch.alerts.subscriptions import SubscriptionError
+
+    url = os.environ.get(value[4:], "") if value.startswith("env:") else value
+    if value.startswith("env:") and not url:
+        raise click.ClickException(f"--notify {value}: the environment variable {value[4:]} is not set")
+    try:
+        check_url(url)
+    except SubscriptionError as e:
+        raise click.ClickException(f"--notify: {e}") from None
+    return url
+
+
 def _subscribe(cfg, urls: tuple[str, ...], run_id: str):
     """Each --notify URL becomes a subscription to this run's alerts alone; the backend that
     holds it (None without --notify and without saved subscriptions)."""
@@ -230,8 +246,9 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
 @click.option("--no-instrument", is_flag=True,
               help="Do not hook torch in the command (also: GPUWATCH_INSTRUMENT=0).")
 @click.option("--notify", "notify", multiple=True, metavar="URL",
-              help="Send this run's alerts (its end, failure, OOM, stall) to an apprise URL; "
-                   "works with no daemon. Repeatable.")
+              help="Send this run's alerts (its end, failure, OOM, stall) to an apprise URL, or "
+                   "env:NAME for a URL in that environment variable (kept out of `ps`); works with "
+                   "no daemon. Repeatable.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @friendly_errors
 def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, notify: tuple[str, ...],
@@ -248,14 +265,7 @@ def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, notify: t
     Example: gpuwatch run --name sweep-3 --notify 'ntfy://ntfy.sh/my-topic' -- python train.py
     """
     if notify:
-        from gpuwatch.alerts.deliver import check_url
-        from gpuwatch.alerts.subscriptions import SubscriptionError
-
-        try:
-            for url in notify:
-                check_url(url)
-        except SubscriptionError as e:
-            raise click.ClickException(f"--notify: {e}") from None
+        notify = tuple(_notify_url(value) for value in notify)
     gpu_env = {}
     if pick_n:
         from gpuwatch.cli.pick_cmd import visible_devices
