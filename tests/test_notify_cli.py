@@ -278,3 +278,27 @@ def test_notify_unit_is_verified_hardened_and_the_daemon_keeps_its_fence(tmp_pat
     assert not any(line.startswith("IPAddressDeny") for line in lines)  # its job is the network
     daemon_unit = (tmp_path / "etc/systemd/system/gpuwatch.service").read_text().splitlines()
     assert "IPAddressDeny=any" in daemon_unit
+
+
+def test_the_notify_service_answers_garbage_with_one_line_and_keeps_serving(tmp_path):
+    import socket
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GPUWATCH_DB": str(tmp_path / "gw.db"),
+           "GPUWATCH_NOTIFY_DB": str(tmp_path / "notify.db"), "GPUWATCH_NOTIFY_SOCKET": str(tmp_path / "n.sock")}
+    proc = subprocess.Popen([sys.executable, "-c", SERVE], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (tmp_path / "n.sock").exists())
+        for line in (b"\xff\xfe not json\n", b'{"op": "drop tables"}\n', b"[1, 2]\n",
+                     b'{"op": "add", "url": 5, "on": ["x"]}\n', b'{"op": "add", "uid": 0, "url": "json://h/x"}\n',
+                     b'{"op": "deliveries", "alert_ids": ["a"]}\n'):
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(30)
+                s.connect(str(tmp_path / "n.sock"))
+                s.sendall(line)
+                reply = json.loads(s.makefile().readline())
+            assert set(reply) == {"error"} and "\n" not in reply["error"], (line, reply)
+        assert gw("notify", "list", env=env).stdout.startswith("no subscriptions")  # still serving
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err

@@ -82,6 +82,8 @@ class Local:
         return [dict(s.public(), error=send(s.url, TEST_TITLE, test_body(self.host))) for s in chosen]
 
     def deliveries(self, uid: int, alert_ids: list[int]) -> dict[str, list[dict]]:
+        if len(alert_ids) > 1000:
+            raise subs.SubscriptionError("at most 1000 alert ids per request")
         conn = self._conn()
         try:
             found = subs.deliveries_of(conn, [int(a) for a in alert_ids], self._scope(uid))
@@ -111,8 +113,8 @@ def answer(api: Local, uid: int, line: bytes) -> dict:
         return {"error": f"not a notify request (ops: {', '.join(OPS)})"}
     try:
         return {"ok": getattr(api, op)(uid, **request)}
-    except (subs.SubscriptionError, ValueError, TypeError) as e:
-        return {"error": str(e) or "bad request"}
+    except (subs.SubscriptionError, ValueError, TypeError, AttributeError) as e:
+        return {"error": str(e) if isinstance(e, subs.SubscriptionError) else f"bad {op} request"}
 
 
 class Remote:

@@ -127,11 +127,16 @@ def _subscribe(cfg, urls: tuple[str, ...], run_id: str):
     from gpuwatch.alerts.subscriptions import SubscriptionError
     from gpuwatch.cli.notify_cmd import backend
 
+    from gpuwatch.alerts.service import Local
+
     try:
         where = backend(cfg)
+        if not urls:  # only saved subscriptions of a private store need this wrapper to deliver
+            mine = isinstance(where, Local) and where.store_path.exists() and where.list(os.getuid())
+            return where if mine else None
         for url in urls:
             where.add(os.getuid(), url, run_id=run_id, transient=True)
-        return where if urls or where.list(os.getuid()) else None
+        return where
     except SubscriptionError as e:  # the run matters more than its alerts: say so and go on
         click.echo(f"gpuwatch: this run's alerts will not be sent: {e}", err=True)
         return None
