@@ -75,6 +75,7 @@ class Config:
     notify_socket: str = ""  # the notify service's socket; default /run/gpuwatch-notify/notify.sock
     notify_admin_file: str = ""  # admin-wide subscriptions; default /etc/gpuwatch/notify.toml
     notify_group_seconds: float = 5.0  # per subscription: at most one message per this window, alerts between grouped
+    notify_terminals: bool = False  # also a line on your logged-in terminals (user daemon, `gpuwatch run`)
 
     # Client.
     memory_stats_every: int = 50  # full torch.cuda.memory_stats() every N steps

@@ -221,3 +221,37 @@ def test_a_subscription_matches_only_its_owners_alerts():
     assert admin.matches(alert("gpu.lost", None), None)
     assert admin.matches(alert("gpu.idle_held", 1001), None)  # every user's idle GPU
     assert not admin.matches(alert("run.failed", 1001), None)
+
+
+def test_terminal_line_reaches_the_owners_pty_without_escape_sequences(tmp_path, shared_db, monkeypatch):
+    from gpuwatch.alerts import terminals
+
+    db, conn = shared_db
+    master, slave = os.openpty()
+    try:
+        monkeypatch.setattr(terminals, "user_terminals", lambda uid: [os.ttyname(slave)])
+        store_alerts.record(conn, Alert(kind="run.failed", incident="t", ts_ms=1, host="h", uid=os.getuid(),
+                                        title="run \x1b]0;evil\x07x failed", body="b"))
+        store_alerts.record(conn, Alert(kind="run.failed", incident="u", ts_ms=1, host="h", uid=12345,
+                                        title="someone else's", body="b"))
+        store = subs.open_store(tmp_path / "notify.db")
+        store.execute("INSERT INTO cursor (id, alert_id) VALUES (1, 0)")
+        store.close()
+        off = Deliverer(tmp_path / "notify.db", db)  # off by default: nothing written
+        off.deliver_once()
+        off.close()
+        os.set_blocking(master, False)
+        with pytest.raises(BlockingIOError):
+            os.read(master, 1000)
+        tmp_path.joinpath("notify.db").unlink()
+        on = Deliverer(tmp_path / "notify.db", db, terminals_uid=os.getuid())
+        on.conn.execute("INSERT INTO cursor (id, alert_id) VALUES (1, 0)")
+        on.deliver_once()
+        on.close()
+        os.set_blocking(master, True)  # written before deliver_once returned
+        text = os.read(master, 1000).decode(errors="replace")
+        assert "[gpuwatch] run  ]0;evil x failed" in text and "\x1b" not in text
+        assert "someone else" not in text
+    finally:
+        os.close(master)
+        os.close(slave)

@@ -91,12 +91,13 @@ class Deliverer:
     """Works one private store against one shared database; `deliver_once` is a whole pass."""
 
     def __init__(self, store_path: Path, db_path: Path, group_s: float = 5.0,
-                 sender=send, workers: int = 8):
+                 sender=send, workers: int = 8, terminals_uid: int | None = None):
         self.store_path = Path(store_path)
         self.db_path = Path(db_path)
         self.group_ms = int(group_s * 1000)
         self.sender = sender
         self.workers = workers
+        self.terminals_uid = terminals_uid  # also a line on this user's terminals (their own deliverer)
         self.conn = subs.open_store(self.store_path)
         self._main: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
@@ -162,6 +163,12 @@ class Deliverer:
                         self.conn.execute("INSERT OR IGNORE INTO deliveries (alert_id, sub_id, kind) "
                                           "VALUES (?, ?, ?)", (alert.id, sub.id, alert.kind))
             self.conn.execute("UPDATE cursor SET alert_id = ? WHERE id = 1", (new[-1].id,))
+        if self.terminals_uid is not None:
+            from gpuwatch.alerts.terminals import write_line
+
+            for alert in new:
+                if alert.uid == self.terminals_uid:
+                    write_line(alert.title, alert.uid)
 
     def _send_due(self, main: sqlite3.Connection) -> int:
         now = now_ms()

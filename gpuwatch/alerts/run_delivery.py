@@ -28,13 +28,14 @@ def _end_alerted(db_path: Path, run_id: str) -> bool:
 
 
 def deliver_after_run(store_path: Path, db_path: Path, run_id: str, group_s: float,
-                      end_wait_s: float = END_ALERT_WAIT_S, wait_s: float = DELIVERY_WAIT_S) -> int:
+                      end_wait_s: float = END_ALERT_WAIT_S, wait_s: float = DELIVERY_WAIT_S,
+                      terminals_uid: int | None = None) -> int:
     """Deliver until nothing is pending or `wait_s` passed; the deliveries still pending (kept:
     the next `gpuwatch run` or a `gpuwatch daemon --user` sends them)."""
     deadline = time.monotonic() + end_wait_s
     while not _end_alerted(db_path, run_id) and time.monotonic() < deadline:
         time.sleep(0.2)
-    deliverer = Deliverer(store_path, db_path, group_s)
+    deliverer = Deliverer(store_path, db_path, group_s, terminals_uid=terminals_uid)
     try:
         if not deliverer.owns_store():
             return 0  # a user daemon works this store: it delivers them

@@ -146,7 +146,8 @@ def _deliver(cfg, run_id: str) -> None:
     """No daemon: deliver this run's alerts (and the user's other pending ones) ourselves."""
     from gpuwatch.alerts.run_delivery import deliver_after_run
 
-    left = deliver_after_run(cfg.notify_db_path, cfg.db_path, run_id, cfg.notify_group_seconds)
+    left = deliver_after_run(cfg.notify_db_path, cfg.db_path, run_id, cfg.notify_group_seconds,
+                             terminals_uid=os.getuid() if cfg.notify_terminals else None)
     if left:
         click.echo(f"gpuwatch: {left} alert message(s) not delivered yet (endpoint down?); they stay "
                    "queued for the next `gpuwatch run` or `gpuwatch daemon --user`", err=True)

@@ -107,7 +107,8 @@ class Daemon:
                 from gpuwatch.alerts.deliver import Deliverer
 
                 deliverer = Deliverer(self.cfg.notify_db_path, self.cfg.db_path,
-                                      self.cfg.notify_group_seconds)
+                                      self.cfg.notify_group_seconds,
+                                      terminals_uid=os.getuid() if self.cfg.notify_terminals else None)
                 deliverer.start()
                 self._on_stop.append(deliverer.stop)
             status = f"{self.sampler.status_line()}; db {self.cfg.db_path}"
