@@ -57,7 +57,7 @@ class Local:
         finally:
             conn.close()
 
-    def list(self, uid: int) -> list[dict]:
+    def list_subscriptions(self, uid: int) -> list[dict]:
         conn = self._conn()
         try:
             return [s.public() for s in subs.listing(conn, self._scope(uid))]
@@ -100,6 +100,7 @@ def test_body(host: str) -> str:
 # The requests the notify service answers, and the arguments each may carry.
 OPS = {"add": {"url", "on", "run", "run_id", "transient"}, "list": set(), "remove": {"sub_id"},
        "test": {"sub_id"}, "deliveries": {"alert_ids"}}
+_METHODS = {"list": "list_subscriptions"}
 
 
 def answer(api: Local, uid: int, line: bytes) -> dict:
@@ -112,7 +113,7 @@ def answer(api: Local, uid: int, line: bytes) -> dict:
     except (ValueError, KeyError, TypeError, AttributeError):
         return {"error": f"not a notify request (ops: {', '.join(OPS)})"}
     try:
-        return {"ok": getattr(api, op)(uid, **request)}
+        return {"ok": getattr(api, _METHODS.get(op, op))(uid, **request)}
     except (subs.SubscriptionError, ValueError, TypeError, AttributeError) as e:
         return {"error": str(e) if isinstance(e, subs.SubscriptionError) else f"bad {op} request"}
 
@@ -151,7 +152,7 @@ class Remote:
             run_id: str | None = None, transient: bool = False) -> dict:
         return self._ask("add", url=url, on=on, run=run, run_id=run_id, transient=transient)
 
-    def list(self, uid: int) -> list[dict]:
+    def list_subscriptions(self, uid: int) -> list[dict]:
         return self._ask("list")
 
     def remove(self, uid: int, sub_id: int) -> dict:

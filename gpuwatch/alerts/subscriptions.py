@@ -136,7 +136,7 @@ def add(conn: sqlite3.Connection, uid: int | None, url: str, kinds: tuple[str, .
         "INSERT INTO subscriptions (uid, url, kinds, run_name, run_id, transient, after_alert_id, "
         "created_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         (uid, url, ",".join(kinds), run_name, run_id, int(transient), after_alert_id, now_ms()))
-    return get(conn, cur.lastrowid)
+    return get(conn, int(cur.lastrowid or 0))
 
 
 def get(conn: sqlite3.Connection, sub_id: int) -> Subscription:

@@ -75,7 +75,7 @@ def list_cmd() -> None:
 
     Example: gpuwatch notify list
     """
-    found = backend(load_config()).list(os.getuid())
+    found = backend(load_config()).list_subscriptions(os.getuid())
     if not found:
         click.echo("no subscriptions (add one: gpuwatch notify add URL)")
     for sub in found:

@@ -132,7 +132,7 @@ def _subscribe(cfg, urls: tuple[str, ...], run_id: str):
     try:
         where = backend(cfg)
         if not urls:  # only saved subscriptions of a private store need this wrapper to deliver
-            mine = isinstance(where, Local) and where.store_path.exists() and where.list(os.getuid())
+            mine = isinstance(where, Local) and where.store_path.exists() and where.list_subscriptions(os.getuid())
             return where if mine else None
         for url in urls:
             where.add(os.getuid(), url, run_id=run_id, transient=True)
