@@ -26,6 +26,7 @@ from gpuwatch.store.alerts import Alert
 
 log = logging.getLogger("gpuwatch.alerts")
 MAX_BACKOFF_S = 60.0
+KEEP_SENT_MS = 30 * 86400 * 1000  # sent rows are kept a month, for `gpuwatch alerts`
 
 
 def backoff_s(attempts: int) -> float:
@@ -104,6 +105,7 @@ class Deliverer:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.messages_sent = 0
+        self._pruned_ms = 0
 
     # -- the one-deliverer lock ------------------------------------------------------------
     def owns_store(self) -> bool:
@@ -135,7 +137,13 @@ class Deliverer:
         if main is None:
             return 0
         self._match(main)
-        return self._send_due(main)
+        sent = self._send_due(main)
+        if now_ms() - self._pruned_ms > 3600_000:
+            self._pruned_ms = now_ms()
+            with self.conn:
+                self.conn.execute("DELETE FROM deliveries WHERE state = 'sent' AND sent_ms < ?",
+                                  (self._pruned_ms - KEEP_SENT_MS,))
+        return sent
 
     def _match(self, main: sqlite3.Connection) -> None:
         row = self.conn.execute("SELECT alert_id FROM cursor WHERE id = 1").fetchone()
