@@ -108,7 +108,8 @@ def test_alerts_lists_what_fired_and_its_delivery_redacted(hook):
         deliverer.close()
     table = gw("alerts")
     assert table.returncode == 0, table.stderr
-    assert "run.oom" in table.stdout and f"json://127.0.0.1:{hook.port}/**** sent" in table.stdout
+    assert "run.oom" in table.stdout and f"-> json://127.0.0.1:{hook.port}/**** sent" in table.stdout
+    assert all(len(line) <= 80 for line in table.stdout.splitlines())
     rows = json.loads(gw("alerts", "--format", "json").stdout)
     assert rows[0]["kind"] == "run.oom" and rows[0]["deliveries"][0]["state"] == "sent"
     assert SECRET not in table.stdout + json.dumps(rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import click
 
@@ -25,7 +26,7 @@ def alerts_cmd(db: str | None, fmt: str, limit: int) -> None:
     from gpuwatch.cli.notify_cmd import backend
     from gpuwatch.cli.options import load_config
     from gpuwatch.daemon.ingest import user_name
-    from gpuwatch.fmt import local_time
+    from gpuwatch.fmt import clip, local_time
     from gpuwatch.store import open_ro
     from gpuwatch.store import alerts as store_alerts
 
@@ -51,10 +52,11 @@ def alerts_cmd(db: str | None, fmt: str, limit: int) -> None:
     if not rows:
         click.echo("no alerts")
         return
-    click.echo(f"{'ID':>5}  {'WHEN':<19}  {'KIND':<18} {'WHOSE':<10} {'DELIVERED':<34} TITLE")
+    width = shutil.get_terminal_size((80, 24)).columns
+    click.echo(f"{'ID':>5}  {'WHEN':<14}  {'KIND':<18} {'WHOSE':<8} TITLE / DELIVERED TO")
     for r in rows:
-        whose = r["user"] or "host"
-        ds = r["deliveries"]
-        delivered = "; ".join(f"{d['url']} {d['state']}" + (f" ({d['attempts']} tries)" if d["state"] != "sent" else "")
-                              for d in ds) or "-"
-        click.echo(f"{r['id']:>5}  {local_time(r['ts_ms']):<19}  {r['kind']:<18} {whose:<10} {delivered:<34} {r['title']}")
+        head = f"{r['id']:>5}  {local_time(r['ts_ms'], with_date=True):<14}  {r['kind']:<18} {r['user'] or 'host':<8} "
+        click.echo(head + clip(r["title"], max(10, width - len(head) - 1)))
+        for d in r["deliveries"]:
+            state = d["state"] if d["state"] == "sent" else f"{d['state']} ({d['attempts']} tries)"
+            click.echo(f"{'':>7}-> {d['url']} {state}")
