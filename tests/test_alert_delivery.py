@@ -255,3 +255,25 @@ def test_terminal_line_reaches_the_owners_pty_without_escape_sequences(tmp_path,
     finally:
         os.close(master)
         os.close(slave)
+
+
+def test_one_deliverer_per_store_so_a_wrapper_beside_a_user_daemon_sends_nothing_twice(
+        tmp_path, shared_db, hook):
+    from gpuwatch.alerts.run_delivery import deliver_after_run
+
+    db, conn = shared_db
+    store = subs.open_store(tmp_path / "notify.db")
+    subs.add(store, 0, hook.url(), subs.DEFAULT_KINDS)
+    store.close()
+    daemons = Deliverer(tmp_path / "notify.db", db, group_s=0)
+    try:
+        assert daemons.owns_store()
+        fire(conn, "run.finished", run_id="r1")
+        started = time.monotonic()
+        assert deliver_after_run(tmp_path / "notify.db", db, "r1", 0) == 0
+        assert time.monotonic() - started < 5 and not hook.received  # left to the daemon
+        wait_for(lambda: daemons.deliver_once() or hook.received, timeout=60)
+    finally:
+        daemons.close()
+    assert deliver_after_run(tmp_path / "notify.db", db, "r1", 0, end_wait_s=0) == 0
+    assert len(hook.received) == 1

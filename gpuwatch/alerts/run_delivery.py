@@ -1,5 +1,6 @@
-"""`gpuwatch run --notify URL` with no daemon: the wrapper itself delivers the run's alerts
-(and any other pending alerts of the user's saved subscriptions) once the run has ended."""
+"""`gpuwatch run` where no daemon delivers (none at all, or a system daemon without the notify
+service): the wrapper itself delivers the run's alerts (and any other pending alerts of the
+user's saved subscriptions) once the run has ended."""
 
 from __future__ import annotations
 
@@ -31,14 +32,15 @@ def deliver_after_run(store_path: Path, db_path: Path, run_id: str, group_s: flo
                       end_wait_s: float = END_ALERT_WAIT_S, wait_s: float = DELIVERY_WAIT_S,
                       terminals_uid: int | None = None) -> int:
     """Deliver until nothing is pending or `wait_s` passed; the deliveries still pending (kept:
-    the next `gpuwatch run` or a `gpuwatch daemon --user` sends them)."""
-    deadline = time.monotonic() + end_wait_s
-    while not _end_alerted(db_path, run_id) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    the next `gpuwatch run` or a `gpuwatch daemon --user` sends them). Nothing to do when a
+    user daemon works the store: it delivers them."""
     deliverer = Deliverer(store_path, db_path, group_s, terminals_uid=terminals_uid)
     try:
         if not deliverer.owns_store():
-            return 0  # a user daemon works this store: it delivers them
+            return 0
+        deadline = time.monotonic() + end_wait_s
+        while not _end_alerted(db_path, run_id) and time.monotonic() < deadline:
+            time.sleep(0.2)
         deadline = time.monotonic() + wait_s
         while True:
             deliverer.deliver_once()

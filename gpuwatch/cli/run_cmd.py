@@ -121,32 +121,30 @@ def _notify_url(value: str) -> str:
     return url
 
 
-def _subscribe(cfg, urls: tuple[str, ...], run_id: str):
-    """Each --notify URL becomes a subscription to this run's alerts alone; the backend that
-    holds it (None without --notify and without saved subscriptions)."""
+def _subscribe(cfg, urls: tuple[str, ...], run_id: str) -> bool:
+    """Each --notify URL becomes a subscription to this run's alerts alone. True when they (or
+    saved ones) live in the user's private store, which this wrapper delivers from when no
+    daemon does; a notify service delivers its own."""
+    from gpuwatch.alerts.service import Local
     from gpuwatch.alerts.subscriptions import SubscriptionError
     from gpuwatch.cli.notify_cmd import backend
 
-    from gpuwatch.alerts.service import Local
-
     try:
         where = backend(cfg)
-        if not urls:  # only saved subscriptions of a private store need this wrapper to deliver
-            mine = isinstance(where, Local) and where.store_path.exists() and where.list_subscriptions(os.getuid())
-            return where if mine else None
         for url in urls:
             where.add(os.getuid(), url, run_id=run_id, transient=True)
-        return where
+        return isinstance(where, Local) and (bool(urls) or (
+            where.store_path.exists() and bool(where.list_subscriptions(os.getuid()))))
     except SubscriptionError as e:  # the run matters more than its alerts: say so and go on
         click.echo(f"gpuwatch: this run's alerts will not be sent: {e}", err=True)
-        return None
+        return False
 
 
-def _deliver(cfg, run_id: str) -> None:
-    """No daemon: deliver this run's alerts (and the user's other pending ones) ourselves."""
+def _deliver(cfg, db_path, run_id: str) -> None:
+    """Deliver this run's alerts (and the user's other pending ones) unless a user daemon does."""
     from gpuwatch.alerts.run_delivery import deliver_after_run
 
-    left = deliver_after_run(cfg.notify_db_path, cfg.db_path, run_id, cfg.notify_group_seconds,
+    left = deliver_after_run(cfg.notify_db_path, db_path, run_id, cfg.notify_group_seconds,
                              terminals_uid=os.getuid() if cfg.notify_terminals else None)
     if left:
         click.echo(f"gpuwatch: {left} alert message(s) not delivered yet (endpoint down?); they stay "
@@ -173,7 +171,8 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     # Block before any thread starts (the transport's threads inherit the mask), so every
     # SIGINT/SIGTERM comes to sigtimedwait below instead of interrupting us.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
-    transport = ingest = subscribed = None
+    transport = ingest = None
+    deliver_here = False
     # Short, private and ours alone: the child's import directory, its note, and (with no
     # daemon) the socket this process serves it on (Unix socket paths are capped at 107 bytes).
     private = Path(tempfile.mkdtemp(prefix="gpuwatch-run-"))
@@ -194,7 +193,7 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
         fields["command"] = shlex.join(command)
         send("run_start", name=name or default_name(command), **fields)
         transport.flush()  # the run exists before the child can add steps to it
-        subscribed = _subscribe(cfg, notify, run_id)
+        deliver_here = _subscribe(cfg, notify, run_id)
         env = dict(os.environ, **{ENV_RUN_ID: run_id}, **(gpu_env or {}))
         if transport.mode == "embedded":
             from gpuwatch.cli.private_ingest import PrivateIngest
@@ -239,10 +238,11 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
             transport.close()
         shutil.rmtree(private, ignore_errors=True)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        from gpuwatch.alerts.service import Local
+        if deliver_here and transport is not None:
+            from gpuwatch.cli.options import reader_db_path
 
-        if transport is not None and transport.mode == "embedded" and isinstance(subscribed, Local):
-            _deliver(cfg, run_id)
+            # The database the run's alerts are in: ours with no daemon, else the daemon's.
+            _deliver(cfg, cfg.db_path if transport.mode == "embedded" else reader_db_path(None), run_id)
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
