@@ -187,7 +187,6 @@ class Deliverer:
                 "ORDER BY d.sub_id, d.alert_id", (now, self.group_ms, now)):
             due.setdefault(sub_id, []).append(alert_id)
         if not due:
-            self._forget_finished_transients()
             return 0
         wanted = sorted({a for ids in due.values() for a in ids})
         texts = {a.id: a for a in store_alerts.by_ids(main, wanted)}
@@ -221,7 +220,8 @@ class Deliverer:
                     log.warning("alert delivery to subscription %d (%s) failed, will retry: %s",
                                 sub.id, sub.redacted, error)
         self.messages_sent += sent
-        self._forget_finished_transients()
+        if sent:
+            self._forget_finished_transients()
         return sent
 
     def _send_job(self, job) -> str | None:
