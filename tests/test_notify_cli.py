@@ -265,7 +265,9 @@ def test_admin_file_readable_by_others_is_refused_and_a_private_one_is_read(tmp_
 
 @needs_tools("systemd-analyze")
 def test_notify_unit_is_verified_hardened_and_the_daemon_keeps_its_fence(tmp_path):
-    result = gw("install-service", "--prefix", str(tmp_path))
+    # the installed command, whose path goes into ExecStart= (as tests/test_systemd.py runs it)
+    result = subprocess.run([str(Path(sys.executable).with_name("gpuwatch")), "install-service", "--prefix",
+                             str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     unit = tmp_path / "etc/systemd/system/gpuwatch-notify.service"
     verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
