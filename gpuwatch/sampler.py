@@ -217,9 +217,8 @@ class Sampler:
             self._submit(self._host_writes(ts))
 
     def _gpu_writes(self, ts: int) -> list[Job]:
-        samples, proc_samples = self.nvml.sample(ts)
+        samples, proc_samples, prof_samples, xids = self.nvml.sample_tick(ts)
         mig_samples = self.nvml.sample_mig(ts)
-        prof_samples = self.nvml.sample_gpm(ts)
         writes: list[Job] = []
         if prof_samples:
             writes.append(_inserter("gpu_prof_samples", prof_samples))
@@ -229,7 +228,6 @@ class Sampler:
         self._write_mig_devices(ts, writes)
         self._write_process_samples(ts, proc_samples, mig_samples, writes)
         self._write_processes(ts, {p.pid for p in proc_samples}, writes)
-        xids = self.nvml.xid_events(ts)
         if xids:
             writes.append(_inserter("xid_events", xids))
         return writes
@@ -310,7 +308,9 @@ class Sampler:
         state_by_index = {s.gpu_index: (s.state or "ok") for s in samples}
         rows = []
         for static in self.nvml.static:
-            state = state_by_index.get(static.gpu_index, "lost")
+            state = state_by_index.get(static.gpu_index)
+            if state is None:  # late this tick (our process was busy): its row stays as it was
+                continue
             last = self._gpu_rows.get(static.gpu_index)
             if last is not None and last[0] == state and ts - last[1] < GPU_ROW_REFRESH_MS:
                 continue
