@@ -1,4 +1,5 @@
-"""Who a GPU process is (user, command, container, torchrun/Slurm tags) and what it costs the host.
+"""Who a process is (user, command, container, torchrun/Slurm tags) and what it costs the host:
+the GPU processes, and every process of the host when the top CPU consumers are looked for.
 
 Any pid may be gone by the time we look, may be a zombie, may belong to another user, or may
 not exist in our pid namespace at all (NVML reports host pids; we may run in a container):
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shlex
 import time
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ _CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 _UNIT = re.compile(r"\.(?:scope|service|slice)$")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+MAX_STAT_FILES = 4096  # /proc/PID/stat files walk() keeps open, at most (a quarter of the limit)
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ class ProcessCollector:
         self._cpu_marks: dict[int, tuple[int, int, float]] = {}
         # pid -> /proc/PID/stat kept open: one pread a read instead of open, read and close.
         self._stat_files: dict[int, BinaryIO] = {}
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self._max_files = min(MAX_STAT_FILES, max(0, soft // 4))  # the rest is the program's
 
     def _process(self, pid: int) -> psutil.Process | None:
         """The cached Process for pid, replaced if the pid now names another process."""
@@ -157,6 +162,40 @@ class ProcessCollector:
         except (*_GONE, OSError):
             return {}
 
+    def walk(self) -> dict[int, tuple[int, float | None]]:
+        """usage() of every process of the host (of our pid namespace), for its top consumers.
+
+        One listing of /proc and one read of each /proc/PID/stat, through a handle kept open
+        (one pread instead of open, read and close: half the cost) up to a share of our file
+        limit; past it the files are opened and closed again (a host may run thousands).
+        """
+        now = time.monotonic()
+        out: dict[int, tuple[int, float | None]] = {}
+        marks: dict[int, tuple[int, int, float]] = {}
+        files = self._stat_files
+        for name in os.listdir(PROC_ROOT):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            stat = self._stat(pid) if pid in files or len(files) < self._max_files else _read_stat(pid)
+            if stat is not None:
+                out[pid] = self._usage_of(pid, stat, now, marks)
+        self._cpu_marks = marks  # the pids that left are forgotten, their files closed
+        for pid in files.keys() - out.keys():
+            self._close_stat(pid)
+        return out
+
+    def _usage_of(self, pid: int, stat: tuple[int, int, int], now: float,
+                  marks: dict[int, tuple[int, int, float]]) -> tuple[int, float | None]:
+        """(rss_bytes, cpu_pct since pid's previous mark), its new mark put into `marks`."""
+        start_ticks, cpu_ticks, rss_pages = stat
+        mark = self._cpu_marks.get(pid)
+        cpu = None
+        if mark is not None and mark[0] == start_ticks and now > mark[2]:
+            cpu = float(round(100.0 * (cpu_ticks - mark[1]) / _CLK_TCK / (now - mark[2])))
+        marks[pid] = (start_ticks, cpu_ticks, now)
+        return rss_pages * _PAGE, cpu
+
     def usage(self, pids) -> dict[int, tuple[int, float | None]]:
         """{pid: (rss_bytes, cpu_pct)} for the pids still alive; cpu_pct is None on first sight.
 
@@ -171,20 +210,14 @@ class ProcessCollector:
             if stat is None:
                 self._cpu_marks.pop(pid, None)
                 continue
-            start_ticks, cpu_ticks, rss_pages = stat
-            mark = self._cpu_marks.get(pid)
-            cpu = None
-            if mark is not None and mark[0] == start_ticks and now > mark[2]:
-                cpu = float(round(100.0 * (cpu_ticks - mark[1]) / _CLK_TCK / (now - mark[2])))
-            self._cpu_marks[pid] = (start_ticks, cpu_ticks, now)
-            out[pid] = (rss_pages * _PAGE, cpu)
+            out[pid] = self._usage_of(pid, stat, now, self._cpu_marks)
         return out
 
     def forget_gone(self) -> list[int]:
         """Drop cached processes that exited (or whose pid was reused); returns their pids."""
         gone = [pid for pid, p in self._procs.items() if not p.is_running()]
-        gone += [pid for pid in {*self._cpu_marks, *self._stat_files} - self._procs.keys()
-                 if self._stat(pid) is None]
+        # (walk() forgets the CPU marks of every process that left; usage()'s pids have files)
+        gone += [pid for pid in self._stat_files.keys() - self._procs.keys() if self._stat(pid) is None]
         for pid in gone:
             self._drop(pid)
         return gone
@@ -226,3 +259,17 @@ class ProcessCollector:
         f = self._stat_files.pop(pid, None)
         if f is not None:
             f.close()
+
+
+def _read_stat(pid: int) -> tuple[int, int, int] | None:
+    """/proc/PID/stat parsed, the file opened and closed again; None if gone or a zombie."""
+    try:
+        fd = os.open(f"{PROC_ROOT}/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return _parse_stat(os.read(fd, 4096))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
