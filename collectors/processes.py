@@ -66,11 +66,20 @@ def _parse_stat(text: bytes) -> tuple[int, int, int] | None:
     None for a zombie (exited, not yet reaped).
     """
     # The command name (field 2) is in parentheses and may hold spaces or ')': split after it.
-    fields = text[text.rfind(b")") + 2:].split()
+    fields = text[text.rfind(b")") + 2:].split(None, 22)  # up to rss; the rest left unsplit
     if len(fields) < 22 or fields[0] == b"Z":
         return None
     # fields[i] is field i + 3 of proc(5): utime 14, stime 15, starttime 22, rss 24.
     return int(fields[19]), int(fields[11]) + int(fields[12]), int(fields[21])
+
+
+def _cpu_pct(mark: tuple[int, int, float, int] | None, start_ticks: int, cpu_ticks: int,
+             now: float) -> float | None:
+    """Whole % of one core since `mark` (start ticks, CPU ticks, monotonic s); None without
+    one, or when the pid now names another process (its start time differs)."""
+    if mark is None or mark[0] != start_ticks or now <= mark[2]:
+        return None
+    return float(round(100.0 * (cpu_ticks - mark[1]) / _CLK_TCK / (now - mark[2])))
 
 
 def _int(value: str | None) -> int | None:
@@ -86,9 +95,10 @@ class ProcessCollector:
     def __init__(self):
         self._info: dict[tuple[int, float], ProcessInfo] = {}
         self._procs: dict[int, psutil.Process] = {}
-        # pid -> (start time, CPU time, both in clock ticks; monotonic s): the CPU % baseline.
-        # A different start time means the pid was reused: no baseline then.
-        self._cpu_marks: dict[int, tuple[int, int, float]] = {}
+        # pid -> (start time, CPU time, both in clock ticks; monotonic s; RSS bytes): the CPU %
+        # baseline. A different start time means the pid was reused: no baseline then.
+        self._cpu_marks: dict[int, tuple[int, int, float, int]] = {}
+        self._stat_texts: dict[int, bytes] = {}  # pid -> its stat text at the latest walk()
         # pid -> /proc/PID/stat kept open: one pread a read instead of open, read and close.
         self._stat_files: dict[int, BinaryIO] = {}
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -166,35 +176,46 @@ class ProcessCollector:
         """usage() of every process of the host (of our pid namespace), for its top consumers.
 
         One listing of /proc and one read of each /proc/PID/stat, through a handle kept open
-        (one pread instead of open, read and close: half the cost) up to a share of our file
-        limit; past it the files are opened and closed again (a host may run thousands).
+        (one pread instead of open, read and close) up to a share of our file limit; past it
+        the files are opened and closed again (a host may run thousands). A stat text byte for
+        byte what it was at the previous walk (asleep all along: most of a host) means no CPU
+        used and the same RSS: it is not parsed again. This loop is most of what the daemon
+        costs a process tick.
         """
         now = time.monotonic()
         out: dict[int, tuple[int, float | None]] = {}
-        marks: dict[int, tuple[int, int, float]] = {}
-        files = self._stat_files
+        old_marks, marks = self._cpu_marks, {}
+        old_texts, texts = self._stat_texts, {}
+        files, pread = self._stat_files, os.pread
         for name in os.listdir(PROC_ROOT):
             if not name.isdigit():
                 continue
             pid = int(name)
-            stat = self._stat(pid) if pid in files or len(files) < self._max_files else _read_stat(pid)
-            if stat is not None:
-                out[pid] = self._usage_of(pid, stat, now, marks)
-        self._cpu_marks = marks  # the pids that left are forgotten, their files closed
+            f, text = files.get(pid), None
+            if f is not None:
+                try:
+                    text = pread(f.fileno(), 4096, 0)
+                except OSError:  # gone; a reused pid needs a fresh handle (below)
+                    pass
+            if text is not None:
+                texts[pid] = text
+                mark = old_marks.get(pid)
+                if mark is not None and text == old_texts.get(pid):
+                    marks[pid] = (mark[0], mark[1], now, mark[3])
+                    out[pid] = (mark[3], 0.0)
+                    continue
+                stat = _parse_stat(text)
+            else:
+                stat = self._stat(pid) if len(files) < self._max_files else _read_stat(pid)
+            if stat is None:
+                continue
+            start_ticks, cpu_ticks, rss_pages = stat
+            marks[pid] = (start_ticks, cpu_ticks, now, rss_pages * _PAGE)
+            out[pid] = (rss_pages * _PAGE, _cpu_pct(old_marks.get(pid), start_ticks, cpu_ticks, now))
+        self._cpu_marks, self._stat_texts = marks, texts  # the pids that left are forgotten
         for pid in files.keys() - out.keys():
             self._close_stat(pid)
         return out
-
-    def _usage_of(self, pid: int, stat: tuple[int, int, int], now: float,
-                  marks: dict[int, tuple[int, int, float]]) -> tuple[int, float | None]:
-        """(rss_bytes, cpu_pct since pid's previous mark), its new mark put into `marks`."""
-        start_ticks, cpu_ticks, rss_pages = stat
-        mark = self._cpu_marks.get(pid)
-        cpu = None
-        if mark is not None and mark[0] == start_ticks and now > mark[2]:
-            cpu = float(round(100.0 * (cpu_ticks - mark[1]) / _CLK_TCK / (now - mark[2])))
-        marks[pid] = (start_ticks, cpu_ticks, now)
-        return rss_pages * _PAGE, cpu
 
     def usage(self, pids) -> dict[int, tuple[int, float | None]]:
         """{pid: (rss_bytes, cpu_pct)} for the pids still alive; cpu_pct is None on first sight.
@@ -210,7 +231,10 @@ class ProcessCollector:
             if stat is None:
                 self._cpu_marks.pop(pid, None)
                 continue
-            out[pid] = self._usage_of(pid, stat, now, self._cpu_marks)
+            start_ticks, cpu_ticks, rss_pages = stat
+            cpu = _cpu_pct(self._cpu_marks.get(pid), start_ticks, cpu_ticks, now)
+            self._cpu_marks[pid] = (start_ticks, cpu_ticks, now, rss_pages * _PAGE)
+            out[pid] = (rss_pages * _PAGE, cpu)
         return out
 
     def forget_gone(self) -> list[int]:
