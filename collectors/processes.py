@@ -99,6 +99,7 @@ class ProcessCollector:
         # baseline. A different start time means the pid was reused: no baseline then.
         self._cpu_marks: dict[int, tuple[int, int, float, int]] = {}
         self._stat_texts: dict[int, bytes] = {}  # pid -> its stat text at the latest walk()
+        self._walked_info: dict[int, tuple[int, ProcessInfo]] = {}  # pid -> (start ticks, info)
         # pid -> /proc/PID/stat kept open: one pread a read instead of open, read and close.
         self._stat_files: dict[int, BinaryIO] = {}
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -215,7 +216,19 @@ class ProcessCollector:
         self._cpu_marks, self._stat_texts = marks, texts  # the pids that left are forgotten
         for pid in files.keys() - out.keys():
             self._close_stat(pid)
+        self._walked_info = {pid: v for pid, v in self._walked_info.items() if pid in out}
         return out
+
+    def walked_info(self, pid: int) -> ProcessInfo | None:
+        """info(pid) for a pid of the latest walk(): read once for each process (the walk's
+        start time says it is still the same one) instead of through psutil at every walk."""
+        mark, known = self._cpu_marks.get(pid), self._walked_info.get(pid)
+        if mark is not None and known is not None and known[0] == mark[0]:
+            return known[1]
+        info = self.info(pid)
+        if info is not None and mark is not None:
+            self._walked_info[pid] = (mark[0], info)
+        return info
 
     def usage(self, pids) -> dict[int, tuple[int, float | None]]:
         """{pid: (rss_bytes, cpu_pct)} for the pids still alive; cpu_pct is None on first sight.

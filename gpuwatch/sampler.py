@@ -255,10 +255,12 @@ class Sampler:
                 writes.append(lambda conn: conn.executemany(sql, rows))
         return writes
 
-    def _walk(self, ts: int) -> None:
-        """Every host process's RSS and CPU %, read once per cfg.process_interval."""
+    def _walk(self, ts: int, gpu_pids: set[int] = frozenset()) -> None:
+        """Every host process's RSS and CPU %, read once per cfg.process_interval (only the
+        GPU processes' when no top processes are kept)."""
         if _due(ts, self._walk_ms, int(self.cfg.process_interval * 1000)):
-            self._host_usage = self.procs.walk()
+            self._host_usage = self.procs.walk() if self.cfg.top_processes > 0 else \
+                self.procs.usage(gpu_pids)
             self._walk_ms = ts
 
     def _top_processes(self, ts: int) -> list[tuple]:
@@ -268,7 +270,7 @@ class Sampler:
             if cpu is not None and cpu >= TOP_PROCESS_MIN_CPU_PCT))
         rows = []
         for cpu, pid in busiest:
-            info = self.procs.info(pid)
+            info = self.procs.walked_info(pid)
             if info is not None:  # else gone since, or a zombie
                 rows.append((ts, pid, info.start_ms, info.uid, info.user, info.cmdline, cpu,
                              self._host_usage[pid][0]))
@@ -431,7 +433,7 @@ class Sampler:
             writes.append(lambda conn: conn.executemany(sql, values))
 
     def _process_usage(self, ts: int, pids: set[int]) -> dict[int, tuple[int, float | None]]:
-        self._walk(ts)
+        self._walk(ts, pids)
         if self._usage_walk_ms != self._walk_ms:  # a walk since: the GPU pids' figures from it
             self._usage_walk_ms = self._walk_ms
             self._usage = {pid: self._host_usage[pid] for pid in pids if pid in self._host_usage}
