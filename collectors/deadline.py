@@ -7,7 +7,7 @@ of jobs to several workers at once and wakes its caller once, when the last one 
 Event a round, not a Future per job: the round is most of what sampling costs). A worker is
 called hung only when the call it is in (its `call_since`) has run past the deadline, measured from
 that call's start, AND stays in flight while the caller's own short sleeps add up to a quiet
-window of on-time wake-ups: a process whose GIL or CPUs were taken by other work (a spool replay,
+window of on-time wake-ups (added up over rounds): a process whose GIL or CPUs were taken by other work (a spool replay,
 an ingest flood) delays the caller's wake-ups too, so it never turns into a false "hung"; a
 busy process makes such a call LATE for that round instead. A worker still in a call is not handed another job: blocked threads never outnumber the workers.
 Threads are daemon threads: a call that never returns cannot hold up exit.
@@ -43,6 +43,9 @@ class Worker:
         # may block (NvmlCollector._call); None between calls.
         self.call_since: float | None = None
         self._outcome: tuple[bool, object] = (True, None)  # (ok, result or exception)
+        # (call_since of the call in flight, seconds of quiet seen while it was): gather's
+        # evidence that the call blocked, kept across rounds.
+        self.quiet: tuple[float | None, float] = (None, 0.0)
 
     @property
     def busy(self) -> bool:
@@ -171,23 +174,30 @@ def gather(jobs: list[tuple[Worker, Callable[[], object] | None]], deadline_s: f
 
 def _still_blocked(blocked: list[Worker], deadline_s: float) -> list[Worker] | None:
     """Those of `blocked` whose same call is still in flight once our own short sleeps have
-    woken on time for a window's worth (not counting the ones that woke late): time in which
-    the GIL and a CPU were there for their threads too. None if that takes too long (busy)."""
-    calls = {w: w.call_since for w in blocked}
+    woken on time for a window's worth while it was (the ones that woke late do not count):
+    time in which the GIL and a CPU were there for their threads too. That evidence adds up
+    over rounds, so a process busy in long stretches with short pauses still finds a blocked
+    call. None if no worker's window filled this round (the process is busy)."""
     window = min(QUIET_MAX_S, deadline_s)
-    quiet = 0.0
+    for w in blocked:
+        if w.quiet[0] != w.call_since:  # a new call: no evidence yet
+            w.quiet = (w.call_since, 0.0)
     give_up = time.monotonic() + QUIET_GIVE_UP * window
-    while quiet < window:
+    while True:
+        live = [w for w in blocked if w.busy and w.call_since == w.quiet[0]]
+        if not live:
+            return []
+        full = [w for w in live if w.quiet[1] >= window]
+        if full:
+            return full
         asked_at = time.monotonic()
         if asked_at >= give_up:
             return None
-        if all(w.call_since != since for w, since in calls.items()):
-            return []
         time.sleep(QUIET_STEP_S)
         slept = time.monotonic() - asked_at
         if slept <= QUIET_STEP_S + QUIET_SLACK_S:  # woke on time: the process was free
-            quiet += slept
-    return [w for w, since in calls.items() if w.busy and w.call_since == since]
+            for w in live:
+                w.quiet = (w.quiet[0], w.quiet[1] + slept)
 
 
 def call_with_deadline(fn: Callable[[], T], timeout: float, name: str = "gpuwatch-deadline") -> T:
