@@ -9,9 +9,11 @@ simulated node once a second (`Device.as_snapshot()` for every GPU, their proces
 process's own CPU time is measured over the same window after a warm-up. nvitop is a checkout
 or install of XuehaiPan/nvitop, never part of this repository (--nvitop: the directory holding
 its `nvitop` package; default: an importable nvitop). Also prints the systemd unit's
-`systemd-analyze security` exposure.
+`systemd-analyze security` exposure. As root it runs in a pid namespace of its own (unshare),
+so that the node has the 500 processes it says and not the rest of the machine's (the daemon
+reads every process of the host for its top CPU consumers); --whole-host to run beside them.
 
-    .venv/bin/python bench/bench_daemon.py [--seconds 60] [--nvitop /tmp/nvitop-src]
+    .venv/bin/python bench/bench_daemon.py [--seconds 60] [--nvitop /tmp/nvitop-src] [--whole-host]
 
 Goals: daemon <= 0.3 x nvitop's CPU in the same run, <= 60 MB RSS, exposure <= 2.0.
 """
@@ -98,7 +100,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="start-up time not measured")
     parser.add_argument("--nvitop", metavar="DIR", help="directory holding nvitop's package (a checkout "
                         "of github.com/XuehaiPan/nvitop); default: nvitop if importable")
+    parser.add_argument("--whole-host", action="store_true", help="do not run in a pid namespace of "
+                        "its own: the daemon then walks every process of this machine too")
     args = parser.parse_args()
+    if (not args.whole_host and os.environ.get("GW_BENCH_PID_NS") != "1" and os.geteuid() == 0
+            and shutil.which("unshare")):
+        os.execvpe("unshare", ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, __file__,
+                               *sys.argv[1:]], {**os.environ, "GW_BENCH_PID_NS": "1"})
 
     sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(500)]
     tmp = tempfile.mkdtemp(prefix="gw-bench-")
@@ -112,8 +120,9 @@ def main() -> None:
         proc = psutil.Process(daemon.pid)
         time.sleep(args.warmup)
         host_procs = sum(name.isdigit() for name in os.listdir("/proc"))  # all the walk reads
-        print(f"load average at the start: {os.getloadavg()[0]:.2f}; {host_procs} processes on the host",
-              flush=True)
+        where = "in a pid namespace of its own" if os.environ.get("GW_BENCH_PID_NS") == "1" else "whole host"
+        print(f"load average at the start: {os.getloadavg()[0]:.2f}; {host_procs} processes on the "
+              f"node ({where})", flush=True)
         nv_proc = psutil.Process(nvitop.pid) if nvitop else None
         cpu0, nv0, wall0 = cpu_s(proc), cpu_s(nv_proc) if nv_proc else 0.0, time.monotonic()
         rss_peak = 0
