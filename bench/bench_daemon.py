@@ -124,12 +124,14 @@ def main() -> None:
         print(f"load average at the start: {os.getloadavg()[0]:.2f}; {host_procs} processes on the "
               f"node ({where})", flush=True)
         nv_proc = psutil.Process(nvitop.pid) if nvitop else None
+        split0 = proc.cpu_times()
         cpu0, nv0, wall0 = cpu_s(proc), cpu_s(nv_proc) if nv_proc else 0.0, time.monotonic()
         rss_peak = 0
         while time.monotonic() - wall0 < args.seconds:
             time.sleep(1.0)
             rss_peak = max(rss_peak, proc.memory_info().rss)
         cpu1, nv1, wall1 = cpu_s(proc), cpu_s(nv_proc) if nv_proc else 0.0, time.monotonic()
+        split1 = proc.cpu_times()
         load_end = os.getloadavg()[0]
         rss_end = proc.memory_info().rss
         if nvitop:
@@ -158,7 +160,9 @@ def main() -> None:
     print(f"daemon at 1 Hz, 8 GPUs (simulated), 50 GPU processes among 500 host processes, "
           f"{window:.0f} s measured after {args.warmup:.0f} s warm-up; load average at the end {load_end:.2f}")
     print(f"  {'':<34}{'CPU % of one core':>18}{'ms per second':>15}")
-    print(f"  {'gpuwatch daemon (top processes on)':<34}{ours:>18.2f}{10 * ours:>15.2f}")
+    print(f"  {'gpuwatch daemon (top processes on)':<34}{ours:>18.2f}{10 * ours:>15.2f}   "
+          f"(user {1000 * (split1.user - split0.user) / window:.2f}, "
+          f"system {1000 * (split1.system - split0.system) / window:.2f} ms per second)")
     if nvitop:
         theirs = 100 * (nv1 - nv0) / window
         print(f"  {'nvitop, one refresh a second':<34}{theirs:>18.2f}{10 * theirs:>15.2f}")
