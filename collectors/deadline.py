@@ -4,13 +4,14 @@ merely busy.
 
 One Worker per thing that can hang (each GPU, NVML's system-wide calls). `gather` hands a round
 of jobs to several workers at once and wakes its caller once, when the last one is done (one
-Event a round, not a Future per job: the round is most of what sampling costs). A worker is
-called hung only when the call it is in (its `call_since`) has run past the deadline, measured from
-that call's start, AND stays in flight while the caller's own short sleeps add up to a quiet
-window of on-time wake-ups (added up over rounds): a process whose GIL or CPUs were taken by other work (a spool replay,
-an ingest flood) delays the caller's wake-ups too, so it never turns into a false "hung"; a
-busy process makes such a call LATE for that round instead. A worker still in a call is not handed another job: blocked threads never outnumber the workers.
-Threads are daemon threads: a call that never returns cannot hold up exit.
+Event a round, not a Future per job). A worker is called hung only when the call it is in (its
+`call_since`) has run past the deadline, measured from that call's start, AND stays in flight
+while the caller's own short sleeps add up to a quiet window of on-time wake-ups (added up over
+rounds): a process whose GIL or CPUs were taken by other work (a spool replay, an ingest flood)
+delays the caller's wake-ups too, so it never turns into a false "hung"; a busy process makes
+such a call LATE for that round instead. A worker still in a call is not handed another job:
+blocked threads never outnumber the workers. Threads are daemon threads: a call that never
+returns cannot hold up exit.
 """
 
 from __future__ import annotations
@@ -79,7 +80,10 @@ class Worker:
 
         def done() -> None:
             ok, value = self._outcome
-            future.set_result(value) if ok else future.set_exception(value)  # type: ignore[arg-type]
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)  # type: ignore[arg-type]
         self.start(fn, done)
         return future
 

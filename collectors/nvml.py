@@ -381,8 +381,8 @@ class NvmlCollector:
 
     def sample_tick(self, ts_ms: int) -> tuple[list[GpuSample], list[GpuProcessSample],
                                                   list[GpuProfSample], list[XidEvent]]:
-        """sample(), sample_gpm() and xid_events() in ONE round of the workers (what a tick
-        costs is mostly its hand-overs between threads); sample_mig(ts_ms) after it as ever."""
+        """sample(), sample_gpm() and xid_events() in ONE round of the workers (one hand-over
+        to each a tick, not three); sample_mig(ts_ms) after it as ever."""
         return self._tick(ts_ms, gpm=True, xids=True)
 
     def _tick(self, ts_ms: int, gpm: bool, xids: bool) -> tuple[list, list, list, list]:
