@@ -49,6 +49,7 @@ class Config:
     interval: float = 1.0  # GPUs and GPU processes
     host_interval: float = 1.0
     process_interval: float = 5.0  # GPU-process rows (and their RSS/CPU) are written this often
+    top_processes: int = 5  # the host's top CPU consumers kept each process_interval (0 = none)
 
     # Retention and size.
     raw_retention_hours: float = 24.0
