@@ -28,21 +28,9 @@ def list_text(listed) -> str:
     return "\n".join(lines)
 
 
-def _figures(pm) -> list[str]:
-    if pm.kind == "gpu":
-        cached = None if pm.reserved_bytes is None or pm.allocated_bytes is None else pm.reserved_bytes - pm.allocated_bytes
-        return [f"  requested {fmt.size(pm.requested_bytes)}   free {fmt.size(pm.free_bytes)} "
-                f"of {fmt.size(pm.total_bytes)} on GPU {fmt.MISSING if pm.device is None else pm.device}",
-                f"  allocated {fmt.size(pm.allocated_bytes)}   reserved {fmt.size(pm.reserved_bytes)} "
-                f"({fmt.size(cached)} cached but unallocated)"]
-    rlimit = pm.stats.get("rlimit_as_bytes")
-    return [f"  requested {fmt.size(pm.requested_bytes)}   available {fmt.size(pm.available_bytes)} "
-            f"of {fmt.size(pm.total_bytes)} (host)",
-            f"  RSS {fmt.size(pm.rss_bytes)}   cgroup limit {fmt.size(pm.cgroup_limit_bytes)}   "
-            f"RLIMIT_AS {fmt.size(rlimit)}"]
-
-
 def show_text(run, postmortems) -> str:
+    from gpuwatch.store.postmortems import figure_lines
+
     lines: list[str] = []
     for pm in postmortems:
         where = f" step {pm.step}" if pm.step is not None else ""
@@ -50,7 +38,7 @@ def show_text(run, postmortems) -> str:
                   + f"  {fmt.local_time(pm.ts_ms)}",
                   f"  phase {pm.phase or '-'}{where}   seq_len {fmt.MISSING if pm.seq_len is None else pm.seq_len}"
                   f"   batch {fmt.MISSING if pm.batch is None else pm.batch}",
-                  *_figures(pm)]
+                  *figure_lines(pm)]
         if pm.kind == "gpu":
             if pm.neighbours is None:
                 lines.append("other processes on this GPU: unknown (NVML was not readable)")
