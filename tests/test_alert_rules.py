@@ -206,3 +206,48 @@ def test_gpuwatch_run_with_no_daemon_writes_its_own_end_as_an_alert(tmp_path):
     assert result.returncode == 7, result.stderr
     [(kind, title, mode)] = rows(db, "SELECT a.kind, a.title, r.mode FROM alerts a JOIN runs r USING (run_id)")
     assert (kind, mode) == ("run.failed", "embedded") and "run lonely" in title and "exit status 7" in title
+
+
+def test_metrics_count_alerts_by_kind(tmp_path):
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuwatch.alerts import KINDS
+    from gpuwatch.daemon.metrics import start_metrics_server
+    from gpuwatch.store import open_rw
+
+    db = tmp_path / "m.db"
+    conn = open_rw(db)
+    with conn:
+        for n, kind in enumerate(["run.failed", "run.failed", "gpu.idle_held", "run.failed"]):
+            stored.record(conn, stored.Alert(kind=kind, incident=f"i{n}", ts_ms=n, host="h", title="t", body="b"))
+        stored.record(conn, stored.Alert(kind="run.failed", incident="i0", ts_ms=9, host="h", title="t", body="b"))
+    conn.close()
+    server = start_metrics_server("127.0.0.1:0", db, hostname="node7")
+    try:
+        with urllib.request.urlopen(server.url, timeout=10) as resp:
+            text = resp.read().decode()
+    finally:
+        server.close()
+    [family] = [f for f in text_string_to_metric_families(text) if f.name == "gpuwatch_alerts"]
+    assert family.type == "counter"
+    counts = {s.labels["kind"]: s.value for s in family.samples if s.name == "gpuwatch_alerts_total"}
+    assert counts == {**dict.fromkeys(KINDS, 0.0), "run.failed": 3.0, "gpu.idle_held": 1.0}
+    assert {s.labels["Hostname"] for s in family.samples} == {"node7"}
+
+
+def test_browse_describes_the_alert_tables_and_they_hold_no_url(tmp_path):
+    from gpuwatch.browse.metadata import QUERIES, metadata
+    from gpuwatch.store import open_rw
+
+    conn = open_rw(tmp_path / "b.db")
+    columns = {t: [c[1] for c in conn.execute(f"PRAGMA table_info({t})")]
+               for t in ("alerts", "alert_episodes", "alert_wishes")}
+    for sql in (QUERIES["alerts_per_day"]["sql"],):
+        conn.execute(sql).fetchall()  # the canned query runs on the schema
+    conn.close()
+    tables = metadata("gw", columns)["databases"]["gw"]["tables"]
+    assert "one row per alert incident" in tables["alerts"]["description"].lower()
+    assert tables["alerts"]["columns"]["ts_ms"].startswith("when the event happened")
+    assert not [c for cs in columns.values() for c in cs if "url" in c or "secret" in c or "token" in c]
