@@ -251,3 +251,59 @@ def test_browse_describes_the_alert_tables_and_they_hold_no_url(tmp_path):
     assert "one row per alert incident" in tables["alerts"]["description"].lower()
     assert tables["alerts"]["columns"]["ts_ms"].startswith("when the event happened")
     assert not [c for cs in columns.values() for c in cs if "url" in c or "secret" in c or "token" in c]
+
+
+LOSER = """
+import time, gpuwatch
+with gpuwatch.track(name="loser") as run:
+    run.step(tokens=8)
+    print(run.run_id, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_run_whose_process_dies_unannounced_is_lost_once(cfg):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    running = DaemonThread(cfg, make_nvml())
+    try:
+        child = subprocess.Popen([PYTHON, "-c", LOSER], env=env, stdout=subprocess.PIPE, text=True)
+        run_id = child.stdout.readline().strip()
+        wait_for(lambda: rows(cfg.db, "SELECT 1 FROM runs WHERE run_id = ? AND last_step_ms", run_id))
+        child.kill()  # no run_end ever comes
+        child.wait()
+        [(title, body)] = wait_for(lambda: rows(cfg.db, "SELECT title, body FROM alerts WHERE kind = 'run.lost'"))
+    finally:
+        running.stop()
+    assert f"run loser ({run_id}) was lost" in title and f"More: gpuwatch show {run_id}" in body
+
+
+def test_run_slow_once_per_slow_spell_against_the_runs_own_median(tmp_path):
+    import socket
+
+    from gpuwatch.alerts.episodes import Episodes
+    from gpuwatch.alerts.run_rules import slow_alerts
+    from gpuwatch.store import insert_rows, open_rw
+
+    cfg = Config(db=str(tmp_path / "s.db"), slow_alert_pct=50.0, slow_alert_minutes=1.0)
+    host, now = socket.gethostname(), 10_000_000
+    conn = open_rw(cfg.db)
+    insert_rows(conn, "runs", [dict(run_id="r", name="slowpoke", uid=1000, user="alice", host=host,
+                                    started_ms=now - 600_000, last_step_ms=now - 1000)])
+    # 1000 tokens/s for 8 minutes, then 300 for the last minute and a half
+    insert_rows(conn, "steps", [dict(run_id="r", step=i, ts_ms=now - 540_000 + 1000 * i,
+                                     tokens_per_s=1000.0 if i < 450 else 300.0) for i in range(540)])
+    episodes = Episodes()
+    [alert] = slow_alerts(conn, cfg, host, now, episodes)
+    assert alert.kind == "run.slow" and alert.run_id == "r"
+    assert "300 tokens/s, 30 % of its median" in alert.title and "1,000 tokens/s" in alert.body
+    assert slow_alerts(conn, cfg, host, now + 10_000, episodes) == []  # the same spell
+    assert slow_alerts(conn, cfg, host, now + 10_000, Episodes()) == []  # after a restart too
+    # it speeds up (released), then slows again: a second spell, a second alert
+    insert_rows(conn, "steps", [dict(run_id="r", step=600, ts_ms=now + 20_000, tokens_per_s=1000.0)])
+    assert slow_alerts(conn, cfg, host, now + 20_000, episodes) == []
+    insert_rows(conn, "steps", [dict(run_id="r", step=700 + i, ts_ms=now + 100_000 + 1000 * i,
+                                     tokens_per_s=200.0) for i in range(70)])
+    conn.execute("UPDATE runs SET last_step_ms = ?", (now + 169_000,))
+    [again] = slow_alerts(conn, cfg, host, now + 170_000, episodes)
+    assert again.incident != alert.incident
+    conn.close()
