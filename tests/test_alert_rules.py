@@ -133,6 +133,8 @@ def test_every_kind_once_per_incident_and_a_restart_repeats_none(cfg, tmp_path):
     stalled, recovered = by_kind["run.stalled"], by_kind["run.recovered"]
     assert stalled.run_id == recovered.run_id == staller_id and stalled.incident == recovered.incident
     assert "no step for" in stalled.title and f"gpuwatch stacks {staller_id}" in stalled.body
+    if stalled.detail["frames"]:  # py-spy is installed: the main thread's frames, innermost first
+        assert "waiting_for_a_batch_that_never_comes" in " ".join(stalled.detail["frames"])
     idle = by_kind["gpu.idle_held"]
     assert idle.pid == os.getpid() and idle.uid == os.getuid() and idle.gpu_index == IDLE_GPU
     assert "held idle" in idle.title and "Command: " in idle.body and idle.detail["used_mem_bytes"] >= 2**30
@@ -275,6 +277,7 @@ def test_a_run_whose_process_dies_unannounced_is_lost_once(cfg):
     finally:
         running.stop()
     assert f"run loser ({run_id}) was lost" in title and f"More: gpuwatch show {run_id}" in body
+    assert "was lost: its process is gone" in body
 
 
 def test_run_slow_once_per_slow_spell_against_the_runs_own_median(tmp_path):

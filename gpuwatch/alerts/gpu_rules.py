@@ -28,11 +28,16 @@ class Fact:
 
 
 def _gpu_name(static) -> str:
-    return f"GPU {static.gpu_index} ({static.name or 'unknown model'}, {static.uuid})"
+    known = ", ".join(filter(None, (static.name, static.uuid)))  # a GPU lost from the start has neither
+    return f"GPU {static.gpu_index} ({known})" if known else f"GPU {static.gpu_index}"
+
+
+def _gpu_key(static) -> str:
+    return static.uuid or f"index{static.gpu_index}"
 
 
 def _idle_held(host: str, cfg: Config, static, util: int, proc, info, run_id: str | None) -> Fact:
-    key = f"gpu.idle_held:{static.uuid}:{proc.pid}:{info.start_ms}"
+    key = f"gpu.idle_held:{_gpu_key(static)}:{proc.pid}:{info.start_ms}"
     used = proc.used_mem_bytes
     whose = texts.whose(info.user, info.uid)
     command = fmt.clip(info.cmdline or "?", 200)
@@ -57,7 +62,7 @@ def _idle_held(host: str, cfg: Config, static, util: int, proc, info, run_id: st
 
 def _state_fact(host: str, cfg: Config, static, state: str) -> Fact:
     kind = "gpu.lost" if state == "lost" else "gpu.not_responding"
-    key = f"{kind}:{static.uuid}"
+    key = f"{kind}:{_gpu_key(static)}"
     what = "is lost (fell off the bus or the driver gave up on it)" if state == "lost" else \
         "is not responding (its NVML calls do not return)"
 
@@ -74,7 +79,7 @@ def _state_fact(host: str, cfg: Config, static, state: str) -> Fact:
 
 
 def _throttle_fact(host: str, cfg: Config, static, family: str, words: list[str], sample) -> Fact:
-    key = f"gpu.throttled:{static.uuid}:{family}"
+    key = f"gpu.throttled:{_gpu_key(static)}:{family}"
 
     def alert(since: int, now: int) -> Alert:
         lasted = fmt.duration(now - since)
@@ -134,7 +139,7 @@ class ErrorCounts:
         found = []
         for x in xids:
             static = by_index.get(x.gpu_index)
-            uuid = static.uuid if static else f"gpu{x.gpu_index}"
+            uuid = _gpu_key(static) if static else f"index{x.gpu_index}"
             where = _gpu_name(static) if static else "a GPU the driver could not name"
             found.append(Alert(
                 kind="gpu.xid", incident=f"{uuid}:xid{x.xid}@{x.ts_ms}", ts_ms=x.ts_ms, host=host,
@@ -148,12 +153,12 @@ class ErrorCounts:
             static = by_index.get(s.gpu_index)
             if static is None or s.ecc_uncorrected is None:
                 continue
-            before = self.ecc.get(static.uuid)
-            self.ecc[static.uuid] = s.ecc_uncorrected
+            before = self.ecc.get(_gpu_key(static))
+            self.ecc[_gpu_key(static)] = s.ecc_uncorrected
             if before is None or s.ecc_uncorrected <= before:
                 continue  # the first reading is the baseline
             found.append(Alert(
-                kind="gpu.ecc", incident=f"{static.uuid}:ecc{s.ecc_uncorrected}", ts_ms=ts, host=host,
+                kind="gpu.ecc", incident=f"{_gpu_key(static)}:ecc{s.ecc_uncorrected}", ts_ms=ts, host=host,
                 gpu_index=s.gpu_index,
                 title=f"GPU {s.gpu_index} on {host}: {s.ecc_uncorrected - before} new uncorrectable ECC "
                       f"error(s)",

@@ -75,7 +75,7 @@ def ended_alert(conn: sqlite3.Connection, run_id: str) -> Alert | None:
             headline = "killed by the kernel's OOM killer" if oom_killed else "ran out of memory"
     elif status == "lost":
         kind, what = "run.lost", "was lost"
-        headline = "its process is gone and it never reported an end (killed, or its host rebooted)"
+        headline = "was lost: its process is gone and it never reported an end (killed, or its host rebooted)"
     else:  # failed, or killed by a signal
         kind = "run.failed"
         if r["signal"]:
@@ -127,14 +127,16 @@ class RunEnds:
 
 
 def _top_frames(stacks_json: str | None) -> list[str]:
-    """The innermost frames of the thread that was running (else the first), innermost first."""
+    """The innermost frames of the main thread (where a training loop runs; else the one that was
+    running, else the first), innermost first."""
     try:
         threads = json.loads(stacks_json) if stacks_json else []
     except ValueError:
         return []
     if not threads:
         return []
-    thread = next((t for t in threads if t.get("active")), threads[0])
+    thread = next((t for t in threads if t.get("thread_name") == "MainThread"), None) or next(
+        (t for t in threads if t.get("active")), threads[0])
     return [f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:{f.get('line')})"
             for f in (thread.get("frames") or [])[:STACK_FRAMES]]
 
