@@ -310,3 +310,15 @@ def test_run_slow_once_per_slow_spell_against_the_runs_own_median(tmp_path):
     [again] = slow_alerts(conn, cfg, host, now + 170_000, episodes)
     assert again.incident != alert.incident
     conn.close()
+
+
+def test_gpuwatch_run_with_no_daemon_alerts_its_own_stall_and_recovery(tmp_path):
+    db = tmp_path / "embedded.db"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GPUWATCH_DB=str(db), GPUWATCH_STALL_FLOOR="1",
+               GPUWATCH_STALL_FACTOR="5")
+    result = subprocess.run([*GPUWATCH, "run", "--name", "emb", "--", PYTHON, "-c", STALLER], env=env,
+                            timeout=120, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    found = rows(db, "SELECT a.kind, r.name, r.mode FROM alerts a JOIN runs r USING (run_id) ORDER BY a.id")
+    assert found == [("run.stalled", "emb", "embedded"), ("run.recovered", "emb", "embedded"),
+                     ("run.finished", "emb", "embedded")], found

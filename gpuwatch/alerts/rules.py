@@ -96,12 +96,13 @@ class AlertRules:
 
     def check(self, conn: sqlite3.Connection) -> None:
         now = self.clock()
-        self._guarded("run ends", conn, lambda: [
-            run_rules.ended_alert(conn, run_id) for run_id in self.run_ends.ended(conn, now)])
         if self.detect_stalls:
             self._guarded("stalls", conn, lambda: [
                 run_rules.stalled_alert(conn, s) for s in find_stalled(conn, self.cfg, self.host, now)])
+        # Before the ends: a run that stepped again and ended since the last pass recovered first.
         self._guarded("recoveries", conn, lambda: run_rules.recovered_alerts(conn, self.host))
+        self._guarded("run ends", conn, lambda: [
+            run_rules.ended_alert(conn, run_id) for run_id in self.run_ends.ended(conn, now)])
         if now >= self._next_slow:
             self._next_slow = now + SLOW_CHECK_MS
             self._guarded("slow runs", conn, lambda: run_rules.slow_alerts(
