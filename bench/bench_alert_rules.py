@@ -158,7 +158,7 @@ def main() -> None:
     print(f"  {'rules off (baseline)':<22} {cpu['off']:>18.2f}")
     print(f"  difference: {cpu['on'] - cpu['off']:+.2f} points (goal: within noise)")
     print(f"  alert rows: rules on {on_off_rows['on'][0][0]}, rules off {on_off_rows['off'][0][0]}")
-    print(f"event -> alert row (goal <= 10 s):")
+    print("event -> alert row (goal <= 10 s):")
     print(f"  run.finished, {len(latencies)} runs: median {statistics.median(latencies):.0f} ms, "
           f"max {max(latencies):.0f} ms (run's end to the row readable)")
     print(f"  gpu.idle_held: fired {idle_latency / 1000:.2f} s after its threshold was met")

@@ -322,3 +322,20 @@ def test_gpuwatch_run_with_no_daemon_alerts_its_own_stall_and_recovery(tmp_path)
     found = rows(db, "SELECT a.kind, r.name, r.mode FROM alerts a JOIN runs r USING (run_id) ORDER BY a.id")
     assert found == [("run.stalled", "emb", "embedded"), ("run.recovered", "emb", "embedded"),
                      ("run.finished", "emb", "embedded")], found
+
+
+@pytest.mark.parametrize("change, complaint", [
+    ({"gpus": 0}, "wish.gpus: expected integer from 1 to 4096"),
+    ({"min_free_bytes": "40G"}, "wish.min_free_bytes: expected integer >= 0"),
+    ({"max_util_pct": 120}, "wish.max_util_pct: expected number from 0 to 100"),
+    ({"window_min": float("nan")}, "wish.window_min: expected minutes from 0.1 to 1440"),
+])
+def test_a_bad_wish_frame_gets_one_line_naming_the_field(change, complaint):
+    from gpuwatch import protocol
+
+    frame = {"v": protocol.VERSION, "type": "wish", "gpus": 2, "min_free_bytes": 2**30,
+             "max_util_pct": 10.0, "window_min": 5.0}
+    assert protocol.validate(frame).type == "wish"
+    with pytest.raises(protocol.ProtocolError) as caught:
+        protocol.validate({**frame, **change})
+    assert str(caught.value).startswith(complaint) and "\n" not in str(caught.value)

@@ -105,9 +105,8 @@ def gpu_facts(host: str, cfg: Config, statics, samples, procs, pid_facts) -> lis
     facts = []
     for static in statics:
         s = by_index.get(static.gpu_index)
-        state = "lost" if s is None else (s.state or "ok")
-        if state != "ok":
-            facts.append(_state_fact(host, cfg, static, state))
+        if s is None or s.state:
+            facts.append(_state_fact(host, cfg, static, "lost" if s is None else s.state))
             continue
         for family, bits in (("thermal", THERMAL_BITS), ("power", POWER_BITS)):
             words = [w for bit, w in bits.items() if s.throttle_reasons and s.throttle_reasons & bit]

@@ -62,10 +62,11 @@ _WISH_COLUMNS = "id, uid, user, host, created_ms, gpus, min_free_bytes, max_util
 def add_wish(conn: sqlite3.Connection, uid: int, user: str | None, host: str, now: int, gpus: int,
              min_free_bytes: int, max_util_pct: float = 10.0, window_min: float = 5.0) -> int:
     """Store a wish (in a writer job, or a connection of its own in embedded mode); its id."""
-    return conn.execute(
+    cur = conn.execute(
         "INSERT INTO alert_wishes (uid, user, host, created_ms, gpus, min_free_bytes, max_util_pct, "
         "window_min) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (uid, user, host, now, gpus, min_free_bytes, max_util_pct, window_min)).lastrowid
+        (uid, user, host, now, gpus, min_free_bytes, max_util_pct, window_min))
+    return int(cur.lastrowid or 0)  # an INSERT into a rowid table always sets it
 
 
 def wishes(conn: sqlite3.Connection, host: str) -> list[Wish]:
