@@ -3,6 +3,8 @@ from a real store through the real source."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpuwatch.store import alerts, insert_rows, open_rw
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.source import StoreSource
@@ -70,3 +72,16 @@ async def test_no_alerts_no_line_and_the_list_says_what_would_come(tmp_path):
     async with app.run_test(size=(80, 24)) as pilot:
         await _until(pilot, lambda: app.screen.query_one("#status").text.plain.startswith("live"))
         assert "Alerts: none yet" in str(app.screen.query_one("#alerts-title").render())
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_alerts_screen_snapshot(snap_compare, tmp_path, size):
+    db = tmp_path / "gw.db"
+    _store(db)
+
+    async def settle(pilot):
+        await _until(pilot, lambda: pilot.app.screen.query_one("#alerts").row_count == 2)
+        await pilot.pause(0.2)
+
+    app = GpuwatchApp(StoreSource(str(db), clock=lambda: NOW), refresh_s=60, start_mode="alerts")
+    assert snap_compare(app, terminal_size=size, run_before=settle)
