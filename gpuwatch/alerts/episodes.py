@@ -37,20 +37,19 @@ class Episodes:
         conn.execute("UPDATE alert_episodes SET fired = 1 WHERE key = ?", (key,))
         return since
 
-    def release_others(self, conn: sqlite3.Connection, prefix: str, holding: set[str]) -> list[str]:
-        """Every open episode whose key starts with `prefix` and is not in `holding` ended;
-        returns their keys."""
+    def release_others(self, conn: sqlite3.Connection, prefix: str, holding: set[str]) -> None:
+        """Every open episode whose key starts with `prefix` and is not in `holding` ended."""
         state = self._state(conn)
         ended = [k for k in state if k.startswith(prefix) and k not in holding]
         for key in ended:
             del state[key]
         if ended:
             conn.executemany("DELETE FROM alert_episodes WHERE key = ?", [(k,) for k in ended])
-        return ended
 
-    def since(self, conn: sqlite3.Connection, key: str) -> int | None:
-        episode = self._state(conn).get(key)
-        return None if episode is None else episode[0]
+    def release(self, conn: sqlite3.Connection, key: str) -> None:
+        """The condition `key` no longer holds: its next episode may alert again."""
+        if self._state(conn).pop(key, None) is not None:
+            conn.execute("DELETE FROM alert_episodes WHERE key = ?", (key,))
 
 
 def incident(key: str, since_ms: int) -> str:

@@ -26,7 +26,7 @@ def disk_low_alert(conn: sqlite3.Connection, cfg: Config, host: str, now: int,
     key = f"disk.low:{os.stat(directory).st_dev}"
     free_pct = 100.0 * usage.free / usage.total if usage.total else 100.0
     if free_pct >= cfg.disk_low_pct:
-        episodes.release_others(conn, key, set())
+        episodes.release(conn, key)
         return None
     since = episodes.hold(conn, key, now, 0)
     if since is None:

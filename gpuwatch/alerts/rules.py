@@ -46,7 +46,6 @@ class AlertRules:
         self.errors = gpu_rules.ErrorCounts()  # sampler thread only
         self._next_slow = self._next_wish = 0
         self._failed_rules: set[str] = set()  # logged once each
-        self.recorded = 0
 
     def forget(self) -> None:
         """A write of ours was rolled back: reload state from the database before the next pass
@@ -56,7 +55,6 @@ class AlertRules:
 
     def _record(self, conn: sqlite3.Connection, alert: Alert | None) -> None:
         if alert is not None and stored.record(conn, alert) is not None:
-            self.recorded += 1
             log.info("alert %s: %s", alert.kind, alert.title)
 
     def _guarded(self, name: str, conn: sqlite3.Connection, rule: Callable[[], list]) -> None:
