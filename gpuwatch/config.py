@@ -81,6 +81,13 @@ class Config:
     prometheus_url: str = ""  # e.g. "http://prometheus:9090"; empty = no fleet view
     prometheus_timeout: float = 3.0  # seconds a refresh or a pick waits for Prometheus
 
+    # Alert delivery (gpuwatch/alerts). Empty paths mean the mode's default (gpuwatch.paths).
+    notify_db: str = ""  # subscriptions and delivery state; private to its owner (mode 0600)
+    notify_socket: str = ""  # the notify service's socket; default /run/gpuwatch-notify/notify.sock
+    notify_admin_file: str = ""  # admin-wide subscriptions; default /etc/gpuwatch/notify.toml
+    notify_group_seconds: float = 5.0  # per subscription: at most one message per this window, alerts between grouped
+    notify_terminals: bool = False  # also a line on your logged-in terminals (user daemon, `gpuwatch run`)
+
     # Client.
     memory_stats_every: int = 50  # full torch.cuda.memory_stats() every N steps
     record_memory_history: bool = False  # OOM postmortems get allocation stacks; slows allocation-heavy steps
@@ -105,6 +112,14 @@ class Config:
     @property
     def spool_path(self) -> Path:
         return Path(self.spool_dir) if self.spool_dir else paths.spool_dir(self.system)
+
+    @property
+    def notify_db_path(self) -> Path:
+        return Path(self.notify_db) if self.notify_db else paths.notify_db_path(self.system)
+
+    @property
+    def notify_socket_path(self) -> Path:
+        return Path(self.notify_socket) if self.notify_socket else paths.SYSTEM_NOTIFY_SOCKET
 
     @property
     def runs_path(self) -> Path:

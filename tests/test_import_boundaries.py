@@ -38,6 +38,9 @@ HEADLESS = [
     "gpuwatch.cli.selftest_cmd",
     "gpuwatch.selftest.cuda",  # torch only inside the CUDA checks
     "gpuwatch.cli.pick_cmd",
+    "gpuwatch.alerts.deliver",  # alert delivery runs in the user daemon and the notify service
+    "gpuwatch.alerts.server",
+    "gpuwatch.cli.notify_cmd",
     "gpuwatch.fleet.prometheus",
     "gpuwatch.fleet.model",
     "gpuwatch.fleet.pick",

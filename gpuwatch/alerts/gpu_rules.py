@@ -13,9 +13,9 @@ from gpuwatch.config import Config
 from gpuwatch.store.alerts import Alert
 
 MIB = 1024 * 1024
-# NVML clock-event reason bits (nvml.h): what counts as thermal, and as power, throttling.
-THERMAL_BITS = {0x8: "HW slowdown", 0x20: "SW thermal", 0x40: "HW thermal"}
-POWER_BITS = {0x4: "power cap", 0x80: "power brake"}
+# NVML clock-event reason bits (nvml.h; their words in fmt.THROTTLE_REASONS): what counts as
+# thermal throttling (HW slowdown, SW and HW thermal), and as power throttling (cap, brake).
+THROTTLE_FAMILIES = (("thermal", 0x8 | 0x20 | 0x40), ("power", 0x4 | 0x80))
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,8 @@ def gpu_facts(host: str, cfg: Config, statics, samples, procs, pid_facts) -> lis
         if s is None or s.state:
             facts.append(_state_fact(host, cfg, static, "lost" if s is None else s.state))
             continue
-        for family, bits in (("thermal", THERMAL_BITS), ("power", POWER_BITS)):
-            words = [w for bit, w in bits.items() if s.throttle_reasons and s.throttle_reasons & bit]
+        for family, bits in THROTTLE_FAMILIES:
+            words = fmt.throttle_words((s.throttle_reasons or 0) & bits)
             if words:
                 facts.append(_throttle_fact(host, cfg, static, family, words, s))
     min_bytes = cfg.idle_gpu_min_mib * MIB

@@ -11,6 +11,7 @@ import statistics
 from gpuwatch import fmt
 from gpuwatch.alerts import texts
 from gpuwatch.alerts.episodes import Episodes, incident
+from gpuwatch.analysis.postmortem_text import figure_lines
 from gpuwatch.config import Config
 from gpuwatch.stalled_runs import Stalled
 from gpuwatch.store import postmortems
@@ -66,7 +67,7 @@ def ended_alert(conn: sqlite3.Connection, run_id: str) -> Alert | None:
         kind, what, more = "run.oom", "ran out of memory", f"gpuwatch oom {run_id}"
         pm = _oom_postmortem(conn, run_id)
         if pm is not None:
-            headline = f"out of {pm.kind.upper()} memory: " + " ".join(postmortems.figure_lines(pm)[0].split())
+            headline = f"out of {pm.kind.upper()} memory: " + " ".join(figure_lines(pm)[0].split())
             advice = pm.advice[0].get("title") if pm.advice else None
             detail.update(postmortem_id=pm.id, requested_bytes=pm.requested_bytes, free_bytes=pm.free_bytes,
                           total_bytes=pm.total_bytes, step=pm.step, phase=pm.phase)

@@ -136,18 +136,6 @@ def _end_line(run) -> str:
     return text
 
 
-def _attached(conn, run_id: str, kind: str = "attached") -> dict:
-    """What an instrumented child told a `gpuwatch run` wrapper's run (config, torch version);
-    with kind 'not_instrumented', why its child could not be instrumented."""
-    row = conn.execute("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = ? "
-                       "ORDER BY seq LIMIT 1", (run_id, kind)).fetchone()
-    try:
-        payload = json.loads(row[0]) if row and row[0] else {}
-    except ValueError:
-        return {}
-    return payload if isinstance(payload, dict) else {}
-
-
 def _ranks(conn, run) -> list[tuple]:
     """Other runs of the same distributed job, or rank runs under this wrapper."""
     return conn.execute(
@@ -282,11 +270,11 @@ def show_cmd(run_ref, db) -> None:
         start, end = run_window(conn, run)
         energy = run_energy(conn, {run.run_id: (start, end)}).get(run.run_id)
         tokens = energy and queries.run_tokens(conn, run.run_id, energy.from_ms, end)
-        text = show_text(run, queries.steps(conn, run.run_id), _attached(conn, run.run_id),
+        text = show_text(run, queries.steps(conn, run.run_id), queries.run_event_payload(conn, run.run_id),
                          _ranks(conn, run), now_ms(), energy=energy, energy_tokens=tokens, colour=colour,
                          notes=queries.notes(conn, run.run_id),
                          breakdown=profiles.latest_breakdown(conn, run.run_id),
-                         not_instrumented=_attached(conn, run.run_id, "not_instrumented").get("reason"))
+                         not_instrumented=queries.run_event_payload(conn, run.run_id, "not_instrumented").get("reason"))
     finally:
         conn.close()
     click.echo(text, color=colour)

@@ -6,8 +6,6 @@ import json
 import sqlite3
 from dataclasses import dataclass, field, fields
 
-from gpuwatch import fmt
-
 
 @dataclass(frozen=True)
 class Postmortem:
@@ -59,21 +57,6 @@ _JSON = ("stats", "largest_blocks", "neighbours", "advice")
 _PLAIN = [f.name for f in fields(Postmortem) if f.name not in _JSON]
 _COLUMNS = _PLAIN + [f"{n}_json" for n in _JSON]
 _SELECT = "SELECT " + ", ".join(_COLUMNS) + " FROM oom_postmortems"
-
-
-def figure_lines(pm: Postmortem) -> list[str]:
-    """The figures `gpuwatch oom RUN` prints under its headline; the first is the run.oom alert's."""
-    if pm.kind == "gpu":
-        cached = None if pm.reserved_bytes is None or pm.allocated_bytes is None else pm.reserved_bytes - pm.allocated_bytes
-        return [f"  requested {fmt.size(pm.requested_bytes)}   free {fmt.size(pm.free_bytes)} "
-                f"of {fmt.size(pm.total_bytes)} on GPU {fmt.MISSING if pm.device is None else pm.device}",
-                f"  allocated {fmt.size(pm.allocated_bytes)}   reserved {fmt.size(pm.reserved_bytes)} "
-                f"({fmt.size(cached)} cached but unallocated)"]
-    rlimit = pm.stats.get("rlimit_as_bytes")
-    return [f"  requested {fmt.size(pm.requested_bytes)}   available {fmt.size(pm.available_bytes)} "
-            f"of {fmt.size(pm.total_bytes)} (host)",
-            f"  RSS {fmt.size(pm.rss_bytes)}   cgroup limit {fmt.size(pm.cgroup_limit_bytes)}   "
-            f"RLIMIT_AS {fmt.size(rlimit)}"]
 
 
 def _parse(text: str | None, empty):

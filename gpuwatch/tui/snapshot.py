@@ -16,21 +16,6 @@ if TYPE_CHECKING:  # the fleet's model loads only with the Fleet screen
     from gpuwatch.fleet.model import Fleet
 
 
-# NVML clock-event ("throttle") reason bits worth telling a user about; idle and
-# application-clock settings are normal operation, not throttling.
-THROTTLE_REASONS = (
-    (0x4, "power cap"),
-    (0x8, "HW slowdown"),
-    (0x10, "sync boost"),
-    (0x20, "SW thermal"),
-    (0x40, "HW thermal"),
-    (0x80, "power brake"),
-)
-
-
-def throttle_words(mask: int | None) -> list[str]:
-    """Decode an NVML clock-event reason bitmask into words: 0x44 -> ["power cap", "HW thermal"]."""
-    return [word for bit, word in THROTTLE_REASONS if mask and mask & bit]
 
 
 @dataclass(frozen=True)
@@ -85,7 +70,7 @@ class GpuRow:
             return ["LOST"]
         if self.state == "hung":
             return [fmt.gpu_state(self.state, self.state_since_ms).upper().replace("SINCE", "since")]
-        words = throttle_words(self.throttle_reasons)
+        words = fmt.throttle_words(self.throttle_reasons)
         if self.ecc_uncorrected:
             words.append(f"ECC errors: {self.ecc_uncorrected}")
         return words
