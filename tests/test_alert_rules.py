@@ -339,3 +339,32 @@ def test_a_bad_wish_frame_gets_one_line_naming_the_field(change, complaint):
     with pytest.raises(protocol.ProtocolError) as caught:
         protocol.validate({**frame, **change})
     assert str(caught.value).startswith(complaint) and "\n" not in str(caught.value)
+
+
+def test_when_free_with_no_daemon_keeps_the_wish_in_my_database_for_an_embedded_sampler(tmp_path, monkeypatch):
+    from gpuwatch.alerts.host_rules import wishes
+    from gpuwatch.cli.when_free_cmd import when_free
+    from gpuwatch.sampler import Sampler
+    from gpuwatch.store import Writer, open_ro
+
+    db = tmp_path / "mine.db"
+    monkeypatch.setenv("GPUWATCH_DB", str(db))
+    result = CliRunner().invoke(when_free, ["-n", "1", "--mem", "10G", "--window", "0.1"])
+    assert result.exit_code == 0, result.output
+    assert "(no daemon answers)" in result.output and "--on gpus.free" in result.output
+    conn = open_ro(db)
+    [wish] = wishes(conn, __import__("socket").gethostname())
+    conn.close()
+    assert (wish.uid, wish.gpus, wish.min_free_bytes) == (os.getuid(), 1, 10 * 2**30)
+
+    writer = Writer(db)
+    sampler = Sampler(writer, Config(db=str(db), interval=0.2, host_interval=0.2),
+                      nvml_module=fake_pynvml.FakeNvml(gpus=2))
+    sampler.start()
+    try:
+        [(uid, title)] = wait_for(lambda: rows(db, "SELECT uid, title FROM alerts WHERE kind = 'gpus.free'"))
+    finally:
+        sampler.stop()
+        writer.close()
+    assert uid == os.getuid() and "1 GPU(s) free" in title
+    assert rows(db, "SELECT count(*) FROM alert_wishes") == [(0,)]

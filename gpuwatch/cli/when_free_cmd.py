@@ -11,6 +11,8 @@ import click
 
 from gpuwatch.cli.options import friendly_errors, load_config
 
+REACHES = "it reaches your subscriptions that include gpus.free (gpuwatch notify add URL --on gpus.free)"
+
 
 def ask(gpus: int, min_free_bytes: int, max_util_pct: float = 10.0, window_min: float = 5.0) -> str:
     """Store the wish with the daemon (which owns it to my uid by SO_PEERCRED) or, with no daemon,
@@ -28,7 +30,7 @@ def ask(gpus: int, min_free_bytes: int, max_util_pct: float = 10.0, window_min: 
     if reply.get("type") != "wish_added":
         raise click.ClickException(reply.get("error", str(reply)))
     return (f"wish {reply['id']} stored: one gpus.free alert when {gpus} GPU(s) of {reply['host']} "
-            f"fit, then it is forgotten")
+            f"fit, then it is forgotten; {REACHES}")
 
 
 def _ask_embedded(gpus: int, min_free_bytes: int, max_util_pct: float, window_min: float) -> str:
@@ -49,7 +51,7 @@ def _ask_embedded(gpus: int, min_free_bytes: int, max_util_pct: float, window_mi
     finally:
         conn.close()
     return (f"wish {wish} stored in {cfg.db_path} (no daemon answers): it fires while `gpuwatch "
-            f"daemon --user` or a `gpuwatch run` samples this host")
+            f"daemon --user` or a `gpuwatch run` samples this host; {REACHES}")
 
 
 @click.command("when-free")
