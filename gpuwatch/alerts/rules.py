@@ -55,7 +55,9 @@ class AlertRules:
 
     def _record(self, conn: sqlite3.Connection, alert: Alert | None) -> None:
         if alert is not None and stored.record(conn, alert) is not None:
-            log.info("alert %s: %s", alert.kind, alert.title)
+            # debug: the row is the record (`gpuwatch alerts`); the journal keeps the sampler's
+            # own warnings (a GPU hung, then answering again) as its only lines about a GPU
+            log.debug("alert %s: %s", alert.kind, alert.title)
 
     def _guarded(self, name: str, conn: sqlite3.Connection, rule: Callable[[], list]) -> None:
         """Run one rule and record its alerts; a rule's bug is logged once and spares the others."""
