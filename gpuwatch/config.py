@@ -67,6 +67,17 @@ class Config:
     stall_floor: float = 120.0
     spool_scan_interval: float = 30.0  # seconds between looks for spools of clients that died
 
+    # Alert rules (gpuwatch/alerts/rules.py; docs/alert-kinds.md). Durations are minutes or
+    # seconds as named, floats (GPUWATCH_IDLE_GPU_MINUTES=0.25 works).
+    idle_gpu_min_mib: float = 1024.0  # gpu.idle_held: a process holds at least this much
+    idle_gpu_util_pct: float = 2.0  # on a GPU whose utilisation stays at or below this
+    idle_gpu_minutes: float = 30.0  # for this long
+    slow_alert_pct: float = 50.0  # run.slow: tokens/s below this % of the run's own median
+    slow_alert_minutes: float = 10.0  # for this long
+    throttle_alert_minutes: float = 10.0  # gpu.throttled: thermal or power throttling this long
+    hung_alert_seconds: float = 5.0  # gpu.not_responding: NVML calls on a GPU late this long
+    disk_low_pct: float = 5.0  # disk.low: the database's filesystem has less free than this %
+
     # Readers: the fleet's Prometheus for `gpuwatch tui`'s Fleet screen and `gpuwatch pick`.
     prometheus_url: str = ""  # e.g. "http://prometheus:9090"; empty = no fleet view
     prometheus_timeout: float = 3.0  # seconds a refresh or a pick waits for Prometheus

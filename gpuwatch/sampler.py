@@ -44,6 +44,7 @@ import psutil
 from collectors.host import HostCollector
 from collectors.nvml import NvmlCollector, NvmlUnavailable
 from collectors.processes import ProcessCollector
+from gpuwatch.alerts.rules import CHECK_INTERVAL_S, AlertRules
 from gpuwatch.clock import SteadyWall
 from gpuwatch.config import Config
 from gpuwatch.scheduler import Scheduler
@@ -99,7 +100,8 @@ def _upsert_sql(template: str, columns: list[str], keep: set[str]) -> str:
 class Sampler:
     def __init__(self, writer: Writer, config: Config, nvml_module=None,
                  dropped_events: Callable[[], int] | None = None,
-                 clock: Callable[[], int] = now_ms, monotonic: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], int] = now_ms, monotonic: Callable[[], float] = time.monotonic,
+                 alert_stalls: bool = True):
         """`nvml_module`: a pynvml-like module (tests pass fake_pynvml); default the real one.
 
         `dropped_events`: how many events were dropped so far, for daemon_stats (default: the
@@ -108,6 +110,9 @@ class Sampler:
         `clock`: ms since the epoch, for every ts_ms written and for the write cadences above
         (tests and the storage bench inject one to tick through hours in seconds);
         `monotonic`: seconds, which retention's idea of now may not run ahead of (clock.py).
+
+        The alert rules (gpuwatch/alerts/rules.py) run with the sampler; `alert_stalls`: they
+        also raise run.stalled (False in the daemon, whose stall watch does, with the stacks).
         """
         self.writer = writer
         self.cfg = config
@@ -115,6 +120,7 @@ class Sampler:
         self.retention_clock = SteadyWall(clock, monotonic)
         self.dropped_events = dropped_events or (lambda: writer.dropped_jobs)
         self.host_name = socket.gethostname()
+        self.rules = AlertRules(config, self.host_name, clock, detect_stalls=alert_stalls)
         self.nvml: NvmlCollector | None = None
         self.nvml_error = ""
         try:
@@ -163,6 +169,7 @@ class Sampler:
                 self.sched.add("gpu", config.interval, self.gpu_tick)
             self.sched.add("host", config.host_interval, self.host_tick)
         self.sched.add("runs", RUN_MAP_INTERVAL, self.refresh_runs)
+        self.sched.add("alerts", CHECK_INTERVAL_S, self.check_alerts)
         self.sched.add("maintenance", MAINTENANCE_INTERVAL, self.maintenance_tick,
                        first_delay=MAINTENANCE_INTERVAL)
 
@@ -179,6 +186,7 @@ class Sampler:
 
     def stop(self, flush_timeout: float = 10.0) -> None:
         self.sched.stop()
+        self.check_alerts()  # a run that ended just now (the wrapper's own) gets its alert
         self.writer.flush(flush_timeout)
         self.host.close()
         self.procs.close()
@@ -240,6 +248,7 @@ class Sampler:
         self._write_processes(ts, {p.pid for p in proc_samples}, writes)
         if xids:
             writes.append(_inserter("xid_events", xids))
+        writes.append(self.rules.gpu_job(ts, self.nvml.static, samples, proc_samples, self._gpu_pids, xids))
         return writes
 
     def _host_writes(self, ts: int) -> list[Job]:
@@ -305,6 +314,14 @@ class Sampler:
 
         self.writer.submit(read, block=False)
 
+    def check_alerts(self) -> None:
+        """The alert rules' look at runs, disk and wishes, in the writer thread."""
+        self.writer.submit(self.rules.check, self._rules_written, block=False)
+
+    def _rules_written(self, ok: bool) -> None:
+        if not ok:
+            self.rules.forget()
+
     def maintenance_tick(self) -> None:
         """Store rollups/retention/size cap (in the writer thread), and forget exited processes."""
         from gpuwatch.store.maintenance import maintain
@@ -333,6 +350,7 @@ class Sampler:
     def _written(self, ok: bool) -> None:
         if not ok:  # the database could not take it (disk full): this tick's samples are lost
             self.dropped_samples += 1
+            self.rules.forget()  # and the alert rules' episodes it began or fired
 
     def _tick_done(self, ts: int, started: float, writes: list[Job]) -> None:
         """Record the tick's duration, add a daemon_stats row when due, submit the tick's writes."""

@@ -18,6 +18,7 @@ HEADLESS = [
     "gpuwatch.daemon.ingest",
     "gpuwatch.daemon.metrics",
     "gpuwatch.sampler",
+    "gpuwatch.alerts.rules",
     "gpuwatch.scheduler",
     "gpuwatch.store",
     "gpuwatch.store.queries",

@@ -210,7 +210,6 @@ def test_run_notify_with_no_daemon_delivers_the_runs_alert_and_saved_subscriptio
     assert len(listed) == 1  # the --notify subscription is gone once the run's end went out
 
 
-@pytest.mark.skip(reason="switch on at merge with i28r (the rules write run.failed on a run's end)")
 def test_run_notify_end_to_end_a_failing_run_is_delivered_as_run_failed(hook):
     result = gw("run", "--no-instrument", "--notify", hook.url(), "--", sys.executable, "-c",
                 "raise SystemExit(3)")

@@ -26,7 +26,8 @@ def list_text(listed) -> str:
     return "\n".join(lines)
 
 
-def _figures(pm) -> list[str]:
+def figure_lines(pm) -> list[str]:
+    """The figures under a postmortem's headline; the first is the run.oom alert's headline."""
     if pm.kind == "gpu":
         cached = None if pm.reserved_bytes is None or pm.allocated_bytes is None else pm.reserved_bytes - pm.allocated_bytes
         return [f"  requested {fmt.size(pm.requested_bytes)}   free {fmt.size(pm.free_bytes)} "
@@ -48,7 +49,7 @@ def show_text(run, postmortems) -> str:
                   + f"  {fmt.local_time(pm.ts_ms)}",
                   f"  phase {pm.phase or '-'}{where}   seq_len {fmt.MISSING if pm.seq_len is None else pm.seq_len}"
                   f"   batch {fmt.MISSING if pm.batch is None else pm.batch}",
-                  *_figures(pm)]
+                  *figure_lines(pm)]
         if pm.kind == "gpu":
             if pm.neighbours is None:
                 lines.append("other processes on this GPU: unknown (NVML was not readable)")

@@ -40,7 +40,7 @@ from gpuwatch import __version__, protocol
 from gpuwatch.config import Config
 from gpuwatch.daemon.logging import Throttle
 from gpuwatch.daemon.stalls import dump_row, stepping_pid
-from gpuwatch.store import Writer
+from gpuwatch.store import Writer, now_ms
 from gpuwatch.store.events import Outcome, Peer, apply_events
 from gpuwatch.store.writer import JobRefused, storage_problem
 
@@ -422,7 +422,24 @@ class IngestServer:
         if msg.type == "events":
             async with self.uids[conn.peer.uid].writer_slots:
                 return await self._events(conn, msg, line)
+        if msg.type == "wish":
+            return await self._wish(conn, msg.frame)
         return await self._control_request(conn, msg.frame)
+
+    async def _wish(self, conn: Connection, frame: dict) -> dict:
+        """Store a when-free wish owned by the peer's uid (SO_PEERCRED, never the message)."""
+        from gpuwatch.alerts.host_rules import add_wish
+
+        peer, host, added = conn.peer, socket.gethostname(), []
+        ok = await self._on_writer(lambda db: added.append(add_wish(
+            db, peer.uid, peer.user, host, now_ms(), frame["gpus"], frame["min_free_bytes"],
+            frame["max_util_pct"], frame["window_min"])))
+        if ok is None:
+            return BUSY
+        if not ok or not added:
+            return protocol.error("database write failed; try again", "store")
+        log.info("when-free wish %d stored for uid %d", added[0], peer.uid)
+        return {"type": "wish_added", "id": added[0], "host": host}
 
     async def _events(self, conn: Connection, msg: protocol.Message, line: bytes) -> dict:
         n = len(msg.events)

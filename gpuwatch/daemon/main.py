@@ -50,7 +50,8 @@ class Daemon:
         # While the database cannot be written, readers learn why from a report beside the socket.
         self.writer.on_health = partial(health.publish, cfg.socket_path)
         try:
-            self.sampler = Sampler(self.writer, cfg, nvml_module=nvml_module)
+            # run.stalled comes from the stall watch below, with the stacks it dumps
+            self.sampler = Sampler(self.writer, cfg, nvml_module=nvml_module, alert_stalls=False)
         except BaseException:
             self.writer.close()
             raise
@@ -99,7 +100,9 @@ class Daemon:
             adopter = SpoolAdopter(self.cfg, self.writer)
             adopter.start()
             self._on_stop.append(adopter.stop)
-            stall_watch = StallWatch(self.writer, self.cfg)
+            rules = self.sampler.rules
+            stall_watch = StallWatch(self.writer, self.cfg, on_stall=lambda stalled, row: self.writer.submit(
+                rules.stall_job(stalled, row), block=False))
             stall_watch.start()
             self._on_stop.append(stall_watch.stop)
             if not self.cfg.system:

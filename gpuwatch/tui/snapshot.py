@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the fleet's model loads only with the Fleet screen
 @dataclass(frozen=True)
 class View:
     """Which screen wants data: "overview", "runs", "run" (with run_id and a range in seconds;
-    range_s None = the whole run), "oom" or "profile" (with run_id), "capacity", or "fleet" / "fleet_jobs" (the Fleet screen's GPUs or jobs)."""
+    range_s None = the whole run), "oom" or "profile" (with run_id), "capacity", "alerts", or "fleet" / "fleet_jobs" (the Fleet screen's GPUs or jobs)."""
 
     kind: str
     run_id: str | None = None
@@ -148,6 +148,18 @@ class SlowRow:
 
 
 @dataclass(frozen=True)
+class AlertRow:
+    """One alert (gpuwatch/store/alerts.py): what happened, to whom, and the command for more."""
+    id: int
+    ts_ms: int
+    kind: str                              # run.failed, gpu.idle_held, ...
+    title: str
+    body: str
+    run_id: str | None = None
+    gpu_index: int | None = None
+
+
+@dataclass(frozen=True)
 class StacksRow:
     ts_ms: int
     pid: int
@@ -251,6 +263,8 @@ class Snapshot:
     profile: ProfileRow | None = None      # view "profile": the run's newest profile
     capacity: CapacityRow | None = None    # view "capacity": the newest capacity study
     fleet: Fleet | None = None             # view "fleet": every host's GPUs and jobs, from Prometheus
+    alerts: tuple[AlertRow, ...] = ()      # view "alerts": the newest alerts, newest first
+    alert_line: str | None = None          # every view: the alerts of the last hour, for the top line
     problem: str | None = None             # the store could not be read: why
     notice: str | None = None              # a line shown while the data is live (e.g. no daemon)
     spooled: str | None = None             # events waiting in a spool for the daemon: how many, where

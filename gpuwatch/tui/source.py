@@ -13,13 +13,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
-from gpuwatch import spool
+from gpuwatch import fmt, spool
 from gpuwatch.store import StoreError, health, now_ms, open_ro, postmortems, profiles, queries
 from gpuwatch.store.energy import EnergyLedger, RunEnergy
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
-from gpuwatch.tui.snapshot import (CapacityRow, Chart, GpuRow, HostRow, MigRow, OomRow, ProcessRow,
-                                   ProfileRow, RunDetail, RunRow, Series, SlowRow, Snapshot, StacksRow,
-                                   View)
+from gpuwatch.tui.snapshot import (AlertRow, CapacityRow, Chart, GpuRow, HostRow, MigRow, OomRow,
+                                   ProcessRow, ProfileRow, RunDetail, RunRow, Series, SlowRow, Snapshot,
+                                   StacksRow, View)
 from gpuwatch.tui.sparks import SPARK_SLOT_MS, SparkHistory, window_start
 
 CHART_POINTS = 240             # per series; charts are at most ~160 columns x 2 dots
@@ -29,6 +29,9 @@ WHY_EVERY_MS = 30_000          # a running run's slow phases are worked out agai
 OOM_TRACEBACK_LINES = 12       # the traceback's tail on the OOM screen
 READ_CACHE_KIB = 256           # SQLite page cache of the TUI's one long-lived connection
 STACK_FRAMES = 6               # innermost frames per thread in the run view's stacks panel
+ALERTS_SHOWN = 200             # newest alerts on the Alerts screen
+ALERT_LINE_MS = 3_600_000      # the top line tells of the alerts of the last hour
+ALERT_LINE_LOOK = 50           # ... read from the newest this many (one seek on the rowid)
 
 
 def run_row(r: queries.RunSummary) -> RunRow:
@@ -82,6 +85,29 @@ def oom_rows(conn: sqlite3.Connection, run_ref: str) -> tuple[OomRow, ...]:
             traceback_tail=tuple((pm.traceback or "").rstrip().splitlines()[-OOM_TRACEBACK_LINES:]),
             snapshot_path=pm.snapshot_path))
     return tuple(rows)
+
+
+def alert_rows(conn: sqlite3.Connection, limit: int = ALERTS_SHOWN) -> tuple[AlertRow, ...]:
+    from gpuwatch.store import alerts
+
+    return tuple(AlertRow(a.id, a.ts_ms, a.kind, a.title, a.body, a.run_id, a.gpu_index)
+                 for a in alerts.recent(conn, limit))
+
+
+def alert_line(conn: sqlite3.Connection, now: int) -> str | None:
+    """'2 alerts in the last hour · newest 21:40 run.failed: …', or None when there were none."""
+    try:
+        newest = conn.execute("SELECT ts_ms, kind, title FROM alerts ORDER BY id DESC LIMIT ?",
+                              (ALERT_LINE_LOOK,)).fetchall()
+    except sqlite3.OperationalError:  # a database from before alerts existed
+        return None
+    recent = [row for row in newest if row[0] >= now - ALERT_LINE_MS]
+    if not recent:
+        return None
+    n = f"{len(recent)}+" if len(recent) == ALERT_LINE_LOOK else str(len(recent))
+    ts, kind, title = recent[0]
+    return (f"{n} alert{'s' if len(recent) > 1 else ''} in the last hour (a) · "
+            f"{fmt.local_time(ts, with_date=False)} {kind}: {title}")
 
 
 def stacks_row(conn: sqlite3.Connection, run_id: str) -> StacksRow | None:
@@ -214,6 +240,8 @@ class StoreSource:
             return replace(base, profile=profile_row(conn, view.run_id))
         if view.kind == "capacity":
             return replace(base, capacity=capacity_row(conn))
+        if view.kind == "alerts":
+            return replace(base, alerts=alert_rows(conn))
         raise ValueError(f"unknown view {view.kind!r}")
 
     def _freshness(self, conn: sqlite3.Connection, now: int,
@@ -224,6 +252,7 @@ class StoreSource:
             newest.append(host.ts_ms)
         driver = conn.execute("SELECT 1 FROM gpus LIMIT 1").fetchone() is not None
         return Snapshot(now_ms=now, data_ms=max(newest) if newest else None, driver=driver,
+                        alert_line=alert_line(conn, now),
                         host=None if host is None else HostRow(
                             host.cpu_pct, host.load1, host.mem_used_bytes, host.mem_total_bytes,
                             host.shm_used_bytes, host.shm_total_bytes))
