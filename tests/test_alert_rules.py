@@ -194,10 +194,10 @@ def test_when_free_wish_fires_once_through_the_daemon_then_is_forgotten(cfg, mon
 
 
 def test_when_free_refuses_bad_input_in_one_line():
-    from gpuwatch.cli.when_free_cmd import when_free
-
-    result = CliRunner().invoke(when_free, ["-n", "2", "--mem", "lots"])
-    assert result.exit_code == 2 and "--mem" in result.output
+    # through the real command line: `gpuwatch notify when-free`
+    result = subprocess.run([*GPUWATCH, "notify", "when-free", "-n", "2", "--mem", "lots"],
+                            capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert result.returncode == 2 and "--mem" in result.stderr, result.stderr
 
 
 def test_gpuwatch_run_with_no_daemon_writes_its_own_end_as_an_alert(tmp_path):
@@ -368,3 +368,25 @@ def test_when_free_with_no_daemon_keeps_the_wish_in_my_database_for_an_embedded_
         writer.close()
     assert uid == os.getuid() and "1 GPU(s) free" in title
     assert rows(db, "SELECT count(*) FROM alert_wishes") == [(0,)]
+
+
+def test_run_slow_names_the_top_cause_that_gpuwatch_why_finds(tmp_path):
+    """A run slowed by another user's CPU hog: its run.slow alert says what `gpuwatch why` ranks
+    first, with the hog's pid and command."""
+    import socket
+
+    from why_scenarios import T0, Scenario
+
+    from gpuwatch.alerts.episodes import Episodes
+    from gpuwatch.alerts.run_rules import slow_alerts
+    from gpuwatch.store import open_rw
+
+    sc = Scenario(seconds=180)  # slowed over its last minute, [120 s, 180 s)
+    sc.cpu_hog()
+    sc.runs[0].update(status="running", ended_ms=None, host=socket.gethostname(), last_step_ms=T0 + 179_500)
+    path = sc.write(tmp_path / "why.db")
+    cfg = Config(db=str(path), slow_alert_pct=80.0, slow_alert_minutes=0.8)  # inside the slow minute
+    conn = open_rw(path)
+    [alert] = slow_alerts(conn, cfg, socket.gethostname(), T0 + 180_000, Episodes())
+    assert "Likely cause: host_cpu" in alert.body and "python preprocess.py" in alert.body, alert.body
+    assert alert.detail["cause"].startswith("host_cpu")

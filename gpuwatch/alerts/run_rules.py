@@ -4,6 +4,7 @@ recovered (a pair per stall episode), slow (tokens/s far below the run's own med
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sqlite3
 import statistics
@@ -16,6 +17,8 @@ from gpuwatch.config import Config
 from gpuwatch.stalled_runs import Stalled
 from gpuwatch.store import postmortems
 from gpuwatch.store.alerts import Alert
+
+log = logging.getLogger(__name__)
 
 STACK_FRAMES = 3  # innermost frames of the stalled thread an alert quotes
 SLOW_ROWS = 2000  # newest step rows a slowness check reads: its window, then the median's
@@ -188,9 +191,19 @@ def recovered_alerts(conn: sqlite3.Connection, host: str) -> list[Alert]:
 
 
 def slow_cause(conn: sqlite3.Connection, run_id: str, since_ms: int, until_ms: int) -> str | None:
-    """The top cause of a run's slowdown over [since_ms, until_ms], as a line; None when unknown.
-    The seam where the slowdown analysis names it (its GPUs, the host, other processes)."""
-    return None
+    """The top cause of a run's slowdown over [since_ms, until_ms], as `gpuwatch why` ranks it
+    (its GPUs, the host, other processes, the run itself), as a line; None when unknown. The
+    analysis is loaded only when a run.slow fires, never by the daemon's start."""
+    from gpuwatch.analysis.why import top_cause
+
+    try:
+        cause = top_cause(conn, run_id, since_ms, until_ms)
+    except Exception:  # an alert without its cause beats no alert
+        log.debug("no cause for run %s's slowdown", run_id, exc_info=True)
+        return None
+    if cause is None:
+        return None
+    return f"{cause.kind} ({cause.share_pct:.0f} % of it): {cause.detail}"
 
 
 def slow_alerts(conn: sqlite3.Connection, cfg: Config, host: str, now: int, episodes: Episodes) -> list[Alert]:
@@ -229,6 +242,6 @@ def slow_alerts(conn: sqlite3.Connection, cfg: Config, host: str, now: int, epis
                 f"{median:,.0f} tokens/s before that.",
                 f"Likely cause: {cause}" if cause else None, more=f"gpuwatch show {run_id}"),
             detail={"tokens_per_s": round(now_rate, 1), "median_tokens_per_s": round(median, 1),
-                    "window_ms": window_ms, "pct": cfg.slow_alert_pct}))
+                    "window_ms": window_ms, "pct": cfg.slow_alert_pct, "cause": cause}))
     episodes.release_others(conn, "run.slow:", holding)
     return found

@@ -9,6 +9,7 @@ import os
 import click
 
 from gpuwatch.cli.options import load_config, reader_db_path
+from gpuwatch.cli.when_free_cmd import when_free
 
 
 def backend(cfg):
@@ -150,3 +151,6 @@ def serve(db: str | None, system: bool | None) -> None:
             pass
     finally:
         service.stop()
+
+
+notify.add_command(when_free)
