@@ -5,8 +5,9 @@ daemon, and this process writes those events with the daemon's own ingest code i
 embedded database it already holds. The GPU/host sampler stays in this process too: the
 training process carries no sampler thread and no database writer.
 
-`python -m gpuwatch.cli.private_ingest SOCKET` does the same for gpuwatch.autolog(), which has
-no wrapper process: a helper that serves SOCKET until its stdin closes (its parent exited).
+`python -m gpuwatch.cli.private_ingest SOCKET` does the same for a training process that has no
+wrapper (track() or gpuwatch.autolog() with no daemon; gpuwatch.client.helpers starts it): a
+helper at nice +10 that serves SOCKET until the process that started it has exited.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class PrivateIngest:
 
     def __init__(self, cfg: Config, writer: Writer, path: Path):
         self.path = path
-        self._server = IngestServer(dataclasses.replace(cfg, socket=str(path), system=False), writer)
+        self._server = IngestServer(dataclasses.replace(cfg, socket=str(path), system=False), writer,
+                                    mode="embedded")
         self._loop = asyncio.new_event_loop()
         started = threading.Event()
         self._error: BaseException | None = None
@@ -64,15 +66,17 @@ class PrivateIngest:
 
 
 def _main(socket_path: str) -> None:
+    from gpuwatch.client import helpers
     from gpuwatch.client.transport import EmbeddedTransport
     from gpuwatch.config import load
 
+    helpers.lower_priority()
     cfg = load()
     transport = EmbeddedTransport(cfg)
     try:
         ingest = PrivateIngest(cfg, transport.writer, Path(socket_path))
         print("ready", flush=True)
-        sys.stdin.buffer.read()  # EOF once the process we serve has exited
+        helpers.wait_for_parent_exit()
         ingest.close()
     finally:
         transport.close()
