@@ -144,7 +144,8 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
         fields = metadata.collect(dict(os.environ, **gpu_env))
         fields["command"] = shlex.join(command)
         send("run_start", name=name or default_name(command), **fields)
-        transport.flush()  # the run exists before the child can add steps to it
+        if transport.mode != "embedded":  # embedded, our own writer stores it before any child event
+            transport.flush()  # the run exists before the child can add steps to it
         env = dict(os.environ, **{ENV_RUN_ID: run_id}, **(gpu_env or {}))
         if transport.mode == "embedded":
             from gpuwatch.cli.private_ingest import PrivateIngest
