@@ -16,19 +16,21 @@ import asyncio
 import dataclasses
 import os
 import resource
+import socket
 import sys
 import threading
 from pathlib import Path
 
 from gpuwatch.config import Config
-from gpuwatch.daemon.ingest import IngestServer
+from gpuwatch.daemon.ingest import IngestServer, bind_socket
 from gpuwatch.store import Writer
 
 
 class PrivateIngest:
-    """The daemon's IngestServer on `path`, on an event loop in a thread of its own."""
+    """The daemon's IngestServer on `path`, on an event loop in a thread of its own. `listening`:
+    the socket already bound there (see `listen`), whose waiting connections it then serves."""
 
-    def __init__(self, cfg: Config, writer: Writer, path: Path):
+    def __init__(self, cfg: Config, writer: Writer, path: Path, listening: socket.socket | None = None):
         self.path = path
         # Out of the training process there is no GIL to leave it: commit (and so acknowledge)
         # at once, and the program's last flush before it exits does not wait for a linger.
@@ -44,7 +46,7 @@ class PrivateIngest:
             # The daemon's start() raises the open-files limit; the child would inherit that.
             files = resource.getrlimit(resource.RLIMIT_NOFILE)
             try:
-                self._loop.run_until_complete(self._server.start())
+                self._loop.run_until_complete(self._server.start(listening))
             except BaseException as e:  # noqa: BLE001 — reported to the caller below
                 self._error = e
                 started.set()
@@ -61,6 +63,12 @@ class PrivateIngest:
         started.wait()
         if self._error is not None:
             raise self._error
+
+    @staticmethod
+    def listen(path: Path) -> socket.socket:
+        """Bind `path` now (this user only) and serve it later: a client may connect at once,
+        and its connection waits until PrivateIngest takes the socket."""
+        return bind_socket(path, 0o600)
 
     def close(self) -> None:
         """Stop serving once every connection had its chance to deliver (the child has exited)."""

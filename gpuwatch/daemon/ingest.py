@@ -234,9 +234,11 @@ class IngestServer:
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
 
-    async def start(self) -> None:
+    async def start(self, sock: socket.socket | None = None) -> None:
+        """Serve `sock` if given (bound at self.path and listening already), else bind it."""
         fds = raise_fd_limit()
-        sock = bind_socket(self.path, socket_mode(self.cfg), self.cfg.socket_group)
+        if sock is None:
+            sock = bind_socket(self.path, socket_mode(self.cfg), self.cfg.socket_group)
         self._inode = os.stat(self.path).st_ino
         # A small StreamReader limit: frames are assembled in Connection.buf under our caps.
         self._server = await asyncio.start_unix_server(self._serve, sock=sock, limit=READ_CHUNK)
