@@ -108,7 +108,7 @@ def recorder_socket(cfg: Config) -> Path:
 
 
 def recorder_pid() -> int | None:
-    """The recorder helper's pid while it runs (for tests and `gpuwatch doctor`-style checks)."""
+    """The recorder helper's pid while it runs, else None."""
     recorder = _recorder
     return recorder[2].pid if recorder is not None and recorder[2].poll() is None else None
 
