@@ -66,15 +66,20 @@ def _yield_cpu(increment: int = 10) -> None:
     sampler's and the child's ingest) once the program is spawned at the priority it was given:
     on a saturated host the training gets the CPU before its bookkeeping. Linux keeps a nice value
     per thread, so each is lowered; threads started later inherit it."""
-    try:
-        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
-    except OSError:  # no /proc: this thread alone
-        threads = [0]
-    for tid in threads:
+    lowered: set[int] = set()
+    while True:  # again while a thread not yet lowered started one (which took its priority)
         try:
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
-        except OSError:  # a thread that just ended
-            pass
+            threads = {int(tid) for tid in os.listdir("/proc/self/task")} - lowered
+        except OSError:  # no /proc: this thread alone
+            threads = {0} - lowered
+        if not threads:
+            return
+        for tid in threads:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+            except OSError:  # a thread that just ended
+                pass
+        lowered |= threads
 
 
 def _wait_for_mirror(mirror, timeout_s: float = 30.0) -> None:
@@ -169,13 +174,11 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     `instrument`, a Python child gets the bootstrap that hooks torch when it imports it; each
     `notify` URL gets this run's alerts (delivered by the wrapper when no daemon runs); with
     `tensorboard` (a directory or "auto"), a process beside it mirrors the run's figures there."""
-    from collectors.host import cgroup_oom_kills
     from gpuwatch.cli import child_path
     from gpuwatch.client import metadata
     from gpuwatch.client.run import ENV_RUN_ID, new_run_id
-    from gpuwatch.client.transport import connect
+    from gpuwatch.client.transport import EmbeddedTransport, connect, daemon_answers
     from gpuwatch.clock import elapsed_end_ms
-    from gpuwatch.integrations.autohook import ENV_INSTRUMENT
     from gpuwatch.store import now_ms
 
     cfg = load_config()
@@ -183,7 +186,7 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     # Block before any thread starts (the transport's threads inherit the mask), so every
     # SIGINT/SIGTERM comes to sigtimedwait below instead of interrupting us.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
-    transport = ingest = mirror = None
+    transport = ingest = listening = mirror = None
     deliver_here = False
     # Short, private and ours alone: the child's import directory, its note, and (with no
     # daemon) the socket this process serves it on (Unix socket paths are capped at 107 bytes).
@@ -195,42 +198,69 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     started = (now_ms(), time.monotonic())
 
     def send(kind: str, **fields) -> None:
-        # The end is timed from the start on the monotonic clock if the wall clock stepped.
-        ts = elapsed_end_ms(*started, now_ms(), time.monotonic()) if kind == "run_end" else now_ms()
+        # The run starts when we do (run_start may be sent after the spawn); its end is timed
+        # from then on the monotonic clock if the wall clock stepped.
+        if kind == "run_start":
+            ts = started[0]
+        elif kind == "run_end":
+            ts = elapsed_end_ms(*started, now_ms(), time.monotonic())
+        else:
+            ts = now_ms()
         transport.send({"id": next(ids), "kind": kind, "run_id": run_id, "ts_ms": ts, **fields})
 
-    try:
-        transport = connect(cfg)
+    def begin(embedded: bool) -> None:
+        """The run's transport, and its run_start: through the daemon, stored before the child
+        can add steps to the run; or into the database this process writes itself, whose writer
+        stores it before any event of the child's."""
+        nonlocal transport
+        transport = EmbeddedTransport(cfg) if embedded else connect(cfg)
         fields = metadata.collect(dict(os.environ, **gpu_env))
         fields["command"] = shlex.join(command)
         send("run_start", name=name or default_name(command), **fields)
-        transport.flush()  # the run exists before the child can add steps to it
+        if not embedded:
+            transport.flush()
+
+    try:
+        env = dict(os.environ, **{ENV_RUN_ID: run_id}, **gpu_env)
+        if daemon_answers(cfg):
+            begin(embedded=False)
+        else:
+            # This process serves the child's events. Its socket listens from now on, and is
+            # served once the run is stored, after the spawn: the program starts while we open
+            # the database and set up the sampler, not after.
+            from gpuwatch.cli.private_ingest import PrivateIngest
+
+            listening = PrivateIngest.listen(private / "sock")
+            env["GPUWATCH_SOCKET"] = str(private / "sock")
+        if instrument:
+            path = child_path.make(private / "path")
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(path), env.get("PYTHONPATH")) if p)
+            env[child_path.ENV_NOTE] = str(note)
+        else:
+            from gpuwatch.integrations.autohook import ENV_INSTRUMENT
+
+            env[ENV_INSTRUMENT] = "0"
+        try:
+            pid = os.posix_spawnp(command[0], list(command), env, setsigmask=(),
+                                  setsigdef=tuple(FORWARDED))
+        except OSError as e:
+            if transport is None:
+                begin(embedded=True)
+            send("run_end", status="failed", exit_code=127, error_type=type(e).__name__,
+                 error_message=f"cannot run {command[0]}: {e.strerror}")
+            raise click.ClickException(f"cannot run {command[0]!r}: {e.strerror}") from None
+        from collectors.host import cgroup_oom_kills
+
+        oom_kills_before = cgroup_oom_kills()
+        if transport is None:
+            begin(embedded=True)
+            ingest = PrivateIngest(cfg, transport.writer, private / "sock", listening)
         deliver_here = _subscribe(cfg, notify, run_id)
         if tensorboard:
             from gpuwatch.client.tensorboard import start_mirror
 
             mirror = start_mirror(tensorboard, since_ms=started[0], watch_pid=os.getpid(),
                                   wrapper_run_id=run_id)
-        env = dict(os.environ, **{ENV_RUN_ID: run_id}, **(gpu_env or {}))
-        if transport.mode == "embedded":
-            from gpuwatch.cli.private_ingest import PrivateIngest
-
-            ingest = PrivateIngest(cfg, transport.writer, private / "sock")
-            env["GPUWATCH_SOCKET"] = str(ingest.path)
-        if instrument:
-            path = child_path.make(private / "path")
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(path), env.get("PYTHONPATH")) if p)
-            env[child_path.ENV_NOTE] = str(note)
-        else:
-            env[ENV_INSTRUMENT] = "0"
-        oom_kills_before = cgroup_oom_kills()
-        try:
-            pid = os.posix_spawnp(command[0], list(command), env, setsigmask=(),
-                                  setsigdef=tuple(FORWARDED))
-        except OSError as e:
-            send("run_end", status="failed", exit_code=127, error_type=type(e).__name__,
-                 error_message=f"cannot run {command[0]}: {e.strerror}")
-            raise click.ClickException(f"cannot run {command[0]!r}: {e.strerror}") from None
         _yield_cpu()
         status = os.waitstatus_to_exitcode(_wait_forwarding(pid))
         state = _end_state(run_id)
@@ -251,6 +281,8 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     finally:
         if ingest is not None:
             ingest.close()
+        elif listening is not None:
+            listening.close()
         if transport is not None:
             transport.close()
         if mirror is not None:

@@ -218,9 +218,10 @@ async def _drain_reader(reader: asyncio.StreamReader) -> None:
 class IngestServer:
     """Serves cfg.socket_path on the running asyncio loop; feeds `writer`."""
 
-    def __init__(self, cfg: Config, writer: Writer):
+    def __init__(self, cfg: Config, writer: Writer, mode: str = "daemon"):
         self.cfg = cfg
         self.writer = writer
+        self.mode = mode  # runs.mode of what it records: "embedded" when a client serves its own
         self.path = cfg.socket_path
         self.buckets: dict[int, TokenBucket] = {}
         self.inflight_events = 0
@@ -233,9 +234,11 @@ class IngestServer:
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
 
-    async def start(self) -> None:
+    async def start(self, sock: socket.socket | None = None) -> None:
+        """Serve `sock` if given (bound at self.path and listening already), else bind it."""
         fds = raise_fd_limit()
-        sock = bind_socket(self.path, socket_mode(self.cfg), self.cfg.socket_group)
+        if sock is None:
+            sock = bind_socket(self.path, socket_mode(self.cfg), self.cfg.socket_group)
         self._inode = os.stat(self.path).st_ino
         # A small StreamReader limit: frames are assembled in Connection.buf under our caps.
         self._server = await asyncio.start_unix_server(self._serve, sock=sock, limit=READ_CHUNK)
@@ -276,7 +279,7 @@ class IngestServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
-        conn = Connection(Peer(uid, user_name(uid), pid, "daemon"), gid, writer,
+        conn = Connection(Peer(uid, user_name(uid), pid, self.mode), gid, writer,
                           task=asyncio.current_task())
         state = self.uids.get(uid) or self.uids.setdefault(uid, _Uid())
         state.connections += 1

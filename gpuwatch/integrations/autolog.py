@@ -14,14 +14,12 @@ it measured.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 from gpuwatch import config as config_mod
+from gpuwatch.client import helpers
 from gpuwatch.client.transport import daemon_answers
 from gpuwatch.integrations import autohook
 
@@ -29,7 +27,6 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0
 
 _lock = threading.Lock()
 _watch: "_IdleWatch | None" = None
-_helpers: list = []
 _mirrors: list = []  # the TensorBoard mirror of this process's runs, once asked for
 
 
@@ -50,9 +47,14 @@ def autolog(name: str | None = None, idle_timeout: float | None = DEFAULT_IDLE_T
 
     with _lock:
         _end_current()
-        if not _helpers and not daemon_answers(config_mod.load()):
-            # The config's socket key: this process's runs (and any gpuwatch client it starts) use it.
-            os.environ["GPUWATCH_SOCKET"] = str(_serve_in_helper())
+        cfg = config_mod.load()
+        if not daemon_answers(cfg):
+            # The recorder helper (writer and sampler, beside this process) starts now, while
+            # the user waits for this call, rather than at the first training step.
+            try:
+                helpers.recorder_socket(cfg)
+            except (OSError, helpers.RecorderFailed):
+                pass  # the first run says so, and records from inside this process
         hooks = autohook.install(torch)
         hooks.name = name or _default_name()
         if tensorboard and not _mirrors:
@@ -78,24 +80,6 @@ def _end_current() -> None:
     hooks = autohook.uninstall()
     if hooks is not None and hooks.run is not None:
         hooks.run.finish()
-
-
-def _serve_in_helper() -> Path:
-    """With no daemon: start a helper process that holds the database writer and the sampler
-    (gpuwatch.cli.private_ingest) and return the socket it serves. The training process then
-    only sends, as under `gpuwatch run`: no sampler thread competes with it for the GIL."""
-    path = Path(tempfile.mkdtemp(prefix="gpuwatch-autolog-")) / "sock"
-    # Its own session: a Ctrl-C meant for the training process must not stop it first.
-    helper = subprocess.Popen([sys.executable, "-m", "gpuwatch.cli.private_ingest", str(path)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
-                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
-    if helper.stdout.readline().strip() != b"ready":
-        helper.wait()
-        raise RuntimeError(f"gpuwatch: the helper that records this process's runs did not start "
-                           f"(exit status {helper.returncode})")
-    helper.stdout.close()
-    _helpers.append(helper)  # its stdin stays open, and closes when this process exits
-    return path
 
 
 def _default_name() -> str | None:
