@@ -45,7 +45,10 @@ Options (FakeNvml(...) and configure(...) take the same):
 Inspect and steer it with: .calls (Counter by function name), .gpu_calls (Counter by
 (function name, gpu index)), .util_timestamps[gpu_index] (each lastSeenTimeStamp passed to
 nvmlDeviceGetProcessUtilization), .set_lost(index, lost=True), .set_procs(index, pids),
-.add_xid(index, xid), .set_mig(index, profiles), .set_hung(index, hung=True).
+.add_xid(index, xid), .set_mig(index, profiles), .set_hung(index, hung=True),
+.set_util(index, pct) (a fixed utilisation; None: the wave again), .set_throttle(index, mask)
+(fixed clock-event reasons; None: from the utilisation again), .add_ecc(index, n=1) (n more
+uncorrected ECC errors).
 """
 
 from __future__ import annotations
@@ -347,12 +350,16 @@ class FakeNvml:
         self.gpm_buffers = 0
         self.lost: set[int] = set()
         self.initialized = False
+        self.init_count = 0
         self.calls: Counter = Counter()
         self.gpu_calls: Counter = Counter()
         self.util_timestamps: dict[int, list[int]] = {i: [] for i in range(gpus)}
         made = time.monotonic()
         self.hang_from = {i: made + t for i, t in (hang or {}).items()}  # monotonic s
         self._released = {i: threading.Event() for i in range(gpus)}
+        self.util_override: dict[int, int] = {}
+        self.throttle_override: dict[int, int] = {}
+        self.ecc_uncorrected = {i: 0 for i in range(gpus)}
 
     # Everything else (constants, error classes, structs) comes from the module itself.
     def __getattr__(self, attr):
@@ -373,6 +380,21 @@ class FakeNvml:
         else:
             self.hang_from.pop(index, None)
             self._released[index].set()
+
+    def set_util(self, index: int, pct: int | None) -> None:
+        if pct is None:
+            self.util_override.pop(index, None)
+        else:
+            self.util_override[index] = pct
+
+    def set_throttle(self, index: int, mask: int | None) -> None:
+        if mask is None:
+            self.throttle_override.pop(index, None)
+        else:
+            self.throttle_override[index] = mask
+
+    def add_ecc(self, index: int, n: int = 1) -> None:
+        self.ecc_uncorrected[index] += n
 
     def set_procs(self, index: int, pids) -> None:
         self.procs[index] = list(pids)
@@ -416,6 +438,8 @@ class FakeNvml:
         return i
 
     def _util(self, i: int, t: float | None = None) -> int:
+        if i in self.util_override:
+            return self.util_override[i]
         return _wave(self.clock() if t is None else t, i, 30.0, 5, 99) if self._pids(i) else 0
 
     def _pids(self, i: int) -> list[int]:
@@ -448,10 +472,14 @@ class FakeNvml:
                                  "DriverNotLoaded": "DRIVER_NOT_LOADED",
                                  "NoPermission": "NO_PERMISSION"}[self.init_error]])
         self.initialized = True
+        self.init_count += 1
 
     def nvmlShutdown(self):
+        # As the real library: a reference count, so one user's shutdown leaves another's
+        # handles working (`gpuwatch run` reads the UUIDs while its sampler runs).
         self._system("nvmlShutdown")
-        self.initialized = False
+        self.init_count -= 1
+        self.initialized = self.init_count > 0
 
     def nvmlSystemGetDriverVersion(self):
         self._system("nvmlSystemGetDriverVersion")
@@ -618,6 +646,8 @@ class FakeNvml:
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
         i = self._device("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        if i in self.throttle_override:
+            return self.throttle_override[i]
         return nvmlClocksEventReasonSwPowerCap if self._util(i) > 90 else (
             0 if self._util(i) else nvmlClocksEventReasonGpuIdle)
 
@@ -626,8 +656,8 @@ class FakeNvml:
         return 0 if self._util(i) else nvmlClocksEventReasonGpuIdle
 
     def nvmlDeviceGetTotalEccErrors(self, handle, errorType, counterType):
-        self._device("nvmlDeviceGetTotalEccErrors", handle)
-        return 3 if errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED else 0
+        i = self._device("nvmlDeviceGetTotalEccErrors", handle)
+        return 3 if errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED else self.ecc_uncorrected[i]
 
     # -- processes --------------------------------------------------------------------------
     def nvmlDeviceGetComputeRunningProcesses(self, handle):

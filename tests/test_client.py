@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from gpuwatch.client.run import is_oom
 from systools import wait_for
 
 PY = sys.executable
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def db() -> sqlite3.Connection:
@@ -325,3 +327,70 @@ def test_cuda_steps_have_event_timings_allocator_figures_and_mfu():
                for s in steps)
     assert all(s["mfu"] is None or 0 < s["mfu"] < 1 for s in steps)
     assert db().execute("SELECT count(*) FROM memory_stats").fetchone()[0] == 1
+
+
+BESIDE = """
+import os, sqlite3, sys, threading, time
+import gpuwatch
+from gpuwatch import paths
+from gpuwatch.client import helpers
+
+def sampled():
+    conn = sqlite3.connect(paths.default_db_path(system=False))
+    try:
+        return all(conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                   for t in ("gpu_samples", "host_samples"))
+    except sqlite3.OperationalError:  # the tables are not there yet
+        return False
+    finally:
+        conn.close()
+
+with gpuwatch.track(name="beside") as run:
+    run.step(tokens=1)
+    deadline = time.monotonic() + 60
+    while not sampled() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    helper = helpers.recorder_pid()
+    print(os.getpid(), helper, os.getpriority(os.PRIO_PROCESS, helper) - os.getpriority(os.PRIO_PROCESS, 0),
+          ",".join(t.name for t in threading.enumerate()), flush=True)
+    if sys.argv[1] == "wait":
+        time.sleep(600)  # until the test kills it
+"""
+
+
+def _gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("end", ["exit", "SIGKILL"])
+def test_with_no_daemon_a_low_priority_helper_samples_beside_the_program_and_ends_with_it(end):
+    """track() with no daemon: the GPU/host samples (fake NVML, 2 GPUs) come from a helper
+    process at nice +10, not from a thread of the program; the helper ends when the program
+    does, also when the program is SIGKILLed."""
+    env = dict(os.environ, FAKE_NVML_GPUS="2", GPUWATCH_INTERVAL="0.2", GPUWATCH_HOST_INTERVAL="0.2",
+               GPUWATCH_SOCKET=os.devnull,  # no daemon
+               PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "fake_driver"), str(ROOT)]))
+    program = subprocess.Popen([PY, "-c", BESIDE, "wait" if end == "SIGKILL" else "end"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid, helper, nicer, threads = program.stdout.readline().split()
+        assert int(pid) == program.pid and int(helper) != program.pid
+        assert int(nicer) >= min(10, 19 - os.getpriority(os.PRIO_PROCESS, 0))
+        assert "gpuwatch-sampler" not in threads.split(",")  # nothing samples inside the program
+        if end == "SIGKILL":
+            assert not _gone(int(helper))
+            program.kill()
+        assert program.wait(60) in (0, -signal.SIGKILL), program.stderr.read()
+        assert wait_for(lambda: _gone(int(helper)), timeout=30)
+    finally:
+        program.kill()
+        program.wait()
+    gpus = db().execute("SELECT DISTINCT gpu_index FROM gpu_samples ORDER BY gpu_index").fetchall()
+    assert [g[0] for g in gpus] == [0, 1]
+    assert db().execute("SELECT count(*) FROM host_samples").fetchone()[0] > 0
+    assert [r[0] for r in db().execute("SELECT name FROM runs")] == ["beside"]

@@ -90,6 +90,26 @@ def test_scheduled_windows_store_top_ops_and_a_gzipped_chrome_trace(tmp_path):
     assert not list(tmp_path.glob("escape*")) and not (tmp_path.parent / "escape").exists()
 
 
+def test_each_window_is_analysed_in_a_low_priority_process_beside_the_training(tmp_path):
+    """The trace's breakdown is worked out by another process (not the training one, at nice
+    +10 over it) and stored with the window exactly as the analysis gives it."""
+    from gpuwatch.client.trace_worker import breakdown_of
+
+    db, runs = tmp_path / "gw.db", tmp_path / "runs"
+    env = _env(GPUWATCH_DB=str(db), GPUWATCH_RUNS_DIR=str(runs), GPUWATCH_PROFILE_ACTIVE="2")
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER.format(steps=3, sleep=0)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = trainer.communicate(timeout=120)
+    assert trainer.returncode == 0, err
+    [(path, stored)] = _db_rows(db, "SELECT p.trace_path, b.breakdown_json FROM profiles p "
+                                    "JOIN profile_breakdowns b ON b.profile_id = p.id")
+    stored = json.loads(stored)
+    analysed_by = stored.pop("analysed_by")
+    assert analysed_by["pid"] not in (trainer.pid, os.getpid())
+    assert analysed_by["nice"] >= min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
+    assert stored == json.loads(json.dumps(breakdown_of(Path(path))))
+
+
 def test_a_trace_over_the_size_cap_is_dropped_and_the_ops_kept(tmp_path):
     db, runs = tmp_path / "gw.db", tmp_path / "runs"
     env = _env(GPUWATCH_DB=str(db), GPUWATCH_RUNS_DIR=str(runs), GPUWATCH_PROFILE_ACTIVE="2",
@@ -280,7 +300,7 @@ def test_tui_profile_screen_sorts_top_ops_and_the_run_view_shows_stacks(tmp_path
 def test_a_stored_breakdown_leads_profile_show_and_reaches_show_compare_report(tmp_path):
     """A profile event with its trace breakdown: `profile --show` prints the bar and advice
     before the operators; `show`, `compare` and `report` carry the headline figures."""
-    from gpuwatch.client.profiling import breakdown_of
+    from gpuwatch.client.trace_worker import breakdown_of
     from gpuwatch.store import open_rw
     from gpuwatch.store.events import Peer, apply_events
     from trace_gen import make_trace, write_trace

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from collectors import pyspy
 from gpuwatch.cli import main
 from gpuwatch.config import Config
-from gpuwatch.daemon.stalls import StallWatch, stall_threshold_s
+from gpuwatch.daemon.stalls import StallWatch
+from gpuwatch.stalled_runs import stall_threshold_s
 from gpuwatch.store import Writer, open_ro, profiles
 
 pytestmark = pytest.mark.skipif(pyspy.find_py_spy() is None, reason="py-spy is not installed")

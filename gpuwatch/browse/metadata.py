@@ -44,6 +44,12 @@ TABLES = {
     "capacity_studies": "One row per gpuwatch capacity study.",
     "capacity_points": "One row per study, batch and sequence length measured.",
     "daemon_stats": "One row per 30 s: the monitor's own CPU, RSS, tick time, queue depth, database size.",
+    "alerts": "One row per alert incident (a run's end, failure, OOM, stall; a GPU held idle, lost or hung; "
+              "a low disk; a free-GPU wish granted): kind, whose, title, body, figures as JSON. "
+              "Never a subscription or its URL: those are secrets kept elsewhere.",
+    "alert_episodes": "One row per condition an alert rule is timing now (a GPU held idle, throttled, a disk low): "
+                      "since when, and whether its alert fired. Gone once the condition ends.",
+    "alert_wishes": "One row per `gpuwatch notify when-free` wish not granted yet: who, how many GPUs, how much free memory.",
 }
 
 _EPOCH_MS = "ms since the Unix epoch (UTC)"
@@ -211,6 +217,15 @@ FROM (SELECT run_id, min(ts_ms) AS ts_ms FROM ooms GROUP BY run_id)
 GROUP BY week ORDER BY week""",
         "chart": {"mark": "bar", "x_column": "week", "x_type": "ordinal",
                   "y_column": "ooms", "y_type": "quantitative"},
+    },
+    "alerts_per_day": {
+        "title": "Alerts per day, by kind",
+        "description": "Alerts written (one per incident), per day (local time) and kind.",
+        "sql": """SELECT date(ts_ms / 1000, 'unixepoch', 'localtime') AS day, kind, count(*) AS alerts
+FROM alerts WHERE ts_ms >= (unixepoch() - 30 * 86400) * 1000
+GROUP BY day, kind ORDER BY day, kind""",
+        "chart": {"mark": "bar", "x_column": "day", "x_type": "ordinal",
+                  "y_column": "alerts", "y_type": "quantitative", "color_column": "kind"},
     },
 }
 

@@ -5,8 +5,9 @@ daemon, and this process writes those events with the daemon's own ingest code i
 embedded database it already holds. The GPU/host sampler stays in this process too: the
 training process carries no sampler thread and no database writer.
 
-`python -m gpuwatch.cli.private_ingest SOCKET` does the same for gpuwatch.autolog(), which has
-no wrapper process: a helper that serves SOCKET until its stdin closes (its parent exited).
+`python -m gpuwatch.cli.private_ingest SOCKET` does the same for a training process that has no
+wrapper (track() or gpuwatch.autolog() with no daemon; gpuwatch.client.helpers starts it): a
+helper at nice +10 that serves SOCKET until the process that started it has exited.
 """
 
 from __future__ import annotations
@@ -15,21 +16,27 @@ import asyncio
 import dataclasses
 import os
 import resource
+import socket
 import sys
 import threading
 from pathlib import Path
 
 from gpuwatch.config import Config
-from gpuwatch.daemon.ingest import IngestServer
+from gpuwatch.daemon.ingest import IngestServer, bind_socket
 from gpuwatch.store import Writer
 
 
 class PrivateIngest:
-    """The daemon's IngestServer on `path`, on an event loop in a thread of its own."""
+    """The daemon's IngestServer on `path`, on an event loop in a thread of its own. `listening`:
+    the socket already bound there (see `listen`), whose waiting connections it then serves."""
 
-    def __init__(self, cfg: Config, writer: Writer, path: Path):
+    def __init__(self, cfg: Config, writer: Writer, path: Path, listening: socket.socket | None = None):
         self.path = path
-        self._server = IngestServer(dataclasses.replace(cfg, socket=str(path), system=False), writer)
+        # Out of the training process there is no GIL to leave it: commit (and so acknowledge)
+        # at once, and the program's last flush before it exits does not wait for a linger.
+        writer.linger_s = 0.0
+        self._server = IngestServer(dataclasses.replace(cfg, socket=str(path), system=False), writer,
+                                    mode="embedded")
         self._loop = asyncio.new_event_loop()
         started = threading.Event()
         self._error: BaseException | None = None
@@ -39,7 +46,7 @@ class PrivateIngest:
             # The daemon's start() raises the open-files limit; the child would inherit that.
             files = resource.getrlimit(resource.RLIMIT_NOFILE)
             try:
-                self._loop.run_until_complete(self._server.start())
+                self._loop.run_until_complete(self._server.start(listening))
             except BaseException as e:  # noqa: BLE001 — reported to the caller below
                 self._error = e
                 started.set()
@@ -57,6 +64,12 @@ class PrivateIngest:
         if self._error is not None:
             raise self._error
 
+    @staticmethod
+    def listen(path: Path) -> socket.socket:
+        """Bind `path` now (this user only) and serve it later: a client may connect at once,
+        and its connection waits until PrivateIngest takes the socket."""
+        return bind_socket(path, 0o600)
+
     def close(self) -> None:
         """Stop serving once every connection had its chance to deliver (the child has exited)."""
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -64,15 +77,17 @@ class PrivateIngest:
 
 
 def _main(socket_path: str) -> None:
+    from gpuwatch.client import helpers
     from gpuwatch.client.transport import EmbeddedTransport
     from gpuwatch.config import load
 
+    helpers.lower_priority()
     cfg = load()
     transport = EmbeddedTransport(cfg)
     try:
         ingest = PrivateIngest(cfg, transport.writer, Path(socket_path))
         print("ready", flush=True)
-        sys.stdin.buffer.read()  # EOF once the process we serve has exited
+        helpers.wait_for_parent_exit()
         ingest.close()
     finally:
         transport.close()

@@ -3,18 +3,23 @@
 Run.step() checks one attribute (`active`) and calls step() only while something is profiling
 or waiting to: an idle hook costs the training loop a bool test (bench/bench_profiler.py).
 Each finished window becomes one `profile` event (top operators, and the trace's breakdown
-from gpuwatch.analysis.trace, worked out on a thread of its own so the training step does not
-wait for it) and a gzipped Chrome trace under <runs_path>/<run_id>/profiles/.
+from gpuwatch.analysis.trace) and a gzipped Chrome trace under <runs_path>/<run_id>/profiles/.
+The breakdown is worked out by a low-priority process of its own (gpuwatch.client.trace_worker)
+that a thread here waits for: the training step neither waits for it nor shares its GIL.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
 from collectors import torch_profiler
+from gpuwatch.client import helpers
 from gpuwatch.config import Config
 from gpuwatch.diskfull import FullDisk, no_space
 from gpuwatch.store import now_ms
@@ -24,7 +29,6 @@ log = logging.getLogger(__name__)
 DEFAULT_ON_DEMAND_STEPS = 5
 MAX_ON_DEMAND_STEPS = 1000
 ANALYSIS_JOIN_S = 30.0  # at the run's end, how long to wait for a window still being analysed
-MAX_STORED_STEPS = 200  # per-step figures kept with a breakdown
 
 
 def profiles_dir(cfg: Config, run_id: str) -> Path:
@@ -48,7 +52,7 @@ class Profiling:
         self._windows_left = 0  # 0 with a running profiler = repeat forever
         self._recorded: list[int] = []  # run steps inside the current window
         self._disk = FullDisk(log, "gpuwatch: profiler traces")
-        self._analysing: list[threading.Thread] = []
+        self._analysing: list[_Analysis] = []
         if self.active:
             self._start("scheduled", cfg.profile_wait, cfg.profile_warmup, cfg.profile_active,
                         cfg.profile_repeat)
@@ -94,8 +98,9 @@ class Profiling:
             except Exception:
                 log.warning("gpuwatch: stopping the profiler failed", exc_info=True)
         self.active = False
-        for thread in self._analysing:
-            thread.join(ANALYSIS_JOIN_S)
+        deadline = time.monotonic() + ANALYSIS_JOIN_S
+        for analysis in self._analysing:
+            analysis.finish(deadline)
 
     def _start(self, trigger: str, wait: int, warmup: int, active: int, repeat: int) -> None:
         self._trigger = trigger
@@ -149,28 +154,51 @@ class Profiling:
         if saved.path is None:
             self._send("profile", **fields)
             return
-        thread = threading.Thread(target=self._analyse_and_send, args=(saved.path, fields),
-                                  name="gpuwatch-trace-analysis", daemon=True)
-        self._analysing = [t for t in self._analysing if t.is_alive()] + [thread]
-        thread.start()
-
-    def _analyse_and_send(self, path: Path, fields: dict) -> None:
-        """Off the training thread: the trace's breakdown, then the profile event with it."""
-        try:
-            fields["breakdown"] = breakdown_of(path)
-        except Exception:  # the profile is still stored, without its breakdown
-            log.warning("gpuwatch: could not analyse the profile's trace %s", path, exc_info=True)
-        self._send("profile", **fields)
+        self._analysing = [a for a in self._analysing if a.is_alive()] + [_Analysis(saved.path, fields, self._send)]
 
 
-def breakdown_of(path: Path) -> dict:
-    """The stored breakdown of one profile window: its rank of `gpuwatch trace`, with the advice."""
-    from gpuwatch.analysis.trace import analyse_files
+class _Analysis(threading.Thread):
+    """Waits, off the training thread, for the trace worker's breakdown of one window, then sends
+    the profile event with it (without it if the worker failed: the profile is still stored)."""
 
-    result = analyse_files([path])
-    rank = result["ranks"][0]
-    rank["steps"] = rank["steps"][-MAX_STORED_STEPS:]
-    return {**rank, "advice": result["advice"]}
+    def __init__(self, path: Path, fields: dict, send: Callable[..., None]):
+        super().__init__(name="gpuwatch-trace-analysis", daemon=True)
+        self._path = path
+        self._fields = fields
+        self._send = send
+        self._worker: subprocess.Popen | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:  # started here: even the fork is off the training thread
+            self._worker = subprocess.Popen(helpers.command("gpuwatch.client.trace_worker", self._path),
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            stdin=subprocess.DEVNULL, env=helpers.environment())
+        except OSError as e:
+            log.warning("gpuwatch: could not start the analysis of the profile's trace: %s", e)
+            self._send("profile", **self._fields)
+            return
+        out, err = self._worker.communicate()
+        if self._worker.returncode == 0:
+            try:
+                self._fields["breakdown"] = json.loads(out)
+            except ValueError:
+                log.warning("gpuwatch: the trace worker's breakdown of %s was not JSON", self._path)
+        elif self._worker.returncode > 0:  # < 0: stopped by finish() at the run's end
+            last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+            log.warning("gpuwatch: could not analyse the profile's trace %s: %s", self._path, last[0])
+        self._send("profile", **self._fields)
+
+    def finish(self, deadline: float) -> None:
+        """At the run's end: wait until `deadline` (monotonic), then stop the worker; the window
+        is still stored, without its breakdown."""
+        self.join(max(0.0, deadline - time.monotonic()))
+        if self.is_alive():
+            log.warning("gpuwatch: the profile's trace %s was not analysed in time; stored without "
+                        "its breakdown", self._path)
+            if self._worker is not None:
+                self._worker.kill()
+            self.join(5.0)
 
 
 def _recording() -> tuple:

@@ -490,7 +490,7 @@ def start_run(name: str | None = None, config: Any = None,
               flops_per_token: float | Callable[[int], float] | None = None, run_id: str | None = None,
               precision: str = "bf16") -> Run:
     """track() without marking the run as the script's own: for integrations and the hooks."""
-    from gpuwatch.client.transport import connect
+    from gpuwatch.client.helpers import connect
 
     cfg = config_mod.load()
     wrapper_id = os.environ.get(ENV_RUN_ID) if run_id is None else None

@@ -43,6 +43,7 @@ HELLO = {"type": "hello", "client": f"gpuwatch/{__version__}"}
 PENDING_MAX = 100_000
 EMBEDDED_LINGER_S = 0.1
 SEND_LINGER_S = 0.05
+_WAKE = None  # put on the sender's queue by close(): never an event
 
 
 class TransportClosed(RuntimeError):
@@ -225,6 +226,7 @@ class DaemonTransport(Transport):
         self.flush(timeout=30.0)
         with self._progress:
             self._closing = True
+        self._queue.put(_WAKE)  # the sender sees _closing now, not at its next 0.2 s poll
         self._thread.join()
         if self._spool_exists():
             log.warning("gpuwatch: daemon unreachable; events kept in %s for replay", self.spool_path)
@@ -280,6 +282,8 @@ class DaemonTransport(Transport):
         try:
             batch = [self._queue.get(timeout=0.2)]
         except queue.Empty:
+            return []
+        if batch[0] is _WAKE:
             return []
         # Let a burst gather before encoding it: one wake-up (and one GIL grab in the training
         # process) per burst rather than per step.
@@ -484,8 +488,6 @@ class EmbeddedTransport(Transport):
     def __init__(self, cfg: Config):
         import pwd
 
-        from gpuwatch.runs_watch import RunsWatch
-        from gpuwatch.sampler import Sampler
         from gpuwatch.store import Writer
         from gpuwatch.store.events import Peer
 
@@ -501,19 +503,31 @@ class EmbeddedTransport(Transport):
         # The writer runs in the training process here: waking it at most ten times a second
         # keeps it from taking the GIL while the loop's torch ops want it back.
         self.writer = Writer(cfg.db_path, linger_s=EMBEDDED_LINGER_S)
+        self.sampler = None
+        # The sampler's set-up (NVML, psutil) and the lost-run check happen on a thread of their
+        # own: `gpuwatch run` spawns its program meanwhile instead of after them.
+        self._starting = threading.Thread(target=self._start_sampler, name="gpuwatch-sampler-start",
+                                          daemon=True)
+        self._starting.start()
+
+    def _start_sampler(self) -> None:
+        from gpuwatch.runs_watch import RunsWatch
+        from gpuwatch.sampler import Sampler
+
         # No daemon watches this database: runs left `running` by processes that died are
         # marked lost (or killed by the OOM killer) now.
         self.writer.submit(RunsWatch(self.writer).check, block=False)
         # Under `gpuwatch run` (its run id in our environment) the wrapper already samples this
         # host into the same database: a second sampler would double the rows and the warnings.
-        self.sampler = None
+        if os.environ.get("GPUWATCH_RUN_ID"):  # client.run.ENV_RUN_ID (run imports us)
+            return
         try:
-            if not os.environ.get("GPUWATCH_RUN_ID"):  # client.run.ENV_RUN_ID (run imports us)
-                self.sampler = Sampler(self.writer, cfg)
-                self.sampler.start()
-        except BaseException:
-            self.writer.close()
-            raise
+            sampler = Sampler(self.writer, self.cfg)
+            sampler.start()
+        except Exception:  # the events are still recorded, without samples
+            log.warning("gpuwatch: the GPU/host sampler could not start", exc_info=True)
+            return
+        self.sampler = sampler
 
     def send(self, event: dict) -> None:
         # One writer job per burst of events, not one per event: step() pays a list append, and
@@ -571,6 +585,7 @@ class EmbeddedTransport(Transport):
         return self.writer.flush(timeout)
 
     def close(self) -> None:
+        self._starting.join()
         if self.sampler is not None:
             self.sampler.stop()
         self.writer.close()

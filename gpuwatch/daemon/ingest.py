@@ -40,7 +40,7 @@ from gpuwatch import __version__, protocol
 from gpuwatch.config import Config
 from gpuwatch.daemon.logging import Throttle
 from gpuwatch.daemon.stalls import dump_row, stepping_pid
-from gpuwatch.store import Writer
+from gpuwatch.store import Writer, now_ms
 from gpuwatch.store.events import Outcome, Peer, apply_events
 from gpuwatch.store.writer import JobRefused, storage_problem
 
@@ -218,9 +218,10 @@ async def _drain_reader(reader: asyncio.StreamReader) -> None:
 class IngestServer:
     """Serves cfg.socket_path on the running asyncio loop; feeds `writer`."""
 
-    def __init__(self, cfg: Config, writer: Writer):
+    def __init__(self, cfg: Config, writer: Writer, mode: str = "daemon"):
         self.cfg = cfg
         self.writer = writer
+        self.mode = mode  # runs.mode of what it records: "embedded" when a client serves its own
         self.path = cfg.socket_path
         self.buckets: dict[int, TokenBucket] = {}
         self.inflight_events = 0
@@ -233,9 +234,11 @@ class IngestServer:
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
 
-    async def start(self) -> None:
+    async def start(self, sock: socket.socket | None = None) -> None:
+        """Serve `sock` if given (bound at self.path and listening already), else bind it."""
         fds = raise_fd_limit()
-        sock = bind_socket(self.path, socket_mode(self.cfg), self.cfg.socket_group)
+        if sock is None:
+            sock = bind_socket(self.path, socket_mode(self.cfg), self.cfg.socket_group)
         self._inode = os.stat(self.path).st_ino
         # A small StreamReader limit: frames are assembled in Connection.buf under our caps.
         self._server = await asyncio.start_unix_server(self._serve, sock=sock, limit=READ_CHUNK)
@@ -276,7 +279,7 @@ class IngestServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
-        conn = Connection(Peer(uid, user_name(uid), pid, "daemon"), gid, writer,
+        conn = Connection(Peer(uid, user_name(uid), pid, self.mode), gid, writer,
                           task=asyncio.current_task())
         state = self.uids.get(uid) or self.uids.setdefault(uid, _Uid())
         state.connections += 1
@@ -422,7 +425,24 @@ class IngestServer:
         if msg.type == "events":
             async with self.uids[conn.peer.uid].writer_slots:
                 return await self._events(conn, msg, line)
+        if msg.type == "wish":
+            return await self._wish(conn, msg.frame)
         return await self._control_request(conn, msg.frame)
+
+    async def _wish(self, conn: Connection, frame: dict) -> dict:
+        """Store a when-free wish owned by the peer's uid (SO_PEERCRED, never the message)."""
+        from gpuwatch.alerts.host_rules import add_wish
+
+        peer, host, added = conn.peer, socket.gethostname(), []
+        ok = await self._on_writer(lambda db: added.append(add_wish(
+            db, peer.uid, peer.user, host, now_ms(), frame["gpus"], frame["min_free_bytes"],
+            frame["max_util_pct"], frame["window_min"])))
+        if ok is None:
+            return BUSY
+        if not ok or not added:
+            return protocol.error("database write failed; try again", "store")
+        log.info("when-free wish %d stored for uid %d", added[0], peer.uid)
+        return {"type": "wish_added", "id": added[0], "host": host}
 
     async def _events(self, conn: Connection, msg: protocol.Message, line: bytes) -> dict:
         n = len(msg.events)

@@ -183,7 +183,8 @@ class StoreCollector:
     def _from_store(self, conn: sqlite3.Connection) -> list:
         try:
             gpus, newest_gpu_ms = self._gpu_families(conn)
-            return gpus + self._run_families(conn, newest_gpu_ms) + self._host_families(conn, newest_gpu_ms)
+            return (gpus + self._run_families(conn, newest_gpu_ms) + self._host_families(conn, newest_gpu_ms)
+                    + [self._alerts_family(conn)])
         except sqlite3.Error:
             self._conn = None  # reopen next time (e.g. the file was replaced)
             conn.close()
@@ -373,6 +374,20 @@ class StoreCollector:
                                 for suffix in ("", "-wal")))
         families.append(size)
         return families
+
+    def _alerts_family(self, conn: sqlite3.Connection) -> object:
+        """gpuwatch_alerts_total{kind}: alerts written (one per incident), every kind present."""
+        from prometheus_client.core import CounterMetricFamily
+
+        from gpuwatch.alerts import KINDS
+
+        counts = dict.fromkeys(KINDS, 0)
+        counts.update(conn.execute("SELECT kind, count(*) FROM alerts GROUP BY kind"))  # (kind, incident) index
+        fam = CounterMetricFamily("gpuwatch_alerts", "Alerts written, one per incident, by kind.",
+                                  labels=["kind", "Hostname"])
+        for kind, n in counts.items():
+            fam.add_metric([kind, self.hostname], n)
+        return fam
 
     def _last_sample(self, conn: sqlite3.Connection, newest_gpu_ms: int | None, upto: int) -> object:
         """When this host last stored a sample: with `up`, a fleet view says since when a host

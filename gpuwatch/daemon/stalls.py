@@ -12,68 +12,14 @@ import asyncio
 import json
 import logging
 import socket
-import sqlite3
-import statistics
-from dataclasses import dataclass
-
-import psutil
+from typing import Callable
 
 from collectors import pyspy
 from gpuwatch.config import Config
-from gpuwatch.runs_watch import process_alive
+from gpuwatch.stalled_runs import Stalled, find_stalled, stepping_pid  # noqa: F401 (stepping_pid: ingest's)
 from gpuwatch.store import Writer, now_ms
 
 log = logging.getLogger(__name__)
-
-MEDIAN_OF_STEPS = 101
-
-
-@dataclass(frozen=True)
-class Stalled:
-    run_id: str
-    pid: int
-    last_step_ms: int
-    silent_s: float
-    threshold_s: float
-
-
-def stepping_pid(conn: sqlite3.Connection, run_id: str) -> int | None:
-    """The process that calls step(): the newest attached child under `gpuwatch run` if it is
-    alive, else the process that started the run."""
-    row = conn.execute("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached' "
-                       "ORDER BY seq DESC LIMIT 1", (run_id,)).fetchone()
-    if row and row[0]:
-        pid = json.loads(row[0]).get("pid")
-        if isinstance(pid, int) and psutil.pid_exists(pid):
-            return pid
-    row = conn.execute("SELECT pid FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    return row[0] if row else None
-
-
-def stall_threshold_s(step_times_ms: list[float], cfg: Config) -> float:
-    median_s = statistics.median(step_times_ms) / 1000.0 if step_times_ms else 0.0
-    return max(cfg.stall_factor * median_s, cfg.stall_floor)
-
-
-def find_stalled(conn: sqlite3.Connection, cfg: Config, host: str, now: int) -> list[Stalled]:
-    """Running runs of this host silent for longer than their threshold, process alive."""
-    found = []
-    rows = conn.execute(
-        "SELECT run_id, pid, started_ms, last_step_ms FROM runs WHERE status = 'running' "
-        "AND host = ? AND last_step_ms IS NOT NULL AND last_step_ms < ?",
-        (host, now - int(cfg.stall_floor * 1000))).fetchall()
-    for run_id, pid, started_ms, last_step_ms in rows:
-        times = [t for (t,) in conn.execute(
-            "SELECT step_time_ms FROM steps WHERE run_id = ? AND step_time_ms IS NOT NULL "
-            "ORDER BY step DESC LIMIT ?", (run_id, MEDIAN_OF_STEPS))]
-        threshold = stall_threshold_s(times, cfg)
-        silent = (now - last_step_ms) / 1000.0
-        if silent <= threshold or pid is None or not process_alive(pid, started_ms):
-            continue
-        target = stepping_pid(conn, run_id)
-        if target is not None:
-            found.append(Stalled(run_id, target, last_step_ms, silent, threshold))
-    return found
 
 
 def dump_row(run_id: str | None, pid: int, reason: str) -> dict:
@@ -87,8 +33,12 @@ def dump_row(run_id: str | None, pid: int, reason: str) -> dict:
 class StallWatch:
     """Checks every `interval` seconds on the running asyncio loop; dumps in worker threads."""
 
-    def __init__(self, writer: Writer, cfg: Config, interval: float | None = None, host: str | None = None):
+    def __init__(self, writer: Writer, cfg: Config, interval: float | None = None, host: str | None = None,
+                 on_stall: Callable[[Stalled, dict], object] | None = None):
+        """`on_stall(stalled, stack_dumps row)`: called once per episode, after its dump (the
+        alert rules raise run.stalled with its frames)."""
         self.writer = writer
+        self.on_stall = on_stall
         self.cfg = cfg
         self.interval = interval if interval is not None else min(max(cfg.stall_floor / 4, 0.2), 10.0)
         self.host = host or socket.gethostname()
@@ -137,5 +87,7 @@ class StallWatch:
             row = await asyncio.to_thread(dump_row, s.run_id, s.pid, "stall")
             if not self.writer.insert("stack_dumps", [row], block=False):
                 log.warning("stall watch: write queue full; stacks of run %s not stored", s.run_id)
+            if self.on_stall is not None:
+                self.on_stall(s, row)
             dumped.append(s.run_id)
         return dumped

@@ -14,14 +14,12 @@ it measured.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 from gpuwatch import config as config_mod
+from gpuwatch.client import helpers
 from gpuwatch.client.transport import daemon_answers
 from gpuwatch.integrations import autohook
 
@@ -29,15 +27,19 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0
 
 _lock = threading.Lock()
 _watch: "_IdleWatch | None" = None
-_helpers: list = []
+_mirrors: list = []  # the TensorBoard mirror of this process's runs, once asked for
 
 
-def autolog(name: str | None = None, idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S) -> None:
+def autolog(name: str | None = None, idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
+            tensorboard: str | None = None) -> None:
     """Record this interpreter's training as gpuwatch runs, with no other change to the code.
 
     name: the runs' name (default: the notebook's file name under Jupyter, else "notebook" in a
     kernel, else the script's).
     idle_timeout: seconds without a training step after which the run ends (None: never).
+    tensorboard: a log directory: this process's runs are mirrored live into TensorBoard files
+    under DIR/gpuwatch/ by a process beside this one; "auto": beside the TensorBoard logs the
+    program writes itself.
     Imports torch if the program has not yet.
     """
     global _watch
@@ -45,11 +47,21 @@ def autolog(name: str | None = None, idle_timeout: float | None = DEFAULT_IDLE_T
 
     with _lock:
         _end_current()
-        if not _helpers and not daemon_answers(config_mod.load()):
-            # The config's socket key: this process's runs (and any gpuwatch client it starts) use it.
-            os.environ["GPUWATCH_SOCKET"] = str(_serve_in_helper())
+        cfg = config_mod.load()
+        if not daemon_answers(cfg):
+            # The recorder helper (writer and sampler, beside this process) starts now, while
+            # the user waits for this call, rather than at the first training step.
+            try:
+                helpers.recorder_socket(cfg)
+            except (OSError, helpers.RecorderFailed):
+                pass  # the first run says so, and records from inside this process
         hooks = autohook.install(torch)
         hooks.name = name or _default_name()
+        if tensorboard and not _mirrors:
+            from gpuwatch.client.tensorboard import start_mirror
+
+            _mirrors.append(start_mirror(tensorboard, since_ms=time.time_ns() // 1_000_000,
+                                         watch_pid=os.getpid(), pid=os.getpid()))
         if idle_timeout is not None:
             _watch = _IdleWatch(float(idle_timeout), hooks.name)
 
@@ -68,24 +80,6 @@ def _end_current() -> None:
     hooks = autohook.uninstall()
     if hooks is not None and hooks.run is not None:
         hooks.run.finish()
-
-
-def _serve_in_helper() -> Path:
-    """With no daemon: start a helper process that holds the database writer and the sampler
-    (gpuwatch.cli.private_ingest) and return the socket it serves. The training process then
-    only sends, as under `gpuwatch run`: no sampler thread competes with it for the GIL."""
-    path = Path(tempfile.mkdtemp(prefix="gpuwatch-autolog-")) / "sock"
-    # Its own session: a Ctrl-C meant for the training process must not stop it first.
-    helper = subprocess.Popen([sys.executable, "-m", "gpuwatch.cli.private_ingest", str(path)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
-                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
-    if helper.stdout.readline().strip() != b"ready":
-        helper.wait()
-        raise RuntimeError(f"gpuwatch: the helper that records this process's runs did not start "
-                           f"(exit status {helper.returncode})")
-    helper.stdout.close()
-    _helpers.append(helper)  # its stdin stays open, and closes when this process exits
-    return path
 
 
 def _default_name() -> str | None:

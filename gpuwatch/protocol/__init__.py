@@ -474,6 +474,11 @@ def _check_fields(frame: dict[str, Any], specs: dict[str, Spec]) -> None:
             raise ProtocolError(f"{frame['type']}.{name}: expected {spec.expected}, got {_show(value)}")
 
 
+WISH_FIELDS: dict[str, Spec] = {"gpus": integer(1, required=True, maximum=4096),
+                                "min_free_bytes": integer(0, required=True),
+                                "max_util_pct": percent(required=True), "window_min": number(required=True)}
+
+
 def validate(frame: dict[str, Any]) -> Message:
     """Validate a decoded client frame; raise ProtocolError with one exact line otherwise."""
     check_version(frame)
@@ -496,6 +501,11 @@ def validate(frame: dict[str, Any]) -> Message:
                                 f"got {_show(action)}")
         _check_fields(frame, {"run_id": ident(), **CONTROL_ACTIONS[action]})
         return Message("control_request", frame)
+    if kind == "wish":  # `gpuwatch notify when-free`: alert me once when GPUs are free
+        _check_fields(frame, WISH_FIELDS)
+        if not 0.1 <= frame["window_min"] <= 1440:  # also refuses NaN
+            raise ProtocolError(f"wish.window_min: expected minutes from 0.1 to 1440, got {_show(frame['window_min'])}")
+        return Message("wish", frame)
     raise ProtocolError(f"type: unknown frame type {_show(kind)}")
 
 

@@ -459,6 +459,28 @@ ALTER TABLE host_samples ADD COLUMN swap_out_bytes INTEGER;
 ALTER TABLE host_samples ADD COLUMN page_cache_bytes INTEGER;
 """
 
+# Alert rules' state (gpuwatch/alerts): a condition that must hold for a while (a GPU held idle,
+# throttled, a disk low) is an episode; kept here so a restart neither repeats its alert nor
+# restarts its clock. And the `gpuwatch notify when-free` wishes, until one fires (no URLs here).
+_ALERT_RULES = """
+CREATE TABLE alert_episodes (
+  key TEXT PRIMARY KEY,                  -- what holds: 'gpu.idle_held:GPU-…:pid:start_ms'
+  since_ms INTEGER NOT NULL,             -- when it began; the alert's incident is key@since_ms
+  fired INTEGER NOT NULL DEFAULT 0       -- 1 once its alert is written; the row goes on release
+) WITHOUT ROWID;
+CREATE TABLE alert_wishes (
+  id INTEGER PRIMARY KEY,
+  uid INTEGER NOT NULL,                  -- from SO_PEERCRED (or this user, embedded)
+  user TEXT,
+  host TEXT NOT NULL,
+  created_ms INTEGER NOT NULL,
+  gpus INTEGER NOT NULL,                 -- GPUs wanted on this host
+  min_free_bytes INTEGER NOT NULL,       -- free memory each must keep
+  max_util_pct REAL NOT NULL,
+  window_min REAL NOT NULL               -- minutes of samples to judge by, as `gpuwatch pick`
+);
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
 # An entry is an SQL script, or a function given the connection inside the migration's
 # transaction, for what SQL alone cannot do (sqlite-utils' FTS set-up, `table.transform()`).
@@ -466,8 +488,9 @@ ALTER TABLE host_samples ADD COLUMN page_cache_bytes INTEGER;
 # and a rebuilt table loses its triggers: transforming `runs` must run search.add_search's
 # trigger part again.
 Migration = str | Callable[[sqlite3.Connection], None]
+
 MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
                                _GENERATION_MEMORY, _ALWAYS_ON, search.add_search,
                                _PROFILE_BREAKDOWNS, _GPU_STATE_SINCE, _ALERTS,
-                               _FOLDED_STEPS, _SLOWDOWN_EVIDENCE]
+                               _FOLDED_STEPS, _SLOWDOWN_EVIDENCE, _ALERT_RULES]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -60,15 +60,22 @@ def fleet_screen() -> LiveScreen:
     return FleetScreen()
 
 
+def alerts_screen() -> LiveScreen:
+    from gpuwatch.tui.screens.alerts import AlertsScreen  # loaded by those who open it
+
+    return AlertsScreen()
+
+
 class GpuwatchApp(App):
     TITLE = "gpuwatch"
     CSS_PATH = "app.tcss"
     ENABLE_COMMAND_PALETTE = False
-    MODES = {"overview": OverviewScreen, "runs": RunsScreen, "fleet": fleet_screen}
+    MODES = {"overview": OverviewScreen, "runs": RunsScreen, "fleet": fleet_screen, "alerts": alerts_screen}
     DEFAULT_MODE = "overview"
     BINDINGS = [
         Binding("o", "switch_mode('overview')", "Overview"),
         Binding("r", "switch_mode('runs')", "Runs"),
+        Binding("a", "switch_mode('alerts')", "Alerts", show=False),  # the top line says (a)
         Binding("F", "switch_mode('fleet')", "Fleet", show=False),
         Binding("C", "capacity", "Capacity", show=False),
         Binding("question_mark", "help", "Help"),

@@ -160,6 +160,8 @@ def status_line(snap: Snapshot) -> tuple[Text, Text | None]:
     if trouble:
         return Text(f"⚠ {trouble}", style="bold yellow"), None
     clock = Text(fmt.local_time(snap.data_ms, with_date=False), style="dim")
+    if snap.alert_line:  # the clock first: the alert's title is cut at the screen's edge
+        return Text("updated ", style="dim"), clock + Text(f" · ⚠ {snap.alert_line}", style="bold red")
     if snap.notice:
         return Text(f"{snap.notice} ", style="yellow"), clock  # at 80 columns: no room for "updated"
     return Text("live · updated ", style="dim"), clock

@@ -16,27 +16,10 @@ if TYPE_CHECKING:  # the fleet's model loads only with the Fleet screen
     from gpuwatch.fleet.model import Fleet
 
 
-# NVML clock-event ("throttle") reason bits worth telling a user about; idle and
-# application-clock settings are normal operation, not throttling.
-THROTTLE_REASONS = (
-    (0x4, "power cap"),
-    (0x8, "HW slowdown"),
-    (0x10, "sync boost"),
-    (0x20, "SW thermal"),
-    (0x40, "HW thermal"),
-    (0x80, "power brake"),
-)
-
-
-def throttle_words(mask: int | None) -> list[str]:
-    """Decode an NVML clock-event reason bitmask into words: 0x44 -> ["power cap", "HW thermal"]."""
-    return [word for bit, word in THROTTLE_REASONS if mask and mask & bit]
-
-
 @dataclass(frozen=True)
 class View:
     """Which screen wants data: "overview", "runs", "run" (with run_id and a range in seconds;
-    range_s None = the whole run), "oom" or "profile" (with run_id), "capacity", or "fleet" / "fleet_jobs" (the Fleet screen's GPUs or jobs)."""
+    range_s None = the whole run), "oom" or "profile" (with run_id), "capacity", "alerts", or "fleet" / "fleet_jobs" (the Fleet screen's GPUs or jobs)."""
 
     kind: str
     run_id: str | None = None
@@ -85,7 +68,7 @@ class GpuRow:
             return ["LOST"]
         if self.state == "hung":
             return [fmt.gpu_state(self.state, self.state_since_ms).upper().replace("SINCE", "since")]
-        words = throttle_words(self.throttle_reasons)
+        words = fmt.throttle_words(self.throttle_reasons)
         if self.ecc_uncorrected:
             words.append(f"ECC errors: {self.ecc_uncorrected}")
         return words
@@ -149,6 +132,31 @@ class Series:
 class Chart:
     title: str
     series: tuple[Series, ...]
+    shaded: tuple[tuple[int, int], ...] = ()  # (start_ms, end_ms) spans drawn on a dark background
+
+
+@dataclass(frozen=True)
+class SlowRow:
+    """One slow phase of a run (gpuwatch why) and its ranked causes, as lines to show."""
+    start_ms: int
+    end_ms: int
+    first_step: int
+    last_step: int
+    slower_pct: float
+    unit: str                              # token | step
+    causes: tuple[str, ...]                # "62 % gpu_cotenant: pid 8812 (bob, ...) on GPU 0 ..."
+
+
+@dataclass(frozen=True)
+class AlertRow:
+    """One alert (gpuwatch/store/alerts.py): what happened, to whom, and the command for more."""
+    id: int
+    ts_ms: int
+    kind: str                              # run.failed, gpu.idle_held, ...
+    title: str
+    body: str
+    run_id: str | None = None
+    gpu_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +217,7 @@ class RunDetail:
     energy_j: float | None = None          # its share of its GPUs' energy (store/energy.py)
     energy_complete: bool = True           # False: older raw samples had expired ("≥")
     joules_per_token: float | None = None
+    slowdowns: tuple[SlowRow, ...] = ()    # slow phases with their causes (gpuwatch why)
 
 
 @dataclass(frozen=True)
@@ -254,6 +263,8 @@ class Snapshot:
     profile: ProfileRow | None = None      # view "profile": the run's newest profile
     capacity: CapacityRow | None = None    # view "capacity": the newest capacity study
     fleet: Fleet | None = None             # view "fleet": every host's GPUs and jobs, from Prometheus
+    alerts: tuple[AlertRow, ...] = ()      # view "alerts": the newest alerts, newest first
+    alert_line: str | None = None          # every view: the alerts of the last hour, for the top line
     problem: str | None = None             # the store could not be read: why
     notice: str | None = None              # a line shown while the data is live (e.g. no daemon)
     spooled: str | None = None             # events waiting in a spool for the daemon: how many, where

@@ -13,20 +13,25 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
-from gpuwatch import spool
+from gpuwatch import fmt, spool
 from gpuwatch.store import StoreError, health, now_ms, open_ro, postmortems, profiles, queries
 from gpuwatch.store.energy import EnergyLedger, RunEnergy
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
-from gpuwatch.tui.snapshot import (CapacityRow, Chart, GpuRow, HostRow, MigRow, OomRow, ProcessRow,
-                                   ProfileRow, RunDetail, RunRow, Series, Snapshot, StacksRow, View)
+from gpuwatch.tui.snapshot import (AlertRow, CapacityRow, Chart, GpuRow, HostRow, MigRow, OomRow,
+                                   ProcessRow, ProfileRow, RunDetail, RunRow, Series, SlowRow, Snapshot,
+                                   StacksRow, View)
 from gpuwatch.tui.sparks import SPARK_SLOT_MS, SparkHistory, window_start
 
 CHART_POINTS = 240             # per series; charts are at most ~160 columns x 2 dots
 PROF_FRESH_MS = 60_000         # an older GPM sample says nothing of now: "n/a"
 MAX_STEPS = 50_000             # newest steps read for a run chart; older ones are left out
+WHY_EVERY_MS = 30_000          # a running run's slow phases are worked out again this often
 OOM_TRACEBACK_LINES = 12       # the traceback's tail on the OOM screen
 READ_CACHE_KIB = 256           # SQLite page cache of the TUI's one long-lived connection
 STACK_FRAMES = 6               # innermost frames per thread in the run view's stacks panel
+ALERTS_SHOWN = 200             # newest alerts on the Alerts screen
+ALERT_LINE_MS = 3_600_000      # the top line tells of the alerts of the last hour
+ALERT_LINE_LOOK = 50           # ... read from the newest this many (one seek on the rowid)
 
 
 def run_row(r: queries.RunSummary) -> RunRow:
@@ -80,6 +85,29 @@ def oom_rows(conn: sqlite3.Connection, run_ref: str) -> tuple[OomRow, ...]:
             traceback_tail=tuple((pm.traceback or "").rstrip().splitlines()[-OOM_TRACEBACK_LINES:]),
             snapshot_path=pm.snapshot_path))
     return tuple(rows)
+
+
+def alert_rows(conn: sqlite3.Connection, limit: int = ALERTS_SHOWN) -> tuple[AlertRow, ...]:
+    from gpuwatch.store import alerts
+
+    return tuple(AlertRow(a.id, a.ts_ms, a.kind, a.title, a.body, a.run_id, a.gpu_index)
+                 for a in alerts.recent(conn, limit))
+
+
+def alert_line(conn: sqlite3.Connection, now: int) -> str | None:
+    """'2 alerts in the last hour · newest 21:40 run.failed: …', or None when there were none."""
+    try:
+        newest = conn.execute("SELECT ts_ms, kind, title FROM alerts ORDER BY id DESC LIMIT ?",
+                              (ALERT_LINE_LOOK,)).fetchall()
+    except sqlite3.OperationalError:  # a database from before alerts existed
+        return None
+    recent = [row for row in newest if row[0] >= now - ALERT_LINE_MS]
+    if not recent:
+        return None
+    n = f"{len(recent)}+" if len(recent) == ALERT_LINE_LOOK else str(len(recent))
+    ts, kind, title = recent[0]
+    return (f"{n} alert{'s' if len(recent) > 1 else ''} in the last hour (a) · "
+            f"{fmt.local_time(ts, with_date=False)} {kind}: {title}")
 
 
 def stacks_row(conn: sqlite3.Connection, run_id: str) -> StacksRow | None:
@@ -157,6 +185,7 @@ class StoreSource:
         self.sparks = SparkHistory()
         self.last: tuple[tuple, Snapshot] | None = None  # (what it was read for, the snapshot)
         self.energy: tuple[str, EnergyLedger] | None = None  # the Run screen's run, folded so far
+        self.why: tuple[tuple, tuple[SlowRow, ...]] | None = None  # (run, step period) -> slow phases
 
     def close(self) -> None:
         if self.conn is not None:
@@ -165,6 +194,7 @@ class StoreSource:
         self.sparks = SparkHistory()  # the file may be replaced before we reopen it
         self.last = None
         self.energy = None
+        self.why = None
 
     def fetch(self, view: View) -> Snapshot:
         snap = replace(self._fetch(view), stale_after_ms=self.stale_after_ms, notice=self.notice,
@@ -210,6 +240,8 @@ class StoreSource:
             return replace(base, profile=profile_row(conn, view.run_id))
         if view.kind == "capacity":
             return replace(base, capacity=capacity_row(conn))
+        if view.kind == "alerts":
+            return replace(base, alerts=alert_rows(conn))
         raise ValueError(f"unknown view {view.kind!r}")
 
     def _freshness(self, conn: sqlite3.Connection, now: int,
@@ -220,6 +252,7 @@ class StoreSource:
             newest.append(host.ts_ms)
         driver = conn.execute("SELECT 1 FROM gpus LIMIT 1").fetchone() is not None
         return Snapshot(now_ms=now, data_ms=max(newest) if newest else None, driver=driver,
+                        alert_line=alert_line(conn, now),
                         host=None if host is None else HostRow(
                             host.cpu_pct, host.load1, host.mem_used_bytes, host.mem_total_bytes,
                             host.shm_used_bytes, host.shm_total_bytes))
@@ -275,11 +308,13 @@ class StoreSource:
             ("peak", "mem_peak_bytes"))]
         if not any(s.points for s in memory):  # a CPU run: the process's resident memory
             memory = [series("RSS", "bytes", "rss_bytes")]
-        charts = [Chart("tokens/s", (series("tokens/s", "per_s", "tokens_per_s"),))]
+        slow = self._slowdowns(conn, run.run_id, steps[-1].ts_ms if steps else None)
+        shaded = tuple((r.start_ms, r.end_ms) for r in slow)
+        charts = [Chart("tokens/s", (series("tokens/s", "per_s", "tokens_per_s"),), shaded)]
         loss = series("loss", "loss", "loss")
         if loss.points:  # a run that records its loss (inference runs have none)
             charts.append(Chart("loss", (loss,)))
-        charts.append(Chart("step time", (series("step", "ms", "step_time_ms"),)))
+        charts.append(Chart("step time", (series("step", "ms", "step_time_ms"),), shaded))
         data_wait = series("waiting for data", "pct", "data_wait_pct")
         if data_wait.points:  # only runs whose compute start is marked (hooks, callbacks, mark_compute)
             charts.append(Chart("data wait (share of each step)", (data_wait,)))
@@ -307,7 +342,23 @@ class StoreSource:
                          profiles=len(profiles.profiles(conn, run.run_id)),
                          energy_j=energy and energy.joules,
                          energy_complete=energy is None or energy.complete,
-                         joules_per_token=energy.joules / tokens if tokens else None)
+                         joules_per_token=energy.joules / tokens if tokens else None,
+                         slowdowns=slow)
+
+    def _slowdowns(self, conn: sqlite3.Connection, run_id: str, newest_ms: int | None) -> tuple[SlowRow, ...]:
+        """The run's slow phases (gpuwatch why), worked out again only when its newest step
+        moved on by WHY_EVERY_MS: the analysis reads every step, a poll should not."""
+        if newest_ms is None:
+            return ()
+        key = (run_id, newest_ms // WHY_EVERY_MS)
+        if self.why is None or self.why[0] != key:
+            from gpuwatch.analysis.why import analyse
+
+            result = analyse(conn, run_id)
+            self.why = key, tuple(SlowRow(s.start_ms, s.end_ms, s.first_step, s.last_step, s.slower_pct, result.unit,
+                                          tuple(f"{c.share_pct:.0f} % {c.kind}: {c.detail}" for c in s.causes))
+                                  for s in result.slowdowns)
+        return self.why[1]
 
     def _energy(self, conn: sqlite3.Connection, run: queries.Run, until_ms: int) -> RunEnergy | None:
         """The run's energy so far: the first poll folds its lifetime, later ones only what is new."""

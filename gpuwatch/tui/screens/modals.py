@@ -21,6 +21,7 @@ HELP = """\
 [b]overview[/b]      s sort column · S reverse · / user filter · m only mine
               k signal the selected process · Esc clear filter
               (click a column header to sort by it)
+[b]alerts[/b]        a opens it · ↑↓ select: its full text and the command for more
 [b]runs[/b]          Enter open run · f status filter · / user filter · m only mine
 [b]run[/b]           1 last 5 min · 2 last hour · 3 last 24 h · 0 whole run
               p newest profile · P profile the next steps now · Esc back

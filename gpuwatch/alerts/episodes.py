@@ -1,0 +1,56 @@
+"""Conditions that must hold a while before they alert (a GPU held idle, throttled, a disk low):
+one alert per episode, re-armed only after the condition let go.
+
+Open episodes live in memory and in `alert_episodes`, written only on a change (a condition
+begins, fires or ends), so a daemon restart neither repeats an alert nor restarts its clock.
+Writer thread only: every method takes the writer's connection.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+
+class Episodes:
+    def __init__(self) -> None:
+        self._open: dict[str, list] | None = None  # key -> [since_ms, fired]; None until loaded
+
+    def _state(self, conn: sqlite3.Connection) -> dict[str, list]:
+        if self._open is None:
+            self._open = {key: [since, bool(fired)] for key, since, fired in
+                          conn.execute("SELECT key, since_ms, fired FROM alert_episodes")}
+        return self._open
+
+    def hold(self, conn: sqlite3.Connection, key: str, ts_ms: int, hold_ms: int) -> int | None:
+        """The condition `key` holds at ts_ms. Returns the episode's start once it has held for
+        hold_ms and not fired yet (the caller writes its alert, incident f"{key}@{since}")."""
+        state = self._state(conn)
+        episode = state.get(key)
+        if episode is None:
+            episode = state[key] = [ts_ms, False]
+            conn.execute("INSERT OR REPLACE INTO alert_episodes (key, since_ms, fired) VALUES (?, ?, 0)",
+                         (key, ts_ms))
+        since, fired = episode
+        if fired or ts_ms - since < hold_ms:
+            return None
+        episode[1] = True
+        conn.execute("UPDATE alert_episodes SET fired = 1 WHERE key = ?", (key,))
+        return since
+
+    def release_others(self, conn: sqlite3.Connection, prefix: str, holding: set[str]) -> None:
+        """Every open episode whose key starts with `prefix` and is not in `holding` ended."""
+        state = self._state(conn)
+        ended = [k for k in state if k.startswith(prefix) and k not in holding]
+        for key in ended:
+            del state[key]
+        if ended:
+            conn.executemany("DELETE FROM alert_episodes WHERE key = ?", [(k,) for k in ended])
+
+    def release(self, conn: sqlite3.Connection, key: str) -> None:
+        """The condition `key` no longer holds: its next episode may alert again."""
+        if self._state(conn).pop(key, None) is not None:
+            conn.execute("DELETE FROM alert_episodes WHERE key = ?", (key,))
+
+
+def incident(key: str, since_ms: int) -> str:
+    return f"{key}@{since_ms}"
