@@ -22,7 +22,7 @@ from gpuwatch import config as config_mod
 from gpuwatch import paths
 from gpuwatch.clock import elapsed_end_ms
 from gpuwatch.diskfull import free_bytes, show_bytes
-from gpuwatch.client import flops, metadata, oom, profiling, torch_stats
+from gpuwatch.client import flops, fold, metadata, oom, profiling, torch_stats
 from gpuwatch.store import now_ms
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,11 @@ log = logging.getLogger(__name__)
 # Set by `gpuwatch run` for its child: an instrumented child adds its steps to that run.
 ENV_RUN_ID = "GPUWATCH_RUN_ID"
 END_FLUSH_TIMEOUT_S = 10.0
-# Finished steps become events at most this often on the training thread, a burst at a time; a
-# thread of ours turns a burst left waiting (the run paused after a step) into events meanwhile.
+# finish() returns within this: the end goes ahead of queued steps; what is still queued then
+# is spooled for the daemon to replay.
+END_WITHIN_S = 1.0
+# step() only records; a thread of ours turns the recorded steps into events (folded past the
+# transport's budget, see fold.py) this often while steps come.
 DRAIN_EVERY_MS = 100
 _OOM_MESSAGES = ("CUDA out of memory", "DefaultCPUAllocator: can't allocate memory",
                  "DefaultCPUAllocator: not enough memory")
@@ -123,8 +126,8 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 class _Drainer:
-    """The thread that turns the steps step() left waiting into events within DRAIN_EVERY_MS,
-    when no later step() does (started at the first such wait)."""
+    """The thread that turns the steps step() recorded into events within DRAIN_EVERY_MS
+    (started at the first step)."""
 
     def __init__(self, run: "Run") -> None:
         self._run = run
@@ -188,9 +191,9 @@ class Run:
         self._gen = 0
         self._ended = False
         self._pending: collections.deque = collections.deque()
-        self._drained_ms = 0  # when step() last turned finished steps into events
-        self._draining = threading.RLock()  # step() and the drainer take turns (RLock: a signal
-        # handler that ends the run may interrupt step()'s own drain)
+        self._drained_ts = None  # ts_ms of the last step made an event: the next drain's window
+        self._draining = threading.RLock()  # the drainer and the run's end take turns (RLock: a
+        # signal handler that ends the run may interrupt a drain)
         self._drainer = _Drainer(self)
         self._compute_mark = None  # where this iteration's compute began (mark_compute), until step()
         self._rss = torch_stats.RssReader()
@@ -225,15 +228,16 @@ class Run:
         self._cpu_start = torch_stats.CpuClock()
 
     # ---- events -------------------------------------------------------------------------
-    def _send(self, kind: str, ts_ms: int | None = None, **fields) -> None:
+    def _send(self, kind: str, ts_ms: int | None = None, *, urgent: bool = False, **fields) -> None:
+        """Queue an event; an urgent one (the run's end) goes ahead of every event queued."""
         self._transport.send({"id": self._id_prefix + str(next(self._id_count)), "kind": kind, "run_id": self.run_id,
-                              "ts_ms": now_ms() if ts_ms is None else ts_ms, **fields})
+                              "ts_ms": now_ms() if ts_ms is None else ts_ms, **fields}, urgent=urgent)
 
-    def event(self, kind: str, payload: Mapping | None = None) -> None:
+    def event(self, kind: str, payload: Mapping | None = None, *, urgent: bool = False) -> None:
         """A free-form run event (e.g. 'checkpoint_saved'); seq is unique across processes of a run."""
         # Microseconds keep the wrapper's and an attached child's sequence numbers apart.
         self._last_seq = max(self._last_seq + 1, time.time_ns() // 1000)
-        self._send("run_event", seq=self._last_seq, event_kind=kind, payload=dict(payload or {}))
+        self._send("run_event", seq=self._last_seq, event_kind=kind, payload=dict(payload or {}), urgent=urgent)
 
     # ---- steps --------------------------------------------------------------------------
     @property
@@ -250,9 +254,11 @@ class Run:
             self._compute_mark = self._clock.compute_mark()
 
     def step(self, tokens: int | None = None, samples: int | None = None, seq_len: int | None = None,
-             loss: Any = None) -> None:
-        """Record one optimiser step. Never synchronises the GPU: timings and a tensor loss are
-        read once the GPU has passed this point, within DRAIN_EVERY_MS or at the end of the run."""
+             loss: Any = None, losses: Mapping[str, Any] | None = None) -> None:
+        """Record one optimiser step (`losses`: each optimiser's loss by name, when there are
+        several). Never synchronises the GPU: timings and a tensor loss are read by a thread of
+        ours once the GPU has passed this point, within DRAIN_EVERY_MS or at the end of the run.
+        Costs a tuple appended to a deque: the events are built (and folded) off this thread."""
         if self._clock is None:
             self._choose_clock()
         self._step += 1
@@ -263,21 +269,17 @@ class Run:
             tokens = torch_stats.capture_loss(tokens) if hasattr(tokens, "detach") else _whole(tokens)
         self._seq_len, self._batch = seq_len, samples
         captured = torch_stats.capture_loss(loss)  # queued before the event: ready with it
+        if losses is not None:
+            losses = {str(name): torch_stats.capture_loss(value) for name, value in losses.items()}
         compute, self._compute_mark = self._compute_mark, None
         mark = self._clock.mark()
         if self._torch is not None:
             alloc, reserved, peak = torch_stats.cuda_memory(self._torch)
         else:
             alloc = reserved = peak = None
-        ts = now_ms()
-        self._pending.append((self._step, ts, mark, compute, tokens, samples, seq_len, captured,
-                              alloc, reserved, peak, self._rss.read()))
-        if not 0 <= ts - self._drained_ms < DRAIN_EVERY_MS:  # a clock stepped back drains too
-            self._drained_ms = ts
-            with self._draining:
-                self._drain(wait=False)
-        else:
-            self._drainer.wake()
+        self._pending.append((self._step, now_ms(), mark, compute, tokens, samples, seq_len, captured,
+                              losses, alloc, reserved, peak, self._rss.read()))
+        self._drainer.wake()
         every = self._cfg.memory_stats_every
         if self._torch is not None and every > 0 and self._step % every == 0:
             self._send("memory_stats", step=self._step, device=self._torch.cuda.current_device(),
@@ -300,25 +302,45 @@ class Run:
         self._peak_flops = flops.peak_flops(torch.cuda.get_device_name(), self._precision)
 
     def _drain(self, wait: bool) -> None:
-        pending, clock, send = self._pending, self._clock, self._transport.send
+        """Steps the GPU has passed (all of them with wait) -> events, folded past the budget."""
+        pending, clock, resolve = self._pending, self._clock, torch_stats.resolve_loss
+        done: list[fold.Done] = []
         while pending and clock.ready(pending[0][2], wait):
-            step, ts, mark, compute, tokens, samples, seq_len, loss, alloc, reserved, peak, rss = pending.popleft()
+            step, ts, mark, compute, tokens, samples, seq_len, loss, losses, alloc, reserved, peak, rss = pending.popleft()
             step_ms = clock.elapsed_ms(mark)
             wait_pct = None if compute is None else clock.wait_pct(mark, compute, step_ms)
             if tokens is not None and type(tokens) is not int:
-                tokens = round(torch_stats.resolve_loss(tokens))
-            tps = tokens / (step_ms / 1000.0) if tokens and step_ms else None
-            fpt = self._flops_per_token
-            if callable(fpt):
-                fpt = fpt(seq_len) if seq_len else None
-            # Built in place rather than through _send(**fields): this runs every step.
-            send({"id": self._id_prefix + str(next(self._id_count)), "kind": "step",
-                  "run_id": self.run_id, "ts_ms": ts, "step": step, "tokens": tokens,
-                  "samples": samples, "seq_len": seq_len, "loss": torch_stats.resolve_loss(loss),
-                  "step_time_ms": step_ms, "data_wait_pct": wait_pct, "tokens_per_s": tps,
-                  "mfu": flops.mfu(tps, fpt, self._peak_flops),
-                  "mem_allocated_bytes": alloc, "mem_reserved_bytes": reserved,
-                  "mem_peak_bytes": peak, "rss_bytes": rss})
+                tokens = round(resolve(tokens))
+            if losses is not None:
+                losses = {name: resolve(value) for name, value in losses.items()}
+            done.append(fold.Done(step, ts, step_ms, wait_pct, tokens, samples, seq_len, resolve(loss),
+                                  losses, alloc, reserved, peak, rss))
+        if not done:
+            return
+        since = done[0].ts_ms if self._drained_ts is None else self._drained_ts
+        self._drained_ts = done[-1].ts_ms
+        size = fold.group_size(len(done), max(DRAIN_EVERY_MS, done[-1].ts_ms - since))
+        send, envelope = self._transport.send, {"kind": "step", "run_id": self.run_id}
+        if size == 1:
+            for d in done:
+                tps = d.tokens / (d.step_ms / 1000.0) if d.tokens and d.step_ms else None
+                send({"id": self._id_prefix + str(next(self._id_count)), **envelope, "ts_ms": d.ts_ms,
+                      "step": d.step, "tokens": d.tokens, "samples": d.samples, "seq_len": d.seq_len,
+                      "loss": d.loss, "losses": fold.finite_losses(d.losses), "step_time_ms": d.step_ms,
+                      "data_wait_pct": d.wait_pct, "tokens_per_s": tps, **self._mfu(tps, d.seq_len),
+                      "mem_allocated_bytes": d.alloc, "mem_reserved_bytes": d.reserved,
+                      "mem_peak_bytes": d.peak, "rss_bytes": d.rss})
+            return
+        for start in range(0, len(done), size):
+            group = done[start:start + size]
+            send({"id": self._id_prefix + str(next(self._id_count)), **envelope, "ts_ms": group[-1].ts_ms,
+                  **fold.folded(group, self._mfu)})
+
+    def _mfu(self, tps: float | None, seq_len: int | None) -> dict:
+        fpt = self._flops_per_token
+        if callable(fpt):
+            fpt = fpt(seq_len) if seq_len else None
+        return {"mfu": flops.mfu(tps, fpt, self._peak_flops)}
 
     # ---- generations --------------------------------------------------------------------
     def generation(self, prompt_tokens: int | None = None, new_tokens: int | None = None,
@@ -400,6 +422,7 @@ class Run:
         if self._ended:
             return
         self._ended = True
+        deadline = time.monotonic() + END_WITHIN_S
         self._drainer.stop()
         try:
             if drain and self._pending:
@@ -410,14 +433,14 @@ class Run:
         self._profiling.close()
         self._restore_hooks()
         if self.attached:
-            self.event("child_end", {"status": status, **fields})
+            self.event("child_end", {"status": status, **fields}, urgent=True)
             self._leave_end_state(status, fields)
         else:
             self._send("run_end", ts_ms=elapsed_end_ms(*self._started, now_ms(), time.monotonic()),
-                       status=status, **fields)
-        if not self._transport.flush(END_FLUSH_TIMEOUT_S):
-            log.warning("gpuwatch: run %s: some events were not confirmed before exit", self.run_id)
-        self._transport.close()
+                       status=status, urgent=True, **fields)
+        # The end first, then whatever steps are still queued, both within END_WITHIN_S; what
+        # the daemon has not confirmed by then is spooled (replayed by it after we exit).
+        self._transport.close(timeout=max(0.1, deadline - time.monotonic()))
         self._rss.close()
 
     def _leave_end_state(self, status: str, fields: dict) -> None:

@@ -11,19 +11,26 @@ O_NOFOLLOW and its owner uid read with fstat, then used as SO_PEERCRED's uid is 
 so the usual rule holds: a uid writes only to runs it created. A user-mode daemon takes files
 of its own uid only. A file refused (another uid's in a user spool, a link, not a regular file)
 is logged once and left where it is.
+
+A spool can hold millions of events (a long run while the daemon was down). Replaying it must
+not starve the GPU readers: it runs in a thread of its own at a lower CPU priority, reads the
+file a batch at a time (the daemon's memory stays flat), and after each batch pauses as long as
+the batch took, so the readers and the sampler's writes always find the interpreter and the
+writer free at least half the time.
 """
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 import json
 import logging
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 
-from gpuwatch import protocol, spool
+from gpuwatch import priority, protocol, spool
 from gpuwatch.config import Config
 from gpuwatch.daemon.ingest import user_name
 from gpuwatch.store import Writer
@@ -32,6 +39,7 @@ from gpuwatch.store.events import Peer, apply_events
 log = logging.getLogger(__name__)
 
 COMMIT_WAIT_S = 60.0
+REPLAY_BUSY_SHARE = 0.5  # at most this share of the time spent replaying, the rest paused
 
 
 class SpoolAdopter:
@@ -41,7 +49,8 @@ class SpoolAdopter:
         self.system = cfg.system
         self.writer = writer
         self._refused: set[tuple[int, int]] = set()  # (st_dev, st_ino) already logged
-        self._task: asyncio.Task | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def prepare(self) -> None:
         """System mode: the shared spool directory, which every user may add files to."""
@@ -55,22 +64,24 @@ class SpoolAdopter:
                         "data directory and replay them themselves", self.dir, e.strerror or e)
 
     def start(self) -> None:
-        """Adopt now, then every interval, on the running asyncio loop (the files are read in
-        a worker thread)."""
+        """Adopt now, then every interval, in a low-priority thread of its own."""
         self.prepare()
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._thread = threading.Thread(target=self._loop, name="gpuwatch-spool", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(COMMIT_WAIT_S)
 
-    async def _loop(self) -> None:
-        while True:
+    def _loop(self) -> None:
+        priority.lower_thread()
+        while not self._stop.is_set():
             try:
-                await asyncio.to_thread(self.scan)
+                self.scan()
             except Exception:  # one bad file or a full disk must not end adoption for good
                 log.exception("spool: adopting orphaned spool files failed")
-            await asyncio.sleep(self.interval)
+            self._stop.wait(self.interval)
 
     def scan(self) -> int:
         """Replay every spool file whose writer has exited; returns the events stored."""
@@ -102,8 +113,7 @@ class SpoolAdopter:
                 return 0
             if not spool.writer_gone(pid, st.st_mtime):
                 return 0  # its client is alive and replays it itself
-            data = f.read()
-        return self._replay(path, st.st_uid, pid, data)
+            return self._replay(path, st.st_uid, pid, f)
 
     def _not_acceptable(self, st: os.stat_result) -> str:
         if not stat.S_ISREG(st.st_mode):
@@ -120,23 +130,32 @@ class SpoolAdopter:
             self._refused.add(key)
             log.warning("spool file %s refused: %s", path, why)
 
-    def _replay(self, path: Path, uid: int, pid: int, data: bytes) -> int:
-        events, unreadable = [], 0
-        for line in data.split(b"\n"):
-            if not line.strip():
-                continue
-            try:
-                events.append(protocol.validate_event(json.loads(line))[0])
-            except (ValueError, protocol.ProtocolError):
-                unreadable += 1  # e.g. the last line of a process killed mid-write
+    def _replay(self, path: Path, uid: int, pid: int, f) -> int:
+        """Store the file's events a batch at a time (a replay is idempotent: a file kept after
+        a failure is replayed whole next time)."""
         peer = Peer(uid, user_name(uid), pid, "daemon")
-        stored, refused = 0, []
-        for start in range(0, len(events), protocol.MAX_EVENTS_PER_BATCH):
-            outcome = self._apply(events[start:start + protocol.MAX_EVENTS_PER_BATCH], peer)
+        stored, refused, unreadable = 0, [], 0
+        while not self._stop.is_set():
+            started = time.monotonic()
+            events = []
+            for line in itertools.islice(f, protocol.MAX_EVENTS_PER_BATCH):
+                if not line.strip():
+                    continue
+                try:
+                    events.append(protocol.validate_event(json.loads(line))[0])
+                except (ValueError, protocol.ProtocolError):
+                    unreadable += 1  # e.g. the last line of a process killed mid-write
+            if not events:
+                break
+            outcome = self._apply(events, peer)
             if outcome is None:
                 return stored  # the database cannot take them now: the file stays for the next scan
             stored += len(outcome.applied)
             refused += outcome.rejected
+            busy = time.monotonic() - started
+            self._stop.wait(busy * (1 - REPLAY_BUSY_SHARE) / REPLAY_BUSY_SHARE)
+        else:
+            return stored  # stopping: the rest stays for the next start
         try:
             path.unlink()
         except OSError as e:
