@@ -13,33 +13,31 @@ of its own uid only. A file refused (another uid's in a user spool, a link, not 
 is logged once and left where it is.
 
 A spool can hold millions of events (a long run while the daemon was down). Replaying it must
-not starve the GPU readers: it runs in a thread of its own at a lower CPU priority, reads the
-file a batch at a time (the daemon's memory stays flat), and after each batch pauses as long as
-the batch took, so the readers and the sampler's writes always find the interpreter and the
-writer free at least half the time.
+not starve the GPU readers, which are Python threads of this process: the events are decoded,
+validated and written by a process of its own at a lower CPU priority (daemon/replay.py), a
+batch per short transaction; this process only checks the file and waits. The scans run in a
+low-priority thread of their own.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
 import stat
+import subprocess
+import sys
 import threading
-import time
 from pathlib import Path
 
-from gpuwatch import priority, protocol, spool
+from gpuwatch import priority, spool
 from gpuwatch.config import Config
 from gpuwatch.daemon.ingest import user_name
 from gpuwatch.store import Writer
-from gpuwatch.store.events import Peer, apply_events
 
 log = logging.getLogger(__name__)
 
-COMMIT_WAIT_S = 60.0
-REPLAY_BUSY_SHARE = 0.5  # at most this share of the time spent replaying, the rest paused
+STOP_WAIT_S = 60.0  # a replay under way is told to stop; its scan thread ends within this
 
 
 class SpoolAdopter:
@@ -51,6 +49,7 @@ class SpoolAdopter:
         self._refused: set[tuple[int, int]] = set()  # (st_dev, st_ino) already logged
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._proc: subprocess.Popen | None = None  # a replay under way
 
     def prepare(self) -> None:
         """System mode: the shared spool directory, which every user may add files to."""
@@ -71,8 +70,11 @@ class SpoolAdopter:
 
     def stop(self) -> None:
         self._stop.set()
+        proc = self._proc
+        if proc is not None:  # what it stored is committed; the file stays for the next start
+            proc.terminate()
         if self._thread is not None:
-            self._thread.join(COMMIT_WAIT_S)
+            self._thread.join(STOP_WAIT_S)
 
     def _loop(self) -> None:
         priority.lower_thread()
@@ -131,55 +133,37 @@ class SpoolAdopter:
             log.warning("spool file %s refused: %s", path, why)
 
     def _replay(self, path: Path, uid: int, pid: int, f) -> int:
-        """Store the file's events a batch at a time (a replay is idempotent: a file kept after
-        a failure is replayed whole next time)."""
-        peer = Peer(uid, user_name(uid), pid, "daemon")
-        stored, refused, unreadable = 0, [], 0
-        while not self._stop.is_set():
-            started = time.monotonic()
-            events = []
-            for line in itertools.islice(f, protocol.MAX_EVENTS_PER_BATCH):
-                if not line.strip():
-                    continue
-                try:
-                    events.append(protocol.validate_event(json.loads(line))[0])
-                except (ValueError, protocol.ProtocolError):
-                    unreadable += 1  # e.g. the last line of a process killed mid-write
-            if not events:
-                break
-            outcome = self._apply(events, peer)
-            if outcome is None:
-                return stored  # the database cannot take them now: the file stays for the next scan
-            stored += len(outcome.applied)
-            refused += outcome.rejected
-            busy = time.monotonic() - started
-            self._stop.wait(busy * (1 - REPLAY_BUSY_SHARE) / REPLAY_BUSY_SHARE)
-        else:
-            return stored  # stopping: the rest stays for the next start
+        """Store the file's events through a process of its own (daemon/replay.py), handing it
+        the file already opened and checked here; delete the file once all are stored."""
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpuwatch.daemon.replay", str(f.fileno()), str(self.writer.path),
+                 str(uid), user_name(uid), str(pid)],
+                pass_fds=(f.fileno(),), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        except OSError as e:
+            log.warning("spool file %s: cannot start its replay (%s); tried again later", path, e.strerror or e)
+            return 0
+        self._proc = proc
+        out, _ = proc.communicate()
+        self._proc = None
+        try:
+            result = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            log.warning("spool file %s: its replay ended with status %s; tried again later", path, proc.returncode)
+            return 0
+        stored = result.get("stored", 0)
+        if not result.get("complete"):
+            log.warning("spool file %s: stored %d events, then %s; the rest is tried again later", path, stored,
+                        result.get("error", "stopped"))
+            return stored  # the database cannot take them now: the file stays for the next scan
         try:
             path.unlink()
         except OSError as e:
             log.warning("spool file %s replayed but not removed (%s)", path, e.strerror or e)
+        unreadable = result.get("unreadable", 0)
         log.info("spool file %s of uid %d (pid %d, exited): %d events stored%s", path, uid, pid, stored,
                  f", {unreadable} unreadable lines skipped" if unreadable else "")
-        if refused:
+        if result.get("refused"):
             log.warning("spool file %s of uid %d: %d events refused, first: %s", path, uid,
-                        len(refused), refused[0][2])
+                        result["refused"], result.get("first_refused"))
         return stored
-
-    def _apply(self, events: list[dict], peer: Peer):
-        """apply_events in the writer thread; its Outcome once committed, None if not stored."""
-        done = threading.Event()
-        result: list = []
-        committed: list[bool] = []
-
-        def job(conn) -> None:
-            result.append(apply_events(conn, events, peer))
-
-        def on_commit(ok: bool) -> None:
-            committed.append(ok)
-            done.set()
-
-        if not self.writer.submit(job, on_commit, timeout=COMMIT_WAIT_S) or not done.wait(COMMIT_WAIT_S):
-            return None
-        return result[0] if committed[0] and result else None
