@@ -305,27 +305,28 @@ class DaemonTransport(Transport):
             self._link.close()
 
     def _collect(self) -> list[dict]:
-        urgent = self._take_urgent()
-        if not urgent:
+        queued = []
+        if not self._urgent:
             try:
-                first = self._queue.get(timeout=0.2)
+                queued.append(self._queue.get(timeout=0.2))
             except queue.Empty:
                 return []
             # Let a burst gather before encoding it: one wake-up (and one GIL grab in the
             # training process) per burst rather than per step.
             time.sleep(SEND_LINGER_S)
-            urgent = self._take_urgent()
-            if first is not _WAKE:
-                urgent.append(first)
-        batch = urgent
-        while len(batch) < protocol.MAX_EVENTS_PER_BATCH:
+        while len(queued) < protocol.MAX_EVENTS_PER_BATCH:
             try:
-                event = self._queue.get_nowait()
+                queued.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-            if event is not _WAKE:
-                batch.append(event)
-        return batch
+        queued = [event for event in queued if event is not _WAKE]
+        urgent = self._take_urgent()
+        if not urgent:
+            return queued
+        # The end goes ahead of the queued steps, never ahead of its run's start (or another
+        # event queued before it): the daemon refuses an end for a run it does not know yet.
+        steps = [event for event in queued if event.get("kind") == "step"]
+        return [event for event in queued if event.get("kind") != "step"] + urgent + steps
 
     def _take_urgent(self) -> list[dict]:
         taken = []

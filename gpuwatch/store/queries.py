@@ -213,6 +213,8 @@ class StepRow:
     data_wait_pct: float | None  # share of the step before its compute began (data loading)
     n_steps: int  # steps this row stands for (folded rows: more than one)
     losses_json: str | None  # per-optimiser losses, a JSON object
+    step_time_min_ms: float | None  # a folded row's fastest and slowest step
+    step_time_max_ms: float | None
 
 
 @dataclass(frozen=True)
