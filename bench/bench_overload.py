@@ -6,7 +6,10 @@
    imported and a tensor loss), and finish()'s time.
    Then: steps/s offered vs stored (sum(n_steps)), tokens exact, rows written, the run's status,
    whether the end was stored by the time finish() returned.
-2. Replay: a spool of --replay-events events left by a dead process, adopted by a fresh daemon
+2. Own spool: a client whose daemon went away spools --spool-events events, then replays them
+   itself when the daemon is back: its peak RSS before and after (the peak that grew without
+   bound came from replaying a spool whole).
+3. Replay: a spool of --replay-events events left by a dead process, adopted by a fresh daemon
    sampling 8 fake GPUs at 10 Hz: how long it took, the daemon's sampling lateness meanwhile
    (gaps between GPU 0's samples beyond the 100 ms interval: p50/p99/max) and the "not
    responding" lines it logged.
@@ -14,7 +17,8 @@
 Goals (issue 29): 0 steps uncounted, tokens exact, client peak RSS <= 150 MB (and a flat line
 over time), end stored <= 1 s after finish(), 0 false "not responding" lines.
 
-    .venv/bin/python bench/bench_overload.py [--seconds 600] [--every 30] [--replay-events 1000000]
+    .venv/bin/python bench/bench_overload.py [--seconds 600] [--every 30] [--torch]
+        [--spool-events 300000] [--replay-events 1000000] [--skip-flood] [--skip-replay]
 """
 
 from __future__ import annotations
@@ -145,6 +149,49 @@ def print_progress(line: dict) -> None:
               f"{line['peak_mb']:>13.0f} MB", flush=True)
 
 
+OWN_SPOOL = """
+import json, resource, signal, sys, tempfile, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import test_transport as tt
+from gpuwatch.client.transport import DaemonTransport
+from gpuwatch.config import Config
+n, place = int(sys.argv[1]), Path(sys.argv[3])
+cfg = Config(db=str(place / "gw.db"), socket=str(place / "gw.sock"), spool_dir=str(place / "spool"))
+daemon = tt.start_daemon(cfg)
+t = DaemonTransport(cfg, cfg.socket_path, max_backoff=0.3)
+t.send(tt.run_start())
+assert t.flush()
+daemon.kill()
+daemon.wait()
+for i in range(n):
+    t.send(tt.step(i))
+    if i % 5000 == 4999:
+        t.flush()
+t.flush()
+spooled_mb = t.spool_path.stat().st_size / 2**20
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+daemon = tt.start_daemon(cfg)
+while t.spool_path.exists():
+    time.sleep(0.2)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+t.close()
+daemon.send_signal(signal.SIGTERM)
+daemon.wait()
+print(json.dumps({"spooled_mb": spooled_mb, "before": before, "after": after}))
+"""
+
+
+def own_spool(events: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="gw-", dir="/tmp") as tmp:
+        out = subprocess.run([sys.executable, "-c", OWN_SPOOL, str(events), str(TESTS), tmp], capture_output=True,
+                             text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    print(f"2. own spool: {events:,} events spooled while the daemon was away ({r['spooled_mb']:.0f} MB), replayed "
+          f"by the client: peak RSS {r['before']:.0f} MB before the replay, {r['after']:.0f} MB after "
+          f"(+{r['after'] - r['before']:.0f} MB; load {os.getloadavg()[0]:.1f})")
+
+
 def sampling(place: Path, spool: Path | None, seconds: float | None) -> tuple[float, int, list[int], list[str]]:
     """Run a daemon until the spool is gone (or for `seconds`): (seconds, steps stored, GPU 0's
     sampling lateness in ms per tick, its "not responding" lines)."""
@@ -184,7 +231,7 @@ def replay(events: int) -> None:
             for i in range(1, events):
                 f.write(json.dumps({"id": f"e{i}", "kind": "step", "run_id": "old", "ts_ms": now - events + i,
                                     "step": i, "tokens": 256, "loss": 1.0, "step_time_ms": 2.0}) + "\n")
-        print(f"2. replay: a spool of {events:,} events adopted by a daemon sampling 8 fake GPUs at 10 Hz "
+        print(f"3. replay: a spool of {events:,} events adopted by a daemon sampling 8 fake GPUs at 10 Hz "
               f"(load {os.getloadavg()[0]:.1f}), then the same daemon idle as long (the control)")
         took, stored, late, not_responding = sampling(place, spool, None)
         print(f"   {stored:,} of {events - 1:,} steps stored in {took:.0f} s ({stored / took:,.0f} events/s)")
@@ -200,6 +247,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--every", type=float, default=10.0)
+    parser.add_argument("--spool-events", type=int, default=300_000)
     parser.add_argument("--replay-events", type=int, default=1_000_000)
     parser.add_argument("--torch", action="store_true", help="import torch first and pass a tensor loss")
     parser.add_argument("--skip-flood", action="store_true")
@@ -208,6 +256,7 @@ def main() -> None:
     if not args.skip_flood:
         flood(args.seconds, args.every, args.torch)
     if not args.skip_replay:
+        own_spool(args.spool_events)
         replay(args.replay_events)
 
 
