@@ -219,3 +219,30 @@ def test_fold_groups_only_past_the_budget():
     assert fold.group_size(101, 100) > 1
     assert fold.group_size(20_000, 100) == 2_000  # 200,000 a second: ten events per 100 ms
     assert fold.group_size(5_000, 5_000) == 1  # a slow drain of a slow run: still one each
+
+
+def test_a_folded_event_sums_counts_and_averages_what_is_averaged():
+    def done(step, ms, tokens, loss, wait_pct, losses):
+        return fold.Done(step, 1000 + step, ms, wait_pct, tokens, 2, 128, loss, losses, 10 * step, 20, 5 * step, 7)
+    group = [done(1, 10.0, 100, 1.0, 50.0, {"d": 1.0, "g": float("nan")}),
+             done(2, 30.0, 300, 3.0, None, {"d": 3.0}), done(3, 20.0, None, None, 0.0, None)]
+    event = fold.folded(group, lambda tps, seq_len: {"mfu": None})
+    assert (event["step"], event["n_steps"], event["tokens"], event["samples"]) == (3, 3, 400, 6)
+    assert event["loss"] == 2.0 and event["losses"] == {"d": 2.0}  # NaN kept out of the wire's object
+    assert (event["step_time_min_ms"], event["step_time_ms"], event["step_time_max_ms"]) == (10.0, 20.0, 30.0)
+    assert event["tokens_per_s"] == 400 / 0.040  # the steps with tokens: 400 tokens in 40 ms
+    assert event["data_wait_pct"] == 100 * (5.0 + 0.0) / 30.0  # 5 ms of the 30 ms whose wait is known
+    assert (event["mem_allocated_bytes"], event["mem_peak_bytes"]) == (30, 15)
+
+
+def test_the_wire_takes_folded_steps_and_refuses_bad_losses_in_one_line():
+    from gpuwatch import protocol
+
+    base = {"id": "a", "kind": "step", "run_id": "r", "ts_ms": 1, "step": 9, "n_steps": 9,
+            "step_time_min_ms": 1.0, "step_time_max_ms": 3.0, "losses": {"netD": 1.5, "netG": 2}}
+    assert protocol.validate_event(base) == (base, [])
+    for bad in ({"x": float("nan")}, {"x": "1"}, {f"k{i}": 1.0 for i in range(17)}, {"": 1.0}, [1.0]):
+        with pytest.raises(protocol.ProtocolError, match=r"^event\.losses: expected object of at most 16"):
+            protocol.validate_event(dict(base, losses=bad))
+    with pytest.raises(protocol.ProtocolError, match=r"^event\.n_steps: expected integer >= 1"):
+        protocol.validate_event(dict(base, n_steps=0))
