@@ -222,10 +222,10 @@ def test_fold_groups_only_past_the_budget():
 
 
 def test_a_folded_event_sums_counts_and_averages_what_is_averaged():
-    def done(step, ms, tokens, loss, wait_pct, losses):
-        return fold.Done(step, 1000 + step, ms, wait_pct, tokens, 2, 128, loss, losses, 10 * step, 20, 5 * step, 7)
-    group = [done(1, 10.0, 100, 1.0, 50.0, {"d": 1.0, "g": float("nan")}),
-             done(2, 30.0, 300, 3.0, None, {"d": 3.0}), done(3, 20.0, None, None, 0.0, None)]
+    group = fold.Steps(step=(1, 2, 3), ts_ms=(1001, 1002, 1003), step_ms=(10.0, 30.0, 20.0),
+                       wait_pct=(50.0, None, 0.0), tokens=(100, 300, None), samples=(2, 2, 2), seq_len=(128,) * 3,
+                       loss=(1.0, 3.0, None), losses=({"d": 1.0, "g": float("nan")}, {"d": 3.0}, None),
+                       alloc=(10, 20, 30), reserved=(20,) * 3, peak=(5, 10, 15), rss=(7,) * 3)
     event = fold.folded(group, lambda tps, seq_len: {"mfu": None})
     assert (event["step"], event["n_steps"], event["tokens"], event["samples"]) == (3, 3, 400, 6)
     assert event["loss"] == 2.0 and event["losses"] == {"d": 2.0}  # NaN kept out of the wire's object

@@ -13,28 +13,28 @@ bounded, so the transport's queue, the daemon's rate limit and the database neve
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 STEP_EVENTS_PER_S = 1000  # a run below this rate gets one event (row) per step
 FOLDED_EVENTS_PER_S = 100  # past it, about this many folded events a second
 
 
-class Done(NamedTuple):
-    """One step whose timings and loss have been read (off the training thread)."""
+class Steps(NamedTuple):
+    """Consecutive steps a column at a time (read off the training thread): what a fold sums."""
 
-    step: int
-    ts_ms: int
-    step_ms: float | None
-    wait_pct: float | None
-    tokens: int | None
-    samples: int | None
-    seq_len: int | None
-    loss: float | None
-    losses: dict | None
-    alloc: int | None
-    reserved: int | None
-    peak: int | None
-    rss: int | None
+    step: Sequence[int]
+    ts_ms: Sequence[int]
+    step_ms: Sequence[float | None]
+    wait_pct: Sequence[float | None]
+    tokens: Sequence[int | None]
+    samples: Sequence[int | None]
+    seq_len: Sequence[int | None]
+    loss: Sequence[float | None]
+    losses: Sequence[dict | None]
+    alloc: Sequence[int | None]
+    reserved: Sequence[int | None]
+    peak: Sequence[int | None]
+    rss: Sequence[int | None]
 
 
 def group_size(n: int, span_ms: float) -> int:
@@ -53,47 +53,57 @@ def finite_losses(losses: dict | None) -> dict | None:
     return kept or None
 
 
-def _sum(values) -> int | None:
-    present = [v for v in values if v is not None]
+def _present(values: Sequence) -> Sequence:
+    return values if None not in values else [v for v in values if v is not None]
+
+
+def _sum(values: Sequence) -> int | None:
+    present = _present(values)
     return sum(present) if present else None
 
 
-def _mean(values) -> float | None:
-    present = [v for v in values if v is not None]
+def _mean(values: Sequence) -> float | None:
+    present = _present(values)
     return math.fsum(present) / len(present) if present else None
 
 
-def _max(values):
-    present = [v for v in values if v is not None]
+def _max(values: Sequence):
+    present = _present(values)
     return max(present) if present else None
 
 
-def _losses_mean(group: list[Done]) -> dict | None:
+def _losses_mean(losses: Sequence[dict | None]) -> dict | None:
+    if not any(losses):
+        return None
     sums: dict[str, list[float]] = {}
-    for done in group:
-        for name, value in (done.losses or {}).items():
+    for one in losses:
+        for name, value in (one or {}).items():
             if value is not None and math.isfinite(value):
                 sums.setdefault(name, []).append(value)
     return {name: math.fsum(values) / len(values) for name, values in sums.items()} or None
 
 
-def folded(group: list[Done], fields: Callable[[float | None, int | None], dict]) -> dict:
+def folded(g: Steps, fields: Callable[[float | None, int | None], dict]) -> dict:
     """One event's fields (without the envelope) for consecutive steps; `fields(tps, seq_len)`
     adds what only the run knows (its MFU)."""
-    last = group[-1]
-    times = [d.step_ms for d in group if d.step_ms is not None]
-    total_ms = math.fsum(times)
-    tokens = _sum(d.tokens for d in group)
-    token_ms = math.fsum(d.step_ms for d in group if d.tokens is not None and d.step_ms)
+    times = _present(g.step_ms)
+    tokens = _sum(g.tokens)
+    if None in g.tokens or None in g.step_ms:  # the time of the steps that counted tokens
+        token_ms = math.fsum(ms for t, ms in zip(g.tokens, g.step_ms) if t is not None and ms)
+    else:
+        token_ms = math.fsum(times)
     tps = tokens / (token_ms / 1000.0) if tokens and token_ms else None
-    waited = [(d.wait_pct * d.step_ms, d.step_ms) for d in group if d.wait_pct is not None and d.step_ms]
-    wait_pct = min(100.0, math.fsum(w for w, _ in waited) / math.fsum(t for _, t in waited)) if waited else None
-    return {"step": last.step, "n_steps": len(group), "tokens": tokens,
-            "samples": _sum(d.samples for d in group), "seq_len": last.seq_len,
-            "loss": _mean(d.loss for d in group), "losses": _losses_mean(group),
-            "step_time_ms": total_ms / len(times) if times else None,
+    wait_pct = None
+    if any(w is not None for w in g.wait_pct):
+        waited = [(w * ms, ms) for w, ms in zip(g.wait_pct, g.step_ms) if w is not None and ms]
+        if waited:
+            wait_pct = min(100.0, math.fsum(w for w, _ in waited) / math.fsum(ms for _, ms in waited))
+    seq_len = g.seq_len[-1]
+    return {"step": g.step[-1], "n_steps": len(g.step), "tokens": tokens, "samples": _sum(g.samples),
+            "seq_len": seq_len, "loss": _mean(g.loss), "losses": _losses_mean(g.losses),
+            "step_time_ms": math.fsum(times) / len(times) if times else None,
             "step_time_min_ms": min(times) if times else None,
             "step_time_max_ms": max(times) if times else None,
-            "data_wait_pct": wait_pct, "tokens_per_s": tps, **fields(tps, last.seq_len),
-            "mem_allocated_bytes": last.alloc, "mem_reserved_bytes": last.reserved,
-            "mem_peak_bytes": _max(d.peak for d in group), "rss_bytes": _max(d.rss for d in group)}
+            "data_wait_pct": wait_pct, "tokens_per_s": tps, **fields(tps, seq_len),
+            "mem_allocated_bytes": g.alloc[-1], "mem_reserved_bytes": g.reserved[-1],
+            "mem_peak_bytes": _max(g.peak), "rss_bytes": _max(g.rss)}

@@ -40,6 +40,10 @@ _OOM_MESSAGES = ("CUDA out of memory", "DefaultCPUAllocator: can't allocate memo
                  "DefaultCPUAllocator: not enough memory")
 
 
+_PLAIN_COUNTS = {int, type(None)}
+_PLAIN_LOSSES = {float, int, type(None)}
+
+
 def new_run_id() -> str:
     return secrets.token_hex(6)
 
@@ -303,38 +307,52 @@ class Run:
 
     def _drain(self, wait: bool) -> None:
         """Steps the GPU has passed (all of them with wait) -> events, folded past the budget."""
-        pending, clock, resolve = self._pending, self._clock, torch_stats.resolve_loss
-        done: list[fold.Done] = []
-        while pending and clock.ready(pending[0][2], wait):
-            step, ts, mark, compute, tokens, samples, seq_len, loss, losses, alloc, reserved, peak, rss = pending.popleft()
-            step_ms = clock.elapsed_ms(mark)
-            wait_pct = None if compute is None else clock.wait_pct(mark, compute, step_ms)
-            if tokens is not None and type(tokens) is not int:
-                tokens = round(resolve(tokens))
-            if losses is not None:
-                losses = {name: resolve(value) for name, value in losses.items()}
-            done.append(fold.Done(step, ts, step_ms, wait_pct, tokens, samples, seq_len, resolve(loss),
-                                  losses, alloc, reserved, peak, rss))
-        if not done:
+        pending, clock = self._pending, self._clock
+        if type(clock) is torch_stats.CpuClock:  # every step is ready: no per-step question
+            take = pending.popleft
+            raw = [take() for _ in range(len(pending))]
+        else:
+            raw = []
+            while pending and clock.ready(pending[0][2], wait):
+                raw.append(pending.popleft())
+        if not raw:
             return
-        since = done[0].ts_ms if self._drained_ts is None else self._drained_ts
-        self._drained_ts = done[-1].ts_ms
-        size = fold.group_size(len(done), max(DRAIN_EVERY_MS, done[-1].ts_ms - since))
+        since = raw[0][1] if self._drained_ts is None else self._drained_ts
+        self._drained_ts = raw[-1][1]
+        size = fold.group_size(len(raw), max(DRAIN_EVERY_MS, raw[-1][1] - since))
         send, envelope = self._transport.send, {"kind": "step", "run_id": self.run_id}
-        if size == 1:
-            for d in done:
-                tps = d.tokens / (d.step_ms / 1000.0) if d.tokens and d.step_ms else None
-                send({"id": self._id_prefix + str(next(self._id_count)), **envelope, "ts_ms": d.ts_ms,
-                      "step": d.step, "tokens": d.tokens, "samples": d.samples, "seq_len": d.seq_len,
-                      "loss": d.loss, "losses": fold.finite_losses(d.losses), "step_time_ms": d.step_ms,
-                      "data_wait_pct": d.wait_pct, "tokens_per_s": tps, **self._mfu(tps, d.seq_len),
-                      "mem_allocated_bytes": d.alloc, "mem_reserved_bytes": d.reserved,
-                      "mem_peak_bytes": d.peak, "rss_bytes": d.rss})
-            return
-        for start in range(0, len(done), size):
-            group = done[start:start + size]
-            send({"id": self._id_prefix + str(next(self._id_count)), **envelope, "ts_ms": group[-1].ts_ms,
-                  **fold.folded(group, self._mfu)})
+        for start in range(0, len(raw), size):
+            g = self._read(raw[start:start + size])
+            if len(g.step) > 1:
+                send({"id": self._id_prefix + str(next(self._id_count)), **envelope, "ts_ms": g.ts_ms[-1],
+                      **fold.folded(g, self._mfu)})
+                continue
+            tokens, step_ms = g.tokens[0], g.step_ms[0]
+            tps = tokens / (step_ms / 1000.0) if tokens and step_ms else None
+            send({"id": self._id_prefix + str(next(self._id_count)), **envelope, "ts_ms": g.ts_ms[0],
+                  "step": g.step[0], "tokens": tokens, "samples": g.samples[0], "seq_len": g.seq_len[0],
+                  "loss": g.loss[0], "losses": fold.finite_losses(g.losses[0]), "step_time_ms": step_ms,
+                  "data_wait_pct": g.wait_pct[0], "tokens_per_s": tps, **self._mfu(tps, g.seq_len[0]),
+                  "mem_allocated_bytes": g.alloc[0], "mem_reserved_bytes": g.reserved[0],
+                  "mem_peak_bytes": g.peak[0], "rss_bytes": g.rss[0]})
+
+    def _read(self, group: list[tuple]) -> fold.Steps:
+        """Recorded steps a column at a time, their timings and tensors read (the GPU passed
+        them): a few C-level passes over a column, not work per step, when steps come fast."""
+        clock, resolve = self._clock, torch_stats.resolve_loss
+        step, ts, marks, computes, tokens, samples, seq_len, loss, losses, alloc, reserved, peak, rss = zip(*group)
+        step_ms = marks if type(clock) is torch_stats.CpuClock else [clock.elapsed_ms(m) for m in marks]
+        wait_pct = computes
+        if computes.count(None) != len(computes):
+            wait_pct = [None if c is None else clock.wait_pct(m, c, ms) for m, c, ms in zip(marks, computes, step_ms)]
+        if not set(map(type, tokens)) <= _PLAIN_COUNTS:  # tensor counts (summed on the GPU)
+            tokens = [t if t is None or type(t) is int else round(resolve(t)) for t in tokens]
+        if not set(map(type, loss)) <= _PLAIN_LOSSES:
+            loss = [resolve(v) for v in loss]
+        if any(losses):
+            losses = [None if d is None else {name: resolve(v) for name, v in d.items()} for d in losses]
+        return fold.Steps(step, ts, step_ms, wait_pct, tokens, samples, seq_len, loss, losses, alloc, reserved,
+                          peak, rss)
 
     def _mfu(self, tps: float | None, seq_len: int | None) -> dict:
         fpt = self._flops_per_token
