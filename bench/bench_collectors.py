@@ -1,4 +1,4 @@
-"""Cost of one collector tick: NVML on 8 simulated GPUs, the host, and GPU-process usage.
+"""Cost of one collector tick: NVML on 8 simulated GPUs, the host, GPU-process usage, the host walk.
 
 Usage: .venv/bin/python bench/bench_collectors.py [--ticks 500] [--procs-per-gpu 4]
 NVML runs against tests/fake_pynvml.py (simulated GPUs), so its figure is gpuwatch's own Python
@@ -46,14 +46,13 @@ def main() -> None:
     args = ap.parse_args()
 
     nvml = NvmlCollector(fake_pynvml.FakeNvml(gpus=8, procs_per_gpu=args.procs_per_gpu))
-    measure(f"NVML, 8 GPUs x {args.procs_per_gpu} procs (simulated)", args.ticks,
-            lambda i: (nvml.sample(i), nvml.xid_events(i)))
+    # sample_tick: what the sampler calls, every GPU's reads and the XID events in one round.
+    measure(f"NVML, 8 GPUs x {args.procs_per_gpu} procs (simulated)", args.ticks, nvml.sample_tick)
     nvml.close()
     # The same with GPM on every GPU, as on Hopper: one nvmlGpmSampleGet and one
     # nvmlGpmMetricsGet more per GPU and tick (the fake's cost of them, not a driver's).
     nvml = NvmlCollector(fake_pynvml.FakeNvml(gpus=8, procs_per_gpu=args.procs_per_gpu, gpm=range(8)))
-    measure(f"NVML + GPM, 8 GPUs x {args.procs_per_gpu} procs (simulated)", args.ticks,
-            lambda i: (nvml.sample(i), nvml.sample_gpm(i), nvml.xid_events(i)))
+    measure(f"NVML + GPM, 8 GPUs x {args.procs_per_gpu} procs (simulated)", args.ticks, nvml.sample_tick)
     nvml.close()
 
     host = HostCollector()
@@ -67,6 +66,9 @@ def main() -> None:
         measure("process usage, 9 real pids", args.ticks, lambda i: procs.usage(pids))
         measure("process info, 9 real pids (cached)", args.ticks,
                 lambda i: [procs.info(p) for p in pids])
+        count = sum(name.isdigit() for name in os.listdir("/proc"))
+        measure(f"walk of all {count} processes (top CPU)", max(20, args.ticks // 10),
+                lambda i: procs.walk())
     finally:
         for c in children:
             c.kill()

@@ -1,5 +1,6 @@
-"""The host around the GPUs (CPU, memory, disk, network, /dev/shm) from psutil, and the cgroup
-memory limit and OOM-kill count that the OOM postmortem quotes.
+"""The host around the GPUs (CPU, memory, swapping, page cache, disk, network, /dev/shm) with
+psutil's definitions, and the cgroup memory limit and OOM-kill count that the OOM postmortem
+quotes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ PROC_ROOT = Path("/proc")
 # cgroup v1 writes "no limit" as PAGE_COUNTER_MAX rounded to a page (9223372036854771712).
 _V1_UNLIMITED = 2**62
 _READ_SIZE = 65536
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class HostSample:
     net_tx_bytes: int | None
     shm_total_bytes: int | None
     shm_used_bytes: int | None
+    swap_in_bytes: int | None  # cumulative: pages swapped in / out since boot, in bytes
+    swap_out_bytes: int | None
+    page_cache_bytes: int | None  # Cached + SReclaimable, psutil's (and free's) "cached"
 
 
 class _ProcFile:
@@ -78,13 +83,25 @@ def _busy_and_total(proc_stat: bytes) -> tuple[int, int]:
 
 def _meminfo(text: bytes) -> dict[bytes, int]:
     """The /proc/meminfo lines we use, in bytes."""
-    wanted = (b"MemTotal:", b"MemAvailable:", b"SwapTotal:", b"SwapFree:")
+    wanted = (b"MemTotal:", b"MemAvailable:", b"SwapTotal:", b"SwapFree:", b"Cached:", b"SReclaimable:")
     out = {}
     for line in text.splitlines():
         key, _, rest = line.partition(b" ")
         if key in wanted:
             out[key] = int(rest.split()[0]) * 1024
     return out
+
+
+def _swap_in_out(vmstat: bytes | None) -> tuple[int | None, int | None]:
+    """Bytes swapped in and out since boot, from /proc/vmstat's pswpin/pswpout page counts."""
+    found = []
+    for key in (b"\npswpin ", b"\npswpout "):
+        at = (vmstat or b"").find(key)
+        if at < 0:
+            return None, None
+        start = at + len(key)
+        found.append(int(vmstat[start:vmstat.index(b"\n", start)]) * _PAGE)
+    return found[0], found[1]
 
 
 class HostCollector:
@@ -102,12 +119,13 @@ class HostCollector:
         self._meminfo = _ProcFile(proc / "meminfo")
         self._diskstats = _ProcFile(proc / "diskstats")
         self._netdev = _ProcFile(proc / "net" / "dev")
+        self._vmstat = _ProcFile(proc / "vmstat")
         self._is_disk: dict[bytes, bool] = {}  # device name -> is a whole disk (/sys/block/NAME)
         # Our own baseline rather than psutil.cpu_percent's, which is kept per calling thread.
         self._last_cpu = _busy_and_total(self._stat.read())
 
     def close(self) -> None:
-        for f in (self._stat, self._meminfo, self._diskstats, self._netdev):
+        for f in (self._stat, self._meminfo, self._diskstats, self._netdev, self._vmstat):
             f.close()
 
     def _cpu_pct(self) -> float | None:
@@ -118,14 +136,16 @@ class HostCollector:
             return None  # called twice within one clock tick of the kernel's counters
         return round(min(100.0, max(0.0, 100.0 * (busy - last_busy) / (total - last_total))), 1)
 
-    def _memory(self) -> tuple[int, int, int, int]:
-        """(total, used, available, swap used) bytes."""
+    def _memory(self) -> tuple[int, int, int, int, int | None]:
+        """(total, used, available, swap used, page cache) bytes."""
         mem = _meminfo(self._meminfo.read() or b"")
         total, avail = mem.get(b"MemTotal:"), mem.get(b"MemAvailable:")
         if not total or not avail or avail > total:  # old kernels, kernel bugs, LXC: psutil's way
             vm, swap = psutil.virtual_memory(), psutil.swap_memory()
-            return vm.total, vm.used, vm.available, swap.used
-        return total, total - avail, avail, mem.get(b"SwapTotal:", 0) - mem.get(b"SwapFree:", 0)
+            return vm.total, vm.used, vm.available, swap.used, vm.cached
+        cached = mem.get(b"Cached:")
+        return (total, total - avail, avail, mem.get(b"SwapTotal:", 0) - mem.get(b"SwapFree:", 0),
+                None if cached is None else cached + mem.get(b"SReclaimable:", 0))
 
     def _disk_bytes(self) -> tuple[int | None, int | None]:
         text = self._diskstats.read()
@@ -163,7 +183,8 @@ class HostCollector:
 
     def sample(self, ts_ms: int) -> HostSample:
         load1, load5, load15 = os.getloadavg()
-        total, used, avail, swap_used = self._memory()
+        total, used, avail, swap_used, page_cache = self._memory()
+        swap_in, swap_out = _swap_in_out(self._vmstat.read())
         disk_read, disk_write = self._disk_bytes()  # None where the kernel shows no disks
         net_rx, net_tx = self._net_bytes()
         try:
@@ -185,6 +206,9 @@ class HostCollector:
             # psutil.disk_usage's definitions: used = total - free, in fragment-size blocks
             shm_total_bytes=shm.f_blocks * shm.f_frsize if shm else None,
             shm_used_bytes=(shm.f_blocks - shm.f_bfree) * shm.f_frsize if shm else None,
+            swap_in_bytes=swap_in,
+            swap_out_bytes=swap_out,
+            page_cache_bytes=page_cache,
         )
 
 

@@ -11,10 +11,15 @@ works without root, the parent's aggregate list may not) and carry its GPU / com
 ids. The parent GPU keeps its own sample: temperature, power and clocks are the whole GPU's.
 
 A GPU in a bad state can make every NVML call on it block (the "nvidia-smi hangs" of real
-servers). So each GPU's reads run in its own worker thread (collectors/deadline.py), waited for
-only until a deadline: a GPU that misses it is sampled as state 'hung' ("not responding") while
-the others go on, and is not asked again until its blocked call returns. NVML's system-wide
-calls (init, XID events, shutdown) get a worker and the same deadline.
+servers). So each GPU's reads run in its own worker thread (collectors/deadline.py), all GPUs
+side by side in one round a tick (sample, processes, MIG devices and GPM together; the XID
+events in the system worker of the same round). A GPU is sampled as state 'hung' ("not
+responding") only when one of ITS NVML calls has been in flight past the deadline, timed from
+that call's start, and stays so through a window in which our own process was seen free (so a
+busy process - a replay, an ingest flood holding the GIL - is never taken for a hung GPU); the
+others go on, and it is not asked again until its blocked call returns. A GPU that is merely
+late (our process busy) gets no sample that tick rather than a false 'hung'. NVML's
+system-wide calls (init, XID events, shutdown) get a worker and the same deadline.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import partial
 
-from collectors.deadline import TimeoutError, Worker
+from collectors.deadline import HUNG, LATE, TimeoutError, Worker, gather
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,7 @@ DEADLINE_S = 1.0  # a GPU's reads of one tick, when the caller names no deadline
 # NVML's start (nvmlInit, each GPU's facts) is given at least this long: without persistence
 # mode the driver initialises every GPU on the first nvmlInit, which can take seconds.
 INIT_DEADLINE_S = 10.0
+_monotonic = time.monotonic
 _MIG_PROFILE = re.compile(r"\bMIG (\S+)")  # the driver names a MIG device "<GPU name> MIG 1g.10gb"
 
 
@@ -181,7 +187,7 @@ class _Gpu:
     migs_read_ms: int | None = None  # when they were last looked for
     pcie: tuple = (None, None)  # last PCIe (tx, rx) KB/s read
     pcie_s: float = 0.0  # what the PCIe reads took this tick
-    worker: Worker | None = None  # where its NVML calls run (None for a MIG device's handle)
+    worker: Worker | None = None  # where its NVML calls run (a MIG device's: its GPU's)
     hung_since_ms: int | None = None  # when its calls first missed the deadline; None = answering
     static_pending: bool = False  # its facts are still to be read (it hung at start)
     gpm: list | None = None  # GPM sample buffers [previous, next], allocated while GPM works
@@ -269,13 +275,12 @@ class NvmlCollector:
         # Lost or hung before its facts could be read: uuid unknown (the column is NOT NULL).
         self.static: list[GpuStatic] = [GpuStatic(i, "", None, None, None, None, None, self._driver,
                                                   self._cuda) for i in range(count)]
-        started = [(gpu, gpu.worker.submit(partial(self._start_gpu, gpu))) for gpu in self._gpus]
-        deadline = time.monotonic() + init_deadline
-        for gpu, future in started:
-            try:
-                future.result(max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
+        started = gather([(gpu.worker, partial(self._start_gpu, gpu)) for gpu in self._gpus],
+                         init_deadline, 2 * init_deadline)
+        for gpu in self._gpus:
+            if started[gpu.worker] in (HUNG, LATE):  # read once it answers
                 gpu.static_pending = True
+            if started[gpu.worker] is HUNG:
                 self._not_responding(gpu, int(time.time() * 1000))
         try:
             self._events = self._system.call(self._register_xid_events, self.deadline_s)
@@ -330,6 +335,10 @@ class NvmlCollector:
             if gpu is not None:
                 gpu.unsupported.add(key)
             return None
+        # The call's start, on the worker that runs it: how a call that blocks is told from a
+        # busy process (collectors/deadline.py). Inline: this runs ~300 times a tick.
+        worker = gpu.worker if gpu is not None else self._system
+        worker.call_since = _monotonic()
         try:
             return fn(*args)
         except self._nvml.NVMLError as e:
@@ -341,6 +350,8 @@ class NvmlCollector:
                 self._warned.add((name, e.value))  # say it once, not every tick
                 log.warning("NVML %s failed: %s (reading it as not available)", name, e)
             return None
+        finally:
+            worker.call_since = None
 
     # -- static ---------------------------------------------------------------------------------
     def _read_static(self, gpu: _Gpu, driver: str | None, cuda: str | None) -> GpuStatic:
@@ -363,11 +374,22 @@ class NvmlCollector:
 
     # -- per tick -------------------------------------------------------------------------------
     def sample(self, ts_ms: int) -> tuple[list[GpuSample], list[GpuProcessSample]]:
-        """Every GPU's sample and processes; returns within deadline_s whatever NVML does."""
+        """Every GPU's sample and processes; returns within about 2 x deadline_s whatever NVML
+        does. A GPU that is late without a call shown to block has no sample this time."""
+        samples, processes, _, _ = self._tick(ts_ms, gpm=False, xids=False)
+        return samples, processes
+
+    def sample_tick(self, ts_ms: int) -> tuple[list[GpuSample], list[GpuProcessSample],
+                                                  list[GpuProfSample], list[XidEvent]]:
+        """sample(), sample_gpm() and xid_events() in ONE round of the workers (one hand-over
+        to each a tick, not three); sample_mig(ts_ms) after it as ever."""
+        return self._tick(ts_ms, gpm=True, xids=True)
+
+    def _tick(self, ts_ms: int, gpm: bool, xids: bool) -> tuple[list, list, list, list]:
         started = time.perf_counter()
         self._ticks += 1
         try:
-            return self._sample_all(ts_ms)
+            return self._sample_all(ts_ms, gpm, xids)
         finally:
             self._time_tick(time.perf_counter() - started)
 
@@ -384,37 +406,50 @@ class NvmlCollector:
             log.warning("PCIe throughput reads took %.0f ms of a %.0f ms GPU tick: reading them every %d "
                         "ticks from now on", self.last_pcie_ms, self.last_tick_ms, PCIE_SLOW_EVERY)
 
-    def _ask_every_gpu(self, job) -> dict:
-        """{gpu index: job(gpu)} of the GPUs whose worker answered within the deadline; each
-        GPU's job runs in its own worker, side by side. A GPU whose worker is still blocked in
-        an earlier call is not asked again."""
-        deadline = time.monotonic() + self.deadline_s
-        asked = [(gpu, gpu.worker.submit(partial(job, gpu))) for gpu in self._gpus if not gpu.worker.busy]
-        answers = {}
-        for gpu, future in asked:
-            try:
-                answers[gpu.index] = future.result(max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                pass
-        return answers
+    def _ask_every_gpu(self, job, system_job=None) -> tuple[dict, object]:
+        """({gpu index: job(gpu), HUNG or LATE}, system_job() or None) from one round: each
+        GPU's job in its own worker, side by side, system_job in the system worker. A GPU whose
+        worker is still in an earlier call is not asked again: HUNG once shown blocked, else
+        watched for blocking this round."""
+        jobs: list = []
+        for gpu in self._gpus:
+            if not gpu.worker.busy:
+                jobs.append((gpu.worker, partial(job, gpu)))
+            elif gpu.hung_since_ms is None:
+                jobs.append((gpu.worker, None))
+        if system_job is not None and not self._system.busy:
+            jobs.append((self._system, system_job))
+        answers = gather(jobs, self.deadline_s, 2 * self.deadline_s)
+        system = answers.get(self._system)
+        return ({gpu.index: answers.get(gpu.worker, HUNG) for gpu in self._gpus},
+                None if system is HUNG or system is LATE else system)
 
-    def _sample_all(self, ts_ms: int) -> tuple[list[GpuSample], list[GpuProcessSample]]:
-        answers = self._ask_every_gpu(partial(self._read_gpu, ts_ms=ts_ms))
+    def _sample_all(self, ts_ms: int, gpm: bool, xids: bool) -> tuple[list, list, list, list]:
+        read = partial(self._read_gpu, ts_ms=ts_ms)
+        job = (lambda gpu: (read(gpu), self._gpm_of(gpu))) if gpm else (lambda gpu: (read(gpu), None))
+        answers, events = self._ask_every_gpu(
+            job, partial(self._read_xids, ts_ms) if xids and self._events is not None else None)
         gpu_samples: list[GpuSample] = []
         proc_samples: list[GpuProcessSample] = []
         mig_samples: list[MigSample] = []
+        prof_samples: list[GpuProfSample] = []
         for gpu in self._gpus:
-            answer = answers.get(gpu.index)
-            if answer is None:
+            answer = answers[gpu.index]
+            if answer is LATE:  # our process was busy, the GPU not shown to block: no sample
+                continue
+            if answer is HUNG:
                 self._not_responding(gpu, ts_ms)
                 gpu_samples.append(GpuSample(gpu.index, ts_ms, state="hung"))
                 continue
             self._responding(gpu, ts_ms)
-            gpu_samples.append(answer[0])
-            proc_samples.extend(answer[1])
-            mig_samples.extend(answer[2])
+            (sample, processes, migs), prof = answer
+            gpu_samples.append(sample)
+            proc_samples.extend(processes)
+            mig_samples.extend(migs)
+            if prof is not None:
+                prof_samples.append(GpuProfSample(gpu.index, ts_ms, *prof))
         self._mig_samples = mig_samples
-        return gpu_samples, proc_samples
+        return gpu_samples, proc_samples, prof_samples, events or []
 
     def _read_gpu(self, gpu: _Gpu, ts_ms: int) -> tuple[GpuSample, list, list]:
         """One GPU's tick, in its worker: its sample, its processes, its MIG devices' samples."""
@@ -440,7 +475,7 @@ class NvmlCollector:
     def _not_responding(self, gpu: _Gpu, ts_ms: int) -> None:
         if gpu.hung_since_ms is None:
             gpu.hung_since_ms = ts_ms
-            log.warning("GPU %d is not responding: its NVML calls did not return within %.2g s "
+            log.warning("GPU %d is not responding: an NVML call on it has not returned within %.2g s "
                         "(sampling the other GPUs and the host on)", gpu.index, self.deadline_s)
 
     def _responding(self, gpu: _Gpu, ts_ms: int) -> None:
@@ -580,7 +615,7 @@ class NvmlCollector:
             handle = self._call(gpu, "nvmlDeviceGetMigDeviceHandleByIndex", gpu.handle, index)
             if handle is None:
                 continue
-            device = _Gpu(gpu.index, handle)
+            device = _Gpu(gpu.index, handle, worker=gpu.worker)
             gi = self._call(device, "nvmlDeviceGetGpuInstanceId", handle)
             ci = self._call(device, "nvmlDeviceGetComputeInstanceId", handle)
             if gi is None or ci is None:
@@ -619,9 +654,9 @@ class NvmlCollector:
         (one nvmlGpmSampleGet per GPU and tick, into the older of its two buffers); none for a
         GPU without GPM, a lost GPU, or at a GPU's first call. Call it after sample(). Each
         GPU is read in its worker, with the deadline: a hung GPU gives none."""
-        answers = self._ask_every_gpu(self._gpm_of)
+        answers, _ = self._ask_every_gpu(self._gpm_of)
         return [GpuProfSample(index, ts_ms, *values) for index, values in sorted(answers.items())
-                if values is not None]
+                if values is not None and values is not HUNG and values is not LATE]
 
     def _gpm_of(self, gpu: _Gpu) -> tuple | None:
         if gpu.lost:

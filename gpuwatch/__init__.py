@@ -12,7 +12,8 @@ def track(*args, **kwargs):
 
 def autolog(*args, **kwargs):
     """Record this interpreter's training with no other change (notebooks, programs someone else
-    launched): autolog(name=None, idle_timeout=600.0); see gpuwatch.integrations.autolog."""
+    launched): autolog(name=None, idle_timeout=600.0, tensorboard=None); see
+    gpuwatch.integrations.autolog."""
     from gpuwatch.integrations.autolog import autolog as _autolog
 
     _autolog(*args, **kwargs)

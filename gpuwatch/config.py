@@ -49,6 +49,7 @@ class Config:
     interval: float = 1.0  # GPUs and GPU processes
     host_interval: float = 1.0
     process_interval: float = 5.0  # GPU-process rows (and their RSS/CPU) are written this often
+    top_processes: int = 5  # the host's top CPU consumers kept each process_interval (0 = none)
 
     # Retention and size.
     raw_retention_hours: float = 24.0
@@ -71,6 +72,13 @@ class Config:
     # Readers: the fleet's Prometheus for `gpuwatch tui`'s Fleet screen and `gpuwatch pick`.
     prometheus_url: str = ""  # e.g. "http://prometheus:9090"; empty = no fleet view
     prometheus_timeout: float = 3.0  # seconds a refresh or a pick waits for Prometheus
+
+    # Alert delivery (gpuwatch/alerts). Empty paths mean the mode's default (gpuwatch.paths).
+    notify_db: str = ""  # subscriptions and delivery state; private to its owner (mode 0600)
+    notify_socket: str = ""  # the notify service's socket; default /run/gpuwatch-notify/notify.sock
+    notify_admin_file: str = ""  # admin-wide subscriptions; default /etc/gpuwatch/notify.toml
+    notify_group_seconds: float = 5.0  # per subscription: at most one message per this window, alerts between grouped
+    notify_terminals: bool = False  # also a line on your logged-in terminals (user daemon, `gpuwatch run`)
 
     # Client.
     memory_stats_every: int = 50  # full torch.cuda.memory_stats() every N steps
@@ -96,6 +104,14 @@ class Config:
     @property
     def spool_path(self) -> Path:
         return Path(self.spool_dir) if self.spool_dir else paths.spool_dir(self.system)
+
+    @property
+    def notify_db_path(self) -> Path:
+        return Path(self.notify_db) if self.notify_db else paths.notify_db_path(self.system)
+
+    @property
+    def notify_socket_path(self) -> Path:
+        return Path(self.notify_socket) if self.notify_socket else paths.SYSTEM_NOTIFY_SOCKET
 
     @property
     def runs_path(self) -> Path:

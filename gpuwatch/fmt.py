@@ -14,6 +14,22 @@ MISSING = "-"
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
+# NVML clock-event ("throttle") reason bits worth telling a user about; idle and
+# application-clock settings are normal operation, not throttling.
+THROTTLE_REASONS = (
+    (0x4, "power cap"),
+    (0x8, "HW slowdown"),
+    (0x10, "sync boost"),
+    (0x20, "SW thermal"),
+    (0x40, "HW thermal"),
+    (0x80, "power brake"),
+)
+
+
+def throttle_words(mask: int | None) -> list[str]:
+    """Decode an NVML clock-event reason bitmask into words: 0x44 -> ["power cap", "HW thermal"]."""
+    return [word for bit, word in THROTTLE_REASONS if mask and mask & bit]
+
 
 def size(n: float | None) -> str:
     """Bytes in binary units: 0 -> "0 B", 1536 -> "1.5 KiB", 3*2**30 -> "3.0 GiB"."""

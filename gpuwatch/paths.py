@@ -8,6 +8,12 @@ from pathlib import Path
 SYSTEM_STATE_DIR = Path("/var/lib/gpuwatch")
 SYSTEM_RUNTIME_DIR = Path("/run/gpuwatch")
 SYSTEM_CONFIG_FILE = Path("/etc/gpuwatch/gpuwatch.toml")
+# Alert delivery (gpuwatch-notify.service): its private state, its socket, and the admins'
+# subscriptions (root-only: their URLs are secrets, unlike gpuwatch.toml which users read).
+SYSTEM_NOTIFY_STATE_DIR = Path("/var/lib/gpuwatch-notify")
+SYSTEM_NOTIFY_SOCKET = Path("/run/gpuwatch-notify/notify.sock")
+SYSTEM_NOTIFY_ADMIN_FILE = Path("/etc/gpuwatch/notify.toml")
+NOTIFY_DB_NAME = "notify.db"
 DB_NAME = "gpuwatch.db"
 SOCKET_NAME = "gpuwatch.sock"
 
@@ -54,3 +60,16 @@ def spool_dir(system: bool) -> Path:
 def system_daemon_present() -> bool:
     """True when a system-wide daemon's socket exists: readers and clients then use it."""
     return (SYSTEM_RUNTIME_DIR / SOCKET_NAME).exists()
+
+
+def reader_db_path(configured: str = "") -> Path:
+    """The database a reader opens: the configured one, else the system daemon's if one runs,
+    else the user's own."""
+    if configured:
+        return Path(configured)
+    return default_db_path(system=system_daemon_present())
+
+
+def notify_db_path(system: bool) -> Path:
+    """Subscriptions and their delivery state: the notify service's, or the user's own."""
+    return (SYSTEM_NOTIFY_STATE_DIR if system else user_data_dir()) / NOTIFY_DB_NAME

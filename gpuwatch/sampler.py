@@ -9,6 +9,9 @@ driver it logs the reason once and samples the host only.
 
 What is written, and how often (storage is most of what a monitor costs):
 - gpu_samples and host_samples every tick.
+- host_top_processes every cfg.process_interval: the cfg.top_processes busiest processes of the
+  whole host by CPU % since the previous walk (on a GPU or not; TOP_PROCESS_MIN_CPU_PCT or more),
+  from one walk of /proc that also gives the GPU processes' RSS and CPU %.
 - gpu_process_samples every cfg.process_interval, and at once when the set of GPU processes
   changes (a process starts, leaves or changes kind), all GPUs at one ts_ms. The GPU processes
   are still sampled every GPU tick: sm/mem util written is the mean over the ticks since the
@@ -27,6 +30,7 @@ dropped and counted (writer.dropped_jobs) rather than stalling the sampling thre
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
 import operator
 import os
@@ -53,6 +57,8 @@ RUN_MAP_INTERVAL = 5.0
 GPU_ROW_REFRESH_MS = 60_000  # gpus.last_seen_ms is refreshed this often, or when state changes
 PROCESS_ROW_REFRESH_MS = 10_000  # processes.last_seen_ms likewise, or when its run link changes
 DAEMON_STATS_INTERVAL_MS = 30_000
+TOP_PROCESS_MIN_CPU_PCT = 1.0  # a process under 1 % of a core is nobody's slowdown
+_TOP_PROCESS_COLUMNS = ("ts_ms", "pid", "start_ms", "uid", "user", "cmdline", "cpu_pct", "rss_bytes")
 NVML_DEADLINE_SHARE = 0.5  # of the GPU interval: longer, and a GPU's reads are called hung
 NVML_DEADLINE_MIN_S = 0.05  # but never less: a busy host's thread switches are not a hung GPU
 _PROCESS_SAMPLE_COLUMNS = ("gpu_index", "pid", "ts_ms", "kind", "used_mem_bytes", "sm_util_pct",
@@ -129,10 +135,14 @@ class Sampler:
         self._gpu_pids: dict[int, tuple] = {}
         self._runs_checked: dict | None = None  # the run map _gpu_pids was last checked against
         self._gpu_pids_checked_ms = self._gpu_pids_next_ms = 0
-        # RSS and CPU % of GPU pids, re-read every cfg.process_interval (reading /proc for
-        # every GPU process each tick would be most of the daemon's CPU); new pids at once.
-        self._usage: dict[int, tuple[int, float | None]] = {}
-        self._usage_ms: int | None = None
+        # RSS and CPU % of every host process, from one walk of /proc every
+        # cfg.process_interval (each tick would be most of the daemon's CPU): the GPU pids'
+        # are taken from it (new GPU pids are read at once), the busiest go to host_top_processes.
+        self._host_usage: dict[int, tuple[int, float | None]] = {}
+        self._walk_ms: int | None = None  # when the latest walk was
+        self._usage: dict[int, tuple[int, float | None]] = {}  # the GPU pids'
+        self._usage_walk_ms: int | None = None  # the walk _usage was taken from
+        self._top_walk_ms: int | None = None  # the walk whose top processes were written
         # Each tick's process samples since the last gpu_process_samples write (util is
         # written as the mean over them), and the (gpu, pid, kind) list that write held.
         self._proc_window: list[list] = []
@@ -217,9 +227,8 @@ class Sampler:
             self._submit(self._host_writes(ts))
 
     def _gpu_writes(self, ts: int) -> list[Job]:
-        samples, proc_samples = self.nvml.sample(ts)
+        samples, proc_samples, prof_samples, xids = self.nvml.sample_tick(ts)
         mig_samples = self.nvml.sample_mig(ts)
-        prof_samples = self.nvml.sample_gpm(ts)
         writes: list[Job] = []
         if prof_samples:
             writes.append(_inserter("gpu_prof_samples", prof_samples))
@@ -229,13 +238,43 @@ class Sampler:
         self._write_mig_devices(ts, writes)
         self._write_process_samples(ts, proc_samples, mig_samples, writes)
         self._write_processes(ts, {p.pid for p in proc_samples}, writes)
-        xids = self.nvml.xid_events(ts)
         if xids:
             writes.append(_inserter("xid_events", xids))
         return writes
 
     def _host_writes(self, ts: int) -> list[Job]:
-        return [_inserter("host_samples", [self.host.sample(ts)], keep_on_clash=True)]
+        writes = [_inserter("host_samples", [self.host.sample(ts)], keep_on_clash=True)]
+        if self.cfg.top_processes <= 0:
+            return writes
+        self._walk(ts)
+        if self._top_walk_ms != self._walk_ms:
+            self._top_walk_ms = self._walk_ms
+            rows = self._top_processes(self._walk_ms)
+            if rows:
+                sql = insert_sql("host_top_processes", _TOP_PROCESS_COLUMNS, "IGNORE")
+                writes.append(lambda conn: conn.executemany(sql, rows))
+        return writes
+
+    def _walk(self, ts: int, gpu_pids: set[int] = frozenset()) -> None:
+        """Every host process's RSS and CPU %, read once per cfg.process_interval (only the
+        GPU processes' when no top processes are kept)."""
+        if _due(ts, self._walk_ms, int(self.cfg.process_interval * 1000)):
+            self._host_usage = self.procs.walk() if self.cfg.top_processes > 0 else \
+                self.procs.usage(gpu_pids)
+            self._walk_ms = ts
+
+    def _top_processes(self, ts: int) -> list[tuple]:
+        """host_top_processes rows: the busiest processes of the latest walk, who and how busy."""
+        busiest = heapq.nlargest(self.cfg.top_processes, (
+            (cpu, pid) for pid, (_, cpu) in self._host_usage.items()
+            if cpu is not None and cpu >= TOP_PROCESS_MIN_CPU_PCT))
+        rows = []
+        for cpu, pid in busiest:
+            info = self.procs.walked_info(pid)
+            if info is not None:  # else gone since, or a zombie
+                rows.append((ts, pid, info.start_ms, info.uid, info.user, info.cmdline, cpu,
+                             self._host_usage[pid][0]))
+        return rows
 
     def stats_row(self, ts: int) -> dict:
         """The monitor's own cost since the previous call, for daemon_stats."""
@@ -310,7 +349,9 @@ class Sampler:
         state_by_index = {s.gpu_index: (s.state or "ok") for s in samples}
         rows = []
         for static in self.nvml.static:
-            state = state_by_index.get(static.gpu_index, "lost")
+            state = state_by_index.get(static.gpu_index)
+            if state is None:  # late this tick (our process was busy): its row stays as it was
+                continue
             last = self._gpu_rows.get(static.gpu_index)
             if last is not None and last[0] == state and ts - last[1] < GPU_ROW_REFRESH_MS:
                 continue
@@ -352,7 +393,7 @@ class Sampler:
             writes.append(_inserter("mig_samples", mig_samples))
         util = _mean_util(self._proc_window)
         self._proc_window = []
-        usage = self._process_usage(ts, {p.pid for p in proc_samples}, interval_ms)
+        usage = self._process_usage(ts, {p.pid for p in proc_samples})
         values = []
         for p in proc_samples:
             rss, cpu = usage.get(p.pid, (None, None))
@@ -391,11 +432,14 @@ class Sampler:
             values = [tuple(r[c] for c in columns) for r in rows]
             writes.append(lambda conn: conn.executemany(sql, values))
 
-    def _process_usage(self, ts: int, pids: set[int],
-                       interval_ms: int) -> dict[int, tuple[int, float | None]]:
-        if _due(ts, self._usage_ms, interval_ms):
-            self._usage = self.procs.usage(pids) if pids else {}
-            self._usage_ms = ts
+    def _process_usage(self, ts: int, pids: set[int]) -> dict[int, tuple[int, float | None]]:
+        self._walk(ts, pids)
+        if self._usage_walk_ms != self._walk_ms:  # a walk since: the GPU pids' figures from it
+            self._usage_walk_ms = self._walk_ms
+            self._usage = {pid: self._host_usage[pid] for pid in pids if pid in self._host_usage}
+            missing = pids - self._usage.keys()  # started since the walk began
+            if missing:
+                self._usage.update(self.procs.usage(missing))
         else:
             new = pids - self._usage.keys()
             if new:

@@ -347,6 +347,7 @@ class FakeNvml:
         self.gpm_buffers = 0
         self.lost: set[int] = set()
         self.initialized = False
+        self.init_count = 0
         self.calls: Counter = Counter()
         self.gpu_calls: Counter = Counter()
         self.util_timestamps: dict[int, list[int]] = {i: [] for i in range(gpus)}
@@ -448,10 +449,14 @@ class FakeNvml:
                                  "DriverNotLoaded": "DRIVER_NOT_LOADED",
                                  "NoPermission": "NO_PERMISSION"}[self.init_error]])
         self.initialized = True
+        self.init_count += 1
 
     def nvmlShutdown(self):
+        # As the real library: a reference count, so one user's shutdown leaves another's
+        # handles working (`gpuwatch run` reads the UUIDs while its sampler runs).
         self._system("nvmlShutdown")
-        self.initialized = False
+        self.init_count -= 1
+        self.initialized = self.init_count > 0
 
     def nvmlSystemGetDriverVersion(self):
         self._system("nvmlSystemGetDriverVersion")

@@ -71,6 +71,30 @@ def test_figures_match_psutils_definitions():
         assert 0 <= disk.write_bytes - ours.disk_write_bytes < 64 * 2**20
     rx = sum(n.bytes_recv for name, n in nics.items() if name != "lo")
     assert 0 <= rx - ours.net_rx_bytes < 2**20
+    # Memory pressure, as psutil counts it (its swap counters assume 4 KiB pages).
+    assert abs(ours.page_cache_bytes - vm.cached) < 64 * 2**20
+    if os.sysconf("SC_PAGE_SIZE") == 4096:
+        assert 0 <= swap.sin - ours.swap_in_bytes < 64 * 2**20
+        assert 0 <= swap.sout - ours.swap_out_bytes < 64 * 2**20
+
+
+def test_swapping_and_page_cache_are_read_from_the_kernels_counters(tmp_path):
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "stat").write_text("cpu  100 0 50 1000 10 0 0 0 0 0\n")
+    (proc / "meminfo").write_text("MemTotal:       16384000 kB\nMemAvailable:    8192000 kB\n"
+                                  "Cached:          3000000 kB\nSReclaimable:     200000 kB\n")
+    (proc / "vmstat").write_text("nr_free_pages 12345\npgpgin 999\npswpin 250\npswpout 1000\n"
+                                 "pgfault 77\n")
+    collector = HostCollector(proc=proc)
+    page = os.sysconf("SC_PAGE_SIZE")
+    s = collector.sample(1)
+    assert (s.swap_in_bytes, s.swap_out_bytes) == (250 * page, 1000 * page)
+    assert s.page_cache_bytes == 3200000 * 1024
+    (proc / "vmstat").write_text("nr_free_pages 12345\npswpin 300\npswpout 4000\n")
+    s = collector.sample(2)  # re-read each tick through the handle kept open
+    assert (s.swap_in_bytes, s.swap_out_bytes) == (300 * page, 4000 * page)
+    collector.close()
 
 
 def test_a_proc_without_disks_or_network_reads_them_as_none(tmp_path):
@@ -84,6 +108,7 @@ def test_a_proc_without_disks_or_network_reads_them_as_none(tmp_path):
     assert (s.mem_total_bytes, s.mem_used_bytes, s.mem_available_bytes, s.swap_used_bytes) == (
         16384000 * 1024, 8192000 * 1024, 8192000 * 1024, 500000 * 1024)
     assert (s.disk_read_bytes, s.disk_write_bytes, s.net_rx_bytes, s.net_tx_bytes) == (None,) * 4
+    assert (s.swap_in_bytes, s.swap_out_bytes, s.page_cache_bytes) == (None,) * 3  # no vmstat, no Cached
     assert s.cpu_pct is None  # the counters did not move since the baseline
 
 

@@ -24,6 +24,9 @@ HEADLESS = [
     "gpuwatch.store.maintenance",
     "gpuwatch.store.energy",
     "gpuwatch.analysis.loss",
+    "gpuwatch.analysis.why",
+    "gpuwatch.analysis.why.versus",
+    "gpuwatch.cli.why_cmd",
     "gpuwatch.cli.charts",
     "gpuwatch.protocol",
     "gpuwatch.client",
@@ -37,6 +40,9 @@ HEADLESS = [
     "gpuwatch.cli.selftest_cmd",
     "gpuwatch.selftest.cuda",  # torch only inside the CUDA checks
     "gpuwatch.cli.pick_cmd",
+    "gpuwatch.alerts.deliver",  # alert delivery runs in the user daemon and the notify service
+    "gpuwatch.alerts.server",
+    "gpuwatch.cli.notify_cmd",
     "gpuwatch.fleet.prometheus",
     "gpuwatch.fleet.model",
     "gpuwatch.fleet.pick",

@@ -150,3 +150,31 @@ def test_usage_reads_a_process_whose_name_has_spaces_and_parentheses():
     finally:
         odd.kill()
         odd.wait()
+
+
+def test_walk_reads_every_process_and_a_sleeper_that_wakes_gets_its_cpu_of_the_last_interval():
+    code = ("import time\nprint('up', flush=True)\ntime.sleep(1.0)\n"
+            "end = time.monotonic() + 30\nwhile time.monotonic() < end: pass")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    c = ProcessCollector()
+    try:
+        child.stdout.readline()  # started: asleep from now on for 1 s
+        first = c.walk()
+        assert first[child.pid][1] is None  # first sight: no baseline yet
+        listed = {int(name) for name in os.listdir("/proc") if name.isdigit()}
+        assert {os.getpid(), os.getppid(), 1} <= first.keys()
+        assert len(first.keys() & listed) >= 0.9 * len(listed)  # every process (a few come and go)
+        time.sleep(0.2)
+        assert c.walk()[child.pid][1] == 0.0  # asleep: its stat text did not change
+        time.sleep(1.8)  # it spins from 1 s on
+        rss, cpu = c.walk()[child.pid]
+        # Over the 1.8 s since the previous walk (not since the first), a busy loop's share.
+        assert cpu >= 10 and rss > 1_000_000
+        child.kill()
+        child.wait()
+        assert child.pid not in c.walk()
+        assert child.pid not in c._stat_files  # its handle was closed
+    finally:
+        child.kill()
+        child.wait()
+        c.close()

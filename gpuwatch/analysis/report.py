@@ -1,4 +1,5 @@
-"""One self-contained HTML file about a run: summary, charts (inline SVG), config, OOM postmortem.
+"""One self-contained HTML file about a run: summary, charts (inline SVG), slowdowns and their causes,
+config, OOM postmortem.
 
 Everything that came from a user or a workload (names, commands, config, errors) is escaped.
 """
@@ -96,6 +97,24 @@ def _oom_section(conn: sqlite3.Connection, run_id: str) -> str:
     return "<h2>OOM postmortem</h2>" + "".join(parts) if parts else ""
 
 
+def _slowdowns_section(conn: sqlite3.Connection, run_id: str) -> str:
+    """Each slow phase (gpuwatch why) with its ranked causes."""
+    from gpuwatch.analysis.why import analyse
+    from gpuwatch.analysis.why.render import none_found
+
+    result = analyse(conn, run_id)
+    if result.baseline_ms_per_unit is None:
+        return ""
+    if not result.slowdowns:
+        return f"<h2>Slowdowns</h2><p>{escape(none_found(result.unit))}; {result.pauses} pauses between steps.</p>"
+    rows = []
+    for s in result.slowdowns:
+        causes = "; ".join(f"{c.share_pct:.0f} % {c.kind}: {c.detail}" for c in s.causes)
+        rows.append((f"{s.first_step:,}-{s.last_step:,}", fmt.local_time(s.start_ms), fmt.duration(s.duration_ms),
+                     f"{s.slower_pct:.0f} %", causes))
+    return "<h2>Slowdowns</h2>" + _table(rows, ("steps", "from", "for", f"slower per {result.unit}", "causes"))
+
+
 def _json_list(text: str | None) -> list[dict]:
     try:
         value = json.loads(text) if text else []
@@ -128,6 +147,7 @@ def render(conn: sqlite3.Connection, ref: str) -> str:
         _table([(k, v) for k, v in about if v is not None]),
         "<h2>Figures</h2>", _table(figures),
         "<h2>Over the run</h2>", *(f"<div>{c}</div>" for c in _charts(conn, run, stats, start, end)),
+        _slowdowns_section(conn, run.run_id),
         _oom_section(conn, run.run_id),
         f"<h2>Config</h2><pre>{escape(config)}</pre>",
         f"<p><small>gpuwatch report, generated {escape(fmt.local_time(now_ms()))}</small></p>",

@@ -36,6 +36,9 @@ COMMANDS: dict[str, str] = {
     "pick": "gpuwatch.cli.pick_cmd:pick_cmd",
     "selftest": "gpuwatch.cli.selftest_cmd:selftest_cmd",
     "trace": "gpuwatch.cli.trace_cmd:trace_cmd",
+    "notify": "gpuwatch.cli.notify_cmd:notify",
+    "alerts": "gpuwatch.cli.alerts_cmd:alerts_cmd",
+    "why": "gpuwatch.cli.why_cmd:why_cmd",
 }
 
 

@@ -31,14 +31,19 @@ def compare_cmd(runs, as_json, color, db):
     Shown: the config keys (git commit, command) that differ; tokens/s and step time (mean,
     p50, p90), peak CUDA memory, mean MFU, GPU utilisation of the run's GPUs while it ran;
     final and best loss, and the loss at equal tokens seen (the shortest run's); energy (kWh,
-    J/token); duration, steps and end state; then the loss against tokens seen, as a chart.
+    J/token); duration, steps and end state; then where each run was slower per token than the
+    first and why (as `gpuwatch why`), and the loss against tokens seen, as a chart.
     """
     from gpuwatch.analysis.compare import compare, table
     from gpuwatch.analysis.loss import loss_curve
+    from gpuwatch.analysis.why.versus import lines as why_lines
+    from gpuwatch.analysis.why.versus import versus
 
     with _open(db) as conn:
         stats = compare(conn, runs)
         curves = [loss_curve(conn, s.run_id) for s in stats]
+        why = [] if as_json else [line for s in stats[1:] for line in why_lines(
+            versus(conn, s.run_id, stats[0].run_id), s.name or s.run_id, stats[0].name or stats[0].run_id)]
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(s) for s in stats], indent=1))
         return
@@ -55,6 +60,9 @@ def compare_cmd(runs, as_json, color, db):
             cells.append(padded)
         lines.append("  ".join(cells).rstrip())
     click.echo("\n".join(lines), color=colour)
+    if why:
+        click.echo("")
+        click.echo("\n".join(why))
     if any(c.by_steps for c in curves):
         from gpuwatch.cli.charts import loss_chart
 
@@ -66,17 +74,28 @@ def compare_cmd(runs, as_json, color, db):
 
 @click.command("export")
 @click.argument("run")
-@click.argument("file", required=False, type=click.Path(dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(["csv", "json", "parquet", "sqlite"]), default="csv",
-              show_default=True, help="json: one document; csv/parquet: one file per table; "
-                                      "sqlite: one self-contained database file.")
+@click.argument("file", required=False, type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(["csv", "json", "parquet", "sqlite", "tensorboard"]),
+              default="csv", show_default=True,
+              help="json: one document; csv/parquet: one file per table; sqlite: one "
+                   "self-contained database file; tensorboard: event files for TensorBoard.")
 @click.option("-o", "--output", type=click.Path(), default=None,
               help="json: a file ('-' or none: stdout). csv/parquet: a directory (default: "
-                   "./RUN_ID-export). sqlite: a new file (default: ./RUN_ID.db). Or give it as FILE.")
+                   "./RUN_ID-export). sqlite: a new file (default: ./RUN_ID.db). tensorboard: "
+                   "a log directory (default: ./runs); files go to DIR/gpuwatch/NAME-ID/. "
+                   "Or give it as FILE.")
+@click.option("--follow", is_flag=True,
+              help="tensorboard: keep mirroring RUN (and its rank runs) while it runs; end with it.")
 @db_option
 @friendly_errors
-def export_cmd(run, file, fmt, output, db):
+def export_cmd(run, file, fmt, output, follow, db):
     """Export RUN's row, steps, its GPUs' samples over its lifetime and its events.
+
+    --format tensorboard writes TensorBoard event files beside your own logs: per step tokens/s,
+    step time, loss (and each optimiser's), data wait, MFU, CUDA memory; per GPU of the run
+    utilisation, SM activity, memory, power, temperature, clocks and throttle reasons; energy,
+    J/token, the OOM postmortem and profile breakdowns as text; the config as hparams. Point
+    `tensorboard --logdir DIR` at the same DIR as your script's logs to see both.
 
     --format sqlite writes one SQLite file with the whole schema holding this run alone: also its
     generations, memory stats, OOM postmortems, profiles and their operators, stack dumps and
@@ -85,13 +104,21 @@ def export_cmd(run, file, fmt, output, db):
     Parquet needs pyarrow (pip install pyarrow). GPU samples are the raw samples still kept
     (raw_retention_hours); older parts of a long run survive only as rollups.
 
-    Example: gpuwatch export gpt-4k --format sqlite gpt-4k.db
+    Examples: gpuwatch export gpt-4k --format sqlite gpt-4k.db
+              gpuwatch export gpt-4k --format tensorboard runs/
     """
     from gpuwatch.analysis.export import ExportError, run_tables, write_files, write_json
 
     if file and output:
         raise click.UsageError("give the output as FILE or as -o, not both")
     output = output or file
+    if follow and fmt != "tensorboard":
+        raise click.UsageError("--follow needs --format tensorboard")
+    if fmt == "tensorboard":
+        _export_tensorboard(run, Path(output or "runs"), follow, db)
+        return
+    if fmt in ("json", "sqlite") and output and Path(output).is_dir():
+        raise click.UsageError(f"{output} is a directory; --format {fmt} writes one file")
     if fmt == "sqlite":
         from gpuwatch.analysis.runfile import write_run_file
         from gpuwatch.store import queries
@@ -126,6 +153,29 @@ def export_cmd(run, file, fmt, output, db):
         click.echo(f"wrote {path}", err=True)
 
 
+def _export_tensorboard(ref: str, root: Path, follow: bool, db: str | None) -> None:
+    from gpuwatch.analysis import tensorboard
+    from gpuwatch.store import queries
+
+    path = reader_db_path(db)
+    try:
+        if follow:
+            with _open(db) as conn:
+                run = queries.run(conn, ref)
+            click.echo(f"mirroring {run.run_id} into {root / 'gpuwatch'} until it ends (Ctrl-C stops)",
+                       err=True)
+            written = tensorboard.follow(lambda: open_ro(path), tensorboard.Selection(run.run_id),
+                                         str(root), Path.cwd(), None,
+                                         say=lambda line: click.echo(line, err=True))
+        else:
+            with _open(db) as conn:
+                written = [tensorboard.export(conn, ref, root)]
+    except OSError as e:
+        raise click.ClickException(f"cannot write {root}: {e.strerror or e}") from None
+    for directory in written:
+        click.echo(f"wrote {directory}", err=True)
+
+
 @click.command("report")
 @click.argument("run")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
@@ -133,7 +183,8 @@ def export_cmd(run, file, fmt, output, db):
 @db_option
 @friendly_errors
 def report_cmd(run, output, db):
-    """Write one self-contained HTML report of RUN: figures, charts, config, OOM postmortem."""
+    """Write one self-contained HTML report of RUN: figures, charts, slowdowns and their causes,
+    config, OOM postmortem."""
     from gpuwatch.analysis.report import render
     from gpuwatch.store import queries
 

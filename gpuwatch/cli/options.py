@@ -39,11 +39,4 @@ def reader_db_path(db: str | None) -> str:
     """The database a reader opens: --db, else config/env, else the system daemon's, else the user's."""
     from gpuwatch import paths
 
-    if db:
-        return db
-    cfg = load_config()
-    if cfg.db:
-        return cfg.db
-    if paths.system_daemon_present():
-        return str(paths.default_db_path(system=True))
-    return str(paths.default_db_path(system=False))
+    return db or str(paths.reader_db_path(load_config().db))

@@ -75,6 +75,17 @@ def _yield_cpu(increment: int = 10) -> None:
         priority.lower_thread(increment, tid)
 
 
+def _wait_for_mirror(mirror, timeout_s: float = 30.0) -> None:
+    """Let the TensorBoard mirror write the ended run's last figures before we exit; past the
+    timeout it finishes on its own (it watches our pid)."""
+    import subprocess
+
+    try:
+        mirror.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def default_name(command: tuple[str, ...]) -> str:
     """`python train.py --lr 1` -> 'train.py'; `torchrun ... x.py` -> 'x.py'; else the program."""
     scripts = [os.path.basename(a) for a in command[1:] if a.endswith(".py")]
@@ -103,11 +114,59 @@ def _kill_cause(pid: int, signum: int, oom_kills_before: int | None) -> dict:
     return {}
 
 
+def _notify_url(value: str) -> str:
+    """A --notify value: the URL, or env:NAME for one kept in an environment variable (a command
+    line is visible to every user's `ps`; an environment is not)."""
+    from gpuwatch.alerts.deliver import check_url
+    from gpuwatch.alerts.subscriptions import SubscriptionError
+
+    url = os.environ.get(value[4:], "") if value.startswith("env:") else value
+    if value.startswith("env:") and not url:
+        raise click.ClickException(f"--notify {value}: the environment variable {value[4:]} is not set")
+    try:
+        check_url(url)
+    except SubscriptionError as e:
+        raise click.ClickException(f"--notify: {e}") from None
+    return url
+
+
+def _subscribe(cfg, urls: tuple[str, ...], run_id: str) -> bool:
+    """Each --notify URL becomes a subscription to this run's alerts alone. True when they (or
+    saved ones) live in the user's private store, which this wrapper delivers from when no
+    daemon does; a notify service delivers its own."""
+    from gpuwatch.alerts.service import Local
+    from gpuwatch.alerts.subscriptions import SubscriptionError
+    from gpuwatch.cli.notify_cmd import backend
+
+    try:
+        where = backend(cfg)
+        for url in urls:
+            where.add(os.getuid(), url, run_id=run_id, transient=True)
+        return isinstance(where, Local) and (bool(urls) or (
+            where.store_path.exists() and bool(where.list_subscriptions(os.getuid()))))
+    except SubscriptionError as e:  # the run matters more than its alerts: say so and go on
+        click.echo(f"gpuwatch: this run's alerts will not be sent: {e}", err=True)
+        return False
+
+
+def _deliver(cfg, db_path, run_id: str) -> None:
+    """Deliver this run's alerts (and the user's other pending ones) unless a user daemon does."""
+    from gpuwatch.alerts.run_delivery import deliver_after_run
+
+    left = deliver_after_run(cfg.notify_db_path, db_path, run_id, cfg.notify_group_seconds,
+                             terminals_uid=os.getuid() if cfg.notify_terminals else None)
+    if left:
+        click.echo(f"gpuwatch: {left} alert message(s) not delivered yet (endpoint down?); they stay "
+                   "queued for the next `gpuwatch run` or `gpuwatch daemon --user`", err=True)
+
+
 def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | None = None,
-         instrument: bool = True) -> int:
+         instrument: bool = True, notify: tuple[str, ...] = (), tensorboard: str | None = None) -> int:
     """Run `command` as a run of its own; return the exit code the wrapper should exit with.
     `gpu_env` is added to the command's environment (CUDA_VISIBLE_DEVICES from --pick); with
-    `instrument`, a Python child gets the bootstrap that hooks torch when it imports it."""
+    `instrument`, a Python child gets the bootstrap that hooks torch when it imports it; each
+    `notify` URL gets this run's alerts (delivered by the wrapper when no daemon runs); with
+    `tensorboard` (a directory or "auto"), a process beside it mirrors the run's figures there."""
     from collectors.host import cgroup_oom_kills
     from gpuwatch.cli import child_path
     from gpuwatch.client import metadata
@@ -122,7 +181,8 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     # Block before any thread starts (the transport's threads inherit the mask), so every
     # SIGINT/SIGTERM comes to sigtimedwait below instead of interrupting us.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
-    transport = ingest = None
+    transport = ingest = mirror = None
+    deliver_here = False
     # Short, private and ours alone: the child's import directory, its note, and (with no
     # daemon) the socket this process serves it on (Unix socket paths are capped at 107 bytes).
     private = Path(tempfile.mkdtemp(prefix="gpuwatch-run-"))
@@ -143,6 +203,12 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
         fields["command"] = shlex.join(command)
         send("run_start", name=name or default_name(command), **fields)
         transport.flush()  # the run exists before the child can add steps to it
+        deliver_here = _subscribe(cfg, notify, run_id)
+        if tensorboard:
+            from gpuwatch.client.tensorboard import start_mirror
+
+            mirror = start_mirror(tensorboard, since_ms=started[0], watch_pid=os.getpid(),
+                                  wrapper_run_id=run_id)
         env = dict(os.environ, **{ENV_RUN_ID: run_id}, **(gpu_env or {}))
         if transport.mode == "embedded":
             from gpuwatch.cli.private_ingest import PrivateIngest
@@ -185,8 +251,15 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
             ingest.close()
         if transport is not None:
             transport.close()
+        if mirror is not None:
+            _wait_for_mirror(mirror)
         shutil.rmtree(private, ignore_errors=True)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        if deliver_here and transport is not None:
+            from gpuwatch.cli.options import reader_db_path
+
+            # The database the run's alerts are in: ours with no daemon, else the daemon's.
+            _deliver(cfg, cfg.db_path if transport.mode == "embedded" else reader_db_path(None), run_id)
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -195,9 +268,18 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
               help="Run on the N best free GPUs of this host (as `gpuwatch pick -n N`).")
 @click.option("--no-instrument", is_flag=True,
               help="Do not hook torch in the command (also: GPUWATCH_INSTRUMENT=0).")
+@click.option("--notify", "notify", multiple=True, metavar="URL",
+              help="Send this run's alerts (its end, failure, OOM, stall) to an apprise URL, or "
+                   "env:NAME for a URL in that environment variable (kept out of `ps`); works with "
+                   "no daemon. Repeatable.")
+@click.option("--tensorboard", metavar="DIR|auto",
+              help="Mirror the run's figures live into TensorBoard files under DIR/gpuwatch/; "
+                   "'auto': beside the TensorBoard logs the program writes itself.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @friendly_errors
-def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, command: tuple[str, ...]) -> None:
+def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, notify: tuple[str, ...],
+            tensorboard: str | None,
+            command: tuple[str, ...]) -> None:
     """Run COMMAND as a tracked run and exit with its status.
 
     The run records the command, exit code or signal and duration; the daemon links the
@@ -207,11 +289,14 @@ def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, command: 
     that calls gpuwatch.track() itself is counted by its own calls instead. SIGINT and SIGTERM
     are passed on to the command.
 
-    Example: gpuwatch run --name sweep-3 -- python train.py --lr 3e-4
+    Example: gpuwatch run --name sweep-3 --notify 'ntfy://ntfy.sh/my-topic' -- python train.py
     """
+    if notify:
+        notify = tuple(_notify_url(value) for value in notify)
     gpu_env = {}
     if pick_n:
         from gpuwatch.cli.pick_cmd import visible_devices
 
         gpu_env["CUDA_VISIBLE_DEVICES"] = visible_devices(pick_n)
-    raise SystemExit(wrap(command, name, gpu_env, instrument=not no_instrument))
+    raise SystemExit(wrap(command, name, gpu_env, instrument=not no_instrument, notify=notify,
+                          tensorboard=tensorboard))

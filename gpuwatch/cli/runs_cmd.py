@@ -136,18 +136,6 @@ def _end_line(run) -> str:
     return text
 
 
-def _attached(conn, run_id: str, kind: str = "attached") -> dict:
-    """What an instrumented child told a `gpuwatch run` wrapper's run (config, torch version);
-    with kind 'not_instrumented', why its child could not be instrumented."""
-    row = conn.execute("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = ? "
-                       "ORDER BY seq LIMIT 1", (run_id, kind)).fetchone()
-    try:
-        payload = json.loads(row[0]) if row and row[0] else {}
-    except ValueError:
-        return {}
-    return payload if isinstance(payload, dict) else {}
-
-
 def _ranks(conn, run) -> list[tuple]:
     """Other runs of the same distributed job, or rank runs under this wrapper."""
     return conn.execute(
@@ -184,7 +172,8 @@ def loss_lines(run_id: str, steps, colour: bool) -> list[str]:
 
 def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energy=None,
               energy_tokens: int | None = None, colour: bool = False, notes=(),
-              breakdown: dict | None = None, not_instrumented: str | None = None) -> str:
+              breakdown: dict | None = None, not_instrumented: str | None = None,
+              slowdowns: list[str] | None = None) -> str:
     out = []
     add = out.append
     title = f"run {run.run_id}" + (f"  {run.name}" if run.name else "") + f"  [{run.status}]"
@@ -239,6 +228,11 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energ
 
         add(f"  profile   {headline(breakdown)}")
 
+    if slowdowns:
+        add("")
+        add("slowdowns (gpuwatch why RUN: phases and evidence)")
+        out.extend(slowdowns)
+
     config = run.config or attached.get("config") or {}
     if config:
         add("")
@@ -266,13 +260,16 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energ
 @friendly_errors
 def show_cmd(run_ref, db) -> None:
     """Show one run: summary, end state, tokens/s sparkline, memory peaks, energy (kWh, J/token),
-    final and best loss with a chart of loss against tokens seen, config, ranks, notes.
+    final and best loss with a chart of loss against tokens seen, slowdowns and their causes
+    (as `gpuwatch why`), config, ranks, notes.
 
     RUN is a run id, a unique id prefix, or a run name (the newest run with that name).
 
     Example: gpuwatch show gpt-4k
     """
     from gpuwatch.analysis.rundata import run_window
+    from gpuwatch.analysis.why import analyse
+    from gpuwatch.analysis.why.render import slowdown_lines
     from gpuwatch.store import now_ms, open_ro, profiles, queries
     from gpuwatch.store.energy import run_energy
 
@@ -283,11 +280,14 @@ def show_cmd(run_ref, db) -> None:
         start, end = run_window(conn, run)
         energy = run_energy(conn, {run.run_id: (start, end)}).get(run.run_id)
         tokens = energy and queries.run_tokens(conn, run.run_id, energy.from_ms, end)
-        text = show_text(run, queries.steps(conn, run.run_id), _attached(conn, run.run_id),
+        steps = queries.steps(conn, run.run_id)
+        slowdowns = slowdown_lines(analyse(conn, run.run_id)) if steps else None
+        text = show_text(run, steps, queries.run_event_payload(conn, run.run_id),
                          _ranks(conn, run), now_ms(), energy=energy, energy_tokens=tokens, colour=colour,
                          notes=queries.notes(conn, run.run_id),
                          breakdown=profiles.latest_breakdown(conn, run.run_id),
-                         not_instrumented=_attached(conn, run.run_id, "not_instrumented").get("reason"))
+                         not_instrumented=queries.run_event_payload(conn, run.run_id, "not_instrumented").get("reason"),
+                         slowdowns=slowdowns)
     finally:
         conn.close()
     click.echo(text, color=colour)

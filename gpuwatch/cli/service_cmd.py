@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 UNIT_NAME = "gpuwatch.service"
+NOTIFY_UNIT_NAME = "gpuwatch-notify.service"  # alert delivery, the one part that reaches the network
 SYSUSERS_NAME = "gpuwatch.sysusers.conf"
 # The unit files ship in the source tree next to the package (editable/dev installs).
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "systemd"
@@ -33,14 +34,16 @@ def render(executable: str) -> dict[str, str]:
     """{file name: text} with ExecStart= pointing at `executable`."""
     try:
         unit = (SOURCE_DIR / UNIT_NAME).read_text()
+        notify_unit = (SOURCE_DIR / NOTIFY_UNIT_NAME).read_text()
         sysusers = (SOURCE_DIR / SYSUSERS_NAME).read_text()
     except FileNotFoundError:
         raise click.ClickException(f"unit files not found in {SOURCE_DIR}; "
                                    "install gpuwatch from a source checkout") from None
     if any(c.isspace() for c in executable):
         raise click.ClickException(f"ExecStart path must not contain spaces: {executable!r}")
-    unit = re.sub(r"^ExecStart=\S+", f"ExecStart={executable}", unit, count=1, flags=re.M)
-    return {UNIT_NAME: unit, SYSUSERS_NAME: sysusers}
+    unit, notify_unit = (re.sub(r"^ExecStart=\S+", f"ExecStart={executable}", text, count=1, flags=re.M)
+                         for text in (unit, notify_unit))
+    return {UNIT_NAME: unit, NOTIFY_UNIT_NAME: notify_unit, SYSUSERS_NAME: sysusers}
 
 
 def _run(cmd: list[str]) -> None:
@@ -60,7 +63,8 @@ def _run(cmd: list[str]) -> None:
 def install_service(print_only, prefix):
     """Install the systemd service (Type=notify, hardened) and the gpuwatch system user.
 
-    Writes /etc/systemd/system/gpuwatch.service and /etc/sysusers.d/gpuwatch.conf, runs
+    Writes /etc/systemd/system/gpuwatch.service, gpuwatch-notify.service (alert delivery) and
+    /etc/sysusers.d/gpuwatch.conf, runs
     systemd-sysusers and `systemctl daemon-reload`. Then: systemctl enable --now gpuwatch
     """
     files = render(gpuwatch_executable())
@@ -70,6 +74,7 @@ def install_service(print_only, prefix):
         return
     root = Path(prefix) if prefix else Path("/")
     targets = {UNIT_NAME: root / "etc/systemd/system" / UNIT_NAME,
+               NOTIFY_UNIT_NAME: root / "etc/systemd/system" / NOTIFY_UNIT_NAME,
                SYSUSERS_NAME: root / "etc/sysusers.d" / "gpuwatch.conf"}
     for name, target in targets.items():
         try:
@@ -85,4 +90,4 @@ def install_service(print_only, prefix):
         return
     _run(["systemd-sysusers", str(targets[SYSUSERS_NAME])])
     _run(["systemctl", "daemon-reload"])
-    click.echo("now: systemctl enable --now gpuwatch")
+    click.echo("now: systemctl enable --now gpuwatch (and gpuwatch-notify to send alerts)")

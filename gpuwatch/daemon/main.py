@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import signal
+import sqlite3
 import threading
 from functools import partial
 from typing import Callable
@@ -101,6 +102,21 @@ class Daemon:
             stall_watch = StallWatch(self.writer, self.cfg)
             stall_watch.start()
             self._on_stop.append(stall_watch.stop)
+            if not self.cfg.system:
+                # A user daemon delivers its owner's alerts itself; a system one stays fenced
+                # off the network and leaves delivery to gpuwatch-notify.service.
+                from gpuwatch.alerts.deliver import Deliverer
+                from gpuwatch.alerts.subscriptions import SubscriptionError
+
+                try:
+                    deliverer = Deliverer(self.cfg.notify_db_path, self.cfg.db_path,
+                                          self.cfg.notify_group_seconds,
+                                          terminals_uid=os.getuid() if self.cfg.notify_terminals else None)
+                except (SubscriptionError, OSError, sqlite3.Error) as e:  # sampling matters more
+                    log.error("alerts will not be delivered: %s", e)
+                else:
+                    deliverer.start()
+                    self._on_stop.append(deliverer.stop)
             status = f"{self.sampler.status_line()}; db {self.cfg.db_path}"
             # The host-only reason was logged once already; systemctl status shows it in STATUS.
             log.info("started: %s GPUs; db %s", self.sampler.gpu_count, self.cfg.db_path)

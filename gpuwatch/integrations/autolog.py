@@ -30,14 +30,19 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0
 _lock = threading.Lock()
 _watch: "_IdleWatch | None" = None
 _helpers: list = []
+_mirrors: list = []  # the TensorBoard mirror of this process's runs, once asked for
 
 
-def autolog(name: str | None = None, idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S) -> None:
+def autolog(name: str | None = None, idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
+            tensorboard: str | None = None) -> None:
     """Record this interpreter's training as gpuwatch runs, with no other change to the code.
 
     name: the runs' name (default: the notebook's file name under Jupyter, else "notebook" in a
     kernel, else the script's).
     idle_timeout: seconds without a training step after which the run ends (None: never).
+    tensorboard: a log directory: this process's runs are mirrored live into TensorBoard files
+    under DIR/gpuwatch/ by a process beside this one; "auto": beside the TensorBoard logs the
+    program writes itself.
     Imports torch if the program has not yet.
     """
     global _watch
@@ -50,6 +55,11 @@ def autolog(name: str | None = None, idle_timeout: float | None = DEFAULT_IDLE_T
             os.environ["GPUWATCH_SOCKET"] = str(_serve_in_helper())
         hooks = autohook.install(torch)
         hooks.name = name or _default_name()
+        if tensorboard and not _mirrors:
+            from gpuwatch.client.tensorboard import start_mirror
+
+            _mirrors.append(start_mirror(tensorboard, since_ms=time.time_ns() // 1_000_000,
+                                         watch_pid=os.getpid(), pid=os.getpid()))
         if idle_timeout is not None:
             _watch = _IdleWatch(float(idle_timeout), hooks.name)
 

@@ -67,3 +67,13 @@ def recent(conn: sqlite3.Connection, limit: int = 100, uid: int | None = None) -
                             (uid, limit))
     return [_build(r) for r in rows]
 
+
+
+def by_ids(conn: sqlite3.Connection, ids: list[int]) -> list[Alert]:
+    """The alerts with these ids (those still stored), oldest first."""
+    out: list[Alert] = []
+    for start in range(0, len(ids), 500):
+        chunk = list(ids[start:start + 500])
+        out += [_build(r) for r in conn.execute(
+            f"{_SELECT} WHERE id IN ({','.join('?' * len(chunk))}) ORDER BY id", chunk)]
+    return out

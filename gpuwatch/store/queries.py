@@ -513,6 +513,19 @@ def _run_from_row(row: tuple) -> Run:
     return Run(*row, config=config if isinstance(config, dict) else {})
 
 
+def run_event_payload(conn: sqlite3.Connection, run_id: str, kind: str = "attached") -> dict:
+    """The first `kind` event's payload: what an instrumented child told a `gpuwatch run`
+    wrapper's run ('attached': its config, torch version), or why it could not be instrumented
+    ('not_instrumented'); {} if none."""
+    row = conn.execute("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = ? "
+                       "ORDER BY seq LIMIT 1", (run_id, kind)).fetchone()
+    try:
+        payload = json.loads(row[0]) if row and row[0] else {}
+    except ValueError:
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
 def run(conn: sqlite3.Connection, run_ref: str) -> Run:
     """The run named by its full id, the newest run with that exact name, or a unique id prefix."""
     cols = columns_of(Run)

@@ -14,6 +14,7 @@ from gpuwatch import fmt
 from gpuwatch.tui.snapshot import Chart
 
 COLOURS = ("green", "cyan", "magenta", "yellow")
+SHADE = "grey30"  # background of a shaded span (a slow phase)
 _DOT_BITS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))  # [row][col] in a cell
 
 
@@ -75,6 +76,9 @@ def render_chart(chart: Chart, width: int, height: int, until_ms: int,
                 cells[row][col] |= _DOT_BITS[y % 4][x % 2]
                 if owner[row][col] < 0:
                     owner[row][col] = si
+    # Shaded columns: those whose middle falls in a span of chart.shaded (a run's slow phases).
+    shade = [any(a <= t0 + (col + 0.5) / plot_w * (t1 - t0) <= b for a, b in chart.shaded)
+             for col in range(plot_w)]
     for row in range(plot_h):
         if row == 0:
             label = labels[0]
@@ -87,10 +91,11 @@ def render_chart(chart: Chart, width: int, height: int, until_ms: int,
         out.append(f"{label:>{label_w}} ┤" if label else " " * label_w + " │", style="dim")
         for col in range(plot_w):
             bits = cells[row][col]
+            back = f" on {SHADE}" if shade[col] else ""
             if bits:
-                out.append(chr(0x2800 + bits), style=COLOURS[owner[row][col] % len(COLOURS)])
+                out.append(chr(0x2800 + bits), style=COLOURS[owner[row][col] % len(COLOURS)] + back)
             else:
-                out.append(" ")
+                out.append(" ", style=back.strip() or None)
         out.append("\n")
     start, end = ("-" + fmt.duration(t1 - t0), "now") if x_format is None else (x_format(t0), x_format(t1))
     axis = " " * (label_w + 1) + "└" + start.ljust(plot_w - len(end), "─") + end

@@ -16,23 +16,6 @@ if TYPE_CHECKING:  # the fleet's model loads only with the Fleet screen
     from gpuwatch.fleet.model import Fleet
 
 
-# NVML clock-event ("throttle") reason bits worth telling a user about; idle and
-# application-clock settings are normal operation, not throttling.
-THROTTLE_REASONS = (
-    (0x4, "power cap"),
-    (0x8, "HW slowdown"),
-    (0x10, "sync boost"),
-    (0x20, "SW thermal"),
-    (0x40, "HW thermal"),
-    (0x80, "power brake"),
-)
-
-
-def throttle_words(mask: int | None) -> list[str]:
-    """Decode an NVML clock-event reason bitmask into words: 0x44 -> ["power cap", "HW thermal"]."""
-    return [word for bit, word in THROTTLE_REASONS if mask and mask & bit]
-
-
 @dataclass(frozen=True)
 class View:
     """Which screen wants data: "overview", "runs", "run" (with run_id and a range in seconds;
@@ -85,7 +68,7 @@ class GpuRow:
             return ["LOST"]
         if self.state == "hung":
             return [fmt.gpu_state(self.state, self.state_since_ms).upper().replace("SINCE", "since")]
-        words = throttle_words(self.throttle_reasons)
+        words = fmt.throttle_words(self.throttle_reasons)
         if self.ecc_uncorrected:
             words.append(f"ECC errors: {self.ecc_uncorrected}")
         return words
@@ -149,6 +132,19 @@ class Series:
 class Chart:
     title: str
     series: tuple[Series, ...]
+    shaded: tuple[tuple[int, int], ...] = ()  # (start_ms, end_ms) spans drawn on a dark background
+
+
+@dataclass(frozen=True)
+class SlowRow:
+    """One slow phase of a run (gpuwatch why) and its ranked causes, as lines to show."""
+    start_ms: int
+    end_ms: int
+    first_step: int
+    last_step: int
+    slower_pct: float
+    unit: str                              # token | step
+    causes: tuple[str, ...]                # "62 % gpu_cotenant: pid 8812 (bob, ...) on GPU 0 ..."
 
 
 @dataclass(frozen=True)
@@ -209,6 +205,7 @@ class RunDetail:
     energy_j: float | None = None          # its share of its GPUs' energy (store/energy.py)
     energy_complete: bool = True           # False: older raw samples had expired ("≥")
     joules_per_token: float | None = None
+    slowdowns: tuple[SlowRow, ...] = ()    # slow phases with their causes (gpuwatch why)
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,14 @@ from gpuwatch.store import StoreError, health, now_ms, open_ro, postmortems, pro
 from gpuwatch.store.energy import EnergyLedger, RunEnergy
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
 from gpuwatch.tui.snapshot import (CapacityRow, Chart, GpuRow, HostRow, MigRow, OomRow, ProcessRow,
-                                   ProfileRow, RunDetail, RunRow, Series, Snapshot, StacksRow, View)
+                                   ProfileRow, RunDetail, RunRow, Series, SlowRow, Snapshot, StacksRow,
+                                   View)
 from gpuwatch.tui.sparks import SPARK_SLOT_MS, SparkHistory, window_start
 
 CHART_POINTS = 240             # per series; charts are at most ~160 columns x 2 dots
 PROF_FRESH_MS = 60_000         # an older GPM sample says nothing of now: "n/a"
 MAX_STEPS = 50_000             # newest steps read for a run chart; older ones are left out
+WHY_EVERY_MS = 30_000          # a running run's slow phases are worked out again this often
 OOM_TRACEBACK_LINES = 12       # the traceback's tail on the OOM screen
 READ_CACHE_KIB = 256           # SQLite page cache of the TUI's one long-lived connection
 STACK_FRAMES = 6               # innermost frames per thread in the run view's stacks panel
@@ -157,6 +159,7 @@ class StoreSource:
         self.sparks = SparkHistory()
         self.last: tuple[tuple, Snapshot] | None = None  # (what it was read for, the snapshot)
         self.energy: tuple[str, EnergyLedger] | None = None  # the Run screen's run, folded so far
+        self.why: tuple[tuple, tuple[SlowRow, ...]] | None = None  # (run, step period) -> slow phases
 
     def close(self) -> None:
         if self.conn is not None:
@@ -165,6 +168,7 @@ class StoreSource:
         self.sparks = SparkHistory()  # the file may be replaced before we reopen it
         self.last = None
         self.energy = None
+        self.why = None
 
     def fetch(self, view: View) -> Snapshot:
         snap = replace(self._fetch(view), stale_after_ms=self.stale_after_ms, notice=self.notice,
@@ -275,11 +279,13 @@ class StoreSource:
             ("peak", "mem_peak_bytes"))]
         if not any(s.points for s in memory):  # a CPU run: the process's resident memory
             memory = [series("RSS", "bytes", "rss_bytes")]
-        charts = [Chart("tokens/s", (series("tokens/s", "per_s", "tokens_per_s"),))]
+        slow = self._slowdowns(conn, run.run_id, steps[-1].ts_ms if steps else None)
+        shaded = tuple((r.start_ms, r.end_ms) for r in slow)
+        charts = [Chart("tokens/s", (series("tokens/s", "per_s", "tokens_per_s"),), shaded)]
         loss = series("loss", "loss", "loss")
         if loss.points:  # a run that records its loss (inference runs have none)
             charts.append(Chart("loss", (loss,)))
-        charts.append(Chart("step time", (series("step", "ms", "step_time_ms"),)))
+        charts.append(Chart("step time", (series("step", "ms", "step_time_ms"),), shaded))
         data_wait = series("waiting for data", "pct", "data_wait_pct")
         if data_wait.points:  # only runs whose compute start is marked (hooks, callbacks, mark_compute)
             charts.append(Chart("data wait (share of each step)", (data_wait,)))
@@ -307,7 +313,23 @@ class StoreSource:
                          profiles=len(profiles.profiles(conn, run.run_id)),
                          energy_j=energy and energy.joules,
                          energy_complete=energy is None or energy.complete,
-                         joules_per_token=energy.joules / tokens if tokens else None)
+                         joules_per_token=energy.joules / tokens if tokens else None,
+                         slowdowns=slow)
+
+    def _slowdowns(self, conn: sqlite3.Connection, run_id: str, newest_ms: int | None) -> tuple[SlowRow, ...]:
+        """The run's slow phases (gpuwatch why), worked out again only when its newest step
+        moved on by WHY_EVERY_MS: the analysis reads every step, a poll should not."""
+        if newest_ms is None:
+            return ()
+        key = (run_id, newest_ms // WHY_EVERY_MS)
+        if self.why is None or self.why[0] != key:
+            from gpuwatch.analysis.why import analyse
+
+            result = analyse(conn, run_id)
+            self.why = key, tuple(SlowRow(s.start_ms, s.end_ms, s.first_step, s.last_step, s.slower_pct, result.unit,
+                                          tuple(f"{c.share_pct:.0f} % {c.kind}: {c.detail}" for c in s.causes))
+                                  for s in result.slowdowns)
+        return self.why[1]
 
     def _energy(self, conn: sqlite3.Connection, run: queries.Run, until_ms: int) -> RunEnergy | None:
         """The run's energy so far: the first poll folds its lifetime, later ones only what is new."""

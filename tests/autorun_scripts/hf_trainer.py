@@ -2,7 +2,8 @@
 
 Prints the Trainer's own figures as one JSON line (GPUWATCH_TEST ...) for the test to compare.
 Args: OUTPUT_DIR [--pad] pads the last 4 positions of every sequence (attention_mask 0 there);
-[--callback] adds gpuwatch's Trainer callback (the explicit, one-line integration).
+[--callback] adds gpuwatch's Trainer callback (the explicit, one-line integration);
+[--tensorboard] has the Trainer write its own TensorBoard logs (output_dir/runs/...).
 """
 import json
 import sys
@@ -30,7 +31,8 @@ class Counting(torch.utils.data.Dataset):
 model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2))
 args = TrainingArguments(output_dir=sys.argv[1], per_device_train_batch_size=BATCH,
                          gradient_accumulation_steps=ACCUM, max_steps=STEPS, logging_steps=1,
-                         learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True,
+                         learning_rate=1e-3, save_strategy="no",
+                         report_to=["tensorboard"] if "--tensorboard" in sys.argv else [], use_cpu=True,
                          dataloader_num_workers=0, disable_tqdm=True,
                          include_num_input_tokens_seen="non_padding")
 callbacks = []

@@ -1,6 +1,7 @@
 """An unmodified Lightning script: a tiny LM whose forward returns its loss, gradient accumulation 2,
 Lightning's own ThroughputMonitor. Prints what Lightning logged as one JSON line (GPUWATCH_TEST ...).
-Args: [--callback] adds gpuwatch's Lightning callback (the explicit, one-line integration)."""
+Args: [--callback] adds gpuwatch's Lightning callback (the explicit, one-line integration);
+[--tensorboard] logs to Lightning's TensorBoardLogger (lightning_logs/version_N) as well."""
 import json
 import sys
 
@@ -60,8 +61,13 @@ if "--callback" in sys.argv:
     from gpuwatch.integrations.lightning import GpuwatchCallback
 
     callbacks.append(GpuwatchCallback(name="lightning-explicit"))
+loggers = [Remember()]
+if "--tensorboard" in sys.argv:
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    loggers.append(TensorBoardLogger(save_dir="."))
 trainer = pl.Trainer(max_steps=STEPS, accumulate_grad_batches=ACCUM, accelerator="cpu", devices=1,
-                     logger=Remember(), log_every_n_steps=1, callbacks=callbacks, enable_checkpointing=False,
+                     logger=loggers, log_every_n_steps=1, callbacks=callbacks, enable_checkpointing=False,
                      enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(TinyLM(), torch.utils.data.DataLoader(Counting(), batch_size=B))
 print("GPUWATCH_TEST " + json.dumps({"logged": Remember.metrics, "micro_losses": TinyLM.micro_losses,

@@ -1,5 +1,5 @@
-"""One run: throughput, loss, step time, memory and its GPUs over a chosen time range; energy,
-config, ranks, how it ended. Other run views (OOM postmortem, profiles, stack dumps) push from here."""
+"""One run: throughput, loss, step time (slow phases shaded, their causes listed), memory and its
+GPUs over a chosen time range; energy, config, ranks, how it ended. Other run views (OOM postmortem, profiles, stack dumps) push from here."""
 
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ class RunScreen(LiveScreen):
         yield StatusLine(id="status")
         with VerticalScroll(id="run-body"):
             yield Static(id="run-summary")
+            yield Static(id="run-slowdowns")
             yield Static(id="run-stacks")
             yield Static(id="run-charts-title")
             yield Static(id="run-config")
@@ -108,6 +109,9 @@ class RunScreen(LiveScreen):
                 Text(f"run {self.run_id} not found", style="bold red"))
             return
         self.query_one("#run-summary", Static).update(summary(detail, snap.now_ms))
+        slow = self.query_one("#run-slowdowns", Static)
+        slow.display = bool(detail.slowdowns)  # none: no lines taken
+        slow.update(slowdowns_panel(detail))
         stacks = self.query_one("#run-stacks", Static)
         stacks.display = bool(detail.stacks or detail.profiles)  # nothing to say: no lines taken
         stacks.update(stacks_panel(detail))
@@ -149,6 +153,18 @@ def summary(d: RunDetail, now_ms: int) -> Table:
     if d.command:
         t.add_row("command", Text(d.command, overflow="ellipsis", no_wrap=True))
     return t
+
+
+def slowdowns_panel(d: RunDetail) -> Text:
+    """Each slow phase (shaded on the step-time and tokens/s charts) and its ranked causes."""
+    text = Text("slowdowns (shaded on the charts; gpuwatch why RUN for the evidence)", style="bold")
+    for s in d.slowdowns:
+        text += Text(f"\nsteps {s.first_step:,}-{s.last_step:,}  {fmt.local_time(s.start_ms)} "
+                     f"+{fmt.duration(s.end_ms - s.start_ms)}  {s.slower_pct:.0f} % slower per {s.unit}",
+                     style="yellow")
+        for cause in s.causes:
+            text += Text("\n  " + cause, overflow="ellipsis", no_wrap=True)  # users' text: never markup
+    return text
 
 
 def stacks_panel(d: RunDetail) -> Text:
