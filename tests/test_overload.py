@@ -186,11 +186,6 @@ def test_eight_processes_of_one_user_at_1000_to_2000_steps_a_second_are_all_stor
     assert "rate limit" not in err
 
 
-# The replay runs in a process of its own at nice 19 (daemon/replay.py), yet on this loaded
-# 2-core box the 10 Hz tick's 50 ms wait for the GPU readers is still missed now and then while
-# it runs (all GPUs of one tick at once: our process was late, not a GPU). Branch i30b makes
-# "not responding" mean a GPU's own call was late; the lead removes this marker after merging it.
-@pytest.mark.xfail(reason="needs i30b's reader deadline (collectors/nvml.py, deadline.py)", strict=False)
 def test_a_replay_of_100000_spooled_events_leaves_every_gpu_answering(place):
     dead = subprocess.Popen(["true"])
     dead.wait()
