@@ -36,6 +36,9 @@ END_WITHIN_S = 1.0
 # step() only records; a thread of ours turns the recorded steps into events (folded past the
 # transport's budget, see fold.py) this often while steps come.
 DRAIN_EVERY_MS = 100
+# Recorded steps waiting for that thread, at most (about 250 bytes each): the client's memory
+# stays bounded at any rate, whatever the scheduler does to the thread.
+PENDING_STEPS_MAX = 50_000
 _OOM_MESSAGES = ("CUDA out of memory", "DefaultCPUAllocator: can't allocate memory",
                  "DefaultCPUAllocator: not enough memory")
 
@@ -281,9 +284,14 @@ class Run:
             alloc, reserved, peak = torch_stats.cuda_memory(self._torch)
         else:
             alloc = reserved = peak = None
-        self._pending.append((self._step, now_ms(), mark, compute, tokens, samples, seq_len, captured,
-                              losses, alloc, reserved, peak, self._rss.read()))
-        self._drainer.wake()
+        pending = self._pending
+        pending.append((self._step, now_ms(), mark, compute, tokens, samples, seq_len, captured,
+                        losses, alloc, reserved, peak, self._rss.read()))
+        if len(pending) < PENDING_STEPS_MAX:
+            self._drainer.wake()
+        else:  # the drainer fell behind (starved of the CPU): catch up here rather than grow
+            with self._draining:
+                self._drain(wait=False)
         every = self._cfg.memory_stats_every
         if self._torch is not None and every > 0 and self._step % every == 0:
             self._send("memory_stats", step=self._step, device=self._torch.cuda.current_device(),
