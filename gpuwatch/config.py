@@ -62,7 +62,9 @@ class Config:
     metrics_hostname: str = ""  # the Hostname label on /metrics; empty = this machine's name
     admin_group: str = "gpuwatch-admin"  # members may control every run
     socket_group: str = ""  # if set, only this group may connect; else everyone may
-    rate_limit_events: int = 5000  # events per second per uid
+    # events per second per uid: a guard against abuse. A client folds its steps past 1,000 a
+    # second (client/fold.py), so 50 busy processes of one user stay under it.
+    rate_limit_events: int = 50_000
     stall_factor: float = 10.0  # a run is stalled after max(factor x median step, floor)
     stall_floor: float = 120.0
     spool_scan_interval: float = 30.0  # seconds between looks for spools of clients that died

@@ -56,9 +56,14 @@ def find_stalled(conn: sqlite3.Connection, cfg: Config, host: str, now: int) -> 
         "AND host = ? AND last_step_ms IS NOT NULL AND last_step_ms < ?",
         (host, now - int(cfg.stall_floor * 1000))).fetchall()
     for run_id, pid, started_ms, last_step_ms in rows:
-        times = [t for (t,) in conn.execute(
-            "SELECT step_time_ms FROM steps WHERE run_id = ? AND step_time_ms IS NOT NULL "
-            "ORDER BY step DESC LIMIT ?", (run_id, MEDIAN_OF_STEPS))]
+        # The last MEDIAN_OF_STEPS steps: a folded row counts as its n_steps steps of its mean.
+        times: list[float] = []
+        for t, n in conn.execute(
+                "SELECT step_time_ms, n_steps FROM steps WHERE run_id = ? AND step_time_ms IS NOT NULL "
+                "ORDER BY step DESC LIMIT ?", (run_id, MEDIAN_OF_STEPS)):
+            times += [t] * min(n, MEDIAN_OF_STEPS - len(times))
+            if len(times) >= MEDIAN_OF_STEPS:
+                break
         threshold = stall_threshold_s(times, cfg)
         silent = (now - last_step_ms) / 1000.0
         if silent <= threshold or pid is None or not process_alive(pid, started_ms):

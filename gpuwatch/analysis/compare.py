@@ -69,21 +69,39 @@ def dist(values: list[float]) -> Dist:
     return Dist(sum(values) / len(values), percentile(values, 0.5), percentile(values, 0.9))
 
 
+def weighted_dist(pairs: list[tuple[float, int]]) -> Dist:
+    """dist() of values each standing for `weight` steps (a folded steps row: its mean, n_steps)."""
+    if all(w == 1 for _, w in pairs):
+        return dist([v for v, _ in pairs])
+    pairs = sorted(pairs)
+    total = sum(w for _, w in pairs)
+
+    def at(q: float) -> float:
+        seen = 0
+        for value, weight in pairs:
+            seen += weight
+            if seen >= q * total:
+                return value
+        return pairs[-1][0]
+    return Dist(sum(v * w for v, w in pairs) / total, at(0.5), at(0.9))
+
+
 def run_stats(conn: sqlite3.Connection, ref: str) -> RunStats:
     run = queries.run(conn, ref)
-    rows = conn.execute("SELECT tokens_per_s, step_time_ms, mfu, mem_peak_bytes, rss_bytes FROM steps "
+    rows = conn.execute("SELECT tokens_per_s, step_time_ms, mfu, mem_peak_bytes, rss_bytes, n_steps FROM steps "
                         "WHERE run_id = ?", (run.run_id,)).fetchall()
     column = lambda i: [r[i] for r in rows if r[i] is not None]  # noqa: E731
-    mfu = column(2)
+    weighted = lambda i: [(r[i], r[5]) for r in rows if r[i] is not None]  # noqa: E731
     peaks = column(3) or column(4)  # CUDA allocator peak; a CPU-only run's is its RSS
     start, end = run_window(conn, run)
     gpus = run_gpus(conn, run)
     temporal = (profiles.latest_breakdown(conn, run.run_id) or {}).get("temporal") or {}
     final, best = loss_mod.final_and_best(loss_mod.loss_curve(conn, run.run_id))
     energy = energy_mod.run_energy(conn, {run.run_id: (start, end)}).get(run.run_id)
-    return RunStats(run.run_id, run.name, run.status, end - start, len(rows), dist(column(0)),
-                    dist(column(1)), max(peaks) if peaks else None,
-                    sum(mfu) / len(mfu) if mfu else None, gpu_util(conn, gpus, start, end), tuple(gpus),
+    mfu = weighted(2)
+    return RunStats(run.run_id, run.name, run.status, end - start, sum(r[5] for r in rows),
+                    weighted_dist(weighted(0)), weighted_dist(weighted(1)), max(peaks) if peaks else None,
+                    sum(m * n for m, n in mfu) / sum(n for _, n in mfu) if mfu else None, gpu_util(conn, gpus, start, end), tuple(gpus),
                     final, best, **_energy_fields(conn, run.run_id, energy, end),
                     profile_idle_pct=temporal.get("idle_pct"),
                     profile_compute_pct=temporal.get("compute_pct"))

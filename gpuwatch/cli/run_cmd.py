@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from gpuwatch import priority
 from gpuwatch.cli.options import friendly_errors, load_config
 
 FORWARDED = {signal.SIGINT, signal.SIGTERM}
@@ -75,10 +76,7 @@ def _yield_cpu(increment: int = 10) -> None:
         if not threads:
             return
         for tid in threads:
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
-            except OSError:  # a thread that just ended
-                pass
+            priority.lower_thread(increment, tid)
         lowered |= threads
 
 

@@ -197,9 +197,10 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energ
     if steps:
         rates = [s.tokens_per_s for s in steps]
         known = [r for r in rates if r is not None]
-        timed = [(s.tokens, s.step_time_ms) for s in steps if s.tokens and s.step_time_ms]
+        # A folded row stands for n_steps steps; its step_time_ms is their mean.
+        timed = [(s.tokens, s.step_time_ms * s.n_steps) for s in steps if s.tokens and s.step_time_ms]
         avg = sum(t for t, _ in timed) / (sum(ms for _, ms in timed) / 1000.0) if timed else None
-        add(f"  steps     {len(steps)}   tokens/s avg {fmt.count(avg)}   last {fmt.count(known[-1] if known else None)}"
+        add(f"  steps     {sum(s.n_steps for s in steps)}   tokens/s avg {fmt.count(avg)}   last {fmt.count(known[-1] if known else None)}"
             f"   mfu last {fmt.percent(next((s.mfu for s in reversed(steps) if s.mfu is not None), None))}")
         if known:
             add(f"  tokens/s  {fmt.sparkline(rates, width=SPARK_WIDTH)}  "

@@ -22,7 +22,7 @@ from gpuwatch import config as config_mod
 from gpuwatch import paths
 from gpuwatch.clock import elapsed_end_ms
 from gpuwatch.diskfull import free_bytes, show_bytes
-from gpuwatch.client import flops, metadata, oom, profiling, torch_stats
+from gpuwatch.client import flops, fold, metadata, oom, profiling, torch_stats
 from gpuwatch.store import now_ms
 
 log = logging.getLogger(__name__)
@@ -30,11 +30,21 @@ log = logging.getLogger(__name__)
 # Set by `gpuwatch run` for its child: an instrumented child adds its steps to that run.
 ENV_RUN_ID = "GPUWATCH_RUN_ID"
 END_FLUSH_TIMEOUT_S = 10.0
-# Finished steps become events at most this often on the training thread, a burst at a time; a
-# thread of ours turns a burst left waiting (the run paused after a step) into events meanwhile.
+# finish() returns within this: the end goes ahead of queued steps; what is still queued then
+# is spooled for the daemon to replay.
+END_WITHIN_S = 1.0
+# step() only records; a thread of ours turns the recorded steps into events (folded past the
+# transport's budget, see fold.py) this often while steps come.
 DRAIN_EVERY_MS = 100
+# Recorded steps waiting for that thread, at most (about 250 bytes each): the client's memory
+# stays bounded at any rate, whatever the scheduler does to the thread.
+PENDING_STEPS_MAX = 50_000
 _OOM_MESSAGES = ("CUDA out of memory", "DefaultCPUAllocator: can't allocate memory",
                  "DefaultCPUAllocator: not enough memory")
+
+
+_PLAIN_COUNTS = {int, type(None)}
+_PLAIN_LOSSES = {float, int, type(None)}
 
 
 def new_run_id() -> str:
@@ -123,8 +133,8 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 class _Drainer:
-    """The thread that turns the steps step() left waiting into events within DRAIN_EVERY_MS,
-    when no later step() does (started at the first such wait)."""
+    """The thread that turns the steps step() recorded into events within DRAIN_EVERY_MS
+    (started at the first step)."""
 
     def __init__(self, run: "Run") -> None:
         self._run = run
@@ -188,9 +198,9 @@ class Run:
         self._gen = 0
         self._ended = False
         self._pending: collections.deque = collections.deque()
-        self._drained_ms = 0  # when step() last turned finished steps into events
-        self._draining = threading.RLock()  # step() and the drainer take turns (RLock: a signal
-        # handler that ends the run may interrupt step()'s own drain)
+        self._drained_ts = None  # ts_ms of the last step made an event: the next drain's window
+        self._draining = threading.RLock()  # the drainer and the run's end take turns (RLock: a
+        # signal handler that ends the run may interrupt a drain)
         self._drainer = _Drainer(self)
         self._compute_mark = None  # where this iteration's compute began (mark_compute), until step()
         self._rss = torch_stats.RssReader()
@@ -225,15 +235,16 @@ class Run:
         self._cpu_start = torch_stats.CpuClock()
 
     # ---- events -------------------------------------------------------------------------
-    def _send(self, kind: str, ts_ms: int | None = None, **fields) -> None:
+    def _send(self, kind: str, ts_ms: int | None = None, *, urgent: bool = False, **fields) -> None:
+        """Queue an event; an urgent one (the run's end) goes ahead of every event queued."""
         self._transport.send({"id": self._id_prefix + str(next(self._id_count)), "kind": kind, "run_id": self.run_id,
-                              "ts_ms": now_ms() if ts_ms is None else ts_ms, **fields})
+                              "ts_ms": now_ms() if ts_ms is None else ts_ms, **fields}, urgent=urgent)
 
-    def event(self, kind: str, payload: Mapping | None = None) -> None:
+    def event(self, kind: str, payload: Mapping | None = None, *, urgent: bool = False) -> None:
         """A free-form run event (e.g. 'checkpoint_saved'); seq is unique across processes of a run."""
         # Microseconds keep the wrapper's and an attached child's sequence numbers apart.
         self._last_seq = max(self._last_seq + 1, time.time_ns() // 1000)
-        self._send("run_event", seq=self._last_seq, event_kind=kind, payload=dict(payload or {}))
+        self._send("run_event", seq=self._last_seq, event_kind=kind, payload=dict(payload or {}), urgent=urgent)
 
     # ---- steps --------------------------------------------------------------------------
     @property
@@ -250,9 +261,11 @@ class Run:
             self._compute_mark = self._clock.compute_mark()
 
     def step(self, tokens: int | None = None, samples: int | None = None, seq_len: int | None = None,
-             loss: Any = None) -> None:
-        """Record one optimiser step. Never synchronises the GPU: timings and a tensor loss are
-        read once the GPU has passed this point, within DRAIN_EVERY_MS or at the end of the run."""
+             loss: Any = None, losses: Mapping[str, Any] | None = None) -> None:
+        """Record one optimiser step (`losses`: each optimiser's loss by name, when there are
+        several). Never synchronises the GPU: timings and a tensor loss are read by a thread of
+        ours once the GPU has passed this point, within DRAIN_EVERY_MS or at the end of the run.
+        Costs a tuple appended to a deque: the events are built (and folded) off this thread."""
         if self._clock is None:
             self._choose_clock()
         self._step += 1
@@ -263,21 +276,22 @@ class Run:
             tokens = torch_stats.capture_loss(tokens) if hasattr(tokens, "detach") else _whole(tokens)
         self._seq_len, self._batch = seq_len, samples
         captured = torch_stats.capture_loss(loss)  # queued before the event: ready with it
+        if losses is not None:
+            losses = {str(name): torch_stats.capture_loss(value) for name, value in losses.items()}
         compute, self._compute_mark = self._compute_mark, None
         mark = self._clock.mark()
         if self._torch is not None:
             alloc, reserved, peak = torch_stats.cuda_memory(self._torch)
         else:
             alloc = reserved = peak = None
-        ts = now_ms()
-        self._pending.append((self._step, ts, mark, compute, tokens, samples, seq_len, captured,
-                              alloc, reserved, peak, self._rss.read()))
-        if not 0 <= ts - self._drained_ms < DRAIN_EVERY_MS:  # a clock stepped back drains too
-            self._drained_ms = ts
+        pending = self._pending
+        pending.append((self._step, now_ms(), mark, compute, tokens, samples, seq_len, captured,
+                        losses, alloc, reserved, peak, self._rss.read()))
+        if len(pending) < PENDING_STEPS_MAX:
+            self._drainer.wake()
+        else:  # the drainer fell behind (starved of the CPU): catch up here rather than grow
             with self._draining:
                 self._drain(wait=False)
-        else:
-            self._drainer.wake()
         every = self._cfg.memory_stats_every
         if self._torch is not None and every > 0 and self._step % every == 0:
             self._send("memory_stats", step=self._step, device=self._torch.cuda.current_device(),
@@ -300,25 +314,59 @@ class Run:
         self._peak_flops = flops.peak_flops(torch.cuda.get_device_name(), self._precision)
 
     def _drain(self, wait: bool) -> None:
-        pending, clock, send = self._pending, self._clock, self._transport.send
-        while pending and clock.ready(pending[0][2], wait):
-            step, ts, mark, compute, tokens, samples, seq_len, loss, alloc, reserved, peak, rss = pending.popleft()
-            step_ms = clock.elapsed_ms(mark)
-            wait_pct = None if compute is None else clock.wait_pct(mark, compute, step_ms)
-            if tokens is not None and type(tokens) is not int:
-                tokens = round(torch_stats.resolve_loss(tokens))
+        """Steps the GPU has passed (all of them with wait) -> events, folded past the budget."""
+        pending, clock = self._pending, self._clock
+        if type(clock) is torch_stats.CpuClock:  # every step is ready: no per-step question
+            take = pending.popleft
+            raw = [take() for _ in range(len(pending))]
+        else:
+            raw = []
+            while pending and clock.ready(pending[0][2], wait):
+                raw.append(pending.popleft())
+        if not raw:
+            return
+        since = raw[0][1] if self._drained_ts is None else self._drained_ts
+        self._drained_ts = raw[-1][1]
+        size = fold.group_size(len(raw), max(DRAIN_EVERY_MS, raw[-1][1] - since))
+        send, envelope = self._transport.send, {"kind": "step", "run_id": self.run_id}
+        for start in range(0, len(raw), size):
+            g = self._read(raw[start:start + size])
+            if len(g.step) > 1:
+                send({"id": self._id_prefix + str(next(self._id_count)), **envelope, "ts_ms": g.ts_ms[-1],
+                      **fold.folded(g, self._mfu)})
+                continue
+            tokens, step_ms = g.tokens[0], g.step_ms[0]
             tps = tokens / (step_ms / 1000.0) if tokens and step_ms else None
-            fpt = self._flops_per_token
-            if callable(fpt):
-                fpt = fpt(seq_len) if seq_len else None
-            # Built in place rather than through _send(**fields): this runs every step.
-            send({"id": self._id_prefix + str(next(self._id_count)), "kind": "step",
-                  "run_id": self.run_id, "ts_ms": ts, "step": step, "tokens": tokens,
-                  "samples": samples, "seq_len": seq_len, "loss": torch_stats.resolve_loss(loss),
-                  "step_time_ms": step_ms, "data_wait_pct": wait_pct, "tokens_per_s": tps,
-                  "mfu": flops.mfu(tps, fpt, self._peak_flops),
-                  "mem_allocated_bytes": alloc, "mem_reserved_bytes": reserved,
-                  "mem_peak_bytes": peak, "rss_bytes": rss})
+            send({"id": self._id_prefix + str(next(self._id_count)), **envelope, "ts_ms": g.ts_ms[0],
+                  "step": g.step[0], "tokens": tokens, "samples": g.samples[0], "seq_len": g.seq_len[0],
+                  "loss": g.loss[0], "losses": fold.finite_losses(g.losses[0]), "step_time_ms": step_ms,
+                  "data_wait_pct": g.wait_pct[0], "tokens_per_s": tps, **self._mfu(tps, g.seq_len[0]),
+                  "mem_allocated_bytes": g.alloc[0], "mem_reserved_bytes": g.reserved[0],
+                  "mem_peak_bytes": g.peak[0], "rss_bytes": g.rss[0]})
+
+    def _read(self, group: list[tuple]) -> fold.Steps:
+        """Recorded steps a column at a time, their timings and tensors read (the GPU passed
+        them): a few C-level passes over a column, not work per step, when steps come fast."""
+        clock, resolve = self._clock, torch_stats.resolve_loss
+        step, ts, marks, computes, tokens, samples, seq_len, loss, losses, alloc, reserved, peak, rss = zip(*group)
+        step_ms = marks if type(clock) is torch_stats.CpuClock else [clock.elapsed_ms(m) for m in marks]
+        wait_pct = computes
+        if computes.count(None) != len(computes):
+            wait_pct = [None if c is None else clock.wait_pct(m, c, ms) for m, c, ms in zip(marks, computes, step_ms)]
+        if not set(map(type, tokens)) <= _PLAIN_COUNTS:  # tensor counts (summed on the GPU)
+            tokens = [t if t is None or type(t) is int else round(resolve(t)) for t in tokens]
+        if not set(map(type, loss)) <= _PLAIN_LOSSES:
+            loss = [resolve(v) for v in loss]
+        if any(losses):
+            losses = [None if d is None else {name: resolve(v) for name, v in d.items()} for d in losses]
+        return fold.Steps(step, ts, step_ms, wait_pct, tokens, samples, seq_len, loss, losses, alloc, reserved,
+                          peak, rss)
+
+    def _mfu(self, tps: float | None, seq_len: int | None) -> dict:
+        fpt = self._flops_per_token
+        if callable(fpt):
+            fpt = fpt(seq_len) if seq_len else None
+        return {"mfu": flops.mfu(tps, fpt, self._peak_flops)}
 
     # ---- generations --------------------------------------------------------------------
     def generation(self, prompt_tokens: int | None = None, new_tokens: int | None = None,
@@ -400,6 +448,7 @@ class Run:
         if self._ended:
             return
         self._ended = True
+        deadline = time.monotonic() + END_WITHIN_S
         self._drainer.stop()
         try:
             if drain and self._pending:
@@ -410,14 +459,14 @@ class Run:
         self._profiling.close()
         self._restore_hooks()
         if self.attached:
-            self.event("child_end", {"status": status, **fields})
+            self.event("child_end", {"status": status, **fields}, urgent=True)
             self._leave_end_state(status, fields)
         else:
             self._send("run_end", ts_ms=elapsed_end_ms(*self._started, now_ms(), time.monotonic()),
-                       status=status, **fields)
-        if not self._transport.flush(END_FLUSH_TIMEOUT_S):
-            log.warning("gpuwatch: run %s: some events were not confirmed before exit", self.run_id)
-        self._transport.close()
+                       status=status, urgent=True, **fields)
+        # The end first, then whatever steps are still queued, both within END_WITHIN_S; what
+        # the daemon has not confirmed by then is spooled (replayed by it after we exit).
+        self._transport.close(timeout=max(0.1, deadline - time.monotonic()))
         self._rss.close()
 
     def _leave_end_state(self, status: str, fields: dict) -> None:

@@ -5,9 +5,11 @@ EmbeddedTransport that writes the same schema to the per-user database with the 
 (gpuwatch.store.events) and samples GPUs/host in a background thread.
 
 DaemonTransport never blocks the caller: `send()` puts the event on a bounded queue and a
-sender thread batches, sends and waits for acks (sent only after the daemon committed). When
-the queue is full the event is DROPPED and counted in `dropped` (newest lost, never a wait:
-the training loop matters more). When the daemon is away, the connection breaks, or the
+sender thread batches, sends and waits for acks (sent only after the daemon committed). Steps
+come folded (client/fold.py), so the queue fills only if the daemon stops answering; then the
+event is DROPPED and counted in `dropped` (never a wait: the training loop matters more). An
+urgent event (a run's end) goes ahead of everything queued, and `close(timeout)` returns in
+that time: what is still queued then goes to the spool. When the daemon is away, the connection breaks, or the
 daemon says "rate limited"/"busy", unacknowledged events go to a spool file
 (<spool dir>/<pid>-<token>.jsonl, see gpuwatch/spool.py); the sender reconnects with backoff,
 replays the spool in order, then deletes it. Acked ids are never resent; anything resent
@@ -19,11 +21,13 @@ by the next client of the same user that reaches the daemon and can list the dir
 from __future__ import annotations
 
 import abc
+import collections
 import json
 import logging
 import os
 import queue
 import select
+import shutil
 import socket
 import threading
 import time
@@ -41,9 +45,14 @@ HELLO = {"type": "hello", "client": f"gpuwatch/{__version__}"}
 # Embedded mode: events waiting for the writer; past this (a stuck disk) they are dropped and
 # counted rather than growing the training process without bound.
 PENDING_MAX = 100_000
+# A spool is replayed this many bytes at a time: the client's memory stays bounded however long
+# the daemon was away.
+REPLAY_CHUNK_BYTES = 1 << 20
 EMBEDDED_LINGER_S = 0.1
 SEND_LINGER_S = 0.05
-_WAKE = None  # put on the sender's queue by close(): never an event
+
+
+_WAKE = object()  # put on the queue to wake the sender: for an urgent event, or close()
 
 
 class TransportClosed(RuntimeError):
@@ -59,8 +68,8 @@ class Transport(abc.ABC):
     rejected = 0  # events the protocol or the daemon refused (bugs, other users' runs)
 
     @abc.abstractmethod
-    def send(self, event: dict) -> None:
-        """Queue one event; never blocks the caller."""
+    def send(self, event: dict, urgent: bool = False) -> None:
+        """Queue one event; never blocks the caller. Urgent: ahead of everything queued."""
 
     @abc.abstractmethod
     def request(self, msg: dict, timeout: float = 5.0) -> dict:
@@ -71,8 +80,8 @@ class Transport(abc.ABC):
         """Wait until every event sent so far is committed (or spooled); False on timeout."""
 
     @abc.abstractmethod
-    def close(self) -> None:
-        """Flush, then stop the background threads."""
+    def close(self, timeout: float = 30.0) -> None:
+        """Flush (for at most `timeout` seconds), then stop the background threads."""
 
     def _reject(self, n: int, why: str) -> None:
         if not self.rejected:
@@ -192,20 +201,30 @@ class DaemonTransport(Transport):
         self.spool_path = self.spool_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}{spool.SUFFIX}"
         self._link = link
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._urgent: collections.deque = collections.deque()  # taken before the queue
         self._backoff = 0.0
         self._retry_at = 0.0
         self._enqueued = 0
         self._finished = 0
         self._progress = threading.Condition()
         self._closing = False
+        self._hurry = False  # closing and out of time: spool what is left instead of sending
         self._thread = threading.Thread(target=self._run, name="gpuwatch-sender", daemon=True)
         self._thread.start()
 
     # --- caller side ---
 
-    def send(self, event: dict) -> None:
+    def send(self, event: dict, urgent: bool = False) -> None:
         with self._progress:
             if self._closing:
+                return
+            if urgent:
+                self._urgent.append(event)
+                self._enqueued += 1
+                try:
+                    self._queue.put_nowait(_WAKE)  # a full queue: the sender is awake anyway
+                except queue.Full:
+                    pass
                 return
             try:
                 self._queue.put_nowait(event)
@@ -222,12 +241,19 @@ class DaemonTransport(Transport):
             target = self._enqueued
             return self._progress.wait_for(lambda: self._finished >= target, timeout)
 
-    def close(self) -> None:
-        self.flush(timeout=30.0)
+    def close(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        if not self.flush(timeout):
+            self._hurry = True  # out of time: the sender spools the rest for the daemon to replay
         with self._progress:
             self._closing = True
-        self._queue.put(_WAKE)  # the sender sees _closing now, not at its next 0.2 s poll
-        self._thread.join()
+        try:
+            self._queue.put_nowait(_WAKE)  # the sender stops now, not at its next poll
+        except queue.Full:
+            pass
+        # A sender stuck in a send to a daemon that stopped reading gives up at ack_timeout; we
+        # do not wait for it (its thread is a daemon thread) beyond a short grace.
+        self._thread.join(max(0.2, deadline - time.monotonic()))
         if self._spool_exists():
             log.warning("gpuwatch: daemon unreachable; events kept in %s for replay", self.spool_path)
 
@@ -269,31 +295,44 @@ class DaemonTransport(Transport):
                     self._progress.notify_all()
             elif self._closing:
                 break
-            if self._spool_exists() and self._ready():
+            if self._spool_exists() and not self._hurry and self._ready():
                 self._replay(self.spool_path)
             elif self._link is not None and not batch:
                 self._poll_control()
-        if self._spool_exists() and (self._link is not None or self._reconnect()):
+        if self._spool_exists() and not self._hurry and (self._link is not None or self._reconnect()):
             self._replay(self.spool_path)  # one last try before the process goes
         if self._link is not None:
             self._link.close()
 
     def _collect(self) -> list[dict]:
-        try:
-            batch = [self._queue.get(timeout=0.2)]
-        except queue.Empty:
-            return []
-        if batch[0] is _WAKE:
-            return []
-        # Let a burst gather before encoding it: one wake-up (and one GIL grab in the training
-        # process) per burst rather than per step.
-        time.sleep(SEND_LINGER_S)
-        while len(batch) < protocol.MAX_EVENTS_PER_BATCH:
+        queued = []
+        if not self._urgent:
             try:
-                batch.append(self._queue.get_nowait())
+                queued.append(self._queue.get(timeout=0.2))
+            except queue.Empty:
+                return []
+            # Let a burst gather before encoding it: one wake-up (and one GIL grab in the
+            # training process) per burst rather than per step.
+            time.sleep(SEND_LINGER_S)
+        while len(queued) < protocol.MAX_EVENTS_PER_BATCH:
+            try:
+                queued.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        return batch
+        queued = [event for event in queued if event is not _WAKE]
+        urgent = self._take_urgent()
+        if not urgent:
+            return queued
+        # The end goes ahead of the queued steps, never ahead of its run's start (or another
+        # event queued before it): the daemon refuses an end for a run it does not know yet.
+        steps = [event for event in queued if event.get("kind") == "step"]
+        return [event for event in queued if event.get("kind") != "step"] + urgent + steps
+
+    def _take_urgent(self) -> list[dict]:
+        taken = []
+        while self._urgent:
+            taken.append(self._urgent.popleft())
+        return taken
 
     def _dispatch(self, batch: list[dict]) -> None:
         encoded = []
@@ -310,7 +349,7 @@ class DaemonTransport(Transport):
             encoded.append(data)
         if not encoded:
             return
-        if not self._spool_exists() and self._ready():
+        if not self._hurry and not self._spool_exists() and self._ready():
             encoded = self._deliver(encoded)
         if encoded:
             self._spool(encoded)
@@ -419,27 +458,41 @@ class DaemonTransport(Transport):
         self._spool_full.ok(self.spool_path)
 
     def _replay(self, path: Path) -> bool:
-        """Send a spool file's events in order; delete it when all are delivered."""
+        """Send a spool file's events in order, REPLAY_CHUNK_BYTES at a time; delete it when all
+        are delivered, else keep what is left of it."""
+        sent = 0
         try:
-            encoded = [line for line in path.read_bytes().split(b"\n") if line]
+            f = open(path, "rb")
         except FileNotFoundError:
             return True
-        left = self._deliver(encoded)
-        if left:
-            tmp = path.with_suffix(".tmp")
-            try:
-                tmp.write_bytes(b"".join(data + b"\n" for data in left))
-                os.chmod(tmp, self.spool_mode)
-                os.replace(tmp, path)
-            except OSError as e:  # no room to rewrite it: the whole file stays (replays are idempotent)
-                tmp.unlink(missing_ok=True)
-                if not no_space(e):
-                    raise
-                self._spool_full.failed(tmp, e, "the spool is kept whole and replayed again later")
-            return False
+        with f:
+            while True:
+                encoded = [line.rstrip(b"\n") for line in f.readlines(REPLAY_CHUNK_BYTES) if line.strip()]
+                if not encoded:
+                    break
+                left = self._deliver(encoded)
+                if left:
+                    self._keep_rest(path, left, f)
+                    return False
+                sent += len(encoded)
         path.unlink()
-        log.info("gpuwatch: replayed %d spooled events from %s", len(encoded), path)
+        log.info("gpuwatch: replayed %d spooled events from %s", sent, path)
         return True
+
+    def _keep_rest(self, path: Path, left: list[bytes], rest) -> None:
+        """Rewrite the spool as the undelivered events of this chunk and the file's rest."""
+        tmp = path.with_suffix(".tmp")
+        try:
+            with open(tmp, "wb") as out:
+                out.write(b"".join(data + b"\n" for data in left))
+                shutil.copyfileobj(rest, out)
+            os.chmod(tmp, self.spool_mode)
+            os.replace(tmp, path)
+        except OSError as e:  # no room to rewrite it: the whole file stays (replays are idempotent)
+            tmp.unlink(missing_ok=True)
+            if not no_space(e):
+                raise
+            self._spool_full.failed(tmp, e, "the spool is kept whole and replayed again later")
 
     def _adopt_orphan_spools(self) -> None:
         """Replay spools whose writing process has died (same user: same spool directory)."""
@@ -529,8 +582,9 @@ class EmbeddedTransport(Transport):
             return
         self.sampler = sampler
 
-    def send(self, event: dict) -> None:
-        # One writer job per burst of events, not one per event: step() pays a list append, and
+    def send(self, event: dict, urgent: bool = False) -> None:
+        # The writer applies what is pending in order, in one transaction: an urgent event needs
+        # no lane of its own. One writer job per burst of events, not one per event: step() pays a list append, and
         # the writer applies whatever piled up in one transaction, taking the GIL from the
         # training loop once per burst instead of once per event.
         with self._pending_lock:
@@ -584,8 +638,9 @@ class EmbeddedTransport(Transport):
     def flush(self, timeout: float = 10.0) -> bool:
         return self.writer.flush(timeout)
 
-    def close(self) -> None:
-        self._starting.join()
+    def close(self, timeout: float = 30.0) -> None:
+        # The local disk: every event is written whatever the time it takes (folded steps keep
+        # it short); the run's end is in the same transaction as the last steps.
         if self.sampler is not None:
             self.sampler.stop()
         self.writer.close()

@@ -11,27 +11,33 @@ O_NOFOLLOW and its owner uid read with fstat, then used as SO_PEERCRED's uid is 
 so the usual rule holds: a uid writes only to runs it created. A user-mode daemon takes files
 of its own uid only. A file refused (another uid's in a user spool, a link, not a regular file)
 is logged once and left where it is.
+
+A spool can hold millions of events (a long run while the daemon was down). Replaying it must
+not starve the GPU readers, which are Python threads of this process: the events are decoded,
+validated and written by a process of its own at a lower CPU priority (daemon/replay.py), a
+batch per short transaction; this process only checks the file and waits. The scans run in a
+low-priority thread of their own.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
-from gpuwatch import protocol, spool
+from gpuwatch import priority, spool
 from gpuwatch.config import Config
 from gpuwatch.daemon.ingest import user_name
 from gpuwatch.store import Writer
-from gpuwatch.store.events import Peer, apply_events
 
 log = logging.getLogger(__name__)
 
-COMMIT_WAIT_S = 60.0
+STOP_WAIT_S = 60.0  # a replay under way is told to stop; its scan thread ends within this
 
 
 class SpoolAdopter:
@@ -41,7 +47,9 @@ class SpoolAdopter:
         self.system = cfg.system
         self.writer = writer
         self._refused: set[tuple[int, int]] = set()  # (st_dev, st_ino) already logged
-        self._task: asyncio.Task | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._proc: subprocess.Popen | None = None  # a replay under way
 
     def prepare(self) -> None:
         """System mode: the shared spool directory, which every user may add files to."""
@@ -55,22 +63,27 @@ class SpoolAdopter:
                         "data directory and replay them themselves", self.dir, e.strerror or e)
 
     def start(self) -> None:
-        """Adopt now, then every interval, on the running asyncio loop (the files are read in
-        a worker thread)."""
+        """Adopt now, then every interval, in a low-priority thread of its own."""
         self.prepare()
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._thread = threading.Thread(target=self._loop, name="gpuwatch-spool", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        self._stop.set()
+        proc = self._proc
+        if proc is not None:  # what it stored is committed; the file stays for the next start
+            proc.terminate()
+        if self._thread is not None:
+            self._thread.join(STOP_WAIT_S)
 
-    async def _loop(self) -> None:
-        while True:
+    def _loop(self) -> None:
+        priority.lower_thread()
+        while not self._stop.is_set():
             try:
-                await asyncio.to_thread(self.scan)
+                self.scan()
             except Exception:  # one bad file or a full disk must not end adoption for good
                 log.exception("spool: adopting orphaned spool files failed")
-            await asyncio.sleep(self.interval)
+            self._stop.wait(self.interval)
 
     def scan(self) -> int:
         """Replay every spool file whose writer has exited; returns the events stored."""
@@ -102,8 +115,7 @@ class SpoolAdopter:
                 return 0
             if not spool.writer_gone(pid, st.st_mtime):
                 return 0  # its client is alive and replays it itself
-            data = f.read()
-        return self._replay(path, st.st_uid, pid, data)
+            return self._replay(path, st.st_uid, pid, f)
 
     def _not_acceptable(self, st: os.stat_result) -> str:
         if not stat.S_ISREG(st.st_mode):
@@ -120,47 +132,38 @@ class SpoolAdopter:
             self._refused.add(key)
             log.warning("spool file %s refused: %s", path, why)
 
-    def _replay(self, path: Path, uid: int, pid: int, data: bytes) -> int:
-        events, unreadable = [], 0
-        for line in data.split(b"\n"):
-            if not line.strip():
-                continue
-            try:
-                events.append(protocol.validate_event(json.loads(line))[0])
-            except (ValueError, protocol.ProtocolError):
-                unreadable += 1  # e.g. the last line of a process killed mid-write
-        peer = Peer(uid, user_name(uid), pid, "daemon")
-        stored, refused = 0, []
-        for start in range(0, len(events), protocol.MAX_EVENTS_PER_BATCH):
-            outcome = self._apply(events[start:start + protocol.MAX_EVENTS_PER_BATCH], peer)
-            if outcome is None:
-                return stored  # the database cannot take them now: the file stays for the next scan
-            stored += len(outcome.applied)
-            refused += outcome.rejected
+    def _replay(self, path: Path, uid: int, pid: int, f) -> int:
+        """Store the file's events through a process of its own (daemon/replay.py), handing it
+        the file already opened and checked here; delete the file once all are stored."""
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpuwatch.daemon.replay", str(f.fileno()), str(self.writer.path),
+                 str(uid), user_name(uid), str(pid)],
+                pass_fds=(f.fileno(),), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        except OSError as e:
+            log.warning("spool file %s: cannot start its replay (%s); tried again later", path, e.strerror or e)
+            return 0
+        self._proc = proc
+        out, _ = proc.communicate()
+        self._proc = None
+        try:
+            result = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            log.warning("spool file %s: its replay ended with status %s; tried again later", path, proc.returncode)
+            return 0
+        stored = result.get("stored", 0)
+        if not result.get("complete"):
+            log.warning("spool file %s: stored %d events, then %s; the rest is tried again later", path, stored,
+                        result.get("error", "stopped"))
+            return stored  # the database cannot take them now: the file stays for the next scan
         try:
             path.unlink()
         except OSError as e:
             log.warning("spool file %s replayed but not removed (%s)", path, e.strerror or e)
+        unreadable = result.get("unreadable", 0)
         log.info("spool file %s of uid %d (pid %d, exited): %d events stored%s", path, uid, pid, stored,
                  f", {unreadable} unreadable lines skipped" if unreadable else "")
-        if refused:
+        if result.get("refused"):
             log.warning("spool file %s of uid %d: %d events refused, first: %s", path, uid,
-                        len(refused), refused[0][2])
+                        result["refused"], result.get("first_refused"))
         return stored
-
-    def _apply(self, events: list[dict], peer: Peer):
-        """apply_events in the writer thread; its Outcome once committed, None if not stored."""
-        done = threading.Event()
-        result: list = []
-        committed: list[bool] = []
-
-        def job(conn) -> None:
-            result.append(apply_events(conn, events, peer))
-
-        def on_commit(ok: bool) -> None:
-            committed.append(ok)
-            done.set()
-
-        if not self.writer.submit(job, on_commit, timeout=COMMIT_WAIT_S) or not done.wait(COMMIT_WAIT_S):
-            return None
-        return result[0] if committed[0] and result else None

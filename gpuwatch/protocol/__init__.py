@@ -201,6 +201,20 @@ def list_of_obj(max_items: int = 1000, required: bool = False) -> Spec:
                            and _depth_within(v, MAX_DEPTH)), required)
 
 
+MAX_LOSSES = 16
+
+
+def _losses_ok(v: object) -> bool:
+    return (type(v) is dict and len(v) <= MAX_LOSSES
+            and all(type(k) is str and 0 < len(k) <= 128 and type(x) in _NUMBER and _number_fits(x)
+                    and x - x == 0 for k, x in v.items()))  # x - x == 0: finite (NaN, inf fail)
+
+
+def losses(required: bool = False) -> Spec:
+    return Spec(f"object of at most {MAX_LOSSES} names (1-128 characters) to finite numbers",
+                _losses_ok, required)
+
+
 def one_of(choices: tuple[str, ...], required: bool = False) -> Spec:
     return Spec(f"one of {', '.join(choices)}", lambda v: v in choices, required,
                 lambda vs, types: all(map(choices.__contains__, vs)))
@@ -232,6 +246,10 @@ EVENT_KINDS: dict[str, dict[str, Spec]] = {
         "data_wait_pct": percent(),
         "mem_allocated_bytes": integer(0), "mem_reserved_bytes": integer(0),
         "mem_peak_bytes": integer(0), "rss_bytes": integer(0),
+        # A folded event (steps faster than the transport's budget): it stands for n_steps
+        # steps ending at `step`; tokens and samples are sums, loss and step time means.
+        "n_steps": integer(1), "step_time_min_ms": number(0), "step_time_max_ms": number(0),
+        "losses": losses(),  # per-optimiser loss (a fold: each one's mean)
     },
     "generation": {
         "gen_id": integer(0, required=True),

@@ -102,7 +102,7 @@ def daemon_socket() -> list[Result]:
         conn = open_ro(db)
         try:
             uid, mode = conn.execute("SELECT uid, mode FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-            steps = conn.execute("SELECT count(*) FROM steps WHERE run_id = ?", (run_id,)).fetchone()[0]
+            steps = conn.execute("SELECT sum(n_steps) FROM steps WHERE run_id = ?", (run_id,)).fetchone()[0]
         finally:
             conn.close()
         ok = (steps, uid, mode) == (3, os.getuid(), "daemon")

@@ -419,3 +419,19 @@ def apply_events(conn: sqlite3.Connection, events: list[dict[str, Any]], peer: P
         start = end
     batch.finish()
     return outcome
+
+
+def apply_events_committed(conn: sqlite3.Connection, events: list[dict[str, Any]], peer: Peer) -> Outcome:
+    """apply_events in a transaction of its own, for a writer outside the single writer (the
+    spool replay's process): committed whole, or rolled back whole and raised as StoreError."""
+    from gpuwatch.store.db import StoreError
+
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        outcome = apply_events(conn, events, peer)
+        conn.execute("COMMIT")
+    except sqlite3.Error as e:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise StoreError(str(e)) from e
+    return outcome

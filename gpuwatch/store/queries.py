@@ -213,6 +213,8 @@ class StepRow:
     data_wait_pct: float | None  # share of the step before its compute began (data loading)
     n_steps: int  # steps this row stands for (folded rows: more than one)
     losses_json: str | None  # per-optimiser losses, a JSON object
+    step_time_min_ms: float | None  # a folded row's fastest and slowest step
+    step_time_max_ms: float | None
 
 
 @dataclass(frozen=True)
@@ -466,9 +468,10 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     rows = conn.execute(
         f"WITH sel AS (SELECT * FROM runs {clause} ORDER BY started_ms DESC, run_id LIMIT ?), "
-        "agg AS (SELECT run_id, count(*) AS n, "
+        # A steps row may stand for n_steps steps (folded), step_time_ms their mean.
+        "agg AS (SELECT run_id, sum(n_steps) AS n, "
         "  sum(CASE WHEN step_time_ms > 0 THEN tokens END) AS timed_tokens, "
-        "  sum(CASE WHEN tokens IS NOT NULL THEN step_time_ms END) AS step_ms, "
+        "  sum(CASE WHEN tokens IS NOT NULL THEN step_time_ms * n_steps END) AS step_ms, "
         "  sum(tokens) AS tokens, max(ts_ms) AS newest_ms, "
         "  max(mem_peak_bytes) AS peak_gpu, max(rss_bytes) AS peak_rss, "
         "  max(step) AS last_step "

@@ -481,6 +481,13 @@ CREATE TABLE alert_wishes (
 );
 """
 
+# A folded steps row's fastest and slowest step (step_time_ms is then their mean); NULL on a
+# row of one step, whose step_time_ms is all three.
+_FOLDED_STEP_TIMES = """
+ALTER TABLE steps ADD COLUMN step_time_min_ms REAL;
+ALTER TABLE steps ADD COLUMN step_time_max_ms REAL;
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
 # An entry is an SQL script, or a function given the connection inside the migration's
 # transaction, for what SQL alone cannot do (sqlite-utils' FTS set-up, `table.transform()`).
@@ -492,5 +499,5 @@ Migration = str | Callable[[sqlite3.Connection], None]
 MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
                                _GENERATION_MEMORY, _ALWAYS_ON, search.add_search,
                                _PROFILE_BREAKDOWNS, _GPU_STATE_SINCE, _ALERTS,
-                               _FOLDED_STEPS, _SLOWDOWN_EVIDENCE, _ALERT_RULES]
+                               _FOLDED_STEPS, _SLOWDOWN_EVIDENCE, _ALERT_RULES, _FOLDED_STEP_TIMES]
 SCHEMA_VERSION = len(MIGRATIONS)
