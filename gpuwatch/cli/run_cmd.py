@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -105,6 +107,26 @@ def _kill_cause(pid: int, signum: int, oom_kills_before: int | None) -> dict:
     return {}
 
 
+class _OurLine(logging.Formatter):
+    """The wrapper's stderr is the program's too: each line we log there says it is ours."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        return line if line.startswith("gpuwatch:") else "gpuwatch: " + line
+
+
+def _prefix_our_log_lines() -> None:
+    """Warnings of the sampler, collectors and store the wrapper runs (no daemon) begin with
+    `gpuwatch:` on stderr, like the hooks' own lines in the program."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OurLine("%(message)s"))
+    handler.setLevel(logging.WARNING)
+    for name in ("gpuwatch", "collectors"):
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
 def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | None = None,
          instrument: bool = True) -> int:
     """Run `command` as a run of its own; return the exit code the wrapper should exit with.
@@ -113,13 +135,14 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     from collectors.host import cgroup_oom_kills
     from gpuwatch.cli import child_path
     from gpuwatch.client import metadata
-    from gpuwatch.client.run import ENV_RUN_ID, new_run_id
+    from gpuwatch.client.run import ENV_RUN_ID, ENV_RUN_NAME, new_run_id
     from gpuwatch.client.transport import connect
     from gpuwatch.clock import elapsed_end_ms
     from gpuwatch.integrations.autohook import ENV_INSTRUMENT
     from gpuwatch.store import now_ms
 
     cfg = load_config()
+    _prefix_our_log_lines()
     gpu_env = gpu_env or {}
     # Block before any thread starts (the transport's threads inherit the mask), so every
     # SIGINT/SIGTERM comes to sigtimedwait below instead of interrupting us.
@@ -143,9 +166,10 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
         transport = connect(cfg)
         fields = metadata.collect(dict(os.environ, **gpu_env))
         fields["command"] = shlex.join(command)
-        send("run_start", name=name or default_name(command), **fields)
+        name = name or default_name(command)
+        send("run_start", name=name, **fields)
         transport.flush()  # the run exists before the child can add steps to it
-        env = dict(os.environ, **{ENV_RUN_ID: run_id}, **(gpu_env or {}))
+        env = dict(os.environ, **{ENV_RUN_ID: run_id, ENV_RUN_NAME: name}, **(gpu_env or {}))
         if transport.mode == "embedded":
             from gpuwatch.cli.private_ingest import PrivateIngest
 

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 # Set by `gpuwatch run` for its child: an instrumented child adds its steps to that run.
 ENV_RUN_ID = "GPUWATCH_RUN_ID"
+# ... and the wrapper's run name: a rank run of that job is named NAME/rankN.
+ENV_RUN_NAME = "GPUWATCH_RUN_NAME"
 END_FLUSH_TIMEOUT_S = 10.0
 # Finished steps become events at most this often on the training thread, a burst at a time; a
 # thread of ours turns a burst left waiting (the run paused after a step) into events meanwhile.
@@ -172,7 +174,8 @@ class Run:
 
     def __init__(self, transport, cfg: config_mod.Config, *, run_id: str, name: str | None,
                  config: Any, flops_per_token: float | Callable[[int], float] | None,
-                 precision: str, attached: bool, parent_run_id: str | None):
+                 precision: str, attached: bool, parent_run_id: str | None,
+                 started_s: float | None = None):
         self.run_id = run_id
         self.attached = attached  # True: steps go to the `gpuwatch run` wrapper's run
         self._transport = transport
@@ -210,6 +213,9 @@ class Run:
                                     "flops_per_token": fixed_flops, **fields})
         else:
             self._started = (now_ms(), time.monotonic())  # the run's end is timed from here too
+            if started_s is not None:  # a rank's run lasts as long as its process
+                ago_s = max(0.0, self._started[0] / 1000.0 - started_s)
+                self._started = (int(started_s * 1000), self._started[1] - ago_s)
             self._send("run_start", ts_ms=self._started[0], name=name, config=plain,
                        flops_per_token=fixed_flops, parent_run_id=parent_run_id, **fields)
             self._install_signal_handlers()
@@ -250,9 +256,13 @@ class Run:
             self._compute_mark = self._clock.compute_mark()
 
     def step(self, tokens: int | None = None, samples: int | None = None, seq_len: int | None = None,
-             loss: Any = None) -> None:
+             loss: Any = None, losses: Mapping[str, Any] | None = None,
+             split: Mapping[str, Any] | None = None) -> None:
         """Record one optimiser step. Never synchronises the GPU: timings and a tensor loss are
-        read once the GPU has passed this point, within DRAIN_EVERY_MS or at the end of the run."""
+        read once the GPU has passed this point, within DRAIN_EVERY_MS or at the end of the run.
+        losses: each optimiser's loss by name (tensors or floats), with several optimisers.
+        split: step fields measured by the caller (data_wait_pct, compute_pct, eval_pct,
+        closure_evals: the zero-code hooks'); a data_wait_pct there replaces mark_compute()'s."""
         if self._clock is None:
             self._choose_clock()
         self._step += 1
@@ -263,6 +273,8 @@ class Run:
             tokens = torch_stats.capture_loss(tokens) if hasattr(tokens, "detach") else _whole(tokens)
         self._seq_len, self._batch = seq_len, samples
         captured = torch_stats.capture_loss(loss)  # queued before the event: ready with it
+        if losses:
+            losses = {name: torch_stats.capture_loss(value) for name, value in losses.items()}
         compute, self._compute_mark = self._compute_mark, None
         mark = self._clock.mark()
         if self._torch is not None:
@@ -271,7 +283,7 @@ class Run:
             alloc = reserved = peak = None
         ts = now_ms()
         self._pending.append((self._step, ts, mark, compute, tokens, samples, seq_len, captured,
-                              alloc, reserved, peak, self._rss.read()))
+                              alloc, reserved, peak, self._rss.read(), losses, split))
         if not 0 <= ts - self._drained_ms < DRAIN_EVERY_MS:  # a clock stepped back drains too
             self._drained_ms = ts
             with self._draining:
@@ -285,10 +297,14 @@ class Run:
         if self._profiling.active:
             self._profiling.step(self._step)
 
-    def note_shape(self, batch: int | None, seq_len: int | None) -> None:
+    def note_shape(self, batch: int | None = None, seq_len: int | None = None, **advice) -> None:
         """The shape of the step under way (the zero-code hooks see it as the forward begins), so
-        an OOM before the step ends gets it in its postmortem."""
+        an OOM before the step ends gets it in its postmortem; `advice`: what else its advice
+        weighs (heads, attn, precision), kept where the run's config does not say."""
         self._batch, self._seq_len = _whole(batch), _whole(seq_len)
+        for key, value in advice.items():
+            if value is not None:
+                self._config.setdefault(key, value)
 
     def _choose_clock(self) -> None:
         torch = torch_stats.cuda_torch()
@@ -302,7 +318,8 @@ class Run:
     def _drain(self, wait: bool) -> None:
         pending, clock, send = self._pending, self._clock, self._transport.send
         while pending and clock.ready(pending[0][2], wait):
-            step, ts, mark, compute, tokens, samples, seq_len, loss, alloc, reserved, peak, rss = pending.popleft()
+            (step, ts, mark, compute, tokens, samples, seq_len, loss, alloc, reserved, peak, rss,
+             losses, split) = pending.popleft()
             step_ms = clock.elapsed_ms(mark)
             wait_pct = None if compute is None else clock.wait_pct(mark, compute, step_ms)
             if tokens is not None and type(tokens) is not int:
@@ -312,13 +329,18 @@ class Run:
             if callable(fpt):
                 fpt = fpt(seq_len) if seq_len else None
             # Built in place rather than through _send(**fields): this runs every step.
-            send({"id": self._id_prefix + str(next(self._id_count)), "kind": "step",
+            event = {"id": self._id_prefix + str(next(self._id_count)), "kind": "step",
                   "run_id": self.run_id, "ts_ms": ts, "step": step, "tokens": tokens,
                   "samples": samples, "seq_len": seq_len, "loss": torch_stats.resolve_loss(loss),
                   "step_time_ms": step_ms, "data_wait_pct": wait_pct, "tokens_per_s": tps,
                   "mfu": flops.mfu(tps, fpt, self._peak_flops),
                   "mem_allocated_bytes": alloc, "mem_reserved_bytes": reserved,
-                  "mem_peak_bytes": peak, "rss_bytes": rss})
+                  "mem_peak_bytes": peak, "rss_bytes": rss}
+            if losses:
+                event["losses"] = {name: torch_stats.resolve_loss(value) for name, value in losses.items()}
+            if split:
+                event.update(split)
+            send(event)
 
     # ---- generations --------------------------------------------------------------------
     def generation(self, prompt_tokens: int | None = None, new_tokens: int | None = None,
@@ -494,9 +516,14 @@ def start_run(name: str | None = None, config: Any = None,
 
     cfg = config_mod.load()
     wrapper_id = os.environ.get(ENV_RUN_ID) if run_id is None else None
-    _, _, world_size = metadata.ranks(os.environ)
+    rank, _, world_size = metadata.ranks(os.environ)
     attached = bool(wrapper_id) and (world_size or 1) == 1
+    started_s = None
+    if wrapper_id and not attached:  # one rank of the wrapper's job: its name, its process's time
+        if name is None and rank is not None:
+            name = f"{os.environ.get(ENV_RUN_NAME) or 'rank'}/rank{rank}"
+        started_s = metadata.process_start_s()
     transport = connect(cfg)
     return Run(transport, cfg, run_id=wrapper_id if attached else (run_id or new_run_id()),
                name=name, config=config, flops_per_token=flops_per_token, precision=precision,
-               attached=attached, parent_run_id=None if attached else wrapper_id)
+               attached=attached, parent_run_id=None if attached else wrapper_id, started_s=started_s)

@@ -32,7 +32,7 @@ class GpuwatchCallback(TrainerCallback):
                              precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
         hooks = autohook.active()
         if hooks is not None:
-            hooks.stand_aside(model, self._tally)
+            hooks.stand_aside(model, self._tally, self.run)  # (which tells the run the first forward's shape)
         else:
             self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
 
@@ -46,7 +46,8 @@ class GpuwatchCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.run is not None:
-            self.run.step(**self._tally.take())
+            hooks = autohook.active()  # where the hooks time the step: the data loader, evaluation
+            self.run.step(**self._tally.take(), split=hooks.split.take() if hooks is not None else None)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.run is not None:

@@ -232,6 +232,8 @@ EVENT_KINDS: dict[str, dict[str, Spec]] = {
         "data_wait_pct": percent(),
         "mem_allocated_bytes": integer(0), "mem_reserved_bytes": integer(0),
         "mem_peak_bytes": integer(0), "rss_bytes": integer(0),
+        # per-optimiser losses (stored as losses_json); the zero-code hooks' split of the step
+        "losses": obj(), "compute_pct": percent(), "eval_pct": percent(), "closure_evals": integer(0),
     },
     "generation": {
         "gen_id": integer(0, required=True),

@@ -213,6 +213,9 @@ class StepRow:
     data_wait_pct: float | None  # share of the step before its compute began (data loading)
     n_steps: int  # steps this row stands for (folded rows: more than one)
     losses_json: str | None  # per-optimiser losses, a JSON object
+    compute_pct: float | None  # share from the first training forward to the step's end
+    eval_pct: float | None  # share in evaluation forwards and checkpoint saves before it
+    closure_evals: int | None  # a closure optimiser's evaluations of its closure
 
 
 @dataclass(frozen=True)
