@@ -114,6 +114,8 @@ class AutoInstrument:
         self._aside_open = False  # an evaluation forward or a save is timed as such
         self._thread = threading.get_ident()  # the training thread: the one that imported torch
         self._framework_run = None  # a framework callback's run, for its first forward's shape
+        self._training_data: set[int] = set()  # id()s of datasets whose batches fed a training forward
+        self._last_data: int | None = None  # the dataset of the latest batch fetched
 
     # ---- set-up and tear-down ----------------------------------------------------------
     def install(self) -> None:
@@ -230,7 +232,7 @@ class AutoInstrument:
                 return
             if self._framework is not None:
                 if module is self._framework[0]:
-                    self.split.compute_began()
+                    self._training_began()
                 return
             if self.model is None or module is self.model:
                 if self.run is None:  # opened before the first forward: an OOM in it gets its postmortem
@@ -239,9 +241,17 @@ class AutoInstrument:
             # (the run keeps the first mark of an iteration).
             if self.run is not None:
                 self.run.mark_compute()
-            self.split.compute_began()
+            self._training_began()
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
+
+    def _training_began(self) -> None:
+        """A training forward: the iteration's compute begins, and the latest batch fetched was
+        training data (a loader over another dataset, between steps, is an evaluation's)."""
+        self.split.compute_began()
+        if self._last_data is not None:
+            self._training_data.add(self._last_data)
+            self._last_data = None
 
     def _trains(self, module) -> bool:
         """Whether `module` is one the program trains (its model, a GAN's other module, the
@@ -609,11 +619,17 @@ class AutoInstrument:
         def timed_next(iterator):
             if get_ident() != self._thread or _forks != self._forks or self._off:
                 return next_(iterator)
+            data = id(getattr(iterator, "_dataset", iterator))
+            # A batch of a dataset that never fed training, once training has: an evaluation's.
+            evaluation = bool(self._training_data) and data not in self._training_data and split.aside_begin()
             started = clock()
             try:
                 return next_(iterator)
             finally:
                 split.loader(clock() - started)
+                self._last_data = data
+                if evaluation:
+                    split.aside_end()
 
         timed_next.__wrapped__ = next_
         return timed_next

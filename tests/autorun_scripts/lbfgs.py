@@ -19,4 +19,4 @@ for i in range(4):
         return loss
     before = evaluations
     loss = optimizer.step(closure)
-    print(f"step {i + 1} loss {loss.item():.6f} evaluations {evaluations - before}")
+    print(f"step {i + 1} loss {loss.item():.9g} evaluations {evaluations - before}")
