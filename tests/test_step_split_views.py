@@ -62,3 +62,13 @@ async def test_the_run_screen_charts_each_optimisers_loss_and_the_step_split():
         split = charts["where each step went (share)"]
         assert [s.label for s in split.series] == ["data", "compute", "eval/checkpoint", "other"]
         assert [v for _, v in split.series[3].points] == [20.0, 15.0, 20.0, 15.0]
+
+
+def test_compare_shows_each_optimisers_final_loss():
+    from gpuwatch.cli import main
+
+    first, second = _gan_like_run(), _gan_like_run()
+    out = CliRunner().invoke(main, ["compare", first, second, "--db", str(paths.default_db_path(system=False))])
+    assert out.exit_code == 0, out.output
+    rows = {line.split("  ")[0].strip(): line for line in out.output.splitlines() if "final loss net" in line}
+    assert set(rows) == {"final loss netD", "final loss netG"} and "4" in rows["final loss netD"]
