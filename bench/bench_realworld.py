@@ -10,7 +10,11 @@ given). Every script gets tiny sizes on the CPU and local data only (no download
                            Trainer); a tiny GPT-2 config and a word-level tokenizer are made
                            locally (needs `datasets` and `evaluate`)
   --pytorch-examples DIR   pytorch/examples (word_language_model/main.py: parameters updated by
-                           hand with p.data.add_, whole-model torch.save; wikitext-2 trimmed)
+                           hand with p.data.add_, whole-model torch.save; wikitext-2 trimmed;
+                           dcgan/main.py --dataset fake: two models, two optimisers, D then G;
+                           time_sequence_prediction/train.py: LBFGS, step(closure) evaluating the
+                           closure up to 20 times, on generate_sine_wave.py's waves, shortened; where
+                           torchvision or matplotlib is missing, bench/realworld_shims stands in)
   --lightning-examples DIR Lightning-AI/pytorch-lightning's examples/ (pytorch/basics/transformer.py:
                            the Trainer, loss computed in training_step, lightning.pytorch.demos'
                            Transformer on a generated data/wikitext-2.txt, so it downloads nothing;
@@ -66,6 +70,7 @@ class Row:
     env: dict = field(default_factory=dict)
     scratch: list[str] = field(default_factory=list)  # folders removed after each run (Lightning
     # numbers its log folders: the next run must write version_0 again)
+    per_step: object = None  # (stdout) -> {step: {optimiser name or "closure_evals": value}}
 
 
 def _ours_parse(out: str):
@@ -196,7 +201,69 @@ def pytorch_rows(checkout: Path, work: Path) -> list[Row]:
     return [Row("pytorch/examples word_language_model (hand SGD)", [PY, str(src / "main.py"), "--data", str(data),
                 "--epochs", "1", "--emsize", "16", "--nhid", "16", "--nlayers", "1", "--bptt", str(bptt),
                 "--batch_size", str(batch), "--log-interval", "1", "--save", "wlm.pt"],
-                work, windows, parse, ["wlm.pt"])]
+                work, windows, parse, ["wlm.pt"]), *_gan_and_lbfgs_rows(checkout, work)]
+
+
+def _shims(*packages: str) -> dict:
+    """PYTHONPATH with bench/realworld_shims when one of `packages` is not installed here."""
+    import importlib.util
+
+    if all(importlib.util.find_spec(p) for p in packages):
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench" / "realworld_shims"),
+                                                         os.environ.get("PYTHONPATH")]))}
+
+
+def _gan_and_lbfgs_rows(checkout: Path, work: Path) -> list[Row]:
+    gan = work / "dcgan"
+    gan.mkdir()
+    dcgan_line = re.compile(r"^\[0/1\]\[(\d+)/\d+\] Loss_D: ([\d.]+) Loss_G: ([\d.]+)", re.M)
+
+    def parse_gan(out: str):
+        found = dcgan_line.findall(out)
+        return len(found), {int(i) + 1: float(d) for i, d, _ in found}, []
+
+    def gan_losses(out: str):
+        return {int(i) + 1: {"netD": float(d), "netG": float(g)} for i, d, g in dcgan_line.findall(out)}
+
+    # 1000 fake 64x64 images (FakeData's default), batch 32: 32 iterations of D then G.
+    rows = [Row("pytorch/examples dcgan (D then G, two optimisers)",
+                [PY, str(checkout / "dcgan" / "main.py"), "--dataset", "fake", "--niter", "1", "--batchSize", "32",
+                 "--ngf", "8", "--ndf", "8", "--nz", "16", "--workers", "0", "--manualSeed", "1",
+                 "--outf", str(gan)], gan, [], parse_gan, ["netG_epoch_0.pth", "netD_epoch_0.pth"],
+                _shims("torchvision"), per_step=gan_losses)]
+    seq = work / "time_sequence"
+    seq.mkdir()
+    # generate_sine_wave.py's sine waves, 10 of 100 points instead of 100 of 1000 (LBFGS's 20
+    # evaluations of 1000 LSTM steps take minutes a step on a shared CPU).
+    subprocess.run([PY, "-c", "import numpy as np, torch; np.random.seed(2); T, L, N = 20, 100, 10; "
+                    "x = np.empty((N, L), 'int64'); x[:] = np.array(range(L)) + "
+                    "np.random.randint(-4 * T, 4 * T, N).reshape(N, 1); "
+                    "torch.save(np.sin(x / 1.0 / T).astype('float64'), open('traindata.pt', 'wb'))"],
+                   cwd=seq, check=True, timeout=300)
+
+    def steps_of(out: str) -> list[list[float]]:
+        """Each step's closure evaluations' losses (its `loss:` lines; `test loss:` is the eval)."""
+        steps: list[list[float]] = []
+        for line in out.splitlines():
+            if line.startswith("STEP:"):
+                steps.append([])
+            elif line.startswith("loss:") and steps:
+                steps[-1].append(float(line.split()[1]))
+        return steps
+
+    def parse_seq(out: str):
+        steps = steps_of(out)
+        return len(steps), {n: evals[0] for n, evals in enumerate(steps, 1) if evals}, []
+
+    def seq_evals(out: str):
+        return {n: {"closure_evals": len(evals)} for n, evals in enumerate(steps_of(out), 1)}
+
+    rows.append(Row("pytorch/examples time_sequence_prediction (LBFGS closure)",
+                    [PY, str(checkout / "time_sequence_prediction" / "train.py"), "--steps", "2"], seq, [],
+                    parse_seq, [], {**_shims("matplotlib"), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"},
+                    per_step=seq_evals))  # (it torch.load()s a numpy array: refused by weights_only)
+    return rows
 
 
 # ---- Lightning examples ----------------------------------------------------------------------
@@ -285,22 +352,39 @@ def run_once(row: Row, instrumented: bool, data_home: Path) -> dict:
     result = {"rc": done.returncode, "wall": wall, "steps": steps, "losses": losses, "step_ms": step_ms,
               "recompiles": done.stderr.count("Recompiling function"),
               "warnings": len(re.findall(r"UserWarning", done.stderr)), "files": _digest(row.cwd, row.outputs),
-              "stderr": done.stderr}
+              "stderr": done.stderr, "stdout": done.stdout}
     for folder in row.scratch:
         shutil.rmtree(row.cwd / folder, ignore_errors=True)
     return result
 
 
-def recorded(data_home: Path) -> tuple[int, list, list]:
+def recorded(data_home: Path) -> tuple[int, list, dict, dict]:
     conn = sqlite3.connect(data_home / "gpuwatch" / "gpuwatch.db")
     try:
         (run_id,) = conn.execute("SELECT run_id FROM runs WHERE parent_run_id IS NULL "
                                  "ORDER BY started_ms DESC LIMIT 1").fetchone()
-        rows = conn.execute("SELECT step, tokens, loss FROM steps WHERE run_id = ? ORDER BY step",
-                            (run_id,)).fetchall()
+        rows = conn.execute("SELECT step, tokens, loss, losses_json, closure_evals FROM steps WHERE run_id = ? "
+                            "ORDER BY step", (run_id,)).fetchall()
     finally:
         conn.close()
-    return len(rows), [t for _, t, _ in rows], {s: loss for s, _, loss in rows}
+    per_step = {s: {**json.loads(named or "{}"), **({"closure_evals": evals} if evals is not None else {})}
+                for s, _, _, named, evals in rows}
+    return len(rows), [r[1] for r in rows], {r[0]: r[2] for r in rows}, per_step
+
+
+def per_step_check(row: Row, out: str, recorded_per_step: dict) -> str:
+    """Each optimiser's loss (or the closure's evaluation count) against the script's own log."""
+    if row.per_step is None:
+        return "-"
+    logged = row.per_step(out)
+    keys = sorted({k for values in logged.values() for k in values})
+    parts = []
+    for key in keys:
+        pairs = [(v[key], recorded_per_step.get(s, {}).get(key)) for s, v in logged.items() if key in v]
+        found = [(a, b) for a, b in pairs if b is not None]
+        diff = max((abs(a - b) for a, b in found), default=None)
+        parts.append(f"{key} {len(found)}/{len(pairs)}" + ("" if diff is None else f" max |diff| {diff:.2g}"))
+    return "; ".join(parts) or "none logged"
 
 
 def measure(row: Row, work: Path, repeat: int) -> dict:
@@ -312,7 +396,7 @@ def measure(row: Row, work: Path, repeat: int) -> dict:
         home = work / f"db-{id(row)}-{n}"
         pairs.append((plain, run_once(row, True, home), recorded(home)))
     share = hook_share(row, work / f"db-share-{id(row)}")
-    plain, instr, (n, tokens, losses) = pairs[0]
+    plain, instr, (n, tokens, losses, per_step) = pairs[0]
     common = [s for s in plain["losses"] if s in losses and losses[s] is not None]
     loss_diff = max((abs(plain["losses"][s] - losses[s]) for s in common), default=None)
     # Each pair's ratio of median step times (the first two steps, warm-up and compilation, left
@@ -323,6 +407,8 @@ def measure(row: Row, work: Path, repeat: int) -> dict:
     same_files = all(p["files"] == i["files"] and None not in p["files"].values() for p, i, _ in pairs)
     true = row.tokens_per_step
     exact = tokens == true if isinstance(true, list) else set(tokens) == {true}
+    if true == [] and set(tokens) == {None}:  # no token inputs (images, a time series): none counted
+        tokens = []
     return {"row": row.name, "steps": " ".join(f"{r[0]}/{p['steps']}" for p, _, r in pairs),
             "tokens": "-" if not tokens else ("exact" if exact else "DIFFER"),
             "loss": "not logged" if not plain["losses"] else (
@@ -330,14 +416,16 @@ def measure(row: Row, work: Path, repeat: int) -> dict:
             "step": f"{statistics.median(step):.3f} ({min(step):.2f}–{max(step):.2f})" if step else "-",
             "wall": f"{statistics.median(wall):.3f}",
             "share": share,
+            "per_step": per_step_check(row, instr["stdout"], per_step),
             "recompiles": " ".join(f"{i['recompiles']} vs {p['recompiles']}" for p, i, _ in pairs[:1]),
             "exit": " ".join(f"{i['rc']} vs {p['rc']}" for p, i, _ in pairs[:1]),
             "files": "-" if not row.outputs else ("byte-equal" if same_files else "DIFFER"),
             "plain stderr": plain["stderr"][-300:] if plain["rc"] else ""}
 
 
-COLUMNS = ["row", "steps", "tokens", "loss", "share", "step", "wall", "recompiles", "exit", "files"]
+COLUMNS = ["row", "steps", "tokens", "loss", "per_step", "share", "step", "wall", "recompiles", "exit", "files"]
 HEADERS = ["script", "steps rec/done (each pair)", "tokens/step", "loss vs its log",
+           "each optimiser's loss / closure evaluations vs its log",
            "in gpuwatch's hooks per step (share of step time)", "step time ×", "wall ×",
            "recompiles (gw vs plain)", "exit (gw vs plain)", "saved files"]
 

@@ -29,7 +29,8 @@ ENV_PREFIX = "GPUWATCH_"
 # `gpuwatch run` hands its child so an instrumented child joins the wrapper's run, and the
 # switch for its zero-code hooks (read by the bootstrap).
 # The bootstrap's note path says where a child that cannot be instrumented explains why.
-NOT_CONFIG_ENV = {"GPUWATCH_CONFIG", "GPUWATCH_RUN_ID", "GPUWATCH_INSTRUMENT", "GPUWATCH_BOOTSTRAP_NOTE"}
+NOT_CONFIG_ENV = {"GPUWATCH_CONFIG", "GPUWATCH_RUN_ID", "GPUWATCH_INSTRUMENT", "GPUWATCH_BOOTSTRAP_NOTE",
+                  "GPUWATCH_RUN_NAME"}
 
 
 class ConfigError(ValueError):

@@ -76,3 +76,23 @@ def test_a_loss_outside_forward_stays_right_when_the_loop_changes_its_backward_p
     assert [s["loss"] for s in steps[:12]] == pytest.approx(logged[:12], rel=1e-5)
     assert steps[12]["loss"] is None  # the auxiliary root came first: which one was the loss?
     assert [s["loss"] for s in steps[13:]] == pytest.approx(logged[13:], rel=1e-5)
+
+
+def test_an_oom_in_the_first_forward_under_the_hugging_face_trainer_gets_the_full_advice(tmp_path):
+    """The Trainer's callback owns the steps; the hooks still give the run the first training
+    forward's batch, seq_len, heads and attention implementation before it runs out of memory."""
+    import resource
+
+    from test_autoinstrument import query
+
+    limit = 4 << 30
+    done = gw_run(PY, str(SCRIPTS / "hf_trainer_oom.py"), str(tmp_path / "out"),
+                  preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert done.returncode == 1, done.stderr[-2000:]
+    run = the_run()
+    assert run["status"] == "oom"
+    (pm,) = query("SELECT * FROM oom_postmortems WHERE run_id = ?", run["run_id"])
+    assert (pm["seq_len"], pm["batch"]) == (8192, 8)
+    shown = subprocess.run([GPUWATCH, "oom", run["run_id"]], capture_output=True, text=True, timeout=60).stdout
+    assert "B·H·L² score tensor at L=8192 (B=8, H=8, 4 bytes each)" in shown and "SDPA/FlashAttention" in shown
+    assert "L ≤ " in shown and "batch 8 -> 4" in shown

@@ -220,8 +220,11 @@ def test_a_folded_event_sums_counts_and_averages_what_is_averaged():
     group = fold.Steps(step=(1, 2, 3), ts_ms=(1001, 1002, 1003), step_ms=(10.0, 30.0, 20.0),
                        wait_pct=(50.0, None, 0.0), tokens=(100, 300, None), samples=(2, 2, 2), seq_len=(128,) * 3,
                        loss=(1.0, 3.0, None), losses=({"d": 1.0, "g": float("nan")}, {"d": 3.0}, None),
-                       alloc=(10, 20, 30), reserved=(20,) * 3, peak=(5, 10, 15), rss=(7,) * 3)
+                       alloc=(10, 20, 30), reserved=(20,) * 3, peak=(5, 10, 15), rss=(7,) * 3,
+                       split=(None, {"compute_pct": 50.0, "closure_evals": 20}, {"compute_pct": 80.0, "closure_evals": 19}))
     event = fold.folded(group, lambda tps, seq_len: {"mfu": None})
+    # the hooks' shares weighted by their steps' time, a closure's evaluations summed
+    assert event["compute_pct"] == (50.0 * 30 + 80.0 * 20) / 50 and event["closure_evals"] == 39
     assert (event["step"], event["n_steps"], event["tokens"], event["samples"]) == (3, 3, 400, 6)
     assert event["loss"] == 2.0 and event["losses"] == {"d": 2.0}  # NaN kept out of the wire's object
     assert (event["step_time_min_ms"], event["step_time_ms"], event["step_time_max_ms"]) == (10.0, 20.0, 30.0)

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 
 from gpuwatch import fmt
 from gpuwatch.analysis import loss as loss_mod
+from gpuwatch.analysis.step_split import named_losses
 from gpuwatch.analysis.rundata import run_gpus, run_window
 from gpuwatch.store import energy as energy_mod
 from gpuwatch.store import profiles, queries
@@ -50,6 +51,8 @@ class RunStats:
     equal_unit: str | None = None
     # ...and this run's value of each config key (git commit, command) that differs among them.
     differs: dict[str, str] = field(default_factory=dict)
+    # with several optimisers (a GAN's netD, netG): each one's final loss, by name
+    losses_final: dict[str, float] = field(default_factory=dict)
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:
@@ -104,7 +107,9 @@ def run_stats(conn: sqlite3.Connection, ref: str) -> RunStats:
                     sum(m * n for m, n in mfu) / sum(n for _, n in mfu) if mfu else None, gpu_util(conn, gpus, start, end), tuple(gpus),
                     final, best, **_energy_fields(conn, run.run_id, energy, end),
                     profile_idle_pct=temporal.get("idle_pct"),
-                    profile_compute_pct=temporal.get("compute_pct"))
+                    profile_compute_pct=temporal.get("compute_pct"),
+                    losses_final={name: points[-1][1] for name, points in named_losses(
+                        queries.steps(conn, run.run_id)).items()})
 
 
 def _energy_fields(conn: sqlite3.Connection, run_id: str, energy, end_ms: int) -> dict:
@@ -240,6 +245,9 @@ def table(stats: Sequence[RunStats]) -> tuple[list[str], list[list[tuple[str, in
         at = f"loss at {fmt.count(stats[0].equal_at)} {stats[0].equal_unit}"
         rows.insert(rows.index(ROWS_BY_LABEL["best loss"]) + 1,
                     Row(at, lambda s: s.loss_at_equal, _loss, False))
+    names = list(dict.fromkeys(name for s in stats for name in s.losses_final))
+    rows[rows.index(ROWS_BY_LABEL["best loss"]) + 1:0] = [
+        Row(f"final loss {name}", lambda s, name=name: s.losses_final.get(name), _loss, False) for name in names]
     for row in rows:
         base = row.value(stats[0])
         cells = [(row.label, 0), (row.text(stats[0]), 0)]

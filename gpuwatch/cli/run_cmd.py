@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -165,6 +167,26 @@ def _deliver(cfg, db_path, run_id: str) -> None:
                    "queued for the next `gpuwatch run` or `gpuwatch daemon --user`", err=True)
 
 
+class _OurLine(logging.Formatter):
+    """The wrapper's stderr is the program's too: each line we log there says it is ours."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        return line if line.startswith("gpuwatch:") else "gpuwatch: " + line
+
+
+def _prefix_our_log_lines() -> None:
+    """Warnings of the sampler, collectors and store the wrapper runs (no daemon) begin with
+    `gpuwatch:` on stderr, like the hooks' own lines in the program."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OurLine("%(message)s"))
+    handler.setLevel(logging.WARNING)
+    for name in ("gpuwatch", "collectors"):
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
 def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | None = None,
          instrument: bool = True, notify: tuple[str, ...] = (), tensorboard: str | None = None) -> int:
     """Run `command` as a run of its own; return the exit code the wrapper should exit with.
@@ -174,12 +196,14 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
     `tensorboard` (a directory or "auto"), a process beside it mirrors the run's figures there."""
     from gpuwatch.cli import child_path
     from gpuwatch.client import metadata
-    from gpuwatch.client.run import ENV_RUN_ID, new_run_id
+    from gpuwatch.client.run import ENV_RUN_ID, ENV_RUN_NAME, new_run_id
     from gpuwatch.client.transport import EmbeddedTransport, connect, daemon_answers
     from gpuwatch.clock import elapsed_end_ms
     from gpuwatch.store import now_ms
 
     cfg = load_config()
+    _prefix_our_log_lines()
+    name = name or default_name(command)
     gpu_env = gpu_env or {}
     # Block before any thread starts (the transport's threads inherit the mask), so every
     # SIGINT/SIGTERM comes to sigtimedwait below instead of interrupting us.
@@ -214,12 +238,12 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
         transport = EmbeddedTransport(cfg) if embedded else connect(cfg)
         fields = metadata.collect(dict(os.environ, **gpu_env))
         fields["command"] = shlex.join(command)
-        send("run_start", name=name or default_name(command), **fields)
+        send("run_start", name=name, **fields)
         if not embedded:
             transport.flush()
 
     try:
-        env = dict(os.environ, **{ENV_RUN_ID: run_id}, **gpu_env)
+        env = dict(os.environ, **{ENV_RUN_ID: run_id, ENV_RUN_NAME: name}, **gpu_env)
         if daemon_answers(cfg):
             begin(embedded=False)
         else:

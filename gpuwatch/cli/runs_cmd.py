@@ -165,7 +165,12 @@ def loss_lines(run_id: str, steps, colour: bool) -> list[str]:
     if final is None:
         return []
     unit = "tokens" if curve.tokens_known else "steps"
-    return [f"  loss      final {final:.4g}   best {best:.4g}",
+    from gpuwatch.analysis.step_split import named_losses
+
+    named = named_losses(steps)  # several optimisers: each one's loss (`loss` is the first's)
+    each = ["  losses    " + "   ".join(f"{name} final {points[-1][1]:.4g} (best {min(v for _, v in points):.4g})"
+                                         for name, points in named.items())] if named else []
+    return [f"  loss      final {final:.4g}   best {best:.4g}", *each,
             *("  " + line for line in loss_chart([("loss", curve.axis(curve.tokens_known))], unit, colour,
                                                   width=SPARK_WIDTH + 12).splitlines())]
 
@@ -211,6 +216,12 @@ def show_text(run, steps, attached: dict, ranks: list[tuple], now_ms: int, energ
             add(f"  data wait {fmt.sparkline(waits, width=SPARK_WIDTH, lo=0, hi=100)}  "
                 f"avg {sum(known_waits) / len(known_waits):.0f}% of each step, "
                 f"last {known_waits[-1]:.0f}%  (waiting for the batch before compute)")
+        from gpuwatch.analysis.step_split import mean_split
+
+        split = mean_split(steps)
+        if split is not None:
+            add("  split     " + "   ".join(f"{part} {share:.0f}%" for part, share in split.items())
+                + "  (mean share of a step)")
         gpu_peak = max((s.mem_peak_bytes for s in steps if s.mem_peak_bytes is not None), default=None)
         reserved = max((s.mem_reserved_bytes for s in steps if s.mem_reserved_bytes is not None), default=None)
         rss = max((s.rss_bytes for s in steps if s.rss_bytes is not None), default=None)

@@ -5,7 +5,8 @@ Up to STEP_EVENTS_PER_S steps a second, every step is its own event (one `steps`
 than that, a drain's steps are folded into about FOLDED_EVENTS_PER_S events a second, each
 standing for a run of consecutive steps: `n_steps` of them ending at `step`, tokens and samples
 summed, loss and step time their means (with the fastest and slowest step), per-optimiser losses
-their means, the data wait a share of the window's time, tokens/s the window's tokens over its
+their means, the data wait (and the hooks' compute and evaluation shares) a share of the
+window's time, a closure optimiser's evaluations summed, tokens/s the window's tokens over its
 time. Counts and token sums stay exact at any rate, and the events a run sends per second stay
 bounded, so the transport's queue, the daemon's rate limit and the database never see a flood.
 """
@@ -35,6 +36,7 @@ class Steps(NamedTuple):
     reserved: Sequence[int | None]
     peak: Sequence[int | None]
     rss: Sequence[int | None]
+    split: Sequence[dict | None]  # what the zero-code hooks measured of each step (or None)
 
 
 def group_size(n: int, span_ms: float) -> int:
@@ -83,6 +85,22 @@ def _losses_mean(losses: Sequence[dict | None]) -> dict | None:
     return {name: math.fsum(values) / len(values) for name, values in sums.items()} or None
 
 
+def _split(g: Steps) -> dict:
+    """The hooks' split of folded steps: each share weighted by its step's time, evaluations summed."""
+    if not any(g.split):
+        return {}
+    out: dict = {}
+    for key in ("data_wait_pct", "compute_pct", "eval_pct"):
+        weighted = [(one[key] * ms, ms) for one, ms in zip(g.split, g.step_ms)
+                    if one and one.get(key) is not None and ms]
+        if weighted:
+            out[key] = min(100.0, math.fsum(w for w, _ in weighted) / math.fsum(ms for _, ms in weighted))
+    evals = [one["closure_evals"] for one in g.split if one and one.get("closure_evals") is not None]
+    if evals:
+        out["closure_evals"] = sum(evals)
+    return out
+
+
 def folded(g: Steps, fields: Callable[[float | None, int | None], dict]) -> dict:
     """One event's fields (without the envelope) for consecutive steps; `fields(tps, seq_len)`
     adds what only the run knows (its MFU)."""
@@ -106,4 +124,4 @@ def folded(g: Steps, fields: Callable[[float | None, int | None], dict]) -> dict
             "step_time_max_ms": max(times) if times else None,
             "data_wait_pct": wait_pct, "tokens_per_s": tps, **fields(tps, seq_len),
             "mem_allocated_bytes": g.alloc[-1], "mem_reserved_bytes": g.reserved[-1],
-            "mem_peak_bytes": _max(g.peak), "rss_bytes": _max(g.rss)}
+            "mem_peak_bytes": _max(g.peak), "rss_bytes": _max(g.rss), **_split(g)}

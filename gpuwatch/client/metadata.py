@@ -58,6 +58,16 @@ def ranks(env: Mapping[str, str]) -> tuple[int | None, int | None, int | None]:
             _int_env(env, "WORLD_SIZE", "SLURM_NTASKS"))
 
 
+def process_start_s() -> float | None:
+    """When this process started (seconds since the epoch), or None where it cannot be read."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # psutil missing or /proc hidden: the run is timed from its start instead
+        return None
+
+
 def _parent_start_s() -> int | None:
     """Start time of our parent (torchrun's agent): the same for every local rank it spawned."""
     try:

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 # Set by `gpuwatch run` for its child: an instrumented child adds its steps to that run.
 ENV_RUN_ID = "GPUWATCH_RUN_ID"
+# ... and the wrapper's run name: a rank run of that job is named NAME/rankN.
+ENV_RUN_NAME = "GPUWATCH_RUN_NAME"
 END_FLUSH_TIMEOUT_S = 10.0
 # finish() returns within this: the end goes ahead of queued steps; what is still queued then
 # is spooled for the daemon to replay.
@@ -182,7 +184,8 @@ class Run:
 
     def __init__(self, transport, cfg: config_mod.Config, *, run_id: str, name: str | None,
                  config: Any, flops_per_token: float | Callable[[int], float] | None,
-                 precision: str, attached: bool, parent_run_id: str | None):
+                 precision: str, attached: bool, parent_run_id: str | None,
+                 started_s: float | None = None):
         self.run_id = run_id
         self.attached = attached  # True: steps go to the `gpuwatch run` wrapper's run
         self._transport = transport
@@ -220,6 +223,9 @@ class Run:
                                     "flops_per_token": fixed_flops, **fields})
         else:
             self._started = (now_ms(), time.monotonic())  # the run's end is timed from here too
+            if started_s is not None:  # a rank's run lasts as long as its process
+                ago_s = max(0.0, self._started[0] / 1000.0 - started_s)
+                self._started = (int(started_s * 1000), self._started[1] - ago_s)
             self._send("run_start", ts_ms=self._started[0], name=name, config=plain,
                        flops_per_token=fixed_flops, parent_run_id=parent_run_id, **fields)
             self._install_signal_handlers()
@@ -261,11 +267,15 @@ class Run:
             self._compute_mark = self._clock.compute_mark()
 
     def step(self, tokens: int | None = None, samples: int | None = None, seq_len: int | None = None,
-             loss: Any = None, losses: Mapping[str, Any] | None = None) -> None:
-        """Record one optimiser step (`losses`: each optimiser's loss by name, when there are
-        several). Never synchronises the GPU: timings and a tensor loss are read by a thread of
-        ours once the GPU has passed this point, within DRAIN_EVERY_MS or at the end of the run.
-        Costs a tuple appended to a deque: the events are built (and folded) off this thread."""
+             loss: Any = None, losses: Mapping[str, Any] | None = None,
+             split: Mapping[str, Any] | None = None) -> None:
+        """Record one optimiser step. Never synchronises the GPU: timings and a tensor loss are
+        read by a thread of ours once the GPU has passed this point, within DRAIN_EVERY_MS or at
+        the end of the run. Costs a tuple appended to a deque: the events are built (and folded)
+        off this thread.
+        losses: each optimiser's loss by name (tensors or floats), with several optimisers.
+        split: step fields measured by the caller (data_wait_pct, compute_pct, eval_pct,
+        closure_evals: the zero-code hooks'); a data_wait_pct there replaces mark_compute()'s."""
         if self._clock is None:
             self._choose_clock()
         self._step += 1
@@ -286,7 +296,7 @@ class Run:
             alloc = reserved = peak = None
         pending = self._pending
         pending.append((self._step, now_ms(), mark, compute, tokens, samples, seq_len, captured,
-                        losses, alloc, reserved, peak, self._rss.read()))
+                        losses, alloc, reserved, peak, self._rss.read(), split))
         if len(pending) < PENDING_STEPS_MAX:
             self._drainer.wake()
         else:  # the drainer fell behind (starved of the CPU): catch up here rather than grow
@@ -299,10 +309,14 @@ class Run:
         if self._profiling.active:
             self._profiling.step(self._step)
 
-    def note_shape(self, batch: int | None, seq_len: int | None) -> None:
+    def note_shape(self, batch: int | None = None, seq_len: int | None = None, **advice) -> None:
         """The shape of the step under way (the zero-code hooks see it as the forward begins), so
-        an OOM before the step ends gets it in its postmortem."""
+        an OOM before the step ends gets it in its postmortem; `advice`: what else its advice
+        weighs (heads, attn, precision), kept where the run's config does not say."""
         self._batch, self._seq_len = _whole(batch), _whole(seq_len)
+        for key, value in advice.items():
+            if value is not None:
+                self._config.setdefault(key, value)
 
     def _choose_clock(self) -> None:
         torch = torch_stats.cuda_torch()
@@ -342,13 +356,14 @@ class Run:
                   "loss": g.loss[0], "losses": fold.finite_losses(g.losses[0]), "step_time_ms": step_ms,
                   "data_wait_pct": g.wait_pct[0], "tokens_per_s": tps, **self._mfu(tps, g.seq_len[0]),
                   "mem_allocated_bytes": g.alloc[0], "mem_reserved_bytes": g.reserved[0],
-                  "mem_peak_bytes": g.peak[0], "rss_bytes": g.rss[0]})
+                  "mem_peak_bytes": g.peak[0], "rss_bytes": g.rss[0], **(g.split[0] or {})})
 
     def _read(self, group: list[tuple]) -> fold.Steps:
         """Recorded steps a column at a time, their timings and tensors read (the GPU passed
         them): a few C-level passes over a column, not work per step, when steps come fast."""
         clock, resolve = self._clock, torch_stats.resolve_loss
-        step, ts, marks, computes, tokens, samples, seq_len, loss, losses, alloc, reserved, peak, rss = zip(*group)
+        (step, ts, marks, computes, tokens, samples, seq_len, loss, losses, alloc, reserved, peak, rss,
+         split) = zip(*group)
         step_ms = marks if type(clock) is torch_stats.CpuClock else [clock.elapsed_ms(m) for m in marks]
         wait_pct = computes
         if computes.count(None) != len(computes):
@@ -360,7 +375,7 @@ class Run:
         if any(losses):
             losses = [None if d is None else {name: resolve(v) for name, v in d.items()} for d in losses]
         return fold.Steps(step, ts, step_ms, wait_pct, tokens, samples, seq_len, loss, losses, alloc, reserved,
-                          peak, rss)
+                          peak, rss, split)
 
     def _mfu(self, tps: float | None, seq_len: int | None) -> dict:
         fpt = self._flops_per_token
@@ -543,9 +558,14 @@ def start_run(name: str | None = None, config: Any = None,
 
     cfg = config_mod.load()
     wrapper_id = os.environ.get(ENV_RUN_ID) if run_id is None else None
-    _, _, world_size = metadata.ranks(os.environ)
+    rank, _, world_size = metadata.ranks(os.environ)
     attached = bool(wrapper_id) and (world_size or 1) == 1
+    started_s = None
+    if wrapper_id and not attached:  # one rank of the wrapper's job: its name, its process's time
+        if name is None and rank is not None:
+            name = f"{os.environ.get(ENV_RUN_NAME) or 'rank'}/rank{rank}"
+        started_s = metadata.process_start_s()
     transport = connect(cfg)
     return Run(transport, cfg, run_id=wrapper_id if attached else (run_id or new_run_id()),
                name=name, config=config, flops_per_token=flops_per_token, precision=precision,
-               attached=attached, parent_run_id=None if attached else wrapper_id)
+               attached=attached, parent_run_id=None if attached else wrapper_id, started_s=started_s)

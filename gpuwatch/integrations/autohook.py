@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 import weakref
 
 from gpuwatch.client import run as run_mod
 from gpuwatch.integrations.accounting import (StepTally, count_forward, find_tokens, flops_per_token,
                                                model_shape, plain_config, precision_of, sequence_first)
+from gpuwatch.integrations.iteration import OptimizerCycle, StepSplit, name_optimizers
 
 # "0" (or false/no/off): the bootstrap leaves the program alone; `gpuwatch run --no-instrument`.
 ENV_INSTRUMENT = "GPUWATCH_INSTRUMENT"
@@ -101,6 +104,18 @@ class AutoInstrument:
         self._patched: list = []  # (owner, name, original): torch functions we wrapped
         self._out_of_dynamo = False  # our hooks run eagerly even when called from compiled code
         self._forks = _forks
+        self._optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimiser made since install
+        self._cycle = OptimizerCycle()
+        self._trained: list = []  # weakrefs to the top-level modules trained in the first iteration
+        self._segment: list = []  # backward() roots since the last optimiser step (unscaled)
+        self._closure: list | None = None  # [evaluations, first result] of this step's closure
+        self._reevaluating = False  # a closure optimiser's second or later evaluation runs
+        self.split = StepSplit()
+        self._aside_open = False  # an evaluation forward or a save is timed as such
+        self._thread = threading.get_ident()  # the training thread: the one that imported torch
+        self._framework_run = None  # a framework callback's run, for its first forward's shape
+        self._training_data: set[int] = set()  # id()s of datasets whose batches fed a training forward
+        self._last_data: int | None = None  # the dataset of the latest batch fetched
 
     # ---- set-up and tear-down ----------------------------------------------------------
     def install(self) -> None:
@@ -112,8 +127,14 @@ class AutoInstrument:
         pre = nn_module.register_module_forward_pre_hook(self._enter)
         post = nn_module.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True)
         self._pre_id, self._post_id = pre.id, post.id
-        self._handles = [pre, post, optim_module.register_optimizer_step_post_hook(self._on_optimizer_step)]
+        self._handles = [pre, post, optim_module.register_optimizer_step_post_hook(self._on_optimizer_step),
+                         optim_module.register_optimizer_step_pre_hook(self._before_optimizer_step)]
         self._patch(nn_module, "_has_any_global_hook", self._wrap_has_any_global_hook)
+        self._patch(optim_module.Optimizer, "__init__", self._wrap_optimizer_init)
+        self._patch(self.torch, "save", self._wrap_save)
+        from torch.utils.data import dataloader
+
+        self._patch(dataloader._BaseDataLoaderIter, "__next__", self._wrap_next)
         self._patch(self.torch, "compile", self._wrap_torch_compile)
         self._patch(self.torch.autograd, "backward", self._wrap_backward)
         scaler = getattr(getattr(self.torch, "amp", None), "GradScaler", None)
@@ -153,11 +174,14 @@ class AutoInstrument:
             return False
         return True
 
-    def stand_aside(self, model=None, tally: StepTally | None = None) -> None:
+    def stand_aside(self, model=None, tally: StepTally | None = None, run=None) -> None:
         """A framework callback records the training of `model` (its own steps and loss): make
         no steps of ours, only count that model's training forwards into `tally` when given (the
-        callback then puts no hook on the model). stand_aside() again when the training ends."""
+        callback then puts no hook on the model), and tell `run` the first one's shape (for an
+        OOM postmortem). stand_aside() again when the training ends."""
         self._framework = None if model is None else (model, tally)
+        self._framework_run = run
+        self.split.restart()
         self._candidates.clear()
         self.tally.reset()
         self._backwards, self._unreached = 0, False
@@ -174,11 +198,15 @@ class AutoInstrument:
                 # batch, seq_len, heads, attention: known before the first step, for an OOM postmortem
                 config.update(model_shape(inner, *find_tokens(args, kwargs)))
                 params = list(inner.parameters())
+            # Every trained module counts (a GAN's D and G): the optimisers made so far hold them.
+            params = list({id(p): p for p in (*params, *(p for opt in list(self._optimizers)
+                                                        for g in opt.param_groups for p in g["params"]))}.values())
             precision = _precision(self.torch, params[0] if params else None)
             config.setdefault("precision", precision)  # what the OOM advice weighs activations in
             config.setdefault("n_params", _n_params(params))
             self.run = run_mod.start_run(name=self.name, config=config, precision=precision,
                                          flops_per_token=lambda seq_len: self._fpt and self._fpt(seq_len))
+            self.split.restart()  # the first step is timed from here, as the run times it
         return self.run
 
     # ---- top-level module calls -------------------------------------------------------------
@@ -196,17 +224,41 @@ class AutoInstrument:
         module._forward_hooks_with_kwargs[post_id] = True
         module._forward_hooks_always_called[post_id] = True
         self._open = module
-        if self._framework is not None or not (module.training and torch.is_grad_enabled()):
-            return
         try:
+            if not (module.training and torch.is_grad_enabled()):
+                # An evaluation forward of a trained model, between two steps: time of its own.
+                if self._trains(module) and self.split.aside_begin():
+                    self._aside_open = True
+                return
+            if self._framework is not None:
+                if module is self._framework[0]:
+                    self._training_began()
+                return
             if self.model is None or module is self.model:
                 if self.run is None:  # opened before the first forward: an OOM in it gets its postmortem
                     self.ensure_run(module, args)
-                # The model's training forward begins: the iteration's data wait ends (the run
-                # keeps the first mark of an iteration: tally.forwards == 0 here).
+            # A training forward of any module (a GAN's D first) begins the iteration's compute
+            # (the run keeps the first mark of an iteration).
+            if self.run is not None:
                 self.run.mark_compute()
+            self._training_began()
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
+
+    def _training_began(self) -> None:
+        """A training forward: the iteration's compute begins, and the latest batch fetched was
+        training data (a loader over another dataset, between steps, is an evaluation's)."""
+        self.split.compute_began()
+        if self._last_data is not None:
+            self._training_data.add(self._last_data)
+            self._last_data = None
+
+    def _trains(self, module) -> bool:
+        """Whether `module` is one the program trains (its model, a GAN's other module, the
+        framework's model)."""
+        if module is self.model or (self._framework is not None and module is self._framework[0]):
+            return True
+        return any(ref() is module for ref in self._trained)
 
     def _leave(self, module, args, kwargs, output) -> None:
         """Also called when the forward raised (output None): before an OOM reaches the run."""
@@ -221,13 +273,22 @@ class AutoInstrument:
         if self._off:
             return
         self._restore_globals()
-        if not (module.training and self.torch.is_grad_enabled()):
-            return
+        if self._aside_open:
+            self._aside_open = False
+            self.split.aside_end()
+        if not (module.training and self.torch.is_grad_enabled()) or self._reevaluating:
+            return  # (a closure's re-evaluations: the step's inputs were counted at the first)
         try:
             if self._framework is not None:  # the framework's steps: its callback reads this tally
                 model, tally = self._framework
-                if module is model and tally is not None:
-                    count_forward(tally, args, kwargs, output)
+                if module is model:
+                    if self._framework_run is not None:  # its first forward: before an OOM in it
+                        run, self._framework_run = self._framework_run, None
+                        inner = getattr(module, "_orig_mod", module)
+                        run.note_shape(**model_shape(inner, *find_tokens(args, kwargs)),
+                                       precision=_precision(self.torch, next(inner.parameters(), None)))
+                    if tally is not None:
+                        count_forward(tally, args, kwargs, output)
                 return
             if self.model is None:
                 _, tally, seq_first = self._candidates.get(id(module)) or self._candidate(module, args, kwargs)
@@ -312,9 +373,9 @@ class AutoInstrument:
                 setattr(owner, name, disable(getattr(owner, name)))
         from torch.optim import optimizer as optim_module
 
-        hooks = optim_module._global_optimizer_post_hooks
-        step_hook = self._handles[2].id
-        hooks[step_hook] = disable(hooks[step_hook])
+        for hooks, handle in ((optim_module._global_optimizer_post_hooks, self._handles[2]),
+                              (optim_module._global_optimizer_pre_hooks, self._handles[3])):
+            hooks[handle.id] = disable(hooks[handle.id])
         # The module hooks stay inlinable (traced, they are no-ops: see _enter), so a step compiled
         # whole keeps its one graph; where dynamo meets them as frames of their own (the module
         # call that `model.compile()` compiles is run, not traced), those frames are skipped.
@@ -332,6 +393,7 @@ class AutoInstrument:
         if not self._candidates:
             return False
         module, tally, seq_first = max(self._candidates.values(), key=lambda c: _n_params(c[0].parameters()))
+        self._trained = [weakref.ref(c[0]) for c in self._candidates.values()]
         self._candidates.clear()
         self.model, self.tally, self._seq_first = module, tally, seq_first
         self._fpt = flops_per_token(getattr(module, "_orig_mod", module))
@@ -353,6 +415,8 @@ class AutoInstrument:
                 result = backward(tensors, *args, **kwargs)
             finally:
                 self._backward_depth = 0
+            if (self._optimizer_made or self._optimizers) and self._framework is None and _is_scalar(tensors):
+                self._add_segment_root(tensors)
             if self._clean >= TRUSTED_AFTER:  # unchecked: the root counts when a forward awaits it
                 self._through_model = self._backwards <= self.tally.forwards
             elif not self._through_model:
@@ -374,10 +438,7 @@ class AutoInstrument:
         none); without any optimiser in the program, this ends the iteration."""
         self._through_model = False
         if _is_scalar(root):
-            loss = root.detach()
-            scaled = self._scaled
-            if scaled is not None and scaled[0]() is root:  # GradScaler's scale, undone
-                loss = loss / scaled[1]
+            loss = self._unscaled(root)
             if self.model is not None or not self._candidates:  # (none: see _step_unseen)
                 self.tally.add_root(loss)
             else:
@@ -387,17 +448,90 @@ class AutoInstrument:
             self._optimizer_made = _any_optimizer_made(self.torch)
         if not self._optimizer_made and (self.model is not None or self._choose_model()) \
                 and self.tally.forwards:
-            self.run.step(**self.tally.take())
+            self.run.step(**self.tally.take(), split=self.split.take())
 
-    def _step_unseen(self, optimizer) -> None:
+    def _unscaled(self, root):
+        """A scalar backward() root, detached, with GradScaler's scale undone."""
+        loss = root.detach()
+        scaled = self._scaled
+        if scaled is not None and scaled[0]() is root:
+            loss = loss / scaled[1]
+        return loss
+
+    def _add_segment_root(self, root) -> None:
+        segment = self._segment
+        segment.append(self._unscaled(root))
+        if len(segment) > 64:  # a long accumulation: keep the sum, not every root
+            segment[:] = [self._sum(segment)]
+
+    @staticmethod
+    def _sum(losses):
+        total = losses[0]  # not sum(): its int start costs a tensor op
+        for loss in losses[1:]:
+            total = total + loss
+        return total
+
+    def _segment_loss(self):
+        """(the loss of the optimiser step that just ran, closure evaluations or None): a closure's
+        first evaluation (what step(closure) returned), else the sum of the backward() roots since
+        the previous optimiser step (a GAN's errD_real + errD_fake)."""
+        roots, self._segment = self._segment, []
+        closure, self._closure = self._closure, None
+        if closure is not None and closure[0]:
+            first = closure[1]
+            return (first.detach() if hasattr(first, "detach") else first), closure[0]
+        return (self._sum(roots) if roots else None), None
+
+    def _expected(self) -> bool:
+        """Whether an optimiser over a module trained so far has not stepped yet (the first
+        iteration of D, G goes on after D's step)."""
+        trained = {id(p) for ref in (*self._trained, lambda: self.model) if ref() is not None
+                   for p in ref().parameters()}
+        stepped = set(self._cycle.order)
+        return any(id(p) in trained for opt in list(self._optimizers) if id(opt) not in stepped
+                   for group in opt.param_groups for p in group["params"])
+
+    def _name_optimizers(self, optimizer) -> None:
+        """Name each optimiser of the cycle after the module it trains (see name_optimizers)."""
+        known = {id(opt): opt for opt in (*self._optimizers, optimizer)}
+        modules = [m for m in (ref() for ref in (*self._trained, lambda: self.model)) if m is not None]
+
+        def module_of(opt):
+            params = {id(p) for group in opt.param_groups for p in group["params"]}
+            shared = [(sum(id(p) in params for p in m.parameters()), m) for m in modules]
+            best = max(shared, key=lambda c: c[0], default=(0, None))
+            return best[1] if best[0] else None
+
+        self._cycle.names = name_optimizers([known[k] for k in self._cycle.order if k in known], module_of)
+
+    def _close_step(self, optimizer, fields: dict, loss, evals) -> None:
+        """The iteration ended at this optimiser step: its step, with each optimiser's loss."""
+        split = self.split.take()
+        if evals:
+            split["closure_evals"] = evals
+            fields["loss"] = loss
+        losses = None
+        if self._cycle.several():
+            if len(self._cycle.names) < len(self._cycle.order):
+                self._name_optimizers(optimizer)
+            losses = self._cycle.take() or None
+            if losses:  # `loss` is the first optimiser's of the cycle (a GAN's D)
+                fields["loss"] = next(iter(losses.values()))
+        else:
+            self._cycle.take()
+        self.run.step(**fields, losses=losses, split=split)
+
+    def _step_unseen(self, optimizer, loss, evals) -> None:
         """An optimiser step after a backward, with no training forward of any module seen: the
         model runs inside a function compiled whole (`torch.compile(train_step)`), or there is no
         module. A step all the same, with the loss backward() was called on, without tokens."""
+        if not self._cycle.stepped(optimizer, loss, lambda: False):
+            return
         if not self._backwards:
-            return  # no backward since the last step: a second optimiser, or nothing trained
+            return  # no backward since the last step: nothing trained
         self._backwards = 0
         self.ensure_run(None, params=[p for group in optimizer.param_groups for p in group["params"]])
-        self.run.step(**self.tally.take())
+        self._close_step(optimizer, self.tally.take(), loss, evals)
 
     def _judge_iteration(self) -> None:
         """At an optimiser step: was each backward() of this iteration one through the model's
@@ -426,20 +560,94 @@ class AutoInstrument:
         return recorded_scale
 
     # ---- every step ---------------------------------------------------------------------
+    def _before_optimizer_step(self, optimizer, args, kwargs):
+        """step(closure) (LBFGS): count the closure's evaluations and keep its first result."""
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: the optimiser
+        if not callable(closure) or self._framework is not None or not self._ours():
+            return None
+        evals = self._closure = [0, None]
+
+        def counted_closure(*c_args, **c_kwargs):
+            first = not evals[0]
+            evals[0] += 1
+            self._reevaluating = not first
+            try:
+                result = closure(*c_args, **c_kwargs)
+            finally:
+                self._reevaluating = False
+            if first:
+                evals[1] = result
+            return result
+
+        if "closure" in kwargs:
+            return args, dict(kwargs, closure=counted_closure)
+        return (args[0], counted_closure, *args[2:]), kwargs
+
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._unstrand()
         if self._framework is not None or not self._ours():
             return
         try:
             self._optimizer_made = True
+            loss, evals = self._segment_loss()
             if self.model is None and not self._choose_model():
-                self._step_unseen(optimizer)
+                self._step_unseen(optimizer, loss, evals)
                 return
-            if self.tally.forwards:  # a second optimiser in the same iteration adds nothing
+            if not self._cycle.stepped(optimizer, loss, self._expected):
+                return  # the iteration goes on: another optimiser of the cycle steps next
+            if self.tally.forwards or self._cycle.several():
                 self._judge_iteration()
-                self.run.step(**self.tally.take())
+                self._close_step(optimizer, self.tally.take(), loss, evals)
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
+
+    # ---- the program's optimisers, data loaders and checkpoints ----------------------------
+    def _wrap_optimizer_init(self, init):
+        optimizers = self._optimizers
+
+        def noted_init(optimizer, *args, **kwargs):
+            init(optimizer, *args, **kwargs)
+            optimizers.add(optimizer)  # weakly: the program's to keep or drop
+
+        noted_init.__wrapped__ = init
+        return noted_init
+
+    def _wrap_next(self, next_):
+        """DataLoader iterators' __next__ on the training thread: the time inside is data wait."""
+        clock, split, get_ident = time.perf_counter, self.split, threading.get_ident
+
+        def timed_next(iterator):
+            if get_ident() != self._thread or _forks != self._forks or self._off:
+                return next_(iterator)
+            data = id(getattr(iterator, "_dataset", iterator))
+            # A batch of a dataset that never fed training, once training has: an evaluation's.
+            evaluation = bool(self._training_data) and data not in self._training_data and split.aside_begin()
+            started = clock()
+            try:
+                return next_(iterator)
+            finally:
+                split.loader(clock() - started)
+                self._last_data = data
+                if evaluation:
+                    split.aside_end()
+
+        timed_next.__wrapped__ = next_
+        return timed_next
+
+    def _wrap_save(self, save):
+        """torch.save between steps: checkpoint time, apart from compute and data."""
+        def timed_save(*args, **kwargs):
+            if get_ident() != self._thread or not self._ours() or not self.split.aside_begin():
+                return save(*args, **kwargs)
+            try:
+                return save(*args, **kwargs)
+            finally:
+                self.split.aside_end()
+
+        get_ident = threading.get_ident
+        timed_save.__wrapped__ = save
+        timed_save.__doc__ = save.__doc__
+        return timed_save
 
     # ---- Hugging Face generate() --------------------------------------------------------
     def wrap_generate(self, generate):

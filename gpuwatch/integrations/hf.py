@@ -14,7 +14,8 @@ from transformers import TrainerCallback
 
 from gpuwatch.client.run import start_run
 from gpuwatch.integrations import autohook
-from gpuwatch.integrations.accounting import StepTally, count_forward, flops_per_token, plain_config
+from gpuwatch.integrations.accounting import (StepTally, count_forward, find_tokens, flops_per_token, model_shape,
+                                               plain_config)
 
 
 class GpuwatchCallback(TrainerCallback):
@@ -23,6 +24,7 @@ class GpuwatchCallback(TrainerCallback):
         self.run = None
         self._tally = StepTally()
         self._hook = None
+        self._first = None  # a pre-hook of the first forward: its shape, before an OOM in it
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if self.run is not None:
@@ -32,9 +34,16 @@ class GpuwatchCallback(TrainerCallback):
                              precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
         hooks = autohook.active()
         if hooks is not None:
-            hooks.stand_aside(model, self._tally)
+            hooks.stand_aside(model, self._tally, self.run)  # (which tells the run the first forward's shape)
         else:
             self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
+            self._first = model.register_forward_pre_hook(self._on_first_forward, with_kwargs=True)
+
+    def _on_first_forward(self, module, args, kwargs) -> None:
+        self._first.remove()
+        self._first = None
+        if self.run is not None:
+            self.run.note_shape(**model_shape(module, *find_tokens(args, kwargs)))
 
     def _on_forward(self, module, args, kwargs, output) -> None:
         if module.training and torch.is_grad_enabled():
@@ -46,13 +55,16 @@ class GpuwatchCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.run is not None:
-            self.run.step(**self._tally.take())
+            hooks = autohook.active()  # where the hooks time the step: the data loader, evaluation
+            self.run.step(**self._tally.take(), split=hooks.split.take() if hooks is not None else None)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.run is not None:
             if self._hook is not None:
-                self._hook.remove()
-                self._hook = None
+                for hook in (self._hook, self._first):
+                    if hook is not None:
+                        hook.remove()
+                self._hook = self._first = None
             elif autohook.active() is not None:
                 autohook.active().stand_aside()
             self.run.finish()

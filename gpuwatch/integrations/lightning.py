@@ -12,7 +12,8 @@ import lightning.pytorch as pl
 
 from gpuwatch.client.run import start_run
 from gpuwatch.integrations import autohook
-from gpuwatch.integrations.accounting import StepTally, find_tokens, flops_per_token, plain_config, precision_of
+from gpuwatch.integrations.accounting import (StepTally, find_tokens, flops_per_token, model_shape, plain_config,
+                                               precision_of)
 
 
 class GpuwatchCallback(pl.Callback):
@@ -21,6 +22,7 @@ class GpuwatchCallback(pl.Callback):
         self.run = None
         self._tally = StepTally()
         self._global_step = 0
+        self._shaped = False  # the first batch's shape went to the run (for an OOM postmortem)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         config = dict(plain_config(pl_module.hparams) or {}, max_steps=trainer.max_steps,
@@ -33,8 +35,15 @@ class GpuwatchCallback(pl.Callback):
             autohook.active().stand_aside(pl_module)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self.run is not None:  # the batch is loaded: the time since the last step was data wait
-            self.run.mark_compute()
+        if self.run is None:
+            return
+        self.run.mark_compute()  # the batch is loaded: the time since the last step was data wait
+        if autohook.active() is not None:
+            autohook.active().split.compute_began()
+        if not self._shaped:  # before the first forward: an OOM in it gets the full advice
+            self._shaped = True
+            self.run.note_shape(**model_shape(pl_module, find_tokens((batch,))[0]),
+                                precision=precision_of(trainer.precision))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.run is None:
@@ -46,7 +55,8 @@ class GpuwatchCallback(pl.Callback):
                              normalised_over_step=True)
         if trainer.global_step != self._global_step:  # an optimiser step ended this batch
             self._global_step = trainer.global_step
-            self.run.step(**self._tally.take())
+            hooks = autohook.active()
+            self.run.step(**self._tally.take(), split=hooks.split.take() if hooks is not None else None)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self.run is not None:

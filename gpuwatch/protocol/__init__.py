@@ -250,6 +250,8 @@ EVENT_KINDS: dict[str, dict[str, Spec]] = {
         # steps ending at `step`; tokens and samples are sums, loss and step time means.
         "n_steps": integer(1), "step_time_min_ms": number(0), "step_time_max_ms": number(0),
         "losses": losses(),  # per-optimiser loss (a fold: each one's mean)
+        # the zero-code hooks' split of the step, and a closure optimiser's evaluations
+        "compute_pct": percent(), "eval_pct": percent(), "closure_evals": integer(0),
     },
     "generation": {
         "gen_id": integer(0, required=True),

@@ -215,6 +215,9 @@ class StepRow:
     losses_json: str | None  # per-optimiser losses, a JSON object
     step_time_min_ms: float | None  # a folded row's fastest and slowest step
     step_time_max_ms: float | None
+    compute_pct: float | None  # share from the first training forward to the step's end
+    eval_pct: float | None  # share in evaluation forwards and checkpoint saves before it
+    closure_evals: int | None  # a closure optimiser's evaluations of its closure
 
 
 @dataclass(frozen=True)

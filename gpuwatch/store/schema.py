@@ -488,6 +488,16 @@ ALTER TABLE steps ADD COLUMN step_time_min_ms REAL;
 ALTER TABLE steps ADD COLUMN step_time_max_ms REAL;
 """
 
+# Where a step's time went, as the zero-code hooks split it (shares of the step, host clock):
+# data_wait_pct (inside the data loader), compute_pct (first training forward to the step's end),
+# eval_pct (evaluation forwards and torch.save between steps); the rest is "other". A closure
+# optimiser (LBFGS) evaluates its closure several times a step: how many.
+_STEP_SPLIT = """
+ALTER TABLE steps ADD COLUMN compute_pct REAL;
+ALTER TABLE steps ADD COLUMN eval_pct REAL;
+ALTER TABLE steps ADD COLUMN closure_evals INTEGER;
+"""
+
 # Each entry is one schema version; index + 1 is the version number stored in user_version.
 # An entry is an SQL script, or a function given the connection inside the migration's
 # transaction, for what SQL alone cannot do (sqlite-utils' FTS set-up, `table.transform()`).
@@ -499,5 +509,6 @@ Migration = str | Callable[[sqlite3.Connection], None]
 MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
                                _GENERATION_MEMORY, _ALWAYS_ON, search.add_search,
                                _PROFILE_BREAKDOWNS, _GPU_STATE_SINCE, _ALERTS,
-                               _FOLDED_STEPS, _SLOWDOWN_EVIDENCE, _ALERT_RULES, _FOLDED_STEP_TIMES]
+                               _FOLDED_STEPS, _SLOWDOWN_EVIDENCE, _ALERT_RULES, _FOLDED_STEP_TIMES,
+                               _STEP_SPLIT]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpuwatch import fmt, spool
+from gpuwatch.analysis.step_split import PARTS, named_losses, split_of
 from gpuwatch.store import StoreError, health, now_ms, open_ro, postmortems, profiles, queries
 from gpuwatch.store.energy import EnergyLedger, RunEnergy
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
@@ -312,12 +313,23 @@ class StoreSource:
         shaded = tuple((r.start_ms, r.end_ms) for r in slow)
         charts = [Chart("tokens/s", (series("tokens/s", "per_s", "tokens_per_s"),), shaded)]
         loss = series("loss", "loss", "loss")
-        if loss.points:  # a run that records its loss (inference runs have none)
+        named = named_losses(steps)  # several optimisers (a GAN's netD, netG): one line each
+        if named:
+            at = {s.step: s.ts_ms for s in steps}
+            charts.append(Chart("loss", tuple(Series(name, "loss", downsample([(at[n], v) for n, v in points],
+                                                                              CHART_POINTS))
+                                              for name, points in named.items())))
+        elif loss.points:  # a run that records its loss (inference runs have none)
             charts.append(Chart("loss", (loss,)))
         charts.append(Chart("step time", (series("step", "ms", "step_time_ms"),), shaded))
         data_wait = series("waiting for data", "pct", "data_wait_pct")
         if data_wait.points:  # only runs whose compute start is marked (hooks, callbacks, mark_compute)
             charts.append(Chart("data wait (share of each step)", (data_wait,)))
+        splits = [(s.ts_ms, split) for s, split in zip(steps, map(split_of, steps)) if split is not None]
+        if splits:  # the zero-code hooks' split: data, compute, evaluation/checkpoint, other
+            charts.append(Chart("where each step went (share)", tuple(
+                Series(part, "pct", downsample([(ts, split[part]) for ts, split in splits], CHART_POINTS))
+                for part in PARTS)))
         charts.append(Chart("memory", tuple(memory)))
         by_uuid = {g.uuid: g.gpu_index for g in queries.gpus(conn)}
         for uuid in filter(None, (run.gpu_uuids or "").split(",")):

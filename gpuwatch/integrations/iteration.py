@@ -1,0 +1,159 @@
+"""What one training iteration is, for the zero-code hooks: the cycle of a program's optimisers
+(a GAN's D then G), each one's loss, and where the host's time between two steps went.
+
+Kept apart from the hooks themselves (autohook.py): these are plain bookkeeping, no torch.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, Iterable
+
+# Optimiser steps past a cycle's length with no end of it: the program changed its optimisers
+# (a new one replaces an old one still alive); the cycle is learnt again from those steps.
+RELEARN_AFTER = 16
+
+
+class OptimizerCycle:
+    """The order in which the optimisers step; an iteration ends after the last of the cycle.
+
+    Optimisers are known by id() (holding them would keep their state alive). The first
+    iteration ends once no optimiser the caller still expects (one over a module trained in
+    that iteration) is left to step, so D, G is one iteration and not two."""
+
+    def __init__(self) -> None:
+        self.order: list[int] = []  # ids, in the order of their first step
+        self.names: dict[int, str] = {}
+        self.learnt = False
+        self._open: list[int] = []  # ids stepped in the iteration under way
+        self._losses: dict[int, Any] = {}  # id -> the loss of its latest step in that iteration
+
+    def stepped(self, optimizer, loss, expected: Callable[[], bool]) -> bool:
+        """`optimizer` stepped after backward() roots summing to `loss` (None: none); whether the
+        iteration ends here. `expected()`: an optimiser still to step before a first cycle ends."""
+        key = id(optimizer)
+        if key not in self.order:
+            self.order.append(key)
+        self._open.append(key)
+        if loss is not None:
+            self._losses[key] = loss
+        if len(self._open) > len(self.order) + RELEARN_AFTER:
+            self.order = list(dict.fromkeys(self._open))
+            return True
+        if key != self.order[-1]:
+            return False
+        if not self.learnt:
+            if expected():
+                return False
+            self.learnt = True
+        return True
+
+    def several(self) -> bool:
+        return len(self.order) > 1
+
+    def take(self) -> dict[str, Any]:
+        """The ended iteration's loss of each optimiser that had one, by name, in cycle order."""
+        losses = {self.names.get(key) or f"opt{i}": self._losses[key]
+                  for i, key in enumerate(self.order) if key in self._losses}
+        self._open.clear()
+        self._losses.clear()
+        return losses
+
+
+def program_name(obj, skip: tuple[str, ...] = ("torch", "gpuwatch")) -> str | None:
+    """The name the program gave `obj`: a local or global variable, or an attribute of a `self`,
+    in the innermost frame of the program's own code (outside torch and gpuwatch) that holds it."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__") or ""
+        if not module.startswith(skip):
+            for name, value in frame.f_locals.items():
+                if value is obj:
+                    return name
+            owner = frame.f_locals.get("self")
+            for name, value in getattr(owner, "__dict__", {}).items():
+                if value is obj:
+                    return name
+            modules = getattr(owner, "_modules", None)  # an nn.Module's submodules
+            for name, value in (modules or {}).items():
+                if value is obj:
+                    return name
+            for name, value in frame.f_globals.items():
+                if value is obj:
+                    return name
+        frame = frame.f_back
+    return None
+
+
+def name_optimizers(optimizers: Iterable, module_of: Callable[[Any], Any]) -> dict[int, str]:
+    """id -> name for each optimiser: the program's name for the module it trains when that names
+    it alone (netD, netG), else the optimiser's own name (two over one model), else optN."""
+    optimizers = list(optimizers)
+    by_module = [program_name(module_of(opt)) if module_of(opt) is not None else None
+                 for opt in optimizers]
+    names = {}
+    for i, (opt, name) in enumerate(zip(optimizers, by_module)):
+        if name is None or by_module.count(name) > 1:
+            name = program_name(opt)
+        names[id(opt)] = name if name and name not in names.values() else f"opt{i}"
+    return names
+
+
+class StepSplit:
+    """Where the host's time between two steps went: inside the data loader (on the training
+    thread), evaluation forwards and checkpoint saves before the iteration's training began
+    ("aside"; the loader's time inside that stretch is the evaluation's), compute (from the
+    iteration's first training forward to its step), and the rest."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self.loader_seen = False  # a DataLoader was iterated: data wait is the time inside it
+        self.restart()
+
+    def restart(self) -> None:
+        """The interval of the next step begins now."""
+        self._since = self._clock()
+        self._loader = 0.0
+        self._aside: list[float] | None = None  # [start, end, loader time at start, at end]
+        self._compute: float | None = None
+
+    def loader(self, seconds: float) -> None:
+        self._loader += seconds
+        self.loader_seen = True
+
+    def aside_begin(self) -> bool:
+        """An evaluation forward or a save begins; False when the iteration's compute already
+        has (then it is that compute's, and aside_end need not be called)."""
+        if self._compute is not None:
+            return False
+        if self._aside is None:
+            self._aside = [self._clock(), 0.0, self._loader, self._loader]
+        return True
+
+    def aside_end(self) -> None:
+        if self._aside is not None:
+            self._aside[1], self._aside[3] = self._clock(), self._loader
+
+    def compute_began(self) -> None:
+        if self._compute is None:
+            self._compute = self._clock()
+
+    def take(self) -> dict[str, float]:
+        """The shares (%) of the interval now ended, as step fields; and a new interval."""
+        now = self._clock()
+        total = now - self._since
+        aside = loader_aside = 0.0
+        if self._aside is not None and self._aside[1]:
+            aside, loader_aside = self._aside[1] - self._aside[0], self._aside[3] - self._aside[2]
+        fields: dict[str, float] = {}
+        if total > 0:
+            def share(seconds: float) -> float:
+                return min(100.0, max(0.0, 100.0 * seconds / total))
+            if self.loader_seen:
+                fields["data_wait_pct"] = share(self._loader - loader_aside)
+            fields["eval_pct"] = share(aside)
+            if self._compute is not None:
+                fields["compute_pct"] = share(now - self._compute)
+        self.restart()
+        return fields

@@ -1,0 +1,64 @@
+"""Unmodified: epochs over a slow DataLoader, each ending with an evaluation pass (eval mode,
+no_grad, its own loader) and a checkpoint (torch.save). Prints, per step, the share of the time
+since its previous step that the program itself measured inside the training loader."""
+import sys
+import time
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset
+
+DATA_S, COMPUTE_S = 0.004, 0.006
+
+
+class Slow(Dataset):
+    def __init__(self, n, delay):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return torch.full((8,), float(i))
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+
+    def forward(self, x):
+        time.sleep(COMPUTE_S)  # the model's compute
+        return self.body(x)
+
+
+torch.manual_seed(0)
+model = Model()
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+train = DataLoader(Slow(16, DATA_S), batch_size=4)
+val = DataLoader(Slow(16, DATA_S / 2), batch_size=4)  # its batches: the evaluation's time
+step, last = 0, None
+for epoch in range(3):
+    it, in_loader = iter(train), 0.0
+    while True:
+        started = time.perf_counter()
+        try:
+            x = next(it)
+        except StopIteration:
+            break
+        in_loader += time.perf_counter() - started
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        now, step = time.perf_counter(), step + 1
+        if last is not None:
+            print(f"step {step} loader_pct {100 * in_loader / (now - last):.2f}")
+        last, in_loader = now, 0.0
+    model.eval()
+    with torch.no_grad():
+        for x in val:
+            model(x)
+    torch.save(model.state_dict(), sys.argv[1])
+    model.train()
+print("epochs done")
