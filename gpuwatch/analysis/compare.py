@@ -174,6 +174,11 @@ def differing_keys(runs: Sequence[queries.Run]) -> list[str]:
     return [k for k in keys if len({d.get(k) for d in described_runs}) > 1]
 
 
+def _final_loss_of(name: str) -> Callable[[RunStats], float | None]:
+    """The value of a run's final loss of one optimiser (a GAN's netD), for a compare row."""
+    return lambda s: s.losses_final.get(name)
+
+
 @dataclass(frozen=True)
 class Row:
     label: str
@@ -247,7 +252,7 @@ def table(stats: Sequence[RunStats]) -> tuple[list[str], list[list[tuple[str, in
                     Row(at, lambda s: s.loss_at_equal, _loss, False))
     names = list(dict.fromkeys(name for s in stats for name in s.losses_final))
     rows[rows.index(ROWS_BY_LABEL["best loss"]) + 1:0] = [
-        Row(f"final loss {name}", lambda s, name=name: s.losses_final.get(name), _loss, False) for name in names]
+        Row(f"final loss {name}", _final_loss_of(name), _loss, False) for name in names]
     for row in rows:
         base = row.value(stats[0])
         cells = [(row.label, 0), (row.text(stats[0]), 0)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from types import FrameType
 from typing import Any, Callable, Iterable
 
 # Optimiser steps past a cycle's length with no end of it: the program changed its optimisers
@@ -64,7 +65,7 @@ class OptimizerCycle:
 def program_name(obj, skip: tuple[str, ...] = ("torch", "gpuwatch")) -> str | None:
     """The name the program gave `obj`: a local or global variable, or an attribute of a `self`,
     in the innermost frame of the program's own code (outside torch and gpuwatch) that holds it."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         module = frame.f_globals.get("__name__") or ""
         if not module.startswith(skip):
@@ -92,7 +93,7 @@ def name_optimizers(optimizers: Iterable, module_of: Callable[[Any], Any]) -> di
     optimizers = list(optimizers)
     by_module = [program_name(module_of(opt)) if module_of(opt) is not None else None
                  for opt in optimizers]
-    names = {}
+    names: dict[int, str] = {}
     for i, (opt, name) in enumerate(zip(optimizers, by_module)):
         if name is None or by_module.count(name) > 1:
             name = program_name(opt)
