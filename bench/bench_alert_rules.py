@@ -35,7 +35,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = f"""
 import json, sys
-sys.path.insert(0, {str(REPO / 'tests')!r})
+sys.path.insert(0, {str(REPO / "tests")!r})
 import fake_pynvml
 from gpuwatch.alerts.rules import AlertRules
 from gpuwatch.config import load
@@ -87,10 +87,13 @@ def run_end_latencies(db: str, sock: str, n: int) -> list[float]:
         with gpuwatch.track(name=f"bench-{i}") as run:
             run.step(tokens=8)
         run_id = run.run_id
-        ended = wait_for(lambda: rows(db, "SELECT ended_ms FROM runs WHERE run_id = ? AND ended_ms", run_id),
-                         every=0.005)[0][0]
-        wait_for(lambda: rows(db, "SELECT 1 FROM alerts WHERE kind = 'run.finished' AND run_id = ?", run_id),
-                 every=0.005)
+        ended = wait_for(
+            lambda: rows(db, "SELECT ended_ms FROM runs WHERE run_id = ? AND ended_ms", run_id), every=0.005
+        )[0][0]
+        wait_for(
+            lambda: rows(db, "SELECT 1 FROM alerts WHERE kind = 'run.finished' AND run_id = ?", run_id),
+            every=0.005,
+        )
         found.append(time.time() * 1000 - ended)
         print(f"  run {i + 1}/{n}: alert {found[-1]:.0f} ms after the end", flush=True)
     return found
@@ -111,11 +114,21 @@ def main() -> None:
         for mode in ("on", "off"):
             db, sock = os.path.join(tmp, f"{mode}.db"), os.path.join(tmp, f"{mode}.sock")
             started = time.time() * 1000
-            daemons[mode] = (subprocess.Popen([sys.executable, "-c", RUNNER, db, gpu_pids, sock, mode,
-                                               str(sleepers[50].pid)], stderr=subprocess.PIPE, text=True),
-                             db, sock, started)
-        print(f"warming up {args.warmup:.0f} s, then {args.seconds:.0f} s of CPU measured on both daemons "
-              f"(load {open('/proc/loadavg').read().split()[0]})", flush=True)
+            daemons[mode] = (
+                subprocess.Popen(
+                    [sys.executable, "-c", RUNNER, db, gpu_pids, sock, mode, str(sleepers[50].pid)],
+                    stderr=subprocess.PIPE,
+                    text=True,
+                ),
+                db,
+                sock,
+                started,
+            )
+        print(
+            f"warming up {args.warmup:.0f} s, then {args.seconds:.0f} s of CPU measured on both daemons "
+            f"(load {open('/proc/loadavg').read().split()[0]})",
+            flush=True,
+        )
         time.sleep(args.warmup)
         procs = {mode: psutil.Process(d[0].pid) for mode, d in daemons.items()}
         cpu0 = {mode: sum(p.cpu_times()[:4]) for mode, p in procs.items()}
@@ -129,8 +142,9 @@ def main() -> None:
         load = open("/proc/loadavg").read().split()[:3]
 
         _, db, sock, started = daemons["on"]
-        [(idle_ts, detail)] = wait_for(lambda: rows(
-            db, "SELECT ts_ms, detail_json FROM alerts WHERE kind = 'gpu.idle_held'"))
+        [(idle_ts, detail)] = wait_for(
+            lambda: rows(db, "SELECT ts_ms, detail_json FROM alerts WHERE kind = 'gpu.idle_held'")
+        )
         idle_since = json.loads(detail)["since_ms"]
         # The row's ts_ms is the tick that fired it; the row is readable once that tick commits,
         # a few ms later (the latency below shows that commit for run ends).
@@ -151,16 +165,20 @@ def main() -> None:
             p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"\nalert rules: 8 GPUs (simulated), 50 GPU processes among 500 host processes, 1 s interval; "
-          f"{wall:.0f} s measured side by side; load average {' '.join(load)}")
+    print(
+        f"\nalert rules: 8 GPUs (simulated), 50 GPU processes among 500 host processes, 1 s interval; "
+        f"{wall:.0f} s measured side by side; load average {' '.join(load)}"
+    )
     print(f"  {'daemon':<22} {'CPU % of one core':>18}")
     print(f"  {'rules on':<22} {cpu['on']:>18.2f}")
     print(f"  {'rules off (baseline)':<22} {cpu['off']:>18.2f}")
     print(f"  difference: {cpu['on'] - cpu['off']:+.2f} points (goal: within noise)")
     print(f"  alert rows: rules on {on_off_rows['on'][0][0]}, rules off {on_off_rows['off'][0][0]}")
     print("event -> alert row (goal <= 10 s):")
-    print(f"  run.finished, {len(latencies)} runs: median {statistics.median(latencies):.0f} ms, "
-          f"max {max(latencies):.0f} ms (run's end to the row readable)")
+    print(
+        f"  run.finished, {len(latencies)} runs: median {statistics.median(latencies):.0f} ms, "
+        f"max {max(latencies):.0f} ms (run's end to the row readable)"
+    )
     print(f"  gpu.idle_held: fired {idle_latency / 1000:.2f} s after its threshold was met")
 
 

@@ -27,13 +27,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from alert_endpoints import Hook  # noqa: E402
+
 from gpuwatch.alerts import subscriptions as subs  # noqa: E402
-from gpuwatch.store import open_rw  # noqa: E402
 from gpuwatch.store import alerts as store_alerts  # noqa: E402
+from gpuwatch.store import open_rw  # noqa: E402
 from gpuwatch.store.alerts import Alert  # noqa: E402
 
 USERS = 100
-SERVE = "import sys; from gpuwatch.cli import main; sys.argv = ['gpuwatch', 'notify', 'serve', '--user']; main()"
+SERVE = (
+    "import sys; from gpuwatch.cli import main; sys.argv = ['gpuwatch', 'notify', 'serve', '--user']; main()"
+)
 
 
 def cpu_s(pid: int) -> float:
@@ -51,9 +54,15 @@ class Setup:
         for uid in range(n):
             subs.add(store, 1000 + uid, hook.url(f"user{uid}"), subs.DEFAULT_KINDS)
         store.close()
-        env = dict(os.environ, PYTHONPATH=str(REPO), GPUWATCH_DB=str(where / "gw.db"),
-                   GPUWATCH_NOTIFY_DB=str(where / "notify.db"), GPUWATCH_NOTIFY_SOCKET=str(where / "n.sock"),
-                   GPUWATCH_NOTIFY_GROUP_SECONDS="0", GPUWATCH_CONFIG=str(where / "none.toml"))
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(REPO),
+            GPUWATCH_DB=str(where / "gw.db"),
+            GPUWATCH_NOTIFY_DB=str(where / "notify.db"),
+            GPUWATCH_NOTIFY_SOCKET=str(where / "n.sock"),
+            GPUWATCH_NOTIFY_GROUP_SECONDS="0",
+            GPUWATCH_CONFIG=str(where / "none.toml"),
+        )
         self.proc = subprocess.Popen([sys.executable, "-c", SERVE], env=env, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while not (where / "n.sock").exists():
@@ -66,10 +75,19 @@ class Setup:
         """Store one alert of one user's run; its title and when it was committed."""
         self.n += 1
         title = f"run #{self.n} failed"
-        store_alerts.record(self.db, Alert(kind="run.failed", incident=f"bench-{self.n}",
-                                           ts_ms=int(time.time() * 1000), host="bench",
-                                           uid=1000 + self.n % USERS, run_id=f"r{self.n}", title=title,
-                                           body="exit status 1; more: gpuwatch show r"))
+        store_alerts.record(
+            self.db,
+            Alert(
+                kind="run.failed",
+                incident=f"bench-{self.n}",
+                ts_ms=int(time.time() * 1000),
+                host="bench",
+                uid=1000 + self.n % USERS,
+                run_id=f"r{self.n}",
+                title=title,
+                body="exit status 1; more: gpuwatch show r",
+            ),
+        )
         return title, time.monotonic()
 
     def close(self) -> None:
@@ -107,8 +125,10 @@ def outage(setup: Setup, hook: Hook, minutes: float) -> None:
         time.sleep(10)
         done = time.monotonic() - start
         if int(done) % 60 < 10:
-            print(f"  {done / 60:.1f} min down, {len(fired)} alerts waiting, {hook.refused} refused tries",
-                  flush=True)
+            print(
+                f"  {done / 60:.1f} min down, {len(fired)} alerts waiting, {hook.refused} refused tries",
+                flush=True,
+            )
     before = len(hook.received)
     hook.down = False
     back = time.monotonic()
@@ -119,9 +139,14 @@ def outage(setup: Setup, hook: Hook, minutes: float) -> None:
     lost = sum(a is None for a in arrived)
     last = max((a for a in arrived if a is not None), default=back) - back
     time.sleep(5)
-    repeats = sum(max(0, sum(t in m["title"] + m["message"] for _, m in hook.received[before:]) - 1) for t in fired)
-    print(f"outage of {minutes:g} min: {len(fired)} alerts, {lost} lost, {repeats} repeated; "
-          f"all delivered {last:.1f} s after the endpoint's return (goal: <= 60 s, 0 lost)", flush=True)
+    repeats = sum(
+        max(0, sum(t in m["title"] + m["message"] for _, m in hook.received[before:]) - 1) for t in fired
+    )
+    print(
+        f"outage of {minutes:g} min: {len(fired)} alerts, {lost} lost, {repeats} repeated; "
+        f"all delivered {last:.1f} s after the endpoint's return (goal: <= 60 s, 0 lost)",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -147,9 +172,13 @@ def main() -> None:
             fired = setups["100"].n
             print("\n| what | figure | goal |\n|---|---|---|")
             print(f"| alert row -> HTTP request, median | {statistics.median(lat) * 1000:.0f} ms | <= 10 s |")
-            print(f"| alert row -> HTTP request, max | {max(lat) * 1000:.0f} ms ({len(lat)}/{fired} delivered) | <= 10 s |")
+            print(
+                f"| alert row -> HTTP request, max | {max(lat) * 1000:.0f} ms ({len(lat)}/{fired} delivered) | <= 10 s |"
+            )
             for name in setups:
-                print(f"| deliverer CPU, {name} subscriptions, 1 alert/s | {statistics.mean(cpu[name]):.2f} % | - |")
+                print(
+                    f"| deliverer CPU, {name} subscriptions, 1 alert/s | {statistics.mean(cpu[name]):.2f} % | - |"
+                )
             print(f"| load average | {open('/proc/loadavg').read().split()[0]} | |", flush=True)
             if args.outage_minutes > 0:
                 outage(setups["100"], hook, args.outage_minutes)

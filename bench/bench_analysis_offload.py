@@ -76,8 +76,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "window.json"
         size = write_big_trace(trace, args.mb)
-        print(f"trace: {size / 1e6:.0f} MB; steps of {sum(p.numel() for p in model.parameters()):,} "
-              f"parameters on one CPU thread", file=sys.stderr)
+        print(
+            f"trace: {size / 1e6:.0f} MB; steps of {sum(p.numel() for p in model.parameters()):,} "
+            f"parameters on one CPU thread",
+            file=sys.stderr,
+        )
         for _ in range(20):  # warm-up
             step()
         phases: dict[str, list[float]] = {"no analysis": [], "in-process thread": [], "trace worker": []}
@@ -91,19 +94,27 @@ def main() -> None:
                 seconds[name].append(time.perf_counter() - began)
                 phases[name] += times
                 last = len(times)
-                print(f"round {n + 1}/{args.rounds}: {name}: {len(times)} steps in "
-                      f"{seconds[name][-1]:.1f} s (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+                print(
+                    f"round {n + 1}/{args.rounds}: {name}: {len(times)} steps in "
+                    f"{seconds[name][-1]:.1f} s (load {os.getloadavg()[0]:.1f})",
+                    file=sys.stderr,
+                    flush=True,
+                )
     base = statistics.median(phases["no analysis"])
-    print(f"{'phase':<20} {'steps':>6} {'median ms':>10} {'p90 ms':>8} {'vs none':>8} {'analysis s':>11}"
-          f"   (load average {os.getloadavg()[0]:.1f})")
+    print(
+        f"{'phase':<20} {'steps':>6} {'median ms':>10} {'p90 ms':>8} {'vs none':>8} {'analysis s':>11}"
+        f"   (load average {os.getloadavg()[0]:.1f})"
+    )
     for name, times in phases.items():
         median = statistics.median(times)
         p90 = statistics.quantiles(times, n=10)[-1]
         spent = f"{statistics.median(seconds[name]):.1f}" if name in seconds else "-"
         print(f"{name:<20} {len(times):>6} {median:>10.2f} {p90:>8.2f} {median / base:>7.2f}x {spent:>11}")
     ratio = statistics.median(phases["trace worker"]) / base
-    print(f"a step while a {args.mb:.0f} MB window is analysed by the trace worker: {ratio:.2f}x one without "
-          f"({'met' if ratio <= GOAL else 'MISSED'}: goal <= {GOAL:.2f}x)")
+    print(
+        f"a step while a {args.mb:.0f} MB window is analysed by the trace worker: {ratio:.2f}x one without "
+        f"({'met' if ratio <= GOAL else 'MISSED'}: goal <= {GOAL:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ def timed(fn, spent: list):
             return fn(*args, **kwargs)
         finally:
             spent.append(time.perf_counter_ns() - t0)
+
     return wrapper
 
 
@@ -75,15 +76,20 @@ def hook_cost(steps: int) -> None:
     hooks = autohook.AutoInstrument(torch)
     # Every hook of ours that runs in a step: the top-level forward's enter and leave (the loss
     # module called beside the model is a top-level call too), the backward's, the optimiser's.
-    spent = {name: [] for name in ("_enter", "_leave", "_reached_model", "_after_backward", "_on_optimizer_step")}
+    spent = {
+        name: [] for name in ("_enter", "_leave", "_reached_model", "_after_backward", "_on_optimizer_step")
+    }
     for name, times in spent.items():
         setattr(hooks, name, timed(getattr(hooks, name), times))
     # and the step events gpuwatch's drainer thread builds (those of the training thread are in
     # the optimiser-step hook)
     spent["drainer thread"] = drains = []
     drain = run_mod.Run._drain
-    run_mod.Run._drain = lambda run, wait: (drain(run, wait) if threading.current_thread() is threading.main_thread()
-                                            else timed(drain, drains)(run, wait))
+    run_mod.Run._drain = lambda run, wait: (
+        drain(run, wait)
+        if threading.current_thread() is threading.main_thread()
+        else timed(drain, drains)(run, wait)
+    )
     hooks.install()
     step_times_us(torch, model, opt, 5)  # the first iteration finds the model
     for times in spent.values():
@@ -98,15 +104,21 @@ def hook_cost(steps: int) -> None:
     # shared machine's preemptions); a mean, not a median, so work done every few steps counts.
     per_step = {name: _trimmed_total(times) / steps / 1000 for name, times in spent.items()}
     inside = sum(per_step.values())
-    print(f"hook cost, {n_modules} modules, {steps} steps each way (median step {plain:.0f} µs without gpuwatch):")
-    print("  inside our hooks (calls' total per step, slowest 2 % left out): " + " + ".join(f"{name.strip('_')} {us:.1f} µs"
-                                                                 for name, us in per_step.items())
-          + f" (run.step() included) = {inside:.1f} µs per step = {inside / 100:.2f} % of a 10 ms step "
-          f"({'met' if inside <= 30 else 'MISSED'}: <= 30 µs, <= 1 %)")
+    print(
+        f"hook cost, {n_modules} modules, {steps} steps each way (median step {plain:.0f} µs without gpuwatch):"
+    )
+    print(
+        "  inside our hooks (calls' total per step, slowest 2 % left out): "
+        + " + ".join(f"{name.strip('_')} {us:.1f} µs" for name, us in per_step.items())
+        + f" (run.step() included) = {inside:.1f} µs per step = {inside / 100:.2f} % of a 10 ms step "
+        f"({'met' if inside <= 30 else 'MISSED'}: <= 30 µs, <= 1 %)"
+    )
     low, mid, high = statistics.quantiles(deltas, n=4)
-    print(f"  whole loop, {len(deltas)} pairs of {BLOCK}-step blocks with and without the hooks, alternated: "
-          f"median step with - without {mid:+.1f} µs = {mid / plain * 100:+.2f} % (quartiles {low:+.1f}, "
-          f"{high:+.1f} µs)")
+    print(
+        f"  whole loop, {len(deltas)} pairs of {BLOCK}-step blocks with and without the hooks, alternated: "
+        f"median step with - without {mid:+.1f} µs = {mid / plain * 100:+.2f} % (quartiles {low:+.1f}, "
+        f"{high:+.1f} µs)"
+    )
 
 
 BLOCK, TIMED_FROM = 40, 15  # steps per block; the first ones (the hooks' first iterations) untimed
@@ -119,7 +131,7 @@ def interleaved_deltas(torch, autohook, model, opt, pairs: int = 16) -> list[flo
     deltas = []
     for n in range(pairs):
         medians = {}
-        for hooked in ((False, True) if n % 2 else (True, False)):
+        for hooked in (False, True) if n % 2 else (True, False):
             hooks = autohook.AutoInstrument(torch) if hooked else None
             if hooks:
                 hooks.install()
@@ -135,7 +147,7 @@ def _trimmed_total(times: list[int]) -> float:
     """The sum of the calls' times, the slowest 2 % replaced by the mean of the rest."""
     if not times:
         return 0.0
-    kept = sorted(times)[:max(1, int(len(times) * 0.98))]
+    kept = sorted(times)[: max(1, int(len(times) * 0.98))]
     return statistics.fmean(kept) * len(times)
 
 
@@ -151,19 +163,28 @@ def wrapper_start(runs: int = 7) -> None:
             subprocess.run(cmd, capture_output=True, check=True)
             times.append(time.perf_counter() - started)
         walls[label] = statistics.median(times)
-    print(f"gpuwatch run -- true: {walls['under gpuwatch run']:.2f} s wall, `true` alone "
-          f"{walls['alone'] * 1000:.0f} ms (median of {runs})")
+    print(
+        f"gpuwatch run -- true: {walls['under gpuwatch run']:.2f} s wall, `true` alone "
+        f"{walls['alone'] * 1000:.0f} ms (median of {runs})"
+    )
 
 
 def framework_agreement() -> None:
     gpuwatch = str(Path(sys.executable).with_name("gpuwatch"))
-    for label, script, args in (("Hugging Face Trainer", "hf_trainer.py", ["--pad"]),
-                                ("Lightning Trainer", "lightning_trainer.py", [])):
+    for label, script, args in (
+        ("Hugging Face Trainer", "hf_trainer.py", ["--pad"]),
+        ("Lightning Trainer", "lightning_trainer.py", []),
+    ):
         with tempfile.TemporaryDirectory() as tmp:
             env = dict(os.environ, XDG_DATA_HOME=tmp, GPUWATCH_SOCKET=os.devnull)
             extra = [str(Path(tmp) / "out")] if script == "hf_trainer.py" else []
-            done = subprocess.run([gpuwatch, "run", "--", sys.executable, str(SCRIPTS / script), *extra, *args],
-                                  env=env, capture_output=True, text=True, timeout=600)
+            done = subprocess.run(
+                [gpuwatch, "run", "--", sys.executable, str(SCRIPTS / script), *extra, *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             if done.returncode:
                 print(f"{label}: failed: {done.stderr.strip().splitlines()[-1]}")
                 continue
@@ -174,8 +195,10 @@ def framework_agreement() -> None:
             conn.close()
             ours = sum(t for t, _ in steps) / (sum(ms for _, ms in steps) / 1000)
             off = (ours / theirs - 1) * 100
-            print(f"{label}: zero-code {ours:.0f} tokens/s vs its own {theirs:.0f} tokens/s over steps 2..12: "
-                  f"{off:+.1f} % ({'met' if abs(off) <= 2 else 'MISSED'}: within 2 %)")
+            print(
+                f"{label}: zero-code {ours:.0f} tokens/s vs its own {theirs:.0f} tokens/s over steps 2..12: "
+                f"{off:+.1f} % ({'met' if abs(off) <= 2 else 'MISSED'}: within 2 %)"
+            )
 
 
 def _framework_rate(figures: dict) -> float:

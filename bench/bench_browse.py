@@ -34,18 +34,55 @@ def make_db(path: Path) -> None:
     now = int(time.time() * 1000)
     conn = open_rw(path)
     conn.execute("BEGIN")
-    insert_rows(conn, "runs", [dict(run_id="long", name="gpt-long", uid=1000, user="alice", status="finished",
-                                    started_ms=now - DAY_MS, ended_ms=now, gpu_uuids="0,1,2,3",
-                                    command="python train.py --lr 3e-4", config_json=json.dumps({"lr": 3e-4}))])
-    insert_rows(conn, "steps", [dict(run_id="long", step=s, ts_ms=now - DAY_MS + s * 1700, tokens=32768,
-                                     tokens_per_s=19000 + rng.gauss(0, 400), loss=4 * 0.99995 ** s,
-                                     step_time_ms=1700.0) for s in range(50_000)])
+    insert_rows(
+        conn,
+        "runs",
+        [
+            dict(
+                run_id="long",
+                name="gpt-long",
+                uid=1000,
+                user="alice",
+                status="finished",
+                started_ms=now - DAY_MS,
+                ended_ms=now,
+                gpu_uuids="0,1,2,3",
+                command="python train.py --lr 3e-4",
+                config_json=json.dumps({"lr": 3e-4}),
+            )
+        ],
+    )
+    insert_rows(
+        conn,
+        "steps",
+        [
+            dict(
+                run_id="long",
+                step=s,
+                ts_ms=now - DAY_MS + s * 1700,
+                tokens=32768,
+                tokens_per_s=19000 + rng.gauss(0, 400),
+                loss=4 * 0.99995**s,
+                step_time_ms=1700.0,
+            )
+            for s in range(50_000)
+        ],
+    )
     runs = []
     for i in range(10_000):
         start = now - rng.randrange(60 * DAY_MS)
-        runs.append(dict(run_id=f"r{i:05d}", name=f"sweep-{i % 50}", uid=1000 + i % 20, user=f"user{i % 20}",
-                         status="oom" if i % 167 == 0 else "finished", started_ms=start,
-                         ended_ms=start + rng.randrange(600_000, 8 * 3_600_000), gpu_uuids="0,1"))
+        runs.append(
+            dict(
+                run_id=f"r{i:05d}",
+                name=f"sweep-{i % 50}",
+                uid=1000 + i % 20,
+                user=f"user{i % 20}",
+                status="oom" if i % 167 == 0 else "finished",
+                started_ms=start,
+                ended_ms=start + rng.randrange(600_000, 8 * 3_600_000),
+                gpu_uuids="0,1",
+            )
+        )
     insert_rows(conn, "runs", runs)
     conn.execute("COMMIT")
     conn.close()
@@ -57,9 +94,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    pages = {"tokens/s of a 50,000-step run": "tokens_per_s_over_time?run=gpt-long",
-             "GPU-hours per user per day (10,000 runs)": "gpu_hours_per_user_per_day?days=60",
-             "OOMs per week": "ooms_per_week"}
+    pages = {
+        "tokens/s of a 50,000-step run": "tokens_per_s_over_time?run=gpt-long",
+        "GPU-hours per user per day (10,000 runs)": "gpu_hours_per_user_per_day?days=60",
+        "OOMs per week": "ooms_per_week",
+    }
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "gpuwatch.db"
         make_db(db)
@@ -79,8 +118,10 @@ def main() -> None:
                         if attempt:  # the first warms the server's caches and the browser's
                             times.append(time.perf_counter() - t0)
                         page.close()
-                    print(f"{label:<44} {statistics.median(times) * 1000:>15.0f} ms "
-                          f"{min(times) * 1000:>5.0f} ms {max(times) * 1000:>5.0f} ms")
+                    print(
+                        f"{label:<44} {statistics.median(times) * 1000:>15.0f} ms "
+                        f"{min(times) * 1000:>5.0f} ms {max(times) * 1000:>5.0f} ms"
+                    )
                 browser.close()
         finally:
             server.terminate()

@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import fake_pynvml  # noqa: E402
+
 from collectors.host import HostCollector  # noqa: E402
 from collectors.nvml import NvmlCollector  # noqa: E402
 from collectors.processes import ProcessCollector  # noqa: E402
@@ -34,9 +35,11 @@ def measure(label: str, ticks: int, tick) -> None:
         times.append((time.perf_counter() - t0) * 1000)
     cpu = time.process_time() - cpu0
     times.sort()
-    print(f"{label:<44} p50 {statistics.median(times):7.3f} ms   "
-          f"p99 {times[int(len(times) * 0.99) - 1]:7.3f} ms   "
-          f"cpu {cpu / ticks * 1000:6.3f} s per 1000 ticks")
+    print(
+        f"{label:<44} p50 {statistics.median(times):7.3f} ms   "
+        f"p99 {times[int(len(times) * 0.99) - 1]:7.3f} ms   "
+        f"cpu {cpu / ticks * 1000:6.3f} s per 1000 ticks"
+    )
 
 
 def main() -> None:
@@ -58,17 +61,14 @@ def main() -> None:
     host = HostCollector()
     measure("host (psutil)", args.ticks, lambda i: host.sample(i))
 
-    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-                for _ in range(8)]
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(8)]
     try:
         procs = ProcessCollector()
         pids = [c.pid for c in children] + [os.getpid()]
         measure("process usage, 9 real pids", args.ticks, lambda i: procs.usage(pids))
-        measure("process info, 9 real pids (cached)", args.ticks,
-                lambda i: [procs.info(p) for p in pids])
+        measure("process info, 9 real pids (cached)", args.ticks, lambda i: [procs.info(p) for p in pids])
         count = sum(name.isdigit() for name in os.listdir("/proc"))
-        measure(f"walk of all {count} processes (top CPU)", max(20, args.ticks // 10),
-                lambda i: procs.walk())
+        measure(f"walk of all {count} processes (top CPU)", max(20, args.ticks // 10), lambda i: procs.walk())
     finally:
         for c in children:
             c.kill()

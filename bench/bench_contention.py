@@ -47,9 +47,14 @@ def worker(seconds: float, autolog: bool, threads: int) -> None:
 
         gpuwatch.autolog(name="contention-autolog")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Embedding(256, 64), *[torch.nn.Sequential(
-        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)) for _ in range(4)],
-        torch.nn.Linear(64, 256))
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(256, 64),
+        *[
+            torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+            for _ in range(4)
+        ],
+        torch.nn.Linear(64, 256),
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     times = []
     end = time.monotonic() + seconds
@@ -81,8 +86,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--sleepers", type=int, default=1000)
     parser.add_argument("--hogs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads per process (0: torch's default, one per core)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads per process (0: torch's default, one per core)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--autolog", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -92,17 +98,27 @@ def main() -> None:
 
     me = [PY, __file__, "--worker", "--seconds", str(args.seconds), "--threads", str(args.threads)]
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, XDG_DATA_HOME=f"{tmp}/data", XDG_RUNTIME_DIR=f"{tmp}/rt",
-                   XDG_CONFIG_HOME=f"{tmp}/config", PYTHONPATH=str(ROOT))
+        env = dict(
+            os.environ,
+            XDG_DATA_HOME=f"{tmp}/data",
+            XDG_RUNTIME_DIR=f"{tmp}/rt",
+            XDG_CONFIG_HOME=f"{tmp}/config",
+            PYTHONPATH=str(ROOT),
+        )
         load = start_load(args.hogs, args.sleepers)
         try:
             time.sleep(2.0)  # let the hogs and sleepers settle
             before = os.getloadavg()[0]
-            variants = {"plain": me, "plain, a second copy": me,
-                        "gpuwatch run": [GPUWATCH, "run", "--", *me],
-                        "autolog() in-process": [*me, "--autolog"]}
-            running = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-                       for name, cmd in variants.items()}
+            variants = {
+                "plain": me,
+                "plain, a second copy": me,
+                "gpuwatch run": [GPUWATCH, "run", "--", *me],
+                "autolog() in-process": [*me, "--autolog"],
+            }
+            running = {
+                name: subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+                for name, cmd in variants.items()
+            }
             out = {name: p.communicate()[0] for name, p in running.items()}
             after = os.getloadavg()[0]
         finally:
@@ -111,16 +127,20 @@ def main() -> None:
     # The reference is both plain copies; how far they are apart is the window's noise floor.
     copies = [statistics.median(times["plain"]), statistics.median(times["plain, a second copy"])]
     plain = statistics.mean(copies)
-    print(f"contention: {args.hogs} CPU hogs on {os.cpu_count()} cores + {args.sleepers} sleeping "
-          f"processes; {args.seconds:g} s, all variants at once, torch threads "
-          f"{args.threads or 'default'}; load average {before:.1f} -> {after:.1f}")
+    print(
+        f"contention: {args.hogs} CPU hogs on {os.cpu_count()} cores + {args.sleepers} sleeping "
+        f"processes; {args.seconds:g} s, all variants at once, torch threads "
+        f"{args.threads or 'default'}; load average {before:.1f} -> {after:.1f}"
+    )
     print(f"{'variant':<22} {'steps':>6} {'median ms':>10} {'p90 ms':>8} {'max ms':>8} {'ratio':>7}")
     for name, t in times.items():
         med = statistics.median(t)
         p90 = statistics.quantiles(t, n=10, method="inclusive")[-1] if len(t) > 1 else t[0]
         print(f"{name:<22} {len(t):>6} {med:>10.2f} {p90:>8.2f} {max(t):>8.1f} {med / plain:>7.3f}")
-    print(f"ratio: a median step over the mean of the two plain copies' medians; the copies are "
-          f"{abs(copies[1] - copies[0]) / min(copies) * 100:.1f} % apart (the noise floor of this window)")
+    print(
+        f"ratio: a median step over the mean of the two plain copies' medians; the copies are "
+        f"{abs(copies[1] - copies[0]) / min(copies) * 100:.1f} % apart (the noise floor of this window)"
+    )
     print("goal: instrumented median within 3 % of plain (ratio <= 1.03)")
 
 

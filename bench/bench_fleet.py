@@ -35,16 +35,32 @@ from gpuwatch.daemon.metrics import start_metrics_server
 from gpuwatch.fleet.model import GPU_QUERIES, JOB_QUERIES
 from gpuwatch.store import insert_rows, now_ms, open_rw
 
-GIB = 1024 ** 3
+GIB = 1024**3
 GPUS, PROCESSES, RUNS = 8, 50, 10
 SCRAPE_S = 15
 # dcgm-exporter's etc/default-counters.csv (NVIDIA/dcgm-exporter, main), the fields not commented
 # out: one series per GPU each.
 DCGM_DEFAULT_FIELDS = (
-    "SM_CLOCK", "MEM_CLOCK", "MEMORY_TEMP", "GPU_TEMP", "POWER_USAGE", "TOTAL_ENERGY_CONSUMPTION",
-    "PCIE_TX_THROUGHPUT", "PCIE_RX_THROUGHPUT", "PCIE_REPLAY_COUNTER", "GPU_UTIL", "MEM_COPY_UTIL",
-    "ENC_UTIL", "DEC_UTIL", "XID_ERRORS", "FB_FREE", "FB_USED", "NVLINK_BANDWIDTH_TOTAL",
-    "VGPU_LICENSE_STATUS", "UNCORRECTABLE_REMAPPED_ROWS", "CORRECTABLE_REMAPPED_ROWS",
+    "SM_CLOCK",
+    "MEM_CLOCK",
+    "MEMORY_TEMP",
+    "GPU_TEMP",
+    "POWER_USAGE",
+    "TOTAL_ENERGY_CONSUMPTION",
+    "PCIE_TX_THROUGHPUT",
+    "PCIE_RX_THROUGHPUT",
+    "PCIE_REPLAY_COUNTER",
+    "GPU_UTIL",
+    "MEM_COPY_UTIL",
+    "ENC_UTIL",
+    "DEC_UTIL",
+    "XID_ERRORS",
+    "FB_FREE",
+    "FB_USED",
+    "NVLINK_BANDWIDTH_TOTAL",
+    "VGPU_LICENSE_STATUS",
+    "UNCORRECTABLE_REMAPPED_ROWS",
+    "CORRECTABLE_REMAPPED_ROWS",
     "ROW_REMAP_FAILURE",
 )
 
@@ -53,28 +69,119 @@ def fill(path: Path) -> None:
     ts = now_ms()
     conn = open_rw(path)
     conn.execute("BEGIN")
-    insert_rows(conn, "gpus", [dict(gpu_index=i, uuid=f"GPU-{i:04d}", name="NVIDIA H100 80GB HBM3",
-                                    pci_bus_id=f"00000000:{i:02X}:00.0", mem_total_bytes=80 * GIB,
-                                    first_seen_ms=ts, last_seen_ms=ts) for i in range(GPUS)])
-    insert_rows(conn, "gpu_samples", [dict(
-        gpu_index=i, ts_ms=ts, gpu_util_pct=10 * i, mem_util_pct=i, mem_used_bytes=(i + 1) * GIB,
-        mem_free_bytes=(79 - i) * GIB, temp_c=60 + i, power_mw=300_000, energy_mj=10 ** 9,
-        sm_clock_mhz=1980, mem_clock_mhz=2619, pcie_tx_kbps=100, pcie_rx_kbps=200, fan_pct=40,
-        throttle_reasons=0, ecc_corrected=0, ecc_uncorrected=0) for i in range(GPUS)])
-    insert_rows(conn, "host_samples", [dict(ts_ms=ts, cpu_pct=10.0, load1=1.0, mem_total_bytes=512 * GIB,
-                                            mem_used_bytes=GIB, mem_available_bytes=500 * GIB,
-                                            swap_used_bytes=0, shm_total_bytes=GIB, shm_used_bytes=0)])
-    insert_rows(conn, "daemon_stats", [dict(ts_ms=ts, cpu_pct=0.5, rss_bytes=GIB, tick_ms=2.0,
-                                            queue_depth=0, dropped_events=0, db_bytes=0)])
-    insert_rows(conn, "processes", [dict(pid=1000 + p, start_ms=ts, uid=2000 + p, user=f"user{p:02d}",
-                                         first_seen_ms=ts, last_seen_ms=ts) for p in range(PROCESSES)])
-    insert_rows(conn, "gpu_process_samples", [dict(gpu_index=p % GPUS, pid=1000 + p, ts_ms=ts,
-                                                   used_mem_bytes=GIB) for p in range(PROCESSES)])
-    insert_rows(conn, "runs", [dict(run_id=f"run-{r}", name=f"exp{r}", uid=2000 + r, user=f"user{r:02d}",
-                                    status="running", started_ms=ts - 60_000, rank=r % 2,
-                                    job_id=f"job-{r // 2}") for r in range(RUNS)])
-    insert_rows(conn, "steps", [dict(run_id=f"run-{r}", step=1, ts_ms=ts, tokens_per_s=1e4,
-                                     mem_peak_bytes=GIB) for r in range(RUNS)])
+    insert_rows(
+        conn,
+        "gpus",
+        [
+            dict(
+                gpu_index=i,
+                uuid=f"GPU-{i:04d}",
+                name="NVIDIA H100 80GB HBM3",
+                pci_bus_id=f"00000000:{i:02X}:00.0",
+                mem_total_bytes=80 * GIB,
+                first_seen_ms=ts,
+                last_seen_ms=ts,
+            )
+            for i in range(GPUS)
+        ],
+    )
+    insert_rows(
+        conn,
+        "gpu_samples",
+        [
+            dict(
+                gpu_index=i,
+                ts_ms=ts,
+                gpu_util_pct=10 * i,
+                mem_util_pct=i,
+                mem_used_bytes=(i + 1) * GIB,
+                mem_free_bytes=(79 - i) * GIB,
+                temp_c=60 + i,
+                power_mw=300_000,
+                energy_mj=10**9,
+                sm_clock_mhz=1980,
+                mem_clock_mhz=2619,
+                pcie_tx_kbps=100,
+                pcie_rx_kbps=200,
+                fan_pct=40,
+                throttle_reasons=0,
+                ecc_corrected=0,
+                ecc_uncorrected=0,
+            )
+            for i in range(GPUS)
+        ],
+    )
+    insert_rows(
+        conn,
+        "host_samples",
+        [
+            dict(
+                ts_ms=ts,
+                cpu_pct=10.0,
+                load1=1.0,
+                mem_total_bytes=512 * GIB,
+                mem_used_bytes=GIB,
+                mem_available_bytes=500 * GIB,
+                swap_used_bytes=0,
+                shm_total_bytes=GIB,
+                shm_used_bytes=0,
+            )
+        ],
+    )
+    insert_rows(
+        conn,
+        "daemon_stats",
+        [
+            dict(
+                ts_ms=ts, cpu_pct=0.5, rss_bytes=GIB, tick_ms=2.0, queue_depth=0, dropped_events=0, db_bytes=0
+            )
+        ],
+    )
+    insert_rows(
+        conn,
+        "processes",
+        [
+            dict(
+                pid=1000 + p,
+                start_ms=ts,
+                uid=2000 + p,
+                user=f"user{p:02d}",
+                first_seen_ms=ts,
+                last_seen_ms=ts,
+            )
+            for p in range(PROCESSES)
+        ],
+    )
+    insert_rows(
+        conn,
+        "gpu_process_samples",
+        [dict(gpu_index=p % GPUS, pid=1000 + p, ts_ms=ts, used_mem_bytes=GIB) for p in range(PROCESSES)],
+    )
+    insert_rows(
+        conn,
+        "runs",
+        [
+            dict(
+                run_id=f"run-{r}",
+                name=f"exp{r}",
+                uid=2000 + r,
+                user=f"user{r:02d}",
+                status="running",
+                started_ms=ts - 60_000,
+                rank=r % 2,
+                job_id=f"job-{r // 2}",
+            )
+            for r in range(RUNS)
+        ],
+    )
+    insert_rows(
+        conn,
+        "steps",
+        [
+            dict(run_id=f"run-{r}", step=1, ts_ms=ts, tokens_per_s=1e4, mem_peak_bytes=GIB)
+            for r in range(RUNS)
+        ],
+    )
     conn.execute("COMMIT")
     conn.close()
 
@@ -108,12 +215,15 @@ def series_figures(text: str) -> list:
     for s in samples:
         by_kind[kind(s.name)] = by_kind.get(kind(s.name), 0) + 1
     dcgm = len(DCGM_DEFAULT_FIELDS) * GPUS
-    print(f"series per host: {GPUS} GPUs, {PROCESSES} GPU processes of {PROCESSES} users, "
-          f"{RUNS} running runs")
+    print(
+        f"series per host: {GPUS} GPUs, {PROCESSES} GPU processes of {PROCESSES} users, {RUNS} running runs"
+    )
     for k, n in sorted(by_kind.items(), key=lambda kv: -kv[1]):
         print(f"  {k:<28} {n:>4}")
-    print(f"  {'total':<28} {len(samples):>4}   dcgm-exporter's default counters: "
-          f"{len(DCGM_DEFAULT_FIELDS)} x {GPUS} GPUs = {dcgm}  ({len(samples) / dcgm:.2f}x)")
+    print(
+        f"  {'total':<28} {len(samples):>4}   dcgm-exporter's default counters: "
+        f"{len(DCGM_DEFAULT_FIELDS)} x {GPUS} GPUs = {dcgm}  ({len(samples) / dcgm:.2f}x)"
+    )
     return samples
 
 
@@ -237,22 +347,36 @@ def main() -> int:
         end_s = int(time.time())
         start = time.perf_counter()
         (tmp / "fleet.om").write_text(openmetrics(samples, args.hosts, args.minutes, end_s))
-        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "fleet.om"),
-                        str(tmp / "tsdb")], check=True, capture_output=True)
-        n_series = (len(samples) * args.hosts + args.hosts)
-        print(f"backfilled {n_series} synthetic series ({args.hosts} hosts x {len(samples)} + up), "
-              f"{args.minutes:g} min every {SCRAPE_S} s, in {time.perf_counter() - start:.1f} s")
+        subprocess.run(
+            [promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "fleet.om"), str(tmp / "tsdb")],
+            check=True,
+            capture_output=True,
+        )
+        n_series = len(samples) * args.hosts + args.hosts
+        print(
+            f"backfilled {n_series} synthetic series ({args.hosts} hosts x {len(samples)} + up), "
+            f"{args.minutes:g} min every {SCRAPE_S} s, in {time.perf_counter() - start:.1f} s"
+        )
         port = free_port()
         (tmp / "prometheus.yml").write_text("global: {scrape_interval: 1h}\nscrape_configs: []\n")
         with open(tmp / "prometheus.log", "w") as log:
-            prom = subprocess.Popen([prometheus, f"--config.file={tmp / 'prometheus.yml'}",
-                                     f"--storage.tsdb.path={tmp / 'tsdb'}",
-                                     f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=log)
+            prom = subprocess.Popen(
+                [
+                    prometheus,
+                    f"--config.file={tmp / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                stdout=log,
+                stderr=log,
+            )
             try:
                 url = f"http://127.0.0.1:{port}"
                 wait_ready(url)
-                results = {view: asyncio.run(refreshes(url, args.refreshes, view == "Jobs"))
-                           for view in ("GPUs", "Jobs")}
+                results = {
+                    view: asyncio.run(refreshes(url, args.refreshes, view == "Jobs"))
+                    for view in ("GPUs", "Jobs")
+                }
             finally:
                 prom.terminate()
                 prom.wait(timeout=30)
@@ -263,14 +387,21 @@ def main() -> int:
             print(f"refresh failed: {shown.problem}")
             return 1
         down = [h.name for h in fleet.hosts if not h.up]
-        print(f"{view} view at 80x24: {len(fleet.hosts)} hosts ({len(down)} down: {', '.join(down)}), "
-              f"{len(fleet.gpus)} GPUs, {len(fleet.jobs)} jobs of "
-              f"{sum(len(j.ranks) for j in fleet.jobs)} ranks")
+        print(
+            f"{view} view at 80x24: {len(fleet.hosts)} hosts ({len(down)} down: {', '.join(down)}), "
+            f"{len(fleet.gpus)} GPUs, {len(fleet.jobs)} jobs of "
+            f"{sum(len(j.ranks) for j in fleet.jobs)} ranks"
+        )
         queries = JOB_QUERIES if view == "Jobs" else GPU_QUERIES
-        for label, values in ((f"Prometheus alone ({len(queries)} queries)", prom_ms),
-                              ("fleet read (queries+parse)", read_ms), ("query to painted screen", paint_ms)):
-            print(f"  {label:<30} p50 {statistics.median(values):6.0f} ms   p90 {pct(values, 0.9):6.0f} ms   "
-                  f"max {max(values):6.0f} ms")
+        for label, values in (
+            (f"Prometheus alone ({len(queries)} queries)", prom_ms),
+            ("fleet read (queries+parse)", read_ms),
+            ("query to painted screen", paint_ms),
+        ):
+            print(
+                f"  {label:<30} p50 {statistics.median(values):6.0f} ms   p90 {pct(values, 0.9):6.0f} ms   "
+                f"max {max(values):6.0f} ms"
+            )
         missed |= pct(paint_ms, 0.9) > 300
     print(f"goal: query to painted screen <= 300 ms (p90): {'MISSED' if missed else 'met'}")
     return 0

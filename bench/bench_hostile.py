@@ -34,7 +34,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = f"""
 import sys
-sys.path.insert(0, {str(REPO / 'tests')!r})
+sys.path.insert(0, {str(REPO / "tests")!r})
 import fake_pynvml
 from gpuwatch.config import load
 from gpuwatch.daemon import logging as daemon_logging
@@ -132,8 +132,14 @@ def rss_mb(pid: int) -> float:
 def tick_lateness_ms(db: str, since_ms: int, until_ms: int, interval_ms: float) -> list[float]:
     """How late each GPU tick in the window was against the schedule its first tick set."""
     conn = sqlite3.connect(db)
-    ts = [t for (t,) in conn.execute("SELECT DISTINCT ts_ms FROM gpu_samples WHERE gpu_index = 0 "
-                                     "AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms", (since_ms, until_ms))]
+    ts = [
+        t
+        for (t,) in conn.execute(
+            "SELECT DISTINCT ts_ms FROM gpu_samples WHERE gpu_index = 0 "
+            "AND ts_ms BETWEEN ? AND ? ORDER BY ts_ms",
+            (since_ms, until_ms),
+        )
+    ]
     conn.close()
     if len(ts) < 2:
         return []
@@ -169,8 +175,9 @@ def attack(args, tmp: str) -> None:
     log_path = os.path.join(tmp, "daemon.log")
     interval = 0.1
     with open(log_path, "w") as log_file:
-        daemon = subprocess.Popen([sys.executable, "-c", RUNNER, db, sock, str(interval), "5000"],
-                                  stderr=log_file)
+        daemon = subprocess.Popen(
+            [sys.executable, "-c", RUNNER, db, sock, str(interval), "5000"], stderr=log_file
+        )
     try:
         while not os.path.exists(sock):
             time.sleep(0.1)
@@ -178,14 +185,20 @@ def attack(args, tmp: str) -> None:
         rss_before = rss_mb(daemon.pid)
         log_before = Path(log_path).read_text()
         start_ms, until = int(time.time() * 1000), time.time() + args.seconds
-        attackers = [subprocess.Popen([sys.executable, "-c", ATTACKER, sock, str(until)], stdout=subprocess.PIPE,
-                                      text=True) for _ in range(args.attackers)]
-        victim = subprocess.Popen([sys.executable, "-c", VICTIM, sock, str(until)], stdout=subprocess.PIPE, text=True)
+        attackers = [
+            subprocess.Popen(
+                [sys.executable, "-c", ATTACKER, sock, str(until)], stdout=subprocess.PIPE, text=True
+            )
+            for _ in range(args.attackers)
+        ]
+        victim = subprocess.Popen(
+            [sys.executable, "-c", VICTIM, sock, str(until)], stdout=subprocess.PIPE, text=True
+        )
         answered = sum(int(a.communicate()[0] or 0) for a in attackers)
         waits = json.loads(victim.communicate()[0])
         end_ms = int(time.time() * 1000)
         rss_after = rss_mb(daemon.pid)
-        log = Path(log_path).read_text()[len(log_before):]
+        log = Path(log_path).read_text()[len(log_before) :]
     finally:
         daemon.terminate()
         daemon.wait(30)
@@ -197,14 +210,22 @@ def attack(args, tmp: str) -> None:
     print(f"  frames answered with an error: {answered / args.seconds:,.0f}/s ({answered:,} in all)")
     print(f"  daemon RSS: {rss_before:.1f} MB before, {rss_after:.1f} MB after")
     if late:
-        print(f"  sampling ticks ({interval:g} s interval) late by: p50 {pct(late, 0.5):.0f} ms, "
-              f"p99 {pct(late, 0.99):.0f} ms, max {max(late):.0f} ms (goal p99 <= 100 ms)")
-    print(f"  another uid's ack latency: p50 {pct(waits, 0.5) * 1000:.1f} ms, p99 {pct(waits, 0.99) * 1000:.1f} ms "
-          f"({len(waits)} frames)")
-    print(f"  log: {len(lines) / minutes:.1f} lines/min, {len(log.encode()) / minutes:,.0f} bytes/min "
-          f"({len(lines)} lines, error codes seen: {', '.join(sorted(codes)) or '-'})")
-    print(f"  an hour of it under the throttle: {throttled_lines_per_hour(len(codes))} lines "
-          f"({len(codes)} codes, each erring every second; goal <= 120)")
+        print(
+            f"  sampling ticks ({interval:g} s interval) late by: p50 {pct(late, 0.5):.0f} ms, "
+            f"p99 {pct(late, 0.99):.0f} ms, max {max(late):.0f} ms (goal p99 <= 100 ms)"
+        )
+    print(
+        f"  another uid's ack latency: p50 {pct(waits, 0.5) * 1000:.1f} ms, p99 {pct(waits, 0.99) * 1000:.1f} ms "
+        f"({len(waits)} frames)"
+    )
+    print(
+        f"  log: {len(lines) / minutes:.1f} lines/min, {len(log.encode()) / minutes:,.0f} bytes/min "
+        f"({len(lines)} lines, error codes seen: {', '.join(sorted(codes)) or '-'})"
+    )
+    print(
+        f"  an hour of it under the throttle: {throttled_lines_per_hour(len(codes))} lines "
+        f"({len(codes)} codes, each erring every second; goal <= 120)"
+    )
     if any("Traceback" in line for line in lines):
         print("  TRACEBACKS IN THE LOG")
 
@@ -218,17 +239,23 @@ def flood(args, tmp: str) -> None:
         flooder = subprocess.Popen([sys.executable, "-c", FLOOD, sock, str(args.flooders)])
         time.sleep(2)
         until = time.time() + args.seconds / 2
-        victim = subprocess.run([sys.executable, "-c", VICTIM, sock, str(until)], capture_output=True, text=True)
+        victim = subprocess.run(
+            [sys.executable, "-c", VICTIM, sock, str(until)], capture_output=True, text=True
+        )
         flooder.kill()
         flooder.wait()
         waits = json.loads(victim.stdout)
-        stored = sqlite3.connect(db).execute("SELECT count(*) FROM steps WHERE run_id = 'flood'").fetchone()[0]
+        stored = (
+            sqlite3.connect(db).execute("SELECT count(*) FROM steps WHERE run_id = 'flood'").fetchone()[0]
+        )
     finally:
         daemon.terminate()
         daemon.wait(30)
     print(f"flood: {args.flooders} connections of one uid sending valid 1000-event frames, no rate limit")
-    print(f"  another uid's ack latency: p50 {pct(waits, 0.5) * 1000:.1f} ms, p99 {pct(waits, 0.99) * 1000:.1f} ms "
-          f"({len(waits)} frames; {stored / (2 + args.seconds / 2):,.0f} flood events/s stored)")
+    print(
+        f"  another uid's ack latency: p50 {pct(waits, 0.5) * 1000:.1f} ms, p99 {pct(waits, 0.99) * 1000:.1f} ms "
+        f"({len(waits)} frames; {stored / (2 + args.seconds / 2):,.0f} flood events/s stored)"
+    )
 
 
 def pinned_wal(tmp: str, ticks: int) -> None:
@@ -236,8 +263,9 @@ def pinned_wal(tmp: str, ticks: int) -> None:
 
     db, sock = os.path.join(tmp, "w.db"), os.path.join(tmp, "w.sock")
     interval = 0.01
-    daemon = subprocess.Popen([sys.executable, "-c", RUNNER, db, sock, str(interval), "5000"],
-                              stderr=subprocess.DEVNULL)
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, db, sock, str(interval), "5000"], stderr=subprocess.DEVNULL
+    )
     try:
         while not os.path.exists(sock):
             time.sleep(0.1)
@@ -258,10 +286,14 @@ def pinned_wal(tmp: str, ticks: int) -> None:
     finally:
         daemon.terminate()
         daemon.wait(30)
-    print(f"pinned WAL: {ticks} sampling ticks of 8 GPUs under one read transaction "
-          f"(10 min at 1 Hz, run at {1 / interval:g} Hz)")
-    print(f"  WAL peak {peak / 1e6:.1f} MB; {after / 1e6:.2f} MB 12 s after the reader let go "
-          f"(database {db_size / 1e6:.1f} MB; goal <= 4 MB)")
+    print(
+        f"pinned WAL: {ticks} sampling ticks of 8 GPUs under one read transaction "
+        f"(10 min at 1 Hz, run at {1 / interval:g} Hz)"
+    )
+    print(
+        f"  WAL peak {peak / 1e6:.1f} MB; {after / 1e6:.2f} MB 12 s after the reader let go "
+        f"(database {db_size / 1e6:.1f} MB; goal <= 4 MB)"
+    )
 
 
 def main() -> None:

@@ -35,19 +35,36 @@ BATCH = protocol.MAX_EVENTS_PER_BATCH
 
 
 def step_event(run_id: str, i: int) -> dict:
-    return {"id": f"{run_id}-{i}", "kind": "step", "run_id": run_id, "ts_ms": 1_700_000_000_000 + i,
-            "step": i, "tokens": 32768, "samples": 8, "seq_len": 4096, "loss": 2.5,
-            "step_time_ms": 120.5, "tokens_per_s": 271_934.0, "mem_allocated_bytes": 40 << 30,
-            "mem_reserved_bytes": 44 << 30, "mem_peak_bytes": 42 << 30}
+    return {
+        "id": f"{run_id}-{i}",
+        "kind": "step",
+        "run_id": run_id,
+        "ts_ms": 1_700_000_000_000 + i,
+        "step": i,
+        "tokens": 32768,
+        "samples": 8,
+        "seq_len": 4096,
+        "loss": 2.5,
+        "step_time_ms": 120.5,
+        "tokens_per_s": 271_934.0,
+        "mem_allocated_bytes": 40 << 30,
+        "mem_reserved_bytes": 44 << 30,
+        "mem_peak_bytes": 42 << 30,
+    }
 
 
 def raw_rate(path: Path, runs: list[str], n: int) -> float:
     conn = open_rw(path)
     columns = [c for c in step_event("x", 0) if c not in ("id", "kind")]
     sql = insert_sql("steps", columns, "IGNORE")
-    batches = [[tuple(v for k, v in step_event(r, i).items() if k not in ("id", "kind"))
-                for i in range(start, min(n, start + BATCH))]
-               for r in runs for start in range(0, n, BATCH)]
+    batches = [
+        [
+            tuple(v for k, v in step_event(r, i).items() if k not in ("id", "kind"))
+            for i in range(start, min(n, start + BATCH))
+        ]
+        for r in runs
+        for start in range(0, n, BATCH)
+    ]
     started = time.perf_counter()
     for rows in batches:
         conn.execute("BEGIN IMMEDIATE")
@@ -70,9 +87,12 @@ def client(sock_path: Path, run_id: str, n: int, frames_out: list) -> None:
     rt(protocol.encode({"type": "hello", "client": "bench"}))
     start = {"id": f"{run_id}-start", "kind": "run_start", "run_id": run_id, "ts_ms": 1}
     assert rt(protocol.encode({"type": "events", "events": [start]}))["type"] == "ack"
-    frames = [protocol.encode({"type": "events", "events": [step_event(run_id, i)
-                                                            for i in range(s, min(n, s + BATCH))]})
-              for s in range(0, n, BATCH)]
+    frames = [
+        protocol.encode(
+            {"type": "events", "events": [step_event(run_id, i) for i in range(s, min(n, s + BATCH))]}
+        )
+        for s in range(0, n, BATCH)
+    ]
     frames_out.append((sock, f, rt, frames))
 
 
@@ -120,8 +140,9 @@ def main() -> None:
     raw = raw_rate(work / "raw.db", runs, args.events)
 
     db, sock_path = work / "daemon.db", work / "gw.sock"
-    daemon = subprocess.Popen([sys.executable, "-c", DAEMON, str(db), str(sock_path)],
-                              stderr=subprocess.DEVNULL)
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", DAEMON, str(db), str(sock_path)], stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 30
         while not sock_path.exists():
@@ -138,14 +159,18 @@ def main() -> None:
     if stored != args.clients * args.events:
         raise SystemExit(f"expected {args.clients * args.events} steps stored, found {stored}")
 
-    print(f"cpus: {os.cpu_count()}  clients: {args.clients}  events: {args.clients * args.events} "
-          f"(step events, {BATCH} per batch)")
+    print(
+        f"cpus: {os.cpu_count()}  clients: {args.clients}  events: {args.clients * args.events} "
+        f"(step events, {BATCH} per batch)"
+    )
     print(f"raw executemany into SQLite:      {raw:12,.0f} events/s")
     print(f"through the socket (acked=commit): {via_socket:12,.0f} events/s")
     print(f"ratio socket/raw: {via_socket / raw:.1%}  (goal >= 20%)")
     total = args.clients * args.events
-    print(f"daemon CPU per event: {daemon_cpu_s / total * 1e6:.1f} us (all its threads); "
-          f"raw executemany wall per event: {1e6 / raw:.1f} us; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"daemon CPU per event: {daemon_cpu_s / total * 1e6:.1f} us (all its threads); "
+        f"raw executemany wall per event: {1e6 / raw:.1f} us; load average {os.getloadavg()[0]:.1f}"
+    )
     subprocess.run(["rm", "-rf", str(work)], check=False)
 
 

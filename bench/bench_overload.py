@@ -87,8 +87,11 @@ print(json.dumps({"run_id": run.run_id, "steps": n, "elapsed": elapsed, "finish_
 
 def start_daemon(place: Path) -> subprocess.Popen:
     err = open(place / "daemon.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", DAEMON, str(place / "gw.db"), str(place / "gw.sock"),
-                             str(place / "spool")], stdout=subprocess.DEVNULL, stderr=err)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DAEMON, str(place / "gw.db"), str(place / "gw.sock"), str(place / "spool")],
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+    )
     deadline = time.monotonic() + 60
     while not (place / "gw.sock").exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -107,14 +110,24 @@ def flood(seconds: float, every: float, with_torch: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="gw-", dir="/tmp") as tmp:
         place = Path(tmp)
         daemon = start_daemon(place)
-        env = dict(os.environ, PYTHONPATH=str(ROOT), GPUWATCH_SOCKET=str(place / "gw.sock"),
-                   GPUWATCH_SPOOL_DIR=str(place / "spool"), XDG_DATA_HOME=str(place / "data"))
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(ROOT),
+            GPUWATCH_SOCKET=str(place / "gw.sock"),
+            GPUWATCH_SPOOL_DIR=str(place / "spool"),
+            XDG_DATA_HOME=str(place / "data"),
+        )
         try:
-            child = subprocess.Popen([sys.executable, "-c", FLOOD, str(seconds), str(every),
-                                      "torch" if with_torch else "plain"], env=env,
-                                     stdout=subprocess.PIPE, text=True)
-            print(f"1. flood: run.step() back to back ({'tensor' if with_torch else 'float'} loss) for {seconds:g} s beside a daemon sampling 8 fake GPUs "
-                  f"at 10 Hz (load {os.getloadavg()[0]:.1f})")
+            child = subprocess.Popen(
+                [sys.executable, "-c", FLOOD, str(seconds), str(every), "torch" if with_torch else "plain"],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            print(
+                f"1. flood: run.step() back to back ({'tensor' if with_torch else 'float'} loss) for {seconds:g} s beside a daemon sampling 8 fake GPUs "
+                f"at 10 Hz (load {os.getloadavg()[0]:.1f})"
+            )
             print(f"   {'t (s)':>6} {'steps':>12} {'steps/s':>10} {'client peak RSS':>16}")
             lines = []
             for text in child.stdout:
@@ -127,27 +140,37 @@ def flood(seconds: float, every: float, with_torch: bool) -> None:
                     "SELECT status, (SELECT sum(n_steps) FROM steps WHERE run_id = r.run_id), "
                     "(SELECT sum(tokens) FROM steps WHERE run_id = r.run_id), "
                     "(SELECT count(*) FROM steps WHERE run_id = r.run_id) FROM runs r WHERE run_id = ?",
-                    (end["run_id"],)).fetchone()
+                    (end["run_id"],),
+                ).fetchone()
         finally:
             not_responding = stop_daemon(daemon, place)
         own = lines[0]["own_mb"]
         offered = end["steps"]
         exact = "exact" if tokens == 256 * offered else f"WRONG: {tokens} of {256 * offered}"
-        print(f"   offered {end['steps']:,} steps ({end['steps'] / end['elapsed']:,.0f}/s); stored {stored or 0:,} "
-              f"in {rows:,} rows; uncounted {end['steps'] - (stored or 0):,}; tokens "
-              f"{exact}; "
-              f"dropped {end['dropped']}")
-        print(f"   finish() {end['finish_s']:.2f} s, status read right after: {status} "
-              f"({'met' if end['finish_s'] <= 1 and status == 'finished' else 'MISSED'}: end stored <= 1 s)")
-        print(f"   client peak RSS {end['peak_mb']:.0f} MB; the program's own before track() {own:.0f} MB: "
-              f"+{end['peak_mb'] - own:.0f} MB ({'met' if end['peak_mb'] <= 150 else 'MISSED'}: <= 150 MB)")
+        print(
+            f"   offered {end['steps']:,} steps ({end['steps'] / end['elapsed']:,.0f}/s); stored {stored or 0:,} "
+            f"in {rows:,} rows; uncounted {end['steps'] - (stored or 0):,}; tokens "
+            f"{exact}; "
+            f"dropped {end['dropped']}"
+        )
+        print(
+            f"   finish() {end['finish_s']:.2f} s, status read right after: {status} "
+            f"({'met' if end['finish_s'] <= 1 and status == 'finished' else 'MISSED'}: end stored <= 1 s)"
+        )
+        print(
+            f"   client peak RSS {end['peak_mb']:.0f} MB; the program's own before track() {own:.0f} MB: "
+            f"+{end['peak_mb'] - own:.0f} MB ({'met' if end['peak_mb'] <= 150 else 'MISSED'}: <= 150 MB)"
+        )
         print(f"   'not responding' lines: {len(not_responding)}")
 
 
 def print_progress(line: dict) -> None:
     if "t" in line:
-        print(f"   {line['t']:>6} {line['steps']:>12,} {line['steps'] / max(line['t'], 1):>10,.0f} "
-              f"{line['peak_mb']:>13.0f} MB", flush=True)
+        print(
+            f"   {line['t']:>6} {line['steps']:>12,} {line['steps'] / max(line['t'], 1):>10,.0f} "
+            f"{line['peak_mb']:>13.0f} MB",
+            flush=True,
+        )
 
 
 OWN_SPOOL = """
@@ -185,15 +208,24 @@ print(json.dumps({"spooled_mb": spooled_mb, "before": before, "after": after}))
 
 def own_spool(events: int) -> None:
     with tempfile.TemporaryDirectory(prefix="gw-", dir="/tmp") as tmp:
-        out = subprocess.run([sys.executable, "-c", OWN_SPOOL, str(events), str(TESTS), tmp], capture_output=True,
-                             text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", OWN_SPOOL, str(events), str(TESTS), tmp],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            check=True,
+        ).stdout
     r = json.loads(out.strip().splitlines()[-1])
-    print(f"2. own spool: {events:,} events spooled while the daemon was away ({r['spooled_mb']:.0f} MB), replayed "
-          f"by the client: peak RSS {r['before']:.0f} MB before the replay, {r['after']:.0f} MB after "
-          f"(+{r['after'] - r['before']:.0f} MB; load {os.getloadavg()[0]:.1f})")
+    print(
+        f"2. own spool: {events:,} events spooled while the daemon was away ({r['spooled_mb']:.0f} MB), replayed "
+        f"by the client: peak RSS {r['before']:.0f} MB before the replay, {r['after']:.0f} MB after "
+        f"(+{r['after'] - r['before']:.0f} MB; load {os.getloadavg()[0]:.1f})"
+    )
 
 
-def sampling(place: Path, spool: Path | None, seconds: float | None) -> tuple[float, int, list[int], list[str]]:
+def sampling(
+    place: Path, spool: Path | None, seconds: float | None
+) -> tuple[float, int, list[int], list[str]]:
     """Run a daemon until the spool is gone (or for `seconds`): (seconds, steps stored, GPU 0's
     sampling lateness in ms per tick, its "not responding" lines)."""
     started_ms = int(time.time() * 1000)
@@ -205,8 +237,13 @@ def sampling(place: Path, spool: Path | None, seconds: float | None) -> tuple[fl
         took = time.time() - started_ms / 1000
         with sqlite3.connect(place / "gw.db") as conn:
             stored = conn.execute("SELECT count(*) FROM steps WHERE run_id = 'old'").fetchone()[0]
-            ticks = [t for t, in conn.execute("SELECT ts_ms FROM gpu_samples WHERE gpu_index = 0 AND ts_ms >= ? "
-                                              "ORDER BY ts_ms", (started_ms,))]
+            ticks = [
+                t
+                for (t,) in conn.execute(
+                    "SELECT ts_ms FROM gpu_samples WHERE gpu_index = 0 AND ts_ms >= ? ORDER BY ts_ms",
+                    (started_ms,),
+                )
+            ]
     finally:
         not_responding = stop_daemon(daemon, place)
     late = sorted(max(0, b - a - 100) for a, b in zip(ticks, ticks[1:]))
@@ -215,8 +252,10 @@ def sampling(place: Path, spool: Path | None, seconds: float | None) -> tuple[fl
 
 def show_lateness(label: str, late: list[int], not_responding: list[str]) -> None:
     q = statistics.quantiles(late, n=100) if len(late) > 1 else [0] * 99
-    print(f"   {label}: {len(late) + 1} samples of GPU 0; lateness beyond the 100 ms interval p50 {q[49]:.0f} ms, "
-          f"p99 {q[98]:.0f} ms, max {late[-1] if late else 0} ms; 'not responding' lines {len(not_responding)}")
+    print(
+        f"   {label}: {len(late) + 1} samples of GPU 0; lateness beyond the 100 ms interval p50 {q[49]:.0f} ms, "
+        f"p99 {q[98]:.0f} ms, max {late[-1] if late else 0} ms; 'not responding' lines {len(not_responding)}"
+    )
 
 
 def replay(events: int) -> None:
@@ -228,12 +267,29 @@ def replay(events: int) -> None:
         spool.mkdir(mode=0o700)
         now = int(time.time() * 1000)
         with open(spool / f"{dead.pid}-bench.jsonl", "w") as f:
-            f.write(json.dumps({"id": "s", "kind": "run_start", "run_id": "old", "ts_ms": now - events}) + "\n")
+            f.write(
+                json.dumps({"id": "s", "kind": "run_start", "run_id": "old", "ts_ms": now - events}) + "\n"
+            )
             for i in range(1, events):
-                f.write(json.dumps({"id": f"e{i}", "kind": "step", "run_id": "old", "ts_ms": now - events + i,
-                                    "step": i, "tokens": 256, "loss": 1.0, "step_time_ms": 2.0}) + "\n")
-        print(f"3. replay: a spool of {events:,} events adopted by a daemon sampling 8 fake GPUs at 10 Hz "
-              f"(load {os.getloadavg()[0]:.1f}), then the same daemon idle as long, up to {CONTROL_MAX_S} s (the control)")
+                f.write(
+                    json.dumps(
+                        {
+                            "id": f"e{i}",
+                            "kind": "step",
+                            "run_id": "old",
+                            "ts_ms": now - events + i,
+                            "step": i,
+                            "tokens": 256,
+                            "loss": 1.0,
+                            "step_time_ms": 2.0,
+                        }
+                    )
+                    + "\n"
+                )
+        print(
+            f"3. replay: a spool of {events:,} events adopted by a daemon sampling 8 fake GPUs at 10 Hz "
+            f"(load {os.getloadavg()[0]:.1f}), then the same daemon idle as long, up to {CONTROL_MAX_S} s (the control)"
+        )
         took, stored, late, not_responding = sampling(place, spool, None)
         print(f"   {stored:,} of {events - 1:,} steps stored in {took:.0f} s ({stored / took:,.0f} events/s)")
         show_lateness("during the replay", late, not_responding)

@@ -39,8 +39,10 @@ def measure(label: str, capture) -> None:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     rss_after = proc.memory_info().rss
-    print(f"{label:<44} {seconds * 1000:8.1f} ms   python peak {peak / 2**20:6.1f} MiB   "
-          f"RSS +{max(rss_after - rss_before, 0) / 2**20:6.1f} MiB   advice items {len(fields['advice'])}")
+    print(
+        f"{label:<44} {seconds * 1000:8.1f} ms   python peak {peak / 2**20:6.1f} MiB   "
+        f"RSS +{max(rss_after - rss_before, 0) / 2**20:6.1f} MiB   advice items {len(fields['advice'])}"
+    )
 
 
 def host_case() -> None:
@@ -56,21 +58,31 @@ def host_case() -> None:
     else:
         raise SystemExit("expected the CPU allocator to fail under RLIMIT_AS")
     config = {"attn": "naive", "batch": 4, "heads": 4, "seq_len": 8192, "precision": "fp32"}
-    measure("host OOM (real allocator failure)", lambda: oom.postmortem(
-        error, run_dir=None, step=1, seq_len=8192, batch=4, config=config))
+    measure(
+        "host OOM (real allocator failure)",
+        lambda: oom.postmortem(error, run_dir=None, step=1, seq_len=8192, batch=4, config=config),
+    )
     resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
 
 def fake_cuda():
     frames = [{"filename": f"/work/model_{i}.py", "line": i, "name": f"fn_{i}"} for i in range(12)]
-    blocks = [{"size": (i % 97 + 1) << 20, "state": "active_allocated", "frames": [dict(f) for f in frames]}
-              for i in range(HISTORY_BLOCKS)]
-    snapshot = {"segments": [{"blocks": blocks[i:i + 100]} for i in range(0, len(blocks), 100)],
-                "device_traces": [[]]}
+    blocks = [
+        {"size": (i % 97 + 1) << 20, "state": "active_allocated", "frames": [dict(f) for f in frames]}
+        for i in range(HISTORY_BLOCKS)
+    ]
+    snapshot = {
+        "segments": [{"blocks": blocks[i : i + 100]} for i in range(0, len(blocks), 100)],
+        "device_traces": [[]],
+    }
     stats = {"allocated_bytes.all.current": 60 * GiB, "reserved_bytes.all.current": 76 * GiB}
-    return SimpleNamespace(current_device=lambda: 0, mem_get_info=lambda d: (GiB, 80 * GiB),
-                           memory_stats=lambda d: stats, memory_summary=lambda d: "summary (simulated)\n" * 200,
-                           memory=SimpleNamespace(_snapshot=lambda: snapshot))
+    return SimpleNamespace(
+        current_device=lambda: 0,
+        mem_get_info=lambda d: (GiB, 80 * GiB),
+        memory_stats=lambda d: stats,
+        memory_summary=lambda d: "summary (simulated)\n" * 200,
+        memory=SimpleNamespace(_snapshot=lambda: snapshot),
+    )
 
 
 def gpu_case() -> None:
@@ -83,9 +95,19 @@ def gpu_case() -> None:
     except RuntimeError as e:
         error = e
     with tempfile.TemporaryDirectory() as run_dir:
-        measure(f"GPU OOM (simulated, {HISTORY_BLOCKS} blocks, 8 GPUs)", lambda: oom.postmortem(
-            error, run_dir=Path(run_dir), step=7, seq_len=4096, batch=2, config={"precision": "bf16"},
-            cuda=cuda, nvml=nvml))
+        measure(
+            f"GPU OOM (simulated, {HISTORY_BLOCKS} blocks, 8 GPUs)",
+            lambda: oom.postmortem(
+                error,
+                run_dir=Path(run_dir),
+                step=7,
+                seq_len=4096,
+                batch=2,
+                config={"precision": "bf16"},
+                cuda=cuda,
+                nvml=nvml,
+            ),
+        )
         size = os.path.getsize(Path(run_dir) / oom.SNAPSHOT_NAME)
         print(f"{'':<44} snapshot pickle {size / 2**20:.1f} MiB")
 

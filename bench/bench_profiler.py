@@ -28,8 +28,12 @@ def main() -> int:
     args = p.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="gw-bench-prof-")
-    os.environ.update(XDG_DATA_HOME=tmp, XDG_RUNTIME_DIR=tmp, GPUWATCH_SOCKET=f"{tmp}/none.sock",
-                      GPUWATCH_RUNS_DIR=f"{tmp}/runs")
+    os.environ.update(
+        XDG_DATA_HOME=tmp,
+        XDG_RUNTIME_DIR=tmp,
+        GPUWATCH_SOCKET=f"{tmp}/none.sock",
+        GPUWATCH_RUNS_DIR=f"{tmp}/runs",
+    )
     import time
 
     import torch
@@ -69,16 +73,23 @@ def main() -> int:
         q1, _, q3 = statistics.quantiles(blocks[name], n=4)
         return statistics.median(blocks[name]), (q3 - q1) / 2
 
-    print(f"{args.blocks} blocks x {args.steps} steps per variant, interleaved; torch {torch.__version__}, CPU")
+    print(
+        f"{args.blocks} blocks x {args.steps} steps per variant, interleaved; torch {torch.__version__}, CPU"
+    )
     for name in variants:
         med, noise = median_and_noise(name)
         print(f"  {name:<10} median step {med:8.1f} us   noise band +/- {noise:.1f} us")
-    (idle_med, idle_noise), (after_med, after_noise) = median_and_noise("idle hook"), median_and_noise("after")
+    (idle_med, idle_noise), (after_med, after_noise) = (
+        median_and_noise("idle hook"),
+        median_and_noise("after"),
+    )
     band = max(idle_noise, after_noise)
     verdict = "within noise" if abs(after_med - idle_med) <= band else "OUTSIDE noise"
     print(f"  after - idle hook: {after_med - idle_med:+.1f} us ({verdict}, band +/- {band:.1f} us)")
-    print(f"  idle hook - plain: {idle_med - median_and_noise('plain')[0]:+.1f} us (run.step() itself; "
-          f"see bench_step.py)")
+    print(
+        f"  idle hook - plain: {idle_med - median_and_noise('plain')[0]:+.1f} us (run.step() itself; "
+        f"see bench_step.py)"
+    )
     check = after._profiling
     n = 1_000_000
     ns = timeit.timeit("check.active and None", globals={"check": check}, number=n) / n * 1e9

@@ -35,13 +35,16 @@ H_MS, DAY_MS = 3_600_000, 86_400_000
 QUERIES = {
     "utilisation and peak memory per GPU, last 24 h": (
         "SELECT gpu_index, avg(gpu_util_pct), max(mem_used_bytes) FROM gpu_samples "
-        "WHERE ts_ms >= :now - 86400000 GROUP BY gpu_index"),
+        "WHERE ts_ms >= :now - 86400000 GROUP BY gpu_index"
+    ),
     "host CPU, last hour": (
-        "SELECT avg(cpu_pct), max(cpu_pct), max(load1) FROM host_samples WHERE ts_ms >= :now - 3600000"),
+        "SELECT avg(cpu_pct), max(cpu_pct), max(load1) FROM host_samples WHERE ts_ms >= :now - 3600000"
+    ),
     "one GPU, one hour at noon": (
         "SELECT * FROM gpu_samples WHERE gpu_index = 3 AND ts_ms >= :noon AND ts_ms < :noon + 3600000 "
-        "ORDER BY ts_ms"),
-    "the README's \"who used GPU 3\"": (
+        "ORDER BY ts_ms"
+    ),
+    'the README\'s "who used GPU 3"': (
         "SELECT p.user, p.pid, p.run_id, count(*) AS samples, "
         "round(max(g.used_mem_bytes) / 1073741824.0, 1) AS max_gib, "
         "datetime(min(g.ts_ms) / 1000, 'unixepoch', 'localtime') AS first_seen, "
@@ -49,10 +52,12 @@ QUERIES = {
         "FROM gpu_process_samples g "
         "JOIN processes p ON p.pid = g.pid AND g.ts_ms BETWEEN p.first_seen_ms AND p.last_seen_ms "
         "WHERE g.gpu_index = 3 AND g.ts_ms >= :now - 86400000 "
-        "GROUP BY p.user, p.pid, p.run_id ORDER BY max_gib DESC"),
+        "GROUP BY p.user, p.pid, p.run_id ORDER BY max_gib DESC"
+    ),
     "GPU memory per process, last hour (all GPUs)": (
         "SELECT pid, max(used_mem_bytes), avg(sm_util_pct) FROM gpu_process_samples "
-        "WHERE ts_ms >= :now - 3600000 GROUP BY pid ORDER BY pid"),
+        "WHERE ts_ms >= :now - 3600000 GROUP BY pid ORDER BY pid"
+    ),
 }
 
 
@@ -84,8 +89,10 @@ def plain_copy(source: Path, dest: Path) -> None:
 
 def same(a: list, b: list) -> bool:
     """Equal rows, floats to 12 significant digits (an average's last bits follow row order)."""
-    norm = lambda rows: [tuple(float(f"{v:.12g}") if isinstance(v, float) else v for v in r)  # noqa: E731
-                         for r in rows]
+
+    def norm(rows: list) -> list:
+        return [tuple(float(f"{v:.12g}") if isinstance(v, float) else v for v in r) for r in rows]
+
     return norm(a) == norm(b)
 
 
@@ -98,8 +105,9 @@ def timed(conn: sqlite3.Connection, sql: str, params: dict) -> tuple[float, list
 def raw_bytes(conn: sqlite3.Connection) -> dict[str, int]:
     """Bytes on disk per raw name, with whatever tables and indexes hold its samples."""
     sizes = dict(conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name"))
-    return {t: sum(sizes.get(n, 0) for n in (t, f"{t}_recent", f"{t}_packed", f"{t}_packed_key"))
-            for t in RAW}
+    return {
+        t: sum(sizes.get(n, 0) for n in (t, f"{t}_recent", f"{t}_packed", f"{t}_packed_key")) for t in RAW
+    }
 
 
 def main() -> None:
@@ -113,8 +121,10 @@ def main() -> None:
     if not path.exists():
         began = time.perf_counter()
         build(path, args.hours)
-        print(f"built {args.hours:g} h of samples (real Sampler, maintain() every minute) "
-              f"in {time.perf_counter() - began:.0f} s: {path}")
+        print(
+            f"built {args.hours:g} h of samples (real Sampler, maintain() every minute) "
+            f"in {time.perf_counter() - began:.0f} s: {path}"
+        )
     plain_path = work / "plain.db"
     plain_copy(path, plain_path)
     ours = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
@@ -142,22 +152,28 @@ def main() -> None:
         results[label] = (best, len(got), same(got, want))
 
     load = os.getloadavg()
-    print(f"\n{span_h:.1f} h of raw samples, {bench_storage.GPUS} GPUs (simulated), "
-          f"{bench_storage.PROCS} GPU processes; best of {args.repeat}; load average "
-          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(
+        f"\n{span_h:.1f} h of raw samples, {bench_storage.GPUS} GPUs (simulated), "
+        f"{bench_storage.PROCS} GPU processes; best of {args.repeat}; load average "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     print("| query | gpuwatch | plain indexed table | ratio | rows (same) |")
     print("|---|---|---|---|---|")
     for label, ((o, p), n, equal) in results.items():
-        print(f"| {label} | {o * 1000:,.1f} ms | {p * 1000:,.1f} ms | {o / p:.2f}x | {n} ({'yes' if equal else 'NO'}) |")
+        print(
+            f"| {label} | {o * 1000:,.1f} ms | {p * 1000:,.1f} ms | {o / p:.2f}x | {n} ({'yes' if equal else 'NO'}) |"
+        )
     worst = max(o for (o, _), _, _ in results.values())
     ratio = max(o / p for (o, p), _, _ in results.values())
     print(f"worst query {worst * 1000:.0f} ms, worst ratio {ratio:.2f}x  [goals: <= 500 ms, <= 3x]")
 
     sizes = raw_bytes(ours)
     per_day = 24 / span_h
-    print("raw samples on disk, tables and indexes, scaled to a day: "
-          + ", ".join(f"{t} {b * per_day / 1e6:.1f} MB" for t, b in sizes.items())
-          + f"; together {sum(sizes.values()) * per_day / 1e6:.1f} MB/day (file {os.path.getsize(path) / 1e6:.1f} MB)")
+    print(
+        "raw samples on disk, tables and indexes, scaled to a day: "
+        + ", ".join(f"{t} {b * per_day / 1e6:.1f} MB" for t, b in sizes.items())
+        + f"; together {sum(sizes.values()) * per_day / 1e6:.1f} MB/day (file {os.path.getsize(path) / 1e6:.1f} MB)"
+    )
     ours.close()
     plain.close()
 

@@ -46,8 +46,9 @@ def timed(cmd: list[str], env: dict) -> tuple[float, float]:
     """(wall s, CPU s of the process and every descendant it waited for)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=300)
+    subprocess.run(
+        cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300
+    )
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
@@ -64,13 +65,21 @@ def main() -> None:
         script.write_text(SCRIPT)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         # A fresh per-user database and no daemon: the embedded path a first user meets.
-        env.update(XDG_DATA_HOME=str(Path(tmp) / "data"), XDG_RUNTIME_DIR=str(Path(tmp) / "run"),
-                   GPUWATCH_SOCKET=str(Path(tmp) / "no-daemon.sock"))
+        env.update(
+            XDG_DATA_HOME=str(Path(tmp) / "data"),
+            XDG_RUNTIME_DIR=str(Path(tmp) / "run"),
+            GPUWATCH_SOCKET=str(Path(tmp) / "no-daemon.sock"),
+        )
         Path(env["XDG_RUNTIME_DIR"]).mkdir(mode=0o700)
         run = [gpuwatch, "run", "--", sys.executable, str(script)]
-        ways = {"plain": ([sys.executable, str(script)], env),
-                "not instrumented": ([gpuwatch, "run", "--no-instrument", "--", sys.executable, str(script)], env),
-                "gpuwatch run": (run, env)}
+        ways = {
+            "plain": ([sys.executable, str(script)], env),
+            "not instrumented": (
+                [gpuwatch, "run", "--no-instrument", "--", sys.executable, str(script)],
+                env,
+            ),
+            "gpuwatch run": (run, env),
+        }
         if args.before:
             ways["gpuwatch run, before"] = (run, dict(env, PYTHONPATH=str(args.before.resolve())))
         for cmd, way_env in ways.values():  # warm the page cache, write .pyc files, create the database
@@ -81,23 +90,37 @@ def main() -> None:
             for way, (cmd, way_env) in ways.items():
                 times[way].append(timed(cmd, way_env))
             loads.append(os.getloadavg()[0])
-            print(f"round {n + 1}/{args.rounds}: " + ", ".join(f"{w} {t[-1][0]:.2f} s" for w, t in times.items())
-                  + f" (load {loads[-1]:.1f})", file=sys.stderr, flush=True)
+            print(
+                f"round {n + 1}/{args.rounds}: "
+                + ", ".join(f"{w} {t[-1][0]:.2f} s" for w, t in times.items())
+                + f" (load {loads[-1]:.1f})",
+                file=sys.stderr,
+                flush=True,
+            )
     wall = {way: statistics.median(t[0] for t in ts) for way, ts in times.items()}
     cpu = {way: statistics.median(t[1] for t in ts) for way, ts in times.items()}
     print(f"median of {args.rounds} alternated rounds; load average {min(loads):.1f}-{max(loads):.1f}")
     print(f"{'way':<22} {'wall s':>7} {'over plain':>11} {'CPU s':>7} {'over plain':>11}")
     for way in ways:
-        print(f"{way:<22} {wall[way]:>7.2f} {wall[way] - wall['plain']:>+11.2f} "
-              f"{cpu[way]:>7.2f} {cpu[way] - cpu['plain']:>+11.2f}")
+        print(
+            f"{way:<22} {wall[way]:>7.2f} {wall[way] - wall['plain']:>+11.2f} "
+            f"{cpu[way]:>7.2f} {cpu[way] - cpu['plain']:>+11.2f}"
+        )
     over = wall["gpuwatch run"] - wall["plain"]
     plain_walls = [t[0] for t in times["plain"]]
     spread = statistics.median(abs(w - wall["plain"]) for w in plain_walls)  # plain's own noise
-    verdict = ("INCONCLUSIVE: plain's own runs spread more than the goal (median deviation "
-               f"{spread:.2f} s); run it on a quieter host") if spread > GOAL_S / 2 else \
-        ("met" if over <= GOAL_S else "MISSED")
-    print(f"gpuwatch run adds {over:+.2f} s to the three-step script (median of {args.rounds}, alternated): "
-          f"{verdict} (goal <= +{GOAL_S} s)")
+    verdict = (
+        (
+            "INCONCLUSIVE: plain's own runs spread more than the goal (median deviation "
+            f"{spread:.2f} s); run it on a quieter host"
+        )
+        if spread > GOAL_S / 2
+        else ("met" if over <= GOAL_S else "MISSED")
+    )
+    print(
+        f"gpuwatch run adds {over:+.2f} s to the three-step script (median of {args.rounds}, alternated): "
+        f"{verdict} (goal <= +{GOAL_S} s)"
+    )
 
 
 if __name__ == "__main__":

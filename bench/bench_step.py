@@ -50,9 +50,11 @@ def reference(calls: int, work_s: float) -> float:
 def report(label: str, costs_ns: list[int]) -> None:
     median_us = statistics.median(costs_ns) / 1000
     p99_us = statistics.quantiles(costs_ns, n=100)[98] / 1000
-    print(f"  {label}: {len(costs_ns)} calls: median {median_us:.1f} µs   p99 {p99_us:.1f} µs   "
-          f"mean {statistics.fmean(costs_ns) / 1000:.1f} µs   median = {median_us / 100:.2f} % of a "
-          f"10 ms step ({'met' if median_us <= 20 else 'MISSED'}: <= 20 µs, <= 1 %)")
+    print(
+        f"  {label}: {len(costs_ns)} calls: median {median_us:.1f} µs   p99 {p99_us:.1f} µs   "
+        f"mean {statistics.fmean(costs_ns) / 1000:.1f} µs   median = {median_us / 100:.2f} % of a "
+        f"10 ms step ({'met' if median_us <= 20 else 'MISSED'}: <= 20 µs, <= 1 %)"
+    )
 
 
 def main() -> None:
@@ -70,8 +72,10 @@ def main() -> None:
 
     loss = torch.tensor(2.5)
     with gpuwatch.track(name="bench-step") as run:
-        print(f"run.step() on CPU, {run._transport.mode} transport, RSS + loss tensor "
-              f"(python {sys.version.split()[0]}, torch {torch.__version__})")
+        print(
+            f"run.step() on CPU, {run._transport.mode} transport, RSS + loss tensor "
+            f"(python {sys.version.split()[0]}, torch {torch.__version__})"
+        )
         measure(run, loss, 200, 0.0)  # warm up
         back_to_back = measure(run, loss, args.calls, 0.0)
         run._transport.flush(60)
@@ -84,8 +88,10 @@ def main() -> None:
     report("paced, 1 ms ", paced)
     report("back to back, mark_compute() + step() (data wait)", with_wait)
     print(f"  end of run (drain, run_end, flush): {flush_s:.2f} s")
-    print(f"  reference job (not gpuwatch): back to back {reference(5000, 0.0):.1f} µs, "
-          f"paced {reference(1000, 0.001):.1f} µs")
+    print(
+        f"  reference job (not gpuwatch): back to back {reference(5000, 0.0):.1f} µs, "
+        f"paced {reference(1000, 0.001):.1f} µs"
+    )
 
 
 if __name__ == "__main__":

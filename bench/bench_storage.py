@@ -21,8 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from statistics import mean
 from pathlib import Path
+from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import fake_pynvml  # noqa: E402  (the tests' fake NVML, not shipped in the package)
@@ -66,8 +66,7 @@ def day_bytes(conn: sqlite3.Connection, size: dict, table: str, per_day: float) 
 
 def simulate(path: Path, ticks: int, pids: list[int]) -> tuple[float, float, str]:
     clock = Clock(1_700_000_000_000 // 3_600_000 * 3_600_000)
-    nvml = fake_pynvml.FakeNvml(gpus=GPUS, procs={g: pids[g::GPUS] for g in range(GPUS)},
-                                clock=clock.seconds)
+    nvml = fake_pynvml.FakeNvml(gpus=GPUS, procs={g: pids[g::GPUS] for g in range(GPUS)}, clock=clock.seconds)
     writer = Writer(path)
     sampler = Sampler(writer, Config(db=str(path)), nvml_module=nvml, clock=clock)
     report = []
@@ -80,9 +79,16 @@ def simulate(path: Path, ticks: int, pids: list[int]) -> tuple[float, float, str
     def maintenance(now_ms: int) -> None:
         def job(conn: sqlite3.Connection) -> None:
             began = time.thread_time()
-            report.append(maintain(
-                conn, now_ms, raw_retention_ms=DAY_S * 1000, minute_retention_ms=14 * DAY_S * 1000,
-                hour_retention_ms=365 * DAY_S * 1000, max_db_bytes=2**40))
+            report.append(
+                maintain(
+                    conn,
+                    now_ms,
+                    raw_retention_ms=DAY_S * 1000,
+                    minute_retention_ms=14 * DAY_S * 1000,
+                    hour_retention_ms=365 * DAY_S * 1000,
+                    max_db_bytes=2**40,
+                )
+            )
             spent.append(time.thread_time() - began)
 
         writer.submit(job)
@@ -135,12 +141,16 @@ def main() -> None:
     raw_day = sum(b for b, _ in day.values())
     raw_values_day = sum(v for _, v in day.values())
 
-    print(f"real Sampler, {ticks} ticks ({args.hours:g} h) at 1 Hz on an injected clock: {GPUS} GPUs "
-          f"(simulated) + {PROCS} GPU processes (sleeping stand-ins) + host; sampled, written and "
-          f"maintained every minute in {write_s:.1f} s ({ticks / write_s:.0f} ticks/s), the last "
-          f"maintain() took {maintain_s * 1000:.0f} ms: {report}")
-    print(f"maintain() every minute (rollups, retention), writer-thread CPU: mean "
-          f"{1000 * mean(spent):.1f} ms, max {1000 * max(spent):.1f} ms = {100 * mean(spent) / 60:.3f} % of a core")
+    print(
+        f"real Sampler, {ticks} ticks ({args.hours:g} h) at 1 Hz on an injected clock: {GPUS} GPUs "
+        f"(simulated) + {PROCS} GPU processes (sleeping stand-ins) + host; sampled, written and "
+        f"maintained every minute in {write_s:.1f} s ({ticks / write_s:.0f} ticks/s), the last "
+        f"maintain() took {maintain_s * 1000:.0f} ms: {report}"
+    )
+    print(
+        f"maintain() every minute (rollups, retention), writer-thread CPU: mean "
+        f"{1000 * mean(spent):.1f} ms, max {1000 * max(spent):.1f} ms = {100 * mean(spent) / 60:.3f} % of a core"
+    )
     print(f"{'table':<28}{'rows':>9}{'bytes':>11}{'values':>10}{'B/value':>9}")
     for t in RAW:
         values = values_stored(conn, t)
@@ -149,11 +159,15 @@ def main() -> None:
     for t in RAW:
         print(f"  {t:<26}{day[t][0] / day[t][1]:>6.2f} B/value {day[t][0] / 1e6:>7.1f} MB/day")
     shortfall = rows["gpu_process_samples"] * STAND_IN_SHORTFALL_B * per_day / 1e6
-    print(f"raw tier: {raw_day / raw_values_day:.2f} bytes per metric-sample (non-key, non-NULL value); "
-          f"{raw_day / 1e6:.1f} MB/day raw (this run's file: {file_bytes / 1e6:.1f} MB)  "
-          f"[goal: <= 100 MB/day]")
-    print(f"  with trainers' RSS and CPU % instead of sleepers' (+{STAND_IN_SHORTFALL_B} B per process "
-          f"row): ~{raw_day / 1e6 + shortfall:.1f} MB/day raw")
+    print(
+        f"raw tier: {raw_day / raw_values_day:.2f} bytes per metric-sample (non-key, non-NULL value); "
+        f"{raw_day / 1e6:.1f} MB/day raw (this run's file: {file_bytes / 1e6:.1f} MB)  "
+        f"[goal: <= 100 MB/day]"
+    )
+    print(
+        f"  with trainers' RSS and CPU % instead of sleepers' (+{STAND_IN_SHORTFALL_B} B per process "
+        f"row): ~{raw_day / 1e6 + shortfall:.1f} MB/day raw"
+    )
     # Rollups: one day holds 96 15-minute rows and 24 hour rows per key, whatever the sample rate.
     tier_day = 0.0
     for t in TIERS:
@@ -162,9 +176,12 @@ def main() -> None:
         fine_tier = t.replace("_1h", "_15m")
         per_row = size[fine_tier] / max(rows[fine_tier], 1)
         tier_day += per_row * period_rows_per_day
-        print(f"{t:<22}{rows[t]:>10}{size[t]:>12}{per_row:>8.1f}  -> {per_row * period_rows_per_day / 1e6:.2f} MB/day")
-    print(f"rollup tiers: {tier_day / 1e6:.2f} MB/day = {100 * tier_day / raw_day:.2f} % of raw "
-          f"[goal: <= 1 %]")
+        print(
+            f"{t:<22}{rows[t]:>10}{size[t]:>12}{per_row:>8.1f}  -> {per_row * period_rows_per_day / 1e6:.2f} MB/day"
+        )
+    print(
+        f"rollup tiers: {tier_day / 1e6:.2f} MB/day = {100 * tier_day / raw_day:.2f} % of raw [goal: <= 1 %]"
+    )
     conn.close()
 
 

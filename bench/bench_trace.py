@@ -74,8 +74,7 @@ def write_big_trace(path: Path, mb: float) -> int:
             for e in events:
                 e2 = dict(e, ts=round(e["ts"] + copy * span, 3))
                 if "args" in e and e["args"].get("correlation", -1) >= 0:
-                    e2["args"] = dict(e["args"], correlation=e["args"]["correlation"]
-                                      + copy * corr_span)
+                    e2["args"] = dict(e["args"], correlation=e["args"]["correlation"] + copy * corr_span)
                 if "id" in e:
                     e2["id"] = e["id"] + copy * corr_span
                 if e.get("name", "").startswith("ProfilerStep#"):
@@ -90,8 +89,7 @@ def write_big_trace(path: Path, mb: float) -> int:
 
 def run_child(code: str, *args: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                         env=env)
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
     if out.returncode:
         sys.exit(f"child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -115,18 +113,27 @@ def breakdown_latency(d: Path) -> list[float]:
     import sqlite3
 
     db = d / "gw.db"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GPUWATCH_DB=str(db), GPUWATCH_RUNS_DIR=str(d),
-               GPUWATCH_PROFILE_WAIT="20", GPUWATCH_PROFILE_WARMUP="1",
-               GPUWATCH_PROFILE_ACTIVE="5", GPUWATCH_PROFILE_REPEAT="3")
-    child = subprocess.Popen([sys.executable, "-c", TRAINER], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        GPUWATCH_DB=str(db),
+        GPUWATCH_RUNS_DIR=str(d),
+        GPUWATCH_PROFILE_WAIT="20",
+        GPUWATCH_PROFILE_WARMUP="1",
+        GPUWATCH_PROFILE_ACTIVE="5",
+        GPUWATCH_PROFILE_REPEAT="3",
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", TRAINER], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     seen: dict[int, float] = {}
     while child.poll() is None or not seen:
         if db.exists():
             try:
                 conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-                rows = conn.execute("SELECT p.id, p.ts_ms FROM profiles p JOIN profile_breakdowns "
-                                    "b ON b.profile_id = p.id").fetchall()
+                rows = conn.execute(
+                    "SELECT p.id, p.ts_ms FROM profiles p JOIN profile_breakdowns b ON b.profile_id = p.id"
+                ).fetchall()
                 conn.close()
             except sqlite3.OperationalError:
                 rows = []
@@ -147,9 +154,11 @@ def main() -> None:
     d = Path(args.keep or tempfile.mkdtemp(prefix="bench_trace_"))
     d.mkdir(parents=True, exist_ok=True)
     lat = breakdown_latency(d)
-    print(f"profile window end -> breakdown in the database: "
-          f"{', '.join(f'{x:.2f} s' for x in lat) or 'none arrived'} (goal <= 5 s; load "
-          f"average {os.getloadavg()[0]:.2f})")
+    print(
+        f"profile window end -> breakdown in the database: "
+        f"{', '.join(f'{x:.2f} s' for x in lat) or 'none arrived'} (goal <= 5 s; load "
+        f"average {os.getloadavg()[0]:.2f})"
+    )
     if args.skip_hta:
         return
     path = d / "rank0.json"
@@ -162,11 +171,15 @@ def main() -> None:
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     for name, r in (("gpuwatch", ours), ("HTA", theirs)):
         t = r["temporal"]
-        print(f"{name:>8}: {r['wall_s']:6.1f} s, peak RSS {r['rss_kb'] / 1024:7.1f} MB; idle "
-              f"{t['idle_pct']:.2f} %, compute {t['compute_pct']:.2f} %, non-compute "
-              f"{t['non_compute_pct']:.2f} %")
-    print(f"gpuwatch is {theirs['wall_s'] / ours['wall_s']:.1f}x faster (goal >= 5x) and uses "
-          f"{ours['rss_kb'] / theirs['rss_kb']:.2f} of HTA's peak RSS (goal <= 0.33)")
+        print(
+            f"{name:>8}: {r['wall_s']:6.1f} s, peak RSS {r['rss_kb'] / 1024:7.1f} MB; idle "
+            f"{t['idle_pct']:.2f} %, compute {t['compute_pct']:.2f} %, non-compute "
+            f"{t['non_compute_pct']:.2f} %"
+        )
+    print(
+        f"gpuwatch is {theirs['wall_s'] / ours['wall_s']:.1f}x faster (goal >= 5x) and uses "
+        f"{ours['rss_kb'] / theirs['rss_kb']:.2f} of HTA's peak RSS (goal <= 0.33)"
+    )
     if not args.keep:
         path.unlink()
 

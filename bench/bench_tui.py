@@ -28,8 +28,8 @@ import os
 import pty
 import re
 import select
-import subprocess
 import struct
+import subprocess
 import sys
 import tempfile
 import termios
@@ -74,9 +74,21 @@ class ProcessChurn(SamplerThread):
             ts = now_ms()
             write_tick(self.writer, ts, n_procs=0)
             if tick % self.every == 0:
-                self.writer.insert("gpu_process_samples", [
-                    dict(gpu_index=k % 8, pid=10_000 + k, ts_ms=ts, kind="compute", used_mem_bytes=(k + 1) * 2**28,
-                         sm_util_pct=(k + tick) % 100, cpu_pct=float((k * tick) % 300)) for k in range(50)])
+                self.writer.insert(
+                    "gpu_process_samples",
+                    [
+                        dict(
+                            gpu_index=k % 8,
+                            pid=10_000 + k,
+                            ts_ms=ts,
+                            kind="compute",
+                            used_mem_bytes=(k + 1) * 2**28,
+                            sm_util_pct=(k + tick) % 100,
+                            cpu_pct=float((k * tick) % 300),
+                        )
+                        for k in range(50)
+                    ],
+                )
             tick += 1
             self.stopped.wait(self.period)
 
@@ -89,15 +101,27 @@ def gpuwatch_tui(db: Path, pycache: Path) -> tuple[list[str], dict, bytes, bytes
 
 def textual_plain(pycache: Path) -> tuple[list[str], dict, bytes, bytes]:
     """bench/textual_plain.py: the overview's screen written plainly in Textual, no gpuwatch code."""
-    return ([sys.executable, str(Path(__file__).with_name("textual_plain.py"))],
-            {"PYTHONPYCACHEPREFIX": str(pycache)}, FIRST_PAINT_MARK, FIRST_DATA_MARK)
+    return (
+        [sys.executable, str(Path(__file__).with_name("textual_plain.py"))],
+        {"PYTHONPYCACHEPREFIX": str(pycache)},
+        FIRST_PAINT_MARK,
+        FIRST_DATA_MARK,
+    )
 
 
 def nvitop_tui(nvitop: str, pids: list[int]) -> tuple[list[str], dict, bytes, bytes]:
     """nvitop on the simulated NVML (bench/nvitop_shim): 8 GPUs, `pids` spread over them."""
-    env = {"PYTHONPATH": str(Path(__file__).with_name("nvitop_shim")), "GPUWATCH_TESTS": str(TESTS),
-           "NVITOP_FAKE_PIDS": ",".join(map(str, pids))}
-    return [nvitop, "--interval", "1", "--readonly"], env, b"Processes", b"700W"  # at 80x24 it shows no processes
+    env = {
+        "PYTHONPATH": str(Path(__file__).with_name("nvitop_shim")),
+        "GPUWATCH_TESTS": str(TESTS),
+        "NVITOP_FAKE_PIDS": ",".join(map(str, pids)),
+    }
+    return (
+        [nvitop, "--interval", "1", "--readonly"],
+        env,
+        b"Processes",
+        b"700W",
+    )  # at 80x24 it shows no processes
 
 
 def measure(tool: tuple[list[str], dict, bytes, bytes], cols: int, rows: int, seconds: float) -> dict:
@@ -160,10 +184,15 @@ def measure(tool: tuple[list[str], dict, bytes, bytes], cols: int, rows: int, se
     stop.set()
     thread.join()
     os.close(fd)
-    return {"first_paint_s": first_paint[0], "first_data_s": first_data[0],
-            "cpu_pct": (cpu1 - cpu0) / (t1 - t0) * 100,
-            "bytes_per_s": (bytes1 - bytes0) / (t1 - t0), "rss_bytes": rss, "rss_start_bytes": rss0,
-            "by_row": {row: n / (t1 - t0) for row, n in bytes_by_row(bytes(window)).items()}}
+    return {
+        "first_paint_s": first_paint[0],
+        "first_data_s": first_data[0],
+        "cpu_pct": (cpu1 - cpu0) / (t1 - t0) * 100,
+        "bytes_per_s": (bytes1 - bytes0) / (t1 - t0),
+        "rss_bytes": rss,
+        "rss_start_bytes": rss0,
+        "by_row": {row: n / (t1 - t0) for row, n in bytes_by_row(bytes(window)).items()},
+    }
 
 
 CURSOR_TO = re.compile(rb"\x1b\[(\d+);\d+H")
@@ -189,25 +218,40 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--by-row", action="store_true", help="also print terminal bytes/s per screen row")
-    parser.add_argument("--soak", type=float, default=0, metavar="SECONDS",
-                        help="also keep gpuwatch open this long at 160x48 with the daemon writing: RSS at start and end")
-    parser.add_argument("--nvitop", metavar="PATH", help="an nvitop executable (in a venv of its own) to "
-                        "measure beside gpuwatch, on the simulated NVML with 50 real processes")
+    parser.add_argument(
+        "--soak",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="also keep gpuwatch open this long at 160x48 with the daemon writing: RSS at start and end",
+    )
+    parser.add_argument(
+        "--nvitop",
+        metavar="PATH",
+        help="an nvitop executable (in a venv of its own) to "
+        "measure beside gpuwatch, on the simulated NVML with 50 real processes",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bench.db"
         writer = make_db(db)
         gpuwatch = gpuwatch_tui(db, Path(tmp) / "pycache")
         plain = textual_plain(Path(tmp) / "pycache")
-        print(f"gpuwatch tui, 8 GPUs / 50 processes / 20 runs, refresh 1 s, {args.seconds:.0f} s windows, "
-              f"load average {os.getloadavg()[0]:.1f}")
+        print(
+            f"gpuwatch tui, 8 GPUs / 50 processes / 20 runs, refresh 1 s, {args.seconds:.0f} s windows, "
+            f"load average {os.getloadavg()[0]:.1f}"
+        )
         cold = measure(gpuwatch, 80, 24, 1)
-        print(f"cold start (no bytecode cache yet): first paint {_secs(cold['first_paint_s'])}, "
-              f"first data {_secs(cold['first_data_s'])}")
+        print(
+            f"cold start (no bytecode cache yet): first paint {_secs(cold['first_paint_s'])}, "
+            f"first data {_secs(cold['first_data_s'])}"
+        )
         sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(50)] if args.nvitop else []
         try:
-            print(f"{'tool':>8}  {'size':>7}  {'data':>6}  {'first paint':>11}  {'first data':>10}  "
-                  f"{'CPU % of a core':>15}  {'terminal B/s':>12}  {'RSS MB':>6}")
+            print(
+                f"{'tool':>8}  {'size':>7}  {'data':>6}  {'first paint':>11}  {'first data':>10}  "
+                f"{'CPU % of a core':>15}  {'terminal B/s':>12}  {'RSS MB':>6}"
+            )
             for cols, rows in ((80, 24), (160, 48)):
                 runs = [("gpuwatch", "idle"), ("gpuwatch", "daemon"), ("textual", "plain")]
                 if args.nvitop:
@@ -216,18 +260,27 @@ def main() -> None:
                     sampler = ProcessChurn(writer) if mode == "daemon" else None
                     if sampler:
                         sampler.start()
-                    tool = (gpuwatch if name == "gpuwatch" else plain if name == "textual"
-                            else nvitop_tui(args.nvitop, [p.pid for p in sleepers]))
+                    tool = (
+                        gpuwatch
+                        if name == "gpuwatch"
+                        else plain
+                        if name == "textual"
+                        else nvitop_tui(args.nvitop, [p.pid for p in sleepers])
+                    )
                     r = measure(tool, cols, rows, args.seconds)
                     if sampler:
                         sampler.stopped.set()
                         sampler.join()
-                    print(f"{name:>8}  {cols:>3}x{rows:<3}  {mode:>6}  {_secs(r['first_paint_s']):>11}  "
-                          f"{_secs(r['first_data_s']):>10}  {r['cpu_pct']:>15.2f}  {r['bytes_per_s']:>12.0f}  "
-                          f"{r['rss_bytes'] / 1e6:>6.1f}")
+                    print(
+                        f"{name:>8}  {cols:>3}x{rows:<3}  {mode:>6}  {_secs(r['first_paint_s']):>11}  "
+                        f"{_secs(r['first_data_s']):>10}  {r['cpu_pct']:>15.2f}  {r['bytes_per_s']:>12.0f}  "
+                        f"{r['rss_bytes'] / 1e6:>6.1f}"
+                    )
                     if args.by_row:
-                        print("          bytes/s by row: " + "  ".join(
-                            f"{row}:{n:.0f}" for row, n in sorted(r["by_row"].items()) if n >= 1))
+                        print(
+                            "          bytes/s by row: "
+                            + "  ".join(f"{row}:{n:.0f}" for row, n in sorted(r["by_row"].items()) if n >= 1)
+                        )
         finally:
             for p in sleepers:
                 p.kill()
@@ -238,10 +291,14 @@ def main() -> None:
             r = measure(gpuwatch, 160, 48, args.soak)
             sampler.stopped.set()
             sampler.join()
-            print(f"left open {args.soak:.0f} s at 160x48, daemon writing: RSS {r['rss_start_bytes'] / 1e6:.1f} MB "
-                  f"-> {r['rss_bytes'] / 1e6:.1f} MB, CPU {r['cpu_pct']:.2f} %")
-        print(f"goals: first paint <= 1.5 s; CPU <= 1 %; <= 1000 B/s at 80x24 (and <= 2x nvitop's), "
-              f"<= 2000 B/s at 160x48; RSS <= 40 MB; load average now {os.getloadavg()[0]:.1f}")
+            print(
+                f"left open {args.soak:.0f} s at 160x48, daemon writing: RSS {r['rss_start_bytes'] / 1e6:.1f} MB "
+                f"-> {r['rss_bytes'] / 1e6:.1f} MB, CPU {r['cpu_pct']:.2f} %"
+            )
+        print(
+            f"goals: first paint <= 1.5 s; CPU <= 1 %; <= 1000 B/s at 80x24 (and <= 2x nvitop's), "
+            f"<= 2000 B/s at 160x48; RSS <= 40 MB; load average now {os.getloadavg()[0]:.1f}"
+        )
         writer.close()
 
 

@@ -42,12 +42,16 @@ def main() -> None:
         make_db(db).close()
         server, url = start_web(db)
         try:
-            print(f"gpuwatch tui --web, 8 GPUs / 50 processes / 20 runs, {args.seconds:.0f} s windows, "
-                  f"load average {os.getloadavg()[0]:.1f}")
+            print(
+                f"gpuwatch tui --web, 8 GPUs / 50 processes / 20 runs, {args.seconds:.0f} s windows, "
+                f"load average {os.getloadavg()[0]:.1f}"
+            )
             proc = psutil.Process(server.pid)
             time.sleep(2)
-            print(f"server alone, no browser: CPU {cpu_pct([proc], args.seconds):.2f} % of a core, "
-                  f"RSS {proc.memory_info().rss / 1e6:.1f} MB")
+            print(
+                f"server alone, no browser: CPU {cpu_pct([proc], args.seconds):.2f} % of a core, "
+                f"RSS {proc.memory_info().rss / 1e6:.1f} MB"
+            )
             with sync_playwright() as p:
                 browser = launch_chromium(p)
                 try:
@@ -58,16 +62,20 @@ def main() -> None:
                         wait_for_screen(page, "q Quit")  # the footer: the frame is on screen
                         painted = time.monotonic() - start
                         wait_for_screen(page, "GPU processes: 50")
-                        print(f"{attempt} page load: page loaded {loaded:.2f} s, first paint {painted:.2f} s, "
-                              f"process table {time.monotonic() - start:.2f} s")
+                        print(
+                            f"{attempt} page load: page loaded {loaded:.2f} s, first paint {painted:.2f} s, "
+                            f"process table {time.monotonic() - start:.2f} s"
+                        )
                         if attempt == "first":
                             page.close()
                             time.sleep(1)
                     time.sleep(3)  # let start-up work settle
                     procs = [proc] + proc.children(recursive=True)
                     pct = cpu_pct(procs, args.seconds)
-                    print(f"a tab open, nothing changing: CPU {pct:.2f} % of a core (server + {len(procs) - 1} "
-                          f"app process), RSS {sum(q.memory_info().rss for q in procs) / 1e6:.1f} MB")
+                    print(
+                        f"a tab open, nothing changing: CPU {pct:.2f} % of a core (server + {len(procs) - 1} "
+                        f"app process), RSS {sum(q.memory_info().rss for q in procs) / 1e6:.1f} MB"
+                    )
                 finally:
                     browser.close()
         finally:

@@ -51,17 +51,64 @@ def build(path: Path) -> None:
     rnd = random.Random(1)
     conn = open_rw(path)
     conn.execute("BEGIN")
-    insert_rows(conn, "gpus", [dict(gpu_index=i, uuid=f"GPU-{i}", name="NVIDIA H100 (simulated)",
-                                    power_limit_mw=700_000, first_seen_ms=T0, last_seen_ms=T0 + DAY_S * 1000)
-                               for i in range(8)])
-    insert_rows(conn, "runs", [dict(run_id="million", name="long-seq", uid=1000, user="alice", pid=1000,
-                                    status="finished", started_ms=T0, ended_ms=T0 + DAY_S * 1000, gpu_uuids="0",
-                                    command="python train.py")])
-    insert_rows(conn, "processes", [
-        dict(pid=1000, start_ms=T0, uid=1000, user="alice", cmdline="python train.py", run_id="million",
-             first_seen_ms=T0, last_seen_ms=T0 + DAY_S * 1000),
-        dict(pid=8812, start_ms=T0, uid=1001, user="bob", cmdline="python other.py",
-             first_seen_ms=T0 + INJECTED["cotenant"][0] * 1000, last_seen_ms=T0 + INJECTED["cotenant"][1] * 1000)])
+    insert_rows(
+        conn,
+        "gpus",
+        [
+            dict(
+                gpu_index=i,
+                uuid=f"GPU-{i}",
+                name="NVIDIA H100 (simulated)",
+                power_limit_mw=700_000,
+                first_seen_ms=T0,
+                last_seen_ms=T0 + DAY_S * 1000,
+            )
+            for i in range(8)
+        ],
+    )
+    insert_rows(
+        conn,
+        "runs",
+        [
+            dict(
+                run_id="million",
+                name="long-seq",
+                uid=1000,
+                user="alice",
+                pid=1000,
+                status="finished",
+                started_ms=T0,
+                ended_ms=T0 + DAY_S * 1000,
+                gpu_uuids="0",
+                command="python train.py",
+            )
+        ],
+    )
+    insert_rows(
+        conn,
+        "processes",
+        [
+            dict(
+                pid=1000,
+                start_ms=T0,
+                uid=1000,
+                user="alice",
+                cmdline="python train.py",
+                run_id="million",
+                first_seen_ms=T0,
+                last_seen_ms=T0 + DAY_S * 1000,
+            ),
+            dict(
+                pid=8812,
+                start_ms=T0,
+                uid=1001,
+                user="bob",
+                cmdline="python other.py",
+                first_seen_ms=T0 + INJECTED["cotenant"][0] * 1000,
+                last_seen_ms=T0 + INJECTED["cotenant"][1] * 1000,
+            ),
+        ],
+    )
     base_ms = DAY_S * 1000 / STEPS * 0.93  # room for the slow windows and pauses within the day
     t, rows = float(T0), []
     for step in range(1, STEPS + 1):
@@ -71,13 +118,19 @@ def build(path: Path) -> None:
         t += ms
         rows.append(("million", step, int(t), 4096, ms, 4096 / ms * 1000, 2.0))
         if len(rows) == 100_000:
-            conn.executemany("INSERT INTO steps (run_id, step, ts_ms, tokens, step_time_ms, tokens_per_s, loss) "
-                             "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            conn.executemany(
+                "INSERT INTO steps (run_id, step, ts_ms, tokens, step_time_ms, tokens_per_s, loss) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
             rows = []
         if step % 100_000 == 0:
             print(f"  steps {step:,}", file=sys.stderr)
-    conn.executemany("INSERT INTO steps (run_id, step, ts_ms, tokens, step_time_ms, tokens_per_s, loss) "
-                     "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    conn.executemany(
+        "INSERT INTO steps (run_id, step, ts_ms, tokens, step_time_ms, tokens_per_s, loss) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
     thr_a, thr_b, _ = INJECTED["throttle"]
     hog_a, hog_b, _ = INJECTED["cpu_hog"]
     co_a, co_b, _ = INJECTED["cotenant"]
@@ -87,24 +140,46 @@ def build(path: Path) -> None:
         conn.executemany(
             "INSERT INTO gpu_samples (gpu_index, ts_ms, gpu_util_pct, sm_clock_mhz, power_mw, temp_c, "
             "throttle_reasons, mem_used_bytes) VALUES (?, ?, 95, ?, ?, ?, ?, ?)",
-            [(g, ts, 1410 if throttled and g == 0 else 1980, 700_000 if throttled and g == 0 else 400_000,
-              83 if throttled and g == 0 else 60, 4 if throttled and g == 0 else 0, 30 * GIB) for g in range(8)])
-        conn.execute("INSERT INTO host_samples (ts_ms, cpu_pct, load1, swap_in_bytes, swap_out_bytes, "
-                     "page_cache_bytes) VALUES (?, ?, 2.0, 0, 0, ?)", (ts, 97.0 if hog_a <= s < hog_b else 30.0,
-                                                                       40 * GIB))
+            [
+                (
+                    g,
+                    ts,
+                    1410 if throttled and g == 0 else 1980,
+                    700_000 if throttled and g == 0 else 400_000,
+                    83 if throttled and g == 0 else 60,
+                    4 if throttled and g == 0 else 0,
+                    30 * GIB,
+                )
+                for g in range(8)
+            ],
+        )
+        conn.execute(
+            "INSERT INTO host_samples (ts_ms, cpu_pct, load1, swap_in_bytes, swap_out_bytes, "
+            "page_cache_bytes) VALUES (?, ?, 2.0, 0, 0, ?)",
+            (ts, 97.0 if hog_a <= s < hog_b else 30.0, 40 * GIB),
+        )
         if s % 5 == 0:
-            conn.execute("INSERT INTO gpu_process_samples (gpu_index, pid, ts_ms, used_mem_bytes, sm_util_pct) "
-                         "VALUES (0, 1000, ?, ?, 90)", (ts, 30 * GIB))
+            conn.execute(
+                "INSERT INTO gpu_process_samples (gpu_index, pid, ts_ms, used_mem_bytes, sm_util_pct) "
+                "VALUES (0, 1000, ?, ?, 90)",
+                (ts, 30 * GIB),
+            )
             if co_a <= s < co_b:
-                conn.execute("INSERT INTO gpu_process_samples (gpu_index, pid, ts_ms, used_mem_bytes, sm_util_pct) "
-                             "VALUES (0, 8812, ?, ?, 40)", (ts, 10 * GIB))
+                conn.execute(
+                    "INSERT INTO gpu_process_samples (gpu_index, pid, ts_ms, used_mem_bytes, sm_util_pct) "
+                    "VALUES (0, 8812, ?, ?, 40)",
+                    (ts, 10 * GIB),
+                )
             top = [(1000, "alice", "python train.py", 100.0)] + [
-                (300 + k, "root", f"/usr/sbin/daemon{k}", 1.0) for k in range(4)]
+                (300 + k, "root", f"/usr/sbin/daemon{k}", 1.0) for k in range(4)
+            ]
             if hog_a <= s < hog_b:
                 top.append((7777, "carol", "python preprocess.py", 170.0))
-            conn.executemany("INSERT INTO host_top_processes (ts_ms, pid, start_ms, user, cmdline, cpu_pct, "
-                             "rss_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                             [(ts, pid, T0, user, cmd, cpu, GIB) for pid, user, cmd, cpu in top])
+            conn.executemany(
+                "INSERT INTO host_top_processes (ts_ms, pid, start_ms, user, cmdline, cpu_pct, "
+                "rss_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(ts, pid, T0, user, cmd, cpu, GIB) for pid, user, cmd, cpu in top],
+            )
     conn.execute("COMMIT")
     conn.close()
 
@@ -124,11 +199,25 @@ def main() -> None:
     walls, rss = [], []
     for _ in range(args.repeat):
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", "import resource, sys; from gpuwatch.cli import main\n"
-                               "try:\n main(sys.argv[1:])\nexcept SystemExit: pass\n"
-                               "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)",
-                               "why", "--db", str(path), "million", "--format", "json"],
-                              capture_output=True, text=True, env=env, timeout=600)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import resource, sys; from gpuwatch.cli import main\n"
+                "try:\n main(sys.argv[1:])\nexcept SystemExit: pass\n"
+                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)",
+                "why",
+                "--db",
+                str(path),
+                "million",
+                "--format",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
         walls.append(time.perf_counter() - started)
         rss.append(int(done.stderr.strip().splitlines()[-1]) * 1024)
         doc = json.loads(done.stdout)
@@ -142,16 +231,25 @@ def main() -> None:
         inproc.append(time.perf_counter() - started)
         cpu.append(time.process_time() - started_cpu)
     conn.close()
-    found = [(s["first_step"], s["last_step"], round(s["slower_pct"]), s["causes"][0]["kind"]) for s in doc["slowdowns"]]
+    found = [
+        (s["first_step"], s["last_step"], round(s["slower_pct"]), s["causes"][0]["kind"])
+        for s in doc["slowdowns"]
+    ]
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (2 cores shared)")
-    print(f"database {path.stat().st_size / GIB:.2f} GiB: {STEPS:,} steps, {DAY_S:,} s of 8-GPU, host and process samples")
+    print(
+        f"database {path.stat().st_size / GIB:.2f} GiB: {STEPS:,} steps, {DAY_S:,} s of 8-GPU, host and process samples"
+    )
     print("| what | figure | goal |")
     print("|---|---|---|")
-    print(f"| `gpuwatch why` wall time, fresh process, imports included (best of {args.repeat}) | "
-          f"{min(walls):.2f} s (median {sorted(walls)[len(walls) // 2]:.2f} s) | <= 1 s |")
+    print(
+        f"| `gpuwatch why` wall time, fresh process, imports included (best of {args.repeat}) | "
+        f"{min(walls):.2f} s (median {sorted(walls)[len(walls) // 2]:.2f} s) | <= 1 s |"
+    )
     print(f"| `analyse()` in process, wall (best of {args.repeat}) | {min(inproc):.2f} s | <= 1 s |")
-    print(f"| `analyse()` in process, CPU time (best of {args.repeat}; what it costs on an idle core) | "
-          f"{min(cpu):.2f} s | <= 1 s |")
+    print(
+        f"| `analyse()` in process, CPU time (best of {args.repeat}; what it costs on an idle core) | "
+        f"{min(cpu):.2f} s | <= 1 s |"
+    )
     print(f"| peak RSS of `gpuwatch why` | {max(rss) / (1 << 20):.0f} MiB | - |")
     print(f"| slowdowns found (injected: {len(INJECTED)}) | {len(found)} | {len(INJECTED)} |")
     for f in found:

@@ -44,6 +44,7 @@ def _timed(fn):
         finally:
             _spent[0] += _clock() - started
             _depth.in_hook = False
+
     return timed
 
 
@@ -52,6 +53,7 @@ def _marking_steps(step):
         result = step(*args, **kwargs)
         _steps.append((_clock(), _spent[0]))  # read in the outer hook: this step's own cost is in the next
         return result
+
     return marked
 
 

@@ -18,7 +18,12 @@ GPUS, PROCESSES, PROCESS_EVERY_S = 8, 50, 5
 
 
 class PlainApp(App):
-    BINDINGS = [("q", "quit", "Quit"), ("r", "noop", "Runs"), ("o", "noop", "OOMs"), ("question_mark", "noop", "Help")]
+    BINDINGS = [
+        ("q", "quit", "Quit"),
+        ("r", "noop", "Runs"),
+        ("o", "noop", "OOMs"),
+        ("question_mark", "noop", "Help"),
+    ]
 
     def __init__(self) -> None:
         super().__init__()
@@ -37,8 +42,16 @@ class PlainApp(App):
         for name in ("GPU", "PID", "USER", "MEM", "SM%", "CPU%", "COMMAND"):
             table.add_column(name, key=name)
         for k in range(PROCESSES):
-            table.add_row(str(k % GPUS), str(10_000 + k), "alice", f"{(k + 1) / 4:.1f}G", "0", "0",
-                          "python train.py --seq-len 32768", key=str(k))
+            table.add_row(
+                str(k % GPUS),
+                str(10_000 + k),
+                "alice",
+                f"{(k + 1) / 4:.1f}G",
+                "0",
+                "0",
+                "python train.py --seq-len 32768",
+                key=str(k),
+            )
         self.tick()
         self.set_interval(1, self.tick)
 
@@ -49,7 +62,8 @@ class PlainApp(App):
             util = (self.ticks * 7 + k * 13) % 100
             self.query_one(f"#gpu{k}", Static).update(
                 f"{k:>3} {'█' * (util // 10):<10} {util:>3}% {40 + k}.0G/80.0G {55 + self.ticks % 5}°C "
-                f"{300 + self.ticks % 50}W/700W ok")
+                f"{300 + self.ticks % 50}W/700W ok"
+            )
         if self.ticks % PROCESS_EVERY_S == 0:
             table = self.query_one(DataTable)
             for k in range(PROCESSES):

@@ -84,6 +84,7 @@ class Worker:
                 future.set_result(value)
             else:
                 future.set_exception(value)  # type: ignore[arg-type]
+
         self.start(fn, done)
         return future
 
@@ -128,8 +129,9 @@ class _Countdown:
                 self.all_done.set()
 
 
-def gather(jobs: list[tuple[Worker, Callable[[], object] | None]], deadline_s: float,
-           max_wait_s: float) -> dict[Worker, object]:
+def gather(
+    jobs: list[tuple[Worker, Callable[[], object] | None]], deadline_s: float, max_wait_s: float
+) -> dict[Worker, object]:
     """Run each job in its worker side by side; {worker: its result, HUNG or LATE}.
 
     A job of None watches a worker still busy with an earlier round's job: HUNG if the call it
@@ -149,8 +151,7 @@ def gather(jobs: list[tuple[Worker, Callable[[], object] | None]], deadline_s: f
     while True:
         now = time.monotonic()
         waiting = [w for w in asked if w.busy and w not in hung]
-        blocked = [w for w in waiting + watched
-                   if w not in hung and w.in_call_s(now) > deadline_s]
+        blocked = [w for w in waiting + watched if w not in hung and w.in_call_s(now) > deadline_s]
         if blocked:
             found = _still_blocked(blocked, deadline_s)
             if found is None or (not found and now >= give_up):

@@ -22,6 +22,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 @dataclass(frozen=True)
 class HostSample:
     """One tick of the host; the columns of `host_samples`. Disk and net are cumulative."""
+
     ts_ms: int
     cpu_pct: float | None
     load1: float
@@ -73,7 +74,7 @@ class _ProcFile:
 
 def _busy_and_total(proc_stat: bytes) -> tuple[int, int]:
     """Busy and total clock ticks of all CPUs from the first line of /proc/stat."""
-    ticks = [int(v) for v in proc_stat[:proc_stat.index(b"\n")].split()[1:]]
+    ticks = [int(v) for v in proc_stat[: proc_stat.index(b"\n")].split()[1:]]
     ticks += [0] * (10 - len(ticks))
     user, nice, system, idle, iowait, irq, softirq, steal, guest, guest_nice = ticks[:10]
     # On Linux guest time is already inside user/nice; count it once, as psutil does.
@@ -100,7 +101,7 @@ def _swap_in_out(vmstat: bytes | None) -> tuple[int | None, int | None]:
         if at < 0:
             return None, None
         start = at + len(key)
-        found.append(int(vmstat[start:vmstat.index(b"\n", start)]) * _PAGE)
+        found.append(int(vmstat[start : vmstat.index(b"\n", start)]) * _PAGE)
     return found[0], found[1]
 
 
@@ -144,8 +145,13 @@ class HostCollector:
             vm, swap = psutil.virtual_memory(), psutil.swap_memory()
             return vm.total, vm.used, vm.available, swap.used, vm.cached
         cached = mem.get(b"Cached:")
-        return (total, total - avail, avail, mem.get(b"SwapTotal:", 0) - mem.get(b"SwapFree:", 0),
-                None if cached is None else cached + mem.get(b"SReclaimable:", 0))
+        return (
+            total,
+            total - avail,
+            avail,
+            mem.get(b"SwapTotal:", 0) - mem.get(b"SwapFree:", 0),
+            None if cached is None else cached + mem.get(b"SReclaimable:", 0),
+        )
 
     def _disk_bytes(self) -> tuple[int | None, int | None]:
         text = self._diskstats.read()
@@ -158,8 +164,7 @@ class HostCollector:
             name = fields[2]
             is_disk = self._is_disk.get(name)
             if is_disk is None:
-                is_disk = self._is_disk[name] = os.path.exists(
-                    b"/sys/block/" + name.replace(b"/", b"!"))
+                is_disk = self._is_disk[name] = os.path.exists(b"/sys/block/" + name.replace(b"/", b"!"))
             if is_disk:
                 found = True
                 read += int(fields[5]) * 512
@@ -194,7 +199,9 @@ class HostCollector:
         return HostSample(
             ts_ms=ts_ms,
             cpu_pct=self._cpu_pct(),
-            load1=load1, load5=load5, load15=load15,
+            load1=load1,
+            load5=load5,
+            load15=load15,
             mem_total_bytes=total,
             mem_used_bytes=used,
             mem_available_bytes=avail,
@@ -213,6 +220,7 @@ class HostCollector:
 
 
 # -- cgroups ------------------------------------------------------------------------------------
+
 
 def _read(path: Path) -> str | None:
     try:
@@ -242,8 +250,9 @@ def _memory_cgroup(pid: int | None, root: Path, proc: Path) -> tuple[int, Path] 
     return 2, v2 if v2.is_dir() else root
 
 
-def cgroup_memory_limit_bytes(pid: int | None = None, *, root: Path = CGROUP_ROOT,
-                              proc: Path = PROC_ROOT) -> int | None:
+def cgroup_memory_limit_bytes(
+    pid: int | None = None, *, root: Path = CGROUP_ROOT, proc: Path = PROC_ROOT
+) -> int | None:
     """The memory limit that binds pid (default: this process), or None if unlimited/unknown.
 
     cgroup v2: the smallest memory.max from the process's cgroup up to the root, since a
@@ -255,8 +264,11 @@ def cgroup_memory_limit_bytes(pid: int | None = None, *, root: Path = CGROUP_ROO
     version, directory = found
     if version == 1:
         stat = _read(directory / "memory.stat") or ""
-        limits = [int(line.split()[1]) for line in stat.splitlines()
-                  if line.startswith("hierarchical_memory_limit ")]
+        limits = [
+            int(line.split()[1])
+            for line in stat.splitlines()
+            if line.startswith("hierarchical_memory_limit ")
+        ]
         if not limits:
             raw = (_read(directory / "memory.limit_in_bytes") or "").strip()
             limits = [int(raw)] if raw.isdigit() else []
@@ -271,8 +283,9 @@ def cgroup_memory_limit_bytes(pid: int | None = None, *, root: Path = CGROUP_ROO
     return min(limits) if limits else None
 
 
-def cgroup_oom_kills(pid: int | None = None, *, root: Path = CGROUP_ROOT,
-                     proc: Path = PROC_ROOT) -> int | None:
+def cgroup_oom_kills(
+    pid: int | None = None, *, root: Path = CGROUP_ROOT, proc: Path = PROC_ROOT
+) -> int | None:
     """How many processes the kernel OOM-killed in pid's memory cgroup; None if unknown."""
     found = _memory_cgroup(pid, root, proc)
     if found is None:

@@ -60,6 +60,7 @@ class NvmlUnavailable(Exception):
 @dataclass(frozen=True)
 class GpuStatic:
     """Facts read once per GPU; the columns of table `gpus` less first/last seen and state."""
+
     gpu_index: int
     uuid: str
     name: str | None
@@ -74,6 +75,7 @@ class GpuStatic:
 @dataclass(frozen=True)
 class GpuSample:
     """One tick of one GPU; the columns of `gpu_samples`. None = not available on this GPU."""
+
     gpu_index: int
     ts_ms: int
     gpu_util_pct: int | None = None
@@ -104,6 +106,7 @@ class GpuProcessSample:
     rss_bytes and cpu_pct come from the host side (ProcessCollector.usage); the caller fills
     them with dataclasses.replace.
     """
+
     gpu_index: int
     pid: int
     ts_ms: int
@@ -113,19 +116,20 @@ class GpuProcessSample:
     mem_util_pct: int | None
     rss_bytes: int | None = None
     cpu_pct: float | None = None
-    gpu_instance_id: int | None = None      # the MIG device it runs on; None off MIG
+    gpu_instance_id: int | None = None  # the MIG device it runs on; None off MIG
     compute_instance_id: int | None = None
 
 
 @dataclass(frozen=True)
 class MigStatic:
     """A MIG device's facts; the columns of table `mig_devices` less first/last seen."""
-    gpu_index: int                          # the parent GPU
+
+    gpu_index: int  # the parent GPU
     gpu_instance_id: int
     compute_instance_id: int
-    uuid: str                               # "MIG-..."
-    name: str | None                        # as the driver gives it: "<GPU name> MIG 1g.10gb"
-    profile: str | None                     # "1g.10gb"; "1c.3g.40gb" for a share of a GPU instance
+    uuid: str  # "MIG-..."
+    name: str | None  # as the driver gives it: "<GPU name> MIG 1g.10gb"
+    profile: str | None  # "1g.10gb"; "1c.3g.40gb" for a share of a GPU instance
     mem_total_bytes: int | None
     sm_count: int | None
 
@@ -134,6 +138,7 @@ class MigStatic:
 class MigSample:
     """One tick of one MIG device; the columns of `mig_samples`. Most drivers give no
     utilisation for a MIG device: None then, which is "not available", not 0."""
+
     gpu_index: int
     gpu_instance_id: int
     compute_instance_id: int
@@ -148,25 +153,29 @@ class MigSample:
 class GpuProfSample:
     """GPM (GPU performance monitoring, Hopper and later) figures of one GPU over the interval
     since its previous tick; the columns of `gpu_prof_samples`. Each 0-100; None = not given."""
+
     gpu_index: int
     ts_ms: int
-    sm_active_pct: float | None = None      # SMs with at least one warp (DCGM_FI_PROF_SM_ACTIVE)
-    sm_occupancy_pct: float | None = None   # resident warps vs the maximum (..._SM_OCCUPANCY)
+    sm_active_pct: float | None = None  # SMs with at least one warp (DCGM_FI_PROF_SM_ACTIVE)
+    sm_occupancy_pct: float | None = None  # resident warps vs the maximum (..._SM_OCCUPANCY)
     tensor_active_pct: float | None = None  # any tensor pipe active (..._PIPE_TENSOR_ACTIVE)
-    dram_active_pct: float | None = None    # DRAM bandwidth used vs the peak (..._DRAM_ACTIVE)
+    dram_active_pct: float | None = None  # DRAM bandwidth used vs the peak (..._DRAM_ACTIVE)
 
 
 # GpuProfSample's fields and the NVML GPM metric each is read from.
-GPM_METRICS = (("sm_active_pct", "NVML_GPM_METRIC_SM_UTIL"),
-               ("sm_occupancy_pct", "NVML_GPM_METRIC_SM_OCCUPANCY"),
-               ("tensor_active_pct", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
-               ("dram_active_pct", "NVML_GPM_METRIC_DRAM_BW_UTIL"))
+GPM_METRICS = (
+    ("sm_active_pct", "NVML_GPM_METRIC_SM_UTIL"),
+    ("sm_occupancy_pct", "NVML_GPM_METRIC_SM_OCCUPANCY"),
+    ("tensor_active_pct", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+    ("dram_active_pct", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
+)
 _GPM = "gpm"  # the _call key of every GPM call: one refusal switches GPM off for that GPU
 
 
 @dataclass(frozen=True)
 class XidEvent:
     """A critical XID error reported by the driver; the columns of `xid_events`."""
+
     ts_ms: int
     gpu_index: int  # -1 when the driver could not say which GPU
     xid: int
@@ -248,12 +257,21 @@ class NvmlCollector:
         init_deadline = max(deadline_s, INIT_DEADLINE_S)
         self._system = Worker("gpuwatch-nvml")
         n = self._nvml
-        self._not_available = {n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_NO_PERMISSION,
-                               n.NVML_ERROR_NOT_FOUND, n.NVML_ERROR_FUNCTION_NOT_FOUND,
-                               n.NVML_ERROR_ARGUMENT_VERSION_MISMATCH, n.NVML_ERROR_TIMEOUT}
+        self._not_available = {
+            n.NVML_ERROR_NOT_SUPPORTED,
+            n.NVML_ERROR_NO_PERMISSION,
+            n.NVML_ERROR_NOT_FOUND,
+            n.NVML_ERROR_FUNCTION_NOT_FOUND,
+            n.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+            n.NVML_ERROR_TIMEOUT,
+        }
         # Permanent answers: the same call will never work on this GPU and driver.
-        self._never = {n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_NO_PERMISSION,
-                       n.NVML_ERROR_FUNCTION_NOT_FOUND, n.NVML_ERROR_ARGUMENT_VERSION_MISMATCH}
+        self._never = {
+            n.NVML_ERROR_NOT_SUPPORTED,
+            n.NVML_ERROR_NO_PERMISSION,
+            n.NVML_ERROR_FUNCTION_NOT_FOUND,
+            n.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+        }
         self._lost_codes = {n.NVML_ERROR_GPU_IS_LOST, n.NVML_ERROR_RESET_REQUIRED}
         self._warned: set = set()
         self._closed = False
@@ -265,18 +283,23 @@ class NvmlCollector:
             count, self._driver, self._cuda = self._system.call(self._init_library, init_deadline)
         except TimeoutError:
             self._system.close()
-            raise NvmlUnavailable(f"NVML unavailable: nvmlInit did not answer within {init_deadline:g} s "
-                                  "(a GPU or the driver hangs; try `nvidia-smi`)") from None
+            raise NvmlUnavailable(
+                f"NVML unavailable: nvmlInit did not answer within {init_deadline:g} s "
+                "(a GPU or the driver hangs; try `nvidia-smi`)"
+            ) from None
         except NvmlUnavailable:
             self._system.close()
             raise
-        self._gpus = [_Gpu(index, None, worker=Worker(f"gpuwatch-nvml-gpu{index}"))
-                      for index in range(count)]
+        self._gpus = [_Gpu(index, None, worker=Worker(f"gpuwatch-nvml-gpu{index}")) for index in range(count)]
         # Lost or hung before its facts could be read: uuid unknown (the column is NOT NULL).
-        self.static: list[GpuStatic] = [GpuStatic(i, "", None, None, None, None, None, self._driver,
-                                                  self._cuda) for i in range(count)]
-        started = gather([(gpu.worker, partial(self._start_gpu, gpu)) for gpu in self._gpus],
-                         init_deadline, 2 * init_deadline)
+        self.static: list[GpuStatic] = [
+            GpuStatic(i, "", None, None, None, None, None, self._driver, self._cuda) for i in range(count)
+        ]
+        started = gather(
+            [(gpu.worker, partial(self._start_gpu, gpu)) for gpu in self._gpus],
+            init_deadline,
+            2 * init_deadline,
+        )
         for gpu in self._gpus:
             if started[gpu.worker] in (HUNG, LATE):  # read once it answers
                 gpu.static_pending = True
@@ -300,15 +323,18 @@ class NvmlCollector:
             count = n.nvmlDeviceGetCount()
         except n.NVMLError as e:
             reasons = {
-                n.NVML_ERROR_LIBRARY_NOT_FOUND:
-                    "the NVIDIA driver library libnvidia-ml.so.1 was not found (no driver installed?)",
+                n.NVML_ERROR_LIBRARY_NOT_FOUND: "the NVIDIA driver library libnvidia-ml.so.1 was not found (no driver installed?)",
                 n.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded",
                 n.NVML_ERROR_NO_PERMISSION: "no permission to open the NVIDIA devices (/dev/nvidia*)",
             }
-            raise NvmlUnavailable(f"NVML unavailable: {reasons.get(e.value, f'nvmlInit failed: {e}')}") from None
+            raise NvmlUnavailable(
+                f"NVML unavailable: {reasons.get(e.value, f'nvmlInit failed: {e}')}"
+            ) from None
         driver = _text(self._call(None, "nvmlSystemGetDriverVersion"))
-        cuda = _cuda_version(self._call(None, "nvmlSystemGetCudaDriverVersion_v2")
-                             or self._call(None, "nvmlSystemGetCudaDriverVersion"))
+        cuda = _cuda_version(
+            self._call(None, "nvmlSystemGetCudaDriverVersion_v2")
+            or self._call(None, "nvmlSystemGetCudaDriverVersion")
+        )
         return count, driver, cuda
 
     def _start_gpu(self, gpu: _Gpu) -> None:
@@ -358,8 +384,9 @@ class NvmlCollector:
         h = gpu.handle
         pci = self._call(gpu, "nvmlDeviceGetPciInfo", h)
         mem = self._call(gpu, "nvmlDeviceGetMemoryInfo", h)
-        power = (self._call(gpu, "nvmlDeviceGetEnforcedPowerLimit", h)
-                 or self._call(gpu, "nvmlDeviceGetPowerManagementLimit", h))
+        power = self._call(gpu, "nvmlDeviceGetEnforcedPowerLimit", h) or self._call(
+            gpu, "nvmlDeviceGetPowerManagementLimit", h
+        )
         return GpuStatic(
             gpu_index=gpu.index,
             uuid=_text(self._call(gpu, "nvmlDeviceGetUUID", h)) or "",
@@ -379,8 +406,9 @@ class NvmlCollector:
         samples, processes, _, _ = self._tick(ts_ms, gpm=False, xids=False)
         return samples, processes
 
-    def sample_tick(self, ts_ms: int) -> tuple[list[GpuSample], list[GpuProcessSample],
-                                                  list[GpuProfSample], list[XidEvent]]:
+    def sample_tick(
+        self, ts_ms: int
+    ) -> tuple[list[GpuSample], list[GpuProcessSample], list[GpuProfSample], list[XidEvent]]:
         """sample(), sample_gpm() and xid_events() in ONE round of the workers (one hand-over
         to each a tick, not three); sample_mig(ts_ms) after it as ever."""
         return self._tick(ts_ms, gpm=True, xids=True)
@@ -403,8 +431,13 @@ class NvmlCollector:
         self.last_tick_ms, self.last_pcie_ms = tick_s * 1000, pcie_s * 1000
         if self.pcie_every == 1 and self.last_pcie_ms > max(PCIE_MIN_MS, PCIE_MAX_SHARE * self.last_tick_ms):
             self.pcie_every = PCIE_SLOW_EVERY
-            log.warning("PCIe throughput reads took %.0f ms of a %.0f ms GPU tick: reading them every %d "
-                        "ticks from now on", self.last_pcie_ms, self.last_tick_ms, PCIE_SLOW_EVERY)
+            log.warning(
+                "PCIe throughput reads took %.0f ms of a %.0f ms GPU tick: reading them every %d "
+                "ticks from now on",
+                self.last_pcie_ms,
+                self.last_tick_ms,
+                PCIE_SLOW_EVERY,
+            )
 
     def _ask_every_gpu(self, job, system_job=None) -> tuple[dict, object]:
         """({gpu index: job(gpu), HUNG or LATE}, system_job() or None) from one round: each
@@ -421,14 +454,17 @@ class NvmlCollector:
             jobs.append((self._system, system_job))
         answers = gather(jobs, self.deadline_s, 2 * self.deadline_s)
         system = answers.get(self._system)
-        return ({gpu.index: answers.get(gpu.worker, HUNG) for gpu in self._gpus},
-                None if system is HUNG or system is LATE else system)
+        return (
+            {gpu.index: answers.get(gpu.worker, HUNG) for gpu in self._gpus},
+            None if system is HUNG or system is LATE else system,
+        )
 
     def _sample_all(self, ts_ms: int, gpm: bool, xids: bool) -> tuple[list, list, list, list]:
         read = partial(self._read_gpu, ts_ms=ts_ms)
         job = (lambda gpu: (read(gpu), self._gpm_of(gpu))) if gpm else (lambda gpu: (read(gpu), None))
         answers, events = self._ask_every_gpu(
-            job, partial(self._read_xids, ts_ms) if xids and self._events is not None else None)
+            job, partial(self._read_xids, ts_ms) if xids and self._events is not None else None
+        )
         gpu_samples: list[GpuSample] = []
         proc_samples: list[GpuProcessSample] = []
         mig_samples: list[MigSample] = []
@@ -464,8 +500,11 @@ class NvmlCollector:
                 gpu.migs_read_ms = ts_ms
             elif not 0 <= ts_ms - gpu.migs_read_ms < MIG_RESCAN_MS:
                 gpu.migs, gpu.migs_read_ms = self._read_migs(gpu, self._mig_mode(gpu)), ts_ms
-            return (self._sample_gpu(gpu, ts_ms), self._sample_processes(gpu, ts_ms),
-                    self._sample_migs(gpu, ts_ms))
+            return (
+                self._sample_gpu(gpu, ts_ms),
+                self._sample_processes(gpu, ts_ms),
+                self._sample_migs(gpu, ts_ms),
+            )
         except _GpuLost:
             if not gpu.lost:
                 log.warning("GPU %d is lost (fell off the bus or needs a reset)", gpu.index)
@@ -475,13 +514,20 @@ class NvmlCollector:
     def _not_responding(self, gpu: _Gpu, ts_ms: int) -> None:
         if gpu.hung_since_ms is None:
             gpu.hung_since_ms = ts_ms
-            log.warning("GPU %d is not responding: an NVML call on it has not returned within %.2g s "
-                        "(sampling the other GPUs and the host on)", gpu.index, self.deadline_s)
+            log.warning(
+                "GPU %d is not responding: an NVML call on it has not returned within %.2g s "
+                "(sampling the other GPUs and the host on)",
+                gpu.index,
+                self.deadline_s,
+            )
 
     def _responding(self, gpu: _Gpu, ts_ms: int) -> None:
         if gpu.hung_since_ms is not None:
-            log.warning("GPU %d answers again after %.0f s not responding", gpu.index,
-                        max(0, ts_ms - gpu.hung_since_ms) / 1000)
+            log.warning(
+                "GPU %d answers again after %.0f s not responding",
+                gpu.index,
+                max(0, ts_ms - gpu.hung_since_ms) / 1000,
+            )
             gpu.hung_since_ms = None
 
     def _recheck(self, gpu: _Gpu) -> None:
@@ -520,10 +566,16 @@ class NvmlCollector:
             fan_pct=call(gpu, "nvmlDeviceGetFanSpeed", h),
             pstate=None if pstate == _PSTATE_UNKNOWN else pstate,
             throttle_reasons=reasons,
-            ecc_corrected=call(gpu, "nvmlDeviceGetTotalEccErrors", h,
-                               n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
-            ecc_uncorrected=call(gpu, "nvmlDeviceGetTotalEccErrors", h,
-                                 n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
+            ecc_corrected=call(
+                gpu, "nvmlDeviceGetTotalEccErrors", h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC
+            ),
+            ecc_uncorrected=call(
+                gpu,
+                "nvmlDeviceGetTotalEccErrors",
+                h,
+                n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                n.NVML_VOLATILE_ECC,
+            ),
         )
 
     def persistence_mode(self, index: int) -> int | None:
@@ -532,8 +584,9 @@ class NvmlCollector:
         if gpu.lost or gpu.worker.busy:
             return None
         try:
-            return gpu.worker.call(partial(self._call, gpu, "nvmlDeviceGetPersistenceMode",
-                                           gpu.handle), self.deadline_s)
+            return gpu.worker.call(
+                partial(self._call, gpu, "nvmlDeviceGetPersistenceMode", gpu.handle), self.deadline_s
+            )
         except (TimeoutError, _GpuLost):
             return None
 
@@ -542,26 +595,32 @@ class NvmlCollector:
             return gpu.pcie
         started = time.perf_counter()
         n, h = self._nvml, gpu.handle
-        gpu.pcie = (self._call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_TX_BYTES),
-                    self._call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_RX_BYTES))
+        gpu.pcie = (
+            self._call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_TX_BYTES),
+            self._call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_RX_BYTES),
+        )
         gpu.pcie_s += time.perf_counter() - started
         return gpu.pcie
 
     def _memory(self, gpu: _Gpu):
         # v2 splits out what the driver reserves; drivers without it fail once, then v1 only.
         v2 = getattr(self._nvml, "nvmlMemory_v2", None)
-        return (self._call(gpu, "nvmlDeviceGetMemoryInfo", gpu.handle, v2) if v2 else None) \
-            or self._call(gpu, "nvmlDeviceGetMemoryInfo", gpu.handle)
+        return (self._call(gpu, "nvmlDeviceGetMemoryInfo", gpu.handle, v2) if v2 else None) or self._call(
+            gpu, "nvmlDeviceGetMemoryInfo", gpu.handle
+        )
 
     def _sample_processes(self, gpu: _Gpu, ts_ms: int) -> list[GpuProcessSample]:
         kinds: dict[int, list[str]] = defaultdict(list)
         mem: dict[int, int | None] = {}
         instance: dict[int, tuple[int | None, int | None]] = {}
         # In MIG mode each MIG device lists its own processes; else the GPU lists them all.
-        sources = [(m.device, (m.static.gpu_instance_id, m.static.compute_instance_id))
-                   for m in gpu.migs] or [(gpu, None)]
-        for kind, name in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
-                           ("graphics", "nvmlDeviceGetGraphicsRunningProcesses")):
+        sources = [
+            (m.device, (m.static.gpu_instance_id, m.static.compute_instance_id)) for m in gpu.migs
+        ] or [(gpu, None)]
+        for kind, name in (
+            ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+            ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+        ):
             used_by_pid: dict[int, int | None] = {}
             for device, ids in sources:
                 for p in self._call(device, name, device.handle) or ():
@@ -579,15 +638,25 @@ class NvmlCollector:
         if not kinds:
             return []
         utils = self._process_utilisation(gpu)
-        return [GpuProcessSample(gpu.index, pid, ts_ms, "+".join(kinds[pid]), mem[pid],
-                                 *utils.get(pid, (None, None)), gpu_instance_id=instance[pid][0],
-                                 compute_instance_id=instance[pid][1])
-                for pid in sorted(kinds)]
+        return [
+            GpuProcessSample(
+                gpu.index,
+                pid,
+                ts_ms,
+                "+".join(kinds[pid]),
+                mem[pid],
+                *utils.get(pid, (None, None)),
+                gpu_instance_id=instance[pid][0],
+                compute_instance_id=instance[pid][1],
+            )
+            for pid in sorted(kinds)
+        ]
 
     def _process_utilisation(self, gpu: _Gpu) -> dict[int, tuple[int, int]]:
         """Mean SM / memory utilisation per pid over the samples newer than the last tick's."""
-        samples = self._call(gpu, "nvmlDeviceGetProcessUtilization", gpu.handle, gpu.last_util_us,
-                             key="process_utilization")
+        samples = self._call(
+            gpu, "nvmlDeviceGetProcessUtilization", gpu.handle, gpu.last_util_us, key="process_utilization"
+        )
         # Drivers may hand back the boundary sample again; count each sample once.
         fresh = [s for s in samples or () if s.timeStamp > gpu.last_util_us]
         if not fresh:
@@ -596,9 +665,10 @@ class NvmlCollector:
         by_pid: dict[int, list] = defaultdict(list)
         for s in fresh:
             by_pid[s.pid].append(s)
-        return {pid: (round(sum(s.smUtil for s in ss) / len(ss)),
-                      round(sum(s.memUtil for s in ss) / len(ss)))
-                for pid, ss in by_pid.items()}
+        return {
+            pid: (round(sum(s.smUtil for s in ss) / len(ss)), round(sum(s.memUtil for s in ss) / len(ss)))
+            for pid, ss in by_pid.items()
+        }
 
     # -- MIG ------------------------------------------------------------------------------------
     def _mig_mode(self, gpu: _Gpu) -> int | None:
@@ -623,11 +693,21 @@ class NvmlCollector:
             name = _text(self._call(device, "nvmlDeviceGetName", handle))
             attrs = self._call(device, "nvmlDeviceGetAttributes", handle)
             mem = self._call(device, "nvmlDeviceGetMemoryInfo", handle)
-            found.append(_Mig(MigStatic(
-                gpu_index=gpu.index, gpu_instance_id=gi, compute_instance_id=ci,
-                uuid=_text(self._call(device, "nvmlDeviceGetUUID", handle)) or "", name=name,
-                profile=_mig_profile(name, attrs), mem_total_bytes=mem.total if mem else None,
-                sm_count=attrs.multiprocessorCount if attrs is not None else None), device))
+            found.append(
+                _Mig(
+                    MigStatic(
+                        gpu_index=gpu.index,
+                        gpu_instance_id=gi,
+                        compute_instance_id=ci,
+                        uuid=_text(self._call(device, "nvmlDeviceGetUUID", handle)) or "",
+                        name=name,
+                        profile=_mig_profile(name, attrs),
+                        mem_total_bytes=mem.total if mem else None,
+                        sm_count=attrs.multiprocessorCount if attrs is not None else None,
+                    ),
+                    device,
+                )
+            )
         return found
 
     def sample_mig(self, ts_ms: int) -> list[MigSample]:
@@ -640,12 +720,18 @@ class NvmlCollector:
         for m in gpu.migs:
             mem = self._memory(m.device)
             util = self._call(m.device, "nvmlDeviceGetUtilizationRates", m.device.handle)
-            samples.append(MigSample(
-                gpu.index, m.static.gpu_instance_id, m.static.compute_instance_id, ts_ms,
-                mem_used_bytes=mem.used if mem is not None else None,
-                mem_free_bytes=mem.free if mem is not None else None,
-                gpu_util_pct=util.gpu if util is not None else None,
-                mem_util_pct=util.memory if util is not None else None))
+            samples.append(
+                MigSample(
+                    gpu.index,
+                    m.static.gpu_instance_id,
+                    m.static.compute_instance_id,
+                    ts_ms,
+                    mem_used_bytes=mem.used if mem is not None else None,
+                    mem_free_bytes=mem.free if mem is not None else None,
+                    gpu_util_pct=util.gpu if util is not None else None,
+                    mem_util_pct=util.memory if util is not None else None,
+                )
+            )
         return samples
 
     # -- GPM (Hopper and later) ------------------------------------------------------------------
@@ -655,8 +741,11 @@ class NvmlCollector:
         GPU without GPM, a lost GPU, or at a GPU's first call. Call it after sample(). Each
         GPU is read in its worker, with the deadline: a hung GPU gives none."""
         answers, _ = self._ask_every_gpu(self._gpm_of)
-        return [GpuProfSample(index, ts_ms, *values) for index, values in sorted(answers.items())
-                if values is not None and values is not HUNG and values is not LATE]
+        return [
+            GpuProfSample(index, ts_ms, *values)
+            for index, values in sorted(answers.items())
+            if values is not None and values is not HUNG and values is not LATE
+        ]
 
     def _gpm_of(self, gpu: _Gpu) -> tuple | None:
         if gpu.lost:
@@ -690,8 +779,10 @@ class NvmlCollector:
             if _GPM in gpu.unsupported:
                 self._free_gpm(gpu)
             return None
-        return tuple(round(m.value, 2) if m.nvmlReturn == n.NVML_SUCCESS and 0 <= m.value <= 100 else None
-                     for m in got.metrics[:len(GPM_METRICS)])
+        return tuple(
+            round(m.value, 2) if m.nvmlReturn == n.NVML_SUCCESS and 0 <= m.value <= 100 else None
+            for m in got.metrics[: len(GPM_METRICS)]
+        )
 
     def _alloc_gpm(self, gpu: _Gpu) -> bool:
         """Two sample buffers for a GPU whose driver says it has GPM; False (for good) if not."""
@@ -736,8 +827,9 @@ class NvmlCollector:
             try:
                 supported = self._call(gpu, "nvmlDeviceGetSupportedEventTypes", gpu.handle)
                 if supported and supported & xid:
-                    self._call(gpu, "nvmlDeviceRegisterEvents", gpu.handle, xid, events,
-                               key="register_events")
+                    self._call(
+                        gpu, "nvmlDeviceRegisterEvents", gpu.handle, xid, events, key="register_events"
+                    )
             except _GpuLost:
                 gpu.lost = True
         return events

@@ -33,6 +33,7 @@ MAX_STAT_FILES = 4096  # /proc/PID/stat files walk() keeps open, at most (a quar
 @dataclass(frozen=True)
 class ProcessInfo:
     """Static facts about one process; the columns of `processes` it can know by itself."""
+
     pid: int
     start_ms: int  # pid + start time name one process across pid reuse
     uid: int | None
@@ -66,15 +67,16 @@ def _parse_stat(text: bytes) -> tuple[int, int, int] | None:
     None for a zombie (exited, not yet reaped).
     """
     # The command name (field 2) is in parentheses and may hold spaces or ')': split after it.
-    fields = text[text.rfind(b")") + 2:].split(None, 22)  # up to rss; the rest left unsplit
+    fields = text[text.rfind(b")") + 2 :].split(None, 22)  # up to rss; the rest left unsplit
     if len(fields) < 22 or fields[0] == b"Z":
         return None
     # fields[i] is field i + 3 of proc(5): utime 14, stime 15, starttime 22, rss 24.
     return int(fields[19]), int(fields[11]) + int(fields[12]), int(fields[21])
 
 
-def _cpu_pct(mark: tuple[int, int, float, int] | None, start_ticks: int, cpu_ticks: int,
-             now: float) -> float | None:
+def _cpu_pct(
+    mark: tuple[int, int, float, int] | None, start_ticks: int, cpu_ticks: int, now: float
+) -> float | None:
     """Whole % of one core since `mark` (start ticks, CPU ticks, monotonic s); None without
     one, or when the pid now names another process (its start time differs)."""
     if mark is None or mark[0] != start_ticks or now <= mark[2]:

@@ -41,7 +41,9 @@ def _has_cap_sys_ptrace(status_path: str = "/proc/self/status") -> bool:
     return False
 
 
-def ptrace_problem(pid: int, scope_path: Path = PTRACE_SCOPE, status_path: str = "/proc/self/status") -> str | None:
+def ptrace_problem(
+    pid: int, scope_path: Path = PTRACE_SCOPE, status_path: str = "/proc/self/status"
+) -> str | None:
     """Why this process may not attach to `pid`, in words a user can act on; None if it may."""
     has_cap = _has_cap_sys_ptrace(status_path)
     try:
@@ -49,21 +51,26 @@ def ptrace_problem(pid: int, scope_path: Path = PTRACE_SCOPE, status_path: str =
     except (OSError, ValueError):
         scope = None  # no Yama: classic rules (same uid, or CAP_SYS_PTRACE)
     if scope == 3:
-        return ("kernel.yama.ptrace_scope=3 forbids all ptrace until reboot; "
-                "set it to 1 or 2 at boot (sysctl) to allow stack dumps")
+        return (
+            "kernel.yama.ptrace_scope=3 forbids all ptrace until reboot; "
+            "set it to 1 or 2 at boot (sysctl) to allow stack dumps"
+        )
     if scope == 2 and not has_cap:
-        return ("kernel.yama.ptrace_scope=2 allows only CAP_SYS_PTRACE to attach; run gpuwatch's "
-                "daemon with AmbientCapabilities=CAP_SYS_PTRACE (the shipped unit does)")
+        return (
+            "kernel.yama.ptrace_scope=2 allows only CAP_SYS_PTRACE to attach; run gpuwatch's "
+            "daemon with AmbientCapabilities=CAP_SYS_PTRACE (the shipped unit does)"
+        )
     try:
         target_uid = os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return f"process {pid} is gone"
     if target_uid != os.geteuid() and not has_cap:
-        return (f"process {pid} belongs to uid {target_uid}; attaching needs the same uid or "
-                "CAP_SYS_PTRACE")
+        return f"process {pid} belongs to uid {target_uid}; attaching needs the same uid or CAP_SYS_PTRACE"
     if scope == 1 and not has_cap:
-        return ("kernel.yama.ptrace_scope=1 lets only a parent attach; set it to 0 "
-                "(sysctl kernel.yama.ptrace_scope=0) or grant CAP_SYS_PTRACE")
+        return (
+            "kernel.yama.ptrace_scope=1 lets only a parent attach; set it to 0 "
+            "(sysctl kernel.yama.ptrace_scope=0) or grant CAP_SYS_PTRACE"
+        )
     return None
 
 
@@ -76,8 +83,12 @@ def dump(pid: int, ts_ms: int, timeout: float = 10.0) -> StackDump:
     if problem is not None:
         return StackDump(pid, ts_ms, None, problem)
     try:
-        proc = subprocess.run([exe, "dump", "--pid", str(pid), "--json", "--nonblocking"],
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [exe, "dump", "--pid", str(pid), "--json", "--nonblocking"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return StackDump(pid, ts_ms, None, f"py-spy took longer than {timeout:.0f}s")
     if proc.returncode != 0:
@@ -97,6 +108,8 @@ def format_stacks(threads: list) -> str:
         flags = " (active)" if thread.get("active") else " (idle)"
         out.append(f"Thread {thread.get('thread_name') or thread.get('os_thread_id')}{flags}")
         for frame in reversed(thread.get("frames") or []):
-            out.append(f"  {frame.get('short_filename') or frame.get('filename')}:{frame.get('line')} "
-                       f"in {frame.get('name')}")
+            out.append(
+                f"  {frame.get('short_filename') or frame.get('filename')}:{frame.get('line')} "
+                f"in {frame.get('name')}"
+            )
     return "\n".join(out)

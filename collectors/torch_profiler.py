@@ -61,8 +61,12 @@ def start(wait: int, warmup: int, active: int, repeat: int, on_ready: Callable) 
 
     # Each window is reported on its own: that is the point, not a surprise worth a warning.
     warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
-    prof = tp.profile(activities=activities(), profile_memory=True, on_trace_ready=on_ready,
-                      schedule=tp.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat))
+    prof = tp.profile(
+        activities=activities(),
+        profile_memory=True,
+        on_trace_ready=on_ready,
+        schedule=tp.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat),
+    )
     prof.start()
     return prof
 
@@ -73,12 +77,19 @@ def top_ops(prof, limit: int = TOP_OPS) -> list[OpStats]:
     on_device = any(a.name != "CPU" for a in getattr(prof, "activities", ()))
     ops = []
     for e in prof.key_averages():
-        ops.append(OpStats(
-            name=e.key, calls=int(e.count),
-            self_cpu_us=float(e.self_cpu_time_total), cpu_total_us=float(e.cpu_time_total),
-            self_device_us=float(getattr(e, "self_device_time_total", 0.0) or 0.0) if on_device else None,
-            device_total_us=float(getattr(e, "device_time_total", 0.0) or 0.0) if on_device else None,
-            self_mem_bytes=int((e.self_cpu_memory_usage or 0) + (getattr(e, "self_device_memory_usage", 0) or 0))))
+        ops.append(
+            OpStats(
+                name=e.key,
+                calls=int(e.count),
+                self_cpu_us=float(e.self_cpu_time_total),
+                cpu_total_us=float(e.cpu_time_total),
+                self_device_us=float(getattr(e, "self_device_time_total", 0.0) or 0.0) if on_device else None,
+                device_total_us=float(getattr(e, "device_time_total", 0.0) or 0.0) if on_device else None,
+                self_mem_bytes=int(
+                    (e.self_cpu_memory_usage or 0) + (getattr(e, "self_device_memory_usage", 0) or 0)
+                ),
+            )
+        )
     ops.sort(key=lambda o: (o.self_device_us or 0.0, o.self_cpu_us), reverse=True)
     return ops[:limit]
 
@@ -101,7 +112,11 @@ def save_trace(prof, directory: Path, stem: str, max_bytes: int) -> SavedTrace:
     size = tmp.stat().st_size
     if size > max_bytes:
         tmp.unlink()
-        return SavedTrace(None, size, f"trace dropped: {size / 2**20:.1f} MiB gzipped exceeds "
-                                      f"profile_max_mb ({max_bytes / 2**20:.1f} MiB); top operators kept")
+        return SavedTrace(
+            None,
+            size,
+            f"trace dropped: {size / 2**20:.1f} MiB gzipped exceeds "
+            f"profile_max_mb ({max_bytes / 2**20:.1f} MiB); top operators kept",
+        )
     tmp.replace(final)
     return SavedTrace(final, size, None)

@@ -23,10 +23,15 @@ OUT = REPO / "docs" / "images" / "alerts-screen.png"
 
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gw-shot-", dir="/tmp"))
-    os.environ.update(XDG_RUNTIME_DIR=str(work), XDG_DATA_HOME=str(work / "data"),
-                      GPUWATCH_CONFIG=str(work / "none.toml"), PYTHONPATH=str(REPO))
+    os.environ.update(
+        XDG_RUNTIME_DIR=str(work),
+        XDG_DATA_HOME=str(work / "data"),
+        GPUWATCH_CONFIG=str(work / "none.toml"),
+        PYTHONPATH=str(REPO),
+    )
     sys.path[:0] = [str(REPO), str(REPO / "tests")]
     import fake_pynvml
+
     from gpuwatch.config import Config
     from gpuwatch.daemon.main import Daemon
     from gpuwatch.tui.app import GpuwatchApp
@@ -36,8 +41,7 @@ def main() -> None:
     nvml = fake_pynvml.FakeNvml(gpus=4, procs={0: [holder.pid]})
     nvml.set_util(0, 0)
     nvml.set_lost(3)
-    cfg = Config(db=str(work / "gw.db"), system=False, interval=0.5, host_interval=0.5,
-                 idle_gpu_minutes=0.05)
+    cfg = Config(db=str(work / "gw.db"), system=False, interval=0.5, host_interval=0.5, idle_gpu_minutes=0.05)
     daemon = Daemon(cfg, nvml_module=nvml)
     thread = threading.Thread(target=lambda: asyncio.run(daemon.serve()))
     thread.start()
@@ -45,8 +49,20 @@ def main() -> None:
         while not cfg.socket_path.exists():
             time.sleep(0.1)
         gpuwatch = Path(sys.executable).parent / "gpuwatch"
-        subprocess.run([str(gpuwatch), "run", "--no-instrument", "--name", "train-7b", "--",
-                        sys.executable, "-c", "import sys; sys.exit(1)"], check=False)
+        subprocess.run(
+            [
+                str(gpuwatch),
+                "run",
+                "--no-instrument",
+                "--name",
+                "train-7b",
+                "--",
+                sys.executable,
+                "-c",
+                "import sys; sys.exit(1)",
+            ],
+            check=False,
+        )
         subprocess.run([str(gpuwatch), "run", "--no-instrument", "--name", "eval", "--", "true"], check=False)
         time.sleep(6)  # the idle GPU's 3 s threshold, and the checks after the runs' ends
 
@@ -66,10 +82,21 @@ def main() -> None:
         daemon.request_stop()
         thread.join(30)
         holder.kill()
-    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--user-data-dir={work / 'chromium'}", "--window-size=1220,780",
-                    f"--screenshot={OUT}", f"file://{work / 'alerts.svg'}"], check=True,
-                   stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={work / 'chromium'}",
+            "--window-size=1220,780",
+            f"--screenshot={OUT}",
+            f"file://{work / 'alerts.svg'}",
+        ],
+        check=True,
+        stderr=subprocess.DEVNULL,
+    )
     print(f"wrote {OUT}")
 
 

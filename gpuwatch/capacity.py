@@ -110,8 +110,11 @@ def _least_squares(points: Sequence[tuple[float, float]], degree: int) -> Fit:
     scale = max(x for x, _ in points)  # solve in L/scale: keeps the normal equations well conditioned
     n = degree + 1
     # Normal equations: sum x^(i+j) * coef_j = sum y * x^i.
-    m = [[sum((x / scale) ** (i + j) for x, _ in points) for j in range(n)] +
-         [sum(y * (x / scale) ** i for x, y in points)] for i in range(n)]
+    m = [
+        [sum((x / scale) ** (i + j) for x, _ in points) for j in range(n)]
+        + [sum(y * (x / scale) ** i for x, y in points)]
+        for i in range(n)
+    ]
     for col in range(n):  # Gauss-Jordan with partial pivoting
         pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
         m[col], m[pivot] = m[pivot], m[col]
@@ -125,8 +128,14 @@ def _least_squares(points: Sequence[tuple[float, float]], degree: int) -> Fit:
     return Fit(coef[0], coef[1] / scale, coef[2] / (scale * scale))
 
 
-def run_point(command: Sequence[str], batch: int, seq_len: int, kind: str = "measured",
-              env: dict | None = None, timeout: float = 3600.0) -> Point:
+def run_point(
+    command: Sequence[str],
+    batch: int,
+    seq_len: int,
+    kind: str = "measured",
+    env: dict | None = None,
+    timeout: float = 3600.0,
+) -> Point:
     """Run the workload once at (batch, seq_len) and read its peak from the GPUWATCH_RESULT line."""
     argv = [*command, "--seq-len", str(seq_len), "--batch", str(batch), "--steps", "2"]
     try:
@@ -138,14 +147,16 @@ def run_point(command: Sequence[str], batch: int, seq_len: int, kind: str = "mea
     result = None
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
-            result = json.loads(line[len(RESULT_PREFIX):])
+            result = json.loads(line[len(RESULT_PREFIX) :])
             break
     if result is None:
         if proc.returncode < 0 or proc.returncode == 137:  # killed, e.g. by the kernel's OOM killer
             return Point(batch, seq_len, None, False, kind)
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise CapacityError(f"batch {batch} seq_len {seq_len}: no {RESULT_PREFIX.strip()} line "
-                            f"in the workload's output ({last})")
+        raise CapacityError(
+            f"batch {batch} seq_len {seq_len}: no {RESULT_PREFIX.strip()} line "
+            f"in the workload's output ({last})"
+        )
     return Point(batch, seq_len, result.get("peak_bytes"), not result.get("oom"), kind)
 
 
@@ -203,9 +214,15 @@ class Study:
         return self.limit_bytes * (1.0 - self.margin)
 
 
-def run_study(command: Sequence[str], batches: Sequence[int], lengths: Sequence[int], margin: float,
-              limit_bytes: int | None = None, verify: bool = True,
-              progress: Callable[[str], None] = lambda what: None) -> Study:
+def run_study(
+    command: Sequence[str],
+    batches: Sequence[int],
+    lengths: Sequence[int],
+    margin: float,
+    limit_bytes: int | None = None,
+    verify: bool = True,
+    progress: Callable[[str], None] = lambda what: None,
+) -> Study:
     """Measure every (batch, length) until a length runs out of memory, fit, predict, verify."""
     info = probe_device(command)
     if limit_bytes is None:
@@ -221,8 +238,11 @@ def run_study(command: Sequence[str], batches: Sequence[int], lengths: Sequence[
             if not point.ok:
                 oom_at = seq_len
                 break  # longer ones would run out of memory too
-        ok = [(p.seq_len, p.peak_bytes) for p in study.points
-              if p.batch == batch and p.ok and p.peak_bytes is not None]
+        ok = [
+            (p.seq_len, p.peak_bytes)
+            for p in study.points
+            if p.batch == batch and p.ok and p.peak_bytes is not None
+        ]
         try:
             fit = fit_quadratic(ok)
         except CapacityError as e:
@@ -255,14 +275,34 @@ def save_study(db_path, study: Study, uid: int | None = None) -> int:
             cur = conn.execute(
                 "INSERT INTO capacity_studies (ts_ms, uid, command, device, limit_bytes, margin, fit_json, "
                 "predicted_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (now_ms(), os.getuid() if uid is None else uid, " ".join(study.command), study.device,
-                 study.limit_bytes, study.margin,
-                 json.dumps({str(b): asdict(f) for b, f in study.fits.items()}),
-                 json.dumps({str(b): p for b, p in study.predicted.items()})))
+                (
+                    now_ms(),
+                    os.getuid() if uid is None else uid,
+                    " ".join(study.command),
+                    study.device,
+                    study.limit_bytes,
+                    study.margin,
+                    json.dumps({str(b): asdict(f) for b, f in study.fits.items()}),
+                    json.dumps({str(b): p for b, p in study.predicted.items()}),
+                ),
+            )
             study_id = cur.lastrowid
-            insert_rows(conn, "capacity_points", [
-                {"study_id": study_id, "batch": p.batch, "seq_len": p.seq_len, "peak_bytes": p.peak_bytes,
-                 "ok": int(p.ok), "kind": p.kind} for p in study.points], "REPLACE")
+            insert_rows(
+                conn,
+                "capacity_points",
+                [
+                    {
+                        "study_id": study_id,
+                        "batch": p.batch,
+                        "seq_len": p.seq_len,
+                        "peak_bytes": p.peak_bytes,
+                        "ok": int(p.ok),
+                        "kind": p.kind,
+                    }
+                    for p in study.points
+                ],
+                "REPLACE",
+            )
     finally:
         conn.close()
     return study_id

@@ -28,8 +28,9 @@ class SteadyWall:
     does, so the samples from before the step are kept their whole window; after a step back it
     follows the wall clock (data then looks younger and is kept longer, never shorter)."""
 
-    def __init__(self, wall_ms: Callable[[], int] = now_ms,
-                 monotonic_s: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, wall_ms: Callable[[], int] = now_ms, monotonic_s: Callable[[], float] = time.monotonic
+    ):
         self._wall_ms, self._monotonic_s = wall_ms, monotonic_s
         self._anchor: tuple[int, float] | None = None  # (steady ms, monotonic s) at the last read
 

@@ -29,8 +29,13 @@ ENV_PREFIX = "GPUWATCH_"
 # `gpuwatch run` hands its child so an instrumented child joins the wrapper's run, and the
 # switch for its zero-code hooks (read by the bootstrap).
 # The bootstrap's note path says where a child that cannot be instrumented explains why.
-NOT_CONFIG_ENV = {"GPUWATCH_CONFIG", "GPUWATCH_RUN_ID", "GPUWATCH_INSTRUMENT", "GPUWATCH_BOOTSTRAP_NOTE",
-                  "GPUWATCH_RUN_NAME"}
+NOT_CONFIG_ENV = {
+    "GPUWATCH_CONFIG",
+    "GPUWATCH_RUN_ID",
+    "GPUWATCH_INSTRUMENT",
+    "GPUWATCH_BOOTSTRAP_NOTE",
+    "GPUWATCH_RUN_NAME",
+}
 
 
 class ConfigError(ValueError):
@@ -89,7 +94,9 @@ class Config:
     notify_db: str = ""  # subscriptions and delivery state; private to its owner (mode 0600)
     notify_socket: str = ""  # the notify service's socket; default /run/gpuwatch-notify/notify.sock
     notify_admin_file: str = ""  # admin-wide subscriptions; default /etc/gpuwatch/notify.toml
-    notify_group_seconds: float = 5.0  # per subscription: at most one message per this window, alerts between grouped
+    notify_group_seconds: float = (
+        5.0  # per subscription: at most one message per this window, alerts between grouped
+    )
     notify_terminals: bool = False  # also a line on your logged-in terminals (user daemon, `gpuwatch run`)
 
     # Client.
@@ -185,8 +192,11 @@ def user_file() -> Path:
     return Path(explicit) if explicit else paths.user_config_file()
 
 
-def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
-         system_file: Path = paths.SYSTEM_CONFIG_FILE) -> Config:
+def load(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    system_file: Path = paths.SYSTEM_CONFIG_FILE,
+) -> Config:
     """Build the config from every layer; flags whose value is None are treated as not given."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
@@ -204,7 +214,7 @@ def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None =
     for name, raw in env.items():
         if not name.startswith(ENV_PREFIX) or name in NOT_CONFIG_ENV:
             continue
-        key = name[len(ENV_PREFIX):].lower()
+        key = name[len(ENV_PREFIX) :].lower()
         if key not in _FIELDS:
             raise ConfigError(f"environment: unknown key '{name}'")
         env_layer[key] = _coerce(key, raw, f"environment {name}")

@@ -49,12 +49,24 @@ class FullDisk:
         self.failures += 1
         if self.since is None:
             self.since = time.monotonic()
-            self.log.log(self.level, "%s: cannot write %s: %s; %s bytes free there%s", self.what, path,
-                         error.strerror or error, show_bytes(free_bytes(path)),
-                         f"; {consequence}" if consequence else "")
+            self.log.log(
+                self.level,
+                "%s: cannot write %s: %s; %s bytes free there%s",
+                self.what,
+                path,
+                error.strerror or error,
+                show_bytes(free_bytes(path)),
+                f"; {consequence}" if consequence else "",
+            )
 
     def ok(self, path) -> None:
         if self.since is not None:
-            self.log.log(self.level, "%s: writing %s again after %.0f s (%d writes failed meanwhile)",
-                         self.what, path, time.monotonic() - self.since, self.failures)
+            self.log.log(
+                self.level,
+                "%s: writing %s again after %.0f s (%d writes failed meanwhile)",
+                self.what,
+                path,
+                time.monotonic() - self.since,
+                self.failures,
+            )
             self.since, self.failures = None, 0

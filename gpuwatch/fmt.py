@@ -76,7 +76,7 @@ def count(x: float | None) -> str:
 def clip(text: str | None, width: int) -> str:
     """Text cut to width with an ellipsis: clip("python train.py", 8) -> "python …"."""
     text = MISSING if text is None else text
-    return text if len(text) <= width else text[:width - 1] + "…"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def kwh(joules: float | None) -> str:
@@ -93,8 +93,9 @@ def percent(fraction: float | None) -> str:
     return MISSING if fraction is None else f"{fraction * 100:.1f}%"
 
 
-def gpu_label(gpu_index: int, gpu_instance_id: int | None = None,
-              compute_instance_id: int | None = None) -> str:
+def gpu_label(
+    gpu_index: int, gpu_instance_id: int | None = None, compute_instance_id: int | None = None
+) -> str:
     """A GPU by its index, a MIG device as GPU/GI/CI (the ids of its legacy MIG-GPU-... UUID):
     0 -> "0", (1, 2, 0) -> "1/2/0"."""
     if gpu_instance_id is None:
@@ -116,8 +117,9 @@ def local_time(ts_ms: int | None, with_date: bool = True) -> str:
     return time.strftime("%m-%d %H:%M:%S" if with_date else "%H:%M:%S", time.localtime(ts_ms / 1000))
 
 
-def sparkline(values: Iterable[float | None], width: int | None = None,
-              lo: float | None = None, hi: float | None = None) -> str:
+def sparkline(
+    values: Iterable[float | None], width: int | None = None, lo: float | None = None, hi: float | None = None
+) -> str:
     """Unicode bars scaled from the series' min to max (or fixed `lo`/`hi`, e.g. 0-100 for
     percentages, so a steady 99 % does not look like noise); missing values are spaces.
 
@@ -148,6 +150,6 @@ def _bucket_means(vals: list[float | None], width: int) -> list[float | None]:
     out: list[float | None] = []
     n = len(vals)
     for b in range(width):
-        chunk = [v for v in vals[b * n // width:(b + 1) * n // width] if v is not None]
+        chunk = [v for v in vals[b * n // width : (b + 1) * n // width] if v is not None]
         out.append(sum(chunk) / len(chunk) if chunk else None)
     return out

@@ -43,20 +43,27 @@ def process_alive(pid: int, started_ms: int) -> bool:
 
 def _oom_killed_message(conn: sqlite3.Connection, run_id: str, kernel_line: str) -> str:
     """'killed by the kernel OOM killer' with its log line and the run's last memory sample."""
-    last = conn.execute("SELECT step, rss_bytes, mem_allocated_bytes FROM steps WHERE run_id = ? "
-                        "ORDER BY step DESC LIMIT 1", (run_id,)).fetchone()
+    last = conn.execute(
+        "SELECT step, rss_bytes, mem_allocated_bytes FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1",
+        (run_id,),
+    ).fetchone()
     memory = ""
     if last is not None:
-        memory = (f"; at step {last[0]}: RSS {size(last[1])}, GPU allocated {size(last[2])}")
+        memory = f"; at step {last[0]}: RSS {size(last[1])}, GPU allocated {size(last[2])}"
     return f"killed by the kernel OOM killer (SIGKILL){memory}; kernel: {kernel_line}"[:2000]
 
 
 class RunsWatch:
     """Every `interval` seconds, mark runs of this host whose process died as lost."""
 
-    def __init__(self, writer: Writer, interval: float = 5.0,
-                 alive: Callable[[int, int], bool] = process_alive, host: str | None = None,
-                 killed_by_oom: Callable[[set[int]], dict[int, str]] = oom_killed):
+    def __init__(
+        self,
+        writer: Writer,
+        interval: float = 5.0,
+        alive: Callable[[int, int], bool] = process_alive,
+        host: str | None = None,
+        killed_by_oom: Callable[[set[int]], dict[int, str]] = oom_killed,
+    ):
         self.writer = writer
         self.interval = interval
         self.alive = alive
@@ -71,7 +78,9 @@ class RunsWatch:
         lost, gone = [], []
         rows = conn.execute(
             "SELECT run_id, pid, started_ms, last_step_ms FROM runs "
-            "WHERE status = 'running' AND pid IS NOT NULL AND host = ?", (self.host,)).fetchall()
+            "WHERE status = 'running' AND pid IS NOT NULL AND host = ?",
+            (self.host,),
+        ).fetchall()
         for run_id, pid, started_ms, last_step_ms in rows:
             if self.alive(pid, started_ms):
                 self.last_alive_ms[run_id] = now
@@ -80,13 +89,17 @@ class RunsWatch:
         killed = self.killed_by_oom({pid for _, pid, _ in gone}) if gone else {}
         for run_id, pid, ended in gone:
             if pid in killed:
-                conn.execute("UPDATE runs SET status = 'killed', signal = 9, error_type = 'OOMKilled', "
-                             "error_message = ?, ended_ms = ? WHERE run_id = ? AND status = 'running'",
-                             (_oom_killed_message(conn, run_id, killed[pid]), ended, run_id))
+                conn.execute(
+                    "UPDATE runs SET status = 'killed', signal = 9, error_type = 'OOMKilled', "
+                    "error_message = ?, ended_ms = ? WHERE run_id = ? AND status = 'running'",
+                    (_oom_killed_message(conn, run_id, killed[pid]), ended, run_id),
+                )
                 log.warning("run %s: pid %d was killed by the kernel OOM killer", run_id, pid)
                 continue
-            conn.execute("UPDATE runs SET status = 'lost', ended_ms = ? "
-                         "WHERE run_id = ? AND status = 'running'", (ended, run_id))
+            conn.execute(
+                "UPDATE runs SET status = 'lost', ended_ms = ? WHERE run_id = ? AND status = 'running'",
+                (ended, run_id),
+            )
             lost.append(run_id)
         if lost:
             log.warning("runs lost (process gone without run_end): %s", ", ".join(lost))

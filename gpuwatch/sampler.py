@@ -62,9 +62,19 @@ TOP_PROCESS_MIN_CPU_PCT = 1.0  # a process under 1 % of a core is nobody's slowd
 _TOP_PROCESS_COLUMNS = ("ts_ms", "pid", "start_ms", "uid", "user", "cmdline", "cpu_pct", "rss_bytes")
 NVML_DEADLINE_SHARE = 0.5  # of the GPU interval: longer, and a GPU's reads are called hung
 NVML_DEADLINE_MIN_S = 0.05  # but never less: a busy host's thread switches are not a hung GPU
-_PROCESS_SAMPLE_COLUMNS = ("gpu_index", "pid", "ts_ms", "kind", "used_mem_bytes", "sm_util_pct",
-                           "mem_util_pct", "rss_bytes", "cpu_pct", "gpu_instance_id",
-                           "compute_instance_id")
+_PROCESS_SAMPLE_COLUMNS = (
+    "gpu_index",
+    "pid",
+    "ts_ms",
+    "kind",
+    "used_mem_bytes",
+    "sm_util_pct",
+    "mem_util_pct",
+    "rss_bytes",
+    "cpu_pct",
+    "gpu_instance_id",
+    "compute_instance_id",
+)
 
 _UPSERT_GPU = """
 INSERT INTO gpus ({cols}) VALUES ({marks})
@@ -93,15 +103,20 @@ ON CONFLICT(pid, start_ms) DO UPDATE SET
 
 def _upsert_sql(template: str, columns: list[str], keep: set[str]) -> str:
     updates = ",\n  ".join(f"{c} = excluded.{c}" for c in columns if c not in keep)
-    return template.format(cols=", ".join(columns), marks=", ".join("?" * len(columns)),
-                           updates=updates)
+    return template.format(cols=", ".join(columns), marks=", ".join("?" * len(columns)), updates=updates)
 
 
 class Sampler:
-    def __init__(self, writer: Writer, config: Config, nvml_module=None,
-                 dropped_events: Callable[[], int] | None = None,
-                 clock: Callable[[], int] = now_ms, monotonic: Callable[[], float] = time.monotonic,
-                 alert_stalls: bool = True):
+    def __init__(
+        self,
+        writer: Writer,
+        config: Config,
+        nvml_module=None,
+        dropped_events: Callable[[], int] | None = None,
+        clock: Callable[[], int] = now_ms,
+        monotonic: Callable[[], float] = time.monotonic,
+        alert_stalls: bool = True,
+    ):
         """`nvml_module`: a pynvml-like module (tests pass fake_pynvml); default the real one.
 
         `dropped_events`: how many events were dropped so far, for daemon_stats (default: the
@@ -125,8 +140,9 @@ class Sampler:
         self.nvml_error = ""
         try:
             # A GPU's reads may take half an interval; the rest of the tick stays the others'.
-            self.nvml = NvmlCollector(nvml=nvml_module, deadline_s=max(
-                NVML_DEADLINE_SHARE * config.interval, NVML_DEADLINE_MIN_S))
+            self.nvml = NvmlCollector(
+                nvml=nvml_module, deadline_s=max(NVML_DEADLINE_SHARE * config.interval, NVML_DEADLINE_MIN_S)
+            )
         except NvmlUnavailable as e:
             self.nvml_error = str(e) or "NVML unavailable"
             log.warning("no GPUs to sample, host only: %s", self.nvml_error)
@@ -170,8 +186,9 @@ class Sampler:
             self.sched.add("host", config.host_interval, self.host_tick)
         self.sched.add("runs", RUN_MAP_INTERVAL, self.refresh_runs)
         self.sched.add("alerts", CHECK_INTERVAL_S, self.check_alerts)
-        self.sched.add("maintenance", MAINTENANCE_INTERVAL, self.maintenance_tick,
-                       first_delay=MAINTENANCE_INTERVAL)
+        self.sched.add(
+            "maintenance", MAINTENANCE_INTERVAL, self.maintenance_tick, first_delay=MAINTENANCE_INTERVAL
+        )
 
     @property
     def gpu_available(self) -> bool:
@@ -268,21 +285,26 @@ class Sampler:
         """Every host process's RSS and CPU %, read once per cfg.process_interval (only the
         GPU processes' when no top processes are kept)."""
         if _due(ts, self._walk_ms, int(self.cfg.process_interval * 1000)):
-            self._host_usage = self.procs.walk() if self.cfg.top_processes > 0 else \
-                self.procs.usage(gpu_pids)
+            self._host_usage = self.procs.walk() if self.cfg.top_processes > 0 else self.procs.usage(gpu_pids)
             self._walk_ms = ts
 
     def _top_processes(self, ts: int) -> list[tuple]:
         """host_top_processes rows: the busiest processes of the latest walk, who and how busy."""
-        busiest = heapq.nlargest(self.cfg.top_processes, (
-            (cpu, pid) for pid, (_, cpu) in self._host_usage.items()
-            if cpu is not None and cpu >= TOP_PROCESS_MIN_CPU_PCT))
+        busiest = heapq.nlargest(
+            self.cfg.top_processes,
+            (
+                (cpu, pid)
+                for pid, (_, cpu) in self._host_usage.items()
+                if cpu is not None and cpu >= TOP_PROCESS_MIN_CPU_PCT
+            ),
+        )
         rows = []
         for cpu, pid in busiest:
             info = self.procs.walked_info(pid)
             if info is not None:  # else gone since, or a zombie
-                rows.append((ts, pid, info.start_ms, info.uid, info.user, info.cmdline, cpu,
-                             self._host_usage[pid][0]))
+                rows.append(
+                    (ts, pid, info.start_ms, info.uid, info.user, info.cmdline, cpu, self._host_usage[pid][0])
+                )
         return rows
 
     def stats_row(self, ts: int) -> dict:
@@ -309,7 +331,9 @@ class Sampler:
         def read(conn: sqlite3.Connection) -> None:
             rows = conn.execute(
                 "SELECT pid, run_id FROM runs WHERE status = 'running' AND pid IS NOT NULL "
-                "AND (host = ? OR host IS NULL)", (host,)).fetchall()
+                "AND (host = ? OR host IS NULL)",
+                (host,),
+            ).fetchall()
             self._run_by_pid = dict(rows)
 
         self.writer.submit(read, block=False)
@@ -331,12 +355,18 @@ class Sampler:
         cfg = self.cfg
         hour, day = 3_600_000, 86_400_000
         now, steady = self.clock(), self.retention_clock()
-        self.writer.submit(lambda conn: maintain(
-            conn, now, retention_now_ms=steady,
-            raw_retention_ms=int(cfg.raw_retention_hours * hour),
-            minute_retention_ms=int(cfg.minute_retention_days * day),
-            hour_retention_ms=int(cfg.hour_retention_days * day),
-            max_db_bytes=int(cfg.max_db_mb * 1024 * 1024)), block=False)
+        self.writer.submit(
+            lambda conn: maintain(
+                conn,
+                now,
+                retention_now_ms=steady,
+                raw_retention_ms=int(cfg.raw_retention_hours * hour),
+                minute_retention_ms=int(cfg.minute_retention_days * day),
+                hour_retention_ms=int(cfg.hour_retention_days * day),
+                max_db_bytes=int(cfg.max_db_mb * 1024 * 1024),
+            ),
+            block=False,
+        )
 
     # --- helpers ---
 
@@ -375,8 +405,15 @@ class Sampler:
                 continue
             since = last[2] if last is not None and last[0] == state else ts
             self._gpu_rows[static.gpu_index] = (state, ts, since)
-            rows.append({**_row(static), "first_seen_ms": ts, "last_seen_ms": ts,
-                         "state": state, "state_since_ms": since})
+            rows.append(
+                {
+                    **_row(static),
+                    "first_seen_ms": ts,
+                    "last_seen_ms": ts,
+                    "state": state,
+                    "state_since_ms": since,
+                }
+            )
         if rows:
             columns = list(rows[0])
             sql = _upsert_sql(_UPSERT_GPU, columns, keep={"gpu_index", "first_seen_ms"})
@@ -386,14 +423,20 @@ class Sampler:
     def _write_mig_devices(self, ts: int, writes: list[Job]) -> None:
         """Upsert `mig_devices` rows when the MIG devices changed, and once a minute."""
         static = self.nvml.mig_static
-        if not static or (self._mig_rows is not None and self._mig_rows[0] == static
-                          and not _due(ts, self._mig_rows[1], GPU_ROW_REFRESH_MS)):
+        if not static or (
+            self._mig_rows is not None
+            and self._mig_rows[0] == static
+            and not _due(ts, self._mig_rows[1], GPU_ROW_REFRESH_MS)
+        ):
             return
         self._mig_rows = (static, ts)
         rows = [{**_row(m), "first_seen_ms": ts, "last_seen_ms": ts} for m in static]
         columns = list(rows[0])
-        sql = _upsert_sql(_UPSERT_MIG, columns, keep={"gpu_index", "gpu_instance_id",
-                                                      "compute_instance_id", "first_seen_ms"})
+        sql = _upsert_sql(
+            _UPSERT_MIG,
+            columns,
+            keep={"gpu_index", "gpu_instance_id", "compute_instance_id", "first_seen_ms"},
+        )
         values = [tuple(r[c] for c in columns) for r in rows]
         writes.append(lambda conn: conn.executemany(sql, values))
 
@@ -403,8 +446,11 @@ class Sampler:
         keys = list(map(_PROCESS_KEY, proc_samples))  # sorted by GPU, then pid, by the collector
         mig_keys = list(map(_MIG_KEY, mig_samples))
         interval_ms = int(self.cfg.process_interval * 1000)
-        if (keys == self._proc_keys and mig_keys == self._mig_keys
-                and not _due(ts, self._proc_written_ms, interval_ms)):
+        if (
+            keys == self._proc_keys
+            and mig_keys == self._mig_keys
+            and not _due(ts, self._proc_written_ms, interval_ms)
+        ):
             return
         self._proc_keys, self._mig_keys, self._proc_written_ms = keys, mig_keys, ts
         if mig_samples:
@@ -416,16 +462,31 @@ class Sampler:
         for p in proc_samples:
             rss, cpu = usage.get(p.pid, (None, None))
             sm, mem = util.get((p.gpu_index, p.pid), (None, None))
-            values.append((p.gpu_index, p.pid, ts, None if p.kind == "compute" else p.kind,
-                           p.used_mem_bytes, sm, mem, rss, cpu, p.gpu_instance_id,
-                           p.compute_instance_id))
+            values.append(
+                (
+                    p.gpu_index,
+                    p.pid,
+                    ts,
+                    None if p.kind == "compute" else p.kind,
+                    p.used_mem_bytes,
+                    sm,
+                    mem,
+                    rss,
+                    cpu,
+                    p.gpu_instance_id,
+                    p.compute_instance_id,
+                )
+            )
         if values:
             writes.append(_process_inserter(ts, values))
 
     def _write_processes(self, ts: int, pids: set[int], writes: list[Job]) -> None:
         """Upsert `processes` rows for GPU pids: new ones, changed run links, and every so often."""
-        if (pids == self._gpu_pids.keys() and self._run_by_pid is self._runs_checked
-                and self._gpu_pids_checked_ms <= ts < self._gpu_pids_next_ms):
+        if (
+            pids == self._gpu_pids.keys()
+            and self._run_by_pid is self._runs_checked
+            and self._gpu_pids_checked_ms <= ts < self._gpu_pids_next_ms
+        ):
             return  # same pids, same run map, no row due for its refresh: nothing to write
         rows = []
         current = {}
@@ -442,8 +503,7 @@ class Sampler:
             rows.append({**_row(info), "run_id": run_id, "first_seen_ms": ts, "last_seen_ms": ts})
         self._gpu_pids = current
         self._runs_checked, self._gpu_pids_checked_ms = self._run_by_pid, ts
-        self._gpu_pids_next_ms = min((k[2] for k in current.values()), default=ts) \
-            + PROCESS_ROW_REFRESH_MS
+        self._gpu_pids_next_ms = min((k[2] for k in current.values()), default=ts) + PROCESS_ROW_REFRESH_MS
         if rows:
             columns = list(rows[0])
             sql = _upsert_sql(_UPSERT_PROCESS, columns, keep=set())
@@ -501,8 +561,10 @@ def _mean_util(ticks: list[list]) -> dict[tuple[int, int], tuple[int | None, int
             if p.mem_util_pct is not None:
                 acc[2] += p.mem_util_pct
                 acc[3] += 1
-    return {key: (round(sm / sm_n) if sm_n else None, round(mem / mem_n) if mem_n else None)
-            for key, (sm, sm_n, mem, mem_n) in sums.items()}
+    return {
+        key: (round(sm / sm_n) if sm_n else None, round(mem / mem_n) if mem_n else None)
+        for key, (sm, sm_n, mem, mem_n) in sums.items()
+    }
 
 
 def _due(ts: int, last: int | None, interval_ms: int) -> bool:
@@ -543,6 +605,7 @@ def _inserter(table: str, records: list, keep_on_clash: bool = False) -> Job:
             row = list(row)
             while conn.execute(same, row).fetchone() is None and conn.execute(sql, row).rowcount == 0:
                 row[ts_at] += 1
+
     return job
 
 
@@ -561,8 +624,8 @@ def _process_inserter(ts: int, values: list[tuple]) -> Job:
             while conn.execute(taken, (gpu, at)).fetchone() is not None:
                 at += 1
             moved[gpu] = at
-        conn.executemany(sql, [v if moved[v[0]] == ts else (v[0], v[1], moved[v[0]], *v[3:])
-                               for v in values])
+        conn.executemany(sql, [v if moved[v[0]] == ts else (v[0], v[1], moved[v[0]], *v[3:]) for v in values])
+
     return job
 
 

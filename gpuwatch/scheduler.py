@@ -31,8 +31,9 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 wait: Callable[[float], bool] | None = None):
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, wait: Callable[[float], bool] | None = None
+    ):
         """`clock` gives seconds; `wait(timeout)` sleeps and returns True when asked to stop.
 
         Both are injectable so tests can run many ticks on a fake clock instantly.
@@ -43,8 +44,7 @@ class Scheduler:
         self.jobs: list[Job] = []
         self._thread: threading.Thread | None = None
 
-    def add(self, name: str, interval: float, func: Callable[[], None],
-            first_delay: float = 0.0) -> Job:
+    def add(self, name: str, interval: float, func: Callable[[], None], first_delay: float = 0.0) -> Job:
         if interval <= 0:
             raise ValueError(f"{name}: interval must be > 0, got {interval}")
         job = Job(name, interval, func, next_deadline=self._clock() + first_delay)

@@ -96,5 +96,7 @@ def waiting_line(dirs: list[Path]) -> str | None:
     files, events, where = waiting(dirs)
     if not files:
         return None
-    return (f"{events} event{'' if events == 1 else 's'} in {files} spool file{'' if files == 1 else 's'} "
-            f"({', '.join(map(str, where))}) wait for the daemon: stored once it runs")
+    return (
+        f"{events} event{'' if events == 1 else 's'} in {files} spool file{'' if files == 1 else 's'} "
+        f"({', '.join(map(str, where))}) wait for the daemon: stored once it runs"
+    )

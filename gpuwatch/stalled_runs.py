@@ -33,8 +33,11 @@ class Stalled:
 def stepping_pid(conn: sqlite3.Connection, run_id: str) -> int | None:
     """The process that calls step(): the newest attached child under `gpuwatch run` if it is
     alive, else the process that started the run."""
-    row = conn.execute("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached' "
-                       "ORDER BY seq DESC LIMIT 1", (run_id,)).fetchone()
+    row = conn.execute(
+        "SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached' "
+        "ORDER BY seq DESC LIMIT 1",
+        (run_id,),
+    ).fetchone()
     if row and row[0]:
         pid = json.loads(row[0]).get("pid")
         if isinstance(pid, int) and psutil.pid_exists(pid):
@@ -54,13 +57,16 @@ def find_stalled(conn: sqlite3.Connection, cfg: Config, host: str, now: int) -> 
     rows = conn.execute(
         "SELECT run_id, pid, started_ms, last_step_ms FROM runs WHERE status = 'running' "
         "AND host = ? AND last_step_ms IS NOT NULL AND last_step_ms < ?",
-        (host, now - int(cfg.stall_floor * 1000))).fetchall()
+        (host, now - int(cfg.stall_floor * 1000)),
+    ).fetchall()
     for run_id, pid, started_ms, last_step_ms in rows:
         # The last MEDIAN_OF_STEPS steps: a folded row counts as its n_steps steps of its mean.
         times: list[float] = []
         for t, n in conn.execute(
-                "SELECT step_time_ms, n_steps FROM steps WHERE run_id = ? AND step_time_ms IS NOT NULL "
-                "ORDER BY step DESC LIMIT ?", (run_id, MEDIAN_OF_STEPS)):
+            "SELECT step_time_ms, n_steps FROM steps WHERE run_id = ? AND step_time_ms IS NOT NULL "
+            "ORDER BY step DESC LIMIT ?",
+            (run_id, MEDIAN_OF_STEPS),
+        ):
             times += [t] * min(n, MEDIAN_OF_STEPS - len(times))
             if len(times) >= MEDIAN_OF_STEPS:
                 break

@@ -63,8 +63,8 @@ from dataclasses import dataclass, field
 
 GiB = 1024**3
 FAKE_PID_BASE = 4_000_000  # above Linux's largest pid_max (2**22), so never a live process
-UTIL_PERIOD_US = 500_000   # one per-process utilisation sample every half second
-UTIL_BUFFER = 8            # samples the fake driver keeps per process, like NVML's ring buffer
+UTIL_PERIOD_US = 500_000  # one per-process utilisation sample every half second
+UTIL_BUFFER = 8  # samples the fake driver keeps per process, like NVML's ring buffer
 
 # Constants, with the real module's names and values.
 NVML_SUCCESS = 0
@@ -162,13 +162,13 @@ def _extract_errors_as_classes() -> None:
     """NVML_ERROR_GPU_IS_LOST -> class NVMLError_GpuIsLost, exactly as pynvml names them."""
     module = sys.modules[__name__]
     for err_name in [n for n in dir(module) if n.startswith("NVML_ERROR_")]:
-        class_name = "NVMLError_" + string.capwords(
-            err_name.replace("NVML_ERROR_", ""), "_").replace("_", "")
+        class_name = "NVMLError_" + string.capwords(err_name.replace("NVML_ERROR_", ""), "_").replace("_", "")
         value = getattr(module, err_name)
 
         def gen_new(val):
             def new(typ, *args):
                 return NVMLError.__new__(typ, val)
+
             return new
 
         cls = type(class_name, (NVMLError,), {"__new__": gen_new(value)})
@@ -263,6 +263,7 @@ class c_nvmlGpmSupport_t:
 @dataclass
 class FakeGpmSample:
     """What nvmlGpmSampleAlloc hands out (an opaque pointer in pynvml): where and when taken."""
+
     gpu: int | None = None
     t: float | None = None
     freed: bool = False
@@ -294,9 +295,13 @@ class c_nvmlGpmMetricsGet_t:
 
 # GPM metric -> its share of the GPU's utilisation in the fake: SM activity, occupancy, tensor
 # and DRAM activity below "a kernel was running", as on a real GPU.
-_GPM_SHARES = {NVML_GPM_METRIC_GRAPHICS_UTIL: 1.0, NVML_GPM_METRIC_SM_UTIL: 0.8,
-               NVML_GPM_METRIC_SM_OCCUPANCY: 0.4, NVML_GPM_METRIC_ANY_TENSOR_UTIL: 0.5,
-               NVML_GPM_METRIC_DRAM_BW_UTIL: 0.3}
+_GPM_SHARES = {
+    NVML_GPM_METRIC_GRAPHICS_UTIL: 1.0,
+    NVML_GPM_METRIC_SM_UTIL: 0.8,
+    NVML_GPM_METRIC_SM_OCCUPANCY: 0.4,
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL: 0.5,
+    NVML_GPM_METRIC_DRAM_BW_UTIL: 0.3,
+}
 
 
 @dataclass(frozen=True)
@@ -307,6 +312,7 @@ class FakeHandle:
 @dataclass(frozen=True)
 class FakeMigHandle(FakeHandle):
     """A MIG device: `index` is its parent GPU's, `mig_index` its place under that GPU."""
+
     mig_index: int = 0
 
 
@@ -323,10 +329,25 @@ def _wave(t: float, gpu: int, period: float, lo: float, hi: float) -> int:
 class FakeNvml:
     """A module-like fake of pynvml; see the module docstring for the options."""
 
-    def __init__(self, gpus=8, name="NVIDIA H100 80GB HBM3 (simulated)", mem_total_bytes=80 * GiB,
-                 unsupported=(), lost_after=None, init_error=None, procs=None, procs_per_gpu=0,
-                 graphics_procs=None, memory_v2=True, clock=time.time, xids=None, mig=None,
-                 mig_util=False, gpm=(), hang=None):
+    def __init__(
+        self,
+        gpus=8,
+        name="NVIDIA H100 80GB HBM3 (simulated)",
+        mem_total_bytes=80 * GiB,
+        unsupported=(),
+        lost_after=None,
+        init_error=None,
+        procs=None,
+        procs_per_gpu=0,
+        graphics_procs=None,
+        memory_v2=True,
+        clock=time.time,
+        xids=None,
+        mig=None,
+        mig_util=False,
+        gpm=(),
+        hang=None,
+    ):
         self.gpu_count = gpus
         self.name = name
         self.mem_total_bytes = mem_total_bytes
@@ -447,7 +468,7 @@ class FakeNvml:
 
     def _mig_pids(self, i: int, mig_index: int) -> list[int]:
         """The compute pids on one MIG device: a MIG GPU's pids go to its devices in turn."""
-        return self.procs[i][mig_index::len(self.mig[i])] if self.mig[i] else []
+        return self.procs[i][mig_index :: len(self.mig[i])] if self.mig[i] else []
 
     def _mig_of(self, i: int, pid: int) -> int | None:
         return self.procs[i].index(pid) % len(self.mig[i]) if self.mig.get(i) else None
@@ -456,8 +477,9 @@ class FakeNvml:
         mig_index = self._mig_of(i, pid)
         if mig_index is None:
             return nvmlFriendlyObject(pid=pid, usedGpuMemory=used)
-        return nvmlFriendlyObject(pid=pid, usedGpuMemory=used, gpuInstanceId=mig_index + 1,
-                                  computeInstanceId=0)
+        return nvmlFriendlyObject(
+            pid=pid, usedGpuMemory=used, gpuInstanceId=mig_index + 1, computeInstanceId=0
+        )
 
     @staticmethod
     def _proc_mem(pid: int) -> int:
@@ -467,10 +489,16 @@ class FakeNvml:
     def nvmlInit(self):
         self.calls["nvmlInit"] += 1
         if self.init_error:
-            raise NVMLError(globals()[
-                "NVML_ERROR_" + {"LibraryNotFound": "LIBRARY_NOT_FOUND",
-                                 "DriverNotLoaded": "DRIVER_NOT_LOADED",
-                                 "NoPermission": "NO_PERMISSION"}[self.init_error]])
+            raise NVMLError(
+                globals()[
+                    "NVML_ERROR_"
+                    + {
+                        "LibraryNotFound": "LIBRARY_NOT_FOUND",
+                        "DriverNotLoaded": "DRIVER_NOT_LOADED",
+                        "NoPermission": "NO_PERMISSION",
+                    }[self.init_error]
+                ]
+            )
         self.initialized = True
         self.init_count += 1
 
@@ -523,8 +551,15 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, handle):
         i = self._device("nvmlDeviceGetPciInfo", handle)
         bus_id = f"00000000:{0x18 + i * 0x10:02X}:00.0".encode()
-        return nvmlPciInfo_t(busId=bus_id, busIdLegacy=bus_id, domain=0, bus=0x18 + i * 0x10,
-                             device=0, pciDeviceId=0x233010DE, pciSubSystemId=0x16C110DE)
+        return nvmlPciInfo_t(
+            busId=bus_id,
+            busIdLegacy=bus_id,
+            domain=0,
+            bus=0x18 + i * 0x10,
+            device=0,
+            pciDeviceId=0x233010DE,
+            pciSubSystemId=0x16C110DE,
+        )
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle):
         self._device("nvmlDeviceGetEnforcedPowerLimit", handle)
@@ -575,9 +610,16 @@ class FakeNvml:
         else:
             slices, gb = 7, self.mem_total_bytes // GiB
         return c_nvmlDeviceAttributes(
-            multiprocessorCount=16 * slices, sharedCopyEngineCount=slices, sharedDecoderCount=slices,
-            sharedEncoderCount=0, sharedJpegCount=slices, sharedOfaCount=int(slices == 7),
-            gpuInstanceSliceCount=slices, computeInstanceSliceCount=slices, memorySizeMB=gb * 1024)
+            multiprocessorCount=16 * slices,
+            sharedCopyEngineCount=slices,
+            sharedDecoderCount=slices,
+            sharedEncoderCount=0,
+            sharedJpegCount=slices,
+            sharedOfaCount=int(slices == 7),
+            gpuInstanceSliceCount=slices,
+            computeInstanceSliceCount=slices,
+            memorySizeMB=gb * 1024,
+        )
 
     def _mig_device(self, fn: str, handle) -> int:
         i = self._device(fn, handle)
@@ -601,8 +643,9 @@ class FakeNvml:
             return c_nvmlMemory_t(total=total, free=total - used - reserved, used=used + reserved)
         if not self.memory_v2:
             raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
-        return c_nvmlMemory_v2_t(version=version, total=total, reserved=reserved,
-                                 free=total - used - reserved, used=used)
+        return c_nvmlMemory_v2_t(
+            version=version, total=total, reserved=reserved, free=total - used - reserved, used=used
+        )
 
     def nvmlDeviceGetUtilizationRates(self, handle):
         i = self._device("nvmlDeviceGetUtilizationRates", handle)
@@ -648,8 +691,11 @@ class FakeNvml:
         i = self._device("nvmlDeviceGetCurrentClocksEventReasons", handle)
         if i in self.throttle_override:
             return self.throttle_override[i]
-        return nvmlClocksEventReasonSwPowerCap if self._util(i) > 90 else (
-            0 if self._util(i) else nvmlClocksEventReasonGpuIdle)
+        return (
+            nvmlClocksEventReasonSwPowerCap
+            if self._util(i) > 90
+            else (0 if self._util(i) else nvmlClocksEventReasonGpuIdle)
+        )
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
         i = self._device("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
@@ -679,9 +725,17 @@ class FakeNvml:
         stamps = [newest - k * UTIL_PERIOD_US for k in range(UTIL_BUFFER)]
         samples = [
             c_nvmlProcessUtilizationSample_t(
-                pid=p, timeStamp=ts, smUtil=_wave(ts / 1e6, p % 97, 30.0, 5, 99),
-                memUtil=_wave(ts / 1e6, p % 89, 30.0, 1, 60), encUtil=0, decUtil=0)
-            for ts in sorted(stamps) if ts > timeStamp for p in self._pids(i)]
+                pid=p,
+                timeStamp=ts,
+                smUtil=_wave(ts / 1e6, p % 97, 30.0, 5, 99),
+                memUtil=_wave(ts / 1e6, p % 89, 30.0, 1, 60),
+                encUtil=0,
+                decUtil=0,
+            )
+            for ts in sorted(stamps)
+            if ts > timeStamp
+            for p in self._pids(i)
+        ]
         if not samples:
             raise NVMLError(NVML_ERROR_NOT_FOUND)
         return samples
@@ -704,9 +758,11 @@ class FakeNvml:
         self._system("nvmlEventSetWait_v2")
         for i in sorted(eventSet.gpus):
             if self.xids[i]:
-                return c_nvmlEventData_t(device=FakeHandle(i),
-                                         eventType=nvmlEventTypeXidCriticalError,
-                                         eventData=self.xids[i].popleft())
+                return c_nvmlEventData_t(
+                    device=FakeHandle(i),
+                    eventType=nvmlEventTypeXidCriticalError,
+                    eventData=self.xids[i].popleft(),
+                )
         raise NVMLError(NVML_ERROR_TIMEOUT)
 
     def nvmlEventSetWait(self, eventSet, timeoutms):
@@ -748,7 +804,7 @@ class FakeNvml:
         if "nvmlGpmMetricsGet" in self.unsupported[second.gpu]:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         util = self._util(second.gpu, second.t)
-        for m in metricsGet.metrics[:metricsGet.numMetrics]:
+        for m in metricsGet.metrics[: metricsGet.numMetrics]:
             share = _GPM_SHARES.get(m.metricId)
             m.nvmlReturn = NVML_SUCCESS if share is not None else NVML_ERROR_NOT_SUPPORTED
             m.value = util * share if share is not None else 0.0
@@ -757,10 +813,19 @@ class FakeNvml:
 
 # Calls a MIG device handle answers; the rest (temperature, power, clocks, ...) are the whole
 # GPU's and give NOT_SUPPORTED on one. Utilisation is NOT_SUPPORTED in MIG mode, on either.
-_MIG_HANDLE_CALLS = frozenset({
-    "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetAttributes",
-    "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId", "nvmlDeviceIsMigDeviceHandle",
-    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceGetComputeRunningProcesses"})
+_MIG_HANDLE_CALLS = frozenset(
+    {
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetAttributes",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
+        "nvmlDeviceIsMigDeviceHandle",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceGetComputeRunningProcesses",
+    }
+)
 _UTIL_CALLS = frozenset({"nvmlDeviceGetUtilizationRates", "nvmlDeviceGetProcessUtilization"})
 
 
@@ -784,6 +849,7 @@ def configure(**options) -> FakeNvml:
 def _delegate(name):
     def call(*args, **kwargs):
         return getattr(_default, name)(*args, **kwargs)
+
     call.__name__ = name
     return call
 

@@ -14,8 +14,9 @@ def needs_tools(*names: str):
     .ci/run installs them and a skip would hide a broken install step: there the test runs
     and fails."""
     missing = [name for name in names if shutil.which(name) is None]
-    return pytest.mark.skipif(bool(missing) and not os.environ.get("CI"),
-                              reason=f"needs {', '.join(missing)} (.ci/run installs it)")
+    return pytest.mark.skipif(
+        bool(missing) and not os.environ.get("CI"), reason=f"needs {', '.join(missing)} (.ci/run installs it)"
+    )
 
 
 def wait_for(predicate, timeout=30.0):

@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-
 from alert_endpoints import Hook, Mailbox
+from systools import wait_for
+
 from gpuwatch.alerts import KINDS
 from gpuwatch.alerts import subscriptions as subs
 from gpuwatch.alerts.deliver import Deliverer, backoff_s
-from gpuwatch.store import open_rw
 from gpuwatch.store import alerts as store_alerts
+from gpuwatch.store import open_rw
 from gpuwatch.store.alerts import Alert
-from systools import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,9 +40,16 @@ def shared_db(tmp_path):
 
 def fire(conn, kind: str, n: int = 0, uid: int | None = 0, run_id: str | None = None) -> int:
     """Store one alert row as the rules would; its id."""
-    alert = Alert(kind=kind, incident=f"{kind}-{n}-{time.time_ns()}", ts_ms=int(time.time() * 1000),
-                  host="testhost", uid=uid, run_id=run_id, title=f"[{kind} #{n}] title",
-                  body=f"body of {kind} #{n}; more: gpuwatch alerts")
+    alert = Alert(
+        kind=kind,
+        incident=f"{kind}-{n}-{time.time_ns()}",
+        ts_ms=int(time.time() * 1000),
+        host="testhost",
+        uid=uid,
+        run_id=run_id,
+        title=f"[{kind} #{n}] title",
+        body=f"body of {kind} #{n}; more: gpuwatch alerts",
+    )
     alert_id = store_alerts.record(conn, alert)
     assert alert_id
     return alert_id
@@ -57,8 +64,17 @@ def test_every_kind_reaches_a_json_hook_exactly_once(tmp_path, shared_db, hook):
     deliverer = Deliverer(tmp_path / "notify.db", db, group_s=0)
     deliverer.start(interval_s=0.1)
     try:
-        mine = ("run.finished", "run.failed", "run.oom", "run.stalled", "run.recovered", "run.slow",
-                "run.lost", "gpu.idle_held", "gpus.free")
+        mine = (
+            "run.finished",
+            "run.failed",
+            "run.oom",
+            "run.stalled",
+            "run.recovered",
+            "run.slow",
+            "run.lost",
+            "gpu.idle_held",
+            "gpus.free",
+        )
         for kind in KINDS:
             fire(conn, kind, uid=0 if kind in mine else None)
         wait_for(lambda: all(hook.count(f"[{k} #0]") for k in KINDS), timeout=60)
@@ -113,7 +129,8 @@ def test_alerts_close_together_go_out_as_one_message_per_window(tmp_path, shared
 
 
 def test_an_endpoint_down_then_back_gets_every_alert_once_and_no_url_is_logged(
-        tmp_path, shared_db, hook, caplog):
+    tmp_path, shared_db, hook, caplog
+):
     db, conn = shared_db
     store = subs.open_store(tmp_path / "notify.db")
     subs.add(store, 0, hook.url("tok-in-url"), subs.DEFAULT_KINDS)
@@ -152,12 +169,18 @@ main()
 
 
 def serve(tmp_path: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO), GPUWATCH_DB=str(tmp_path / "gw.db"),
-               GPUWATCH_NOTIFY_DB=str(tmp_path / "notify.db"),
-               GPUWATCH_NOTIFY_SOCKET=str(tmp_path / "n.sock"), GPUWATCH_NOTIFY_GROUP_SECONDS="0")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        GPUWATCH_DB=str(tmp_path / "gw.db"),
+        GPUWATCH_NOTIFY_DB=str(tmp_path / "notify.db"),
+        GPUWATCH_NOTIFY_SOCKET=str(tmp_path / "n.sock"),
+        GPUWATCH_NOTIFY_GROUP_SECONDS="0",
+    )
     (tmp_path / "n.sock").unlink(missing_ok=True)
-    proc = subprocess.Popen([sys.executable, "-c", SERVE], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     wait_for(lambda: (tmp_path / "n.sock").exists() or proc.poll() is not None)
     assert proc.poll() is None, proc.communicate()[1]
     return proc
@@ -182,15 +205,34 @@ def test_a_deliverer_killed_with_alerts_pending_sends_each_once_after_restart(tm
             fire(conn, "run.oom", n)  # and two while it is away
         hook.down = False
         proc = serve(tmp_path)
-        wait_for(lambda: all(hook.count(t) for t in ("[run.failed #1]", "[run.failed #2]",
-                                                     "[run.failed #3]", "[run.oom #4]", "[run.oom #5]")),
-                 timeout=90)
+        wait_for(
+            lambda: all(
+                hook.count(t)
+                for t in (
+                    "[run.failed #1]",
+                    "[run.failed #2]",
+                    "[run.failed #3]",
+                    "[run.oom #4]",
+                    "[run.oom #5]",
+                )
+            ),
+            timeout=90,
+        )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         proc = serve(tmp_path)  # a clean restart repeats nothing either
         time.sleep(2)
-        assert [hook.count(t) for t in ("[run.finished #0]", "[run.failed #1]", "[run.failed #2]",
-                                        "[run.failed #3]", "[run.oom #4]", "[run.oom #5]")] == [1] * 6
+        assert [
+            hook.count(t)
+            for t in (
+                "[run.finished #0]",
+                "[run.failed #1]",
+                "[run.failed #2]",
+                "[run.failed #3]",
+                "[run.oom #4]",
+                "[run.oom #5]",
+            )
+        ] == [1] * 6
     finally:
         proc.kill()
         proc.wait(timeout=30)
@@ -230,10 +272,30 @@ def test_terminal_line_reaches_the_owners_pty_without_escape_sequences(tmp_path,
     master, slave = os.openpty()
     try:
         monkeypatch.setattr(terminals, "user_terminals", lambda uid: [os.ttyname(slave)])
-        store_alerts.record(conn, Alert(kind="run.failed", incident="t", ts_ms=1, host="h", uid=os.getuid(),
-                                        title="run \x1b]0;evil\x07x failed", body="b"))
-        store_alerts.record(conn, Alert(kind="run.failed", incident="u", ts_ms=1, host="h", uid=12345,
-                                        title="someone else's", body="b"))
+        store_alerts.record(
+            conn,
+            Alert(
+                kind="run.failed",
+                incident="t",
+                ts_ms=1,
+                host="h",
+                uid=os.getuid(),
+                title="run \x1b]0;evil\x07x failed",
+                body="b",
+            ),
+        )
+        store_alerts.record(
+            conn,
+            Alert(
+                kind="run.failed",
+                incident="u",
+                ts_ms=1,
+                host="h",
+                uid=12345,
+                title="someone else's",
+                body="b",
+            ),
+        )
         store = subs.open_store(tmp_path / "notify.db")
         store.execute("INSERT INTO cursor (id, alert_id) VALUES (1, 0)")
         store.close()
@@ -258,7 +320,8 @@ def test_terminal_line_reaches_the_owners_pty_without_escape_sequences(tmp_path,
 
 
 def test_one_deliverer_per_store_so_a_wrapper_beside_a_user_daemon_sends_nothing_twice(
-        tmp_path, shared_db, hook):
+    tmp_path, shared_db, hook
+):
     from gpuwatch.alerts.run_delivery import deliver_after_run
 
     db, conn = shared_db

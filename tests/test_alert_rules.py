@@ -17,11 +17,11 @@ import threading
 import time
 from pathlib import Path
 
+import fake_pynvml
 import pytest
 from click.testing import CliRunner
-
-import fake_pynvml
 from systools import wait_for
+
 from gpuwatch.config import Config
 from gpuwatch.daemon.main import Daemon
 from gpuwatch.store import alerts as stored
@@ -88,9 +88,19 @@ def make_nvml() -> fake_pynvml.FakeNvml:
 
 @pytest.fixture
 def cfg(tmp_path):
-    return Config(db=str(tmp_path / "gw.db"), system=False, interval=0.2, host_interval=0.2,
-                  process_interval=1.0, idle_gpu_minutes=0.02, throttle_alert_minutes=0.02,
-                  hung_alert_seconds=0.5, stall_floor=1.0, stall_factor=5.0, disk_low_pct=100.0)
+    return Config(
+        db=str(tmp_path / "gw.db"),
+        system=False,
+        interval=0.2,
+        host_interval=0.2,
+        process_interval=1.0,
+        idle_gpu_minutes=0.02,
+        throttle_alert_minutes=0.02,
+        hung_alert_seconds=0.5,
+        stall_floor=1.0,
+        stall_factor=5.0,
+        disk_low_pct=100.0,
+    )
 
 
 def test_every_kind_once_per_incident_and_a_restart_repeats_none(cfg, tmp_path):
@@ -104,15 +114,41 @@ def test_every_kind_once_per_incident_and_a_restart_repeats_none(cfg, tmp_path):
         wait_for(lambda: rows(db, "SELECT 1 FROM gpu_samples WHERE gpu_index = ?", SICK_GPU))
         nvml.add_ecc(SICK_GPU, 2)  # after the first reading, its baseline
         staller = subprocess.Popen([PYTHON, "-c", STALLER], env=env, stdout=subprocess.PIPE, text=True)
-        subprocess.run([*GPUWATCH, "run", "--no-instrument", "--name", "failer", "--", PYTHON, "-c",
-                        "import sys; sys.exit(3)"], env=env, timeout=120)
-        subprocess.run([*GPUWATCH, "run", "--no-instrument", "--name", "fine", "--", "true"], env=env, timeout=120)
+        subprocess.run(
+            [
+                *GPUWATCH,
+                "run",
+                "--no-instrument",
+                "--name",
+                "failer",
+                "--",
+                PYTHON,
+                "-c",
+                "import sys; sys.exit(3)",
+            ],
+            env=env,
+            timeout=120,
+        )
+        subprocess.run(
+            [*GPUWATCH, "run", "--no-instrument", "--name", "fine", "--", "true"], env=env, timeout=120
+        )
         subprocess.run([PYTHON, "-c", OOMER], env=env, timeout=120, capture_output=True)
         staller_id = staller.stdout.readline().strip()
         staller.wait(60)
-        expected = {"run.finished", "run.failed", "run.oom", "run.stalled", "run.recovered",
-                    "gpu.idle_held", "gpu.lost", "gpu.not_responding", "gpu.xid", "gpu.ecc",
-                    "gpu.throttled", "disk.low"}
+        expected = {
+            "run.finished",
+            "run.failed",
+            "run.oom",
+            "run.stalled",
+            "run.recovered",
+            "gpu.idle_held",
+            "gpu.lost",
+            "gpu.not_responding",
+            "gpu.xid",
+            "gpu.ecc",
+            "gpu.throttled",
+            "disk.low",
+        }
         wait_for(lambda: expected <= kinds(db).keys(), timeout=60)
         time.sleep(3)  # the conditions still hold for many more ticks and checks
         nvml.set_hung(HUNG_GPU, False)
@@ -139,7 +175,11 @@ def test_every_kind_once_per_incident_and_a_restart_repeats_none(cfg, tmp_path):
     assert idle.pid == os.getpid() and idle.uid == os.getuid() and idle.gpu_index == IDLE_GPU
     assert "held idle" in idle.title and "Command: " in idle.body and idle.detail["used_mem_bytes"] >= 2**30
     assert by_kind["gpu.xid"].detail["xid"] == 79
-    assert by_kind["gpu.ecc"].detail == {"uuid": by_kind["gpu.ecc"].detail["uuid"], "uncorrected": 2, "before": 0}
+    assert by_kind["gpu.ecc"].detail == {
+        "uuid": by_kind["gpu.ecc"].detail["uuid"],
+        "uncorrected": 2,
+        "before": 0,
+    }
     assert by_kind["gpu.throttled"].detail["family"] == "thermal"
     assert by_kind["gpu.lost"].gpu_index == LOST_GPU and by_kind["gpu.not_responding"].gpu_index == HUNG_GPU
     for a in by_kind.values():
@@ -168,7 +208,7 @@ def test_idle_held_re_arms_only_after_release(cfg):
         wait_for(lambda: kinds(cfg.db).get("gpu.idle_held") == 2)
     finally:
         running.stop()
-    incidents = [i for i, in rows(cfg.db, "SELECT incident FROM alerts WHERE kind = 'gpu.idle_held'")]
+    incidents = [i for (i,) in rows(cfg.db, "SELECT incident FROM alerts WHERE kind = 'gpu.idle_held'")]
     assert len(set(incidents)) == 2
 
 
@@ -181,7 +221,9 @@ def test_when_free_wish_fires_once_through_the_daemon_then_is_forgotten(cfg, mon
         result = CliRunner().invoke(when_free, ["-n", "2", "--mem", "40G", "--window", "0.1"])
         assert result.exit_code == 0, result.output
         assert "stored: one gpus.free alert when 2 GPU(s)" in result.output
-        [alert] = wait_for(lambda: rows(cfg.db, "SELECT uid, title, detail_json FROM alerts WHERE kind = 'gpus.free'"))
+        [alert] = wait_for(
+            lambda: rows(cfg.db, "SELECT uid, title, detail_json FROM alerts WHERE kind = 'gpus.free'")
+        )
         assert rows(cfg.db, "SELECT count(*) FROM alert_wishes") == [(0,)]  # forgotten
         time.sleep(6)  # another wish check
         assert kinds(cfg.db)["gpus.free"] == 1
@@ -195,18 +237,40 @@ def test_when_free_wish_fires_once_through_the_daemon_then_is_forgotten(cfg, mon
 
 def test_when_free_refuses_bad_input_in_one_line():
     # through the real command line: `gpuwatch notify when-free`
-    result = subprocess.run([*GPUWATCH, "notify", "when-free", "-n", "2", "--mem", "lots"],
-                            capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    result = subprocess.run(
+        [*GPUWATCH, "notify", "when-free", "-n", "2", "--mem", "lots"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert result.returncode == 2 and "--mem" in result.stderr, result.stderr
 
 
 def test_gpuwatch_run_with_no_daemon_writes_its_own_end_as_an_alert(tmp_path):
     db = tmp_path / "embedded.db"
     env = dict(os.environ, PYTHONPATH=str(ROOT), GPUWATCH_DB=str(db))
-    result = subprocess.run([*GPUWATCH, "run", "--no-instrument", "--name", "lonely", "--", PYTHON, "-c",
-                             "import sys; sys.exit(7)"], env=env, timeout=120, capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            *GPUWATCH,
+            "run",
+            "--no-instrument",
+            "--name",
+            "lonely",
+            "--",
+            PYTHON,
+            "-c",
+            "import sys; sys.exit(7)",
+        ],
+        env=env,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 7, result.stderr
-    [(kind, title, mode)] = rows(db, "SELECT a.kind, a.title, r.mode FROM alerts a JOIN runs r USING (run_id)")
+    [(kind, title, mode)] = rows(
+        db, "SELECT a.kind, a.title, r.mode FROM alerts a JOIN runs r USING (run_id)"
+    )
     assert (kind, mode) == ("run.failed", "embedded") and "run lonely" in title and "exit status 7" in title
 
 
@@ -223,8 +287,12 @@ def test_metrics_count_alerts_by_kind(tmp_path):
     conn = open_rw(db)
     with conn:
         for n, kind in enumerate(["run.failed", "run.failed", "gpu.idle_held", "run.failed"]):
-            stored.record(conn, stored.Alert(kind=kind, incident=f"i{n}", ts_ms=n, host="h", title="t", body="b"))
-        stored.record(conn, stored.Alert(kind="run.failed", incident="i0", ts_ms=9, host="h", title="t", body="b"))
+            stored.record(
+                conn, stored.Alert(kind=kind, incident=f"i{n}", ts_ms=n, host="h", title="t", body="b")
+            )
+        stored.record(
+            conn, stored.Alert(kind="run.failed", incident="i0", ts_ms=9, host="h", title="t", body="b")
+        )
     conn.close()
     server = start_metrics_server("127.0.0.1:0", db, hostname="node7")
     try:
@@ -244,8 +312,10 @@ def test_browse_describes_the_alert_tables_and_they_hold_no_url(tmp_path):
     from gpuwatch.store import open_rw
 
     conn = open_rw(tmp_path / "b.db")
-    columns = {t: [c[1] for c in conn.execute(f"PRAGMA table_info({t})")]
-               for t in ("alerts", "alert_episodes", "alert_wishes")}
+    columns = {
+        t: [c[1] for c in conn.execute(f"PRAGMA table_info({t})")]
+        for t in ("alerts", "alert_episodes", "alert_wishes")
+    }
     for sql in (QUERIES["alerts_per_day"]["sql"],):
         conn.execute(sql).fetchall()  # the canned query runs on the schema
     conn.close()
@@ -273,7 +343,9 @@ def test_a_run_whose_process_dies_unannounced_is_lost_once(cfg):
         wait_for(lambda: rows(cfg.db, "SELECT 1 FROM runs WHERE run_id = ? AND last_step_ms", run_id))
         child.kill()  # no run_end ever comes
         child.wait()
-        [(title, body)] = wait_for(lambda: rows(cfg.db, "SELECT title, body FROM alerts WHERE kind = 'run.lost'"))
+        [(title, body)] = wait_for(
+            lambda: rows(cfg.db, "SELECT title, body FROM alerts WHERE kind = 'run.lost'")
+        )
     finally:
         running.stop()
     assert f"run loser ({run_id}) was lost" in title and f"More: gpuwatch show {run_id}" in body
@@ -290,11 +362,32 @@ def test_run_slow_once_per_slow_spell_against_the_runs_own_median(tmp_path):
     cfg = Config(db=str(tmp_path / "s.db"), slow_alert_pct=50.0, slow_alert_minutes=1.0)
     host, now = socket.gethostname(), 10_000_000
     conn = open_rw(cfg.db)
-    insert_rows(conn, "runs", [dict(run_id="r", name="slowpoke", uid=1000, user="alice", host=host,
-                                    started_ms=now - 600_000, last_step_ms=now - 1000)])
+    insert_rows(
+        conn,
+        "runs",
+        [
+            dict(
+                run_id="r",
+                name="slowpoke",
+                uid=1000,
+                user="alice",
+                host=host,
+                started_ms=now - 600_000,
+                last_step_ms=now - 1000,
+            )
+        ],
+    )
     # 1000 tokens/s for 8 minutes, then 300 for the last minute and a half
-    insert_rows(conn, "steps", [dict(run_id="r", step=i, ts_ms=now - 540_000 + 1000 * i,
-                                     tokens_per_s=1000.0 if i < 450 else 300.0) for i in range(540)])
+    insert_rows(
+        conn,
+        "steps",
+        [
+            dict(
+                run_id="r", step=i, ts_ms=now - 540_000 + 1000 * i, tokens_per_s=1000.0 if i < 450 else 300.0
+            )
+            for i in range(540)
+        ],
+    )
     episodes = Episodes()
     [alert] = slow_alerts(conn, cfg, host, now, episodes)
     assert alert.kind == "run.slow" and alert.run_id == "r"
@@ -304,8 +397,14 @@ def test_run_slow_once_per_slow_spell_against_the_runs_own_median(tmp_path):
     # it speeds up (released), then slows again: a second spell, a second alert
     insert_rows(conn, "steps", [dict(run_id="r", step=600, ts_ms=now + 20_000, tokens_per_s=1000.0)])
     assert slow_alerts(conn, cfg, host, now + 20_000, episodes) == []
-    insert_rows(conn, "steps", [dict(run_id="r", step=700 + i, ts_ms=now + 100_000 + 1000 * i,
-                                     tokens_per_s=200.0) for i in range(70)])
+    insert_rows(
+        conn,
+        "steps",
+        [
+            dict(run_id="r", step=700 + i, ts_ms=now + 100_000 + 1000 * i, tokens_per_s=200.0)
+            for i in range(70)
+        ],
+    )
     conn.execute("UPDATE runs SET last_step_ms = ?", (now + 169_000,))
     [again] = slow_alerts(conn, cfg, host, now + 170_000, episodes)
     assert again.incident != alert.incident
@@ -314,34 +413,58 @@ def test_run_slow_once_per_slow_spell_against_the_runs_own_median(tmp_path):
 
 def test_gpuwatch_run_with_no_daemon_alerts_its_own_stall_and_recovery(tmp_path):
     db = tmp_path / "embedded.db"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GPUWATCH_DB=str(db), GPUWATCH_STALL_FLOOR="1",
-               GPUWATCH_STALL_FACTOR="5")
-    result = subprocess.run([*GPUWATCH, "run", "--name", "emb", "--", PYTHON, "-c", STALLER], env=env,
-                            timeout=120, capture_output=True, text=True)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        GPUWATCH_DB=str(db),
+        GPUWATCH_STALL_FLOOR="1",
+        GPUWATCH_STALL_FACTOR="5",
+    )
+    result = subprocess.run(
+        [*GPUWATCH, "run", "--name", "emb", "--", PYTHON, "-c", STALLER],
+        env=env,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     found = rows(db, "SELECT a.kind, r.name, r.mode FROM alerts a JOIN runs r USING (run_id) ORDER BY a.id")
-    assert found == [("run.stalled", "emb", "embedded"), ("run.recovered", "emb", "embedded"),
-                     ("run.finished", "emb", "embedded")], found
+    assert found == [
+        ("run.stalled", "emb", "embedded"),
+        ("run.recovered", "emb", "embedded"),
+        ("run.finished", "emb", "embedded"),
+    ], found
 
 
-@pytest.mark.parametrize("change, complaint", [
-    ({"gpus": 0}, "wish.gpus: expected integer from 1 to 4096"),
-    ({"min_free_bytes": "40G"}, "wish.min_free_bytes: expected integer >= 0"),
-    ({"max_util_pct": 120}, "wish.max_util_pct: expected number from 0 to 100"),
-    ({"window_min": float("nan")}, "wish.window_min: expected minutes from 0.1 to 1440"),
-])
+@pytest.mark.parametrize(
+    "change, complaint",
+    [
+        ({"gpus": 0}, "wish.gpus: expected integer from 1 to 4096"),
+        ({"min_free_bytes": "40G"}, "wish.min_free_bytes: expected integer >= 0"),
+        ({"max_util_pct": 120}, "wish.max_util_pct: expected number from 0 to 100"),
+        ({"window_min": float("nan")}, "wish.window_min: expected minutes from 0.1 to 1440"),
+    ],
+)
 def test_a_bad_wish_frame_gets_one_line_naming_the_field(change, complaint):
     from gpuwatch import protocol
 
-    frame = {"v": protocol.VERSION, "type": "wish", "gpus": 2, "min_free_bytes": 2**30,
-             "max_util_pct": 10.0, "window_min": 5.0}
+    frame = {
+        "v": protocol.VERSION,
+        "type": "wish",
+        "gpus": 2,
+        "min_free_bytes": 2**30,
+        "max_util_pct": 10.0,
+        "window_min": 5.0,
+    }
     assert protocol.validate(frame).type == "wish"
     with pytest.raises(protocol.ProtocolError) as caught:
         protocol.validate({**frame, **change})
     assert str(caught.value).startswith(complaint) and "\n" not in str(caught.value)
 
 
-def test_when_free_with_no_daemon_keeps_the_wish_in_my_database_for_an_embedded_sampler(tmp_path, monkeypatch):
+def test_when_free_with_no_daemon_keeps_the_wish_in_my_database_for_an_embedded_sampler(
+    tmp_path, monkeypatch
+):
     from gpuwatch.alerts.host_rules import wishes
     from gpuwatch.cli.when_free_cmd import when_free
     from gpuwatch.sampler import Sampler
@@ -358,8 +481,9 @@ def test_when_free_with_no_daemon_keeps_the_wish_in_my_database_for_an_embedded_
     assert (wish.uid, wish.gpus, wish.min_free_bytes) == (os.getuid(), 1, 10 * 2**30)
 
     writer = Writer(db)
-    sampler = Sampler(writer, Config(db=str(db), interval=0.2, host_interval=0.2),
-                      nvml_module=fake_pynvml.FakeNvml(gpus=2))
+    sampler = Sampler(
+        writer, Config(db=str(db), interval=0.2, host_interval=0.2), nvml_module=fake_pynvml.FakeNvml(gpus=2)
+    )
     sampler.start()
     try:
         [(uid, title)] = wait_for(lambda: rows(db, "SELECT uid, title FROM alerts WHERE kind = 'gpus.free'"))

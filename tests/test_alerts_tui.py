@@ -4,11 +4,11 @@ from a real store through the real source."""
 from __future__ import annotations
 
 import pytest
+from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 from gpuwatch.store import alerts, insert_rows, open_rw
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.source import StoreSource
-from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 NOW = 1_764_676_800_000  # 2025-12-02 12:00:00 UTC
 
@@ -17,14 +17,33 @@ def _store(path) -> None:
     conn = open_rw(path)
     with conn:
         insert_rows(conn, "host_samples", [dict(ts_ms=NOW - 500, cpu_pct=3.0)])  # the data is live
-        alerts.record(conn, alerts.Alert(
-            kind="run.failed", incident="r1", ts_ms=NOW - 60_000, host="node7", uid=1000, run_id="r1",
-            title="run train.py (r1) failed with exit status 1 on node7 (alice (uid 1000))",
-            body="run train.py (r1) of alice failed.\nMore: gpuwatch show r1"))
-        alerts.record(conn, alerts.Alert(
-            kind="gpu.idle_held", incident="g", ts_ms=NOW - 30_000, host="node7", uid=1001, gpu_index=3, pid=42,
-            title="GPU 3 on node7 held idle: 70.0 GiB by bob (uid 1001), pid 42, for 30m",
-            body="pid 42 of bob holds 70.0 GiB of GPU 3.\nMore: gpuwatch status"))
+        alerts.record(
+            conn,
+            alerts.Alert(
+                kind="run.failed",
+                incident="r1",
+                ts_ms=NOW - 60_000,
+                host="node7",
+                uid=1000,
+                run_id="r1",
+                title="run train.py (r1) failed with exit status 1 on node7 (alice (uid 1000))",
+                body="run train.py (r1) of alice failed.\nMore: gpuwatch show r1",
+            ),
+        )
+        alerts.record(
+            conn,
+            alerts.Alert(
+                kind="gpu.idle_held",
+                incident="g",
+                ts_ms=NOW - 30_000,
+                host="node7",
+                uid=1001,
+                gpu_index=3,
+                pid=42,
+                title="GPU 3 on node7 held idle: 70.0 GiB by bob (uid 1001), pid 42, for 30m",
+                body="pid 42 of bob holds 70.0 GiB of GPU 3.\nMore: gpuwatch status",
+            ),
+        )
     conn.close()
 
 
@@ -44,11 +63,17 @@ async def test_the_top_line_tells_of_new_alerts_and_a_opens_the_list_with_each_o
     async with app.run_test(size=(80, 24)) as pilot:
         status = lambda: app.screen.query_one("#status").text.plain  # noqa: E731
         await _until(pilot, lambda: "alerts in the last hour" in status())
-        assert status().startswith("updated 11:59:59 · ⚠ 2 alerts in the last hour (a) · 11:59:30 gpu.idle_held")
+        assert status().startswith(
+            "updated 11:59:59 · ⚠ 2 alerts in the last hour (a) · 11:59:30 gpu.idle_held"
+        )
 
         await pilot.press("a")
-        await _until(pilot, lambda: type(app.screen).__name__ == "AlertsScreen"
-                     and app.screen.query_one("#alerts").row_count == 2)
+        await _until(
+            pilot,
+            lambda: (
+                type(app.screen).__name__ == "AlertsScreen" and app.screen.query_one("#alerts").row_count == 2
+            ),
+        )
         screen = app.screen
         assert str(screen.query_one("#alerts-title").render()) == "Alerts: 2, newest first"
         table = screen.query_one("#alerts")

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from gpuwatch.cli import main
 from gpuwatch.store import insert_rows, open_ro, open_rw
 
-GIB = 1024 ** 3
+GIB = 1024**3
 T0 = 1_700_000_000_000
 EVIL = '<script>alert("x")</script>'
 
@@ -25,45 +25,148 @@ def fill_two_runs(path: Path) -> None:
     run B (OOM, GPU 1 found through its process) for 60 s, 5 steps, with an evil name."""
     conn = open_rw(path)
     conn.execute("BEGIN")
-    insert_rows(conn, "gpus", [dict(gpu_index=i, uuid=f"GPU-{i:04d}", name="NVIDIA H100",
-                                    first_seen_ms=T0 - 60_000, last_seen_ms=T0 + 400_000) for i in range(2)])
-    insert_rows(conn, "runs", [
-        dict(run_id="aaaa1111", name="baseline", uid=1000, user="alice", status="finished",
-             started_ms=T0, ended_ms=T0 + 100_000, gpu_uuids="GPU-0000", command="python train.py",
-             config_json=json.dumps({"lr": 3e-4, "note": EVIL})),
-        dict(run_id="bbbb2222", name=EVIL, uid=1000, user="alice", status="oom", pid=4242,
-             started_ms=T0 + 200_000, ended_ms=T0 + 260_000),
-    ])
-    insert_rows(conn, "steps", [
-        dict(run_id="aaaa1111", step=s, ts_ms=T0 + 10_000 * (s + 1), tokens=1000,
-             tokens_per_s=1000.0 + 100 * s, step_time_ms=100.0 + s, mfu=0.4,
-             mem_allocated_bytes=GIB, mem_reserved_bytes=2 * GIB, mem_peak_bytes=(s + 1) * GIB)
-        for s in range(10)])
-    insert_rows(conn, "steps", [
-        dict(run_id="bbbb2222", step=s, ts_ms=T0 + 200_000 + 10_000 * (s + 1), tokens=1000,
-             tokens_per_s=2000.0, step_time_ms=50.0, mfu=0.5, mem_peak_bytes=20 * GIB)
-        for s in range(5)])
+    insert_rows(
+        conn,
+        "gpus",
+        [
+            dict(
+                gpu_index=i,
+                uuid=f"GPU-{i:04d}",
+                name="NVIDIA H100",
+                first_seen_ms=T0 - 60_000,
+                last_seen_ms=T0 + 400_000,
+            )
+            for i in range(2)
+        ],
+    )
+    insert_rows(
+        conn,
+        "runs",
+        [
+            dict(
+                run_id="aaaa1111",
+                name="baseline",
+                uid=1000,
+                user="alice",
+                status="finished",
+                started_ms=T0,
+                ended_ms=T0 + 100_000,
+                gpu_uuids="GPU-0000",
+                command="python train.py",
+                config_json=json.dumps({"lr": 3e-4, "note": EVIL}),
+            ),
+            dict(
+                run_id="bbbb2222",
+                name=EVIL,
+                uid=1000,
+                user="alice",
+                status="oom",
+                pid=4242,
+                started_ms=T0 + 200_000,
+                ended_ms=T0 + 260_000,
+            ),
+        ],
+    )
+    insert_rows(
+        conn,
+        "steps",
+        [
+            dict(
+                run_id="aaaa1111",
+                step=s,
+                ts_ms=T0 + 10_000 * (s + 1),
+                tokens=1000,
+                tokens_per_s=1000.0 + 100 * s,
+                step_time_ms=100.0 + s,
+                mfu=0.4,
+                mem_allocated_bytes=GIB,
+                mem_reserved_bytes=2 * GIB,
+                mem_peak_bytes=(s + 1) * GIB,
+            )
+            for s in range(10)
+        ],
+    )
+    insert_rows(
+        conn,
+        "steps",
+        [
+            dict(
+                run_id="bbbb2222",
+                step=s,
+                ts_ms=T0 + 200_000 + 10_000 * (s + 1),
+                tokens=1000,
+                tokens_per_s=2000.0,
+                step_time_ms=50.0,
+                mfu=0.5,
+                mem_peak_bytes=20 * GIB,
+            )
+            for s in range(5)
+        ],
+    )
     # GPU 0 busy (80 %) only during A; idle samples outside the window must not count.
-    samples = [dict(gpu_index=0, ts_ms=T0 + k * 1000, gpu_util_pct=80, power_mw=300_000,
-                    mem_used_bytes=GIB) for k in range(0, 101)]
+    samples = [
+        dict(gpu_index=0, ts_ms=T0 + k * 1000, gpu_util_pct=80, power_mw=300_000, mem_used_bytes=GIB)
+        for k in range(0, 101)
+    ]
     samples += [dict(gpu_index=0, ts_ms=T0 - k * 1000, gpu_util_pct=0, power_mw=60_000) for k in range(1, 30)]
-    samples += [dict(gpu_index=1, ts_ms=T0 + 200_000 + k * 1000, gpu_util_pct=40, power_mw=200_000)
-                for k in range(0, 61)]
+    samples += [
+        dict(gpu_index=1, ts_ms=T0 + 200_000 + k * 1000, gpu_util_pct=40, power_mw=200_000)
+        for k in range(0, 61)
+    ]
     insert_rows(conn, "gpu_samples", samples)
-    insert_rows(conn, "processes", [dict(pid=4242, start_ms=T0 + 199_000, uid=1000, user="alice",
-                                         run_id="bbbb2222", first_seen_ms=T0 + 200_000,
-                                         last_seen_ms=T0 + 260_000)])
-    insert_rows(conn, "gpu_process_samples", [dict(gpu_index=1, pid=4242, ts_ms=T0 + 210_000,
-                                                   used_mem_bytes=20 * GIB)])
-    insert_rows(conn, "run_events", [dict(run_id="aaaa1111", seq=1, ts_ms=T0, kind="start"),
-                                     dict(run_id="aaaa1111", seq=2, ts_ms=T0 + 100_000, kind="end")])
-    insert_rows(conn, "oom_postmortems", [dict(
-        run_id="bbbb2222", ts_ms=T0 + 255_000, kind="gpu", device=1, requested_bytes=4 * GIB,
-        total_bytes=80 * GIB, free_bytes=GIB, allocated_bytes=70 * GIB, reserved_bytes=75 * GIB,
-        seq_len=32768, batch=8, phase="backward", error_message="CUDA out of memory. " + EVIL,
-        advice_json=json.dumps([{"title": "Halve the batch", "detail": "batch 8 -> 4 fits " + EVIL}]),
-        neighbours_json=json.dumps([{"pid": 777, "user": "bob", "used_mem_bytes": 5 * GIB,
-                                     "run_id": None}]))])
+    insert_rows(
+        conn,
+        "processes",
+        [
+            dict(
+                pid=4242,
+                start_ms=T0 + 199_000,
+                uid=1000,
+                user="alice",
+                run_id="bbbb2222",
+                first_seen_ms=T0 + 200_000,
+                last_seen_ms=T0 + 260_000,
+            )
+        ],
+    )
+    insert_rows(
+        conn,
+        "gpu_process_samples",
+        [dict(gpu_index=1, pid=4242, ts_ms=T0 + 210_000, used_mem_bytes=20 * GIB)],
+    )
+    insert_rows(
+        conn,
+        "run_events",
+        [
+            dict(run_id="aaaa1111", seq=1, ts_ms=T0, kind="start"),
+            dict(run_id="aaaa1111", seq=2, ts_ms=T0 + 100_000, kind="end"),
+        ],
+    )
+    insert_rows(
+        conn,
+        "oom_postmortems",
+        [
+            dict(
+                run_id="bbbb2222",
+                ts_ms=T0 + 255_000,
+                kind="gpu",
+                device=1,
+                requested_bytes=4 * GIB,
+                total_bytes=80 * GIB,
+                free_bytes=GIB,
+                allocated_bytes=70 * GIB,
+                reserved_bytes=75 * GIB,
+                seq_len=32768,
+                batch=8,
+                phase="backward",
+                error_message="CUDA out of memory. " + EVIL,
+                advice_json=json.dumps([{"title": "Halve the batch", "detail": "batch 8 -> 4 fits " + EVIL}]),
+                neighbours_json=json.dumps(
+                    [{"pid": 777, "user": "bob", "used_mem_bytes": 5 * GIB, "run_id": None}]
+                ),
+            )
+        ],
+    )
     conn.execute("COMMIT")
     conn.close()
 
@@ -102,10 +205,19 @@ def test_compare_peak_memory_of_a_cpu_run_is_its_rss(tmp_path):
 
     conn = open_rw(tmp_path / "cpu.db")
     conn.execute("BEGIN")
-    insert_rows(conn, "runs", [dict(run_id="cpu1", name="cpu", uid=1, status="finished",
-                                    started_ms=T0, ended_ms=T0 + 5_000)])
-    insert_rows(conn, "steps", [dict(run_id="cpu1", step=s, ts_ms=T0 + 1000 * s, tokens=10,
-                                     rss_bytes=(s + 1) * GIB) for s in range(3)])
+    insert_rows(
+        conn,
+        "runs",
+        [dict(run_id="cpu1", name="cpu", uid=1, status="finished", started_ms=T0, ended_ms=T0 + 5_000)],
+    )
+    insert_rows(
+        conn,
+        "steps",
+        [
+            dict(run_id="cpu1", step=s, ts_ms=T0 + 1000 * s, tokens=10, rss_bytes=(s + 1) * GIB)
+            for s in range(3)
+        ],
+    )
     conn.execute("COMMIT")
     (run,) = compare(conn, ["cpu1"])
     conn.close()
@@ -140,10 +252,15 @@ def sweep_db(db) -> Path:
     """The two runs as a sweep: lr 3e-4 vs 3e-3, another commit and command; A 10 steps with
     loss 5.0 - 0.3 s, B 5 steps with loss 4.0 - 0.2 s, 1000 tokens a step."""
     conn = open_rw(db)
-    conn.execute("UPDATE runs SET config_json = ?, git_commit = 'aaaaaaa' WHERE run_id = 'aaaa1111'",
-                 (json.dumps({"lr": 3e-4, "model": {"layers": 12}}),))
-    conn.execute("UPDATE runs SET config_json = ?, git_commit = 'bbbbbbb', command = 'python train.py --lr 3e-3' "
-                 "WHERE run_id = 'bbbb2222'", (json.dumps({"lr": 3e-3, "model": {"layers": 12}}),))
+    conn.execute(
+        "UPDATE runs SET config_json = ?, git_commit = 'aaaaaaa' WHERE run_id = 'aaaa1111'",
+        (json.dumps({"lr": 3e-4, "model": {"layers": 12}}),),
+    )
+    conn.execute(
+        "UPDATE runs SET config_json = ?, git_commit = 'bbbbbbb', command = 'python train.py --lr 3e-3' "
+        "WHERE run_id = 'bbbb2222'",
+        (json.dumps({"lr": 3e-3, "model": {"layers": 12}}),),
+    )
     conn.execute("UPDATE steps SET loss = 5.0 - 0.3 * step WHERE run_id = 'aaaa1111'")
     conn.execute("UPDATE steps SET loss = 4.0 - 0.2 * step WHERE run_id = 'bbbb2222'")
     conn.commit()
@@ -161,7 +278,7 @@ def test_compare_says_what_differed_and_the_loss_at_equal_tokens(sweep_db):
     assert rows["final loss"][2:4] == ["2.3", "3.2"] and rows["best loss"][2:4] == ["2.3", "3.2"]
     # B saw 5000 tokens: both runs at 5000 tokens (step 4): A 5.0 - 1.2, B 4.0 - 0.8.
     assert rows["loss at 5k tokens"][4:6] == ["3.8", "3.2"]
-    chart = out[out.index("loss vs tokens"):].splitlines()
+    chart = out[out.index("loss vs tokens") :].splitlines()
     assert "baseline" in chart[0] and any(ch in "".join(chart[1:]) for ch in "⡀⠉⠒")
     assert chart[-1].strip().endswith("10k tokens") and len(chart) <= 12
 
@@ -211,19 +328,49 @@ def test_export_sqlite_is_one_file_with_the_run_alone_that_show_and_any_sqlite_t
     conn = open_rw(db)
     insert_rows(conn, "profiles", [dict(id=7, run_id="bbbb2222", ts_ms=T0 + 210_000, trigger="on_demand")])
     insert_rows(conn, "profile_ops", [dict(profile_id=7, name="aten::mm", calls=3, self_cpu_us=5.0)])
-    insert_rows(conn, "profile_breakdowns", [dict(profile_id=7, gpu=1, idle_pct=37.5,
-                                                  breakdown_json='{"temporal": {"idle_pct": 37.5, '
-                                                  '"compute_pct": 60.0, "non_compute_pct": 2.5}}')])
+    insert_rows(
+        conn,
+        "profile_breakdowns",
+        [
+            dict(
+                profile_id=7,
+                gpu=1,
+                idle_pct=37.5,
+                breakdown_json='{"temporal": {"idle_pct": 37.5, '
+                '"compute_pct": 60.0, "non_compute_pct": 2.5}}',
+            )
+        ],
+    )
     conn.execute("UPDATE gpu_samples SET energy_mj = (ts_ms - ?) * 200 WHERE gpu_index = 1", (T0,))  # 200 W
     conn.close()
     gw("export", "bbbb2222", "--format", "sqlite", out, "--db", db)
     assert sorted(p.name for p in out.parent.iterdir()) == ["b.db"]  # no -wal/-shm beside it
     plain = sqlite3.connect(out)  # any SQLite tool
-    counts = {t: plain.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in (
-        "runs", "steps", "gpu_samples", "oom_postmortems", "profiles", "profile_ops",
-        "profile_breakdowns", "run_notes", "gpus")}
-    assert counts == {"runs": 1, "steps": 5, "gpu_samples": 61, "oom_postmortems": 1, "profiles": 1,
-                      "profile_ops": 1, "profile_breakdowns": 1, "run_notes": 1, "gpus": 1}
+    counts = {
+        t: plain.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+        for t in (
+            "runs",
+            "steps",
+            "gpu_samples",
+            "oom_postmortems",
+            "profiles",
+            "profile_ops",
+            "profile_breakdowns",
+            "run_notes",
+            "gpus",
+        )
+    }
+    assert counts == {
+        "runs": 1,
+        "steps": 5,
+        "gpu_samples": 61,
+        "oom_postmortems": 1,
+        "profiles": 1,
+        "profile_ops": 1,
+        "profile_breakdowns": 1,
+        "run_notes": 1,
+        "gpus": 1,
+    }
     assert plain.execute("SELECT DISTINCT gpu_index FROM gpu_samples").fetchall() == [(1,)]
     plain.close()
     shown = gw("show", "bbbb2222", "--db", out)
@@ -238,8 +385,9 @@ def test_export_sqlite_is_one_file_with_the_run_alone_that_show_and_any_sqlite_t
 
 def test_export_parquet_without_pyarrow_says_how_to_get_it(db, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if pyarrow were not installed
-    result = CliRunner().invoke(main, ["export", "baseline", "--format", "parquet",
-                                       "-o", str(tmp_path / "p"), "--db", str(db)])
+    result = CliRunner().invoke(
+        main, ["export", "baseline", "--format", "parquet", "-o", str(tmp_path / "p"), "--db", str(db)]
+    )
     assert result.exit_code == 1
     assert result.output.strip() == "Error: parquet export needs pyarrow: pip install pyarrow"
     assert not (tmp_path / "p").exists()
@@ -289,14 +437,18 @@ def test_report_shows_config_and_no_data_charts(db, tmp_path):
     parser = _Collect()
     parser.feed(out.read_text())
     text = "".join(parser.text)
-    assert '"lr": 0.0003' in text and '<script>alert(' in text and parser.scripts == 0
+    assert '"lr": 0.0003' in text and "<script>alert(" in text and parser.scripts == 0
     assert "OOM postmortem" not in text
     assert "no data recorded" not in text
 
 
 def test_real_entry_point_compare(db):
     exe = Path(sys.executable).with_name("gpuwatch")
-    proc = subprocess.run([str(exe), "compare", "baseline", "bbbb2222", "--db", str(db)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [str(exe), "compare", "baseline", "bbbb2222", "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "tokens/s p90" in proc.stdout and "\x1b[" not in proc.stdout  # not a tty: no colour

@@ -14,4 +14,7 @@ def test_torch_is_hooked_whatever_the_import_order(how):
     done = gw_run(PY, str(SCRIPTS / "import_order.py"), how)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [(s["step"], s["tokens"]) for s in query("SELECT * FROM steps ORDER BY step")] == [
-        (1, 16), (2, 16), (3, 16)]
+        (1, 16),
+        (2, 16),
+        (3, 16),
+    ]

@@ -32,8 +32,13 @@ def test_copies_pickles_saves_script_trace_export_and_checkpoints_are_the_same(t
     assert "hooks left on the model: []" in wrapped.stdout
     for name in ("ckpt.pt", "whole.pt"):  # byte-equal files
         assert (wrapped_dir / name).read_bytes() == (bare_dir / name).read_bytes(), name
-    loaded = subprocess.run([PY, "-c", LOAD_WITHOUT_GPUWATCH, str(wrapped_dir / "whole.pt")], capture_output=True,
-                            text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(SCRIPTS)))
+    loaded = subprocess.run(
+        [PY, "-c", LOAD_WITHOUT_GPUWATCH, str(wrapped_dir / "whole.pt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(SCRIPTS)),
+    )
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert loaded.stdout.startswith("TinyLM ")
     # gpuwatch's own lines: on stderr, each once; and the run saw the 4 steps.
@@ -58,7 +63,8 @@ def test_torch_compile_compiles_as_often_and_warns_as_little_as_without_gpuwatch
     steps = steps_of(the_run()["run_id"])
     seen = (64, 4, 16) if how != "step" else (None, None, None)  # no forward of a module seen
     assert [(s["step"], s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [
-        (n, *seen) for n in range(1, 7)]
+        (n, *seen) for n in range(1, 7)
+    ]
     logged = [float(line.split()[-1]) for line in wrapped.stdout.splitlines() if line.startswith("step ")]
     assert [s["loss"] for s in steps] == pytest.approx(logged, abs=1e-6)
 

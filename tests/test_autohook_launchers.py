@@ -34,8 +34,12 @@ def main(steps=3):
 
 def _attached(run_id: str) -> list[dict]:
     """The processes that joined the run: one `attached` event each, with its own command."""
-    return [json.loads(payload) for (payload,) in query(
-        "SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'", run_id)]
+    return [
+        json.loads(payload)
+        for (payload,) in query(
+            "SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'", run_id
+        )
+    ]
 
 
 def test_python_dash_m_runs_a_package_and_its_steps_are_recorded(tmp_path, monkeypatch):
@@ -52,7 +56,8 @@ def test_python_dash_m_runs_a_package_and_its_steps_are_recorded(tmp_path, monke
     assert (run["name"], run["status"]) == ("tinytrain", "finished")
     steps = steps_of(run["run_id"])
     assert [(s["step"], s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [
-        (n, 64, 4, 16) for n in range(1, 4)]
+        (n, 64, 4, 16) for n in range(1, 4)
+    ]
     assert [s["loss"] for s in steps] == pytest.approx(_logged_losses(done.stdout), rel=1e-5)
 
 
@@ -69,7 +74,8 @@ def test_accelerate_launch_records_the_script_and_not_its_launcher(tmp_path):
     steps = steps_of(run["run_id"])
     assert len(logged) == 4
     assert [(s["step"], s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [
-        (n, 64, 4, 16) for n in range(1, 5)]
+        (n, 64, 4, 16) for n in range(1, 5)
+    ]
     assert [s["loss"] for s in steps] == pytest.approx(logged, rel=1e-5)
     # The launcher imported torch as well but trained nothing: it joined no run, made none.
     assert len(query("SELECT * FROM runs")) == 1

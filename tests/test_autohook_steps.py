@@ -20,7 +20,8 @@ def test_hand_updates_and_a_loss_outside_forward_give_steps_and_the_unscaled_los
     assert done.returncode == 0, done.stderr[-3000:]
     steps = steps_of(the_run()["run_id"])
     assert [(s["step"], s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [
-        (n, 64, 4, 16) for n in range(1, 6)]
+        (n, 64, 4, 16) for n in range(1, 6)
+    ]
     # The scalar backward() was called on; with GradScaler, divided by its scale (1024) again.
     assert [s["loss"] for s in steps] == pytest.approx(_logged_losses(done.stdout), rel=1e-5)
 
@@ -41,15 +42,22 @@ def test_an_oom_in_the_first_forward_of_a_hugging_face_model_gets_the_full_advic
     from test_autoinstrument import query
 
     limit = 4 << 30
-    done = gw_run(PY, str(SCRIPTS / "hf_oom.py"),
-                  preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    done = gw_run(
+        PY,
+        str(SCRIPTS / "hf_oom.py"),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     run = the_run()
     assert run["status"] == "oom"
     (pm,) = query("SELECT * FROM oom_postmortems WHERE run_id = ?", run["run_id"])
     assert (pm["phase"], pm["seq_len"], pm["batch"]) == ("forward", 8192, 8)
-    shown = subprocess.run([GPUWATCH, "oom", run["run_id"]], capture_output=True, text=True, timeout=60).stdout
-    assert "B·H·L² score tensor at L=8192 (B=8, H=8, 4 bytes each)" in shown and "SDPA/FlashAttention" in shown
+    shown = subprocess.run(
+        [GPUWATCH, "oom", run["run_id"]], capture_output=True, text=True, timeout=60
+    ).stdout
+    assert (
+        "B·H·L² score tensor at L=8192 (B=8, H=8, 4 bytes each)" in shown and "SDPA/FlashAttention" in shown
+    )
     assert "L ≤ " in shown and "fits" in shown  # the L that fits
     assert "bf16 autocast" in shown and "batch 8 -> 4" in shown
 
@@ -60,7 +68,8 @@ def test_fabric_and_accelerate_loops_go_through_the_generic_hooks(library):
     assert done.returncode == 0, done.stderr[-3000:]
     steps = steps_of(the_run()["run_id"])
     assert [(s["step"], s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [
-        (n, 64, 4, 16) for n in range(1, 5)]
+        (n, 64, 4, 16) for n in range(1, 5)
+    ]
     assert [s["loss"] for s in steps] == pytest.approx(_logged_losses(done.stdout), rel=1e-5)
 
 
@@ -86,13 +95,21 @@ def test_an_oom_in_the_first_forward_under_the_hugging_face_trainer_gets_the_ful
     from test_autoinstrument import query
 
     limit = 4 << 30
-    done = gw_run(PY, str(SCRIPTS / "hf_trainer_oom.py"), str(tmp_path / "out"),
-                  preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    done = gw_run(
+        PY,
+        str(SCRIPTS / "hf_trainer_oom.py"),
+        str(tmp_path / "out"),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     run = the_run()
     assert run["status"] == "oom"
     (pm,) = query("SELECT * FROM oom_postmortems WHERE run_id = ?", run["run_id"])
     assert (pm["seq_len"], pm["batch"]) == (8192, 8)
-    shown = subprocess.run([GPUWATCH, "oom", run["run_id"]], capture_output=True, text=True, timeout=60).stdout
-    assert "B·H·L² score tensor at L=8192 (B=8, H=8, 4 bytes each)" in shown and "SDPA/FlashAttention" in shown
+    shown = subprocess.run(
+        [GPUWATCH, "oom", run["run_id"]], capture_output=True, text=True, timeout=60
+    ).stdout
+    assert (
+        "B·H·L² score tensor at L=8192 (B=8, H=8, 4 bytes each)" in shown and "SDPA/FlashAttention" in shown
+    )
     assert "L ≤ " in shown and "batch 8 -> 4" in shown

@@ -25,10 +25,17 @@ SCRIPTS = Path(__file__).parent / "autorun_scripts"
 NO_GPU_LINE = "gpuwatch: no GPUs to sample, host only:"  # the wrapper's one line on a host without GPUs
 
 
-def gw_run(*command: str, flags: tuple = (), env: dict | None = None, timeout: float = 180,
-           preexec_fn=None) -> subprocess.CompletedProcess:
-    return subprocess.run([GPUWATCH, "run", *flags, "--", *command], capture_output=True, text=True,
-                          timeout=timeout, env=env, preexec_fn=preexec_fn)
+def gw_run(
+    *command: str, flags: tuple = (), env: dict | None = None, timeout: float = 180, preexec_fn=None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [GPUWATCH, "run", *flags, "--", *command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        preexec_fn=preexec_fn,
+    )
 
 
 def plain(*command: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -93,15 +100,19 @@ def test_the_real_hugging_face_trainer_unchanged(tmp_path):
     # Throughput over the same steps (2..12): the Trainer's cumulative figures vs our step times.
     first, last = logs[0], logs[-1]
     theirs = (last["num_input_tokens_seen"] - first["num_input_tokens_seen"]) / (
-        last["train_runtime"] - first["train_runtime"])
+        last["train_runtime"] - first["train_runtime"]
+    )
     ours = sum(s["tokens"] for s in steps[1:]) / (sum(s["step_time_ms"] for s in steps[1:]) / 1000)
     assert ours == pytest.approx(theirs, rel=0.05)
     # generate() after training: one generation, 4 prompt tokens, 5 new ones.
     (gen,) = query("SELECT * FROM generations WHERE run_id = ?", run["run_id"])
     assert (gen["prompt_tokens"], gen["new_tokens"]) == (4, trainer["generated"]) == (4, 5)
     assert gen["tokens_per_s"] > 0
-    config = json.loads(query("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'",
-                              run["run_id"])[0][0])["config"]
+    config = json.loads(
+        query("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'", run["run_id"])[0][
+            0
+        ]
+    )["config"]
     # The callback's config: the TrainingArguments and the model's config.
     assert config["model"]["n_layer"] == 2 and config["model"]["model_type"] == "gpt2"
     assert config["training_args"]["gradient_accumulation_steps"] == 2
@@ -123,7 +134,8 @@ def test_no_instrument_flag_and_variable_leave_the_program_alone():
 def test_a_program_without_torch_and_the_users_own_sitecustomize_run_as_without_gpuwatch(tmp_path):
     ran = tmp_path / "ran.log"  # the user's sitecustomize notes each process it ran in
     (tmp_path / "sitecustomize.py").write_text(
-        f'import sys\nMARK = "the user\'s own"\nopen({str(ran)!r}, "a").write(" ".join(sys.argv) + "\\n")\n')
+        f'import sys\nMARK = "the user\'s own"\nopen({str(ran)!r}, "a").write(" ".join(sys.argv) + "\\n")\n'
+    )
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     script = [PY, str(SCRIPTS / "no_torch.py"), "a", "b"]
     wrapped, bare = gw_run(*script, env=env), plain(*script, env=env)
@@ -145,8 +157,11 @@ def test_a_failing_hook_switches_itself_off_with_one_line_and_the_program_runs_o
     bare = plain(*script, env=dict(os.environ, PYTHONPATH=""))  # the same script, no gpuwatch
     assert wrapped.returncode == bare.returncode == 0, wrapped.stderr
     assert wrapped.stdout == bare.stdout  # same training, same weights
-    warnings = [line for line in wrapped.stderr.splitlines()
-                if line.startswith("gpuwatch:") and not line.startswith(NO_GPU_LINE)]
+    warnings = [
+        line
+        for line in wrapped.stderr.splitlines()
+        if line.startswith("gpuwatch:") and not line.startswith(NO_GPU_LINE)
+    ]
     assert len(warnings) == 1 and "simulated bug" in warnings[0] and "switched off" in warnings[0]
     assert the_run()["status"] == "finished"
 
@@ -154,7 +169,9 @@ def test_a_failing_hook_switches_itself_off_with_one_line_and_the_program_runs_o
 def test_an_unmodified_script_that_runs_out_of_memory_gets_a_postmortem():
     """A real host OOM: naive attention scores of 4 x 4 x 16384² floats under a 4 GiB limit."""
     limit = 4 << 30
-    done = gw_run(PY, str(SCRIPTS / "oom.py"), preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    done = gw_run(
+        PY, str(SCRIPTS / "oom.py"), preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     run = the_run()
     assert run["status"] == "oom"
@@ -178,7 +195,8 @@ def _assert_lightning_run(steps, lightning: dict) -> None:
         assert step["loss"] == pytest.approx(sum(pair) / 2, rel=1e-5)
     monitor = [m for m in lightning["logged"] if "train/lengths" in m]
     theirs = (monitor[-1]["train/lengths"] - monitor[0]["train/lengths"]) / (
-        monitor[-1]["train/time"] - monitor[0]["train/time"])
+        monitor[-1]["train/time"] - monitor[0]["train/time"]
+    )
     ours = sum(s["tokens"] for s in steps[1:]) / (sum(s["step_time_ms"] for s in steps[1:]) / 1000)
     assert ours == pytest.approx(theirs, rel=0.05)
 
@@ -233,22 +251,34 @@ def test_an_unmodified_ddp_script_under_torchrun_is_one_job_with_two_ranks():
 def test_profile_and_stacks_of_an_unmodified_live_run_through_the_daemon(daemon, tmp_path):  # noqa: F811 (the fixture)
     db, sock = daemon
     env = dict(os.environ, GPUWATCH_SOCKET=str(sock), GPUWATCH_RUNS_DIR=str(tmp_path / "runs"))
-    wrapper = subprocess.Popen([GPUWATCH, "run", "--name", "live", "--", PY, str(SCRIPTS / "live.py")],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wrapper = subprocess.Popen(
+        [GPUWATCH, "run", "--name", "live", "--", PY, str(SCRIPTS / "live.py")],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while not _db_rows(db, "SELECT 1 FROM steps JOIN runs USING (run_id) WHERE name = 'live'"):
             assert wrapper.poll() is None, wrapper.stderr.read().decode()[-2000:]
             assert time.monotonic() < deadline, "no steps reached the daemon"
             time.sleep(0.2)
-        profile = subprocess.run([GPUWATCH, "profile", "live", "--steps", "3", "--db", str(db), "--wait", "60"],
-                                 env=env, capture_output=True, text=True, timeout=90)
+        profile = subprocess.run(
+            [GPUWATCH, "profile", "live", "--steps", "3", "--db", str(db), "--wait", "60"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
         assert profile.returncode == 0, profile.stderr
         assert "on_demand" in profile.stdout and "aten::embedding" in profile.stdout
-        stacks = subprocess.run([GPUWATCH, "stacks", "live", "--db", str(db)], env=env, capture_output=True,
-                                text=True, timeout=90)
+        stacks = subprocess.run(
+            [GPUWATCH, "stacks", "live", "--db", str(db)], env=env, capture_output=True, text=True, timeout=90
+        )
         assert stacks.returncode == 0, stacks.stderr
-        assert "live.py" in stacks.stdout and ("train_one_step" in stacks.stdout or "<module>" in stacks.stdout)
+        assert "live.py" in stacks.stdout and (
+            "train_one_step" in stacks.stdout or "<module>" in stacks.stdout
+        )
     finally:
         wrapper.terminate()
         wrapper.wait(30)
@@ -282,4 +312,6 @@ def test_zero_code_on_a_real_gpu_counts_masked_tokens_on_the_device():
     assert done.returncode == 0, done.stderr[-2000:]
     steps = steps_of(the_run()["run_id"])
     assert [s["tokens"] for s in steps] == [8 * 100] * 4
-    assert all(s["mem_allocated_bytes"] > 0 and s["step_time_ms"] > 0 and s["loss"] is not None for s in steps[1:])
+    assert all(
+        s["mem_allocated_bytes"] > 0 and s["step_time_ms"] > 0 and s["loss"] is not None for s in steps[1:]
+    )

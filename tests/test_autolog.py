@@ -16,7 +16,7 @@ from gpuwatch import paths
 pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parent.parent
-TRAIN = '''
+TRAIN = """
 import torch
 model = torch.nn.Sequential(torch.nn.Embedding(32, 16), torch.nn.Linear(16, 32))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -26,7 +26,7 @@ def train(steps):
         torch.nn.functional.cross_entropy(model(x).view(-1, 32), x.view(-1)).backward()
         opt.step()
         opt.zero_grad()
-'''
+"""
 
 
 @pytest.fixture
@@ -35,9 +35,16 @@ def kernel(tmp_path, monkeypatch):
     (as closing a notebook does) at the end, so its exit ends the last run."""
     spec = tmp_path / "jupyter" / "kernels" / "gwtest"
     spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "gpuwatch test", "language": "python", "env": {"PYTHONPATH": str(REPO)}}))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "gpuwatch test",
+                "language": "python",
+                "env": {"PYTHONPATH": str(REPO)},
+            }
+        )
+    )
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime"))
     manager, client = jupyter_client.start_new_kernel(kernel_name="gwtest", startup_timeout=60)
@@ -56,8 +63,10 @@ def _runs() -> list[tuple]:
     """(name, status, steps) of every run, oldest first."""
     conn = sqlite3.connect(paths.default_db_path(system=False))
     try:
-        return conn.execute("SELECT name, status, (SELECT count(*) FROM steps s WHERE s.run_id = r.run_id) "
-                            "FROM runs r ORDER BY started_ms").fetchall()
+        return conn.execute(
+            "SELECT name, status, (SELECT count(*) FROM steps s WHERE s.run_id = r.run_id) "
+            "FROM runs r ORDER BY started_ms"
+        ).fetchall()
     finally:
         conn.close()
 

@@ -16,7 +16,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from systools import needs_tools
 from test_analysis import fill_two_runs
 from test_tui_web import launch_chromium
@@ -28,8 +27,12 @@ ROOT = Path(__file__).parents[1]
 
 def start_browse(db: Path) -> tuple[subprocess.Popen, str, str]:
     """`gpuwatch browse --port 0`: the process, its base URL and its token."""
-    server = subprocess.Popen([GPUWATCH, "browse", "--port", "0", "--db", str(db)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [GPUWATCH, "browse", "--port", "0", "--db", str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         line = server.stdout.readline()
@@ -100,7 +103,10 @@ def test_tables_and_columns_are_described_with_units(browsed):
     assert tables["runs"]["columns"]["started_ms"] == "ms since the Unix epoch (UTC)"
     assert tables["steps"]["columns"]["tokens_per_s"] == "tokens per second"
     assert tables["gpu_samples"]["columns"]["power_mw"] == "milliwatts"
-    assert tables["gpu_samples_1h"]["columns"]["mem_used_bytes_max"] == "maximum of mem_used_bytes over the period; bytes"
+    assert (
+        tables["gpu_samples_1h"]["columns"]["mem_used_bytes_max"]
+        == "maximum of mem_used_bytes over the period; bytes"
+    )
     assert tables["runs_fts"] == {"hidden": True}
 
 
@@ -110,7 +116,9 @@ def test_every_table_in_the_docs_is_described_and_the_docs_queries_are_canned():
     readme = (ROOT / "docs" / "database.md").read_text()  # the schema's page of the manual
     rows = readme.split("| table | one row per |")[1].split("\n\n")[0].splitlines()[2:]
     listed = {name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])}
-    listed |= {f"host_samples{tier}" for tier in ("_15m", "_1h") if "host_samples` (+ `_15m`, `_1h`)" in readme}
+    listed |= {
+        f"host_samples{tier}" for tier in ("_15m", "_1h") if "host_samples` (+ `_15m`, `_1h`)" in readme
+    }
     listed = {t for t in listed if not t.endswith("_fts")} - {"_15m", "_1h"}  # FTS indexes stay hidden
     assert listed and listed <= set(TABLES), listed - set(TABLES)
     worked = readme.split("Worked queries")[1].split("```sql")[1].split("```")[0]
@@ -129,13 +137,16 @@ COLOURED_PIXELS_JS = """(c) => { const d = c.getContext('2d').getImageData(0, 0,
 def open_chart(page, url: str, base: str) -> int:
     """Open `url` (nothing may leave the machine: the plotting plugin's JS must be local) and
     wait until its chart is drawn; the count of its coloured pixels."""
-    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(base)
-               else route.abort())
+    page.route(
+        "**/*", lambda route: route.continue_() if route.request.url.startswith(base) else route.abort()
+    )
     page.goto(url)
     canvas = page.locator(".vega-embed canvas.marks")
     canvas.wait_for(timeout=30_000)
-    page.wait_for_function(f"() => ({COLOURED_PIXELS_JS})(document.querySelector('.vega-embed canvas.marks')) > 50",
-                           timeout=30_000)
+    page.wait_for_function(
+        f"() => ({COLOURED_PIXELS_JS})(document.querySelector('.vega-embed canvas.marks')) > 50",
+        timeout=30_000,
+    )
     return canvas.evaluate(COLOURED_PIXELS_JS)
 
 
@@ -148,7 +159,10 @@ def test_a_canned_query_opens_with_its_chart_in_chromium(browsed):
         browser = launch_chromium(p)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 900})
-            assert open_chart(page, f"{base}/gpuwatch/tokens_per_s_over_time?run=baseline&token={token}", base) > 50
+            assert (
+                open_chart(page, f"{base}/gpuwatch/tokens_per_s_over_time?run=baseline&token={token}", base)
+                > 50
+            )
             assert "#g.mark=line" in page.url and "g.y_column=tokens_per_s" in page.url
             assert page.locator("table.rows-and-columns tbody tr").count() == 10  # the run's steps
             # Another run through the form: the chart settings travel with it.
@@ -156,7 +170,9 @@ def test_a_canned_query_opens_with_its_chart_in_chromium(browsed):
             page.click("input[type=submit][value='Run SQL'], button:has-text('Run SQL')")
             page.wait_for_url("**run=bbbb2222**")
             assert "#g.mark=line" in page.url
-            page.wait_for_function("() => document.querySelectorAll('table.rows-and-columns tbody tr').length == 5")
+            page.wait_for_function(
+                "() => document.querySelectorAll('table.rows-and-columns tbody tr').length == 5"
+            )
         finally:
             browser.close()
 
@@ -173,6 +189,8 @@ def test_every_canned_query_runs(browsed):
     assert results == {name: (200, None) for name in QUERIES}
     _, body = fetch(f"{base}/gpuwatch/ooms_per_week.json?_shape=array", cookie=cookie)
     assert [r["ooms"] for r in json.loads(body)] == [1]  # run B: status oom and a postmortem, once
-    _, body = fetch(f"{base}/gpuwatch/gpu_hours_per_user_per_day.json?_shape=array&days=100000", cookie=cookie)
+    _, body = fetch(
+        f"{base}/gpuwatch/gpu_hours_per_user_per_day.json?_shape=array&days=100000", cookie=cookie
+    )
     hours = {(r["user"], r["gpu_hours"]) for r in json.loads(body)}
     assert hours == {("alice", round((100 + 60) / 3600, 2))}  # both runs started the same day, 1 GPU each

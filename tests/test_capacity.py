@@ -28,7 +28,7 @@ print("GPUWATCH_RESULT " + json.dumps({"oom": peak > 1_700_000_000, "peak_bytes"
 
 
 def simulated_peak(seq_len: int, batch: int) -> int:
-    return 100_000_000 + 20_000 * seq_len * batch + 3 * seq_len ** 2 * batch
+    return 100_000_000 + 20_000 * seq_len * batch + 3 * seq_len**2 * batch
 
 
 def test_the_fit_recovers_a_quadratic_and_inverts_it():
@@ -61,16 +61,31 @@ def _study(tmp_path, *args) -> tuple:
     db = tmp_path / "gw.db"
     script = tmp_path / "simulated.py"
     script.write_text(SIMULATED)
-    result = CliRunner().invoke(main, ["capacity", *args, "--margin", "0", "--db", str(db), "--",
-                                       sys.executable, str(script), "--device", "cpu"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "capacity",
+            *args,
+            "--margin",
+            "0",
+            "--db",
+            str(db),
+            "--",
+            sys.executable,
+            str(script),
+            "--device",
+            "cpu",
+        ],
+    )
     assert result.exit_code == 0, result.output
     conn = open_ro(db)
     try:
         study_id, limit, fit_json, predicted_json = conn.execute(
-            "SELECT id, limit_bytes, fit_json, predicted_json FROM capacity_studies "
-            "ORDER BY id DESC LIMIT 1").fetchone()
-        points = conn.execute("SELECT batch, seq_len, ok, kind FROM capacity_points WHERE study_id = ?",
-                              (study_id,)).fetchall()
+            "SELECT id, limit_bytes, fit_json, predicted_json FROM capacity_studies ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        points = conn.execute(
+            "SELECT batch, seq_len, ok, kind FROM capacity_points WHERE study_id = ?", (study_id,)
+        ).fetchall()
     finally:
         conn.close()
     return result.output, limit, json.loads(fit_json), json.loads(predicted_json), points
@@ -78,7 +93,8 @@ def _study(tmp_path, *args) -> tuple:
 
 def test_the_prediction_inverts_the_fit_at_the_budget_and_is_checked(tmp_path):
     output, limit, fits, predicted, points = _study(
-        tmp_path, "--batch", "1,2", "--lengths", "1000,2000,4000", "--limit", "1600MiB")
+        tmp_path, "--batch", "1,2", "--lengths", "1000,2000,4000", "--limit", "1600MiB"
+    )
     assert limit == 1600 << 20 and set(fits) == {"1", "2"}
     for batch in (1, 2):
         best = predicted[str(batch)]["max_seq_len"]
@@ -92,7 +108,8 @@ def test_the_prediction_inverts_the_fit_at_the_budget_and_is_checked(tmp_path):
 def test_a_length_that_ran_out_of_memory_bounds_the_prediction(tmp_path):
     # The limit says 4 GiB but the (simulated) device runs out at 1.7 GB: batch 8 OOMs at 8000.
     output, _, _, predicted, points = _study(
-        tmp_path, "--batch", "8", "--lengths", "1000,2000,4000,8000,16000", "--limit", "4GiB")
+        tmp_path, "--batch", "8", "--lengths", "1000,2000,4000,8000,16000", "--limit", "4GiB"
+    )
     assert (8, 8000, 0, "measured") in points  # recorded, ok=0
     assert not [p for p in points if p[1] == 16000]  # longer lengths are not tried
     assert predicted["8"]["max_seq_len"] == 7992  # below the OOM, though the fit allows ~11500
@@ -101,18 +118,38 @@ def test_a_length_that_ran_out_of_memory_bounds_the_prediction(tmp_path):
 
 
 def test_a_command_without_a_result_line_is_named():
-    result = CliRunner().invoke(main, ["capacity", "--lengths", "8,16", "--limit", "1GiB", "--",
-                                       sys.executable, "-c", "print('hello')", "--device", "cpu"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "capacity",
+            "--lengths",
+            "8,16",
+            "--limit",
+            "1GiB",
+            "--",
+            sys.executable,
+            "-c",
+            "print('hello')",
+            "--device",
+            "cpu",
+        ],
+    )
     assert result.exit_code == 1
     assert "batch 1 seq_len 8: no GPUWATCH_RESULT line in the workload's output" in result.output
 
 
-def test_the_verified_peak_of_a_real_cpu_workload_is_within_15_percent_of_the_prediction(tmp_path, monkeypatch):
+def test_the_verified_peak_of_a_real_cpu_workload_is_within_15_percent_of_the_prediction(
+    tmp_path, monkeypatch
+):
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("GPUWATCH_DB", str(tmp_path / "runs.db"))  # the workload's own runs
     study = capacity.run_study(
         [sys.executable, "-m", "workloads.gpt_train", "--tiny", "--attn", "naive", "--device", "cpu"],
-        batches=[4], lengths=[256, 512, 768], margin=0.1, limit_bytes=900 << 20)
+        batches=[4],
+        lengths=[256, 512, 768],
+        margin=0.1,
+        limit_bytes=900 << 20,
+    )
     pred = study.predicted[4]
     assert pred["max_seq_len"] > 768  # extrapolated past what was measured
     assert pred["verified_ok"]

@@ -12,14 +12,14 @@ import subprocess
 import threading
 from pathlib import Path
 
-import pytest
-
 import fake_pynvml
+import pytest
+from systools import wait_for
+
 from gpuwatch.cli import COMMANDS
 from gpuwatch.config import Config
 from gpuwatch.sampler import Sampler
 from gpuwatch.store import Writer
-from systools import wait_for
 
 GPUWATCH = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "gpuwatch"
 
@@ -33,9 +33,19 @@ def db(tmp_path):
     """A database with three host samples of known values."""
     path = str(tmp_path / "gw.db")
     w = Writer(path)
-    w.insert("host_samples", [{"ts_ms": 1000 + i, "cpu_pct": 10.5 * i, "load1": 0.5,
-                               "mem_total_bytes": 8 << 30, "mem_used_bytes": (i + 1) << 30}
-                              for i in range(3)])
+    w.insert(
+        "host_samples",
+        [
+            {
+                "ts_ms": 1000 + i,
+                "cpu_pct": 10.5 * i,
+                "load1": 0.5,
+                "mem_total_bytes": 8 << 30,
+                "mem_used_bytes": (i + 1) << 30,
+            }
+            for i in range(3)
+        ],
+    )
     w.close()
     return path
 
@@ -65,9 +75,11 @@ def test_top_level_help_lists_every_command():
 
 # --- query ---
 
+
 def test_query_table_fits_80_columns(db):
-    result = gw("query", "SELECT ts_ms, cpu_pct, mem_used_bytes, load1 FROM host_samples ORDER BY ts_ms",
-                "--db", db)
+    result = gw(
+        "query", "SELECT ts_ms, cpu_pct, mem_used_bytes, load1 FROM host_samples ORDER BY ts_ms", "--db", db
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["ts_ms", "cpu_pct", "mem_used_bytes", "load1"]
@@ -77,8 +89,9 @@ def test_query_table_fits_80_columns(db):
 
 
 def test_query_wide_rows_are_cut_to_80_columns(db):
-    result = gw("query", "SELECT *, 'a long text column that would never fit' AS note FROM host_samples",
-                "--db", db)
+    result = gw(
+        "query", "SELECT *, 'a long text column that would never fit' AS note FROM host_samples", "--db", db
+    )
     assert result.returncode == 0, result.stderr
     assert all(len(line) <= 80 for line in result.stdout.splitlines())
     assert "…" in result.stdout or "-[ row 1 ]" in result.stdout
@@ -86,30 +99,42 @@ def test_query_wide_rows_are_cut_to_80_columns(db):
 
 
 def test_query_csv_and_json(db):
-    result = gw("query", "SELECT ts_ms, cpu_pct FROM host_samples ORDER BY ts_ms", "--db", db,
-                "--format", "csv")
+    result = gw(
+        "query", "SELECT ts_ms, cpu_pct FROM host_samples ORDER BY ts_ms", "--db", db, "--format", "csv"
+    )
     assert list(csv.reader(io.StringIO(result.stdout))) == [
-        ["ts_ms", "cpu_pct"], ["1000", "0.0"], ["1001", "10.5"], ["1002", "21.0"]]
-    result = gw("query", "SELECT ts_ms, cpu_pct FROM host_samples ORDER BY ts_ms", "--db", db,
-                "--format", "json")
-    assert json.loads(result.stdout) == [{"ts_ms": 1000, "cpu_pct": 0.0},
-                                         {"ts_ms": 1001, "cpu_pct": 10.5},
-                                         {"ts_ms": 1002, "cpu_pct": 21.0}]
+        ["ts_ms", "cpu_pct"],
+        ["1000", "0.0"],
+        ["1001", "10.5"],
+        ["1002", "21.0"],
+    ]
+    result = gw(
+        "query", "SELECT ts_ms, cpu_pct FROM host_samples ORDER BY ts_ms", "--db", db, "--format", "json"
+    )
+    assert json.loads(result.stdout) == [
+        {"ts_ms": 1000, "cpu_pct": 0.0},
+        {"ts_ms": 1001, "cpu_pct": 10.5},
+        {"ts_ms": 1002, "cpu_pct": 21.0},
+    ]
 
 
-@pytest.mark.parametrize("sql", [
-    "DELETE FROM host_samples",
-    "UPDATE host_samples SET cpu_pct = 0",
-    "DROP TABLE host_samples",
-    "INSERT INTO host_samples (ts_ms) VALUES (5)",
-    "PRAGMA user_version = 99",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "DELETE FROM host_samples",
+        "UPDATE host_samples SET cpu_pct = 0",
+        "DROP TABLE host_samples",
+        "INSERT INTO host_samples (ts_ms) VALUES (5)",
+        "PRAGMA user_version = 99",
+    ],
+)
 def test_query_refuses_writes_with_one_line_and_changes_nothing(db, sql):
     before = sqlite3.connect(db).execute("SELECT * FROM host_samples").fetchall()
     result = gw("query", sql, "--db", db)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "Error: query is read-only: only SELECT, WITH and PRAGMA reads run; nothing was changed"]
+        "Error: query is read-only: only SELECT, WITH and PRAGMA reads run; nothing was changed"
+    ]
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT * FROM host_samples").fetchall() == before
     assert conn.execute("PRAGMA user_version").fetchone()[0] != 99
@@ -117,8 +142,9 @@ def test_query_refuses_writes_with_one_line_and_changes_nothing(db, sql):
 
 def test_query_reads_json_with_table_valued_functions(db):
     """json_each is how postmortem neighbours are queried; the read-only guard must allow it."""
-    result = gw("query", "SELECT sum(value) AS total FROM json_each('[1, 2, 39]')", "--db", db,
-                "--format", "json")
+    result = gw(
+        "query", "SELECT sum(value) AS total FROM json_each('[1, 2, 39]')", "--db", db, "--format", "json"
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [{"total": 42}]
     refused = gw("query", "UPDATE sqlite_master SET name = 'x'", "--db", db)  # SQLite itself refuses
@@ -142,6 +168,7 @@ def test_query_bad_sql_and_missing_db_are_one_line(db, tmp_path):
 
 
 # --- status ---
+
 
 def test_status_without_daemon_or_driver_says_so_and_shows_the_host(tmp_path):
     result = gw("status", "--db", str(tmp_path / "none.db"))
@@ -168,7 +195,7 @@ def test_status_reads_a_daemon_database_while_it_is_fresh(tmp_path):
     assert [row.split()[0] for row in gpu_rows] == [str(i) for i in range(8)]
     assert all("80.0 GiB" in row and row.rstrip().endswith("ok") for row in gpu_rows)
     assert any(line.startswith("host: CPU ") for line in out)
-    procs = out[[line.split()[:1] for line in out].index(["pid"]) + 1:]
+    procs = out[[line.split()[:1] for line in out].index(["pid"]) + 1 :]
     assert len(procs) == 1 and procs[0].split()[0] == "1" and procs[0].split()[2] == "2"
     assert all(len(line) <= 80 for line in out)
 
@@ -180,11 +207,15 @@ def test_status_samples_directly_when_the_database_is_stale(db):
 
 
 def test_status_live_redraws_until_ctrl_c(tmp_path):
-    proc = subprocess.Popen([str(GPUWATCH), "status", "--live", "--db", str(tmp_path / "none.db")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "GPUWATCH_INTERVAL": "0.3"},
-                            # a shell's background job ignores SIGINT, and its children inherit that
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [str(GPUWATCH), "status", "--live", "--db", str(tmp_path / "none.db")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "GPUWATCH_INTERVAL": "0.3"},
+        # a shell's background job ignores SIGINT, and its children inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()

@@ -11,12 +11,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from systools import wait_for
 
 import gpuwatch
 from gpuwatch import paths
 from gpuwatch.client import flops, metadata, torch_stats
 from gpuwatch.client.run import is_oom
-from systools import wait_for
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,8 +35,9 @@ def the_run() -> sqlite3.Row:
 
 
 def run_script(body: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-c", textwrap.dedent(body)], capture_output=True, text=True,
-                          timeout=60, **kwargs)
+    return subprocess.run(
+        [PY, "-c", textwrap.dedent(body)], capture_output=True, text=True, timeout=60, **kwargs
+    )
 
 
 def test_import_leaves_torch_and_textual_out():
@@ -89,8 +90,9 @@ def test_steps_reach_the_database_while_the_run_pauses_after_them():
     with gpuwatch.track(name="pausing") as run:
         for n in range(3):
             run.step(tokens=100 + n)
-        stored = wait_for(lambda: db().execute("SELECT group_concat(tokens) FROM steps").fetchone()[0]
-                          == "100,101,102")
+        stored = wait_for(
+            lambda: db().execute("SELECT group_concat(tokens) FROM steps").fetchone()[0] == "100,101,102"
+        )
         assert stored
 
 
@@ -109,7 +111,11 @@ def test_exception_marks_run_failed_with_type_and_message():
             run.step(tokens=1)
             raise ValueError("bad batch at step 2")
     r = the_run()
-    assert (r["status"], r["error_type"], r["error_message"]) == ("failed", "ValueError", "bad batch at step 2")
+    assert (r["status"], r["error_type"], r["error_message"]) == (
+        "failed",
+        "ValueError",
+        "bad batch at step 2",
+    )
 
 
 def test_memory_error_marks_oom_and_is_reraised():
@@ -136,13 +142,21 @@ def test_keyboard_interrupt_marks_killed_by_sigint():
 
 
 def test_sigterm_records_killed_then_dies_by_sigterm():
-    proc = subprocess.Popen([PY, "-c", textwrap.dedent("""
+    proc = subprocess.Popen(
+        [
+            PY,
+            "-c",
+            textwrap.dedent("""
         import time, gpuwatch
         with gpuwatch.track(name="victim") as run:
             run.step(tokens=8)
             print("ready", flush=True)
             time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == -signal.SIGTERM
@@ -198,17 +212,21 @@ def test_run_events_keep_their_kind_and_payload():
         run.event("checkpoint", {"path": "/ckpt/step100.pt"})
         run.event("checkpoint", {"path": "/ckpt/step200.pt"})
     rows = db().execute("SELECT kind, payload_json FROM run_events ORDER BY seq").fetchall()
-    assert [tuple(r) for r in rows] == [("checkpoint", '{"path":"/ckpt/step100.pt"}'),
-                                        ("checkpoint", '{"path":"/ckpt/step200.pt"}')]
+    assert [tuple(r) for r in rows] == [
+        ("checkpoint", '{"path":"/ckpt/step100.pt"}'),
+        ("checkpoint", '{"path":"/ckpt/step200.pt"}'),
+    ]
 
 
 def test_transformer_flops_match_the_palm_formula_by_hand():
     # GPT-2 small: L=12, d=768, T=1024, V=50257.
-    n = 12 * 12 * 768 ** 2 + 50257 * 768  # 84,934,656 + 38,597,376 = 123,532,032
+    n = 12 * 12 * 768**2 + 50257 * 768  # 84,934,656 + 38,597,376 = 123,532,032
     assert n == 123_532_032
     attention = 12 * 12 * 768 * 1024  # 113,246,208
     assert flops.transformer_flops_per_token(12, 768, 1024, 50257) == 6 * n + attention == 854_438_400
-    assert flops.transformer_flops_per_token(12, 768, 1024, 50257, training=False) == pytest.approx(854_438_400 / 3)
+    assert flops.transformer_flops_per_token(12, 768, 1024, 50257, training=False) == pytest.approx(
+        854_438_400 / 3
+    )
     assert flops.transformer_flops_per_token(2, 64, 128, 100, n_params=1000) == 6000 + 12 * 2 * 64 * 128
     with pytest.raises(ValueError, match="seq_len"):
         flops.transformer_flops_per_token(2, 64, 0, 100)
@@ -245,9 +263,18 @@ def test_metadata_ranks_job_ids_and_gpus():
 
 def _torchrun_env(node: int, local_rank: int, rdzv_id: str, **extra) -> dict:
     """What torchrun gives rank `local_rank` on node `node` of a 2-node x 4-GPU job."""
-    return {"RANK": str(node * 4 + local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": "8",
-            "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": str(node), "GROUP_WORLD_SIZE": "2",
-            "TORCHELASTIC_RUN_ID": rdzv_id, "MASTER_ADDR": "node-a", "MASTER_PORT": "29500", **extra}
+    return {
+        "RANK": str(node * 4 + local_rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": str(node),
+        "GROUP_WORLD_SIZE": "2",
+        "TORCHELASTIC_RUN_ID": rdzv_id,
+        "MASTER_ADDR": "node-a",
+        "MASTER_PORT": "29500",
+        **extra,
+    }
 
 
 @pytest.mark.parametrize("rdzv_id", ["job42", "none"])
@@ -258,8 +285,11 @@ def test_a_multi_node_job_has_one_id_on_every_host(monkeypatch, rdzv_id):
     for node, launcher_start in ((0, 1_700_000_000), (1, 1_700_000_007)):
         monkeypatch.setattr(metadata, "_parent_start_s", lambda s=launcher_start: s)
         for local_rank in range(4):
-            ids.add(metadata.job_id(_torchrun_env(node, local_rank, rdzv_id),
-                                    wrapper_run_id=f"wrapper-on-node-{node}"))
+            ids.add(
+                metadata.job_id(
+                    _torchrun_env(node, local_rank, rdzv_id), wrapper_run_id=f"wrapper-on-node-{node}"
+                )
+            )
     assert len(ids) == 1 and None not in ids
     # The same rendezvous id on another cluster (another endpoint) is another job.
     other = metadata.job_id(_torchrun_env(0, 0, rdzv_id, MASTER_ADDR="node-z"))
@@ -271,9 +301,16 @@ def test_a_multi_node_job_has_one_id_on_every_host(monkeypatch, rdzv_id):
 def test_single_node_jobs_on_one_endpoint_stay_apart(monkeypatch):
     """On one host a static rendezvous endpoint is reused by job after job: the launcher's
     start time (or the wrapper's run id) keeps them apart."""
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-           "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": "29500"}
+    env = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_WORLD_SIZE": "1",
+        "TORCHELASTIC_RUN_ID": "none",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
     monkeypatch.setattr(metadata, "_parent_start_s", lambda: 100)
     first = metadata.job_id(env)
     monkeypatch.setattr(metadata, "_parent_start_s", lambda: 200)
@@ -296,7 +333,9 @@ def test_git_commit_inside_and_outside_a_repository(tmp_path):
     git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=repo, check=True)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
     assert metadata.git_commit(str(repo)) == head
     outside = tmp_path / "plain"
     outside.mkdir()
@@ -306,7 +345,11 @@ def test_git_commit_inside_and_outside_a_repository(tmp_path):
 def test_memory_stats_fields_tolerate_missing_keys():
     full = {"num_alloc_retries": 2, "num_ooms": 1, "inactive_split_bytes.all.current": 4096}
     assert torch_stats.memory_stats_fields(full) == {
-        "num_alloc_retries": 2, "num_ooms": 1, "inactive_split_bytes": 4096, "stats": full}
+        "num_alloc_retries": 2,
+        "num_ooms": 1,
+        "inactive_split_bytes": 4096,
+        "stats": full,
+    }
     assert torch_stats.memory_stats_fields({})["inactive_split_bytes"] is None
 
 
@@ -323,8 +366,9 @@ def test_cuda_steps_have_event_timings_allocator_figures_and_mfu():
     steps = db().execute("SELECT * FROM steps ORDER BY step").fetchall()
     assert len(steps) == 60
     assert steps[0]["step_time_ms"] is not None  # CUDA was initialised before track()
-    assert all(s["step_time_ms"] > 0 and s["mem_allocated_bytes"] > 0 and s["loss"] is not None
-               for s in steps)
+    assert all(
+        s["step_time_ms"] > 0 and s["mem_allocated_bytes"] > 0 and s["loss"] is not None for s in steps
+    )
     assert all(s["mfu"] is None or 0 < s["mfu"] < 1 for s in steps)
     assert db().execute("SELECT count(*) FROM memory_stats").fetchone()[0] == 1
 
@@ -372,11 +416,21 @@ def test_with_no_daemon_a_low_priority_helper_samples_beside_the_program_and_end
     """track() with no daemon: the GPU/host samples (fake NVML, 2 GPUs) come from a helper
     process at nice +10, not from a thread of the program; the helper ends when the program
     does, also when the program is SIGKILLed."""
-    env = dict(os.environ, FAKE_NVML_GPUS="2", GPUWATCH_INTERVAL="0.2", GPUWATCH_HOST_INTERVAL="0.2",
-               GPUWATCH_SOCKET=os.devnull,  # no daemon
-               PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "fake_driver"), str(ROOT)]))
-    program = subprocess.Popen([PY, "-c", BESIDE, "wait" if end == "SIGKILL" else "end"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(
+        os.environ,
+        FAKE_NVML_GPUS="2",
+        GPUWATCH_INTERVAL="0.2",
+        GPUWATCH_HOST_INTERVAL="0.2",
+        GPUWATCH_SOCKET=os.devnull,  # no daemon
+        PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "fake_driver"), str(ROOT)]),
+    )
+    program = subprocess.Popen(
+        [PY, "-c", BESIDE, "wait" if end == "SIGKILL" else "end"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         pid, helper, nicer, threads = program.stdout.readline().split()
         assert int(pid) == program.pid and int(helper) != program.pid

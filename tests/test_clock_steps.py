@@ -12,10 +12,9 @@ import pytest
 
 import gpuwatch
 from gpuwatch import paths
-from gpuwatch.store import insert_rows, now_ms
 from gpuwatch.config import Config
 from gpuwatch.sampler import Sampler
-from gpuwatch.store import Writer, queries
+from gpuwatch.store import Writer, insert_rows, now_ms, queries
 from gpuwatch.store import db as store_db
 from gpuwatch.tui.snapshot import View
 from gpuwatch.tui.source import StoreSource
@@ -50,8 +49,13 @@ def daemon(tmp_path):
     writer = Writer(path)
     # The GPUs' readings move with the time that really passes, not with the wall clock.
     nvml = fake_pynvml.FakeNvml(gpus=2, procs_per_gpu=1, clock=clocks.monotonic)
-    sampler = Sampler(writer, Config(raw_retention_hours=1.0, process_interval=float(TICK_S)),
-                      nvml_module=nvml, clock=clocks.wall_ms, monotonic=clocks.monotonic)
+    sampler = Sampler(
+        writer,
+        Config(raw_retention_hours=1.0, process_interval=float(TICK_S)),
+        nvml_module=nvml,
+        clock=clocks.wall_ms,
+        monotonic=clocks.monotonic,
+    )
     yield clocks, sampler, writer, sqlite3.connect(path)
     nvml.nvmlShutdown()
     writer.close()
@@ -68,14 +72,17 @@ def run_for(clocks: Clocks, sampler: Sampler, writer: Writer, minutes: int) -> N
 
 
 def rollups(conn: sqlite3.Connection) -> set[tuple]:
-    return {row for tier in ("gpu_samples_15m", "gpu_samples_1h", "host_samples_15m", "host_samples_1h")
-            for row in conn.execute(f"SELECT '{tier}', * FROM {tier}")}
+    return {
+        row
+        for tier in ("gpu_samples_15m", "gpu_samples_1h", "host_samples_15m", "host_samples_1h")
+        for row in conn.execute(f"SELECT '{tier}', * FROM {tier}")
+    }
 
 
-def samples_between(conn: sqlite3.Connection, since: int, until: int,
-                    table: str = "gpu_samples") -> int:
-    return conn.execute(f"SELECT count(*) FROM {table} WHERE ts_ms >= ? AND ts_ms < ?",
-                        (since, until)).fetchone()[0]
+def samples_between(conn: sqlite3.Connection, since: int, until: int, table: str = "gpu_samples") -> int:
+    return conn.execute(
+        f"SELECT count(*) FROM {table} WHERE ts_ms >= ? AND ts_ms < ?", (since, until)
+    ).fetchone()[0]
 
 
 def test_rollups_and_retention_survive_a_step_back_and_a_step_forward(daemon):
@@ -98,8 +105,10 @@ def test_rollups_and_retention_survive_a_step_back_and_a_step_forward(daemon):
     assert all(row[3] <= per_period for row in after_back if row[0].endswith("_15m"))  # none doubled
     # Nothing expired early, and the 20 of those 30 minutes that fall in that hour are there too.
     assert samples_between(conn, *last_hour) == kept + 2 * 20 * 60 // TICK_S
-    assert samples_between(conn, *last_hour, table="gpu_process_samples") == \
-        kept_processes + 2 * 20 * 60 // TICK_S  # the processes' rows too, none dropped
+    assert (
+        samples_between(conn, *last_hour, table="gpu_process_samples")
+        == kept_processes + 2 * 20 * 60 // TICK_S
+    )  # the processes' rows too, none dropped
     # What was sampled after the step is all there: it was written minutes ago.
     since_back = (clocks.wall - 30 * MIN, clocks.wall)
     written_since = samples_between(conn, *since_back)
@@ -131,8 +140,11 @@ def test_the_tuis_last_five_minutes_recover_within_one_interval(daemon, step_ms)
     clocks.advance(1)
     snap = source.fetch(View("overview"))
     assert snap.data_ms == clocks.wall - S  # the newest sample is the one written after the step
-    newest = sqlite3.connect(writer.path).execute(
-        "SELECT gpu_util_pct FROM gpu_samples WHERE gpu_index = 0 AND ts_ms = ?", (snap.data_ms,)).fetchone()[0]
+    newest = (
+        sqlite3.connect(writer.path)
+        .execute("SELECT gpu_util_pct FROM gpu_samples WHERE gpu_index = 0 AND ts_ms = ?", (snap.data_ms,))
+        .fetchone()[0]
+    )
     assert snap.gpus[0].util_pct == newest
     # The sparkline's newest slot holds it; the processes are those of the newest tick.
     assert snap.gpus[0].util_history[-1] is not None

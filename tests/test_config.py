@@ -21,17 +21,21 @@ def test_defaults_when_nothing_is_set(tmp_path):
 
 
 def test_each_layer_overrides_the_one_below(tmp_path, monkeypatch):
-    system = write(tmp_path / "etc.toml", 'interval = 2.0\nhost_interval = 3.0\nstall_floor = 60\nadmin_group = "ops"\n')
+    system = write(
+        tmp_path / "etc.toml", 'interval = 2.0\nhost_interval = 3.0\nstall_floor = 60\nadmin_group = "ops"\n'
+    )
     user = write(tmp_path / "user.toml", "host_interval = 4.0\nstall_floor = 30\nmax_db_mb = 10\n")
     monkeypatch.setenv("GPUWATCH_CONFIG", str(user))
-    cfg = config.load(flags={"max_db_mb": 5, "interval": None},
-                      env={"GPUWATCH_STALL_FLOOR": "15", "GPUWATCH_CONFIG": str(user)},
-                      system_file=system)
-    assert cfg.admin_group == "ops"          # system file only
-    assert cfg.interval == 2.0               # a None flag means "not given"
-    assert cfg.host_interval == 4.0          # user file beats system file
-    assert cfg.stall_floor == 15.0           # environment beats user file
-    assert cfg.max_db_mb == 5.0              # flags beat everything
+    cfg = config.load(
+        flags={"max_db_mb": 5, "interval": None},
+        env={"GPUWATCH_STALL_FLOOR": "15", "GPUWATCH_CONFIG": str(user)},
+        system_file=system,
+    )
+    assert cfg.admin_group == "ops"  # system file only
+    assert cfg.interval == 2.0  # a None flag means "not given"
+    assert cfg.host_interval == 4.0  # user file beats system file
+    assert cfg.stall_floor == 15.0  # environment beats user file
+    assert cfg.max_db_mb == 5.0  # flags beat everything
     assert cfg.sources["stall_floor"] == "environment"
     assert cfg.sources["admin_group"] == str(system)
 
@@ -47,8 +51,9 @@ def test_unknown_key_in_a_file_names_the_key_and_the_file(tmp_path, monkeypatch)
 def test_unknown_environment_key_is_refused_but_handshake_variables_are_not(tmp_path):
     with pytest.raises(config.ConfigError, match="unknown key 'GPUWATCH_INTERVALL'"):
         config.load(env={"GPUWATCH_INTERVALL": "1"}, system_file=tmp_path / "none.toml")
-    cfg = config.load(env={"GPUWATCH_RUN_ID": "abc123", "GPUWATCH_INTERVAL": "0.5"},
-                      system_file=tmp_path / "none.toml")
+    cfg = config.load(
+        env={"GPUWATCH_RUN_ID": "abc123", "GPUWATCH_INTERVAL": "0.5"}, system_file=tmp_path / "none.toml"
+    )
     assert cfg.interval == 0.5
 
 

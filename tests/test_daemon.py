@@ -18,15 +18,15 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 import fake_pynvml
+import pytest
 from systools import wait_for
+
+from collectors.nvml import NvmlCollector
 from gpuwatch.config import Config, load
 from gpuwatch.daemon.main import Daemon
 from gpuwatch.daemon.notify import Notifier
 from gpuwatch.sampler import Sampler
-from collectors.nvml import NvmlCollector
 from gpuwatch.store import Writer, now_ms, queries
 
 TESTS = Path(__file__).resolve().parent
@@ -113,6 +113,7 @@ def receive(sock, want: str, timeout=15.0) -> list[tuple[float, str]]:
 
 # --- sampler, ticked by hand ---
 
+
 class Clock:
     """An injected clock: ms for the Sampler, seconds for the fake NVML; moved by hand."""
 
@@ -142,8 +143,9 @@ def test_gpu_and_host_ticks_write_every_table(writer, db):
     per_gpu = rows(db, "SELECT gpu_index, count(*), min(gpu_util_pct) >= 0 FROM gpu_samples GROUP BY 1")
     assert per_gpu == [(i, 3, 1) for i in range(8)]
     # Same processes all along: one process tick (every process_interval, 5 s), all GPUs.
-    assert rows(db, "SELECT count(*), count(DISTINCT gpu_index), count(DISTINCT ts_ms) "
-                    "FROM gpu_process_samples") == [(8, 8, 1)]
+    assert rows(
+        db, "SELECT count(*), count(DISTINCT gpu_index), count(DISTINCT ts_ms) FROM gpu_process_samples"
+    ) == [(8, 8, 1)]
     assert rows(db, "SELECT count(*), min(mem_total_bytes) > 0 FROM host_samples") == [(3, 1)]
     stats = rows(db, "SELECT rss_bytes, tick_ms, db_bytes FROM daemon_stats")  # one per 30 s
     assert len(stats) == 1 and all(r[0] > 1_000_000 and r[1] > 0 and r[2] > 0 for r in stats)
@@ -167,8 +169,9 @@ def test_process_samples_every_process_interval_at_once_on_change_and_tui_finds_
         writer.flush()
         ticks = rows(db, "SELECT DISTINCT ts_ms FROM gpu_process_samples ORDER BY 1")
         assert ticks == [(t0,), (t0 + 5000,)]
-        written = dict(rows(db, "SELECT pid, sm_util_pct FROM gpu_process_samples WHERE ts_ms = ?",
-                            t0 + 5000))
+        written = dict(
+            rows(db, "SELECT pid, sm_util_pct FROM gpu_process_samples WHERE ts_ms = ?", t0 + 5000)
+        )
         # sm util is the mean over the ticks since the previous write (1..5 s), not the last tick.
         assert written == {pid: round(sum(t[pid] for t in per_tick[1:]) / 5) for pid in (a, b)}
         assert rows(db, "SELECT count(kind), min(rss_bytes) > 0 FROM gpu_process_samples") == [(0, 1)]
@@ -183,15 +186,22 @@ def test_process_samples_every_process_interval_at_once_on_change_and_tui_finds_
             clock.ms = t0 + second * 1000
             sampler.gpu_tick()
         writer.flush()
-        assert rows(db, "SELECT ts_ms - ?, gpu_index, pid FROM gpu_process_samples WHERE ts_ms > ? "
-                        "ORDER BY 1, 2, 3", t0, t0 + 5000) == [
-            (6000, 0, a), (6000, 1, min(b, c)), (6000, 1, max(b, c)),
-            (7000, 1, min(b, c)), (7000, 1, max(b, c))]
+        assert rows(
+            db,
+            "SELECT ts_ms - ?, gpu_index, pid FROM gpu_process_samples WHERE ts_ms > ? ORDER BY 1, 2, 3",
+            t0,
+            t0 + 5000,
+        ) == [
+            (6000, 0, a),
+            (6000, 1, min(b, c)),
+            (6000, 1, max(b, c)),
+            (7000, 1, min(b, c)),
+            (7000, 1, max(b, c)),
+        ]
         with sqlite3.connect(db) as conn:
             shown = queries.gpu_processes(conn)
         # What the TUI's process table shows at 10 s: GPU 1's two processes, none on GPU 0.
-        assert sorted((p.gpu_index, p.pid, p.kind) for p in shown) == [
-            (1, b, "compute"), (1, c, "compute")]
+        assert sorted((p.gpu_index, p.pid, p.kind) for p in shown) == [(1, b, "compute"), (1, c, "compute")]
     finally:
         for child in children:
             child.kill()
@@ -216,8 +226,9 @@ def test_process_table_empties_when_process_ticks_stop_while_gpu_ticks_go_on(wri
 
 def test_daemon_stats_every_30_s_with_cpu_over_the_window(writer, db):
     clock = Clock()
-    sampler = Sampler(writer, Config(), nvml_module=fake_pynvml.FakeNvml(gpus=1, clock=clock.seconds),
-                      clock=clock)
+    sampler = Sampler(
+        writer, Config(), nvml_module=fake_pynvml.FakeNvml(gpus=1, clock=clock.seconds), clock=clock
+    )
     t0 = clock.ms
     for _ in range(61):
         sampler.gpu_tick()
@@ -229,9 +240,12 @@ def test_daemon_stats_every_30_s_with_cpu_over_the_window(writer, db):
 
 def test_a_wall_clock_step_back_does_not_stop_process_samples(writer, db):
     clock = Clock()
-    sampler = Sampler(writer, Config(), nvml_module=fake_pynvml.FakeNvml(gpus=1, procs_per_gpu=1,
-                                                                          clock=clock.seconds),
-                      clock=clock)
+    sampler = Sampler(
+        writer,
+        Config(),
+        nvml_module=fake_pynvml.FakeNvml(gpus=1, procs_per_gpu=1, clock=clock.seconds),
+        clock=clock,
+    )
     sampler.gpu_tick()
     clock.ms -= 3_600_000  # NTP steps the clock back an hour
     sampler.gpu_tick()
@@ -248,8 +262,11 @@ def test_lost_gpu_changes_its_row_while_the_others_keep_sampling(writer, db):
     sampler.gpu_tick()
     writer.flush()
     assert rows(db, "SELECT gpu_index FROM gpus WHERE state = 'lost'") == [(3,)]
-    latest = rows(db, "SELECT gpu_index, state, gpu_util_pct FROM gpu_samples "
-                      "WHERE ts_ms = (SELECT max(ts_ms) FROM gpu_samples) ORDER BY 1")
+    latest = rows(
+        db,
+        "SELECT gpu_index, state, gpu_util_pct FROM gpu_samples "
+        "WHERE ts_ms = (SELECT max(ts_ms) FROM gpu_samples) ORDER BY 1",
+    )
     assert latest[3] == (3, "lost", None)
     assert all(r[1] is None and r[2] is not None for i, r in enumerate(latest) if i != 3)
 
@@ -260,19 +277,31 @@ def test_gpu_process_of_a_run_child_gets_the_run_id_rss_and_cpu(writer, db):
         nvml = fake_pynvml.FakeNvml(gpus=2, procs={1: [child.pid]})
         sampler = Sampler(writer, Config(process_interval=0.001), nvml_module=nvml)
         # This test process plays `gpuwatch run`: a running run whose pid is the GPU pid's parent.
-        writer.insert("runs", [{"run_id": "r-wrapper", "uid": os.getuid(), "pid": os.getpid(),
-                                "host": socket.gethostname(), "started_ms": now_ms()}])
+        writer.insert(
+            "runs",
+            [
+                {
+                    "run_id": "r-wrapper",
+                    "uid": os.getuid(),
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "started_ms": now_ms(),
+                }
+            ],
+        )
         sampler.refresh_runs()
         writer.flush()
         sampler.gpu_tick()
         writer.flush()
         assert rows(db, "SELECT run_id, user, cmdline FROM processes WHERE pid = ?", child.pid) == [
-            ("r-wrapper", "root" if os.getuid() == 0 else os.environ.get("USER"), "sleep 30")]
+            ("r-wrapper", "root" if os.getuid() == 0 else os.environ.get("USER"), "sleep 30")
+        ]
         time.sleep(0.01)
         sampler.gpu_tick()  # the second tick has a CPU % baseline
         writer.flush()
-        usage = rows(db, "SELECT rss_bytes, cpu_pct FROM gpu_process_samples WHERE pid = ? "
-                         "ORDER BY ts_ms", child.pid)
+        usage = rows(
+            db, "SELECT rss_bytes, cpu_pct FROM gpu_process_samples WHERE pid = ? ORDER BY ts_ms", child.pid
+        )
         assert len(usage) == 2 and all(rss > 1000 for rss, _ in usage) and usage[1][1] is not None
         # The run finishes: the link already recorded stays, later ticks add none.
         writer.submit(lambda c: c.execute("UPDATE runs SET status = 'finished'"))
@@ -292,13 +321,19 @@ def test_maintenance_tick_rolls_up_and_expires_old_samples_in_the_writer(writer,
     sampler = Sampler(writer, Config(raw_retention_hours=1.0), nvml_module=fake_pynvml.FakeNvml(gpus=1))
     two_hours_ago = now_ms() - 2 * 3_600_000
     period = two_hours_ago - two_hours_ago % 900_000
-    writer.insert("gpu_samples", [{"gpu_index": 0, "ts_ms": period + i * 1000, "gpu_util_pct": u}
-                                  for i, u in enumerate((10, 20, 60))])
+    writer.insert(
+        "gpu_samples",
+        [{"gpu_index": 0, "ts_ms": period + i * 1000, "gpu_util_pct": u} for i, u in enumerate((10, 20, 60))],
+    )
     sampler.gpu_tick()
     sampler.maintenance_tick()
     writer.flush()
-    assert rows(db, "SELECT gpu_util_pct_min, gpu_util_pct_avg, gpu_util_pct_max, n FROM gpu_samples_15m "
-                    "WHERE gpu_index = 0 AND ts_ms = ?", period) == [(10, 30.0, 60, 3)]
+    assert rows(
+        db,
+        "SELECT gpu_util_pct_min, gpu_util_pct_avg, gpu_util_pct_max, n FROM gpu_samples_15m "
+        "WHERE gpu_index = 0 AND ts_ms = ?",
+        period,
+    ) == [(10, 30.0, 60, 3)]
     assert rows(db, "SELECT count(*) FROM gpu_samples WHERE ts_ms < ?", now_ms() - 3_600_000) == [(0,)]
     assert rows(db, "SELECT count(*) FROM gpu_samples")[0][0] == 1  # the fresh tick stays
 
@@ -321,8 +356,9 @@ def test_no_driver_means_host_only_and_one_log_line(writer, db, caplog):
 
 
 def test_started_sampler_ticks_on_its_own_and_stop_flushes(writer, db):
-    sampler = Sampler(writer, Config(interval=0.1, host_interval=0.1),
-                      nvml_module=fake_pynvml.FakeNvml(gpus=8))
+    sampler = Sampler(
+        writer, Config(interval=0.1, host_interval=0.1), nvml_module=fake_pynvml.FakeNvml(gpus=8)
+    )
     sampler.start()
     time.sleep(0.55)
     sampler.stop()
@@ -330,19 +366,24 @@ def test_started_sampler_ticks_on_its_own_and_stop_flushes(writer, db):
     assert 4 <= n <= 7
     # Equal intervals: one job samples both, so every host sample has its GPU tick's ts_ms.
     assert [j.name for j in sampler.sched.jobs][0] == "gpu+host"
-    assert rows(db, "SELECT count(*) FROM host_samples h JOIN gpu_samples g "
-                    "ON g.gpu_index = 0 AND g.ts_ms = h.ts_ms") == [(n,)]
+    assert rows(
+        db, "SELECT count(*) FROM host_samples h JOIN gpu_samples g ON g.gpu_index = 0 AND g.ts_ms = h.ts_ms"
+    ) == [(n,)]
     assert not sampler.healthy()
 
 
 def test_different_gpu_and_host_intervals_are_separate_jobs(writer):
-    sampler = Sampler(writer, Config(interval=1.0, host_interval=5.0),
-                      nvml_module=fake_pynvml.FakeNvml(gpus=1))
+    sampler = Sampler(
+        writer, Config(interval=1.0, host_interval=5.0), nvml_module=fake_pynvml.FakeNvml(gpus=1)
+    )
     assert {j.name: j.interval for j in sampler.sched.jobs if j.name in ("gpu", "host")} == {
-        "gpu": 1.0, "host": 5.0}
+        "gpu": 1.0,
+        "host": 5.0,
+    }
 
 
 # --- sd_notify ---
+
 
 def test_notifier_reaches_abstract_sockets_and_is_silent_without_one():
     name = f"gw-test-{os.getpid()}-{time.monotonic_ns()}"
@@ -363,6 +404,7 @@ def test_notifier_reaches_abstract_sockets_and_is_silent_without_one():
 
 
 # --- the daemon, in-process ---
+
 
 def test_daemon_in_a_thread_samples_and_stops_the_watchdog_when_the_sampler_dies(db, notify_socket):
     path, sock = notify_socket
@@ -389,9 +431,15 @@ def test_daemon_in_a_thread_samples_and_stops_the_watchdog_when_the_sampler_dies
 
 # --- the daemon, as a real process ---
 
+
 def start_runner(db, interval, env=None):
-    return subprocess.Popen([PYTHON, "-c", RUNNER, db, str(interval)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [PYTHON, "-c", RUNNER, db, str(interval)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_daemon_process_ready_watchdog_period_and_sigterm_exit_0(db, notify_socket):
@@ -431,9 +479,22 @@ def test_sigkill_mid_write_leaves_an_intact_database_with_samples(db):
 
 
 def test_gpuwatch_daemon_without_driver_runs_host_only_and_says_so_once(db, tmp_path):
-    proc = subprocess.Popen([str(GPUWATCH), "daemon", "--db", db, "--user", "--interval", "0.2",
-                             "--socket", str(tmp_path / "s.sock")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            str(GPUWATCH),
+            "daemon",
+            "--db",
+            db,
+            "--user",
+            "--interval",
+            "0.2",
+            "--socket",
+            str(tmp_path / "s.sock"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: count_when_ready(db, "host_samples") >= 2)
         proc.send_signal(signal.SIGTERM)
@@ -465,8 +526,9 @@ def test_processes_last_seen_is_refreshed_while_the_process_stays(writer, db):
             sampler.gpu_tick()
             clock.ms += 1000
         writer.flush()
-        assert rows(db, "SELECT last_seen_ms - first_seen_ms FROM processes WHERE pid = ?",
-                    child.pid) == [(20_000,)]
+        assert rows(db, "SELECT last_seen_ms - first_seen_ms FROM processes WHERE pid = ?", child.pid) == [
+            (20_000,)
+        ]
     finally:
         child.kill()
         child.wait()

@@ -34,10 +34,10 @@ def steps_table() -> list[sqlite3.Row]:
 def test_a_loop_that_waits_for_its_data_gets_that_share_of_each_step():
     with gpuwatch.track(name="slow-loader") as run:
         for _ in range(5):
-            time.sleep(DATA_S)       # the data loader
+            time.sleep(DATA_S)  # the data loader
             run.mark_compute()
-            time.sleep(COMPUTE_S)    # forward, backward, optimiser
-            run.mark_compute()       # a second micro-batch: only the first call counts
+            time.sleep(COMPUTE_S)  # forward, backward, optimiser
+            run.mark_compute()  # a second micro-batch: only the first call counts
             run.step(tokens=64)
     steps = steps_table()
     assert steps[0]["data_wait_pct"] is None  # the first step's time includes the set-up
@@ -83,8 +83,9 @@ def test_an_unmodified_script_under_gpuwatch_run_gets_its_data_wait(tmp_path):
     script = tmp_path / "slow_loader.py"
     script.write_text(SLOW_LOADER_SCRIPT)
     gw = str(Path(sys.executable).with_name("gpuwatch"))
-    done = subprocess.run([gw, "run", "--", sys.executable, str(script)], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [gw, "run", "--", sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0 and "done" in done.stdout, done.stderr
     steps = steps_table()
     assert len(steps) == 6

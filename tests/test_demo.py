@@ -16,7 +16,9 @@ GPUWATCH = str(Path(sys.executable).parent / "gpuwatch")
 
 
 def gpuwatch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([GPUWATCH, *args], env=dict(os.environ), capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [GPUWATCH, *args], env=dict(os.environ), capture_output=True, text=True, timeout=240
+    )
 
 
 def test_demo_records_a_training_and_a_generation_run(tmp_path):
@@ -30,28 +32,35 @@ def test_demo_records_a_training_and_a_generation_run(tmp_path):
     conn = sqlite3.connect(db)
     runs = dict(conn.execute("SELECT name, run_id FROM runs WHERE status = 'finished'").fetchall())
     assert set(runs) == {"demo-train", "demo-decode"}
-    steps = conn.execute("SELECT count(*), min(tokens_per_s) FROM steps WHERE run_id = ?",
-                         (runs["demo-train"],)).fetchone()
+    steps = conn.execute(
+        "SELECT count(*), min(tokens_per_s) FROM steps WHERE run_id = ?", (runs["demo-train"],)
+    ).fetchone()
     assert steps[0] == 30 and steps[1] > 0
     # The demo's model learns: the stored loss of its last steps is well below its first steps'.
-    losses = [loss for (loss,) in conn.execute("SELECT loss FROM steps WHERE run_id = ? ORDER BY step",
-                                               (runs["demo-train"],))]
+    losses = [
+        loss
+        for (loss,) in conn.execute(
+            "SELECT loss FROM steps WHERE run_id = ? ORDER BY step", (runs["demo-train"],)
+        )
+    ]
     first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
     assert last < 0.7 * first, losses
     assert "loss " in out and " -> " in out  # and the summary says so
-    gens = conn.execute("SELECT count(*), min(ttft_ms) FROM generations WHERE run_id = ?",
-                        (runs["demo-decode"],)).fetchone()
+    gens = conn.execute(
+        "SELECT count(*), min(ttft_ms) FROM generations WHERE run_id = ?", (runs["demo-decode"],)
+    ).fetchone()
     assert gens[0] == 3 and gens[1] > 0
     # The OOM stage failed for real and left its postmortem (with the allocator's own message).
     kind, requested = conn.execute(
         "SELECT o.kind, o.requested_bytes FROM runs r JOIN oom_postmortems o USING (run_id) "
-        "WHERE r.name = 'demo-oom' AND r.status = 'oom'").fetchone()
+        "WHERE r.name = 'demo-oom' AND r.status = 'oom'"
+    ).fetchone()
     assert requested > 0 and kind in ("gpu", "host")
     assert f"gpuwatch oom --db {db} demo-oom" in out
     conn.close()
 
     # The runs table (gpuwatch runs' rendering) lists both, and says where to look next.
-    table = out[out.index("runs recorded in"):]
+    table = out[out.index("runs recorded in") :]
     assert str(db) in table and "demo-train" in table and "demo-decode" in table
     assert f"gpuwatch show --db {db}" in out
     # --db means that file only: the per-user default database was never created.
@@ -79,7 +88,8 @@ def test_on_a_gpu_the_demo_oom_is_a_cuda_oom(tmp_path):
     done = gpuwatch("demo", "--no-tui", "--db", str(db))
     assert done.returncode == 0, done.stderr[-3000:]
     conn = sqlite3.connect(db)
-    (kind,) = conn.execute("SELECT o.kind FROM runs r JOIN oom_postmortems o USING (run_id) "
-                           "WHERE r.name = 'demo-oom'").fetchone()
+    (kind,) = conn.execute(
+        "SELECT o.kind FROM runs r JOIN oom_postmortems o USING (run_id) WHERE r.name = 'demo-oom'"
+    ).fetchone()
     conn.close()
     assert kind == "gpu"

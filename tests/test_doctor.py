@@ -10,14 +10,20 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fake_pynvml import FakeNvml
+
 from gpuwatch.doctor import Env, healthy, run_checks
 from gpuwatch.store import open_rw
 
-GIB = 1024 ** 3
-GOOD_TORCH = {"version": "2.5.1", "cuda": "12.4", "cuda_available": True, "cudnn": 90100,
-              "nccl": "2.21.5", "devices": 8}
+GIB = 1024**3
+GOOD_TORCH = {
+    "version": "2.5.1",
+    "cuda": "12.4",
+    "cuda_available": True,
+    "cudnn": 90100,
+    "nccl": "2.21.5",
+    "devices": 8,
+}
 
 
 @pytest.fixture
@@ -30,12 +36,21 @@ def good_env(tmp_path):
     listener.listen()
     db = tmp_path / "g.db"
     open_rw(db).close()
-    files = {"/proc/sys/kernel/yama/ptrace_scope": "1\n",
-             "/proc/self/status": "Name:\tgpuwatch\nCapEff:\t0000000000080000\n"}  # bit 19
-    env = Env(nvml=lambda: FakeNvml(gpus=8), torch=lambda: dict(GOOD_TORCH), read=files.get,
-              fs_size=lambda path: 64 * GIB, which=lambda name: f"/usr/bin/{name}",
-              systemctl=lambda *args: (0, "active" if args[0] == "is-active" else "enabled"),
-              socket_path=sock_path, db_path=db, euid=1000)
+    files = {
+        "/proc/sys/kernel/yama/ptrace_scope": "1\n",
+        "/proc/self/status": "Name:\tgpuwatch\nCapEff:\t0000000000080000\n",
+    }  # bit 19
+    env = Env(
+        nvml=lambda: FakeNvml(gpus=8),
+        torch=lambda: dict(GOOD_TORCH),
+        read=files.get,
+        fs_size=lambda path: 64 * GIB,
+        which=lambda name: f"/usr/bin/{name}",
+        systemctl=lambda *args: (0, "active" if args[0] == "is-active" else "enabled"),
+        socket_path=sock_path,
+        db_path=db,
+        euid=1000,
+    )
     yield env, files
     listener.close()
     sock_path.unlink()
@@ -50,7 +65,9 @@ def test_healthy_host_is_all_ok(good_env):
     checks = run_checks(env)
     assert [c for c in checks if c.status != "ok"] == []
     got = by_name(checks)
-    assert got["GPUs visible"].detail.startswith("8 × NVIDIA H100 80GB HBM3 (simulated); `gpuwatch selftest` checks")
+    assert got["GPUs visible"].detail.startswith(
+        "8 × NVIDIA H100 80GB HBM3 (simulated); `gpuwatch selftest` checks"
+    )
     assert got["NVIDIA driver / NVML"].detail == "driver 550.54.15, supports CUDA 12.4"
     assert got["cuDNN / NCCL"].detail == "cuDNN 90100, NCCL 2.21.5"
     assert healthy(checks)
@@ -58,8 +75,11 @@ def test_healthy_host_is_all_ok(good_env):
 
 def test_no_driver_fails_with_the_fix(good_env):
     env, _ = good_env
-    env = dataclasses.replace(env, nvml=lambda: FakeNvml(init_error="DriverNotLoaded"),
-                              torch=lambda: dict(GOOD_TORCH, cuda_available=False, devices=0))
+    env = dataclasses.replace(
+        env,
+        nvml=lambda: FakeNvml(init_error="DriverNotLoaded"),
+        torch=lambda: dict(GOOD_TORCH, cuda_available=False, devices=0),
+    )
     got = by_name(run_checks(env))
     assert got["NVIDIA driver / NVML"].status == "fail"
     assert "Driver Not Loaded" in got["NVIDIA driver / NVML"].detail
@@ -69,11 +89,14 @@ def test_no_driver_fails_with_the_fix(good_env):
     assert not healthy(list(got.values()))
 
 
-@pytest.mark.parametrize("torch_cuda, status, words", [
-    ("13.0", "fail", "torch needs CUDA 13.0 but the driver supports only 12.4"),
-    ("12.8", "warn", "minor-version compatibility"),
-    ("12.1", "ok", "torch CUDA 12.1 ≤ driver CUDA 12.4"),
-])
+@pytest.mark.parametrize(
+    "torch_cuda, status, words",
+    [
+        ("13.0", "fail", "torch needs CUDA 13.0 but the driver supports only 12.4"),
+        ("12.8", "warn", "minor-version compatibility"),
+        ("12.1", "ok", "torch CUDA 12.1 ≤ driver CUDA 12.4"),
+    ],
+)
 def test_torch_cuda_against_an_old_driver(good_env, torch_cuda, status, words):
     env, _ = good_env
     env = dataclasses.replace(env, torch=lambda: dict(GOOD_TORCH, cuda=torch_cuda))
@@ -87,23 +110,29 @@ def test_cpu_only_torch_and_missing_torch(good_env):
     env, _ = good_env
     got = by_name(run_checks(dataclasses.replace(env, torch=lambda: dict(GOOD_TORCH, cuda=None))))
     assert got["torch.cuda"].status == "fail" and "CPU-only" in got["torch.cuda"].detail
-    got = by_name(run_checks(dataclasses.replace(
-        env, torch=lambda: {"error": "ModuleNotFoundError: No module named 'torch'"})))
+    got = by_name(
+        run_checks(
+            dataclasses.replace(env, torch=lambda: {"error": "ModuleNotFoundError: No module named 'torch'"})
+        )
+    )
     assert got["torch"].status == "warn" and "pip install torch" in got["torch"].fix
 
 
 def test_small_shm_warns(good_env):
     env, _ = good_env
-    check = by_name(run_checks(dataclasses.replace(env, fs_size=lambda path: 64 * 1024 ** 2)))["/dev/shm"]
+    check = by_name(run_checks(dataclasses.replace(env, fs_size=lambda path: 64 * 1024**2)))["/dev/shm"]
     assert check.status == "warn" and "64.0 MiB" in check.detail and "--shm-size" in check.fix
 
 
-@pytest.mark.parametrize("scope, capeff, status", [
-    ("3", "0000000000080000", "fail"),   # nobody may attach, CAP_SYS_PTRACE or not
-    ("1", "0000000000000000", "warn"),   # own children only, and we lack the capability
-    ("1", "0000000000080000", "ok"),
-    ("0", "0000000000000000", "ok"),
-])
+@pytest.mark.parametrize(
+    "scope, capeff, status",
+    [
+        ("3", "0000000000080000", "fail"),  # nobody may attach, CAP_SYS_PTRACE or not
+        ("1", "0000000000000000", "warn"),  # own children only, and we lack the capability
+        ("1", "0000000000080000", "ok"),
+        ("0", "0000000000000000", "ok"),
+    ],
+)
 def test_ptrace_scope(good_env, scope, capeff, status):
     env, files = good_env
     files["/proc/sys/kernel/yama/ptrace_scope"] = scope + "\n"
@@ -143,29 +172,40 @@ def test_unreadable_database_fails(good_env, tmp_path):
     assert check.status == "fail"
 
 
-@pytest.mark.parametrize("active, enabled, status", [
-    ("failed", "enabled", "fail"), ("inactive", "disabled", "warn"), ("inactive", "", "warn"),
-])
+@pytest.mark.parametrize(
+    "active, enabled, status",
+    [
+        ("failed", "enabled", "fail"),
+        ("inactive", "disabled", "warn"),
+        ("inactive", "", "warn"),
+    ],
+)
 def test_service_state(good_env, active, enabled, status):
     env, _ = good_env
     answers = {"is-active": (3, active), "is-enabled": (1, enabled)}
     check = by_name(run_checks(dataclasses.replace(env, systemctl=lambda *a: answers[a[0]])))[
-        "systemd service"]
+        "systemd service"
+    ]
     assert check.status == status and check.fix
 
 
 def test_doctor_on_this_host_reports_the_missing_driver(tmp_path):
     """This machine has no NVIDIA driver: doctor must say so and exit non-zero."""
     exe = Path(sys.executable).with_name("gpuwatch")
-    proc = subprocess.run([str(exe), "doctor", "--json", "--db", str(tmp_path / "none.db")],
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [str(exe), "doctor", "--json", "--db", str(tmp_path / "none.db")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] is False
     driver = next(c for c in report["checks"] if c["name"] == "NVIDIA driver / NVML")
     assert driver["status"] == "fail" and "NVML cannot be loaded" in driver["detail"]
     assert "nvidia-smi" in driver["fix"]
-    table = subprocess.run([str(exe), "doctor", "--db", str(tmp_path / "none.db")],
-                           capture_output=True, text=True, timeout=180)
+    table = subprocess.run(
+        [str(exe), "doctor", "--db", str(tmp_path / "none.db")], capture_output=True, text=True, timeout=180
+    )
     assert table.returncode == 1
     assert table.stdout.splitlines()[0].startswith("FAIL  NVIDIA driver / NVML")

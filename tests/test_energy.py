@@ -9,10 +9,11 @@ import re
 import time
 import urllib.request
 
+import fake_pynvml
 import pytest
 from click.testing import CliRunner
+from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
-import fake_pynvml
 from gpuwatch.cli import main
 from gpuwatch.config import Config
 from gpuwatch.sampler import Sampler
@@ -20,7 +21,6 @@ from gpuwatch.store import Writer, open_ro
 from gpuwatch.store.energy import EnergyLedger, run_energy
 from gpuwatch.tui.snapshot import View
 from gpuwatch.tui.source import StoreSource
-from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 T0 = 1_700_000_000_000
 PID_A, PID_B = fake_pynvml.FAKE_PID_BASE + 1, fake_pynvml.FAKE_PID_BASE + 2
@@ -30,8 +30,8 @@ TOKENS_A = 60 * 1000
 # seen at its start. GPU 0 (300 J/s): A alone 0-20 s, A and B 20-40 s, A alone 40-60 s, nobody
 # after. GPU 1 (301 J/s): B alone 20-40 s. The counter resets at 30 s: 29-30 s is unknown on
 # both GPUs. No samples at all 45-49 s: the counter still gives 44-50 s exactly, A's alone.
-HAND_A = 300 * 20 + (300 * 20 - 300) / 2 + 300 * 20                     # 14,850 J
-HAND_B = (300 * 20 - 300) / 2 + 301 * 20 - 301                          # 8,569 J
+HAND_A = 300 * 20 + (300 * 20 - 300) / 2 + 300 * 20  # 14,850 J
+HAND_B = (300 * 20 - 300) / 2 + 301 * 20 - 301  # 8,569 J
 
 
 @pytest.fixture
@@ -45,15 +45,48 @@ def record(path, seconds: int, a_ended: bool):
     ms = [T0]
     nvml = fake_pynvml.FakeNvml(gpus=2, clock=lambda: ms[0] / 1000)
     sampler = Sampler(writer, Config(), nvml_module=nvml, clock=lambda: ms[0])
-    writer.insert("runs", [
-        dict(run_id="run-a", name="lr-1e-3", uid=1000, user="alice", pid=PID_A,
-             status="finished" if a_ended else "running", started_ms=T0,
-             ended_ms=T0 + 60_000 if a_ended else None, host="node1"),
-        dict(run_id="run-b", name="lr-1e-2", uid=1000, user="alice", pid=PID_B, status="finished",
-             started_ms=T0 + 20_000, ended_ms=T0 + 40_000, host="node1")])
-    writer.insert("steps", [dict(run_id="run-a", step=k + 1, ts_ms=T0 + k * 1000 + 500, tokens=1000,
-                                 step_time_ms=1000.0, tokens_per_s=1000.0, loss=5.0 - 0.05 * k)
-                            for k in range(60)])
+    writer.insert(
+        "runs",
+        [
+            dict(
+                run_id="run-a",
+                name="lr-1e-3",
+                uid=1000,
+                user="alice",
+                pid=PID_A,
+                status="finished" if a_ended else "running",
+                started_ms=T0,
+                ended_ms=T0 + 60_000 if a_ended else None,
+                host="node1",
+            ),
+            dict(
+                run_id="run-b",
+                name="lr-1e-2",
+                uid=1000,
+                user="alice",
+                pid=PID_B,
+                status="finished",
+                started_ms=T0 + 20_000,
+                ended_ms=T0 + 40_000,
+                host="node1",
+            ),
+        ],
+    )
+    writer.insert(
+        "steps",
+        [
+            dict(
+                run_id="run-a",
+                step=k + 1,
+                ts_ms=T0 + k * 1000 + 500,
+                tokens=1000,
+                step_time_ms=1000.0,
+                tokens_per_s=1000.0,
+                loss=5.0 - 0.05 * k,
+            )
+            for k in range(60)
+        ],
+    )
     for second in range(seconds):
         if 45 <= second <= 49:
             continue  # the daemon missed these ticks
@@ -119,7 +152,9 @@ def test_show_and_compare_give_kwh_and_joules_per_token(energy_db):
     compared = CliRunner().invoke(main, ["compare", "run-a", "run-b", "--json", "--db", str(energy_db)])
     assert compared.exit_code == 0, compared.output
     a, b = json.loads(compared.output)
-    assert a["energy_j"] == pytest.approx(HAND_A, rel=0.01) and b["energy_j"] == pytest.approx(HAND_B, rel=0.01)
+    assert a["energy_j"] == pytest.approx(HAND_A, rel=0.01) and b["energy_j"] == pytest.approx(
+        HAND_B, rel=0.01
+    )
     assert a["joules_per_token"] == pytest.approx(HAND_A / TOKENS_A, rel=0.01)
     assert b["joules_per_token"] is None  # no tokens recorded
     table = CliRunner().invoke(main, ["compare", "run-a", "run-b", "--db", str(energy_db)]).output
@@ -127,7 +162,10 @@ def test_show_and_compare_give_kwh_and_joules_per_token(energy_db):
     assert _figure(energy_row, "kWh") == pytest.approx(HAND_A / 3.6e6, rel=0.01)
 
     report = energy_db.parent / "a.html"
-    assert CliRunner().invoke(main, ["report", "run-a", "-o", str(report), "--db", str(energy_db)]).exit_code == 0
+    assert (
+        CliRunner().invoke(main, ["report", "run-a", "-o", str(report), "--db", str(energy_db)]).exit_code
+        == 0
+    )
     cells = re.findall(r"<td>(energy[^<]*)</td><td>([^<]*)</td>", report.read_text())
     assert dict(cells)["energy"].endswith("kWh") and dict(cells)["energy/token"].endswith("J/token")
     assert _figure(dict(cells)["energy"], "kWh") == pytest.approx(HAND_A / 3.6e6, rel=0.01)
@@ -142,7 +180,6 @@ def test_a_run_whose_early_samples_expired_says_its_energy_is_partial(energy_db)
     finally:
         conn.close()
     assert not found["run-a"].complete and found["run-a"].from_ms >= T0
-
 
 
 @pilot_test
@@ -162,7 +199,7 @@ async def test_the_run_screen_shows_energy_and_the_loss_chart(energy_db):
         app.push_screen(RunScreen("run-a"))
         await pilot.pause(0.3)
         screen = html.unescape(re.sub(r"<[^>]+>", "", app.export_screenshot())).replace("\xa0", " ")
-        line = screen[screen.index("energy"):][:60]
+        line = screen[screen.index("energy") :][:60]
         assert _figure(line, "kWh") == pytest.approx(HAND_A / 3.6e6, rel=0.01)
         assert _figure(line, "J/token") == pytest.approx(HAND_A / TOKENS_A, rel=0.01)
 
@@ -202,12 +239,21 @@ def test_a_fresh_exporter_shows_a_long_runs_energy_once_it_has_caught_up(tmp_pat
     start = now - seconds * 1000
     conn = open_rw(path)
     insert_rows(conn, "gpus", [dict(gpu_index=0, uuid="GPU-0", first_seen_ms=start, last_seen_ms=now)])
-    insert_rows(conn, "runs", [dict(run_id="long", name="long", uid=1000, pid=PID_A, status="running",
-                                    started_ms=start)])
-    insert_rows(conn, "gpu_samples", [dict(gpu_index=0, ts_ms=start + 1000 * s, energy_mj=300_000 * s)
-                                      for s in range(seconds + 1)])
-    insert_rows(conn, "gpu_process_samples", [dict(gpu_index=0, pid=PID_A, ts_ms=start + 5000 * k)
-                                              for k in range(seconds // 5 + 1)])
+    insert_rows(
+        conn,
+        "runs",
+        [dict(run_id="long", name="long", uid=1000, pid=PID_A, status="running", started_ms=start)],
+    )
+    insert_rows(
+        conn,
+        "gpu_samples",
+        [dict(gpu_index=0, ts_ms=start + 1000 * s, energy_mj=300_000 * s) for s in range(seconds + 1)],
+    )
+    insert_rows(
+        conn,
+        "gpu_process_samples",
+        [dict(gpu_index=0, pid=PID_A, ts_ms=start + 5000 * k) for k in range(seconds // 5 + 1)],
+    )
     conn.close()
     server = start_metrics_server("127.0.0.1:0", path)
     try:
@@ -234,14 +280,31 @@ def test_a_process_of_no_run_keeps_its_share_and_one_kernel_runs_two_runs_in_tur
     path = tmp_path / "shared.db"
     conn = open_rw(path)
     kernel, stray = 7001, 7002
-    insert_rows(conn, "runs", [dict(run_id="one", uid=1, pid=kernel, status="finished", started_ms=T0,
-                                    ended_ms=T0 + 4_000),
-                               dict(run_id="two", uid=1, pid=kernel, status="finished",
-                                    started_ms=T0 + 4_000, ended_ms=T0 + 10_000)])
-    insert_rows(conn, "gpu_samples", [dict(gpu_index=0, ts_ms=T0 + 1000 * s, energy_mj=100_000 * s)
-                                      for s in range(11)])
-    insert_rows(conn, "gpu_process_samples", [dict(gpu_index=0, pid=pid, ts_ms=T0 + 5000 * k)
-                                              for k in range(3) for pid in (kernel, stray)])
+    insert_rows(
+        conn,
+        "runs",
+        [
+            dict(run_id="one", uid=1, pid=kernel, status="finished", started_ms=T0, ended_ms=T0 + 4_000),
+            dict(
+                run_id="two",
+                uid=1,
+                pid=kernel,
+                status="finished",
+                started_ms=T0 + 4_000,
+                ended_ms=T0 + 10_000,
+            ),
+        ],
+    )
+    insert_rows(
+        conn,
+        "gpu_samples",
+        [dict(gpu_index=0, ts_ms=T0 + 1000 * s, energy_mj=100_000 * s) for s in range(11)],
+    )
+    insert_rows(
+        conn,
+        "gpu_process_samples",
+        [dict(gpu_index=0, pid=pid, ts_ms=T0 + 5000 * k) for k in range(3) for pid in (kernel, stray)],
+    )
     conn.close()
     conn = open_ro(path)
     try:

@@ -14,8 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from gpuwatch.doctor import Env, check_daemon
 from systools import wait_for
+
+from gpuwatch.doctor import Env, check_daemon
 from gpuwatch.tui.snapshot import View
 from gpuwatch.tui.source import StoreSource
 
@@ -64,26 +65,52 @@ def test_a_hung_gpu_is_shown_not_responding_while_the_others_and_the_host_keep_t
     import urllib.request
 
     db, port = str(tmp_path / "gw.db"), free_port()
-    proc = subprocess.Popen([PYTHON, "-c", HUNG_RUNNER, db, str(tmp_path / "gw.sock"), f"127.0.0.1:{port}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PYTHON, "-c", HUNG_RUNNER, db, str(tmp_path / "gw.sock"), f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        hung = wait_for(lambda: rows(db, "SELECT min(ts_ms) FROM gpu_samples WHERE gpu_index = ? "
-                                         "AND state = 'hung'", HUNG_GPU)[0][0] if
-                        rows(db, "SELECT 1 FROM gpu_samples WHERE state = 'hung'") else None)
-        last_ok = rows(db, "SELECT max(ts_ms) FROM gpu_samples WHERE gpu_index = ? AND state IS NULL",
-                       HUNG_GPU)[0][0]
+        hung = wait_for(
+            lambda: (
+                rows(
+                    db, "SELECT min(ts_ms) FROM gpu_samples WHERE gpu_index = ? AND state = 'hung'", HUNG_GPU
+                )[0][0]
+                if rows(db, "SELECT 1 FROM gpu_samples WHERE state = 'hung'")
+                else None
+            )
+        )
+        last_ok = rows(
+            db, "SELECT max(ts_ms) FROM gpu_samples WHERE gpu_index = ? AND state IS NULL", HUNG_GPU
+        )[0][0]
         # Shown within 3 intervals of its last answer: the tick that found it hung is the next.
         assert hung - last_ok <= 3 * INTERVAL * 1000
         time.sleep(10 * INTERVAL)  # ten more ticks with GPU 3 hung
-        status = subprocess.run([str(GPUWATCH), "status", "--db", db], capture_output=True, text=True,
-                                timeout=30, env=dict(os.environ, COLUMNS="160"))
+        status = subprocess.run(
+            [str(GPUWATCH), "status", "--db", db],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=dict(os.environ, COLUMNS="160"),
+        )
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         overview = StoreSource(db).fetch(View("overview"))
-        doctor = {c.name: c for c in check_daemon(Env(socket_path=tmp_path / "gw.sock", db_path=Path(db),
-                                                      connect=lambda path: None), None)}
+        doctor = {
+            c.name: c
+            for c in check_daemon(
+                Env(socket_path=tmp_path / "gw.sock", db_path=Path(db), connect=lambda path: None), None
+            )
+        }
         proc.send_signal(signal.SIGUSR1)  # the GPU recovers
-        wait_for(lambda: rows(db, "SELECT 1 FROM gpu_samples WHERE gpu_index = ? AND state IS NULL "
-                                  "AND ts_ms > ?", HUNG_GPU, hung))
+        wait_for(
+            lambda: rows(
+                db,
+                "SELECT 1 FROM gpu_samples WHERE gpu_index = ? AND state IS NULL AND ts_ms > ?",
+                HUNG_GPU,
+                hung,
+            )
+        )
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
     finally:
@@ -101,13 +128,18 @@ def test_a_hung_gpu_is_shown_not_responding_while_the_others_and_the_host_keep_t
     up = [m for m in metrics.splitlines() if m.startswith("gpuwatch_gpu_up{")]
     assert len(up) == 8
     assert [m for m in up if m.endswith(" 0.0")] == [
-        m for m in up if f'gpu="{HUNG_GPU}"' in m and 'reason="not responding"' in m]
+        m for m in up if f'gpu="{HUNG_GPU}"' in m and 'reason="not responding"' in m
+    ]
 
     # The other GPUs and the host lost nothing: one sample each per tick, no gap in the cadence.
-    host = [ts for ts, in rows(db, "SELECT ts_ms FROM host_samples ORDER BY ts_ms")]
+    host = [ts for (ts,) in rows(db, "SELECT ts_ms FROM host_samples ORDER BY ts_ms")]
     for gpu in set(range(8)) - {HUNG_GPU}:
-        ticks = [ts for ts, in rows(db, "SELECT ts_ms FROM gpu_samples WHERE gpu_index = ? AND state IS "
-                                        "NULL ORDER BY ts_ms", gpu)]
+        ticks = [
+            ts
+            for (ts,) in rows(
+                db, "SELECT ts_ms FROM gpu_samples WHERE gpu_index = ? AND state IS NULL ORDER BY ts_ms", gpu
+            )
+        ]
         assert ticks == host
     gaps = [b - a for a, b in zip(host, host[1:])]
     assert max(gaps) < 2 * INTERVAL * 1000, gaps  # no tick skipped while GPU 3 hung
@@ -126,6 +158,7 @@ def test_the_watchdog_is_fed_while_a_gpu_hangs(tmp_path):
     import threading
 
     import fake_pynvml
+
     from gpuwatch.config import Config
     from gpuwatch.daemon.main import Daemon
     from gpuwatch.daemon.notify import Notifier
@@ -134,9 +167,17 @@ def test_the_watchdog_is_fed_while_a_gpu_hangs(tmp_path):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(path)
     nvml = fake_pynvml.FakeNvml(gpus=2, hang={1: 0.0})  # hung from the start
-    daemon = Daemon(Config(db=str(tmp_path / "gw.db"), socket=str(tmp_path / "s.sock"), interval=0.1,
-                           host_interval=0.1, system=False),
-                    nvml_module=nvml, notifier=Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"}))
+    daemon = Daemon(
+        Config(
+            db=str(tmp_path / "gw.db"),
+            socket=str(tmp_path / "s.sock"),
+            interval=0.1,
+            host_interval=0.1,
+            system=False,
+        ),
+        nvml_module=nvml,
+        notifier=Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"}),
+    )
     thread = threading.Thread(target=lambda: asyncio.run(daemon.serve()))
     thread.start()
     try:
@@ -158,6 +199,7 @@ def test_the_watchdog_is_fed_while_a_gpu_hangs(tmp_path):
 
 def test_doctor_says_nvml_hangs_instead_of_hanging(monkeypatch):
     import fake_pynvml
+
     from gpuwatch import doctor
 
     monkeypatch.setattr(doctor, "NVML_DEADLINE_S", 0.3)
@@ -167,13 +209,15 @@ def test_doctor_says_nvml_hangs_instead_of_hanging(monkeypatch):
     finally:
         nvml.set_hung(1, False)
     assert [(c.status, c.detail) for c in checks] == [
-        ("fail", "NVML did not answer within 0.3 s: a GPU or the driver hangs")]
+        ("fail", "NVML did not answer within 0.3 s: a GPU or the driver hangs")
+    ]
 
 
 def test_a_gpu_hung_from_the_start_is_read_once_it_answers(monkeypatch, caplog):
     import logging
 
     import fake_pynvml
+
     from collectors import nvml as nvml_mod
 
     caplog.set_level(logging.WARNING, logger="collectors.nvml")
@@ -194,4 +238,8 @@ def test_a_gpu_hung_from_the_start_is_read_once_it_answers(monkeypatch, caplog):
     assert collector.static[1].uuid.startswith("GPU-") and collector.not_responding_since(1) is None
     collector.close()
     messages = [r.getMessage() for r in caplog.records]
-    assert len(messages) == 2 and "GPU 1 is not responding" in messages[0] and "GPU 1 answers again" in messages[1]
+    assert (
+        len(messages) == 2
+        and "GPU 1 is not responding" in messages[0]
+        and "GPU 1 answers again" in messages[1]
+    )

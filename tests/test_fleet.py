@@ -19,6 +19,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from rich.text import Text
+from systools import needs_tools
+from test_prometheus_integration import PROMTOOL, _free_port, _query, _wait_for, prometheus_scraping
+from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 from gpuwatch.cli import main
 from gpuwatch.fleet.pick import Candidate, NothingFits, choose
@@ -27,13 +30,10 @@ from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.fleet_source import PrometheusSource
 from gpuwatch.tui.screens.fleet import FleetScreen, RowList
 from gpuwatch.tui.source import StoreSource
-from systools import needs_tools
-from test_prometheus_integration import PROMTOOL, _free_port, _query, _wait_for, prometheus_scraping
-from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 needs_prometheus = needs_tools("prometheus")
 
-GIB = 1024 ** 3
+GIB = 1024**3
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "prometheus" / "gpuwatch-rules.yml"
 JOB = "torchrun-job42@node-a:29500"
@@ -58,13 +58,22 @@ class Host:
 
 def _start_host(tmp: Path, name: str, procs: dict) -> Host:
     from fake_pynvml import FakeNvml
+
     from gpuwatch.config import load
     from gpuwatch.daemon.main import Daemon
 
     port = _free_port()
-    cfg = load({"db": str(tmp / f"{name}.db"), "socket": str(tmp / f"{name}.sock"), "system": False,
-                "interval": 0.5, "process_interval": 0.5, "metrics_listen": f"127.0.0.1:{port}",
-                "metrics_hostname": name})
+    cfg = load(
+        {
+            "db": str(tmp / f"{name}.db"),
+            "socket": str(tmp / f"{name}.sock"),
+            "system": False,
+            "interval": 0.5,
+            "process_interval": 0.5,
+            "metrics_listen": f"127.0.0.1:{port}",
+            "metrics_hostname": name,
+        }
+    )
     daemon = Daemon(cfg, nvml_module=FakeNvml(gpus=2, procs=procs))
     thread = threading.Thread(target=asyncio.run, args=(daemon.serve(),), daemon=True)
     thread.start()
@@ -78,12 +87,38 @@ def _add_job_ranks(host: Host) -> None:
     for name, rank, tps in RANKS:
         if name == host.name:
             run_id = f"{name}-rank{rank}"
-            insert_rows(conn, "runs", [dict(run_id=run_id, name="gpt-8k", uid=1000, user="alice",
-                                            status="running", started_ms=ts - 60_000, rank=rank,
-                                            world_size=4, job_id=JOB, host=name)])
-            insert_rows(conn, "steps", [dict(run_id=run_id, step=s, ts_ms=ts - 1000 * (3 - s),
-                                             tokens_per_s=tps, mem_peak_bytes=(rank + 1) * GIB)
-                                        for s in range(3)])
+            insert_rows(
+                conn,
+                "runs",
+                [
+                    dict(
+                        run_id=run_id,
+                        name="gpt-8k",
+                        uid=1000,
+                        user="alice",
+                        status="running",
+                        started_ms=ts - 60_000,
+                        rank=rank,
+                        world_size=4,
+                        job_id=JOB,
+                        host=name,
+                    )
+                ],
+            )
+            insert_rows(
+                conn,
+                "steps",
+                [
+                    dict(
+                        run_id=run_id,
+                        step=s,
+                        ts_ms=ts - 1000 * (3 - s),
+                        tokens_per_s=tps,
+                        mem_peak_bytes=(rank + 1) * GIB,
+                    )
+                    for s in range(3)
+                ],
+            )
     conn.close()
 
 
@@ -92,9 +127,11 @@ def fleet(tmp_path_factory):
     """Prometheus scraping host-a, host-b and host-c every second; host-c stopped once scraped.
     host-a GPU 0 runs this test's own process, host-b GPU 1 a stranger's; the others are idle."""
     tmp = tmp_path_factory.mktemp("fleet")
-    hosts = {"host-a": _start_host(tmp, "host-a", {0: [os.getpid()]}),
-             "host-b": _start_host(tmp, "host-b", {1: [FAKE_PID]}),
-             "host-c": _start_host(tmp, "host-c", {})}
+    hosts = {
+        "host-a": _start_host(tmp, "host-a", {0: [os.getpid()]}),
+        "host-b": _start_host(tmp, "host-b", {1: [FAKE_PID]}),
+        "host-c": _start_host(tmp, "host-c", {}),
+    }
     try:
         for host in hosts.values():
             _add_job_ranks(host)
@@ -129,13 +166,16 @@ def _stored(host: Host, column: str, gpu: int) -> set:
 
 def _fleet_app(url: str, hosts: dict) -> GpuwatchApp:
     """The TUI as host-a's user opens it with --prometheus: on the Fleet screen."""
-    return GpuwatchApp(StoreSource(str(hosts["host-a"].db)), refresh_s=30, start_mode="fleet",
-                       fleet=PrometheusSource(url))
+    return GpuwatchApp(
+        StoreSource(str(hosts["host-a"].db)), refresh_s=30, start_mode="fleet", fleet=PrometheusSource(url)
+    )
 
 
 def _cells(screen: FleetScreen) -> list[list[str]]:
-    return [[c.plain if isinstance(c, Text) else str(c) for c in cells]
-            for _, cells in screen.query_one(RowList).rows]
+    return [
+        [c.plain if isinstance(c, Text) else str(c) for c in cells]
+        for _, cells in screen.query_one(RowList).rows
+    ]
 
 
 @needs_prometheus
@@ -149,11 +189,15 @@ async def test_fleet_screen_shows_every_host_and_the_stopped_one_unreachable(fle
         screen = app.screen
         snap = screen.shown
         assert snap.problem is None, snap.problem
-        assert [(h.name, h.up) for h in snap.fleet.hosts] == [("host-a", True), ("host-b", True),
-                                                                ("host-c", False)]
+        assert [(h.name, h.up) for h in snap.fleet.hosts] == [
+            ("host-a", True),
+            ("host-b", True),
+            ("host-c", False),
+        ]
         # Values are the daemons' stored samples, as Prometheus scraped them.
-        assert {(g.host, g.index) for g in snap.fleet.gpus} == {(h, i) for h in ("host-a", "host-b")
-                                                               for i in (0, 1)}
+        assert {(g.host, g.index) for g in snap.fleet.gpus} == {
+            (h, i) for h in ("host-a", "host-b") for i in (0, 1)
+        }
         for g in snap.fleet.gpus:
             host = hosts[g.host]
             assert g.util_pct in _stored(host, "gpu_util_pct", g.index)
@@ -166,8 +210,9 @@ async def test_fleet_screen_shows_every_host_and_the_stopped_one_unreachable(fle
         # host-c: one row, unreachable since the newest sample it stored before it stopped.
         [c] = [h for h in snap.fleet.hosts if h.name == "host-c"]
         conn = open_ro(hosts["host-c"].db)
-        stored_ts = {t for (t,) in conn.execute(
-            "SELECT ts_ms FROM gpu_samples UNION SELECT ts_ms FROM host_samples")}
+        stored_ts = {
+            t for (t,) in conn.execute("SELECT ts_ms FROM gpu_samples UNION SELECT ts_ms FROM host_samples")
+        }
         conn.close()
         assert round(c.last_sample_s * 1000) in stored_ts
         rows = _cells(screen)
@@ -179,8 +224,7 @@ async def test_fleet_screen_shows_every_host_and_the_stopped_one_unreachable(fle
         assert "3 hosts, 1 unreachable" in screen.query_one("#status").text.plain
 
         await pilot.press("f")  # only free GPUs: idle and nobody's process on them
-        assert [(r[0], r[1]) for r in _cells(screen)] == [
-            ("host-a", "1"), ("host-b", "0")]
+        assert [(r[0], r[1]) for r in _cells(screen)] == [("host-a", "1"), ("host-b", "0")]
         await pilot.press("f", "slash", *"host-b", "enter")
         assert {r[0] for r in _cells(screen)} == {"host-b"}
         await pilot.press("enter")  # on a host's row: the command that opens its TUI
@@ -201,14 +245,19 @@ async def test_jobs_view_sums_a_two_host_job_over_its_ranks(fleet):
         assert [(r.host, r.rank, r.tokens_per_s) for r in job.ranks] == list(RANKS)
         assert job.tokens_per_s == sum(t for _, _, t in RANKS) == 3400
         # The runbook's recording rule, evaluated by Prometheus over both hosts' series, agrees.
-        [summed] = _wait_for(int(url.rsplit(":", 1)[1]), "job_id:gpuwatch_run_tokens_per_second:sum", 1,
-                             Path("/dev/null"))
+        [summed] = _wait_for(
+            int(url.rsplit(":", 1)[1]), "job_id:gpuwatch_run_tokens_per_second:sum", 1, Path("/dev/null")
+        )
         assert summed["metric"]["job_id"] == JOB and float(summed["value"][1]) == 3400
         rows = _cells(app.screen)
         assert rows[0][0] == JOB and rows[0][3] == "2 hosts" and rows[0][5] == "3.4k"
         shares = {(r[3], r[4]): r[6] for r in rows[1:]}
-        assert shares == {("host-a", "0"): "29.4%", ("host-a", "1"): "29.4%",
-                          ("host-b", "2"): "29.4%", ("host-b", "3"): "11.8%"}
+        assert shares == {
+            ("host-a", "0"): "29.4%",
+            ("host-a", "1"): "29.4%",
+            ("host-b", "2"): "29.4%",
+            ("host-b", "3"): "11.8%",
+        }
         table = app.screen.query_one(RowList)
         assert "red" in str(table.rows[4][1][6].style)  # the slow rank stands out; the others do not
         assert "red" not in str(table.rows[1][1][6].style)
@@ -278,14 +327,22 @@ def test_pick_returns_only_the_gpus_that_fit(fleet):
 
 
 def test_choose_ranks_by_free_memory_then_utilisation_and_says_why_nothing_fits():
-    cands = [Candidate(None, 0, 70 * GIB, 2.0), Candidate(None, 1, 79 * GIB, 5.0),
-             Candidate(None, 2, 79 * GIB, 1.0), Candidate(None, 3, 79 * GIB, 50.0),
-             Candidate(None, 4, 79 * GIB, 0.0, users=("bob",)), Candidate(None, 5, 79 * GIB, 0.0, lost=True),
-             Candidate(None, 6, 10 * GIB, 0.0, users=("me",))]
+    cands = [
+        Candidate(None, 0, 70 * GIB, 2.0),
+        Candidate(None, 1, 79 * GIB, 5.0),
+        Candidate(None, 2, 79 * GIB, 1.0),
+        Candidate(None, 3, 79 * GIB, 50.0),
+        Candidate(None, 4, 79 * GIB, 0.0, users=("bob",)),
+        Candidate(None, 5, 79 * GIB, 0.0, lost=True),
+        Candidate(None, 6, 10 * GIB, 0.0, users=("me",)),
+    ]
     assert [[c.index for c in g] for g in choose(cands, 3, 40 * GIB, 10, "me")] == [[2, 1, 0]]
-    with pytest.raises(NothingFits, match=r"no host has 4 GPUs that fit of 7 seen \(1 busy \(utilisation "
-                                          r"> 10 %\), 1 another user's process, 1 lost, 1 too little free "
-                                          r"memory\); fitting: this host has 3"):
+    with pytest.raises(
+        NothingFits,
+        match=r"no host has 4 GPUs that fit of 7 seen \(1 busy \(utilisation "
+        r"> 10 %\), 1 another user's process, 1 lost, 1 too little free "
+        r"memory\); fitting: this host has 3",
+    ):
         choose(cands, 4, 40 * GIB, 10, "me")
     with pytest.raises(NothingFits, match="no GPU samples in the window"):
         choose([], 1, 0, 10, "me")
@@ -293,14 +350,18 @@ def test_choose_ranks_by_free_memory_then_utilisation_and_says_why_nothing_fits(
 
 # -- a Prometheus that misbehaves ---------------------------------------------------------------
 
+
 class _Broken(http.server.BaseHTTPRequestHandler):
     mode = "500"
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         if self.mode == "slow":
             time.sleep(3)
-        body = {"500": b'{"status":"error","errorType":"internal","error":"query processing failed"}',
-                "garbage": b"<html>login</html>", "slow": b"{}"}[self.mode]
+        body = {
+            "500": b'{"status":"error","errorType":"internal","error":"query processing failed"}',
+            "garbage": b"<html>login</html>",
+            "slow": b"{}",
+        }[self.mode]
         self.send_response(500 if self.mode == "500" else 200)
         self.end_headers()
         with contextlib.suppress(OSError):
@@ -328,12 +389,15 @@ def broken_prometheus():
         s.server_close()
 
 
-@pytest.mark.parametrize("mode, says", [
-    ("unreachable", "is unreachable: Connection refused"),
-    ("500", "answered HTTP 500: query processing failed"),
-    ("slow", "did not answer within 1 s"),
-    ("garbage", "sent an answer that is not a Prometheus query result"),
-])
+@pytest.mark.parametrize(
+    "mode, says",
+    [
+        ("unreachable", "is unreachable: Connection refused"),
+        ("500", "answered HTTP 500: query processing failed"),
+        ("slow", "did not answer within 1 s"),
+        ("garbage", "sent an answer that is not a Prometheus query result"),
+    ],
+)
 def test_a_broken_prometheus_is_one_clear_line_in_pick_and_the_tui(broken_prometheus, mode, says, tmp_path):
     url = f"http://127.0.0.1:{_free_port()}" if mode == "unreachable" else broken_prometheus(mode)
     started = time.monotonic()
@@ -344,8 +408,12 @@ def test_a_broken_prometheus_is_one_clear_line_in_pick_and_the_tui(broken_promet
 
     @pilot_test
     async def tui():
-        app = GpuwatchApp(StoreSource(str(tmp_path / "none.db")), refresh_s=30, start_mode="fleet",
-                          fleet=PrometheusSource(url, timeout_s=1))
+        app = GpuwatchApp(
+            StoreSource(str(tmp_path / "none.db")),
+            refresh_s=30,
+            start_mode="fleet",
+            fleet=PrometheusSource(url, timeout_s=1),
+        )
         async with app.run_test(size=(80, 24)) as pilot:
             await _fleet_shown(app, pilot)
             status = app.screen.query_one("#status").text.plain
@@ -372,22 +440,39 @@ def test_run_pick_sets_cuda_visible_devices_for_the_command():
 
     ts = now_ms()
     conn = open_rw(paths.default_db_path(system=False))
-    insert_rows(conn, "gpus", [dict(gpu_index=i, uuid=f"GPU-{i}", first_seen_ms=ts, last_seen_ms=ts)
-                               for i in range(2)])
-    insert_rows(conn, "gpu_samples", [dict(gpu_index=i, ts_ms=ts - 1000 * k, gpu_util_pct=90 - 90 * i,
-                                           mem_free_bytes=70 * GIB) for i in range(2) for k in range(30)])
+    insert_rows(
+        conn,
+        "gpus",
+        [dict(gpu_index=i, uuid=f"GPU-{i}", first_seen_ms=ts, last_seen_ms=ts) for i in range(2)],
+    )
+    insert_rows(
+        conn,
+        "gpu_samples",
+        [
+            dict(gpu_index=i, ts_ms=ts - 1000 * k, gpu_util_pct=90 - 90 * i, mem_free_bytes=70 * GIB)
+            for i in range(2)
+            for k in range(30)
+        ],
+    )
     conn.close()
     gpuwatch = str(Path(sys.executable).with_name("gpuwatch"))
     child = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
-    out = subprocess.run([gpuwatch, "run", "--pick", "1", "--", sys.executable, "-c", child],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [gpuwatch, "run", "--pick", "1", "--", sys.executable, "-c", child],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "1"
     conn = open_ro(paths.default_db_path(system=False))
     assert conn.execute("SELECT gpu_uuids FROM runs").fetchone() == ("1",)
     conn.close()
-    out = subprocess.run([gpuwatch, "run", "--pick", "3", "--", "true"], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [gpuwatch, "run", "--pick", "3", "--", "true"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 1 and out.stdout == ""
-    assert out.stderr.strip() == ("Error: --pick 3: no host has 3 GPUs that fit of 2 seen "
-                                  "(1 busy (utilisation > 10 %)); fitting: this host has 1")
+    assert out.stderr.strip() == (
+        "Error: --pick 3: no host has 3 GPUs that fit of 2 seen "
+        "(1 busy (utilisation > 10 %)); fitting: this host has 1"
+    )

@@ -10,19 +10,21 @@ import os
 import threading
 import time
 
-import pytest
-
 import fake_pynvml
+import pytest
+from systools import wait_for
+from test_hostile import Filler, Records, small_disk  # noqa: F401 (a fixture)
+
 from gpuwatch.config import Config
 from gpuwatch.daemon.main import Daemon
 from gpuwatch.store import health
 from gpuwatch.store import writer as writer_mod
-from systools import wait_for
-from test_hostile import Filler, Records, small_disk  # noqa: F401 (a fixture)
 
 
 def test_database_socket_and_health_file_on_one_full_disk_log_three_lines_and_no_traceback(
-        small_disk, monkeypatch):  # noqa: F811 (the fixture)
+    small_disk,  # noqa: F811 (the fixture)
+    monkeypatch,
+):
     # Housekeeping every 0.1 s instead of 5 s, early retention every 0.2 s instead of 30 s:
     # 8 s full stand for the 10 minutes of the goal (50x the housekeeping a 10-minute episode has).
     monkeypatch.setattr(writer_mod, "HOUSEKEEPING_S", 0.1)
@@ -34,8 +36,15 @@ def test_database_socket_and_health_file_on_one_full_disk_log_three_lines_and_no
     old_level, logger.level = logger.level, logging.DEBUG
     disk = small_disk
     db, sock = disk / "gpuwatch.db", disk / "gw.sock"
-    cfg = Config(db=str(db), socket=str(sock), spool_dir=str(disk / "spool"), interval=0.05,
-                 host_interval=0.05, spool_scan_interval=0.1, system=True)
+    cfg = Config(
+        db=str(db),
+        socket=str(sock),
+        spool_dir=str(disk / "spool"),
+        interval=0.05,
+        host_interval=0.05,
+        spool_scan_interval=0.1,
+        system=True,
+    )
     daemon = Daemon(cfg, nvml_module=fake_pynvml.FakeNvml(gpus=8))
     thread = threading.Thread(target=lambda: asyncio.run(daemon.serve()))
     thread.start()

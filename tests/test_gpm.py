@@ -8,10 +8,10 @@ from __future__ import annotations
 import sqlite3
 import time
 
+import fake_pynvml
 import pytest
 from test_metrics import samples_by_name, scrape
 
-import fake_pynvml
 from collectors.nvml import NvmlCollector
 from gpuwatch.config import Config
 from gpuwatch.daemon.metrics import start_metrics_server
@@ -116,10 +116,13 @@ def test_gpm_stored_shown_beside_utilisation_and_exported_under_dcgm_names(tmp_p
         sampler.nvml.close()
         writer.close()
     conn = sqlite3.connect(db)
-    stored = conn.execute("SELECT gpu_index, count(*), min(sm_active_pct), max(tensor_active_pct) "
-                          "FROM gpu_prof_samples GROUP BY gpu_index").fetchall()
-    newest = conn.execute("SELECT sm_active_pct, tensor_active_pct FROM gpu_prof_samples "
-                          "ORDER BY ts_ms DESC LIMIT 1").fetchone()
+    stored = conn.execute(
+        "SELECT gpu_index, count(*), min(sm_active_pct), max(tensor_active_pct) "
+        "FROM gpu_prof_samples GROUP BY gpu_index"
+    ).fetchall()
+    newest = conn.execute(
+        "SELECT sm_active_pct, tensor_active_pct FROM gpu_prof_samples ORDER BY ts_ms DESC LIMIT 1"
+    ).fetchone()
     conn.close()
     assert [(g, n) for g, n, *_ in stored] == [(0, 2)]  # the older GPU has no rows
     assert all(v is not None for row in stored for v in row)
@@ -138,8 +141,12 @@ def test_gpm_stored_shown_beside_utilisation_and_exported_under_dcgm_names(tmp_p
         metrics = samples_by_name(scrape(server))
     finally:
         server.close()
-    for name in ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY",
-                 "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"):
+    for name in (
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+    ):
         (series,) = metrics[name]  # the Hopper GPU only
         assert series.labels["gpu"] == "0" and series.labels["UUID"] and 0 < series.value <= 1
     (sm,) = metrics["DCGM_FI_PROF_SM_ACTIVE"]

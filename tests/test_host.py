@@ -82,10 +82,11 @@ def test_swapping_and_page_cache_are_read_from_the_kernels_counters(tmp_path):
     proc = tmp_path / "proc"
     proc.mkdir()
     (proc / "stat").write_text("cpu  100 0 50 1000 10 0 0 0 0 0\n")
-    (proc / "meminfo").write_text("MemTotal:       16384000 kB\nMemAvailable:    8192000 kB\n"
-                                  "Cached:          3000000 kB\nSReclaimable:     200000 kB\n")
-    (proc / "vmstat").write_text("nr_free_pages 12345\npgpgin 999\npswpin 250\npswpout 1000\n"
-                                 "pgfault 77\n")
+    (proc / "meminfo").write_text(
+        "MemTotal:       16384000 kB\nMemAvailable:    8192000 kB\n"
+        "Cached:          3000000 kB\nSReclaimable:     200000 kB\n"
+    )
+    (proc / "vmstat").write_text("nr_free_pages 12345\npgpgin 999\npswpin 250\npswpout 1000\npgfault 77\n")
     collector = HostCollector(proc=proc)
     page = os.sysconf("SC_PAGE_SIZE")
     s = collector.sample(1)
@@ -101,12 +102,18 @@ def test_a_proc_without_disks_or_network_reads_them_as_none(tmp_path):
     proc = tmp_path / "proc"
     proc.mkdir()
     (proc / "stat").write_text("cpu  100 0 50 1000 10 0 0 0 0 0\ncpu0 100 0 50 1000 10 0 0 0 0 0\n")
-    (proc / "meminfo").write_text("MemTotal:       16384000 kB\nMemFree:         1000000 kB\n"
-                                  "MemAvailable:    8192000 kB\nSwapTotal:       2000000 kB\n"
-                                  "SwapFree:        1500000 kB\n")
+    (proc / "meminfo").write_text(
+        "MemTotal:       16384000 kB\nMemFree:         1000000 kB\n"
+        "MemAvailable:    8192000 kB\nSwapTotal:       2000000 kB\n"
+        "SwapFree:        1500000 kB\n"
+    )
     s = HostCollector(proc=proc).sample(1)
     assert (s.mem_total_bytes, s.mem_used_bytes, s.mem_available_bytes, s.swap_used_bytes) == (
-        16384000 * 1024, 8192000 * 1024, 8192000 * 1024, 500000 * 1024)
+        16384000 * 1024,
+        8192000 * 1024,
+        8192000 * 1024,
+        500000 * 1024,
+    )
     assert (s.disk_read_bytes, s.disk_write_bytes, s.net_rx_bytes, s.net_tx_bytes) == (None,) * 4
     assert (s.swap_in_bytes, s.swap_out_bytes, s.page_cache_bytes) == (None,) * 3  # no vmstat, no Cached
     assert s.cpu_pct is None  # the counters did not move since the baseline
@@ -124,42 +131,57 @@ def _tree(tmp_path, cgroup_line: str, files: dict[str, str]) -> tuple[Path, Path
 
 
 def test_cgroup_v2_limit_is_the_tightest_on_the_path(tmp_path):
-    proc, root = _tree(tmp_path, "0::/user.slice/user-1000.slice/job.scope\n", {
-        "user.slice/memory.max": "max\n",
-        "user.slice/user-1000.slice/memory.max": "68719476736\n",
-        "user.slice/user-1000.slice/job.scope/memory.max": "max\n",
-        "user.slice/user-1000.slice/job.scope/memory.events":
-            "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n",
-    })
+    proc, root = _tree(
+        tmp_path,
+        "0::/user.slice/user-1000.slice/job.scope\n",
+        {
+            "user.slice/memory.max": "max\n",
+            "user.slice/user-1000.slice/memory.max": "68719476736\n",
+            "user.slice/user-1000.slice/job.scope/memory.max": "max\n",
+            "user.slice/user-1000.slice/job.scope/memory.events": "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n",
+        },
+    )
     assert cgroup_memory_limit_bytes(4242, root=root, proc=proc) == 64 * 1024**3
     assert cgroup_oom_kills(4242, root=root, proc=proc) == 2
 
 
 def test_cgroup_v2_unlimited_is_none(tmp_path):
-    proc, root = _tree(tmp_path, "0::/system.slice/gpuwatch.service\n", {
-        "system.slice/gpuwatch.service/memory.max": "max\n",
-        "system.slice/gpuwatch.service/memory.events": "oom_kill 0\n",
-    })
+    proc, root = _tree(
+        tmp_path,
+        "0::/system.slice/gpuwatch.service\n",
+        {
+            "system.slice/gpuwatch.service/memory.max": "max\n",
+            "system.slice/gpuwatch.service/memory.events": "oom_kill 0\n",
+        },
+    )
     assert cgroup_memory_limit_bytes(4242, root=root, proc=proc) is None
     assert cgroup_oom_kills(4242, root=root, proc=proc) == 0
 
 
 def test_cgroup_v1_limit_and_oom_kills(tmp_path):
     line = "12:pids:/docker/abc\n4:memory:/docker/abc\n0::/docker/abc\n"
-    proc, root = _tree(tmp_path, line, {
-        "memory/docker/abc/memory.stat": "cache 0\nrss 4096\nhierarchical_memory_limit 17179869184\n",
-        "memory/docker/abc/memory.limit_in_bytes": "9223372036854771712\n",
-        "memory/docker/abc/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n",
-    })
+    proc, root = _tree(
+        tmp_path,
+        line,
+        {
+            "memory/docker/abc/memory.stat": "cache 0\nrss 4096\nhierarchical_memory_limit 17179869184\n",
+            "memory/docker/abc/memory.limit_in_bytes": "9223372036854771712\n",
+            "memory/docker/abc/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n",
+        },
+    )
     assert cgroup_memory_limit_bytes(4242, root=root, proc=proc) == 16 * 1024**3
     assert cgroup_oom_kills(4242, root=root, proc=proc) == 5
 
 
 def test_cgroup_v1_no_limit_is_none(tmp_path):
     # Inside a container the mount shows only its own cgroup: fall back to the mount's root.
-    proc, root = _tree(tmp_path, "4:memory:/process_api/f3d8\n", {
-        "memory/memory.limit_in_bytes": "9223372036854771712\n",
-    })
+    proc, root = _tree(
+        tmp_path,
+        "4:memory:/process_api/f3d8\n",
+        {
+            "memory/memory.limit_in_bytes": "9223372036854771712\n",
+        },
+    )
     assert cgroup_memory_limit_bytes(4242, root=root, proc=proc) is None
     assert cgroup_oom_kills(4242, root=root, proc=proc) is None
 

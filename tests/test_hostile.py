@@ -19,14 +19,13 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from systools import wait_for
+from test_ingest import Client, Server, events, run_start, shared_dir, step  # noqa: F401 (fixture)
 
 from gpuwatch import protocol
-from conftest import REPO
-from systools import wait_for
-from test_ingest import Client, Server, events, run_start, step, shared_dir  # noqa: F401 (fixture)
-
 from gpuwatch.config import Config
 
 # Another uid's ack, one step a frame, while this uid floods with 1000-event frames.
@@ -63,8 +62,12 @@ def records():
 @pytest.fixture
 def open_server(shared_dir):  # noqa: F811
     """No rate limit: every frame reaches validation and the store."""
-    cfg = Config(db=str(shared_dir / "gpuwatch.db"), socket=str(shared_dir / "gw.sock"), system=True,
-                 rate_limit_events=0)
+    cfg = Config(
+        db=str(shared_dir / "gpuwatch.db"),
+        socket=str(shared_dir / "gw.sock"),
+        system=True,
+        rate_limit_events=0,
+    )
     srv = Server(cfg)
     yield srv
     srv.close()
@@ -72,16 +75,27 @@ def open_server(shared_dir):  # noqa: F811
 
 # --- what a hostile client sends ------------------------------------------------------------
 
+
 def _line(value) -> bytes:
     return json.dumps(value, allow_nan=True).encode() + b"\n"
 
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.integers(-2**70, 2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40),
-    st.sampled_from(["", "x" * 5000, "step", "run_start", "r1", "\x00", "\ud800", "é" * 100]))
-values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)), max_leaves=6)
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=40),
+    st.sampled_from(["", "x" * 5000, "step", "run_start", "r1", "\x00", "\ud800", "é" * 100]),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 
 
 @st.composite
@@ -89,8 +103,12 @@ def event(draw):
     """An event of a real kind whose fields hold anything: right, wrong, huge, null."""
     kind = draw(st.sampled_from(list(protocol.EVENT_KINDS)))
     specs = {**protocol.COMMON_FIELDS, **protocol.EVENT_KINDS[kind]}
-    ev = {"id": draw(st.text(min_size=1, max_size=12)), "kind": kind, "run_id": "r1",
-          "ts_ms": draw(st.integers(0, 2**64))}
+    ev = {
+        "id": draw(st.text(min_size=1, max_size=12)),
+        "kind": kind,
+        "run_id": "r1",
+        "ts_ms": draw(st.integers(0, 2**64)),
+    }
     for name in draw(st.lists(st.sampled_from(list(specs)), max_size=3)):
         ev[name] = draw(scalars)
     if draw(st.booleans()):
@@ -107,23 +125,43 @@ def _as_bytes(value) -> bytes:
 
 
 frames = st.one_of(
-    st.binary(max_size=300).map(lambda b: b.replace(b"\n", b"") + b"\n"),       # random bytes
-    values.map(_line),                                                           # any JSON
-    st.fixed_dictionaries({"v": values, "type": values}).map(_line),             # a wrong envelope
+    st.binary(max_size=300).map(lambda b: b.replace(b"\n", b"") + b"\n"),  # random bytes
+    values.map(_line),  # any JSON
+    st.fixed_dictionaries({"v": values, "type": values}).map(_line),  # a wrong envelope
     st.lists(event(), min_size=1, max_size=3).map(lambda evs: _line(events(*evs))),
-    st.builds(lambda k, v: _line({"v": 1, "type": "events", "events": [dict(step(0), **{k: v})]}),
-              st.sampled_from(list({**protocol.COMMON_FIELDS, **protocol.EVENT_KINDS["step"]})), values),
-    st.builds(lambda a, r, s: _line({"v": 1, "type": "control_request", "action": a, "run_id": r, "steps": s}),
-              values, values, values),
+    st.builds(
+        lambda k, v: _line({"v": 1, "type": "events", "events": [dict(step(0), **{k: v})]}),
+        st.sampled_from(list({**protocol.COMMON_FIELDS, **protocol.EVENT_KINDS["step"]})),
+        values,
+    ),
+    st.builds(
+        lambda a, r, s: _line({"v": 1, "type": "control_request", "action": a, "run_id": r, "steps": s}),
+        values,
+        values,
+        values,
+    ),
     st.integers(10, 100_000).map(lambda n: f'{{"v":1,"type":"events","events":{_nested(n)}}}\n'.encode()),
-    st.integers(25, 40).map(lambda n: ('{"v":1,"type":"events","events":[{"id":"c","kind":"run_start",'
-                                       f'"run_id":"r1","ts_ms":1,"config":{{"a":{_nested(n)}}}}}]}}\n').encode()),
-    st.integers(1, 5000).map(lambda n: f'{{"v":1,"type":"hello","client":{"9" * n}}}\n'.encode()),  # huge number
-    st.sampled_from([b'{"v":1,"type":"hello","client":"\xff\xfe"}\n',           # invalid UTF-8
-                     b'{"v":1,"type":"hello","client":"\\udc00"}\n',             # a lone surrogate
-                     b'{"v":1,"type":"hello","client":1e999}\n', b'{"v":NaN}\n', b"\n", b" \n",
-                     b'{"v":1,"type":"events","events":[{"kind":{"a":1}}]}\n',
-                     b'{"v":1,"type":"events","events":[{"kind":[1]}]}\n']),
+    st.integers(25, 40).map(
+        lambda n: (
+            '{"v":1,"type":"events","events":[{"id":"c","kind":"run_start",'
+            f'"run_id":"r1","ts_ms":1,"config":{{"a":{_nested(n)}}}}}]}}\n'
+        ).encode()
+    ),
+    st.integers(1, 5000).map(
+        lambda n: f'{{"v":1,"type":"hello","client":{"9" * n}}}\n'.encode()
+    ),  # huge number
+    st.sampled_from(
+        [
+            b'{"v":1,"type":"hello","client":"\xff\xfe"}\n',  # invalid UTF-8
+            b'{"v":1,"type":"hello","client":"\\udc00"}\n',  # a lone surrogate
+            b'{"v":1,"type":"hello","client":1e999}\n',
+            b'{"v":NaN}\n',
+            b"\n",
+            b" \n",
+            b'{"v":1,"type":"events","events":[{"kind":{"a":1}}]}\n',
+            b'{"v":1,"type":"events","events":[{"kind":[1]}]}\n',
+        ]
+    ),
 )
 
 
@@ -132,7 +170,9 @@ def session(draw):
     """A connection's worth of frames, then maybe half a frame, then a close or a hang-up."""
     hello = draw(st.booleans())
     sent = draw(st.lists(frames, min_size=80, max_size=90))
-    tail = draw(st.one_of(st.none(), st.binary(min_size=1, max_size=200).map(lambda b: b.replace(b"\n", b""))))
+    tail = draw(
+        st.one_of(st.none(), st.binary(min_size=1, max_size=200).map(lambda b: b.replace(b"\n", b"")))
+    )
     ending = draw(st.sampled_from(["read", "read", "hang_up"]))
     return hello, sent, tail or None, ending
 
@@ -151,8 +191,7 @@ def test_fuzzing_the_socket_answers_every_frame_and_logs_no_traceback(open_serve
     assert honest.rt(events(run_start("r1")))["type"] == "ack"  # a real run the fuzz can hit
     counted = []
 
-    @settings(max_examples=126, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=126, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(session())
     def attack(one):
         hello, sent, tail, ending = one
@@ -183,8 +222,10 @@ def test_fuzzing_the_socket_answers_every_frame_and_logs_no_traceback(open_serve
     assert srv.writer.failed_jobs == 0
     with sqlite3.connect(srv.cfg.db_path) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        assert conn.execute("SELECT step FROM steps WHERE run_id = 'r1' AND step IN (0, 1)").fetchall() \
-            == [(0,), (1,)]
+        assert conn.execute("SELECT step FROM steps WHERE run_id = 'r1' AND step IN (0, 1)").fetchall() == [
+            (0,),
+            (1,),
+        ]
     # What the admin reads: a handful of lines for thousands of bad frames.
     assert 0 < len(records.records) < 40
 
@@ -210,19 +251,27 @@ def test_oversized_and_slow_frames_are_answered_then_closed(open_server, records
     assert reply["code"] == "timeout" and time.monotonic() - started < 5
     assert slow.read() is None
     slow.close()
-    assert open_server.ingest.uids == {} or all(u.pending_bytes == 0 for u in open_server.ingest.uids.values())
+    assert open_server.ingest.uids == {} or all(
+        u.pending_bytes == 0 for u in open_server.ingest.uids.values()
+    )
     assert records.tracebacks() == []
 
 
 # --- a full disk ------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def small_disk(tmp_path):
     """A 6 MB tmpfs for the database. It needs root (CI runs as root and must not skip)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], capture_output=True).returncode == 0
+    mounted = (
+        os.geteuid() == 0
+        and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], capture_output=True
+        ).returncode
+        == 0
+    )
     if not mounted:
         if os.environ.get("CI") == "true":
             pytest.fail("CI runs as root and must be able to mount a tmpfs for the disk-full test")
@@ -261,14 +310,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_full_disk_is_one_warning_a_visible_state_and_no_lost_event(small_disk, shared_dir,  # noqa: F811
-                                                                       records, monkeypatch):
+def test_a_full_disk_is_one_warning_a_visible_state_and_no_lost_event(
+    small_disk,
+    shared_dir,  # noqa: F811
+    records,
+    monkeypatch,
+):
     import asyncio
     import urllib.request
 
     import fake_pynvml
-    import gpuwatch
     from click.testing import CliRunner
+
+    import gpuwatch
     from gpuwatch.cli import main as cli
     from gpuwatch.daemon.main import Daemon
     from gpuwatch.doctor import FAIL, Env, check_daemon
@@ -276,8 +330,14 @@ def test_a_full_disk_is_one_warning_a_visible_state_and_no_lost_event(small_disk
 
     db, sock = str(small_disk / "gpuwatch.db"), shared_dir / "gw.sock"
     port = _free_port()
-    cfg = Config(db=db, socket=str(sock), interval=0.05, host_interval=0.05, rate_limit_events=0,
-                 metrics_listen=f"127.0.0.1:{port}")
+    cfg = Config(
+        db=db,
+        socket=str(sock),
+        interval=0.05,
+        host_interval=0.05,
+        rate_limit_events=0,
+        metrics_listen=f"127.0.0.1:{port}",
+    )
     daemon = Daemon(cfg, nvml_module=fake_pynvml.FakeNvml(gpus=8))
     thread = threading.Thread(target=lambda: asyncio.run(daemon.serve()))
     thread.start()
@@ -309,7 +369,9 @@ def test_a_full_disk_is_one_warning_a_visible_state_and_no_lost_event(small_disk
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
             metrics = resp.read().decode()
         assert "gpuwatch_daemon_store_writable 0.0" in metrics
-        dropped = [line for line in metrics.splitlines() if line.startswith("gpuwatch_daemon_dropped_samples_total ")]
+        dropped = [
+            line for line in metrics.splitlines() if line.startswith("gpuwatch_daemon_dropped_samples_total ")
+        ]
         assert float(dropped[0].split()[1]) > 0
 
         filler.stop()  # space comes back: everything resumes by itself
@@ -336,9 +398,11 @@ def test_a_full_disk_is_one_warning_a_visible_state_and_no_lost_event(small_disk
 
 # --- a pinned WAL -----------------------------------------------------------------------------
 
+
 def test_a_reader_pinning_the_wal_is_reported_once_and_the_wal_shrinks_after(tmp_path, records, monkeypatch):
     from gpuwatch.daemon.metrics import StoreCollector
-    from gpuwatch.store import Writer, writer as writer_mod
+    from gpuwatch.store import Writer
+    from gpuwatch.store import writer as writer_mod
     from gpuwatch.tui.snapshot import View
     from gpuwatch.tui.source import StoreSource
 
@@ -352,7 +416,9 @@ def test_a_reader_pinning_the_wal_is_reported_once_and_the_wal_shrinks_after(tmp
 
         def fill(megabytes: int):
             for _ in range(megabytes):
-                writer.submit(lambda c: c.executemany("INSERT INTO blobs VALUES (?)", [(os.urandom(4096),)] * 256))
+                writer.submit(
+                    lambda c: c.executemany("INSERT INTO blobs VALUES (?)", [(os.urandom(4096),)] * 256)
+                )
             assert writer.flush(30)
 
         # Our own readers, left open as the TUI and /metrics leave them: they pin nothing.
@@ -377,8 +443,9 @@ def test_a_reader_pinning_the_wal_is_reported_once_and_the_wal_shrinks_after(tmp
         wait_for(lambda: wal() < writer_mod.WAL_LIMIT_BYTES, timeout=10)
         assert wal() == 0
         # The log line follows the checkpoint, on the writer's thread: wait for it too.
-        wait_for(lambda: any("checkpointed and cut back" in r.getMessage() for r in records.records),
-              timeout=10)
+        wait_for(
+            lambda: any("checkpointed and cut back" in r.getMessage() for r in records.records), timeout=10
+        )
         source.close()
         collector.close()
     finally:
@@ -415,10 +482,20 @@ def test_one_uid_flooding_does_not_hold_up_another_uids_acks(open_server):
     srv = open_server
     flood = subprocess.Popen([sys.executable, "-c", FLOOD, str(srv.cfg.socket_path), "16"])
     try:
-        wait_for(lambda: sqlite3.connect(srv.cfg.db_path).execute(
-            "SELECT count(*) FROM steps WHERE run_id = 'flood'").fetchone()[0] >= 16_000)  # flowing
-        done = subprocess.run([sys.executable, "-c", VICTIM, str(srv.cfg.socket_path), "150"],
-                              capture_output=True, text=True, timeout=120)
+        wait_for(
+            lambda: (
+                sqlite3.connect(srv.cfg.db_path)
+                .execute("SELECT count(*) FROM steps WHERE run_id = 'flood'")
+                .fetchone()[0]
+                >= 16_000
+            )
+        )  # flowing
+        done = subprocess.run(
+            [sys.executable, "-c", VICTIM, str(srv.cfg.socket_path), "150"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         waits = sorted(json.loads(done.stdout))
     finally:
@@ -482,6 +559,7 @@ async def _state_of(srv, uid):
 
 # --- the log policy ---------------------------------------------------------------------------
 
+
 def test_the_throttle_says_each_recurring_error_once_a_minute_then_less_with_a_count():
     from gpuwatch.daemon.logging import Throttle
 
@@ -511,15 +589,21 @@ def test_the_throttle_says_each_recurring_error_once_a_minute_then_less_with_a_c
 
 # --- the database file deleted or replaced; the TUI's banner -----------------------------------
 
-def test_a_database_deleted_or_replaced_while_open_is_noticed_and_writing_goes_on(tmp_path, records, monkeypatch):
-    from gpuwatch.store import Writer, open_rw, writer as writer_mod
+
+def test_a_database_deleted_or_replaced_while_open_is_noticed_and_writing_goes_on(
+    tmp_path, records, monkeypatch
+):
+    from gpuwatch.store import Writer, open_rw
+    from gpuwatch.store import writer as writer_mod
 
     monkeypatch.setattr(writer_mod, "HOUSEKEEPING_S", 0.1)
     db = tmp_path / "gpuwatch.db"
     writer = Writer(db)
     note = lambda text: writer.submit(  # noqa: E731
-        lambda c: c.execute("INSERT INTO run_events (run_id, ts_ms, seq, kind) VALUES ('r', 1, ?, ?)",
-                            (len(text), text)))
+        lambda c: c.execute(
+            "INSERT INTO run_events (run_id, ts_ms, seq, kind) VALUES ('r', 1, ?, ?)", (len(text), text)
+        )
+    )
     try:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)  # an admin's rm
@@ -538,7 +622,10 @@ def test_a_database_deleted_or_replaced_while_open_is_noticed_and_writing_goes_o
     finally:
         writer.close()
     lines = [r.getMessage() for r in records.records if r.levelno == logging.WARNING]
-    assert [line.split(" while open")[0] for line in lines] == [f"store: {db} was deleted", f"store: {db} was replaced"]
+    assert [line.split(" while open")[0] for line in lines] == [
+        f"store: {db} was deleted",
+        f"store: {db} was replaced",
+    ]
     assert records.tracebacks() == []
 
 
@@ -553,8 +640,9 @@ def test_the_tui_says_why_the_daemon_cannot_write(tmp_path):
     open_rw(db).close()
     sock = paths.default_socket_path(False)
     sock.parent.mkdir(parents=True, exist_ok=True)
-    report = health.StoreHealth(str(db), "disk full", "database or disk is full", 1, 0, failed_jobs=7,
-                                pid=os.getpid())
+    report = health.StoreHealth(
+        str(db), "disk full", "database or disk is full", 1, 0, failed_jobs=7, pid=os.getpid()
+    )
     health.publish(sock, report)
     source = StoreSource(str(db))
     try:

@@ -53,6 +53,7 @@ HEADLESS = [
     "collectors.processes",
 ]
 
+
 def _module_exists(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -84,11 +85,15 @@ def test_the_tui_and_the_export_leave_datasette_out():
     assert "datasette" not in heavy_after(code)
 
 
-@pytest.mark.parametrize("args", [["--help"], ["status", "--help"], ["daemon", "--help"],
-                                  ["query", "--help"], ["browse", "--help"]])
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["status", "--help"], ["daemon", "--help"], ["query", "--help"], ["browse", "--help"]],
+)
 def test_cli_help_loads_neither(args):
-    code = ("from gpuwatch.cli import main\n"
-            f"try:\n    main({args!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code")
+    code = (
+        "from gpuwatch.cli import main\n"
+        f"try:\n    main({args!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code"
+    )
     assert heavy_after(code) == []
 
 
@@ -96,7 +101,12 @@ def test_the_import_contracts_of_the_architecture_hold():
     # The table of parts as import-linter contracts (pyproject.toml): what each part may never
     # import, including through function-level imports, which the runtime checks above miss.
     lint_imports = Path(sys.executable).with_name("lint-imports")
-    result = subprocess.run([str(lint_imports), "--no-cache"], capture_output=True, text=True,
-                            timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    result = subprocess.run(
+        [str(lint_imports), "--no-cache"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "0 broken" in result.stdout

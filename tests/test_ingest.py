@@ -64,8 +64,12 @@ def shared_dir():
 
 @pytest.fixture
 def server(shared_dir):
-    cfg = Config(db=str(shared_dir / "gpuwatch.db"), socket=str(shared_dir / "run" / "gw.sock"),
-                 system=True, rate_limit_events=100_000)
+    cfg = Config(
+        db=str(shared_dir / "gpuwatch.db"),
+        socket=str(shared_dir / "run" / "gw.sock"),
+        system=True,
+        rate_limit_events=100_000,
+    )
     srv = Server(cfg)
     yield srv
     srv.close()
@@ -105,8 +109,15 @@ def run_start(run_id="r1", **extra):
 
 
 def step(i, run_id="r1"):
-    return {"id": f"{run_id}-s{i}", "kind": "step", "run_id": run_id, "ts_ms": 2000 + i, "step": i,
-            "tokens": 4096, "step_time_ms": 10.0}
+    return {
+        "id": f"{run_id}-s{i}",
+        "kind": "step",
+        "run_id": run_id,
+        "ts_ms": 2000 + i,
+        "step": i,
+        "tokens": 4096,
+        "step_time_ms": 10.0,
+    }
 
 
 def db(cfg) -> sqlite3.Connection:
@@ -121,8 +132,15 @@ def test_round_trip_acks_only_committed_events(server):
     with db(server.cfg) as conn:
         assert conn.execute("SELECT count(*), sum(tokens) FROM steps").fetchone() == (5, 5 * 4096)
         name, config, status, mode, last = conn.execute(
-            "SELECT name, config_json, status, mode, last_step_ms FROM runs").fetchone()
-    assert (name, json.loads(config), status, mode, last) == ("gpt-4k", {"lr": 3e-4}, "running", "daemon", 2004)
+            "SELECT name, config_json, status, mode, last_step_ms FROM runs"
+        ).fetchone()
+    assert (name, json.loads(config), status, mode, last) == (
+        "gpt-4k",
+        {"lr": 3e-4},
+        "running",
+        "daemon",
+        2004,
+    )
     c.close()
 
 
@@ -210,14 +228,17 @@ def test_another_uid_cannot_write_to_or_control_a_run(server):
     owner = Client(server.cfg.socket_path)
     assert owner.rt(events(run_start(), step(0)))["type"] == "ack"
     assert stat.S_IMODE(os.stat(server.cfg.socket_path).st_mode) == 0o666  # system mode: everyone
-    done = subprocess.run([sys.executable, "-c", CHILD, str(server.cfg.socket_path)],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(server.cfg.socket_path)], capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0, done.stderr
     hello, step_reply, start_reply, end_reply, control_reply = json.loads(done.stdout)
     assert hello["uid"] == NOBODY
     assert step_reply["code"] == "forbidden" and step_reply["ids"] == []
     assert step_reply["error"] == "event 'x1': run 'r1' belongs to uid 0; uid 65534 may not write to it"
-    assert start_reply["code"] == "forbidden" and "already exists and belongs to uid 0" in start_reply["error"]
+    assert (
+        start_reply["code"] == "forbidden" and "already exists and belongs to uid 0" in start_reply["error"]
+    )
     assert end_reply["code"] == "forbidden"
     assert control_reply["code"] == "forbidden"
     with db(server.cfg) as conn:
@@ -234,12 +255,18 @@ def test_control_reaches_the_connection_that_feeds_the_run(server):
     reply = cli.rt({"v": 1, "type": "control_request", "run_id": "r1", "action": "profile", "steps": 4})
     assert reply == {"v": 1, "type": "control_result", "run_id": "r1", "action": "profile", "delivered": True}
     assert workload.read() == {"v": 1, "type": "control", "run_id": "r1", "action": "profile", "steps": 4}
-    assert cli.rt({"v": 1, "type": "control_request", "run_id": "nope", "action": "profile"})["code"] == "unknown_run"
+    assert (
+        cli.rt({"v": 1, "type": "control_request", "run_id": "nope", "action": "profile"})["code"]
+        == "unknown_run"
+    )
     workload.close()
     deadline = time.monotonic() + 5
     while "r1" in server.ingest.run_connections and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert cli.rt({"v": 1, "type": "control_request", "run_id": "r1", "action": "profile"})["code"] == "not_connected"
+    assert (
+        cli.rt({"v": 1, "type": "control_request", "run_id": "r1", "action": "profile"})["code"]
+        == "not_connected"
+    )
     cli.close()
 
 
@@ -282,11 +309,16 @@ def test_lost_runs_are_marked_with_last_seen_time(server):
     assert c.rt(events(run_start("alive", ts_ms=now)))["type"] == "ack"  # pid = this test process
     c.close()
     with db(server.cfg) as conn:
-        conn.execute("INSERT INTO runs (run_id, uid, pid, host, started_ms, last_step_ms) "
-                     "VALUES ('dead', 0, ?, ?, 1000, 5000)", (dead.pid, socket.gethostname()))
+        conn.execute(
+            "INSERT INTO runs (run_id, uid, pid, host, started_ms, last_step_ms) "
+            "VALUES ('dead', 0, ?, ?, 1000, 5000)",
+            (dead.pid, socket.gethostname()),
+        )
         # Our pid, but a run that started long before this process did: the pid was reused.
-        conn.execute("INSERT INTO runs (run_id, uid, pid, host, started_ms) VALUES ('reused', 0, ?, ?, 1000)",
-                     (os.getpid(), socket.gethostname()))
+        conn.execute(
+            "INSERT INTO runs (run_id, uid, pid, host, started_ms) VALUES ('reused', 0, ?, ?, 1000)",
+            (os.getpid(), socket.gethostname()),
+        )
     watch = RunsWatch(server.writer, alive=process_alive)
     lost: list = []
     server.writer.submit(lambda conn: lost.extend(watch.check(conn)))
@@ -302,37 +334,61 @@ def test_a_mixed_batch_lands_row_for_row_and_a_stranger_run_is_refused_alone(ser
     started in the middle: the good rows land exactly, the strangers are named."""
     c = Client(server.cfg.socket_path)
     mem = {"kind": "memory_stats", "run_id": "r1", "ts_ms": 3000, "num_ooms": 0}
-    batch = [run_start(), step(0), dict(step(1), loss=2.5), dict(step(2), loss=None, tokens=None),
-             {"id": "m0", **mem, "step": 0, "stats": {"num_ooms": 0}},
-             {"id": "m1", **mem, "step": 0, "device": 1, "stats": None},  # device null above: default 0
-             step(0, run_id="r9"), step(1, run_id="r9"),
-             {"id": "ev", "kind": "run_event", "run_id": "r1", "ts_ms": 3500, "seq": 0,
-              "event_kind": "checkpoint", "payload": {"path": "/ckpt/1"}},
-             {"id": "g0", "kind": "generation", "run_id": "r1", "ts_ms": 3600, "gen_id": 0, "ttft_ms": 12.5},
-             step(3)]
+    batch = [
+        run_start(),
+        step(0),
+        dict(step(1), loss=2.5),
+        dict(step(2), loss=None, tokens=None),
+        {"id": "m0", **mem, "step": 0, "stats": {"num_ooms": 0}},
+        {"id": "m1", **mem, "step": 0, "device": 1, "stats": None},  # device null above: default 0
+        step(0, run_id="r9"),
+        step(1, run_id="r9"),
+        {
+            "id": "ev",
+            "kind": "run_event",
+            "run_id": "r1",
+            "ts_ms": 3500,
+            "seq": 0,
+            "event_kind": "checkpoint",
+            "payload": {"path": "/ckpt/1"},
+        },
+        {"id": "g0", "kind": "generation", "run_id": "r1", "ts_ms": 3600, "gen_id": 0, "ttft_ms": 12.5},
+        step(3),
+    ]
     reply = c.rt(events(*batch))
     assert reply["code"] == "unknown_run"
     assert reply["error"] == ("event 'r9-s0': run 'r9' is unknown (its run_start never arrived) (and 1 more)")
     assert reply["rejected"] == ["r9-s0", "r9-s1"]
     assert reply["ids"] == [e["id"] for e in batch if e["run_id"] == "r1"]
     with db(server.cfg) as conn:
-        assert conn.execute("SELECT step, tokens, loss, step_time_ms FROM steps ORDER BY step").fetchall() == [
-            (0, 4096, None, 10.0), (1, 4096, 2.5, 10.0), (2, None, None, 10.0), (3, 4096, None, 10.0)]
-        assert conn.execute("SELECT device, num_ooms, stats_json FROM memory_stats ORDER BY device").fetchall() == [
-            (0, 0, '{"num_ooms":0}'), (1, 0, None)]
+        assert conn.execute(
+            "SELECT step, tokens, loss, step_time_ms FROM steps ORDER BY step"
+        ).fetchall() == [
+            (0, 4096, None, 10.0),
+            (1, 4096, 2.5, 10.0),
+            (2, None, None, 10.0),
+            (3, 4096, None, 10.0),
+        ]
+        assert conn.execute(
+            "SELECT device, num_ooms, stats_json FROM memory_stats ORDER BY device"
+        ).fetchall() == [(0, 0, '{"num_ooms":0}'), (1, 0, None)]
         assert conn.execute("SELECT seq, kind, payload_json FROM run_events").fetchall() == [
-            (0, "checkpoint", '{"path":"/ckpt/1"}')]
+            (0, "checkpoint", '{"path":"/ckpt/1"}')
+        ]
         assert conn.execute("SELECT gen_id, ttft_ms FROM generations").fetchall() == [(0, 12.5)]
         assert conn.execute("SELECT last_step_ms FROM runs").fetchall() == [(2003,)]
     # Same number of fields, not the same fields: each lands in its own column.
     assert c.rt(events(dict(step(4), loss=1.5), dict(step(5), mfu=0.5)))["type"] == "ack"
     with db(server.cfg) as conn:
         assert conn.execute("SELECT step, loss, mfu FROM steps WHERE step >= 4").fetchall() == [
-            (4, 1.5, None), (5, None, 0.5)]
+            (4, 1.5, None),
+            (5, None, 0.5),
+        ]
     # The whole frame again: nothing counted twice.
     assert c.rt(events(*batch))["ids"] == reply["ids"]
     with db(server.cfg) as conn:
-        assert conn.execute("SELECT (SELECT count(*) FROM steps) + (SELECT count(*) FROM memory_stats) + "
-                            "(SELECT count(*) FROM run_events) + (SELECT count(*) FROM generations)"
-                            ).fetchone() == (10,)
+        assert conn.execute(
+            "SELECT (SELECT count(*) FROM steps) + (SELECT count(*) FROM memory_stats) + "
+            "(SELECT count(*) FROM run_events) + (SELECT count(*) FROM generations)"
+        ).fetchone() == (10,)
     c.close()

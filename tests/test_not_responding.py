@@ -14,10 +14,11 @@ import threading
 import time
 
 import fake_pynvml
+from systools import wait_for
+
 from gpuwatch.config import load
 from gpuwatch.sampler import Sampler
 from gpuwatch.store import Writer
-from systools import wait_for
 
 INTERVAL = 0.1  # 10 Hz: a GPU's calls get 50 ms (NVML_DEADLINE_MIN_S)
 
@@ -65,8 +66,12 @@ def test_no_gpu_is_declared_not_responding_while_the_gil_is_busy(tmp_path, caplo
         stop_sampler(writer, sampler)
     conn = sqlite3.connect(db)
     hung = conn.execute("SELECT gpu_index, ts_ms FROM gpu_samples WHERE state = 'hung'").fetchall()
-    per_gpu = dict(conn.execute("SELECT gpu_index, count(*) FROM gpu_samples WHERE ts_ms BETWEEN ? AND ? "
-                                "GROUP BY gpu_index", (started_ms, ended_ms)).fetchall())
+    per_gpu = dict(
+        conn.execute(
+            "SELECT gpu_index, count(*) FROM gpu_samples WHERE ts_ms BETWEEN ? AND ? GROUP BY gpu_index",
+            (started_ms, ended_ms),
+        ).fetchall()
+    )
     conn.close()
     assert hung == []
     assert not [r.getMessage() for r in caplog.records if "not responding" in r.getMessage()]
@@ -83,18 +88,22 @@ def test_a_gpu_whose_call_blocks_is_not_responding_within_about_an_interval(tmp_
             return conn.execute(sql, args).fetchall()
         finally:
             conn.close()
+
     try:
         wait_for(lambda: sampler.last_tick_at, timeout=30)
         nvml.set_hung(5)
         hung_at_ms = int(time.time() * 1000)
-        shown = wait_for(lambda: rows("SELECT min(ts_ms) FROM gpu_samples WHERE gpu_index = 5 "
-                                      "AND state = 'hung'")[0][0], timeout=30)
+        shown = wait_for(
+            lambda: rows("SELECT min(ts_ms) FROM gpu_samples WHERE gpu_index = 5 AND state = 'hung'")[0][0],
+            timeout=30,
+        )
         assert sampler.nvml.not_responding_since(5) is not None
         # The tick that found it had begun within one interval of the hang; its ts_ms is the tick's.
         assert shown - hung_at_ms <= 2 * INTERVAL * 1000
         time.sleep(5 * INTERVAL)
-        others = rows("SELECT count(*) FROM gpu_samples WHERE gpu_index != 5 AND ts_ms > ? "
-                      "AND state IS NULL", shown)[0][0]
+        others = rows(
+            "SELECT count(*) FROM gpu_samples WHERE gpu_index != 5 AND ts_ms > ? AND state IS NULL", shown
+        )[0][0]
         assert others >= 7 * 4  # the other seven kept sampling every tick
         nvml.set_hung(5, False)
         wait_for(lambda: sampler.nvml.not_responding_since(5) is None, timeout=30)

@@ -12,22 +12,27 @@ import time
 from pathlib import Path
 
 import pytest
-
 from alert_endpoints import Hook
+from systools import needs_tools, wait_for
+
 from gpuwatch.alerts import admin
 from gpuwatch.alerts import subscriptions as subs
-from gpuwatch.store import open_rw
 from gpuwatch.store import alerts as store_alerts
+from gpuwatch.store import open_rw
 from gpuwatch.store.alerts import Alert
-from systools import needs_tools, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "xoxb-VerySecretToken"
 
 
 def gw(*args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-c", "from gpuwatch.cli import main; main()", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-c", "from gpuwatch.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
 
 
 @pytest.fixture
@@ -44,16 +49,29 @@ def user_db() -> Path:
 def fire(db: Path, kind: str, uid: int | None, run_id: str | None = None, n: int = 0) -> None:
     conn = open_rw(db)
     try:
-        store_alerts.record(conn, Alert(kind=kind, incident=f"{kind}-{n}", ts_ms=int(time.time() * 1000),
-                                        host="testhost", uid=uid, run_id=run_id, title=f"[{kind} #{n}]",
-                                        body="body"))
+        store_alerts.record(
+            conn,
+            Alert(
+                kind=kind,
+                incident=f"{kind}-{n}",
+                ts_ms=int(time.time() * 1000),
+                host="testhost",
+                uid=uid,
+                run_id=run_id,
+                title=f"[{kind} #{n}]",
+                body="body",
+            ),
+        )
     finally:
         conn.close()
 
 
 def test_add_and_list_never_print_the_secret(hook):
-    for url in (hook.url(SECRET), f"mailto://me:{SECRET}@localhost:2525?to=a@example.com",
-                f"slack://{SECRET}/B000/C000"):
+    for url in (
+        hook.url(SECRET),
+        f"mailto://me:{SECRET}@localhost:2525?to=a@example.com",
+        f"slack://{SECRET}/B000/C000",
+    ):
         added = gw("notify", "add", url)
         assert added.returncode == 0, added.stderr
         assert SECRET not in added.stdout + added.stderr
@@ -68,9 +86,11 @@ def test_add_and_list_never_print_the_secret(hook):
 
 
 def test_bad_input_is_one_clear_line(hook):
-    for args, message in ((("notify", "add", "http//nonsense"), "not a notification URL"),
-                          (("notify", "add", hook.url(), "--on", "run.nope"), "unknown alert kind 'run.nope'"),
-                          (("notify", "remove", "42"), "no subscription 42 of yours")):
+    for args, message in (
+        (("notify", "add", "http//nonsense"), "not a notification URL"),
+        (("notify", "add", hook.url(), "--on", "run.nope"), "unknown alert kind 'run.nope'"),
+        (("notify", "remove", "42"), "no subscription 42 of yours"),
+    ):
         result = gw(*args)
         assert result.returncode == 1
         assert result.stderr.strip().splitlines() == [f"Error: {result.stderr.strip()[7:]}"]
@@ -153,16 +173,27 @@ def test_another_uid_cannot_read_remove_or_subscribe_to_the_firsts(tmp_path, hoo
     conn = open_rw(db)
     conn.execute("INSERT INTO runs (run_id, name, uid, started_ms) VALUES ('r1', 'rootrun', 0, 1)")
     conn.close()
-    env = dict(os.environ, PYTHONPATH=str(REPO), GPUWATCH_DB=str(db), GPUWATCH_NOTIFY_DB=str(shared / "notify.db"),
-               GPUWATCH_NOTIFY_SOCKET=str(shared / "n.sock"), GPUWATCH_NOTIFY_GROUP_SECONDS="0",
-               GPUWATCH_CONFIG=str(shared / "none.toml"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        GPUWATCH_DB=str(db),
+        GPUWATCH_NOTIFY_DB=str(shared / "notify.db"),
+        GPUWATCH_NOTIFY_SOCKET=str(shared / "n.sock"),
+        GPUWATCH_NOTIFY_GROUP_SECONDS="0",
+        GPUWATCH_CONFIG=str(shared / "none.toml"),
+    )
     proc = subprocess.Popen([sys.executable, "-c", SERVE], env=env, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: (shared / "n.sock").exists())
         first = gw("notify", "add", hook.url(SECRET), "--run", "rootrun", env=env)
         assert first.returncode == 0, first.stderr
-        other = subprocess.run([sys.executable, "-c", OTHER, str(shared / "notify.db"), hook.url("nobody")],
-                               capture_output=True, text=True, timeout=120, env=env)
+        other = subprocess.run(
+            [sys.executable, "-c", OTHER, str(shared / "notify.db"), hook.url("nobody")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         out = other.stdout
         assert "store: permission denied" in out
         assert "no subscriptions" in out and SECRET not in out
@@ -186,12 +217,25 @@ def test_another_uid_cannot_read_remove_or_subscribe_to_the_firsts(tmp_path, hoo
 def test_run_notify_with_no_daemon_delivers_the_runs_alert_and_saved_subscriptions_fire(hook):
     gw("notify", "add", hook.url("saved"))
     # env:NAME keeps the URL off the command line, which every user's `ps` shows.
-    result = gw("run", "--no-instrument", "--name", "quick", "--notify", "env:GW_HOOK", "--", sys.executable,
-                "-c", "pass", env={"GW_HOOK": hook.url(SECRET)})
+    result = gw(
+        "run",
+        "--no-instrument",
+        "--name",
+        "quick",
+        "--notify",
+        "env:GW_HOOK",
+        "--",
+        sys.executable,
+        "-c",
+        "pass",
+        env={"GW_HOOK": hook.url(SECRET)},
+    )
     assert result.returncode == 0, result.stderr
     # The rules' run.finished, to both the --notify URL and the saved subscription, once each.
     titles = [m["title"] for _, m in hook.received]
-    assert len(titles) == 2 and titles[0] == titles[1] and "quick" in titles[0] and "finished" in titles[0], titles
+    assert len(titles) == 2 and titles[0] == titles[1] and "quick" in titles[0] and "finished" in titles[0], (
+        titles
+    )
     missing = gw("run", "--notify", "env:GW_UNSET", "--", "true")
     assert missing.returncode == 1 and "GW_UNSET is not set" in missing.stderr
     assert SECRET not in result.stdout + result.stderr
@@ -200,8 +244,9 @@ def test_run_notify_with_no_daemon_delivers_the_runs_alert_and_saved_subscriptio
 
 
 def test_run_notify_end_to_end_a_failing_run_is_delivered_as_run_failed(hook):
-    result = gw("run", "--no-instrument", "--notify", hook.url(), "--", sys.executable, "-c",
-                "raise SystemExit(3)")
+    result = gw(
+        "run", "--no-instrument", "--notify", hook.url(), "--", sys.executable, "-c", "raise SystemExit(3)"
+    )
     assert result.returncode == 3
     kinds = [m["title"] for _, m in hook.received]
     assert len(kinds) == 1 and "fail" in kinds[0].lower()
@@ -221,8 +266,12 @@ sys.exit(run_daemon(cfg, nvml_module=fake_pynvml.FakeNvml(gpus=1)))
 def test_a_user_daemon_delivers_by_itself(tmp_path, hook):
     gw("notify", "add", hook.url(), "--on", "run.*,gpu.idle_held")
     db, sock = tmp_path / "gw.db", tmp_path / "d.sock"
-    proc = subprocess.Popen([sys.executable, "-c", USER_DAEMON, str(db), str(sock)],
-                            env=dict(os.environ, PYTHONPATH=str(REPO)), stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", USER_DAEMON, str(db), str(sock)],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: sock.exists() or proc.poll() is not None, timeout=60)
         assert proc.poll() is None, proc.communicate()[1]
@@ -237,8 +286,10 @@ def test_a_user_daemon_delivers_by_itself(tmp_path, hook):
 
 def test_admin_file_readable_by_others_is_refused_and_a_private_one_is_read(tmp_path):
     path = tmp_path / "notify.toml"
-    path.write_text('[[subscription]]\nurl = "json://127.0.0.1:1/x"\non = ["gpu.*"]\n'
-                    '[[subscription]]\nurl = "ntfy://ntfy.sh/topic"\n')
+    path.write_text(
+        '[[subscription]]\nurl = "json://127.0.0.1:1/x"\non = ["gpu.*"]\n'
+        '[[subscription]]\nurl = "ntfy://ntfy.sh/topic"\n'
+    )
     os.chmod(path, 0o644)
     with pytest.raises(subs.SubscriptionError, match="readable by other users"):
         admin.load(path)
@@ -254,15 +305,27 @@ def test_admin_file_readable_by_others_is_refused_and_a_private_one_is_read(tmp_
 @needs_tools("systemd-analyze")
 def test_notify_unit_is_verified_hardened_and_the_daemon_keeps_its_fence(tmp_path):
     # the installed command, whose path goes into ExecStart= (as tests/test_systemd.py runs it)
-    result = subprocess.run([str(Path(sys.executable).with_name("gpuwatch")), "install-service", "--prefix",
-                             str(tmp_path)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("gpuwatch")), "install-service", "--prefix", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     unit = tmp_path / "etc/systemd/system/gpuwatch-notify.service"
-    verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
     assert verify.returncode == 0 and "Unknown" not in verify.stderr, verify.stderr
-    security = subprocess.run(["systemd-analyze", "security", "--offline=true", str(unit)],
-                              capture_output=True, text=True, timeout=60)
-    exposure = float(security.stdout.split("Overall exposure level for gpuwatch-notify.service:")[1].split()[0])
+    security = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    exposure = float(
+        security.stdout.split("Overall exposure level for gpuwatch-notify.service:")[1].split()[0]
+    )
     assert exposure <= 2.0, security.stdout[-2000:]
     lines = unit.read_text().splitlines()
     assert "ReadOnlyPaths=/var/lib/gpuwatch" in lines and "DynamicUser=yes" in lines
@@ -274,14 +337,24 @@ def test_notify_unit_is_verified_hardened_and_the_daemon_keeps_its_fence(tmp_pat
 def test_the_notify_service_answers_garbage_with_one_line_and_keeps_serving(tmp_path):
     import socket
 
-    env = {**os.environ, "PYTHONPATH": str(REPO), "GPUWATCH_DB": str(tmp_path / "gw.db"),
-           "GPUWATCH_NOTIFY_DB": str(tmp_path / "notify.db"), "GPUWATCH_NOTIFY_SOCKET": str(tmp_path / "n.sock")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "GPUWATCH_DB": str(tmp_path / "gw.db"),
+        "GPUWATCH_NOTIFY_DB": str(tmp_path / "notify.db"),
+        "GPUWATCH_NOTIFY_SOCKET": str(tmp_path / "n.sock"),
+    }
     proc = subprocess.Popen([sys.executable, "-c", SERVE], env=env, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: (tmp_path / "n.sock").exists())
-        for line in (b"\xff\xfe not json\n", b'{"op": "drop tables"}\n', b"[1, 2]\n",
-                     b'{"op": "add", "url": 5, "on": ["x"]}\n', b'{"op": "add", "uid": 0, "url": "json://h/x"}\n',
-                     b'{"op": "deliveries", "alert_ids": ["a"]}\n'):
+        for line in (
+            b"\xff\xfe not json\n",
+            b'{"op": "drop tables"}\n',
+            b"[1, 2]\n",
+            b'{"op": "add", "url": 5, "on": ["x"]}\n',
+            b'{"op": "add", "uid": 0, "url": "json://h/x"}\n',
+            b'{"op": "deliveries", "alert_ids": ["a"]}\n',
+        ):
             with socket.socket(socket.AF_UNIX) as s:
                 s.settimeout(30)
                 s.connect(str(tmp_path / "n.sock"))

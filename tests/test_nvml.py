@@ -6,11 +6,10 @@ import dataclasses
 import subprocess
 import sys
 
+import fake_pynvml
 import pytest
 
-import fake_pynvml
-from collectors.nvml import (GpuProcessSample, GpuSample, GpuStatic, NvmlCollector,
-                             NvmlUnavailable, XidEvent)
+from collectors.nvml import GpuProcessSample, GpuSample, GpuStatic, NvmlCollector, NvmlUnavailable, XidEvent
 from gpuwatch.store import insert_rows, open_rw
 
 GPU_FIELDS = [f.name for f in dataclasses.fields(GpuSample)]
@@ -64,8 +63,7 @@ def test_records_go_straight_into_their_tables(tmp_path):
 
 
 def test_not_supported_fields_are_none_and_the_rest_kept():
-    unsupported = {"nvmlDeviceGetFanSpeed", "nvmlDeviceGetTotalEccErrors",
-                   "nvmlDeviceGetPcieThroughput"}
+    unsupported = {"nvmlDeviceGetFanSpeed", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetPcieThroughput"}
     fake, c = collector(gpus=8, procs_per_gpu=1, unsupported={2: unsupported})
     gpus, _ = c.sample(1000)
     lost = {"fan_pct", "ecc_corrected", "ecc_uncorrected", "pcie_tx_kbps", "pcie_rx_kbps"}
@@ -87,9 +85,14 @@ def test_static_fields_are_read_once():
     fake, c = collector(gpus=8, procs_per_gpu=1)
     for t in range(5):
         c.sample(1000 + t)
-    for fn in ("nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo",
-               "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetMigMode",
-               "nvmlDeviceGetEnforcedPowerLimit"):
+    for fn in (
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetHandleByIndex",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetEnforcedPowerLimit",
+    ):
         assert fake.calls[fn] == 8, fn
     assert fake.calls["nvmlSystemGetDriverVersion"] == 1
     assert fake.calls["nvmlDeviceGetUtilizationRates"] == 40
@@ -171,14 +174,16 @@ def test_processes_that_vanish_drop_out():
     assert len(c.sample(1000)[1]) == 6
     fake.set_procs(0, [fake_pynvml.FAKE_PID_BASE + 1])
     procs = c.sample(2000)[1]
-    assert sorted((p.gpu_index, p.pid) for p in procs) == [
-        (0, fake_pynvml.FAKE_PID_BASE + 1)] + [(1, fake_pynvml.FAKE_PID_BASE + 100 + k) for k in range(3)]
+    assert sorted((p.gpu_index, p.pid) for p in procs) == [(0, fake_pynvml.FAKE_PID_BASE + 1)] + [
+        (1, fake_pynvml.FAKE_PID_BASE + 100 + k) for k in range(3)
+    ]
     assert all(isinstance(p, GpuProcessSample) for p in procs)
 
 
 def test_old_driver_memory_v1_and_throttle_reason_fallbacks():
-    fake, c = collector(gpus=2, procs_per_gpu=1, memory_v2=False,
-                        unsupported={"nvmlDeviceGetCurrentClocksEventReasons"})
+    fake, c = collector(
+        gpus=2, procs_per_gpu=1, memory_v2=False, unsupported={"nvmlDeviceGetCurrentClocksEventReasons"}
+    )
     for t in range(3):
         g = c.sample(1000 + t)[0][0]
     assert g.mem_reserved_bytes is None and g.mem_used_bytes > 0
@@ -197,9 +202,11 @@ def test_xid_events_are_polled_without_waiting():
 
 
 def test_collectors_import_no_store_tui_or_torch():
-    code = ("import sys, collectors.nvml, collectors.host, collectors.processes; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('textual', 'torch') "
-            "or m.startswith('gpuwatch.store') or m.startswith('gpuwatch.tui')]; print(bad)")
+    code = (
+        "import sys, collectors.nvml, collectors.host, collectors.processes; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('textual', 'torch') "
+        "or m.startswith('gpuwatch.store') or m.startswith('gpuwatch.tui')]; print(bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import fake_pynvml
 import pytest
 from click.testing import CliRunner
 
-import fake_pynvml
 from gpuwatch.cli import main as cli
 from gpuwatch.client import oom
 from gpuwatch.store import insert_rows, open_rw, postmortems
@@ -55,8 +55,15 @@ def host_oom(tmp_path_factory):
     db = tmp_path_factory.mktemp("hostoom") / "gw.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
     env.update(GPUWATCH_DB=str(db), GPUWATCH_SOCKET=os.devnull, PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-c", HOST_OOM_WORKLOAD], cwd=REPO, env=env,
-                          preexec_fn=_limit_address_space, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-c", HOST_OOM_WORKLOAD],
+        cwd=REPO,
+        env=env,
+        preexec_fn=_limit_address_space,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     return db, done
 
 
@@ -67,7 +74,9 @@ def test_host_oom_is_reraised_and_recorded_with_the_requested_size(host_oom):
     asked = re.search(r"you tried to allocate (\d+) bytes", done.stderr)
     assert asked, done.stderr[-2000:]
     conn = open_rw(db)
-    status, error_type = conn.execute("SELECT status, error_type FROM runs WHERE name = 'host-oom'").fetchone()
+    status, error_type = conn.execute(
+        "SELECT status, error_type FROM runs WHERE name = 'host-oom'"
+    ).fetchone()
     run_id = conn.execute("SELECT run_id FROM runs WHERE name = 'host-oom'").fetchone()[0]
     [pm] = postmortems.for_run(conn, run_id)
     conn.close()
@@ -106,36 +115,55 @@ def test_gpuwatch_oom_on_a_run_without_one_says_so(tmp_path):
     conn.close()
     result = CliRunner().invoke(cli, ["oom", "--db", str(db), "fine1"])
     assert result.exit_code == 1
-    assert result.output.strip().splitlines()[-1] == "Error: run fine1 has no OOM postmortem (status: running)"
+    assert (
+        result.output.strip().splitlines()[-1] == "Error: run fine1 has no OOM postmortem (status: running)"
+    )
 
 
 # ---- the GPU path with a fake allocator state ---------------------------------------------------
 
+
 def _frames(name: str) -> list[dict]:
-    return [{"filename": "/work/model.py", "line": 51, "name": name},
-            {"filename": "/work/train.py", "line": 210, "name": "train"}]
+    return [
+        {"filename": "/work/model.py", "line": 51, "name": name},
+        {"filename": "/work/train.py", "line": 210, "name": "train"},
+    ]
 
 
 def fake_cuda(free=1536 * MiB, total=80 * GiB, allocated=60 * GiB, reserved=76 * GiB):
     """The part of torch.cuda the capture reads, with a fixed allocator state (simulated)."""
-    snapshot = {"segments": [
-        {"blocks": [{"size": 8 * GiB, "state": "active_allocated", "frames": _frames("attend")},
+    snapshot = {
+        "segments": [
+            {
+                "blocks": [
+                    {"size": 8 * GiB, "state": "active_allocated", "frames": _frames("attend")},
                     {"size": 2 * GiB, "state": "inactive"},
-                    {"size": 512 * MiB, "state": "active_allocated", "frames": _frames("mlp")}]},
-        {"blocks": [{"size": 16 * GiB, "state": "active_allocated", "frames": _frames("embed")}]}],
-        "device_traces": []}
-    stats = {"allocated_bytes.all.current": allocated, "reserved_bytes.all.current": reserved,
-             "num_ooms": 1, "num_alloc_retries": 3}
+                    {"size": 512 * MiB, "state": "active_allocated", "frames": _frames("mlp")},
+                ]
+            },
+            {"blocks": [{"size": 16 * GiB, "state": "active_allocated", "frames": _frames("embed")}]},
+        ],
+        "device_traces": [],
+    }
+    stats = {
+        "allocated_bytes.all.current": allocated,
+        "reserved_bytes.all.current": reserved,
+        "num_ooms": 1,
+        "num_alloc_retries": 3,
+    }
     return SimpleNamespace(
         current_device=lambda: 0,
         mem_get_info=lambda device: (free, total),
         memory_stats=lambda device: stats,
         memory_summary=lambda device: "|  PyTorch CUDA memory summary (simulated)  |",
-        memory=SimpleNamespace(_snapshot=lambda: snapshot))
+        memory=SimpleNamespace(_snapshot=lambda: snapshot),
+    )
 
 
-CUDA_MESSAGE = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB "
-                "of which 1.50 GiB is free.")
+CUDA_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB "
+    "of which 1.50 GiB is free."
+)
 
 
 def _raised(message: str) -> RuntimeError:
@@ -147,8 +175,16 @@ def _raised(message: str) -> RuntimeError:
 
 def test_gpu_capture_from_fake_allocator_state(tmp_path):
     nvml = fake_pynvml.FakeNvml(gpus=2, procs={0: [os.getpid(), 4000001], 1: [4000002]})
-    fields = oom.postmortem(_raised(CUDA_MESSAGE), run_dir=tmp_path / "run1", step=7, seq_len=4096,
-                            batch=2, config={"precision": "bf16"}, cuda=fake_cuda(), nvml=nvml)
+    fields = oom.postmortem(
+        _raised(CUDA_MESSAGE),
+        run_dir=tmp_path / "run1",
+        step=7,
+        seq_len=4096,
+        batch=2,
+        config={"precision": "bf16"},
+        cuda=fake_cuda(),
+        nvml=nvml,
+    )
     assert fields["oom_kind"] == "gpu" and fields["device"] == 0
     assert fields["requested_bytes"] == 2 * GiB  # parsed from the message: no observer fired
     assert (fields["free_bytes"], fields["total_bytes"]) == (1536 * MiB, 80 * GiB)
@@ -187,8 +223,12 @@ def test_no_snapshot_file_without_recorded_history(tmp_path):
 def test_requested_bytes_from_messages():
     assert oom.requested_bytes_from_message(CUDA_MESSAGE) == 2 * GiB
     assert oom.requested_bytes_from_message("Tried to allocate 20.00 MiB (GPU 0)") == 20 * MiB
-    assert oom.requested_bytes_from_message(
-        "DefaultCPUAllocator: can't allocate memory: you tried to allocate 123456 bytes.") == 123456
+    assert (
+        oom.requested_bytes_from_message(
+            "DefaultCPUAllocator: can't allocate memory: you tried to allocate 123456 bytes."
+        )
+        == 123456
+    )
     assert oom.requested_bytes_from_message("something else") is None
 
 
@@ -215,6 +255,7 @@ def test_phase_is_backward_when_autograd_raised():
 
 # ---- the store: applier, daemon-side neighbours, replay ------------------------------------------
 
+
 def _start_run(conn, run_id: str, uid: int, pid: int = 100):
     peer = Peer(uid=uid, user="alice", pid=pid, mode="daemon")
     apply_events(conn, [{"id": f"{run_id}-s", "kind": "run_start", "run_id": run_id, "ts_ms": 1000}], peer)
@@ -224,16 +265,41 @@ def _start_run(conn, run_id: str, uid: int, pid: int = 100):
 def test_daemon_fills_neighbours_from_its_samples_and_replay_adds_nothing(tmp_path):
     conn = open_rw(tmp_path / "gw.db")
     peer = _start_run(conn, "r1", uid=1000, pid=100)
-    insert_rows(conn, "processes", [
-        {"pid": 200, "start_ms": 1, "user": "bob", "run_id": "bobs", "first_seen_ms": 1, "last_seen_ms": 9000},
-        {"pid": 100, "start_ms": 1, "user": "alice", "first_seen_ms": 1, "last_seen_ms": 9000}])
-    insert_rows(conn, "gpu_process_samples", [
-        {"gpu_index": 0, "pid": 200, "ts_ms": 4000, "used_mem_bytes": 40 * GiB},  # older tick
-        {"gpu_index": 0, "pid": 200, "ts_ms": 9000, "used_mem_bytes": 50 * GiB},
-        {"gpu_index": 0, "pid": 100, "ts_ms": 9000, "used_mem_bytes": 29 * GiB},
-        {"gpu_index": 1, "pid": 300, "ts_ms": 9000, "used_mem_bytes": 10 * GiB}])
-    event = {"id": "o1", "kind": "oom_postmortem", "run_id": "r1", "ts_ms": 9500, "oom_kind": "gpu",
-             "device": 0, "requested_bytes": 2 * GiB, "advice": [{"title": "t", "detail": "d"}]}
+    insert_rows(
+        conn,
+        "processes",
+        [
+            {
+                "pid": 200,
+                "start_ms": 1,
+                "user": "bob",
+                "run_id": "bobs",
+                "first_seen_ms": 1,
+                "last_seen_ms": 9000,
+            },
+            {"pid": 100, "start_ms": 1, "user": "alice", "first_seen_ms": 1, "last_seen_ms": 9000},
+        ],
+    )
+    insert_rows(
+        conn,
+        "gpu_process_samples",
+        [
+            {"gpu_index": 0, "pid": 200, "ts_ms": 4000, "used_mem_bytes": 40 * GiB},  # older tick
+            {"gpu_index": 0, "pid": 200, "ts_ms": 9000, "used_mem_bytes": 50 * GiB},
+            {"gpu_index": 0, "pid": 100, "ts_ms": 9000, "used_mem_bytes": 29 * GiB},
+            {"gpu_index": 1, "pid": 300, "ts_ms": 9000, "used_mem_bytes": 10 * GiB},
+        ],
+    )
+    event = {
+        "id": "o1",
+        "kind": "oom_postmortem",
+        "run_id": "r1",
+        "ts_ms": 9500,
+        "oom_kind": "gpu",
+        "device": 0,
+        "requested_bytes": 2 * GiB,
+        "advice": [{"title": "t", "detail": "d"}],
+    }
     assert apply_events(conn, [event], peer).applied == ["o1"]
     assert apply_events(conn, [dict(event, id="o1-again")], peer).applied == ["o1-again"]
     conn.commit()
@@ -245,12 +311,26 @@ def test_daemon_fills_neighbours_from_its_samples_and_replay_adds_nothing(tmp_pa
 def test_neighbours_from_the_client_get_their_runs_from_the_store(tmp_path):
     conn = open_rw(tmp_path / "gw.db")
     peer = _start_run(conn, "r1", uid=1000, pid=100)
-    insert_rows(conn, "processes", [
-        {"pid": 200, "start_ms": 1, "run_id": "old", "first_seen_ms": 1, "last_seen_ms": 2},
-        {"pid": 200, "start_ms": 5, "run_id": "bobs", "first_seen_ms": 5, "last_seen_ms": 9}])
-    event = {"id": "o1", "kind": "oom_postmortem", "run_id": "r1", "ts_ms": 9500, "oom_kind": "gpu",
-             "device": 0, "neighbours": [{"pid": 200, "user": "bob", "used_mem_bytes": GiB},
-                                         {"pid": 300, "user": None, "used_mem_bytes": GiB}]}
+    insert_rows(
+        conn,
+        "processes",
+        [
+            {"pid": 200, "start_ms": 1, "run_id": "old", "first_seen_ms": 1, "last_seen_ms": 2},
+            {"pid": 200, "start_ms": 5, "run_id": "bobs", "first_seen_ms": 5, "last_seen_ms": 9},
+        ],
+    )
+    event = {
+        "id": "o1",
+        "kind": "oom_postmortem",
+        "run_id": "r1",
+        "ts_ms": 9500,
+        "oom_kind": "gpu",
+        "device": 0,
+        "neighbours": [
+            {"pid": 200, "user": "bob", "used_mem_bytes": GiB},
+            {"pid": 300, "user": None, "used_mem_bytes": GiB},
+        ],
+    }
     apply_events(conn, [event], peer)
     [pm] = postmortems.for_run(conn, "r1")
     assert [(n["pid"], n["run_id"]) for n in pm.neighbours] == [(200, "bobs"), (300, None)]
@@ -260,8 +340,9 @@ def test_postmortem_for_someone_elses_run_is_refused(tmp_path):
     conn = open_rw(tmp_path / "gw.db")
     _start_run(conn, "r1", uid=1000)
     other = Peer(uid=1001, user="mallory", pid=5, mode="daemon")
-    outcome = apply_events(conn, [{"id": "x", "kind": "oom_postmortem", "run_id": "r1", "ts_ms": 5,
-                                   "oom_kind": "host"}], other)
+    outcome = apply_events(
+        conn, [{"id": "x", "kind": "oom_postmortem", "run_id": "r1", "ts_ms": 5, "oom_kind": "host"}], other
+    )
     assert outcome.rejected and outcome.rejected[0][1] == "forbidden"
     assert conn.execute("SELECT count(*) FROM oom_postmortems").fetchone()[0] == 0
 
@@ -276,8 +357,13 @@ with gpuwatch.track(name="cuda-oom", config={"batch": 1}) as run:
     free, total = torch.cuda.mem_get_info()
     torch.empty(total * 2, dtype=torch.uint8, device="cuda")
 """
-    env = dict(os.environ, GPUWATCH_DB=str(tmp_path / "gw.db"), GPUWATCH_SOCKET=os.devnull,
-               GPUWATCH_RUNS_DIR=str(tmp_path / "runs"), PYTHONPATH=str(REPO))
+    env = dict(
+        os.environ,
+        GPUWATCH_DB=str(tmp_path / "gw.db"),
+        GPUWATCH_SOCKET=os.devnull,
+        GPUWATCH_RUNS_DIR=str(tmp_path / "runs"),
+        PYTHONPATH=str(REPO),
+    )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "OutOfMemoryError" in done.stderr
     conn = open_rw(tmp_path / "gw.db")

@@ -21,8 +21,15 @@ def detail(items, title: str) -> str:
 
 
 def gpu_pm(**over) -> dict:
-    pm = {"oom_kind": "gpu", "device": 0, "requested_bytes": 16 * GiB, "free_bytes": 6 * GiB,
-          "total_bytes": 80 * GiB, "allocated_bytes": 70 * GiB, "reserved_bytes": 72 * GiB}
+    pm = {
+        "oom_kind": "gpu",
+        "device": 0,
+        "requested_bytes": 16 * GiB,
+        "free_bytes": 6 * GiB,
+        "total_bytes": 80 * GiB,
+        "allocated_bytes": 70 * GiB,
+        "reserved_bytes": 72 * GiB,
+    }
     pm.update(over)
     return pm
 
@@ -50,9 +57,13 @@ def test_fragmentation_only_when_the_cache_could_have_served_it():
 
 
 def test_a_large_neighbour_names_the_gpu_with_room():
-    pm = gpu_pm(neighbours=[{"pid": 4242, "user": "bob", "used_mem_bytes": 40 * GiB},
-                            {"pid": 17, "user": "eve", "used_mem_bytes": 1 * GiB}],
-                stats={"gpu_free_bytes": {"0": 6 * GiB, "1": 10 * GiB, "2": 90 * GiB, "3": 87 * GiB}})
+    pm = gpu_pm(
+        neighbours=[
+            {"pid": 4242, "user": "bob", "used_mem_bytes": 40 * GiB},
+            {"pid": 17, "user": "eve", "used_mem_bytes": 1 * GiB},
+        ],
+        stats={"gpu_free_bytes": {"0": 6 * GiB, "1": 10 * GiB, "2": 90 * GiB, "3": 87 * GiB}},
+    )
     text = detail(advise(pm, {}), "Another process holds memory on this GPU")
     assert "2 other process(es) hold 41.0 GiB" in text and "pid 4242 (bob) with 40.0 GiB" in text
     # needs allocated + requested = 86 GiB: GPUs 2 and 3 have it, 1 does not
@@ -79,8 +90,14 @@ def test_activations_dominating_suggests_checkpointing_unless_on():
 
 
 def test_host_advice_against_the_cgroup_limit():
-    pm = {"oom_kind": "host", "requested_bytes": 2 * GiB, "rss_bytes": 7 * GiB, "available_bytes": 50 * GiB,
-          "cgroup_limit_bytes": 8 * GiB, "batch": 32}
+    pm = {
+        "oom_kind": "host",
+        "requested_bytes": 2 * GiB,
+        "rss_bytes": 7 * GiB,
+        "available_bytes": 50 * GiB,
+        "cgroup_limit_bytes": 8 * GiB,
+        "batch": 32,
+    }
     items = advise(pm, {"num_workers": 8})
     assert "RSS 7.0 GiB of the 8.0 GiB cgroup limit" in detail(items, "cgroup memory limit")
     assert "needed 1.0 GiB more" in detail(items, "cgroup memory limit")
@@ -90,8 +107,12 @@ def test_host_advice_against_the_cgroup_limit():
 
 
 def test_rlimit_headroom_counts_address_space_not_rss():
-    pm = {"oom_kind": "host", "rss_bytes": 300 * MiB, "available_bytes": 50 * GiB,
-          "stats": {"rlimit_as_bytes": 3 * GiB, "vms_bytes": 2 * GiB}}
+    pm = {
+        "oom_kind": "host",
+        "rss_bytes": 300 * MiB,
+        "available_bytes": 50 * GiB,
+        "stats": {"rlimit_as_bytes": 3 * GiB, "vms_bytes": 2 * GiB},
+    }
     assert headroom_bytes(pm) == 1 * GiB
 
 

@@ -43,10 +43,22 @@ def test_watch_marks_an_oom_killed_run_killed_with_its_last_memory(tmp_path):
     conn = open_rw(tmp_path / "gw.db")
     for run_id, pid in (("victim", 4242), ("vanished", 4343)):
         peer = Peer(uid=1000, user="alice", pid=pid, mode="daemon")
-        apply_events(conn, [
-            {"id": f"{run_id}-s", "kind": "run_start", "run_id": run_id, "ts_ms": 1000},
-            {"id": f"{run_id}-1", "kind": "step", "run_id": run_id, "ts_ms": 2000, "step": 12,
-             "rss_bytes": 30 * 2**30, "mem_allocated_bytes": 5 * 2**30}], peer)
+        apply_events(
+            conn,
+            [
+                {"id": f"{run_id}-s", "kind": "run_start", "run_id": run_id, "ts_ms": 1000},
+                {
+                    "id": f"{run_id}-1",
+                    "kind": "step",
+                    "run_id": run_id,
+                    "ts_ms": 2000,
+                    "step": 12,
+                    "rss_bytes": 30 * 2**30,
+                    "mem_allocated_bytes": 5 * 2**30,
+                },
+            ],
+            peer,
+        )
     asked = []
 
     def kernel_log(pids):
@@ -56,21 +68,33 @@ def test_watch_marks_an_oom_killed_run_killed_with_its_last_memory(tmp_path):
     watch = RunsWatch(writer=None, alive=lambda pid, started: False, killed_by_oom=kernel_log)
     assert watch.check(conn) == ["vanished"]
     assert asked == [{4242, 4343}]  # one look at the kernel log for every run that died
-    rows = dict((r[0], r[1:]) for r in conn.execute(
-        "SELECT run_id, status, signal, error_type, error_message, ended_ms FROM runs"))
+    rows = dict(
+        (r[0], r[1:])
+        for r in conn.execute("SELECT run_id, status, signal, error_type, error_message, ended_ms FROM runs")
+    )
     status, signum, error_type, message, ended = rows["victim"]
     assert (status, signum, error_type, ended) == ("killed", 9, "OOMKilled", 2000)
-    assert message.startswith("killed by the kernel OOM killer (SIGKILL); at step 12: RSS 30.0 GiB, "
-                              "GPU allocated 5.0 GiB; kernel: Out of memory: Killed process 4242")
+    assert message.startswith(
+        "killed by the kernel OOM killer (SIGKILL); at step 12: RSS 30.0 GiB, "
+        "GPU allocated 5.0 GiB; kernel: Out of memory: Killed process 4242"
+    )
     assert rows["vanished"][0] == "lost"
 
 
 def test_a_sigkill_from_someone_else_is_not_blamed_on_the_oom_killer(tmp_path):
     db = tmp_path / "gw.db"
     env = dict(os.environ, GPUWATCH_DB=str(db), GPUWATCH_SOCKET=os.devnull)
-    done = subprocess.run([GPUWATCH, "run", "--name", "self-kill", "--", "sh", "-c", "kill -9 $$"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [GPUWATCH, "run", "--name", "self-kill", "--", "sh", "-c", "kill -9 $$"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 128 + 9
-    row = sqlite3.connect(db).execute(
-        "SELECT status, signal, error_type FROM runs WHERE name = 'self-kill'").fetchone()
+    row = (
+        sqlite3.connect(db)
+        .execute("SELECT status, signal, error_type FROM runs WHERE name = 'self-kill'")
+        .fetchone()
+    )
     assert row == ("killed", 9, None)

@@ -8,6 +8,7 @@ import os
 from dataclasses import replace
 
 from rich.console import Console
+from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 from gpuwatch.store import open_rw
 from gpuwatch.store.events import Peer, apply_events
@@ -15,27 +16,49 @@ from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.screens.oom import OomScreen
 from gpuwatch.tui.snapshot import OomRow, RunRow, Snapshot, View
 from gpuwatch.tui.source import StoreSource
-from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 NOW = 1_764_676_800_000  # 2025-12-02 12:00:00 UTC
 GiB = 2**30
 MiB = 2**20
 
-RUNS = (RunRow("r-oom", "seq-262k", "alice", "oom", NOW - 86_400_000, NOW - 86_000_000, None, 30_000,
-               79 * GiB, True),
-        RunRow("r-done", "baseline", "bob", "finished", NOW - 2 * 86_400_000, NOW - 86_300_000))
+RUNS = (
+    RunRow(
+        "r-oom", "seq-262k", "alice", "oom", NOW - 86_400_000, NOW - 86_000_000, None, 30_000, 79 * GiB, True
+    ),
+    RunRow("r-done", "baseline", "bob", "finished", NOW - 2 * 86_400_000, NOW - 86_300_000),
+)
 
 POSTMORTEM = OomRow(
-    run_id="r-oom", run_name="seq-262k", ts_ms=NOW - 86_000_000, kind="gpu", device=3,
-    requested_bytes=32 * GiB, free_bytes=6 * GiB, total_bytes=80 * GiB, allocated_bytes=52 * GiB,
-    reserved_bytes=72 * GiB, step=41, seq_len=262144, batch=1, phase="backward",
+    run_id="r-oom",
+    run_name="seq-262k",
+    ts_ms=NOW - 86_000_000,
+    kind="gpu",
+    device=3,
+    requested_bytes=32 * GiB,
+    free_bytes=6 * GiB,
+    total_bytes=80 * GiB,
+    allocated_bytes=52 * GiB,
+    reserved_bytes=72 * GiB,
+    step=41,
+    seq_len=262144,
+    batch=1,
+    phase="backward",
     neighbours=((3303, "bob", 20 * GiB, "bob-eval"), (3404, "carol", 512 * MiB, None)),
-    advice=(("Fragmented allocator cache", "20.0 GiB reserved but unallocated (72.0 GiB reserved, "
-             "52.0 GiB allocated); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
-            ("Another process holds memory on this GPU", "pid 3303 (bob) with 20.0 GiB")),
+    advice=(
+        (
+            "Fragmented allocator cache",
+            "20.0 GiB reserved but unallocated (72.0 GiB reserved, "
+            "52.0 GiB allocated); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        ),
+        ("Another process holds memory on this GPU", "pid 3303 (bob) with 20.0 GiB"),
+    ),
     blocks=((16 * GiB, "/work/model.py:51 attend"), (8 * GiB, "/work/model.py:88 mlp")),
-    traceback_tail=('  File "/work/train.py", line 210, in train', "    loss.backward()",
-                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 32.00 GiB"))
+    traceback_tail=(
+        '  File "/work/train.py", line 210, in train',
+        "    loss.backward()",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 32.00 GiB",
+    ),
+)
 
 
 class FixedSource:
@@ -108,20 +131,35 @@ def test_oom_screen_snapshot_80x24(snap_compare):
     async def settle(pilot):
         await pilot.pause(0.2)
 
-    assert snap_compare(GpuwatchApp(FixedSource(), refresh_s=60), press=["r", "O", "_"],
-                        terminal_size=(80, 24), run_before=settle)
+    assert snap_compare(
+        GpuwatchApp(FixedSource(), refresh_s=60),
+        press=["r", "O", "_"],
+        terminal_size=(80, 24),
+        run_before=settle,
+    )
 
 
 def test_store_source_builds_the_screen_rows_from_a_stored_postmortem(tmp_path):
     db = tmp_path / "gw.db"
     conn = open_rw(db)
     peer = Peer(uid=os.getuid(), user="me", pid=10, mode="embedded")
-    events = [{"id": "s", "kind": "run_start", "run_id": "host1", "ts_ms": 1000, "name": "tiny"},
-              {"id": "o", "kind": "oom_postmortem", "run_id": "host1", "ts_ms": 2000, "oom_kind": "host",
-               "requested_bytes": 4 * GiB, "rss_bytes": 300 * MiB, "available_bytes": 20 * GiB,
-               "stats": {"rlimit_as_bytes": 3 * GiB, "vms_bytes": 2 * GiB}, "phase": "forward",
-               "traceback": "Traceback\n  line a\nRuntimeError: DefaultCPUAllocator: can't allocate memory",
-               "advice": [{"title": "Smaller batch", "detail": "batch 4 -> 2"}]}]
+    events = [
+        {"id": "s", "kind": "run_start", "run_id": "host1", "ts_ms": 1000, "name": "tiny"},
+        {
+            "id": "o",
+            "kind": "oom_postmortem",
+            "run_id": "host1",
+            "ts_ms": 2000,
+            "oom_kind": "host",
+            "requested_bytes": 4 * GiB,
+            "rss_bytes": 300 * MiB,
+            "available_bytes": 20 * GiB,
+            "stats": {"rlimit_as_bytes": 3 * GiB, "vms_bytes": 2 * GiB},
+            "phase": "forward",
+            "traceback": "Traceback\n  line a\nRuntimeError: DefaultCPUAllocator: can't allocate memory",
+            "advice": [{"title": "Smaller batch", "detail": "batch 4 -> 2"}],
+        },
+    ]
     assert not apply_events(conn, events, peer).rejected
     conn.commit()
     conn.close()

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+from systools import wait_for
 
 from gpuwatch.client import fold
-from systools import wait_for
 
 TESTS = Path(__file__).resolve().parent
 
@@ -76,9 +76,21 @@ def place():
 
 
 def start_daemon(place: Path, interval: float = 1.0, gpus: int = 1) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", DAEMON, str(place / "gw.db"), str(place / "gw.sock"),
-                             str(place / "spool"), str(interval), str(gpus)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            DAEMON,
+            str(place / "gw.db"),
+            str(place / "gw.sock"),
+            str(place / "spool"),
+            str(interval),
+            str(gpus),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for(lambda: (place / "gw.sock").exists() or proc.poll() is not None, timeout=30)
     assert proc.poll() is None, proc.stderr.read()
     return proc
@@ -100,8 +112,13 @@ def client_env(place: Path, daemon: bool = True) -> dict:
 
 
 def loop(place: Path, seconds: float, rate: float = 0, daemon: bool = True) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", LOOP, str(seconds), str(rate)], env=client_env(place, daemon),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", LOOP, str(seconds), str(rate)],
+        env=client_env(place, daemon),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def outcome(proc: subprocess.Popen) -> dict:
@@ -118,7 +135,8 @@ def run_row(db: Path, run_id: str) -> tuple:
             "(SELECT sum(samples) FROM steps WHERE run_id = r.run_id), "
             "(SELECT count(*) FROM steps WHERE run_id = r.run_id), "
             "(SELECT max(step) FROM steps WHERE run_id = r.run_id) FROM runs r WHERE r.run_id = ?",
-            (run_id,)).fetchone()
+            (run_id,),
+        ).fetchone()
 
 
 def check_exact(row: tuple, steps: int) -> None:
@@ -138,8 +156,11 @@ def test_a_tight_step_loop_beside_a_daemon_is_counted_exactly_and_ends_finished(
         assert not result["dropped"] and not result["spooled"], result["stderr"]
         assert result["finish_s"] < 5, result  # the goal (<= 1 s) is bench_overload's figure
         with sqlite3.connect(place / "gw.db") as conn:
-            losses = json.loads(conn.execute("SELECT losses_json FROM steps WHERE run_id = ? AND n_steps > 1",
-                                             (result["run_id"],)).fetchone()[0])
+            losses = json.loads(
+                conn.execute(
+                    "SELECT losses_json FROM steps WHERE run_id = ? AND n_steps > 1", (result["run_id"],)
+                ).fetchone()[0]
+            )
             lo, hi = conn.execute("SELECT min(loss), max(loss) FROM steps WHERE n_steps > 1").fetchone()
         assert losses == {"netD": 0.5, "netG": 1.5}
         assert 1.0 < lo <= hi < 7.0  # means of 1..7: no single step's value
@@ -152,15 +173,22 @@ def test_a_tight_step_loop_with_no_daemon_is_counted_exactly(place):
     assert result["steps"] > 20_000
     check_exact(run_row(place / "gw.db", result["run_id"]), result["steps"])
     with sqlite3.connect(place / "gw.db") as conn:  # no daemon: the low-priority helper recorded it
-        assert conn.execute("SELECT mode FROM runs WHERE run_id = ?", (result["run_id"],)).fetchone() == ("embedded",)
+        assert conn.execute("SELECT mode FROM runs WHERE run_id = ?", (result["run_id"],)).fetchone() == (
+            "embedded",
+        )
     assert not result["dropped"]
 
 
 def test_a_tight_step_loop_under_gpuwatch_run_is_counted_exactly(place):
     script = place / "flood.py"
     script.write_text(LOOP)
-    proc = subprocess.run([str(Path(sys.executable).with_name("gpuwatch")), "run", "--", sys.executable, str(script), "3", "0"],
-                          env=client_env(place, daemon=False), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("gpuwatch")), "run", "--", sys.executable, str(script), "3", "0"],
+        env=client_env(place, daemon=False),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["steps"] > 20_000
@@ -174,7 +202,7 @@ def test_eight_processes_of_one_user_at_1000_to_2000_steps_a_second_are_all_stor
         seen_lost = set()
         while any(p.poll() is None for p in procs):
             with sqlite3.connect(place / "gw.db") as conn:
-                seen_lost |= {r for r, in conn.execute("SELECT run_id FROM runs WHERE status = 'lost'")}
+                seen_lost |= {r for (r,) in conn.execute("SELECT run_id FROM runs WHERE status = 'lost'")}
             time.sleep(0.5)
         results = [outcome(p) for p in procs]
         assert not seen_lost
@@ -197,13 +225,28 @@ def test_a_replay_of_100000_spooled_events_leaves_every_gpu_answering(place):
     with open(spool / f"{dead.pid}-abcd.jsonl", "w") as f:
         f.write(json.dumps({"id": "s", "kind": "run_start", "run_id": "old", "ts_ms": now - 200_000}) + "\n")
         for i in range(1, 100_000):
-            f.write(json.dumps({"id": f"e{i}", "kind": "step", "run_id": "old", "ts_ms": now - 200_000 + i,
-                                "step": i, "tokens": 256, "loss": 1.0, "step_time_ms": 2.0}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"e{i}",
+                        "kind": "step",
+                        "run_id": "old",
+                        "ts_ms": now - 200_000 + i,
+                        "step": i,
+                        "tokens": 256,
+                        "loss": 1.0,
+                        "step_time_ms": 2.0,
+                    }
+                )
+                + "\n"
+            )
     daemon = start_daemon(place, interval=0.1, gpus=8)
     try:
+
         def stored() -> int:
             with sqlite3.connect(place / "gw.db") as conn:
                 return conn.execute("SELECT count(*) FROM steps WHERE run_id = 'old'").fetchone()[0]
+
         wait_for(lambda: stored() == 99_999, timeout=240)
         wait_for(lambda: not os.listdir(spool), timeout=30)
     finally:
@@ -219,11 +262,22 @@ def test_fold_groups_only_past_the_budget():
 
 
 def test_a_folded_event_sums_counts_and_averages_what_is_averaged():
-    group = fold.Steps(step=(1, 2, 3), ts_ms=(1001, 1002, 1003), step_ms=(10.0, 30.0, 20.0),
-                       wait_pct=(50.0, None, 0.0), tokens=(100, 300, None), samples=(2, 2, 2), seq_len=(128,) * 3,
-                       loss=(1.0, 3.0, None), losses=({"d": 1.0, "g": float("nan")}, {"d": 3.0}, None),
-                       alloc=(10, 20, 30), reserved=(20,) * 3, peak=(5, 10, 15), rss=(7,) * 3,
-                       split=(None, {"compute_pct": 50.0, "closure_evals": 20}, {"compute_pct": 80.0, "closure_evals": 19}))
+    group = fold.Steps(
+        step=(1, 2, 3),
+        ts_ms=(1001, 1002, 1003),
+        step_ms=(10.0, 30.0, 20.0),
+        wait_pct=(50.0, None, 0.0),
+        tokens=(100, 300, None),
+        samples=(2, 2, 2),
+        seq_len=(128,) * 3,
+        loss=(1.0, 3.0, None),
+        losses=({"d": 1.0, "g": float("nan")}, {"d": 3.0}, None),
+        alloc=(10, 20, 30),
+        reserved=(20,) * 3,
+        peak=(5, 10, 15),
+        rss=(7,) * 3,
+        split=(None, {"compute_pct": 50.0, "closure_evals": 20}, {"compute_pct": 80.0, "closure_evals": 19}),
+    )
     event = fold.folded(group, lambda tps, seq_len: {"mfu": None})
     # the hooks' shares weighted by their steps' time, a closure's evaluations summed
     assert event["compute_pct"] == (50.0 * 30 + 80.0 * 20) / 50 and event["closure_evals"] == 39
@@ -238,8 +292,17 @@ def test_a_folded_event_sums_counts_and_averages_what_is_averaged():
 def test_the_wire_takes_folded_steps_and_refuses_bad_losses_in_one_line():
     from gpuwatch import protocol
 
-    base = {"id": "a", "kind": "step", "run_id": "r", "ts_ms": 1, "step": 9, "n_steps": 9,
-            "step_time_min_ms": 1.0, "step_time_max_ms": 3.0, "losses": {"netD": 1.5, "netG": 2}}
+    base = {
+        "id": "a",
+        "kind": "step",
+        "run_id": "r",
+        "ts_ms": 1,
+        "step": 9,
+        "n_steps": 9,
+        "step_time_min_ms": 1.0,
+        "step_time_max_ms": 3.0,
+        "losses": {"netD": 1.5, "netG": 2},
+    }
     assert protocol.validate_event(base) == (base, [])
     for bad in ({"x": float("nan")}, {"x": "1"}, {f"k{i}": 1.0 for i in range(17)}, {"": 1.0}, [1.0]):
         with pytest.raises(protocol.ProtocolError, match=r"^event\.losses: expected object of at most 16"):

@@ -18,10 +18,10 @@ NO_SUCH_PID = 2**22 + 123  # above Linux's largest pid_max
 
 @pytest.fixture
 def child():
-    env = dict(os.environ, RANK="1", LOCAL_RANK="1", WORLD_SIZE="4", SLURM_JOB_ID="777",
-               CUDA_VISIBLE_DEVICES="2,3")
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "two words"],
-                            env=env)
+    env = dict(
+        os.environ, RANK="1", LOCAL_RANK="1", WORLD_SIZE="4", SLURM_JOB_ID="777", CUDA_VISIBLE_DEVICES="2,3"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "two words"], env=env)
     time.sleep(0.05)
     yield proc
     proc.kill()
@@ -32,15 +32,36 @@ def test_a_child_is_read_correctly(child):
     before_ms = time.time() * 1000
     info = ProcessCollector().info(child.pid)
     assert info == ProcessInfo(
-        pid=child.pid, start_ms=info.start_ms, uid=os.getuid(), user=info.user,
+        pid=child.pid,
+        start_ms=info.start_ms,
+        uid=os.getuid(),
+        user=info.user,
         cmdline=f"{sys.executable} -c 'import time; time.sleep(60)' 'two words'",
-        container_id=info.container_id, slurm_job_id="777", rank=1, local_rank=1, world_size=4,
-        cuda_visible_devices="2,3")
+        container_id=info.container_id,
+        slurm_job_id="777",
+        rank=1,
+        local_rank=1,
+        world_size=4,
+        cuda_visible_devices="2,3",
+    )
     assert abs(info.start_ms - before_ms) < 5_000
     assert info.user and isinstance(info.user, str)
     assert set(dataclasses.asdict(info)) <= {
-        "pid", "start_ms", "uid", "user", "cmdline", "container_id", "slurm_job_id", "rank",
-        "local_rank", "world_size", "cuda_visible_devices", "run_id", "first_seen_ms", "last_seen_ms"}
+        "pid",
+        "start_ms",
+        "uid",
+        "user",
+        "cmdline",
+        "container_id",
+        "slurm_job_id",
+        "rank",
+        "local_rank",
+        "world_size",
+        "cuda_visible_devices",
+        "run_id",
+        "first_seen_ms",
+        "last_seen_ms",
+    }
 
 
 def test_facts_are_read_once_per_process(child):
@@ -49,13 +70,20 @@ def test_facts_are_read_once_per_process(child):
 
 
 def test_untagged_process_has_no_tags():
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")
+    }
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     try:
         info = ProcessCollector().info(proc.pid)
         assert (info.rank, info.world_size, info.slurm_job_id, info.cuda_visible_devices) == (
-            None, None, None, None)
+            None,
+            None,
+            None,
+            None,
+        )
     finally:
         proc.kill()
         proc.wait()
@@ -106,17 +134,27 @@ def test_a_nonexistent_pid_reads_as_none():
     assert c.usage([NO_SUCH_PID]) == {}
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("0::/system.slice/docker-" + "a" * 64 + ".scope\n", "a" * 64),
-    ("12:memory:/docker/" + "b" * 64 + "\n0::/docker/" + "b" * 64 + "\n", "b" * 64),
-    ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/"
-     "cri-containerd-" + "c" * 64 + ".scope\n", "c" * 64),
-    ("0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-" + "d" * 64 + ".scope/container\n",
-     "d" * 64),
-    ("0::/user.slice/user-1000.slice/session-3.scope\n", "session-3.scope"),
-    ("0::/system.slice/jupyterhub.service\n", "jupyterhub.service"),
-    ("0::/\n", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("0::/system.slice/docker-" + "a" * 64 + ".scope\n", "a" * 64),
+        ("12:memory:/docker/" + "b" * 64 + "\n0::/docker/" + "b" * 64 + "\n", "b" * 64),
+        (
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/"
+            "cri-containerd-" + "c" * 64 + ".scope\n",
+            "c" * 64,
+        ),
+        (
+            "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-"
+            + "d" * 64
+            + ".scope/container\n",
+            "d" * 64,
+        ),
+        ("0::/user.slice/user-1000.slice/session-3.scope\n", "session-3.scope"),
+        ("0::/system.slice/jupyterhub.service\n", "jupyterhub.service"),
+        ("0::/\n", None),
+    ],
+)
 def test_container_id_from_real_cgroup_paths(text, expected):
     assert container_id_from_cgroup(text) == expected
 
@@ -136,9 +174,16 @@ def test_usage_baseline_survives_an_info_read_between_calls():
 
 def test_usage_reads_a_process_whose_name_has_spaces_and_parentheses():
     # /proc/PID/stat puts the name in parentheses; a name holding ") (" must not shift the fields.
-    odd = subprocess.Popen([sys.executable, "-c", "open('/proc/self/comm', 'w').write('a) b (c'); "
-                            "import time; print('ready', flush=True); time.sleep(30)"],
-                           stdout=subprocess.PIPE, text=True)
+    odd = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "open('/proc/self/comm', 'w').write('a) b (c'); "
+            "import time; print('ready', flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert odd.stdout.readline() == "ready\n"  # started: its RSS no longer grows
         c = ProcessCollector()
@@ -153,8 +198,10 @@ def test_usage_reads_a_process_whose_name_has_spaces_and_parentheses():
 
 
 def test_walk_reads_every_process_and_a_sleeper_that_wakes_gets_its_cpu_of_the_last_interval():
-    code = ("import time\nprint('up', flush=True)\ntime.sleep(1.0)\n"
-            "end = time.monotonic() + 30\nwhile time.monotonic() < end: pass")
+    code = (
+        "import time\nprint('up', flush=True)\ntime.sleep(1.0)\n"
+        "end = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
+    )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     c = ProcessCollector()
     try:

@@ -56,14 +56,28 @@ def _db_rows(db: Path, sql: str, *params):
 
 def test_scheduled_windows_store_top_ops_and_a_gzipped_chrome_trace(tmp_path):
     db, runs = tmp_path / "gw.db", tmp_path / "runs"
-    env = _env(GPUWATCH_DB=str(db), GPUWATCH_RUNS_DIR=str(runs), GPUWATCH_PROFILE_WAIT="1",
-               GPUWATCH_PROFILE_WARMUP="1", GPUWATCH_PROFILE_ACTIVE="2", GPUWATCH_PROFILE_REPEAT="2")
+    env = _env(
+        GPUWATCH_DB=str(db),
+        GPUWATCH_RUNS_DIR=str(runs),
+        GPUWATCH_PROFILE_WAIT="1",
+        GPUWATCH_PROFILE_WARMUP="1",
+        GPUWATCH_PROFILE_ACTIVE="2",
+        GPUWATCH_PROFILE_REPEAT="2",
+    )
     # A hostile run id must not put files outside the runs directory.
-    out = subprocess.run([sys.executable, "-c", TRAINER.format(steps=10, sleep=0), "../../escape"],
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", TRAINER.format(steps=10, sleep=0), "../../escape"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
-    rows = _db_rows(db, "SELECT id, trigger, first_step, steps, trace_path, trace_bytes FROM profiles "
-                        "WHERE run_id = '../../escape' ORDER BY first_step")
+    rows = _db_rows(
+        db,
+        "SELECT id, trigger, first_step, steps, trace_path, trace_bytes FROM profiles "
+        "WHERE run_id = '../../escape' ORDER BY first_step",
+    )
     # wait 1 + warmup 1 + active 2 per cycle: steps 3-4 and 7-8.
     assert [(r[1], r[2], r[3]) for r in rows] == [("scheduled", 3, 2), ("scheduled", 7, 2)]
     for _, _, _, _, path, size in rows:
@@ -84,8 +98,10 @@ def test_scheduled_windows_store_top_ops_and_a_gzipped_chrome_trace(tmp_path):
     # each window's trace analysed and stored with it: CPU-only, so the CPU-side split
     for profile_id, *_ in rows:
         [(gpu, ops_pct, idle_pct)] = _db_rows(
-            db, "SELECT gpu, cpu_operators_pct, idle_pct FROM profile_breakdowns "
-                "WHERE profile_id = ?", profile_id)
+            db,
+            "SELECT gpu, cpu_operators_pct, idle_pct FROM profile_breakdowns WHERE profile_id = ?",
+            profile_id,
+        )
         assert gpu == 0 and 0 < ops_pct <= 100 and idle_pct is None
     assert not list(tmp_path.glob("escape*")) and not (tmp_path.parent / "escape").exists()
 
@@ -97,12 +113,20 @@ def test_each_window_is_analysed_in_a_low_priority_process_beside_the_training(t
 
     db, runs = tmp_path / "gw.db", tmp_path / "runs"
     env = _env(GPUWATCH_DB=str(db), GPUWATCH_RUNS_DIR=str(runs), GPUWATCH_PROFILE_ACTIVE="2")
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER.format(steps=3, sleep=0)], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER.format(steps=3, sleep=0)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _, err = trainer.communicate(timeout=120)
     assert trainer.returncode == 0, err
-    [(path, stored)] = _db_rows(db, "SELECT p.trace_path, b.breakdown_json FROM profiles p "
-                                    "JOIN profile_breakdowns b ON b.profile_id = p.id")
+    [(path, stored)] = _db_rows(
+        db,
+        "SELECT p.trace_path, b.breakdown_json FROM profiles p "
+        "JOIN profile_breakdowns b ON b.profile_id = p.id",
+    )
     stored = json.loads(stored)
     analysed_by = stored.pop("analysed_by")
     assert analysed_by["pid"] not in (trainer.pid, os.getpid())
@@ -112,10 +136,19 @@ def test_each_window_is_analysed_in_a_low_priority_process_beside_the_training(t
 
 def test_a_trace_over_the_size_cap_is_dropped_and_the_ops_kept(tmp_path):
     db, runs = tmp_path / "gw.db", tmp_path / "runs"
-    env = _env(GPUWATCH_DB=str(db), GPUWATCH_RUNS_DIR=str(runs), GPUWATCH_PROFILE_ACTIVE="2",
-               GPUWATCH_PROFILE_MAX_MB="0.0001")
-    out = subprocess.run([sys.executable, "-c", TRAINER.format(steps=3, sleep=0)], env=env,
-                         capture_output=True, text=True, timeout=120)
+    env = _env(
+        GPUWATCH_DB=str(db),
+        GPUWATCH_RUNS_DIR=str(runs),
+        GPUWATCH_PROFILE_ACTIVE="2",
+        GPUWATCH_PROFILE_MAX_MB="0.0001",
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", TRAINER.format(steps=3, sleep=0)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "trace dropped" in out.stderr and "top operators kept" in out.stderr
     [(pid_, path, size)] = _db_rows(db, "SELECT id, trace_path, trace_bytes FROM profiles")
@@ -131,8 +164,12 @@ def daemon(tmp_path):
     base = Path(tempfile.mkdtemp(prefix="gwp-", dir="/tmp"))
     base.chmod(0o755)
     db, sock = base / "gw.db", base / "gw.sock"
-    proc = subprocess.Popen([sys.executable, "-c", DAEMON, str(db), str(sock)],
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DAEMON, str(db), str(sock)],
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 30
     while not sock.exists():
         assert proc.poll() is None, proc.stderr.read().decode()
@@ -160,9 +197,12 @@ print(json.dumps(ask({"type": "control_request", "run_id": sys.argv[2], "action"
 def test_on_demand_profile_through_the_daemon_end_to_end(daemon, monkeypatch, tmp_path):
     db, sock = daemon
     runs = tmp_path / "runs"  # the client writes its traces: the run owner's files
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER.format(steps=2000, sleep=0.02)],
-                               env=_env(GPUWATCH_SOCKET=str(sock), GPUWATCH_RUNS_DIR=str(runs)),
-                               stdout=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER.format(steps=2000, sleep=0.02)],
+        env=_env(GPUWATCH_SOCKET=str(sock), GPUWATCH_RUNS_DIR=str(runs)),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         run_id = trainer.stdout.readline().strip()
         deadline = time.monotonic() + 30
@@ -170,13 +210,16 @@ def test_on_demand_profile_through_the_daemon_end_to_end(daemon, monkeypatch, tm
             assert time.monotonic() < deadline, "no steps reached the daemon"
             time.sleep(0.1)
 
-        refused = subprocess.run([sys.executable, "-c", REFUSED, str(sock), run_id],
-                                 capture_output=True, text=True, timeout=30)
+        refused = subprocess.run(
+            [sys.executable, "-c", REFUSED, str(sock), run_id], capture_output=True, text=True, timeout=30
+        )
         reply = json.loads(refused.stdout)
         assert reply["code"] == "forbidden" and "uid 65534 may not control" in reply["error"]
 
         monkeypatch.setenv("GPUWATCH_SOCKET", str(sock))
-        result = CliRunner().invoke(main, ["profile", run_id, "--steps", "3", "--db", str(db), "--wait", "60"])
+        result = CliRunner().invoke(
+            main, ["profile", run_id, "--steps", "3", "--db", str(db), "--wait", "60"]
+        )
         assert result.exit_code == 0, result.output
         assert "on_demand" in result.output and "aten::addmm" in result.output
         # the window's breakdown came with it: the CPU-side bar and advice before the operators
@@ -185,8 +228,9 @@ def test_on_demand_profile_through_the_daemon_end_to_end(daemon, monkeypatch, tm
     finally:
         trainer.kill()
         trainer.wait()
-    [(trigger, steps, path)] = _db_rows(db, "SELECT trigger, steps, trace_path FROM profiles WHERE run_id = ?",
-                                        run_id)
+    [(trigger, steps, path)] = _db_rows(
+        db, "SELECT trigger, steps, trace_path FROM profiles WHERE run_id = ?", run_id
+    )
     assert (trigger, steps) == ("on_demand", 3)
     assert Path(path).is_relative_to(runs)
     assert json.loads(gzip.decompress(Path(path).read_bytes()))["traceEvents"]
@@ -194,8 +238,12 @@ def test_on_demand_profile_through_the_daemon_end_to_end(daemon, monkeypatch, tm
 
 def test_on_demand_profiling_without_a_daemon_says_it_needs_one(tmp_path, monkeypatch):
     db = tmp_path / "gw.db"
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER.format(steps=400, sleep=0.05)],
-                               env=_env(GPUWATCH_DB=str(db)), stdout=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER.format(steps=400, sleep=0.05)],
+        env=_env(GPUWATCH_DB=str(db)),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         run_id = trainer.stdout.readline().strip()
         time.sleep(0.5)
@@ -215,33 +263,107 @@ def _store_with_a_profile(db: Path) -> str:
 
     conn = open_rw(db)
     peer = Peer(os.getuid(), "me", os.getpid(), "embedded")
-    ops = [{"name": "aten::mm", "calls": 4, "self_cpu_us": 900.0, "cpu_total_us": 950.0,
-            "self_device_us": 5000.0, "device_total_us": 5000.0, "self_mem_bytes": 1 << 20},
-           {"name": "aten::softmax", "calls": 2, "self_cpu_us": 3000.0, "cpu_total_us": 3100.0,
-            "self_device_us": 800.0, "device_total_us": 800.0, "self_mem_bytes": 0},
-           {"name": "aten::add_", "calls": 9, "self_cpu_us": 10.0, "cpu_total_us": 10.0,
-            "self_device_us": 20.0, "device_total_us": 20.0, "self_mem_bytes": 0}]
+    ops = [
+        {
+            "name": "aten::mm",
+            "calls": 4,
+            "self_cpu_us": 900.0,
+            "cpu_total_us": 950.0,
+            "self_device_us": 5000.0,
+            "device_total_us": 5000.0,
+            "self_mem_bytes": 1 << 20,
+        },
+        {
+            "name": "aten::softmax",
+            "calls": 2,
+            "self_cpu_us": 3000.0,
+            "cpu_total_us": 3100.0,
+            "self_device_us": 800.0,
+            "device_total_us": 800.0,
+            "self_mem_bytes": 0,
+        },
+        {
+            "name": "aten::add_",
+            "calls": 9,
+            "self_cpu_us": 10.0,
+            "cpu_total_us": 10.0,
+            "self_device_us": 20.0,
+            "device_total_us": 20.0,
+            "self_mem_bytes": 0,
+        },
+    ]
     with conn:
-        outcome = apply_events(conn, [
-            {"id": "1", "kind": "run_start", "run_id": "r1", "ts_ms": 1000, "name": "tui-run"},
-            {"id": "2", "kind": "profile", "run_id": "r1", "ts_ms": 2000, "trigger": "on_demand",
-             "first_step": 11, "steps": 3, "trace_bytes": 999_999_999, "ops": ops},
-            {"id": "3", "kind": "profile", "run_id": "r1", "ts_ms": 2000, "trigger": "on_demand",
-             "first_step": 11, "steps": 3, "ops": ops},  # replayed: changes nothing
-        ], peer)
+        outcome = apply_events(
+            conn,
+            [
+                {"id": "1", "kind": "run_start", "run_id": "r1", "ts_ms": 1000, "name": "tui-run"},
+                {
+                    "id": "2",
+                    "kind": "profile",
+                    "run_id": "r1",
+                    "ts_ms": 2000,
+                    "trigger": "on_demand",
+                    "first_step": 11,
+                    "steps": 3,
+                    "trace_bytes": 999_999_999,
+                    "ops": ops,
+                },
+                {
+                    "id": "3",
+                    "kind": "profile",
+                    "run_id": "r1",
+                    "ts_ms": 2000,
+                    "trigger": "on_demand",
+                    "first_step": 11,
+                    "steps": 3,
+                    "ops": ops,
+                },  # replayed: changes nothing
+            ],
+            peer,
+        )
         assert not outcome.rejected
-        threads = [{"thread_name": "MainThread", "active": False,
-                    "frames": [{"name": "waiting_for_a_batch", "short_filename": "train.py", "line": 7}]}]
-        insert_rows(conn, "stack_dumps", [{"run_id": "r1", "pid": 42, "ts_ms": 3000, "reason": "stall",
-                                           "stacks_json": json.dumps(threads)}])
-        conn.execute("INSERT INTO capacity_studies (id, ts_ms, command, device, limit_bytes, margin, fit_json, "
-                     "predicted_json) VALUES (1, 4000, 'python -m workloads.gpt_train', 'cpu', 1073741824, 0.1, "
-                     "'{\"4\": {\"a\": 1e8, \"b\": 1e4, \"c\": 100}}', "
-                     "'{\"4\": {\"max_seq_len\": 2000, \"predicted_peak_bytes\": 520000000, "
-                     "\"verified_peak_bytes\": 510000000}}')")
-        insert_rows(conn, "capacity_points", [
-            {"study_id": 1, "batch": 4, "seq_len": 512, "peak_bytes": 131_000_000, "ok": 1, "kind": "measured"},
-            {"study_id": 1, "batch": 4, "seq_len": 4096, "peak_bytes": None, "ok": 0, "kind": "measured"}])
+        threads = [
+            {
+                "thread_name": "MainThread",
+                "active": False,
+                "frames": [{"name": "waiting_for_a_batch", "short_filename": "train.py", "line": 7}],
+            }
+        ]
+        insert_rows(
+            conn,
+            "stack_dumps",
+            [
+                {
+                    "run_id": "r1",
+                    "pid": 42,
+                    "ts_ms": 3000,
+                    "reason": "stall",
+                    "stacks_json": json.dumps(threads),
+                }
+            ],
+        )
+        conn.execute(
+            "INSERT INTO capacity_studies (id, ts_ms, command, device, limit_bytes, margin, fit_json, "
+            "predicted_json) VALUES (1, 4000, 'python -m workloads.gpt_train', 'cpu', 1073741824, 0.1, "
+            '\'{"4": {"a": 1e8, "b": 1e4, "c": 100}}\', '
+            '\'{"4": {"max_seq_len": 2000, "predicted_peak_bytes": 520000000, '
+            '"verified_peak_bytes": 510000000}}\')'
+        )
+        insert_rows(
+            conn,
+            "capacity_points",
+            [
+                {
+                    "study_id": 1,
+                    "batch": 4,
+                    "seq_len": 512,
+                    "peak_bytes": 131_000_000,
+                    "ok": 1,
+                    "kind": "measured",
+                },
+                {"study_id": 1, "batch": 4, "seq_len": 4096, "peak_bytes": None, "ok": 0, "kind": "measured"},
+            ],
+        )
     conn.close()
     return "r1"
 
@@ -300,10 +422,11 @@ def test_tui_profile_screen_sorts_top_ops_and_the_run_view_shows_stacks(tmp_path
 def test_a_stored_breakdown_leads_profile_show_and_reaches_show_compare_report(tmp_path):
     """A profile event with its trace breakdown: `profile --show` prints the bar and advice
     before the operators; `show`, `compare` and `report` carry the headline figures."""
+    from trace_gen import make_trace, write_trace
+
     from gpuwatch.client.trace_worker import breakdown_of
     from gpuwatch.store import open_rw
     from gpuwatch.store.events import Peer, apply_events
-    from trace_gen import make_trace, write_trace
 
     trace = write_trace(tmp_path / "t.json.gz", make_trace(loader_us=6000.0))
     breakdown = breakdown_of(trace)
@@ -311,19 +434,39 @@ def test_a_stored_breakdown_leads_profile_show_and_reaches_show_compare_report(t
     conn = open_rw(db)
     peer = Peer(os.getuid(), "me", os.getpid(), "embedded")
     with conn:
-        outcome = apply_events(conn, [
-            {"id": "1", "kind": "run_start", "run_id": "r1", "ts_ms": 1000, "name": "slow-loader"},
-            {"id": "2", "kind": "profile", "run_id": "r1", "ts_ms": 2000, "trigger": "on_demand",
-             "first_step": 1, "steps": 4, "trace_path": str(trace), "trace_bytes": 1,
-             "ops": [{"name": "aten::mm", "calls": 3, "self_cpu_us": 10.0}],
-             "breakdown": breakdown},
-            {"id": "3", "kind": "run_start", "run_id": "r2", "ts_ms": 1000, "name": "plain"},
-            {"id": "4", "kind": "profile", "run_id": "r2", "ts_ms": 2000, "trigger": "scheduled",
-             "breakdown": {"gpu": True, "temporal": {"idle_pct": "lots"}}},  # refused, one line
-        ], peer)
+        outcome = apply_events(
+            conn,
+            [
+                {"id": "1", "kind": "run_start", "run_id": "r1", "ts_ms": 1000, "name": "slow-loader"},
+                {
+                    "id": "2",
+                    "kind": "profile",
+                    "run_id": "r1",
+                    "ts_ms": 2000,
+                    "trigger": "on_demand",
+                    "first_step": 1,
+                    "steps": 4,
+                    "trace_path": str(trace),
+                    "trace_bytes": 1,
+                    "ops": [{"name": "aten::mm", "calls": 3, "self_cpu_us": 10.0}],
+                    "breakdown": breakdown,
+                },
+                {"id": "3", "kind": "run_start", "run_id": "r2", "ts_ms": 1000, "name": "plain"},
+                {
+                    "id": "4",
+                    "kind": "profile",
+                    "run_id": "r2",
+                    "ts_ms": 2000,
+                    "trigger": "scheduled",
+                    "breakdown": {"gpu": True, "temporal": {"idle_pct": "lots"}},
+                },  # refused, one line
+            ],
+            peer,
+        )
     conn.close()
     assert [(i, msg) for i, _, msg in outcome.rejected] == [
-        ("4", "breakdown idle_pct: expected a finite number")]
+        ("4", "breakdown idle_pct: expected a finite number")
+    ]
     idle = breakdown["temporal"]["idle_pct"]
     assert idle > 10 and breakdown["idle"]["dataloader_pct"] > 50
 
@@ -346,7 +489,6 @@ def test_a_stored_breakdown_leads_profile_show_and_reaches_show_compare_report(t
         assert profile_row(conn, "r2") is None  # its refused profile left nothing half-stored
     finally:
         conn.close()
-    report = CliRunner().invoke(main, ["report", "r1", "--db", str(db), "-o",
-                                       str(tmp_path / "r.html")])
+    report = CliRunner().invoke(main, ["report", "r1", "--db", str(db), "-o", str(tmp_path / "r.html")])
     assert report.exit_code == 0, report.output
     assert f"{idle:.1f} %" in (tmp_path / "r.html").read_text()

@@ -16,11 +16,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from systools import needs_tools
+from test_metrics import fill_fleet, scrape
 
 from gpuwatch.daemon.metrics import start_metrics_server
 from gpuwatch.store import open_ro
-from test_metrics import fill_fleet, scrape
-from systools import needs_tools
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
@@ -74,12 +74,19 @@ def prometheus_scraping(tmp_path, *target_ports: int, rule_files=()):
         "global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\n"
         f"rule_files: [{', '.join(repr(str(f)) for f in rule_files)}]\n"
         "scrape_configs:\n"
-        f"  - job_name: gpuwatch\n    static_configs: [{{targets: [{targets}]}}]\n")
+        f"  - job_name: gpuwatch\n    static_configs: [{{targets: [{targets}]}}]\n"
+    )
     with open(tmp_path / "prometheus.log", "w") as log:
-        prom = subprocess.Popen([PROMETHEUS, f"--config.file={config}",
-                                 f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{prom_port}"],
-                                stdout=log, stderr=subprocess.STDOUT)
+        prom = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             yield prom_port
         finally:
@@ -98,8 +105,9 @@ def _wait_for(prom_port: int, promql: str, count: int, log: Path, timeout: float
         if len(result) >= count:
             return result
         time.sleep(0.5)
-    raise AssertionError(f"{promql}: {len(result)} series after {timeout} s; "
-                         f"prometheus log: {log.read_text()[-2000:]}")
+    raise AssertionError(
+        f"{promql}: {len(result)} series after {timeout} s; prometheus log: {log.read_text()[-2000:]}"
+    )
 
 
 @needs_prometheus
@@ -108,12 +116,20 @@ def test_prometheus_scrapes_a_real_daemon(tmp_path):
     """The daemon (simulated GPUs through the fake NVML) serves /metrics; Prometheus scrapes
     it; what Prometheus holds is what the daemon stored."""
     from fake_pynvml import FakeNvml
+
     from gpuwatch.config import load
     from gpuwatch.daemon.main import Daemon
 
     port = _free_port()
-    cfg = load({"db": str(tmp_path / "d.db"), "socket": str(tmp_path / "d.sock"), "system": False,
-                "interval": 0.5, "metrics_listen": f"127.0.0.1:{port}"})
+    cfg = load(
+        {
+            "db": str(tmp_path / "d.db"),
+            "socket": str(tmp_path / "d.sock"),
+            "system": False,
+            "interval": 0.5,
+            "metrics_listen": f"127.0.0.1:{port}",
+        }
+    )
     daemon = Daemon(cfg, nvml_module=FakeNvml(gpus=2, procs_per_gpu=1))  # busy: util varies
     thread = threading.Thread(target=asyncio.run, args=(daemon.serve(),))
     thread.start()
@@ -125,8 +141,10 @@ def test_prometheus_scrapes_a_real_daemon(tmp_path):
         daemon.request_stop()
         thread.join(timeout=30)
     conn = open_ro(cfg.db_path)
-    stored = {i: {v for (v,) in conn.execute("SELECT gpu_util_pct FROM gpu_samples WHERE gpu_index = ?",
-                                                (i,))} for i in range(2)}
+    stored = {
+        i: {v for (v,) in conn.execute("SELECT gpu_util_pct FROM gpu_samples WHERE gpu_index = ?", (i,))}
+        for i in range(2)
+    }
     stored_cpu = {v for (v,) in conn.execute("SELECT cpu_pct FROM host_samples")}
     conn.close()
     assert {r["metric"]["gpu"] for r in util} == {"0", "1"}
@@ -149,8 +167,7 @@ def test_prometheus_scrapes_stored_samples(tmp_path):
             util = _wait_for(prom_port, "DCGM_FI_DEV_GPU_UTIL", 4, log)
             tps = _wait_for(prom_port, "gpuwatch_run_tokens_per_second", 1, log)
             fb = _query(prom_port, 'DCGM_FI_DEV_FB_USED{gpu="3"}')
-        assert {r["metric"]["gpu"]: float(r["value"][1]) for r in util} == {
-            "0": 5, "1": 15, "2": 25, "3": 35}
+        assert {r["metric"]["gpu"]: float(r["value"][1]) for r in util} == {"0": 5, "1": 15, "2": 25, "3": 35}
         assert {r["metric"]["job"] for r in util} == {"gpuwatch"}
         [run] = tps
         assert run["metric"]["run_id"] == "run-1" and float(run["value"][1]) == 2004.0

@@ -32,21 +32,37 @@ def test_bad_field_names_index_field_and_value():
     assert str(e.value) == "events[3].tokens: expected integer >= 0, got 'abc'"
 
 
-@pytest.mark.parametrize("event, message", [
-    ({"id": "a", "kind": "teleport", "run_id": "r", "ts_ms": 1}, "events[0].kind: unknown event kind 'teleport'"),
-    ({"id": "a", "kind": "step", "run_id": "r", "ts_ms": 1}, "events[0].step: required for step events"),
-    ({"id": "", "kind": "step", "run_id": "r", "ts_ms": 1, "step": 0},
-     "events[0].id: expected non-empty string of at most 128 characters, got ''"),
-    ({"id": "a", "kind": "run_end", "run_id": "r", "ts_ms": 1, "status": "exploded"},
-     "events[0].status: expected one of finished, failed, oom, killed, got 'exploded'"),
-    ({"id": "a", "kind": "step", "run_id": "r", "ts_ms": -5, "step": 0},
-     "events[0].ts_ms: expected integer from 0 to 253402300799999, got -5"),
-    ({"id": "a", "kind": "step", "run_id": "r", "ts_ms": 1, "step": True},
-     "events[0].step: expected integer >= 0, got True"),
-    ({"id": "a", "kind": "run_start", "run_id": "r", "ts_ms": 1, "config": [1, 2]},
-     "events[0].config: expected JSON object nested at most 32 deep, got [1, 2]"),
-    ("step", "events[0]: expected JSON object, got 'step'"),
-])
+@pytest.mark.parametrize(
+    "event, message",
+    [
+        (
+            {"id": "a", "kind": "teleport", "run_id": "r", "ts_ms": 1},
+            "events[0].kind: unknown event kind 'teleport'",
+        ),
+        ({"id": "a", "kind": "step", "run_id": "r", "ts_ms": 1}, "events[0].step: required for step events"),
+        (
+            {"id": "", "kind": "step", "run_id": "r", "ts_ms": 1, "step": 0},
+            "events[0].id: expected non-empty string of at most 128 characters, got ''",
+        ),
+        (
+            {"id": "a", "kind": "run_end", "run_id": "r", "ts_ms": 1, "status": "exploded"},
+            "events[0].status: expected one of finished, failed, oom, killed, got 'exploded'",
+        ),
+        (
+            {"id": "a", "kind": "step", "run_id": "r", "ts_ms": -5, "step": 0},
+            "events[0].ts_ms: expected integer from 0 to 253402300799999, got -5",
+        ),
+        (
+            {"id": "a", "kind": "step", "run_id": "r", "ts_ms": 1, "step": True},
+            "events[0].step: expected integer >= 0, got True",
+        ),
+        (
+            {"id": "a", "kind": "run_start", "run_id": "r", "ts_ms": 1, "config": [1, 2]},
+            "events[0].config: expected JSON object nested at most 32 deep, got [1, 2]",
+        ),
+        ("step", "events[0]: expected JSON object, got 'step'"),
+    ],
+)
 def test_each_kind_of_bad_event_has_its_line(event, message):
     with pytest.raises(ProtocolError) as e:
         validate(frame(event))
@@ -54,13 +70,27 @@ def test_each_kind_of_bad_event_has_its_line(event, message):
 
 
 def test_identity_fields_are_dropped_with_a_warning():
-    msg = validate(frame({"id": "a", "kind": "run_start", "run_id": "r", "ts_ms": 1,
-                          "uid": 0, "user": "root", "pid": 1, "colour": "blue"}))
+    msg = validate(
+        frame(
+            {
+                "id": "a",
+                "kind": "run_start",
+                "run_id": "r",
+                "ts_ms": 1,
+                "uid": 0,
+                "user": "root",
+                "pid": 1,
+                "colour": "blue",
+            }
+        )
+    )
     assert set(msg.events[0]) == {"id", "kind", "run_id", "ts_ms"}
-    assert msg.warnings == ["events[0].colour: ignored (unknown field)",
-                            "events[0].pid: ignored (identity comes from the socket)",
-                            "events[0].uid: ignored (identity comes from the socket)",
-                            "events[0].user: ignored (identity comes from the socket)"]
+    assert msg.warnings == [
+        "events[0].colour: ignored (unknown field)",
+        "events[0].pid: ignored (identity comes from the socket)",
+        "events[0].uid: ignored (identity comes from the socket)",
+        "events[0].user: ignored (identity comes from the socket)",
+    ]
 
 
 def test_nan_loss_is_a_fact_not_an_error():
@@ -118,22 +148,61 @@ def run_start(i=0, **fields):
     return {"id": f"s{i}", "kind": "run_start", "run_id": "r1", "ts_ms": 1000 + i, **fields}
 
 
-ODD_VALUES = [True, -1, 0, 1.5, -0.5, float("nan"), float("inf"), 10**30, "", "x" * 200, "ok",
-              None, {}, {"a": 1}, [], ["a"], "finished"]
+ODD_VALUES = [
+    True,
+    -1,
+    0,
+    1.5,
+    -0.5,
+    float("nan"),
+    float("inf"),
+    10**30,
+    "",
+    "x" * 200,
+    "ok",
+    None,
+    {},
+    {"a": 1},
+    [],
+    ["a"],
+    "finished",
+]
 
 
-@pytest.mark.parametrize("field", ["id", "run_id", "ts_ms", "step", "tokens", "loss", "step_time_ms",
-                                   "mem_peak_bytes", "name", "config", "world_size", "status"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "id",
+        "run_id",
+        "ts_ms",
+        "step",
+        "tokens",
+        "loss",
+        "step_time_ms",
+        "mem_peak_bytes",
+        "name",
+        "config",
+        "world_size",
+        "status",
+    ],
+)
 def test_a_large_batch_judges_each_value_as_a_lone_event_would(field):
     """A clean batch is checked column-wise; whatever it decides must match event-by-event
     judgement, including the exact line naming the bad event's index."""
     for value in ODD_VALUES:
-        odd = step(37, **{field: value}) if field != "status" else \
-            {"id": "e37", "kind": "run_end", "run_id": "r1", "ts_ms": 1, "status": value}
+        odd = (
+            step(37, **{field: value})
+            if field != "status"
+            else {"id": "e37", "kind": "run_end", "run_id": "r1", "ts_ms": 1, "status": value}
+        )
         if field in ("name", "config", "world_size"):
             odd = run_start(37, **{field: value})
-        events = [run_start()] + [step(i, loss=2.5, tokens=8) for i in range(1, 37)] + [odd] + \
-                 [step(i, loss=float("nan")) for i in range(38, 60)]
+        events = (
+            [run_start()]
+            + [step(i, loss=2.5, tokens=8) for i in range(1, 37)]
+            + [odd]
+            + [step(i, loss=float("nan")) for i in range(38, 60)]
+        )
         try:
             expected, _ = protocol.validate_event(odd, "events[37]")
         except ProtocolError as e:
@@ -168,26 +237,46 @@ def test_events_with_as_many_fields_but_different_ones_are_each_checked():
     assert str(e.value) == "events[10].tokens: expected integer >= 0, got -1"
 
 
-@pytest.mark.parametrize("line, message", [
-    (b"[" * 100_000, "frame nests deeper than 40 levels"),
-    (b'{"v":1,"type":"events","events":[{"id":"a","kind":{"x":1}}]}',
-     "events[0].kind: expected one of run_start, step, generation, memory_stats, run_end, run_event, "
-     "oom_postmortem, profile, note, got {'x': 1}"),
-    (b'{"v":1,"type":"events","events":[{"id":"a","kind":[1]}]}',
-     "events[0].kind: expected one of run_start, step, generation, memory_stats, run_end, run_event, "
-     "oom_postmortem, profile, note, got [1]"),
-    (b'{"v":1,"type":"control_request","action":{"a":1},"run_id":"r"}',
-     "control_request.action: expected one of profile, stacks, got {'a': 1}"),
-    (b'{"v":1,"type":"events","events":[{"id":"a","kind":"step","run_id":"r","ts_ms":1,"step":9223372036854775808}]}',
-     "events[0].step: expected integer >= 0, got 9223372036854775808"),
-    (b'{"v":1,"type":"events","events":[{"id":"a","kind":"run_start","run_id":"r","ts_ms":1,"config":'
-     + b'{"a":' * 34 + b"1" + b"}" * 35 + b"]}",
-     "events[0].config: expected JSON object nested at most 32 deep, got {'a': {'a': {'a': {'a': {'a': {'a': {..."),
-    (b'{"v":1,"type":"hello","client":"\\ud800"}',
-     "frame holds a lone UTF-16 surrogate (\\uD800-\\uDFFF): not valid text"),
-    (b'{"v":1,"type":"hello","client":"\xff"}', "frame is not JSON: 'utf-8' codec can't decode byte 0xff "
-                                                "in position 32: invalid start byte"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (b"[" * 100_000, "frame nests deeper than 40 levels"),
+        (
+            b'{"v":1,"type":"events","events":[{"id":"a","kind":{"x":1}}]}',
+            "events[0].kind: expected one of run_start, step, generation, memory_stats, run_end, run_event, "
+            "oom_postmortem, profile, note, got {'x': 1}",
+        ),
+        (
+            b'{"v":1,"type":"events","events":[{"id":"a","kind":[1]}]}',
+            "events[0].kind: expected one of run_start, step, generation, memory_stats, run_end, run_event, "
+            "oom_postmortem, profile, note, got [1]",
+        ),
+        (
+            b'{"v":1,"type":"control_request","action":{"a":1},"run_id":"r"}',
+            "control_request.action: expected one of profile, stacks, got {'a': 1}",
+        ),
+        (
+            b'{"v":1,"type":"events","events":[{"id":"a","kind":"step","run_id":"r","ts_ms":1,"step":9223372036854775808}]}',
+            "events[0].step: expected integer >= 0, got 9223372036854775808",
+        ),
+        (
+            b'{"v":1,"type":"events","events":[{"id":"a","kind":"run_start","run_id":"r","ts_ms":1,"config":'
+            + b'{"a":' * 34
+            + b"1"
+            + b"}" * 35
+            + b"]}",
+            "events[0].config: expected JSON object nested at most 32 deep, got {'a': {'a': {'a': {'a': {'a': {'a': {...",
+        ),
+        (
+            b'{"v":1,"type":"hello","client":"\\ud800"}',
+            "frame holds a lone UTF-16 surrogate (\\uD800-\\uDFFF): not valid text",
+        ),
+        (
+            b'{"v":1,"type":"hello","client":"\xff"}',
+            "frame is not JSON: 'utf-8' codec can't decode byte 0xff in position 32: invalid start byte",
+        ),
+    ],
+)
 def test_hostile_frames_get_one_line_not_an_exception(line, message):
     with pytest.raises(ProtocolError) as e:
         validate(protocol.decode(line))
@@ -199,7 +288,7 @@ def test_a_surrogate_pair_is_text_and_an_unknown_field_name_is_shown_short():
     assert protocol.decode(json.dumps({"v": 1, "type": "hello", "client": text}).encode())["client"] == text
     batch = frame(*[step(i, tokens=4096) for i in range(1000)])  # many brackets, all shallow
     assert len(protocol.decode(json.dumps(batch).encode())["events"]) == 1000
-    assert protocol.decode(b'{"v":1,"type":"hello","client":"\\ud83d\\ude00"}')["client"] == "\U0001F600"
+    assert protocol.decode(b'{"v":1,"type":"hello","client":"\\ud83d\\ude00"}')["client"] == "\U0001f600"
     msg = validate(frame(step(0, **{"x" * 10_000: 1})))
     [warning] = msg.warnings
     assert warning.startswith("events[0].'xxx") and warning.endswith("...: ignored (unknown field)")
@@ -209,6 +298,6 @@ def test_a_surrogate_pair_is_text_and_an_unknown_field_name_is_shown_short():
 def test_a_number_field_takes_any_float_but_only_64_bit_integers():
     for fields in ({"step_time_ms": 1e300}, {"loss": float("nan")}, {"mfu": 2**63 - 1}):
         assert validate(frame(step(0, **fields))).events[0] == step(0, **fields)
-    for fields in ({"step_time_ms": 2**63}, {"mfu": 5693428374265834504192}, {"loss": -2**64}):
+    for fields in ({"step_time_ms": 2**63}, {"mfu": 5693428374265834504192}, {"loss": -(2**64)}):
         with pytest.raises(ProtocolError, match=r"expected number"):
             validate(frame(step(0, **fields), step(1, loss=0.5)))

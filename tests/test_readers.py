@@ -37,9 +37,11 @@ sys.exit(run_daemon(cfg, nvml_module=fake_pynvml.FakeNvml(gpus=2)))
 def test_tui_with_no_daemon_and_no_database_samples_itself_and_says_history_starts_now(tmp_path):
     child = subprocess.Popen(["sleep", "60"])
     db = tmp_path / "data" / "gpuwatch" / "gpuwatch.db"
-    env = (f"PYTHONPATH={TESTS / 'fake_driver'}:{os.environ.get('PYTHONPATH', '')} FAKE_NVML_GPUS=4 "
-           f"FAKE_NVML_PIDS={child.pid} XDG_DATA_HOME={tmp_path / 'data'} "
-           f"XDG_RUNTIME_DIR={os.environ['XDG_RUNTIME_DIR']} GPUWATCH_CONFIG={tmp_path / 'none.toml'}")
+    env = (
+        f"PYTHONPATH={TESTS / 'fake_driver'}:{os.environ.get('PYTHONPATH', '')} FAKE_NVML_GPUS=4 "
+        f"FAKE_NVML_PIDS={child.pid} XDG_DATA_HOME={tmp_path / 'data'} "
+        f"XDG_RUNTIME_DIR={os.environ['XDG_RUNTIME_DIR']} GPUWATCH_CONFIG={tmp_path / 'none.toml'}"
+    )
     tmux = Tmux(f"gwtest-nd-{os.getpid()}")
     assert not db.exists()
     try:
@@ -78,8 +80,9 @@ def _has_samples(db: str) -> bool:
 
 
 def _start_daemon(db: str, sock: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", DAEMON, db, sock], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", DAEMON, db, sock], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 async def _status_becomes(pilot, words: str, timeout: float = 20.0) -> str:
@@ -132,10 +135,13 @@ def test_status_live_says_daemon_away_during_a_restart_and_reads_it_again_by_its
         deadline = time.monotonic() + 20
         while not _has_samples(db) and time.monotonic() < deadline:
             time.sleep(0.05)
-        live = subprocess.Popen([GPUWATCH, "status", "--live", "--db", db], stdout=subprocess.PIPE, text=True,
-                                env=dict(os.environ, GPUWATCH_INTERVAL=str(INTERVAL),
-                                         GPUWATCH_HOST_INTERVAL=str(INTERVAL)),
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        live = subprocess.Popen(
+            [GPUWATCH, "status", "--live", "--db", db],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, GPUWATCH_INTERVAL=str(INTERVAL), GPUWATCH_HOST_INTERVAL=str(INTERVAL)),
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: [lines.put(line) for line in live.stdout], daemon=True).start()
 

@@ -146,7 +146,9 @@ def test_ranks_under_the_wrapper_get_their_own_runs_with_the_wrapper_as_parent()
     wrapper = next(r for r in runs() if r["name"] == "job")
     ranks = sorted((r for r in runs() if r["parent_run_id"] == wrapper["run_id"]), key=lambda r: r["rank"])
     assert [(r["rank"], r["world_size"], r["job_id"], r["status"]) for r in ranks] == [
-        (0, 2, wrapper["run_id"], "finished"), (1, 2, wrapper["run_id"], "finished")]
+        (0, 2, wrapper["run_id"], "finished"),
+        (1, 2, wrapper["run_id"], "finished"),
+    ]
     assert [steps(r["run_id"]) for r in ranks] == [[(1, 1)], [(1, 2)]]
 
 
@@ -154,7 +156,10 @@ def test_a_missing_program_is_one_clear_line_and_a_failed_run():
     out = gw_run("no-such-program-xyz")
     assert out.returncode == 1
     # (the embedded sampler may log a line of its own before it)
-    assert out.stderr.strip().splitlines()[-1] == "Error: cannot run 'no-such-program-xyz': No such file or directory"
+    assert (
+        out.stderr.strip().splitlines()[-1]
+        == "Error: cannot run 'no-such-program-xyz': No such file or directory"
+    )
     assert (runs()[0]["status"], runs()[0]["exit_code"]) == ("failed", 127)
 
 

@@ -17,9 +17,18 @@ from gpuwatch import paths
 pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parent.parent
-OURS_AND_GPUWATCHS_DEPS = ("gpuwatch", "collectors", "__editable__", "psutil", "pynvml", "click",
-                           "textual", "_pytest", "pytest")
-TRAIN = '''
+OURS_AND_GPUWATCHS_DEPS = (
+    "gpuwatch",
+    "collectors",
+    "__editable__",
+    "psutil",
+    "pynvml",
+    "click",
+    "textual",
+    "_pytest",
+    "pytest",
+)
+TRAIN = """
 import torch
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Embedding(32, 16), torch.nn.Linear(16, 32))
@@ -31,7 +40,7 @@ for step in range(7):
     opt.step()
     opt.zero_grad()
 print("done 7 steps")
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +55,12 @@ def foreign_python(tmp_path_factory) -> str:
     for entry in shared.iterdir():
         if not entry.name.startswith(OURS_AND_GPUWATCHS_DEPS) and entry.suffix != ".pth":
             (lib / entry.name).symlink_to(entry)
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(site, "torch_from_elsewhere.pth").write_text(f"{lib}\n")
     return python
 
@@ -60,8 +73,14 @@ def _env() -> dict:
 def _gpuwatch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Our CLI, from this checkout, in our interpreter; the child gets only what `run` gives it."""
     launcher = f"import sys; sys.path.insert(0, {str(REPO)!r}); from gpuwatch.cli import main; main()"
-    return subprocess.run([sys.executable, "-c", launcher, *args], capture_output=True, text=True,
-                          timeout=timeout, env=_env(), cwd="/")
+    return subprocess.run(
+        [sys.executable, "-c", launcher, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+        cwd="/",
+    )
 
 
 def _db(sql: str, *params) -> list:
@@ -73,8 +92,10 @@ def _db(sql: str, *params) -> list:
 
 
 def test_the_foreign_python_has_torch_but_not_gpuwatch_or_its_deps(foreign_python):
-    probe = "import torch\nfor m in ('gpuwatch', 'psutil', 'click'):\n    try:\n        __import__(m)\n" \
-            "        print('found', m)\n    except ImportError:\n        pass\n"
+    probe = (
+        "import torch\nfor m in ('gpuwatch', 'psutil', 'click'):\n    try:\n        __import__(m)\n"
+        "        print('found', m)\n    except ImportError:\n        pass\n"
+    )
     done = subprocess.run([foreign_python, "-c", probe], capture_output=True, text=True, env=_env(), cwd="/")
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""
@@ -123,9 +144,14 @@ def test_the_child_inherits_the_open_files_limit_it_would_have_had(tmp_path):
     script = tmp_path / "limit.py"
     script.write_text("import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
     launcher = f"import sys; sys.path.insert(0, {str(REPO)!r}); from gpuwatch.cli import main; main()"
-    done = subprocess.run([sys.executable, "-c", launcher, "run", "--", sys.executable, str(script)],
-                          capture_output=True, text=True, timeout=60, env=_env(),
-                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (lower, hard)))
+    done = subprocess.run(
+        [sys.executable, "-c", launcher, "run", "--", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (lower, hard)),
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{lower}\n"
 

@@ -24,9 +24,18 @@ MIN, HOUR, DAY = 60_000, 3_600_000, 86_400_000
 
 
 def _run(run_id, name, user, status, started, ended=None, **extra):
-    return {"run_id": run_id, "name": name, "user": user, "uid": 1000 if user == "alice" else 1001,
-            "status": status, "started_ms": started, "ended_ms": ended, "host": "node1", "pid": 4242,
-            **extra}
+    return {
+        "run_id": run_id,
+        "name": name,
+        "user": user,
+        "uid": 1000 if user == "alice" else 1001,
+        "status": status,
+        "started_ms": started,
+        "ended_ms": ended,
+        "host": "node1",
+        "pid": 4242,
+        **extra,
+    }
 
 
 @pytest.fixture
@@ -34,27 +43,87 @@ def known_db(tmp_path):
     path = tmp_path / "known.db"
     now = now_ms()
     conn = open_rw(path)
-    insert_rows(conn, "runs", [
-        _run("aaaa1111aaaa", "gpt-4k", "alice", "finished", now - 2 * HOUR, now - HOUR,
-             config_json=json.dumps({"lr": 0.0003, "seq_len": 4096}), command="python train.py",
-             exit_code=0, git_commit="0123456789abcdef", mode="daemon"),
-        _run("bbbb2222bbbb", "probe", "bob", "oom", now - 30 * MIN, now - 29 * MIN,
-             error_type="MemoryError", error_message="host out of memory"),
-        _run("cccc3333cccc", "old", "alice", "failed", now - 3 * DAY, now - 3 * DAY + MIN),
-        _run("dddd4444dddd", "live", "bob", "running", now - 5 * MIN),
-        _run("eeee5555eeee", "ddp", "carol", "killed", now - 3 * DAY - HOUR, now - 3 * DAY,
-             signal=int(signal.SIGTERM), job_id="torchrun-x", rank=0, local_rank=0, world_size=2),
-        _run("eeee6666eeee", "ddp", "carol", "killed", now - 3 * DAY - HOUR, now - 3 * DAY,
-             signal=int(signal.SIGTERM), job_id="torchrun-x", rank=1, local_rank=1, world_size=2),
-    ])
+    insert_rows(
+        conn,
+        "runs",
+        [
+            _run(
+                "aaaa1111aaaa",
+                "gpt-4k",
+                "alice",
+                "finished",
+                now - 2 * HOUR,
+                now - HOUR,
+                config_json=json.dumps({"lr": 0.0003, "seq_len": 4096}),
+                command="python train.py",
+                exit_code=0,
+                git_commit="0123456789abcdef",
+                mode="daemon",
+            ),
+            _run(
+                "bbbb2222bbbb",
+                "probe",
+                "bob",
+                "oom",
+                now - 30 * MIN,
+                now - 29 * MIN,
+                error_type="MemoryError",
+                error_message="host out of memory",
+            ),
+            _run("cccc3333cccc", "old", "alice", "failed", now - 3 * DAY, now - 3 * DAY + MIN),
+            _run("dddd4444dddd", "live", "bob", "running", now - 5 * MIN),
+            _run(
+                "eeee5555eeee",
+                "ddp",
+                "carol",
+                "killed",
+                now - 3 * DAY - HOUR,
+                now - 3 * DAY,
+                signal=int(signal.SIGTERM),
+                job_id="torchrun-x",
+                rank=0,
+                local_rank=0,
+                world_size=2,
+            ),
+            _run(
+                "eeee6666eeee",
+                "ddp",
+                "carol",
+                "killed",
+                now - 3 * DAY - HOUR,
+                now - 3 * DAY,
+                signal=int(signal.SIGTERM),
+                job_id="torchrun-x",
+                rank=1,
+                local_rank=1,
+                world_size=2,
+            ),
+        ],
+    )
     # gpt-4k: 1000 tokens per 100 ms step = 10k tokens/s, then 5k at the last step; 2 GiB peak.
-    insert_rows(conn, "steps", [
-        {"run_id": "aaaa1111aaaa", "step": i, "ts_ms": now - 2 * HOUR + i * 1000, "tokens": 1000,
-         "step_time_ms": 100.0 if i < 4 else 200.0, "tokens_per_s": 10_000.0 if i < 4 else 5_000.0,
-         "mem_peak_bytes": i * GiB // 2, "mem_reserved_bytes": 3 * GiB, "rss_bytes": 900 * MiB}
-        for i in range(1, 5)])
-    insert_rows(conn, "steps", [{"run_id": "bbbb2222bbbb", "step": 1, "ts_ms": now - 30 * MIN,
-                                 "rss_bytes": 512 * MiB}])
+    insert_rows(
+        conn,
+        "steps",
+        [
+            {
+                "run_id": "aaaa1111aaaa",
+                "step": i,
+                "ts_ms": now - 2 * HOUR + i * 1000,
+                "tokens": 1000,
+                "step_time_ms": 100.0 if i < 4 else 200.0,
+                "tokens_per_s": 10_000.0 if i < 4 else 5_000.0,
+                "mem_peak_bytes": i * GiB // 2,
+                "mem_reserved_bytes": 3 * GiB,
+                "rss_bytes": 900 * MiB,
+            }
+            for i in range(1, 5)
+        ],
+    )
+    insert_rows(
+        conn,
+        "steps",
+        [{"run_id": "bbbb2222bbbb", "step": 1, "ts_ms": now - 30 * MIN, "rss_bytes": 512 * MiB}],
+    )
     conn.close()
     return str(path)
 
@@ -77,15 +146,41 @@ def test_runs_table_fits_80_columns_newest_first_with_figures(known_db):
     out = cli("runs", "--db", known_db)
     assert out.exit_code == 0, out.output
     lines = out.output.splitlines()
-    assert lines[0].split() == ["ID", "NAME", "USER", "STATUS", "START", "DUR", "TOK/S", "LAST",
-                                "PEAK", "MEM", "OOM"]
+    assert lines[0].split() == [
+        "ID",
+        "NAME",
+        "USER",
+        "STATUS",
+        "START",
+        "DUR",
+        "TOK/S",
+        "LAST",
+        "PEAK",
+        "MEM",
+        "OOM",
+    ]
     assert all(len(line) <= 80 for line in lines)
-    assert [line.split()[0] for line in lines[1:]] == ["dddd4444", "bbbb2222", "aaaa1111",
-                                                       "cccc3333", "eeee5555", "eeee6666"]
+    assert [line.split()[0] for line in lines[1:]] == [
+        "dddd4444",
+        "bbbb2222",
+        "aaaa1111",
+        "cccc3333",
+        "eeee5555",
+        "eeee6666",
+    ]
     rows = table_rows(out.output)
     # 4000 tokens over 0.5 s of steps = 8k/s average; last step 5k/s; peak 2 GiB; 1 h long.
-    assert rows["aaaa1111"].split()[1:] == ["gpt-4k", "alice", "finished", rows["aaaa1111"].split()[4],
-                                            "1h00m", "8k", "5k", "2.0", "GiB"]
+    assert rows["aaaa1111"].split()[1:] == [
+        "gpt-4k",
+        "alice",
+        "finished",
+        rows["aaaa1111"].split()[4],
+        "1h00m",
+        "8k",
+        "5k",
+        "2.0",
+        "GiB",
+    ]
     assert rows["bbbb2222"].endswith("512.0 MiB OOM")
     assert "OOM" not in rows["aaaa1111"]
 
@@ -150,9 +245,22 @@ def test_commands_have_help(command):
 
 def test_fmt_helpers():
     assert [fmt.size(n) for n in (None, 0, 1023, 1536, 3 * GiB, 5 * 2**40)] == [
-        "-", "0 B", "1023 B", "1.5 KiB", "3.0 GiB", "5.0 TiB"]
+        "-",
+        "0 B",
+        "1023 B",
+        "1.5 KiB",
+        "3.0 GiB",
+        "5.0 TiB",
+    ]
     assert [fmt.duration(ms) for ms in (None, 850, 5300, 42_000, 192_000, 7_500_000, 3 * DAY + 4 * HOUR)] == [
-        "-", "850ms", "5.3s", "42s", "3m12s", "2h05m", "3d04h"]
+        "-",
+        "850ms",
+        "5.3s",
+        "42s",
+        "3m12s",
+        "2h05m",
+        "3d04h",
+    ]
     assert [fmt.count(x) for x in (None, 7, 12.5, 12_345, 2.5e9)] == ["-", "7", "12.5", "12.3k", "2.5G"]
     assert fmt.sparkline([1, 2, 3, 4, 5, 6, 7, 8]) == "▁▂▃▄▅▆▇█"
     assert fmt.sparkline([1, None, 3]) == "▁ █"
@@ -167,8 +275,11 @@ GPUWATCH = str(Path(sys.executable).with_name("gpuwatch"))
 def test_runs_as_csv_and_json_give_every_run_with_raw_values(known_db):
     as_json = json.loads(cli("runs", "--db", known_db, "--format", "json").output)
     as_csv = list(csv.DictReader(io.StringIO(cli("runs", "--db", known_db, "--format", "csv").output)))
-    assert [r["run_id"] for r in as_json] == [r["run_id"] for r in as_csv] == [
-        "dddd4444dddd", "bbbb2222bbbb", "aaaa1111aaaa", "cccc3333cccc", "eeee5555eeee", "eeee6666eeee"]
+    assert (
+        [r["run_id"] for r in as_json]
+        == [r["run_id"] for r in as_csv]
+        == ["dddd4444dddd", "bbbb2222bbbb", "aaaa1111aaaa", "cccc3333cccc", "eeee5555eeee", "eeee6666eeee"]
+    )
     gpt = next(r for r in as_json if r["name"] == "gpt-4k")
     assert gpt["tokens_per_s_avg"] == 8000.0 and gpt["peak_mem_bytes"] == 2 * GiB
     assert gpt["status"] == "finished" and gpt["user"] == "alice" and gpt["oom"] is False
@@ -180,15 +291,19 @@ def test_runs_as_csv_and_json_give_every_run_with_raw_values(known_db):
 def _long_named_db(tmp_path) -> str:
     path = tmp_path / "long.db"
     conn = open_rw(path)
-    insert_rows(conn, "runs", [_run("ffff7777ffff", "llama-70b-long-context-sweep-3", "alice",
-                                    "running", now_ms() - MIN)])
+    insert_rows(
+        conn,
+        "runs",
+        [_run("ffff7777ffff", "llama-70b-long-context-sweep-3", "alice", "running", now_ms() - MIN)],
+    )
     conn.close()
     return str(path)
 
 
 def test_runs_piped_to_a_script_cuts_no_name_or_id(tmp_path):
-    out = subprocess.run([GPUWATCH, "runs", "--db", _long_named_db(tmp_path)], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [GPUWATCH, "runs", "--db", _long_named_db(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
     header, row = out.splitlines()
     assert row.split()[:4] == ["ffff7777ffff", "llama-70b-long-context-sweep-3", "alice", "running"]
     assert header.split()[:2] == ["ID", "NAME"] and "…" not in out
@@ -197,8 +312,9 @@ def test_runs_piped_to_a_script_cuts_no_name_or_id(tmp_path):
 def test_runs_on_a_terminal_fits_it(tmp_path):
     """The real command on a pseudo-terminal: names are cut with … so lines fit 80 columns."""
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([GPUWATCH, "runs", "--db", _long_named_db(tmp_path)], stdout=follower,
-                            stderr=follower)
+    proc = subprocess.Popen(
+        [GPUWATCH, "runs", "--db", _long_named_db(tmp_path)], stdout=follower, stderr=follower
+    )
     os.close(follower)
     chunks = []
     while True:

@@ -12,20 +12,21 @@ import time
 
 import pytest
 from click.testing import CliRunner
+from test_profiling import _db_rows, _env, daemon  # noqa: F401 (a fixture)
 
 from gpuwatch.cli import main
 from gpuwatch.store import open_rw
 from gpuwatch.store.events import Peer, apply_events
 from gpuwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
-from test_profiling import _db_rows, _env, daemon  # noqa: F401 (a fixture)
 
 ME = os.getuid()
 
 
 def _run(conn, run_id, uid=ME, **cols):
     row = {"run_id": run_id, "uid": uid, "started_ms": cols.pop("started_ms", 1000), **cols}
-    conn.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                 tuple(row.values()))
+    conn.execute(
+        f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
+    )
 
 
 def _ids(db, *args) -> list[str]:
@@ -38,10 +39,23 @@ def _ids(db, *args) -> list[str]:
 def sweep(tmp_path):
     db = tmp_path / "gw.db"
     conn = open_rw(db)
-    _run(conn, "run-a", name="sweep-a", command="python train.py --lr 3e-4 --seq-len 4096",
-         git_commit="a3f9c2e81b", config_json=json.dumps({"lr": 3e-4, "opt": "adamw"}), started_ms=1)
-    _run(conn, "run-b", name="sweep-b", command="python train.py --lr=1e-3 --seq-len 4096",
-         git_commit="77d0b1aa90", started_ms=2)
+    _run(
+        conn,
+        "run-a",
+        name="sweep-a",
+        command="python train.py --lr 3e-4 --seq-len 4096",
+        git_commit="a3f9c2e81b",
+        config_json=json.dumps({"lr": 3e-4, "opt": "adamw"}),
+        started_ms=1,
+    )
+    _run(
+        conn,
+        "run-b",
+        name="sweep-b",
+        command="python train.py --lr=1e-3 --seq-len 4096",
+        git_commit="77d0b1aa90",
+        started_ms=2,
+    )
     conn.close()
     return db
 
@@ -71,7 +85,9 @@ def test_an_old_database_gets_its_existing_runs_indexed(tmp_path):
     before = MIGRATIONS.index(next(m for m in MIGRATIONS if callable(m) and m.__name__ == "add_search"))
     old = sqlite3.connect(db)
     old.executescript(f"BEGIN; {' '.join(MIGRATIONS[:before])} PRAGMA user_version = {before}; COMMIT;")
-    old.execute("INSERT INTO runs (run_id, uid, started_ms, command) VALUES ('old', 0, 1, 'python old.py --lr 5e-5')")
+    old.execute(
+        "INSERT INTO runs (run_id, uid, started_ms, command) VALUES ('old', 0, 1, 'python old.py --lr 5e-5')"
+    )
     old.commit()
     old.close()
     open_rw(db).close()  # migrates
@@ -121,15 +137,25 @@ else:
 @pytest.mark.skipif(os.geteuid() != 0, reason="switches to other uids")
 def test_notes_on_the_daemons_runs_go_through_the_daemon_as_the_caller(daemon, tmp_path):  # noqa: F811 (the fixture)
     db, sock = daemon
-    env = _env(GPUWATCH_SOCKET=str(sock), TEST_DB_FILE=str(db), HOME="/tmp",
-               GPUWATCH_CONFIG="/nonexistent/gpuwatch.toml", XDG_CONFIG_HOME="/nonexistent")
+    env = _env(
+        GPUWATCH_SOCKET=str(sock),
+        TEST_DB_FILE=str(db),
+        HOME="/tmp",
+        GPUWATCH_CONFIG="/nonexistent/gpuwatch.toml",
+        XDG_CONFIG_HOME="/nonexistent",
+    )
 
     def as_user(uid: int, *args):
-        return subprocess.run([sys.executable, "-c", AS_USER, str(uid), *args], env=env,
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-c", AS_USER, str(uid), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     started = as_user(65534, "start", "nobody-run-1")
-    assert started.returncode == 0 and "\"ack\"" in started.stdout, started
+    assert started.returncode == 0 and '"ack"' in started.stdout, started
     deadline = time.monotonic() + 10
     while not _db_rows(db, "SELECT 1 FROM runs WHERE run_id = 'nobody-run-1'"):
         assert time.monotonic() < deadline
@@ -170,7 +196,9 @@ def test_a_migration_function_may_transform_a_table_and_fails_whole(tmp_path, mo
             assert step is rank_not_null and "NOT NULL" in str(e), e
         with sqlite3.connect(path) as plain:
             assert plain.execute("PRAGMA user_version").fetchone()[0] == expected
-            assert plain.execute("SELECT id, run_id, trigger FROM profiles").fetchall() == [(1, "r1", "on_demand")]
+            assert plain.execute("SELECT id, run_id, trigger FROM profiles").fetchall() == [
+                (1, "r1", "on_demand")
+            ]
             sql = plain.execute("SELECT sql FROM sqlite_master WHERE name = 'profiles'").fetchone()[0]
             assert ("DEFAULT 'scheduled'" in sql) == (step is trigger_default)
             assert plain.execute("SELECT 1 FROM sqlite_master WHERE name = 'profiles_run'").fetchone()
@@ -183,8 +211,9 @@ def test_runs_keep_their_search_entries_through_a_vacuum(tmp_path):
 
     path = tmp_path / "v.db"
     conn = open_rw(path)
-    insert_rows(conn, "runs", [{"run_id": f"r{i}", "name": f"name{i}", "uid": 0, "started_ms": i}
-                               for i in range(50)])
+    insert_rows(
+        conn, "runs", [{"run_id": f"r{i}", "name": f"name{i}", "uid": 0, "started_ms": i} for i in range(50)]
+    )
     conn.execute("DELETE FROM runs WHERE run_id IN ('r0', 'r1', 'r2', 'r3')")
     conn.execute("VACUUM")
     query = match_expression("name42")

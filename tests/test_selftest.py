@@ -28,10 +28,16 @@ def _static(i: int, uuid: str, mig_mode=None) -> GpuStatic:
 
 def _sample(i: int, row: dict, **changes) -> GpuSample:
     """What NVML would have said a moment after nvidia-smi's row."""
-    fields = dict(gpu_index=i, ts_ms=0, gpu_util_pct=int(row["utilization.gpu"]),
-                  mem_used_bytes=int(row["memory.used"] * MiB), temp_c=int(row["temperature.gpu"]),
-                  power_mw=int(row["power.draw"] * 1000), sm_clock_mhz=int(row["clocks.sm"]),
-                  mem_clock_mhz=int(row["clocks.mem"]))
+    fields = dict(
+        gpu_index=i,
+        ts_ms=0,
+        gpu_util_pct=int(row["utilization.gpu"]),
+        mem_used_bytes=int(row["memory.used"] * MiB),
+        temp_c=int(row["temperature.gpu"]),
+        power_mw=int(row["power.draw"] * 1000),
+        sm_clock_mhz=int(row["clocks.sm"]),
+        mem_clock_mhz=int(row["clocks.mem"]),
+    )
     fields.update(changes)
     return GpuSample(**fields)
 
@@ -48,8 +54,16 @@ def test_recorded_nvidia_smi_csv_parses_into_numbers_flags_and_none():
 def test_eight_h100s_agreeing_within_tolerance_are_all_ok():
     statics = [_static(i, r["uuid"]) for i, r in enumerate(H100_ROWS)]
     # Figures a moment later: a little more memory, a point of utilisation, a degree, some watts.
-    samples = [_sample(i, r, mem_used_bytes=int((r["memory.used"] + 100) * MiB), temp_c=int(r["temperature.gpu"]) + 1,
-                       power_mw=int(r["power.draw"] * 1000) + 8000) for i, r in enumerate(H100_ROWS)]
+    samples = [
+        _sample(
+            i,
+            r,
+            mem_used_bytes=int((r["memory.used"] + 100) * MiB),
+            temp_c=int(r["temperature.gpu"]) + 1,
+            power_mw=int(r["power.draw"] * 1000) + 8000,
+        )
+        for i, r in enumerate(H100_ROWS)
+    ]
     results = smi.compare(samples, statics, {i: 1 for i in range(8)}, H100_ROWS)
     assert len(results) == 8 * len(smi.FIELDS)
     assert {r.status for r in results} == {OK}, [r for r in results if r.status != OK]
@@ -62,7 +76,9 @@ def test_a_wrong_field_fails_naming_the_gpu_field_and_both_figures():
     samples = [_sample(i, r) for i, r in enumerate(H100_ROWS)]
     samples[3] = _sample(3, H100_ROWS[3], mem_used_bytes=20_000 * MiB)  # half of what nvidia-smi says
     samples[5] = _sample(5, H100_ROWS[5], power_mw=None)  # gpuwatch lost a field nvidia-smi has
-    failed = [r for r in smi.compare(samples, statics, {i: 1 for i in range(8)}, H100_ROWS) if r.status == FAIL]
+    failed = [
+        r for r in smi.compare(samples, statics, {i: 1 for i in range(8)}, H100_ROWS) if r.status == FAIL
+    ]
     assert [r.check for r in failed] == ["GPU 3 memory.used", "GPU 5 power.draw"]
     assert "gpuwatch 20000 MiB vs 40960" in failed[0].detail or "gpuwatch 2e+04" not in failed[0].detail
     assert "one side has no value" in failed[1].detail
@@ -78,16 +94,28 @@ def test_the_collector_on_the_fake_nvml_agrees_with_a_listing_made_from_it():
     fake = fake_pynvml.FakeNvml(gpus=2, clock=lambda: 1_000_000.0)
     collector = NvmlCollector(fake)
     samples, _ = collector.sample(0)
-    rows = [{"uuid": g.uuid, "memory.total": g.mem_total_bytes / MiB, "memory.used": s.mem_used_bytes / MiB,
-             "utilization.gpu": s.gpu_util_pct, "temperature.gpu": s.temp_c, "power.draw": s.power_mw / 1000,
-             "clocks.sm": s.sm_clock_mhz, "clocks.mem": s.mem_clock_mhz, "persistence_mode": 1,
-             "mig.mode.current": g.mig_mode} for g, s in zip(collector.static, samples)]
+    rows = [
+        {
+            "uuid": g.uuid,
+            "memory.total": g.mem_total_bytes / MiB,
+            "memory.used": s.mem_used_bytes / MiB,
+            "utilization.gpu": s.gpu_util_pct,
+            "temperature.gpu": s.temp_c,
+            "power.draw": s.power_mw / 1000,
+            "clocks.sm": s.sm_clock_mhz,
+            "clocks.mem": s.mem_clock_mhz,
+            "persistence_mode": 1,
+            "mig.mode.current": g.mig_mode,
+        }
+        for g, s in zip(collector.static, samples)
+    ]
     persistence = {g.gpu_index: collector.persistence_mode(g.gpu_index) for g in collector.static}
     assert persistence == {0: 1, 1: 1}
     assert {r.status for r in smi.compare(samples, collector.static, persistence, rows)} == {OK}
     rows[1]["temperature.gpu"] += 10
-    assert [r.check for r in smi.compare(samples, collector.static, persistence, rows)
-            if r.status == FAIL] == ["GPU 1 temperature.gpu"]
+    assert [
+        r.check for r in smi.compare(samples, collector.static, persistence, rows) if r.status == FAIL
+    ] == ["GPU 1 temperature.gpu"]
 
 
 def test_slow_pcie_reads_move_to_their_own_slower_cadence(monkeypatch):
@@ -133,17 +161,29 @@ def test_oom_arithmetic_postmortem_and_advice():
     length = cuda.oom_length(free, batch=2, heads=4)
     assert cuda.scores_bytes(2, 4, length) > 1.49 * free and cuda.scores_bytes(2, 4, length - 2) < 1.51 * free
     expected = cuda.scores_bytes(2, 4, length)
-    pm = {"requested_bytes": expected, "total_bytes": total, "free_bytes": free - 2**30,
-          "reserved_bytes": 2**30, "phase": "forward"}
+    pm = {
+        "requested_bytes": expected,
+        "total_bytes": total,
+        "free_bytes": free - 2**30,
+        "reserved_bytes": 2**30,
+        "phase": "forward",
+    }
     at_oom = {"free_bytes": free - 2**30 + 3 * MiB, "reserved_bytes": 2**30}  # torch's own, read just after
     assert {r.status for r in cuda.oom_verdict(pm, expected, total, at_oom)} == {OK}
     wrong = dict(pm, requested_bytes=expected // 2, phase="backward", free_bytes=free)
     assert [r.status for r in cuda.oom_verdict(wrong, expected, total, at_oom)] == [FAIL, OK, FAIL, OK, FAIL]
     # A workload that printed no figures: the free/reserved comparisons fail, saying which side is missing.
     missing = cuda.oom_verdict(pm, expected, total, {})
-    assert [r.status for r in missing] == [OK, OK, FAIL, FAIL, OK] and "one side has no value" in missing[2].detail
-    advice = [{"title": "Naive attention", "detail": "naive attention needs 140.0 GiB for the B·H·L² score "
-               "tensor at L=123456 …; or L ≤ 101234 fits the 70.0 GiB that was free"}]
+    assert [r.status for r in missing] == [OK, OK, FAIL, FAIL, OK] and "one side has no value" in missing[
+        2
+    ].detail
+    advice = [
+        {
+            "title": "Naive attention",
+            "detail": "naive attention needs 140.0 GiB for the B·H·L² score "
+            "tensor at L=123456 …; or L ≤ 101234 fits the 70.0 GiB that was free",
+        }
+    ]
     assert cuda.fits_length(advice) == 101234 and cuda.fits_length([{"detail": "use bf16"}]) is None
 
 
@@ -156,8 +196,17 @@ def test_allocator_keys_profiler_process_and_mig_comparisons():
 
     from collectors.nvml import GpuProcessSample
 
-    ours = [GpuProcessSample(gpu_index=2, pid=4242, ts_ms=0, kind="compute", used_mem_bytes=530 * MiB,
-                             sm_util_pct=None, mem_util_pct=None)]
+    ours = [
+        GpuProcessSample(
+            gpu_index=2,
+            pid=4242,
+            ts_ms=0,
+            kind="compute",
+            used_mem_bytes=530 * MiB,
+            sm_util_pct=None,
+            mem_util_pct=None,
+        )
+    ]
     rows = [{"pid": 4242.0, "used_memory": 532.0}, {"pid": 99.0, "used_memory": 1000.0}]
     assert {r.status for r in cuda.process_verdict(4242, "alice", ours, rows, True)} == {OK}
     assert cuda.process_verdict(4243, "alice", ours, rows, True)[0].status == FAIL
@@ -170,13 +219,18 @@ def test_allocator_keys_profiler_process_and_mig_comparisons():
 
 
 def test_selftest_here_runs_the_host_checks_and_skips_the_gpu_ones_with_why():
-    done = subprocess.run([GPUWATCH, "selftest", "--quick", "--json"], capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [GPUWATCH, "selftest", "--quick", "--json"], capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     results = {r["check"]: r for r in json.loads(done.stdout)}
     for check in ("host memory total", "database round trip", "daemon socket round trip"):
         assert results[check]["status"] == OK, results[check]
     assert results["py-spy stack dump"]["status"] in (OK, SKIPPED)  # skipped only without ptrace rights
-    assert results["NVML vs nvidia-smi"]["status"] == SKIPPED and "driver" in results["NVML vs nvidia-smi"]["detail"]
+    assert (
+        results["NVML vs nvidia-smi"]["status"] == SKIPPED
+        and "driver" in results["NVML vs nvidia-smi"]["detail"]
+    )
     assert results["step timing"]["status"] == SKIPPED and results["step timing"]["detail"]
     gpm = results["GPM SM activity under a known load"]
     assert gpm["status"] == SKIPPED and "NVML unavailable" in gpm["detail"]
@@ -196,8 +250,9 @@ def test_gpm_verdict_against_a_known_load():
     from gpuwatch.selftest import gpm
 
     idle = GpuProfSample(0, 0, sm_active_pct=2.0, tensor_active_pct=0.0)
-    busy = GpuProfSample(0, 1, sm_active_pct=97.0, sm_occupancy_pct=30.0, tensor_active_pct=55.0,
-                         dram_active_pct=20.0)
+    busy = GpuProfSample(
+        0, 1, sm_active_pct=97.0, sm_occupancy_pct=30.0, tensor_active_pct=55.0, dram_active_pct=20.0
+    )
     assert [r.status for r in gpm.gpm_verdict("GPU 0 H100", idle, busy)] == [OK, OK]
     lazy = GpuProfSample(0, 1, sm_active_pct=35.0, tensor_active_pct=0.0)
     failed = [r for r in gpm.gpm_verdict("GPU 0 H100", idle, lazy) if r.status == FAIL]

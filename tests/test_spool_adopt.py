@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
+from systools import wait_for
 
 from gpuwatch.config import Config
 from gpuwatch.daemon.spool import SpoolAdopter
 from gpuwatch.store import Writer
-from systools import wait_for
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -80,9 +80,20 @@ def rows(db, sql, *args):
 
 
 def start_daemon(where: Path, mode: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", DAEMON, str(where / "gw.db"), str(where / "gw.sock"),
-                             str(where / "spool"), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            DAEMON,
+            str(where / "gw.db"),
+            str(where / "gw.sock"),
+            str(where / "spool"),
+            mode,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for(lambda: (where / "gw.sock").exists())
     return proc
 
@@ -94,19 +105,34 @@ def stop(proc: subprocess.Popen) -> str:
     return stderr
 
 
-def run_that_ends_while_the_daemon_is_away(where: Path, mode: str, uid: int,
-                                           while_away=lambda env: None) -> tuple[str, str]:
+def run_that_ends_while_the_daemon_is_away(
+    where: Path, mode: str, uid: int, while_away=lambda env: None
+) -> tuple[str, str]:
     """The daemon's log after its return, and the run's id; `while_away(env)` runs once the
     run has ended and before the daemon is back."""
     home = where / "home"
     home.mkdir(exist_ok=True)
     os.chown(home, uid, -1)
-    env = dict(os.environ, PYTHONPATH=str(REPO), GPUWATCH_SOCKET=str(where / "gw.sock"),
-               GPUWATCH_SPOOL_DIR=str(where / "spool"), HOME=str(home), XDG_DATA_HOME=str(home / "data"),
-               XDG_RUNTIME_DIR=str(home / "run"), GPUWATCH_CONFIG=str(home / "none.toml"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        GPUWATCH_SOCKET=str(where / "gw.sock"),
+        GPUWATCH_SPOOL_DIR=str(where / "spool"),
+        HOME=str(home),
+        XDG_DATA_HOME=str(home / "data"),
+        XDG_RUNTIME_DIR=str(home / "run"),
+        GPUWATCH_CONFIG=str(home / "none.toml"),
+    )
     daemon = start_daemon(where, mode)
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(uid)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=home)
+    client = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, str(uid)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=home,
+    )
     try:
         run_id = client.stdout.readline().strip()
         assert run_id, client.stderr.read()
@@ -118,8 +144,11 @@ def run_that_ends_while_the_daemon_is_away(where: Path, mode: str, uid: int,
         assert rows(where / "gw.db", "SELECT count(*) FROM steps")[0][0] == HALF + 1
         while_away(env)
         daemon = start_daemon(where, mode)  # back, after the run's process is gone
-        wait_for(lambda: rows(where / "gw.db", "SELECT status FROM runs WHERE run_id = ?", run_id)
-                 == [("finished",)])
+        wait_for(
+            lambda: (
+                rows(where / "gw.db", "SELECT status FROM runs WHERE run_id = ?", run_id) == [("finished",)]
+            )
+        )
         wait_for(lambda: not list((where / "spool").glob("*.jsonl")))
         return stop(daemon), run_id
     finally:
@@ -128,20 +157,32 @@ def run_that_ends_while_the_daemon_is_away(where: Path, mode: str, uid: int,
 
 
 def readers_say_events_wait(env: dict) -> None:
-    from gpuwatch.doctor import Env, check_daemon, _Facts
+    from gpuwatch.doctor import Env, _Facts, check_daemon
     from gpuwatch.tui import panels
     from gpuwatch.tui.snapshot import View
     from gpuwatch.tui.source import StoreSource
 
     spool = Path(env["GPUWATCH_SPOOL_DIR"])
-    status = subprocess.run([str(REPO / ".venv" / "bin" / "gpuwatch"), "status", "--db", str(spool.parent / "gw.db")],
-                            capture_output=True, text=True, env=dict(env, COLUMNS="200"), timeout=60)
+    status = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "gpuwatch"), "status", "--db", str(spool.parent / "gw.db")],
+        capture_output=True,
+        text=True,
+        env=dict(env, COLUMNS="200"),
+        timeout=60,
+    )
     expected = f"{STEPS - HALF} events in 1 spool file ({spool}) wait"  # the steps left and the run's end
     assert expected in status.stdout, status.stdout + status.stderr
     snap = StoreSource(str(spool.parent / "gw.db"), spool_dirs=[spool]).fetch(View("overview"))
     assert expected in panels.status_line(snap)[0].plain
-    checks = check_daemon(Env(socket_path=spool.parent / "gw.sock", db_path=spool.parent / "gw.db",
-                              spool_dir=spool, connect=lambda path: None), _Facts())
+    checks = check_daemon(
+        Env(
+            socket_path=spool.parent / "gw.sock",
+            db_path=spool.parent / "gw.db",
+            spool_dir=spool,
+            connect=lambda path: None,
+        ),
+        _Facts(),
+    )
     assert [c.detail for c in checks if c.name == "spooled events"][0].startswith(expected)
 
 
@@ -149,7 +190,8 @@ def test_user_mode_run_ending_while_the_daemon_is_stopped_is_stored_complete_aft
     log, run_id = run_that_ends_while_the_daemon_is_away(shared, "user", os.getuid(), readers_say_events_wait)
     db = shared / "gw.db"
     assert rows(db, "SELECT count(*), min(step), max(step) FROM steps WHERE run_id = ?", run_id) == [
-        (STEPS, 1, STEPS)]
+        (STEPS, 1, STEPS)
+    ]
     assert rows(db, "SELECT uid, status, ended_ms IS NOT NULL FROM runs") == [(os.getuid(), "finished", 1)]
     adopted = [line for line in log.splitlines() if "spool file" in line]
     assert len(adopted) == 1 and f"{STEPS - HALF}" in adopted[0] and "exited" in adopted[0], log

@@ -120,8 +120,13 @@ def test_ptrace_scope_3_is_explained(tmp_path):
 def test_stacks_of_a_finished_run_point_at_the_stored_ones(tmp_path):
     db = tmp_path / "gw.db"
     env = dict(os.environ, GPUWATCH_DB=str(db))
-    out = subprocess.run([sys.executable, "-c", "import gpuwatch\nwith gpuwatch.track() as r: print(r.run_id)"],
-                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", "import gpuwatch\nwith gpuwatch.track() as r: print(r.run_id)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     result = CliRunner().invoke(main, ["stacks", out, "--db", str(db)])
     assert result.exit_code == 1
     assert f"run {out} is finished: no process to dump" in result.output
@@ -143,8 +148,12 @@ def test_the_daemon_dumps_a_stalled_run_by_itself_and_on_demand(monkeypatch):
     base = Path(tempfile.mkdtemp(prefix="gws-", dir="/tmp"))  # short: socket paths are capped
     db, sock = base / "gw.db", base / "gw.sock"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
-    daemon = subprocess.Popen([sys.executable, "-c", DAEMON, str(db), str(sock)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", DAEMON, str(db), str(sock)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     child = None
     try:
         deadline = time.monotonic() + 30
@@ -152,8 +161,12 @@ def test_the_daemon_dumps_a_stalled_run_by_itself_and_on_demand(monkeypatch):
             assert daemon.poll() is None, daemon.stderr.read().decode()
             assert time.monotonic() < deadline, "the daemon did not listen in time"
             time.sleep(0.05)
-        child = subprocess.Popen([sys.executable, "-c", STALLER], env=dict(env, GPUWATCH_SOCKET=str(sock)),
-                                 stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", STALLER],
+            env=dict(env, GPUWATCH_SOCKET=str(sock)),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         run_id = child.stdout.readline().strip()
         deadline = time.monotonic() + 30
         while not _stored_dumps(db, run_id):  # the stall watcher's, after ~1 s of silence

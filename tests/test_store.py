@@ -45,13 +45,15 @@ def run_as_nobody(code: str) -> subprocess.CompletedProcess:
     (The interpreter lives under /root, which nobody cannot enter, so the drop happens after
     the imports instead of in preexec_fn.)
     """
-    prelude = ("import os, sqlite3, sys\nfrom gpuwatch.store import open_ro, StoreError\n"
-               f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n")
-    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True,
-                          timeout=60)
+    prelude = (
+        "import os, sqlite3, sys\nfrom gpuwatch.store import open_ro, StoreError\n"
+        f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n"
+    )
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=60)
 
 
 # --- opening and migrations ------------------------------------------------------------------
+
 
 def test_new_database_is_migrated_with_incremental_auto_vacuum(db):
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
@@ -74,18 +76,29 @@ def test_processes_creating_one_database_at_once_all_open_it(tmp_path):
     """The ranks of a torchrun job with no daemon open the same new embedded database at the
     same moment: each must find it created once, not fail on a table another one just made."""
     path = tmp_path / "gw.db"
-    code = ("import sys, time\nfrom gpuwatch.store import open_rw\n"
-            "while time.time() < float(sys.argv[2]): pass\n"  # start together
-            "conn = open_rw(sys.argv[1])\n"
-            "print(conn.execute('PRAGMA user_version').fetchone()[0])")
+    code = (
+        "import sys, time\nfrom gpuwatch.store import open_rw\n"
+        "while time.time() < float(sys.argv[2]): pass\n"  # start together
+        "conn = open_rw(sys.argv[1])\n"
+        "print(conn.execute('PRAGMA user_version').fetchone()[0])"
+    )
     for attempt in range(5):
         path.unlink(missing_ok=True)
         start = time.time() + 1.5  # past every child's imports
-        children = [subprocess.Popen([sys.executable, "-c", code, str(path), str(start)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                    for _ in range(4)]
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(path), str(start)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
         results = [(child.wait(timeout=60), *child.communicate()) for child in children]
-        assert all(rc == 0 and out.strip() == str(SCHEMA_VERSION) for rc, out, _ in results), (attempt, results)
+        assert all(rc == 0 and out.strip() == str(SCHEMA_VERSION) for rc, out, _ in results), (
+            attempt,
+            results,
+        )
     conn = open_rw(path)
     assert conn.execute("SELECT count(*) FROM migrations").fetchone()[0] == SCHEMA_VERSION
     conn.close()
@@ -119,6 +132,7 @@ def test_open_ro_refuses_writes(db, tmp_path):
 
 # --- sharing with users who cannot write -------------------------------------------------------
 
+
 def test_files_and_directory_are_world_readable_despite_umask(shared_dir):
     path = shared_dir / "state" / "gw.db"
     old = os.umask(0o077)
@@ -139,13 +153,15 @@ def test_other_user_reads_live_database_and_snapshot_after_writer_exits(shared_d
     writer = Writer(path)
     writer.insert("host_samples", [{"ts_ms": t, "cpu_pct": 1.0} for t in range(5)])
     assert writer.flush(10)
-    read = (f"assert not os.access({str(path)!r}, os.W_OK)\n"
-            f"assert not os.access({str(shared_dir)!r}, os.W_OK)\n"
-            f"conn = open_ro({str(path)!r})\n"
-            "n = conn.execute('SELECT count(*) FROM host_samples').fetchone()[0]\n"
-            "try:\n    conn.execute('INSERT INTO host_samples (ts_ms) VALUES (99)'); wrote = 1\n"
-            "except sqlite3.DatabaseError:\n    wrote = 0\n"
-            "print(n, conn.frozen, wrote)\n")
+    read = (
+        f"assert not os.access({str(path)!r}, os.W_OK)\n"
+        f"assert not os.access({str(shared_dir)!r}, os.W_OK)\n"
+        f"conn = open_ro({str(path)!r})\n"
+        "n = conn.execute('SELECT count(*) FROM host_samples').fetchone()[0]\n"
+        "try:\n    conn.execute('INSERT INTO host_samples (ts_ms) VALUES (99)'); wrote = 1\n"
+        "except sqlite3.DatabaseError:\n    wrote = 0\n"
+        "print(n, conn.frozen, wrote)\n"
+    )
 
     live = run_as_nobody(read)  # the writer is open: -wal and -shm exist, read them read-only
     assert live.returncode == 0, live.stderr
@@ -160,6 +176,7 @@ def test_other_user_reads_live_database_and_snapshot_after_writer_exits(shared_d
 
 
 # --- the writer -------------------------------------------------------------------------------
+
 
 def test_writer_batches_jobs_and_rolls_back_only_a_failing_one(tmp_path):
     writer = Writer(tmp_path / "gw.db")
@@ -215,8 +232,9 @@ while True:
 
 def test_sigkill_mid_write_loses_nothing_acknowledged(tmp_path):
     path = tmp_path / "gw.db"
-    child = subprocess.Popen([sys.executable, "-c", CHILD_WRITER, str(path)],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD_WRITER, str(path)], stdout=subprocess.PIPE, text=True
+    )
     acknowledged = []
     try:
         for line in child.stdout:
@@ -233,51 +251,106 @@ def test_sigkill_mid_write_loses_nothing_acknowledged(tmp_path):
     stored = {r[0] for r in conn.execute("SELECT ts_ms FROM host_samples")}
     assert set(acknowledged) <= stored
     # each host sample's batch also held its tick's process samples, all or nothing
-    full = conn.execute("SELECT count(*) FROM (SELECT ts_ms FROM gpu_process_samples "
-                        "GROUP BY ts_ms HAVING count(*) = 200)").fetchone()[0]
+    full = conn.execute(
+        "SELECT count(*) FROM (SELECT ts_ms FROM gpu_process_samples GROUP BY ts_ms HAVING count(*) = 200)"
+    ).fetchone()[0]
     assert full >= len(acknowledged)
     conn.close()
 
 
 # --- read queries -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cls,table", [
-    (queries.GpuInfo, "gpus"), (queries.GpuSample, "gpu_samples"),
-    (queries.HostSample, "host_samples"), (queries.StepRow, "steps"), (queries.Run, "runs"),
-])
+
+@pytest.mark.parametrize(
+    "cls,table",
+    [
+        (queries.GpuInfo, "gpus"),
+        (queries.GpuSample, "gpu_samples"),
+        (queries.HostSample, "host_samples"),
+        (queries.StepRow, "steps"),
+        (queries.Run, "runs"),
+    ],
+)
 def test_dataclasses_carry_every_column(db, cls, table):
     columns = [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
     names = [f.name for f in dataclasses.fields(cls)]
-    assert names[:len(columns)] == columns
+    assert names[: len(columns)] == columns
 
 
 def test_latest_samples_and_processes_with_user_and_run(db):
-    insert_rows(db, "gpus", [{"gpu_index": g, "uuid": f"GPU-{g}", "name": "H100", "first_seen_ms": 0,
-                              "last_seen_ms": 100_000} for g in range(2)])
-    insert_rows(db, "gpu_samples", [{"gpu_index": g, "ts_ms": t, "gpu_util_pct": t // 1000 + g}
-                                    for g in range(2) for t in (90_000, 100_000)])
-    insert_rows(db, "gpu_process_samples", [
-        {"gpu_index": 0, "pid": 12, "ts_ms": 90_000, "used_mem_bytes": 5},   # gone by the newest tick
-        {"gpu_index": 0, "pid": 10, "ts_ms": 100_000, "used_mem_bytes": 2**30},
-        {"gpu_index": 0, "pid": 11, "ts_ms": 100_000, "used_mem_bytes": 2**31},
-        {"gpu_index": 1, "pid": 13, "ts_ms": 30_000, "used_mem_bytes": 7},   # GPU 1 idle since
-    ])
-    insert_rows(db, "processes", [
-        {"pid": 10, "start_ms": 1, "uid": 1000, "user": "old", "cmdline": "reused pid",
-         "first_seen_ms": 1, "last_seen_ms": 2},
-        {"pid": 10, "start_ms": 50_000, "uid": 1001, "user": "alice", "cmdline": "python train.py",
-         "run_id": "r-alice", "first_seen_ms": 50_000, "last_seen_ms": 100_000},
-    ])
-    insert_rows(db, "runs", [
-        {"run_id": "r-alice", "name": "llama", "uid": 1001, "started_ms": 50_000, "status": "running"},
-        {"run_id": "r-bob-old", "name": "x", "uid": 1002, "pid": 11, "started_ms": 1, "status": "finished"},
-        {"run_id": "r-bob", "name": "mistral", "uid": 1002, "pid": 11, "started_ms": 60_000},
-    ])
+    insert_rows(
+        db,
+        "gpus",
+        [
+            {"gpu_index": g, "uuid": f"GPU-{g}", "name": "H100", "first_seen_ms": 0, "last_seen_ms": 100_000}
+            for g in range(2)
+        ],
+    )
+    insert_rows(
+        db,
+        "gpu_samples",
+        [
+            {"gpu_index": g, "ts_ms": t, "gpu_util_pct": t // 1000 + g}
+            for g in range(2)
+            for t in (90_000, 100_000)
+        ],
+    )
+    insert_rows(
+        db,
+        "gpu_process_samples",
+        [
+            {"gpu_index": 0, "pid": 12, "ts_ms": 90_000, "used_mem_bytes": 5},  # gone by the newest tick
+            {"gpu_index": 0, "pid": 10, "ts_ms": 100_000, "used_mem_bytes": 2**30},
+            {"gpu_index": 0, "pid": 11, "ts_ms": 100_000, "used_mem_bytes": 2**31},
+            {"gpu_index": 1, "pid": 13, "ts_ms": 30_000, "used_mem_bytes": 7},  # GPU 1 idle since
+        ],
+    )
+    insert_rows(
+        db,
+        "processes",
+        [
+            {
+                "pid": 10,
+                "start_ms": 1,
+                "uid": 1000,
+                "user": "old",
+                "cmdline": "reused pid",
+                "first_seen_ms": 1,
+                "last_seen_ms": 2,
+            },
+            {
+                "pid": 10,
+                "start_ms": 50_000,
+                "uid": 1001,
+                "user": "alice",
+                "cmdline": "python train.py",
+                "run_id": "r-alice",
+                "first_seen_ms": 50_000,
+                "last_seen_ms": 100_000,
+            },
+        ],
+    )
+    insert_rows(
+        db,
+        "runs",
+        [
+            {"run_id": "r-alice", "name": "llama", "uid": 1001, "started_ms": 50_000, "status": "running"},
+            {
+                "run_id": "r-bob-old",
+                "name": "x",
+                "uid": 1002,
+                "pid": 11,
+                "started_ms": 1,
+                "status": "finished",
+            },
+            {"run_id": "r-bob", "name": "mistral", "uid": 1002, "pid": 11, "started_ms": 60_000},
+        ],
+    )
     latest = queries.latest_gpu_samples(db)
     assert {g: (s.ts_ms, s.gpu_util_pct) for g, s in latest.items()} == {0: (100_000, 100), 1: (100_000, 101)}
     procs = queries.gpu_processes(db)
     assert [(p.gpu_index, p.pid, p.user, p.cmdline, p.run_id, p.run_name) for p in procs] == [
-        (0, 11, None, None, "r-bob", "mistral"),     # biggest first; run found by pid
+        (0, 11, None, None, "r-bob", "mistral"),  # biggest first; run found by pid
         (0, 10, "alice", "python train.py", "r-alice", "llama"),
     ]
     assert [g.uuid for g in queries.gpus(db)] == ["GPU-0", "GPU-1"]
@@ -305,23 +378,69 @@ def test_raw_series_is_downsampled_to_max_points(db):
 
 
 def _add_runs(db):
-    insert_rows(db, "runs", [
-        {"run_id": "run-a1", "name": "alpha", "uid": 1, "user": "ann", "started_ms": 1_000,
-         "status": "finished", "ended_ms": 20_000, "config_json": json.dumps({"lr": 0.1})},
-        {"run_id": "run-b2", "name": "beta", "uid": 2, "user": "bob", "started_ms": 2_000,
-         "status": "failed", "ended_ms": 5_000, "config_json": "{not json"},
-        {"run_id": "run-c3", "name": "alpha", "uid": 1, "user": "ann", "started_ms": 3_000},
-        {"run_id": "zzz", "name": "run-a", "uid": 1, "user": "ann", "started_ms": 500,
-         "status": "oom", "ended_ms": 900},
-    ])
+    insert_rows(
+        db,
+        "runs",
+        [
+            {
+                "run_id": "run-a1",
+                "name": "alpha",
+                "uid": 1,
+                "user": "ann",
+                "started_ms": 1_000,
+                "status": "finished",
+                "ended_ms": 20_000,
+                "config_json": json.dumps({"lr": 0.1}),
+            },
+            {
+                "run_id": "run-b2",
+                "name": "beta",
+                "uid": 2,
+                "user": "bob",
+                "started_ms": 2_000,
+                "status": "failed",
+                "ended_ms": 5_000,
+                "config_json": "{not json",
+            },
+            {"run_id": "run-c3", "name": "alpha", "uid": 1, "user": "ann", "started_ms": 3_000},
+            {
+                "run_id": "zzz",
+                "name": "run-a",
+                "uid": 1,
+                "user": "ann",
+                "started_ms": 500,
+                "status": "oom",
+                "ended_ms": 900,
+            },
+        ],
+    )
     # run-a1: 1000 tokens per 500 ms step -> 2000 tokens/s; the newest step says 2100
-    insert_rows(db, "steps", [
-        {"run_id": "run-a1", "step": s, "ts_ms": 1_000 + 500 * s, "tokens": 1000, "step_time_ms": 500.0,
-         "tokens_per_s": 2100.0 if s == 3 else 1900.0, "mem_peak_bytes": [1, 3, 2][s - 1] * 2**30,
-         "rss_bytes": 2 * 2**30} for s in (1, 2, 3)])
+    insert_rows(
+        db,
+        "steps",
+        [
+            {
+                "run_id": "run-a1",
+                "step": s,
+                "ts_ms": 1_000 + 500 * s,
+                "tokens": 1000,
+                "step_time_ms": 500.0,
+                "tokens_per_s": 2100.0 if s == 3 else 1900.0,
+                "mem_peak_bytes": [1, 3, 2][s - 1] * 2**30,
+                "rss_bytes": 2 * 2**30,
+            }
+            for s in (1, 2, 3)
+        ],
+    )
     # run-b2: no step times -> 600 tokens over 3 s of wall time since start = 200 tokens/s
-    insert_rows(db, "steps", [{"run_id": "run-b2", "step": s, "ts_ms": 2_000 + 1000 * s,
-                               "tokens": 200, "rss_bytes": 5 * 2**30} for s in (1, 2, 3)])
+    insert_rows(
+        db,
+        "steps",
+        [
+            {"run_id": "run-b2", "step": s, "ts_ms": 2_000 + 1000 * s, "tokens": 200, "rss_bytes": 5 * 2**30}
+            for s in (1, 2, 3)
+        ],
+    )
     insert_rows(db, "oom_postmortems", [{"run_id": "run-b2", "ts_ms": 5_000, "kind": "gpu"}])
 
 
@@ -331,19 +450,40 @@ def test_runs_aggregate_steps(db):
     assert [r.run_id for r in queries.runs(db)] == ["run-c3", "run-b2", "run-a1", "zzz"]
     a, b, c = by_id["run-a1"], by_id["run-b2"], by_id["run-c3"]
     assert (a.steps, a.tokens_per_s_avg, a.tokens_per_s_last, a.peak_mem_bytes, a.oom) == (
-        3, pytest.approx(2000.0), 2100.0, 3 * 2**30, False)
+        3,
+        pytest.approx(2000.0),
+        2100.0,
+        3 * 2**30,
+        False,
+    )
     assert (b.steps, b.tokens_per_s_avg, b.tokens_per_s_last, b.peak_mem_bytes, b.oom) == (
-        3, pytest.approx(200.0), None, 5 * 2**30, True)   # oom from its postmortem
-    assert (c.steps, c.tokens_per_s_avg, c.peak_mem_bytes, c.oom, c.status) == (0, None, None, False, "running")
-    assert by_id["zzz"].oom is True                     # oom from its status
+        3,
+        pytest.approx(200.0),
+        None,
+        5 * 2**30,
+        True,
+    )  # oom from its postmortem
+    assert (c.steps, c.tokens_per_s_avg, c.peak_mem_bytes, c.oom, c.status) == (
+        0,
+        None,
+        None,
+        False,
+        "running",
+    )
+    assert by_id["zzz"].oom is True  # oom from its status
 
 
 def test_runs_of_generation_only_report_decode_tokens_per_second(db):
     insert_rows(db, "runs", [{"run_id": "gen-1", "name": "decode", "uid": 1, "started_ms": 1_000}])
     # 100 tokens at 1000/s (0.1 s) and 300 tokens at 100/s (3 s): 400 tokens in 3.1 s
-    insert_rows(db, "generations", [
-        {"run_id": "gen-1", "gen_id": 1, "ts_ms": 2_000, "new_tokens": 100, "tokens_per_s": 1000.0},
-        {"run_id": "gen-1", "gen_id": 2, "ts_ms": 3_000, "new_tokens": 300, "tokens_per_s": 100.0}])
+    insert_rows(
+        db,
+        "generations",
+        [
+            {"run_id": "gen-1", "gen_id": 1, "ts_ms": 2_000, "new_tokens": 100, "tokens_per_s": 1000.0},
+            {"run_id": "gen-1", "gen_id": 2, "ts_ms": 3_000, "new_tokens": 300, "tokens_per_s": 100.0},
+        ],
+    )
     (summary,) = queries.runs(db)
     assert summary.steps == 0
     assert summary.tokens_per_s_avg == pytest.approx(400 / 3.1)
@@ -361,10 +501,10 @@ def test_runs_filters(db):
 def test_run_by_id_name_and_prefix(db):
     _add_runs(db)
     assert queries.run(db, "run-a1").config == {"lr": 0.1}
-    assert queries.run(db, "run-b2").config == {}           # config_json that is not JSON
-    assert queries.run(db, "alpha").run_id == "run-c3"       # newest run with that name
-    assert queries.run(db, "run-a").run_id == "zzz"          # an exact name beats an id prefix
-    assert queries.run(db, "run-b").run_id == "run-b2"       # unique prefix
+    assert queries.run(db, "run-b2").config == {}  # config_json that is not JSON
+    assert queries.run(db, "alpha").run_id == "run-c3"  # newest run with that name
+    assert queries.run(db, "run-a").run_id == "zzz"  # an exact name beats an id prefix
+    assert queries.run(db, "run-b").run_id == "run-b2"  # unique prefix
     assert queries.run(db, "zz").run_id == "zzz"
     with pytest.raises(StoreError, match=r"^'run-' matches 3 runs: run-c3, run-b2, run-a1$"):
         queries.run(db, "run-")
@@ -382,8 +522,15 @@ def test_steps_in_order_and_limit_keeps_newest(db):
 
 def test_runs_is_one_query_for_a_thousand_runs(db):
     insert_rows(db, "runs", [{"run_id": f"r{i:04d}", "uid": 1, "started_ms": i} for i in range(1000)])
-    insert_rows(db, "steps", [{"run_id": f"r{i:04d}", "step": s, "ts_ms": i + s, "tokens": 10,
-                               "step_time_ms": 10.0} for i in range(1000) for s in range(5)])
+    insert_rows(
+        db,
+        "steps",
+        [
+            {"run_id": f"r{i:04d}", "step": s, "ts_ms": i + s, "tokens": 10, "step_time_ms": 10.0}
+            for i in range(1000)
+            for s in range(5)
+        ],
+    )
     statements = []
     db.set_trace_callback(statements.append)
     result = queries.runs(db, limit=1000)
@@ -393,7 +540,9 @@ def test_runs_is_one_query_for_a_thousand_runs(db):
 
 
 def test_store_imports_neither_textual_nor_torch():
-    code = ("import sys, gpuwatch.store, gpuwatch.store.queries, gpuwatch.store.maintenance\n"
-            "print(sorted(m for m in ('textual', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, gpuwatch.store, gpuwatch.store.queries, gpuwatch.store.maintenance\n"
+        "print(sorted(m for m in ('textual', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -31,9 +31,16 @@ SCRIPTS = TESTS / "autorun_scripts"
 def fake_gpus_env(tmp_path: Path) -> dict:
     """Two simulated GPUs (with GPM), sampled twice a second by `gpuwatch run`'s wrapper; the run's
     CUDA_VISIBLE_DEVICES names both, and its script puts itself on both (so it draws energy)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS / "fake_driver"), os.environ.get("PYTHONPATH", "")]),
-                FAKE_NVML_GPUS="2", FAKE_NVML_GPM="1", FAKE_NVML_PIDS_FILE=str(tmp_path / "pids"),
-                GPUWATCH_INTERVAL="0.5", GPUWATCH_PROCESS_INTERVAL="0.5", CUDA_VISIBLE_DEVICES="0,1")
+    return dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(TESTS / "fake_driver"), os.environ.get("PYTHONPATH", "")]),
+        FAKE_NVML_GPUS="2",
+        FAKE_NVML_GPM="1",
+        FAKE_NVML_PIDS_FILE=str(tmp_path / "pids"),
+        GPUWATCH_INTERVAL="0.5",
+        GPUWATCH_PROCESS_INTERVAL="0.5",
+        CUDA_VISIBLE_DEVICES="0,1",
+    )
 
 
 def read_back(directory: Path) -> EventAccumulator:
@@ -81,8 +88,10 @@ def assert_steps_match(events: EventAccumulator, conn, run_id: str) -> int:
 def assert_gpus_match(events: EventAccumulator, conn, run) -> None:
     """Each GPU's series over the run's lifetime equals its samples; throttle reasons as 0/1."""
     for gpu in (0, 1):
-        rows = conn.execute("SELECT * FROM gpu_samples WHERE gpu_index = ? AND ts_ms >= ? AND ts_ms <= ? "
-                            "ORDER BY ts_ms", (gpu, run["started_ms"], run["ended_ms"])).fetchall()
+        rows = conn.execute(
+            "SELECT * FROM gpu_samples WHERE gpu_index = ? AND ts_ms >= ? AND ts_ms <= ? ORDER BY ts_ms",
+            (gpu, run["started_ms"], run["ended_ms"]),
+        ).fetchall()
         assert len(rows) >= 3, f"GPU {gpu} was sampled while the run ran"
         for column, tag, scale in GPU_SERIES:
             got = scalars(events, f"gpuwatch/gpu{gpu}/{tag}")
@@ -90,11 +99,15 @@ def assert_gpus_match(events: EventAccumulator, conn, run) -> None:
             assert [s for s, _ in got] == [(r["ts_ms"] - run["started_ms"]) // 1000 for r in rows]
         power_cap = [v for _, v in scalars(events, f"gpuwatch/gpu{gpu}/throttle/power_cap")]
         assert power_cap == [1.0 if r["throttle_reasons"] & 0x4 else 0.0 for r in rows]
-        sm = conn.execute("SELECT sm_active_pct FROM gpu_prof_samples WHERE gpu_index = ? AND ts_ms >= ? "
-                          "AND ts_ms <= ? ORDER BY ts_ms", (gpu, run["started_ms"], run["ended_ms"])).fetchall()
+        sm = conn.execute(
+            "SELECT sm_active_pct FROM gpu_prof_samples WHERE gpu_index = ? AND ts_ms >= ? "
+            "AND ts_ms <= ? ORDER BY ts_ms",
+            (gpu, run["started_ms"], run["ended_ms"]),
+        ).fetchall()
         assert sm, "GPM gave SM activity"
-        assert [v for _, v in scalars(events, f"gpuwatch/gpu{gpu}/sm_active_pct")] == \
-            pytest.approx([r[0] for r in sm], rel=1e-6)
+        assert [v for _, v in scalars(events, f"gpuwatch/gpu{gpu}/sm_active_pct")] == pytest.approx(
+            [r[0] for r in sm], rel=1e-6
+        )
 
 
 def hparams_of(events: EventAccumulator) -> dict:
@@ -104,16 +117,28 @@ def hparams_of(events: EventAccumulator) -> dict:
 
 
 def test_a_finished_run_exports_every_figure_as_the_database_holds_it(tmp_path):
-    done = subprocess.run([GPUWATCH, "run", "--name", "tb-steps", "--", PY, str(SCRIPTS / "tb_steps.py"), "10", "0.25"],
-                          capture_output=True, text=True, timeout=180, env=fake_gpus_env(tmp_path))
+    done = subprocess.run(
+        [GPUWATCH, "run", "--name", "tb-steps", "--", PY, str(SCRIPTS / "tb_steps.py"), "10", "0.25"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=fake_gpus_env(tmp_path),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     with db() as conn:
         run = the_run(conn, "tb-steps")
         # Two optimisers' losses, as the zero-code hooks store them for a GAN.
-        conn.execute("UPDATE steps SET losses_json = json_object('netD', step * 0.5, 'netG', step * 0.25) "
-                     "WHERE run_id = ?", (run["run_id"],))
-    out = subprocess.run([GPUWATCH, "export", "tb-steps", "--format", "tensorboard", str(tmp_path / "logs")],
-                         capture_output=True, text=True, timeout=120)
+        conn.execute(
+            "UPDATE steps SET losses_json = json_object('netD', step * 0.5, 'netG', step * 0.25) "
+            "WHERE run_id = ?",
+            (run["run_id"],),
+        )
+    out = subprocess.run(
+        [GPUWATCH, "export", "tb-steps", "--format", "tensorboard", str(tmp_path / "logs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     (directory,) = (tmp_path / "logs" / "gpuwatch").iterdir()
     assert directory.name == f"tb-steps-{run['run_id'][:8]}"
@@ -121,10 +146,16 @@ def test_a_finished_run_exports_every_figure_as_the_database_holds_it(tmp_path):
     events = read_back(directory)
     with db() as conn:
         assert assert_steps_match(events, conn, run["run_id"]) >= 4  # tokens/s, step time, loss, RSS
-        assert scalars(events, "gpuwatch/step/loss/netD") == [(s, pytest.approx(s * 0.5)) for s in range(1, 11)]
-        assert scalars(events, "gpuwatch/step/loss/netG") == [(s, pytest.approx(s * 0.25)) for s in range(1, 11)]
+        assert scalars(events, "gpuwatch/step/loss/netD") == [
+            (s, pytest.approx(s * 0.5)) for s in range(1, 11)
+        ]
+        assert scalars(events, "gpuwatch/step/loss/netG") == [
+            (s, pytest.approx(s * 0.25)) for s in range(1, 11)
+        ]
         assert_gpus_match(events, conn, run)
-        tokens = conn.execute("SELECT sum(tokens) FROM steps WHERE run_id = ?", (run["run_id"],)).fetchone()[0]
+        tokens = conn.execute("SELECT sum(tokens) FROM steps WHERE run_id = ?", (run["run_id"],)).fetchone()[
+            0
+        ]
     assert tokens == 1280
     (energy,) = scalars(events, "gpuwatch/run/energy_kwh")
     assert energy[0] == 10 and energy[1] > 0
@@ -136,8 +167,12 @@ def test_a_finished_run_exports_every_figure_as_the_database_holds_it(tmp_path):
     assert (hparams["lr"], hparams["model.width"], hparams["name"]) == (0.1, 16.0, "tb-steps")
     assert "tb_steps.py" in hparams["command"]
     # A second export replaces the first's files instead of adding a copy of every point.
-    again = subprocess.run([GPUWATCH, "export", run["run_id"], "--format", "tensorboard", "-o",
-                            str(tmp_path / "logs")], capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [GPUWATCH, "export", run["run_id"], "--format", "tensorboard", "-o", str(tmp_path / "logs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 0, again.stderr
     assert len(list(directory.glob("events.out.tfevents.*"))) == 1
     assert len(scalars(read_back(directory), "gpuwatch/step/loss")) == 10
@@ -149,11 +184,20 @@ def test_an_oom_postmortem_is_exported_as_text(tmp_path):
     def limit_memory():
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 
-    done = subprocess.run([GPUWATCH, "run", "--name", "tb-oom", "--", PY, str(SCRIPTS / "oom.py")],
-                          capture_output=True, text=True, timeout=180, preexec_fn=limit_memory)
+    done = subprocess.run(
+        [GPUWATCH, "run", "--name", "tb-oom", "--", PY, str(SCRIPTS / "oom.py")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        preexec_fn=limit_memory,
+    )
     assert done.returncode != 0
-    out = subprocess.run([GPUWATCH, "export", "tb-oom", "--format", "tensorboard", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [GPUWATCH, "export", "tb-oom", "--format", "tensorboard", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     (directory,) = (tmp_path / "gpuwatch").iterdir()
     postmortem = text(read_back(directory), "gpuwatch/run/oom_postmortem")
@@ -165,16 +209,37 @@ def test_an_oom_postmortem_is_exported_as_text(tmp_path):
 
 def test_the_live_mirror_grows_while_the_run_runs_and_ends_with_it(tmp_path):
     logs = tmp_path / "logs"
-    proc = subprocess.Popen([GPUWATCH, "run", "--name", "tb-steps", "--tensorboard", str(logs), "--", PY, str(SCRIPTS / "tb_steps.py"),
-                             "40", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=fake_gpus_env(tmp_path))
+    proc = subprocess.Popen(
+        [
+            GPUWATCH,
+            "run",
+            "--name",
+            "tb-steps",
+            "--tensorboard",
+            str(logs),
+            "--",
+            PY,
+            str(SCRIPTS / "tb_steps.py"),
+            "40",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=fake_gpus_env(tmp_path),
+    )
     try:
+
         def steps_seen() -> int:
             found = list((logs / "gpuwatch").glob("*/events.out.tfevents.*"))
             if not found:
                 return 0
             events = read_back(found[0].parent)
-            return len(events.Scalars("gpuwatch/step/loss")) if "gpuwatch/step/loss" in events.Tags()["scalars"] else 0
+            return (
+                len(events.Scalars("gpuwatch/step/loss"))
+                if "gpuwatch/step/loss" in events.Tags()["scalars"]
+                else 0
+            )
 
         first = wait_for(lambda: steps_seen() >= 3, timeout=90) and steps_seen()
         assert proc.poll() is None, "the run is still going"
@@ -207,8 +272,13 @@ def test_auto_writes_beside_a_real_trainers_own_tensorboard_logs(tmp_path, train
     else:
         command = [PY, str(SCRIPTS / "lightning_trainer.py"), "--tensorboard"]
         pattern = "lightning_logs/version_*/events.out.tfevents.*"
-    done = subprocess.run([GPUWATCH, "run", "--name", f"tb-{trainer}", "--tensorboard", "auto", "--", *command],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [GPUWATCH, "run", "--name", f"tb-{trainer}", "--tensorboard", "auto", "--", *command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     theirs = _trainer_logs(tmp_path, pattern)
     (ours,) = (theirs / "gpuwatch").iterdir()
@@ -224,12 +294,18 @@ def test_auto_writes_beside_a_real_trainers_own_tensorboard_logs(tmp_path, train
 
 def test_autolog_mirrors_a_notebook_style_process(tmp_path):
     logs = tmp_path / "tb"
-    done = subprocess.run([PY, str(SCRIPTS / "tb_steps.py"), "6", "0.1", "--autolog", str(logs)],
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [PY, str(SCRIPTS / "tb_steps.py"), "6", "0.1", "--autolog", str(logs)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     directory = wait_for(lambda: next((logs / "gpuwatch").glob("tb-autolog-*"), None), timeout=60)
-    events = wait_for(lambda: (e := read_back(directory)) and "gpuwatch/run/summary" in e.Tags()["tensors"] and e,
-                      timeout=60)
+    events = wait_for(
+        lambda: (e := read_back(directory)) and "gpuwatch/run/summary" in e.Tags()["tensors"] and e,
+        timeout=60,
+    )
     with db() as conn:
         run = the_run(conn, "tb-autolog")
         assert assert_steps_match(events, conn, run["run_id"]) >= 3
@@ -237,39 +313,73 @@ def test_autolog_mirrors_a_notebook_style_process(tmp_path):
 
 
 def test_a_generation_run_exports_its_latencies(tmp_path):
-    done = subprocess.run([PY, "-m", "workloads.kv_generate", "--tiny", "--prompt-len", "16", "--new-tokens", "4",
-                           "--name", "tb-decode"], capture_output=True, text=True, timeout=180,
-                          cwd=TESTS.parent)
+    done = subprocess.run(
+        [
+            PY,
+            "-m",
+            "workloads.kv_generate",
+            "--tiny",
+            "--prompt-len",
+            "16",
+            "--new-tokens",
+            "4",
+            "--name",
+            "tb-decode",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=TESTS.parent,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    out = subprocess.run([GPUWATCH, "export", "tb-decode", "--format", "tensorboard", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [GPUWATCH, "export", "tb-decode", "--format", "tensorboard", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     (directory,) = (tmp_path / "gpuwatch").iterdir()
     events = read_back(directory)
     with db() as conn:
         run = the_run(conn, "tb-decode")
-        rows = conn.execute("SELECT gen_id, ttft_ms, tokens_per_s FROM generations WHERE run_id = ? ORDER BY gen_id",
-                            (run["run_id"],)).fetchall()
+        rows = conn.execute(
+            "SELECT gen_id, ttft_ms, tokens_per_s FROM generations WHERE run_id = ? ORDER BY gen_id",
+            (run["run_id"],),
+        ).fetchall()
     assert rows
-    assert scalars(events, "gpuwatch/generation/ttft_ms") == [(r[0], pytest.approx(r[1], rel=1e-6)) for r in rows]
-    assert scalars(events, "gpuwatch/generation/tokens_per_s") == [(r[0], pytest.approx(r[2], rel=1e-6)) for r in rows]
+    assert scalars(events, "gpuwatch/generation/ttft_ms") == [
+        (r[0], pytest.approx(r[1], rel=1e-6)) for r in rows
+    ]
+    assert scalars(events, "gpuwatch/generation/tokens_per_s") == [
+        (r[0], pytest.approx(r[2], rel=1e-6)) for r in rows
+    ]
 
 
 def test_bad_requests_get_one_line_errors(tmp_path):
     assert subprocess.run([GPUWATCH, "run", "--", "true"], timeout=60).returncode == 0  # a database
-    unknown = subprocess.run([GPUWATCH, "export", "no-such-run", "--format", "tensorboard", str(tmp_path)],
-                             capture_output=True, text=True, timeout=60)
-    assert unknown.returncode != 0 and unknown.stderr.startswith("Error: ") and "no-such-run" in unknown.stderr
+    unknown = subprocess.run(
+        [GPUWATCH, "export", "no-such-run", "--format", "tensorboard", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        unknown.returncode != 0 and unknown.stderr.startswith("Error: ") and "no-such-run" in unknown.stderr
+    )
     assert len(unknown.stderr.strip().splitlines()) == 1
-    follow = subprocess.run([GPUWATCH, "export", "x", "--format", "csv", "--follow"],
-                            capture_output=True, text=True, timeout=60)
+    follow = subprocess.run(
+        [GPUWATCH, "export", "x", "--format", "csv", "--follow"], capture_output=True, text=True, timeout=60
+    )
     assert follow.returncode == 2 and "--follow needs --format tensorboard" in follow.stderr
     assert not (tmp_path / "gpuwatch").exists()
 
 
 def test_nothing_of_tensorboard_is_imported_unless_asked():
-    probe = ("import sys, gpuwatch.cli.analysis_cmd, gpuwatch.cli.run_cmd, gpuwatch.integrations.autolog; "
-             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'tensorflow'))))")
+    probe = (
+        "import sys, gpuwatch.cli.analysis_cmd, gpuwatch.cli.run_cmd, gpuwatch.integrations.autolog; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'tensorflow'))))"
+    )
     out = subprocess.run([PY, "-c", "import json; " + probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == []

@@ -10,13 +10,13 @@ import subprocess
 import sys
 import time
 
-import psutil
-
 import fake_pynvml
+import psutil
+from systools import wait_for
+
 from gpuwatch.config import load
 from gpuwatch.sampler import Sampler
 from gpuwatch.store import Writer
-from systools import wait_for
 
 HOG = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass  # gw-top-hog"
 
@@ -34,8 +34,16 @@ def rows(db, sql, *args):
 def run_sampler(tmp_path, nvml, **cfg):
     db = tmp_path / "gw.db"
     writer = Writer(db)
-    config = load({"db": str(db), "interval": 0.2, "host_interval": 0.2, "process_interval": 0.5,
-                   "system": False, **cfg})
+    config = load(
+        {
+            "db": str(db),
+            "interval": 0.2,
+            "host_interval": 0.2,
+            "process_interval": 0.5,
+            "system": False,
+            **cfg,
+        }
+    )
     sampler = Sampler(writer, config, nvml_module=nvml)
     sampler.start()
     return db, writer, sampler
@@ -45,11 +53,14 @@ def test_a_cpu_hog_on_no_gpu_is_stored_with_who_it_is_at_each_process_tick(tmp_p
     hog = subprocess.Popen([sys.executable, "-c", HOG])
     gpu_child = subprocess.Popen(["sleep", "120"])
     # Top 50: on a shared test box other busy processes must not push the hog out.
-    db, writer, sampler = run_sampler(tmp_path, fake_pynvml.FakeNvml(gpus=2, procs={0: [gpu_child.pid]}),
-                                      top_processes=50)
+    db, writer, sampler = run_sampler(
+        tmp_path, fake_pynvml.FakeNvml(gpus=2, procs={0: [gpu_child.pid]}), top_processes=50
+    )
     try:
-        query = ("SELECT ts_ms, start_ms, uid, user, cmdline, cpu_pct, rss_bytes FROM host_top_processes "
-                 "WHERE pid = ? ORDER BY ts_ms")
+        query = (
+            "SELECT ts_ms, start_ms, uid, user, cmdline, cpu_pct, rss_bytes FROM host_top_processes "
+            "WHERE pid = ? ORDER BY ts_ms"
+        )
         found = wait_for(lambda: (lambda r: r if len(r) >= 3 else None)(rows(db, query, hog.pid)), timeout=60)
         ts, start_ms, uid, user, cmdline, cpu, rss = found[-1]
         assert uid == os.getuid() and user == pwd.getpwuid(os.getuid()).pw_name
@@ -61,11 +72,17 @@ def test_a_cpu_hog_on_no_gpu_is_stored_with_who_it_is_at_each_process_tick(tmp_p
         assert all(b - a >= 400 for a, b in zip(stamps, stamps[1:]))  # every process_interval
         # A sleeping process is nobody's top consumer; the GPU process's usage comes from the same walk.
         assert rows(db, "SELECT 1 FROM host_top_processes WHERE pid = ?", gpu_child.pid) == []
-        assert wait_for(lambda: rows(db, "SELECT rss_bytes FROM gpu_process_samples WHERE pid = ? "
-                                         "AND rss_bytes > 0", gpu_child.pid))
+        assert wait_for(
+            lambda: rows(
+                db, "SELECT rss_bytes FROM gpu_process_samples WHERE pid = ? AND rss_bytes > 0", gpu_child.pid
+            )
+        )
         # Memory pressure beside it, in every host sample.
-        swap_in, swap_out, cache = rows(db, "SELECT swap_in_bytes, swap_out_bytes, page_cache_bytes "
-                                            "FROM host_samples ORDER BY ts_ms DESC LIMIT 1")[0]
+        swap_in, swap_out, cache = rows(
+            db,
+            "SELECT swap_in_bytes, swap_out_bytes, page_cache_bytes "
+            "FROM host_samples ORDER BY ts_ms DESC LIMIT 1",
+        )[0]
         assert swap_in is not None and swap_out is not None and cache > 0
     finally:
         sampler.stop()
@@ -82,7 +99,9 @@ def test_top_processes_are_the_busiest_few_and_none_when_switched_off(tmp_path):
     db0.mkdir()
     db_off, writer_off, sampler_off = run_sampler(db0, None, top_processes=0)
     try:
-        wait_for(lambda: len({r[0] for r in rows(db, "SELECT ts_ms FROM host_top_processes")}) >= 3, timeout=60)
+        wait_for(
+            lambda: len({r[0] for r in rows(db, "SELECT ts_ms FROM host_top_processes")}) >= 3, timeout=60
+        )
         per_tick = rows(db, "SELECT ts_ms, count(*), min(cpu_pct) FROM host_top_processes GROUP BY ts_ms")
         assert all(n <= 2 and low >= 1.0 for _, n, low in per_tick)
         time.sleep(1.0)

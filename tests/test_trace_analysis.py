@@ -5,10 +5,10 @@ from __future__ import annotations
 import gzip
 
 import pytest
+from trace_gen import make_trace, write_trace
 
 from gpuwatch.analysis.trace import TraceError, analyse_files
 from gpuwatch.analysis.trace.reader import iter_trace
-from trace_gen import make_trace, write_trace
 
 
 def _one(tmp_path, name="t.json", **kw) -> dict:
@@ -42,8 +42,10 @@ def test_math_attention_and_pageable_copies_are_advised(tmp_path):
 
 
 def test_straggler_rank_is_named(tmp_path):
-    paths = [write_trace(tmp_path / f"r{r}.json", make_trace(rank=r, world=3, slow=1.5 if r == 2
-                                                             else 1.0)) for r in range(3)]
+    paths = [
+        write_trace(tmp_path / f"r{r}.json", make_trace(rank=r, world=3, slow=1.5 if r == 2 else 1.0))
+        for r in range(3)
+    ]
     res = analyse_files(paths)
     assert res["slowest"]["rank"] == 2 and res["slowest"]["slower_pct"] > 30
     assert any(a.startswith("rank 2 computes") for a in res["advice"])
@@ -53,8 +55,7 @@ def test_straggler_rank_is_named(tmp_path):
 def test_rank_from_distributed_info_else_file_order(tmp_path):
     a = write_trace(tmp_path / "a.json", make_trace(rank=1, world=2))
     b = write_trace(tmp_path / "b.json", make_trace(rank=0, world=2))
-    assert [(r["rank"], r["file"]) for r in analyse_files([a, b])["ranks"]] == [
-        (0, str(b)), (1, str(a))]
+    assert [(r["rank"], r["file"]) for r in analyse_files([a, b])["ranks"]] == [(0, str(b)), (1, str(a))]
     c = write_trace(tmp_path / "c.json", make_trace(distributed_info=False))
     d = write_trace(tmp_path / "d.json", make_trace(distributed_info=False, seed=2))
     assert [r["file"] for r in analyse_files([c, d])["ranks"]] == [str(c), str(d)]
@@ -80,8 +81,9 @@ def test_per_step_figures_cover_every_step_with_gpu_work(tmp_path):
     assert busy == pytest.approx(r["temporal"]["kernel_time_us"], rel=0.01)
     # each step's kernel groups add up to the run's
     for whole in r["kernel_groups"]:
-        per_step = [g["total_us"] for s in r["steps"][:4] for g in s["kernel_groups"]
-                    if g["group"] == whole["group"]]
+        per_step = [
+            g["total_us"] for s in r["steps"][:4] for g in s["kernel_groups"] if g["group"] == whole["group"]
+        ]
         assert sum(per_step) == pytest.approx(whole["total_us"], rel=0.01), whole["group"]
 
 
@@ -90,20 +92,25 @@ def test_reader_streams_keys_in_any_order_and_split_across_chunks(tmp_path, monk
 
     monkeypatch.setattr(reader, "_CHUNK", 7)  # every event straddles several reads
     path = tmp_path / "t.json"
-    path.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, '
-                    '"dur": 10, "args": {"stream": 7, "correlation": 3}}], '
-                    '"distributedInfo": {"rank": 3}}')
+    path.write_text(
+        '{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, '
+        '"dur": 10, "args": {"stream": 7, "correlation": 3}}], '
+        '"distributedInfo": {"rank": 3}}'
+    )
     items = list(iter_trace(path))
     assert [kind for kind, _ in items] == ["meta", "event", "meta"]
     assert items[1][1]["name"] == "k" and items[2][1] == ("distributedInfo", {"rank": 3})
     assert analyse_files([path])["ranks"][0]["rank"] == 3
 
 
-@pytest.mark.parametrize("content, says", [
-    (b"not json", "not a JSON trace"),
-    (b'{"traceEvents": [{"ph": "X"', "not a JSON trace"),
-    (b'{"schemaVersion": 1}', "no traceEvents"),
-])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (b"not json", "not a JSON trace"),
+        (b'{"traceEvents": [{"ph": "X"', "not a JSON trace"),
+        (b'{"schemaVersion": 1}', "no traceEvents"),
+    ],
+)
 def test_bad_files_are_one_clear_error(tmp_path, content, says):
     path = tmp_path / "bad.json"
     path.write_bytes(content)
@@ -135,9 +142,10 @@ def _gw(*args):
 
 
 def test_trace_command_table_fits_80_columns_and_leads_with_the_bar(tmp_path):
-    paths = [str(write_trace(tmp_path / f"r{r}.json.gz", make_trace(rank=r, world=2,
-                                                                    loader_us=5000.0)))
-             for r in range(2)]
+    paths = [
+        str(write_trace(tmp_path / f"r{r}.json.gz", make_trace(rank=r, world=2, loader_us=5000.0)))
+        for r in range(2)
+    ]
     out = _gw("trace", *paths)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()

@@ -13,9 +13,9 @@ import logging
 import math
 
 import pytest
+from trace_gen import make_trace, write_trace
 
 from gpuwatch.analysis.trace import analyse_files
-from trace_gen import make_trace, write_trace
 
 SCENARIOS = {
     # name: list of make_trace kwargs, one per rank
@@ -38,9 +38,10 @@ def hta():
 def scenario(request, tmp_path_factory, hta):
     d = tmp_path_factory.mktemp(request.param)
     ext = ".json.gz" if request.param.endswith("_gz") else ".json"
-    files = {kw.get("rank", 0): str(write_trace(d / f"rank{kw.get('rank', 0)}{ext}",
-                                                make_trace(**kw)))
-             for kw in SCENARIOS[request.param]}
+    files = {
+        kw.get("rank", 0): str(write_trace(d / f"rank{kw.get('rank', 0)}{ext}", make_trace(**kw)))
+        for kw in SCENARIOS[request.param]
+    }
     ours = analyse_files(list(files.values()))
     theirs = hta(trace_files=files, trace_dir=str(d))
     return ours, theirs
@@ -52,9 +53,11 @@ def test_temporal_breakdown_within_one_point_of_hta(scenario):
     assert [r["rank"] for r in ours["ranks"]] == sorted(df.index)
     for r in ours["ranks"]:
         row, t = df.loc[r["rank"]], r["temporal"]
-        for ours_key, hta_key in (("idle_pct", "idle_time_pctg"),
-                                  ("compute_pct", "compute_time_pctg"),
-                                  ("non_compute_pct", "non_compute_time_pctg")):
+        for ours_key, hta_key in (
+            ("idle_pct", "idle_time_pctg"),
+            ("compute_pct", "compute_time_pctg"),
+            ("non_compute_pct", "non_compute_time_pctg"),
+        ):
             assert abs(t[ours_key] - row[hta_key]) <= 1.0, (r["rank"], ours_key)
         assert t["kernel_time_us"] == pytest.approx(row["kernel_time(us)"], rel=0.01)
 
@@ -62,7 +65,8 @@ def test_temporal_breakdown_within_one_point_of_hta(scenario):
 def test_kernel_totals_within_one_percent_of_hta(scenario):
     ours, theirs = scenario
     _, kernels = theirs.get_gpu_kernel_breakdown(
-        visualize=False, num_kernels=10_000, duration_ratio=1.0, include_memory_kernels=True)
+        visualize=False, num_kernels=10_000, duration_ratio=1.0, include_memory_kernels=True
+    )
     for r in ours["ranks"]:
         hta_sums = kernels[kernels["rank"] == r["rank"]].set_index("name")["sum (us)"]
         assert r["kernels"], "no kernels found"
@@ -87,11 +91,15 @@ def test_real_cpu_trace_agrees_with_hta(tmp_path, hta):
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(
-        torch.randn(256, 64), torch.randint(0, 8, (256,))), batch_size=32)
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(256, 64), torch.randint(0, 8, (256,))), batch_size=32
+    )
     path = tmp_path / "cpu_trace.json"
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=5),
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=0, warmup=0, active=5),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+    ) as prof:
         for x, y in data:
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
@@ -136,14 +144,20 @@ def test_idle_time_matches_htas_idle_breakdown(scenario):
 
 KERNEL_NAMES = [
     "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
-    "ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)", "Memcpy HtoD (Pageable -> Device)",
-    "Memcpy DtoD (Device -> Device)", "Memset (Device)", "dma_copy", "Stream Sync",
+    "ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)",
+    "Memcpy HtoD (Pageable -> Device)",
+    "Memcpy DtoD (Device -> Device)",
+    "Memset (Device)",
+    "dma_copy",
+    "Stream Sync",
     "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>",
     "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits>",
-    "fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "triton_poi_fused_add_mul_0",
+    "fmha_cutlassF_bf16_aligned_64x64_rf_sm80",
+    "triton_poi_fused_add_mul_0",
     "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",
     "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps>>",
-    "ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", "cudaMemcpyAsync_Memcpy",
+    "ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)",
+    "cudaMemcpyAsync_Memcpy",
 ]
 
 
@@ -153,11 +167,15 @@ def test_kernel_types_are_htas(hta):
     from gpuwatch.analysis.trace.kinds import group, kernel_type
 
     assert [kernel_type(n) for n in KERNEL_NAMES] == [get_kernel_type(n) for n in KERNEL_NAMES]
-    assert [group(n) for n in KERNEL_NAMES[:6]] == ["nccl", "nccl", "memcpy", "memcpy", "memset",
-                                                    "memcpy"]
+    assert [group(n) for n in KERNEL_NAMES[:6]] == ["nccl", "nccl", "memcpy", "memcpy", "memset", "memcpy"]
     assert [group(n) for n in KERNEL_NAMES[7:13]] == [
-        "gemm", "attention (flash/SDPA)", "attention (flash/SDPA)", "elementwise", "elementwise",
-        "reduction"]
+        "gemm",
+        "attention (flash/SDPA)",
+        "attention (flash/SDPA)",
+        "elementwise",
+        "elementwise",
+        "reduction",
+    ]
     assert group(KERNEL_NAMES[7], math_attention=True) == "attention (math)"
 
 
@@ -173,17 +191,31 @@ def test_a_reference_workloads_profile_is_stored_with_htas_step_times(tmp_path, 
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root),
-           "GPUWATCH_DB": str(tmp_path / "gw.db"), "GPUWATCH_RUNS_DIR": str(tmp_path / "runs"),
-           "GPUWATCH_PROFILE_WAIT": "0", "GPUWATCH_PROFILE_WARMUP": "1",
-           "GPUWATCH_PROFILE_ACTIVE": "3", "GPUWATCH_PROFILE_REPEAT": "1"}
-    done = subprocess.run([sys.executable, "-m", "workloads.gpt_train", "--tiny", "--steps", "5",
-                           "--device", "cpu"], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=180)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(root),
+        "GPUWATCH_DB": str(tmp_path / "gw.db"),
+        "GPUWATCH_RUNS_DIR": str(tmp_path / "runs"),
+        "GPUWATCH_PROFILE_WAIT": "0",
+        "GPUWATCH_PROFILE_WARMUP": "1",
+        "GPUWATCH_PROFILE_ACTIVE": "3",
+        "GPUWATCH_PROFILE_REPEAT": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "workloads.gpt_train", "--tiny", "--steps", "5", "--device", "cpu"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     conn = sqlite3.connect(tmp_path / "gw.db")
-    [(trace, stored)] = conn.execute("SELECT p.trace_path, b.breakdown_json FROM profiles p JOIN "
-                                     "profile_breakdowns b ON b.profile_id = p.id").fetchall()
+    [(trace, stored)] = conn.execute(
+        "SELECT p.trace_path, b.breakdown_json FROM profiles p JOIN "
+        "profile_breakdowns b ON b.profile_id = p.id"
+    ).fetchall()
     conn.close()
     stored = json.loads(stored)
     assert stored["gpu"] is False and stored["cpu"]["operators_pct"] > 10
@@ -207,22 +239,46 @@ def test_a_ddp_jobs_rank_traces_read_as_one_job(tmp_path, hta):
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root),
-           "GPUWATCH_DB": str(tmp_path / "gw.db"), "GPUWATCH_RUNS_DIR": str(tmp_path / "runs"),
-           "GPUWATCH_PROFILE_WAIT": "0", "GPUWATCH_PROFILE_WARMUP": "1",
-           "GPUWATCH_PROFILE_ACTIVE": "3", "GPUWATCH_PROFILE_REPEAT": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(root),
+        "GPUWATCH_DB": str(tmp_path / "gw.db"),
+        "GPUWATCH_RUNS_DIR": str(tmp_path / "runs"),
+        "GPUWATCH_PROFILE_WAIT": "0",
+        "GPUWATCH_PROFILE_WARMUP": "1",
+        "GPUWATCH_PROFILE_ACTIVE": "3",
+        "GPUWATCH_PROFILE_REPEAT": "1",
+    }
     torchrun = Path(os.sys.executable).parent / "torchrun"
-    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", "-m",
-                           "workloads.ddp_train", "--tiny", "--steps", "5", "--device", "cpu"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "workloads.ddp_train",
+            "--tiny",
+            "--steps",
+            "5",
+            "--device",
+            "cpu",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     files = sorted((tmp_path / "runs").rglob("*.json.gz"), key=lambda p: p.name[-13:], reverse=True)
     assert [f.name[-13:] for f in files] == ["rank1.json.gz", "rank0.json.gz"]
     res = analyse_files(files)
     assert [(r["rank"], Path(r["file"]).name[-13:]) for r in res["ranks"]] == [
-        (0, "rank0.json.gz"), (1, "rank1.json.gz")]
-    t = hta(trace_files={r["rank"]: r["file"] for r in res["ranks"]},
-            trace_dir=str(tmp_path)).t
+        (0, "rank0.json.gz"),
+        (1, "rank1.json.gz"),
+    ]
+    t = hta(trace_files={r["rank"]: r["file"] for r in res["ranks"]}, trace_dir=str(tmp_path)).t
     names = t.symbol_table.get_sym_table()
     for r in res["ranks"]:
         df = t.get_trace(r["rank"])
@@ -242,12 +298,15 @@ def test_a_real_cuda_trace_agrees_with_hta(tmp_path, hta):
     dev = "cuda"
     layer = torch.nn.TransformerEncoderLayer(256, 8, 1024, batch_first=True).to(dev)
     opt = torch.optim.AdamW(layer.parameters())
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 128, 256)),
-                                       batch_size=8)
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(64, 128, 256)), batch_size=8
+    )
     path = tmp_path / "cuda_trace.json"
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                 schedule=schedule(wait=1, warmup=1, active=4),
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+        schedule=schedule(wait=1, warmup=1, active=4),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+    ) as prof:
         for (x,) in data:
             loss = layer(x.to(dev, non_blocking=True)).pow(2).mean()
             loss.backward()
@@ -264,8 +323,9 @@ def test_a_real_cuda_trace_agrees_with_hta(tmp_path, hta):
     assert abs(t["idle_pct"] - row["idle_time_pctg"]) <= 1.0
     assert abs(t["compute_pct"] - row["compute_time_pctg"]) <= 1.0
     assert abs(t["non_compute_pct"] - row["non_compute_time_pctg"]) <= 1.0
-    _, kernels = ta.get_gpu_kernel_breakdown(visualize=False, num_kernels=10_000,
-                                             duration_ratio=1.0, include_memory_kernels=True)
+    _, kernels = ta.get_gpu_kernel_breakdown(
+        visualize=False, num_kernels=10_000, duration_ratio=1.0, include_memory_kernels=True
+    )
     sums = kernels.set_index("name")["sum (us)"]
     for k in ours["kernels"]:
         assert k["total_us"] == pytest.approx(sums[k["name"]], rel=0.01), k["name"]

@@ -35,8 +35,11 @@ def cfg():
 
 
 def start_daemon(cfg: Config) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", DAEMON, str(cfg.db_path), str(cfg.socket_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DAEMON, str(cfg.db_path), str(cfg.socket_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -62,13 +65,25 @@ def connect_probe(cfg: Config) -> bool:
 
 
 def run_start(run_id="r1"):
-    return {"id": f"{run_id}-start", "kind": "run_start", "run_id": run_id, "ts_ms": int(time.time() * 1000),
-            "name": "test", "config": {"lr": 0.1}}
+    return {
+        "id": f"{run_id}-start",
+        "kind": "run_start",
+        "run_id": run_id,
+        "ts_ms": int(time.time() * 1000),
+        "name": "test",
+        "config": {"lr": 0.1},
+    }
 
 
 def step(i, run_id="r1"):
-    return {"id": f"{run_id}-{i}", "kind": "step", "run_id": run_id, "ts_ms": int(time.time() * 1000),
-            "step": i, "tokens": 128}
+    return {
+        "id": f"{run_id}-{i}",
+        "kind": "step",
+        "run_id": run_id,
+        "ts_ms": int(time.time() * 1000),
+        "step": i,
+        "tokens": 128,
+    }
 
 
 def rows(cfg, sql, *args):
@@ -82,30 +97,51 @@ def test_embedded_mode_without_a_daemon_writes_the_same_tables(cfg):
     t.send(run_start())
     for i in range(5):
         t.send(step(i))
-    t.send({"id": "m", "kind": "memory_stats", "run_id": "r1", "ts_ms": 1, "step": 4,
-            "num_alloc_retries": 0, "stats": {"num_ooms": 0}})
+    t.send(
+        {
+            "id": "m",
+            "kind": "memory_stats",
+            "run_id": "r1",
+            "ts_ms": 1,
+            "step": 4,
+            "num_alloc_retries": 0,
+            "stats": {"num_ooms": 0},
+        }
+    )
     t.send({"id": "end", "kind": "run_end", "run_id": "r1", "ts_ms": 2, "status": "finished", "exit_code": 0})
     t.send({"id": "bad", "kind": "step", "run_id": "r1", "ts_ms": 3, "step": -1})
     assert t.flush()
-    assert t.request({"type": "control_request", "run_id": "r1", "action": "profile"})["code"] == "unavailable"
+    assert (
+        t.request({"type": "control_request", "run_id": "r1", "action": "profile"})["code"] == "unavailable"
+    )
     t.close()
     assert t.rejected == 1
     assert rows(cfg, "SELECT uid, pid, status, mode, config_json FROM runs") == [
-        (os.getuid(), os.getpid(), "finished", "embedded", '{"lr":0.1}')]
+        (os.getuid(), os.getpid(), "finished", "embedded", '{"lr":0.1}')
+    ]
     assert rows(cfg, "SELECT count(*), sum(tokens) FROM steps") == [(5, 640)]
     assert rows(cfg, "SELECT step, stats_json FROM memory_stats") == [(4, '{"num_ooms":0}')]
 
 
 def test_embedded_mode_marks_runs_of_dead_processes_lost(cfg):
     """No daemon watches the embedded database: opening it again finds the run a killed process left."""
-    child = subprocess.run([sys.executable, "-c", f"""
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import os, signal
 from gpuwatch.client.transport import connect
 from gpuwatch.config import Config
 t = connect(Config(db={str(cfg.db_path)!r}, socket={str(cfg.socket_path)!r}))
 t.send({run_start("dead")!r}); t.send({step(0, "dead")!r}); t.flush()
 os.kill(os.getpid(), signal.SIGKILL)
-"""], capture_output=True, text=True, timeout=60)
+""",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert child.returncode == -9, child.stderr
     assert rows(cfg, "SELECT status FROM runs WHERE run_id = 'dead'") == [("running",)]
     t = connect(cfg)
@@ -229,8 +265,12 @@ def test_send_never_blocks_and_counts_what_it_drops(cfg):
 def test_a_second_daemon_on_the_same_socket_refuses_in_one_line(cfg):
     daemon = start_daemon(cfg)
     try:
-        second = subprocess.run([sys.executable, "-c", DAEMON, str(cfg.db_path), str(cfg.socket_path)],
-                                capture_output=True, text=True, timeout=60)
+        second = subprocess.run(
+            [sys.executable, "-c", DAEMON, str(cfg.db_path), str(cfg.socket_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert second.returncode == 1
         assert f"another daemon is already listening on {cfg.socket_path}" in second.stderr
         assert "Traceback" not in second.stderr

@@ -14,11 +14,21 @@ import sys
 from dataclasses import replace
 
 import pytest
+from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 from gpuwatch.tui.app import GpuwatchApp
-from gpuwatch.tui.snapshot import (Chart, GpuRow, HostRow, ProcessRow, ProfileRow, RunDetail,
-                                   RunRow, Series, Snapshot, View)
-from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
+from gpuwatch.tui.snapshot import (
+    Chart,
+    GpuRow,
+    HostRow,
+    ProcessRow,
+    ProfileRow,
+    RunDetail,
+    RunRow,
+    Series,
+    Snapshot,
+    View,
+)
 
 NOW = 1_764_676_800_000  # 2025-12-02 12:00:00 UTC
 GiB = 2**30
@@ -29,22 +39,35 @@ OTHER = ME + 4242
 def _gpus() -> tuple[GpuRow, ...]:
     rows = []
     for i in range(4):
-        rows.append(GpuRow(
-            index=i, name="NVIDIA H100 80GB HBM3", util_pct=[97, 12, 0, 55][i],
-            util_history=tuple(50 + 45 * math.sin((t + i * 7) / 6) for t in range(60)),
-            mem_used_bytes=[70, 8, 0, 40][i] * GiB, mem_total_bytes=80 * GiB, temp_c=[78, 45, 31, 60][i],
-            power_mw=[690_000, 120_000, 70_000, 400_000][i], power_limit_mw=700_000,
-            throttle_reasons=[0x4 | 0x40, 0, 0x1, 0][i], ecc_uncorrected=[0, 0, 0, 2][i],
-            # GPM on GPUs 0 and 3 only: the others show "n/a"
-            sm_active_pct=[81.0, None, None, 44.5][i], tensor_active_pct=[62.0, None, None, 0.0][i],
-            dram_active_pct=[35.0, None, None, 12.0][i], sm_occupancy_pct=[40.0, None, None, 20.0][i]))
+        rows.append(
+            GpuRow(
+                index=i,
+                name="NVIDIA H100 80GB HBM3",
+                util_pct=[97, 12, 0, 55][i],
+                util_history=tuple(50 + 45 * math.sin((t + i * 7) / 6) for t in range(60)),
+                mem_used_bytes=[70, 8, 0, 40][i] * GiB,
+                mem_total_bytes=80 * GiB,
+                temp_c=[78, 45, 31, 60][i],
+                power_mw=[690_000, 120_000, 70_000, 400_000][i],
+                power_limit_mw=700_000,
+                throttle_reasons=[0x4 | 0x40, 0, 0x1, 0][i],
+                ecc_uncorrected=[0, 0, 0, 2][i],
+                # GPM on GPUs 0 and 3 only: the others show "n/a"
+                sm_active_pct=[81.0, None, None, 44.5][i],
+                tensor_active_pct=[62.0, None, None, 0.0][i],
+                dram_active_pct=[35.0, None, None, 12.0][i],
+                sm_occupancy_pct=[40.0, None, None, 20.0][i],
+            )
+        )
     rows.append(GpuRow(index=4, name="NVIDIA H100 80GB HBM3", state="lost"))
     return tuple(rows)
 
 
 def _processes(child_pid: int | None = None) -> tuple[ProcessRow, ...]:
     procs = [
-        ProcessRow(0, 3101, OTHER, "alice", 60 * GiB, 95, 101.0, "llama-long-ctx", "python train.py --seq 131072"),
+        ProcessRow(
+            0, 3101, OTHER, "alice", 60 * GiB, 95, 101.0, "llama-long-ctx", "python train.py --seq 131072"
+        ),
         ProcessRow(1, 3202, OTHER, "bob", 8 * GiB, 10, 12.0, None, "python eval.py"),
         ProcessRow(3, 3303, ME, "me", 40 * GiB, 50, 99.0, "my-sweep", "torchrun --nproc 1 sweep.py"),
     ]
@@ -54,13 +77,35 @@ def _processes(child_pid: int | None = None) -> tuple[ProcessRow, ...]:
 
 
 RUNS = (
-    RunRow("r-llama", "llama-long-ctx", "alice", "running", NOW - 3 * 3600_000, None, 41_200, 40_100,
-           71 * GiB, False, 0, 2),
+    RunRow(
+        "r-llama",
+        "llama-long-ctx",
+        "alice",
+        "running",
+        NOW - 3 * 3600_000,
+        None,
+        41_200,
+        40_100,
+        71 * GiB,
+        False,
+        0,
+        2,
+    ),
     RunRow("r-sweep", "my-sweep", "me", "running", NOW - 600_000, None, 9_800, 9_500, 39 * GiB),
-    RunRow("r-oom", "seq-262k", "alice", "oom", NOW - 86_400_000, NOW - 86_000_000, None, 30_000,
-           79 * GiB, True),
-    RunRow("r-done", "baseline", "bob", "finished", NOW - 2 * 86_400_000, NOW - 86_400_000 - 5_000,
-           None, 12_000, 20 * GiB),
+    RunRow(
+        "r-oom", "seq-262k", "alice", "oom", NOW - 86_400_000, NOW - 86_000_000, None, 30_000, 79 * GiB, True
+    ),
+    RunRow(
+        "r-done",
+        "baseline",
+        "bob",
+        "finished",
+        NOW - 2 * 86_400_000,
+        NOW - 86_400_000 - 5_000,
+        None,
+        12_000,
+        20 * GiB,
+    ),
 )
 
 
@@ -78,17 +123,28 @@ def _detail(run_id: str, range_s: int | None) -> RunDetail | None:
     util = tuple((t, 90 + 8 * math.sin(k / 4)) for k, t in enumerate(ts))
     loss = tuple((t, 2.1 + 6 * math.exp(-k / 25) + 0.05 * math.sin(k)) for k, t in enumerate(ts))
     return RunDetail(
-        run=run, host="gpu-node-07", pid=3101, command="python train.py --seq 131072",
-        job_id="job-17", end_state="" if run.status == "running" else f"{run.status}",
+        run=run,
+        host="gpu-node-07",
+        pid=3101,
+        command="python train.py --seq 131072",
+        job_id="job-17",
+        end_state="" if run.status == "running" else f"{run.status}",
         ranks=(run, replace(run, run_id="r-llama-1", rank=1)),
         config=(("lr", "0.0003"), ("seq_len", "131072"), ("batch", "1")),
-        charts=(Chart("tokens/s", (Series("tokens/s", "per_s", tps),)),
-                Chart("loss", (Series("loss", "loss", loss),)),
-                Chart("step time", (Series("step", "ms", step),)),
-                Chart("allocator memory", (Series("allocated", "bytes", alloc),
-                                           Series("reserved", "bytes", reserved))),
-                Chart("GPU 0", (Series("util", "pct", util),))),
-        since_ms=since, energy_j=412_000.0, joules_per_token=0.31)
+        charts=(
+            Chart("tokens/s", (Series("tokens/s", "per_s", tps),)),
+            Chart("loss", (Series("loss", "loss", loss),)),
+            Chart("step time", (Series("step", "ms", step),)),
+            Chart(
+                "allocator memory",
+                (Series("allocated", "bytes", alloc), Series("reserved", "bytes", reserved)),
+            ),
+            Chart("GPU 0", (Series("util", "pct", util),)),
+        ),
+        since_ms=since,
+        energy_j=412_000.0,
+        joules_per_token=0.31,
+    )
 
 
 _PROFILE: list[ProfileRow] = []
@@ -101,18 +157,34 @@ def _profile(run_id: str) -> ProfileRow:
         import tempfile
         from pathlib import Path
 
-        from gpuwatch.analysis.trace import analyse_files
         from trace_gen import make_trace, write_trace
+
+        from gpuwatch.analysis.trace import analyse_files
 
         with tempfile.TemporaryDirectory() as d:
             path = write_trace(Path(d) / "t.json", make_trace(loader_us=4000.0, seed=7))
             result = analyse_files([path])
         bd = {**result["ranks"][0], "file": "t.json", "advice": result["advice"]}
-        ops = (("aten::mm", 48, 900.0, 950.0, 21_000.0, 21_000.0, 1 << 20),
-               ("aten::_flash_attention_forward", 12, 300.0, 320.0, 7_700.0, 7_700.0, 0))
-        _PROFILE.append(ProfileRow(run_id, "train-llama", 1, NOW - 60_000, "on_demand", 40, 5,
-                                   "/runs/r/profiles/on_demand.json.gz", 812_000, ops, 1,
-                                   json.dumps(bd)))
+        ops = (
+            ("aten::mm", 48, 900.0, 950.0, 21_000.0, 21_000.0, 1 << 20),
+            ("aten::_flash_attention_forward", 12, 300.0, 320.0, 7_700.0, 7_700.0, 0),
+        )
+        _PROFILE.append(
+            ProfileRow(
+                run_id,
+                "train-llama",
+                1,
+                NOW - 60_000,
+                "on_demand",
+                40,
+                5,
+                "/runs/r/profiles/on_demand.json.gz",
+                812_000,
+                ops,
+                1,
+                json.dumps(bd),
+            )
+        )
     return replace(_PROFILE[0], run_id=run_id)
 
 
@@ -126,11 +198,14 @@ class FixedSource:
 
     def fetch(self, view: View) -> Snapshot:
         self.views.append(view)
-        base = Snapshot(now_ms=NOW, data_ms=NOW - 1000, driver=self.gpus,
-                        host=HostRow(23.0, 4.1, 300 * GiB, 1024 * GiB, 12 * GiB, 512 * GiB))
+        base = Snapshot(
+            now_ms=NOW,
+            data_ms=NOW - 1000,
+            driver=self.gpus,
+            host=HostRow(23.0, 4.1, 300 * GiB, 1024 * GiB, 12 * GiB, 512 * GiB),
+        )
         if view.kind == "overview":
-            return replace(base, gpus=_gpus() if self.gpus else (),
-                           processes=_processes(self.child_pid))
+            return replace(base, gpus=_gpus() if self.gpus else (), processes=_processes(self.child_pid))
         if view.kind == "runs":
             return replace(base, runs=RUNS, runs_total=10_002)
         if view.kind == "profile":
@@ -313,7 +388,10 @@ async def test_stale_data_says_daemon_not_running():
     app = _app(Stale())
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause(0.2)
-        assert "daemon&#160;not&#160;running:&#160;data&#160;is&#160;12&#160;min&#160;old" in app.export_screenshot()
+        assert (
+            "daemon&#160;not&#160;running:&#160;data&#160;is&#160;12&#160;min&#160;old"
+            in app.export_screenshot()
+        )
 
 
 @pilot_test
@@ -349,5 +427,9 @@ def test_screen_snapshots(snap_compare, screen, size):
         await pilot.pause(0.2)
 
     keys = SCREENS[screen]
-    assert snap_compare(GpuwatchApp(FixedSource(), refresh_s=60), press=["_", *keys, "_"],
-                        terminal_size=size, run_before=settle)
+    assert snap_compare(
+        GpuwatchApp(FixedSource(), refresh_s=60),
+        press=["_", *keys, "_"],
+        terminal_size=size,
+        run_before=settle,
+    )

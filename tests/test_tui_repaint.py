@@ -39,8 +39,9 @@ def _util(ts: int, gpu: int) -> int:
 
 
 def _tick(writer: Writer, ts: int, gpus: int = 3) -> None:
-    writer.insert("gpu_samples", [dict(gpu_index=i, ts_ms=ts, gpu_util_pct=_util(ts, i))
-                                  for i in range(gpus)])
+    writer.insert(
+        "gpu_samples", [dict(gpu_index=i, ts_ms=ts, gpu_util_pct=_util(ts, i)) for i in range(gpus)]
+    )
 
 
 def _reference(conn, gpu: int, now: int) -> tuple[float | None, ...]:
@@ -91,9 +92,20 @@ def test_process_figures_update_in_place(tmp_path):
 
     def ticking():
         n = next(ticks)
-        procs = tuple(ProcessRow(0, 100 + k, 1000, "alice", (10 - k) * 2**30, (n * 7 + k) % 100,
-                                 float(9 if n == 0 else 10_000 * n + k), None, f"python job{k}.py")
-                      for k in range(5))
+        procs = tuple(
+            ProcessRow(
+                0,
+                100 + k,
+                1000,
+                "alice",
+                (10 - k) * 2**30,
+                (n * 7 + k) % 100,
+                float(9 if n == 0 else 10_000 * n + k),
+                None,
+                f"python job{k}.py",
+            )
+            for k in range(5)
+        )
         return Snapshot(now_ms=NOW, data_ms=NOW, processes=procs)
 
     async def scenario():
@@ -126,8 +138,12 @@ def test_changed_figures_are_drawn_new_in_sight_and_after_scrolling_to_them():
     sm = [10]
 
     def forty_processes():
-        procs = tuple(ProcessRow(0, 100 + k, 1000, "alice", (40 - k) * 2**30, sm[0] + k % 3, 1.0, None,
-                                 f"python job{k}.py") for k in range(40))
+        procs = tuple(
+            ProcessRow(
+                0, 100 + k, 1000, "alice", (40 - k) * 2**30, sm[0] + k % 3, 1.0, None, f"python job{k}.py"
+            )
+            for k in range(40)
+        )
         return Snapshot(now_ms=NOW, data_ms=NOW, processes=procs)
 
     def drawn(table: CellTable) -> dict[str, str]:
@@ -190,7 +206,7 @@ def spy_on_repaints(monkeypatch) -> list[str]:
     original = Lines.refresh
 
     def spy(self, *regions, **kwargs):
-        repainted.extend(self.texts[r.y].plain[:r.right] for r in regions)
+        repainted.extend(self.texts[r.y].plain[: r.right] for r in regions)
         if not regions:
             repainted.extend(t.plain for t in self.texts)
         return original(self, *regions, **kwargs)
@@ -210,9 +226,20 @@ def test_a_new_utilisation_repaints_that_figure_alone(monkeypatch):
     util = [53]
 
     def two_gpus():
-        gpus = tuple(GpuRow(index=i, name="H100", util_pct=util[0] if i == 0 else 20, util_history=(50.0,) * 60,
-                            mem_used_bytes=2**33, mem_total_bytes=2**36, temp_c=50, power_mw=300_000,
-                            power_limit_mw=700_000) for i in range(2))
+        gpus = tuple(
+            GpuRow(
+                index=i,
+                name="H100",
+                util_pct=util[0] if i == 0 else 20,
+                util_history=(50.0,) * 60,
+                mem_used_bytes=2**33,
+                mem_total_bytes=2**36,
+                temp_c=50,
+                power_mw=300_000,
+                power_limit_mw=700_000,
+            )
+            for i in range(2)
+        )
         return Snapshot(now_ms=NOW, data_ms=NOW, gpus=gpus)
 
     async def scenario():
@@ -242,7 +269,9 @@ def test_a_new_second_repaints_the_clock_alone(monkeypatch):
         app = GpuwatchApp(Polled(lambda: Snapshot(now_ms=data_ms[0], data_ms=data_ms[0])), refresh_s=0.2)
         async with app.run_test(size=(80, 24)) as pilot:
             await pilot.pause(0.1)
-            assert app.screen.query_one("#status").text.plain == f"live · updated {fmt.local_time(NOW, False)}"
+            assert (
+                app.screen.query_one("#status").text.plain == f"live · updated {fmt.local_time(NOW, False)}"
+            )
             repainted = spy_on_repaints(monkeypatch)
             data_ms[0] = NOW + 1000
             await pilot.pause(0.5)
@@ -275,8 +304,9 @@ def test_a_process_table_left_open_does_not_grow():
                 table.add_row(*(f"{r}-{c}" for c in range(8)), key=str(r))
             await pilot.pause()
             for tick in range(60):
-                table.update_cells([(str(r), str(c), f"{(r * tick + c) % 100}")
-                                    for r in range(50) for c in (4, 5)])
+                table.update_cells(
+                    [(str(r), str(c), f"{(r * tick + c) % 100}") for r in range(50) for c in (4, 5)]
+                )
                 await pilot.pause()
             assert str(table.get_row_at(49)[4]) == f"{(49 * 59 + 4) % 100}"  # the last tick is shown
             held = (len(table._cell_render_cache), len(table._row_render_cache), len(table._line_cache))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from gpuwatch.store import Writer
-from gpuwatch.tui.source import StoreSource
-from gpuwatch.tui.snapshot import View
 from test_tui_terminal import populate, write_tick
 from tui_pilot import pilot_test
+
+from gpuwatch.store import Writer
+from gpuwatch.tui.snapshot import View
+from gpuwatch.tui.source import StoreSource
 
 NOW = 1_764_676_800_000
 

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import psutil
+from systools import needs_tools
 
 from gpuwatch.store import Writer, now_ms
-from systools import needs_tools
 
 GPUWATCH = str(Path(sys.executable).with_name("gpuwatch"))
 GiB = 2**30
@@ -26,30 +26,75 @@ pytestmark = needs_tools("tmux")
 
 def populate(writer: Writer, now: int, n_gpus: int = 8, n_procs: int = 50, n_runs: int = 20) -> None:
     """Static facts a daemon would have written: GPUs, processes, runs with steps."""
-    writer.insert("gpus", [dict(gpu_index=i, uuid=f"GPU-{i:04d}", name="NVIDIA H100 80GB HBM3",
-                                mem_total_bytes=80 * GiB, power_limit_mw=700_000,
-                                first_seen_ms=now - 3600_000, last_seen_ms=now) for i in range(n_gpus)])
+    writer.insert(
+        "gpus",
+        [
+            dict(
+                gpu_index=i,
+                uuid=f"GPU-{i:04d}",
+                name="NVIDIA H100 80GB HBM3",
+                mem_total_bytes=80 * GiB,
+                power_limit_mw=700_000,
+                first_seen_ms=now - 3600_000,
+                last_seen_ms=now,
+            )
+            for i in range(n_gpus)
+        ],
+    )
     users = ["alice", "bob", "carol", "dave", "erin"]
-    writer.insert("processes", [dict(pid=10_000 + k, start_ms=now - 3600_000, uid=2000 + k % 5,
-                                     user=users[k % 5], cmdline=f"python train.py --shard {k}",
-                                     run_id=f"run-{k % n_runs:02d}" if k < n_runs else None,
-                                     first_seen_ms=now - 3600_000, last_seen_ms=now)
-                                for k in range(n_procs)])
+    writer.insert(
+        "processes",
+        [
+            dict(
+                pid=10_000 + k,
+                start_ms=now - 3600_000,
+                uid=2000 + k % 5,
+                user=users[k % 5],
+                cmdline=f"python train.py --shard {k}",
+                run_id=f"run-{k % n_runs:02d}" if k < n_runs else None,
+                first_seen_ms=now - 3600_000,
+                last_seen_ms=now,
+            )
+            for k in range(n_procs)
+        ],
+    )
     statuses = ["running", "finished", "failed", "oom", "killed"]
     runs, steps = [], []
     for r in range(n_runs):
         status = statuses[r % len(statuses)] if r >= 4 else "running"
         started = now - (r + 1) * 1800_000
-        runs.append(dict(run_id=f"run-{r:02d}", name=f"exp-{r:02d}", uid=2000 + r % 5, user=users[r % 5],
-                         pid=10_000 + r, host="node-1", status=status, started_ms=started,
-                         ended_ms=None if status == "running" else started + 900_000,
-                         gpu_uuids=f"GPU-{r % n_gpus:04d}" if n_gpus else None, config_json=json.dumps({"lr": 3e-4, "seq": 65536}),
-                         job_id=f"job-{r:02d}", rank=0, world_size=1))
+        runs.append(
+            dict(
+                run_id=f"run-{r:02d}",
+                name=f"exp-{r:02d}",
+                uid=2000 + r % 5,
+                user=users[r % 5],
+                pid=10_000 + r,
+                host="node-1",
+                status=status,
+                started_ms=started,
+                ended_ms=None if status == "running" else started + 900_000,
+                gpu_uuids=f"GPU-{r % n_gpus:04d}" if n_gpus else None,
+                config_json=json.dumps({"lr": 3e-4, "seq": 65536}),
+                job_id=f"job-{r:02d}",
+                rank=0,
+                world_size=1,
+            )
+        )
         for s in range(120):
-            steps.append(dict(run_id=f"run-{r:02d}", step=s, ts_ms=started + s * 7_000, tokens=65536,
-                              step_time_ms=400 + s % 7, tokens_per_s=65536 / 0.4,
-                              mem_allocated_bytes=(30 + s % 10) * GiB, mem_reserved_bytes=45 * GiB,
-                              mem_peak_bytes=50 * GiB))
+            steps.append(
+                dict(
+                    run_id=f"run-{r:02d}",
+                    step=s,
+                    ts_ms=started + s * 7_000,
+                    tokens=65536,
+                    step_time_ms=400 + s % 7,
+                    tokens_per_s=65536 / 0.4,
+                    mem_allocated_bytes=(30 + s % 10) * GiB,
+                    mem_reserved_bytes=45 * GiB,
+                    mem_peak_bytes=50 * GiB,
+                )
+            )
     writer.insert("runs", runs)
     writer.insert("steps", steps)
 
@@ -57,15 +102,50 @@ def populate(writer: Writer, now: int, n_gpus: int = 8, n_procs: int = 50, n_run
 def write_tick(writer: Writer, ts: int, n_gpus: int = 8, n_procs: int = 50) -> None:
     """One sampler tick: every GPU, its processes, the host."""
     phase = (ts // 1000) % 60
-    writer.insert("gpu_samples", [dict(gpu_index=i, ts_ms=ts, gpu_util_pct=(phase + 11 * i) % 100,
-                                       mem_used_bytes=(10 + i * 8) * GiB, temp_c=50 + i, power_mw=300_000 + i,
-                                       throttle_reasons=0x4 if i == 7 else 0) for i in range(n_gpus)])
-    writer.insert("gpu_process_samples", [dict(gpu_index=k % n_gpus, pid=10_000 + k, ts_ms=ts, kind="compute",
-                                               used_mem_bytes=(k + 1) * 2**28, sm_util_pct=k % 100,
-                                               cpu_pct=float(k)) for k in range(n_procs if n_gpus else 0)])
-    writer.insert("host_samples", [dict(ts_ms=ts, cpu_pct=25.0, load1=3.0, mem_total_bytes=512 * GiB,
-                                        mem_used_bytes=100 * GiB, shm_total_bytes=256 * GiB,
-                                        shm_used_bytes=GiB)])
+    writer.insert(
+        "gpu_samples",
+        [
+            dict(
+                gpu_index=i,
+                ts_ms=ts,
+                gpu_util_pct=(phase + 11 * i) % 100,
+                mem_used_bytes=(10 + i * 8) * GiB,
+                temp_c=50 + i,
+                power_mw=300_000 + i,
+                throttle_reasons=0x4 if i == 7 else 0,
+            )
+            for i in range(n_gpus)
+        ],
+    )
+    writer.insert(
+        "gpu_process_samples",
+        [
+            dict(
+                gpu_index=k % n_gpus,
+                pid=10_000 + k,
+                ts_ms=ts,
+                kind="compute",
+                used_mem_bytes=(k + 1) * 2**28,
+                sm_util_pct=k % 100,
+                cpu_pct=float(k),
+            )
+            for k in range(n_procs if n_gpus else 0)
+        ],
+    )
+    writer.insert(
+        "host_samples",
+        [
+            dict(
+                ts_ms=ts,
+                cpu_pct=25.0,
+                load1=3.0,
+                mem_total_bytes=512 * GiB,
+                mem_used_bytes=100 * GiB,
+                shm_total_bytes=256 * GiB,
+                shm_used_bytes=GiB,
+            )
+        ],
+    )
 
 
 def populated_db(path: Path) -> Path:
@@ -119,8 +199,17 @@ def test_tui_in_real_terminal_then_hangup(tmp_path):
     writer.flush()
     tmux = Tmux(f"gwtest-{os.getpid()}")
     try:
-        tmux("new-session", "-d", "-s", "tui", "-x", "80", "-y", "24",
-             f"exec {GPUWATCH} tui --db {db} --refresh 0.5")
+        tmux(
+            "new-session",
+            "-d",
+            "-s",
+            "tui",
+            "-x",
+            "80",
+            "-y",
+            "24",
+            f"exec {GPUWATCH} tui --db {db} --refresh 0.5",
+        )
         pid = int(tmux("display-message", "-p", "-t", "tui", "#{pane_pid}").strip())
         screen = tmux.wait_for("GPU processes: 50", "power cap", "live")
         assert "/dev/shm" in screen
@@ -154,8 +243,17 @@ def test_no_color_terminal_gets_no_colours(tmp_path):
     db = populated_db(tmp_path / "gw.db")
     tmux = Tmux(f"gwtest-nc-{os.getpid()}")
     try:
-        tmux("new-session", "-d", "-s", "tui", "-x", "80", "-y", "24",
-             f"NO_COLOR=1 TERM=tmux-256color exec {GPUWATCH} tui --db {db}")
+        tmux(
+            "new-session",
+            "-d",
+            "-s",
+            "tui",
+            "-x",
+            "80",
+            "-y",
+            "24",
+            f"NO_COLOR=1 TERM=tmux-256color exec {GPUWATCH} tui --db {db}",
+        )
         tmux.wait_for("GPU processes: 50")
         screen = tmux("capture-pane", "-p", "-e", "-t", "tui")
         # Textual renders NO_COLOR as monochrome: shades of grey only, e.g. no red "power cap".
@@ -167,9 +265,11 @@ def test_no_color_terminal_gets_no_colours(tmp_path):
 
 
 def test_cli_and_source_import_no_textual_torch_or_collectors():
-    code = ("import sys, gpuwatch.cli, gpuwatch.cli.tui_cmd, gpuwatch.tui.source; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('textual', 'torch') "
-            "or m.startswith('gpuwatch.collectors')]; print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, gpuwatch.cli, gpuwatch.cli.tui_cmd, gpuwatch.tui.source; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('textual', 'torch') "
+        "or m.startswith('gpuwatch.collectors')]; print(bad); sys.exit(1 if bad else 0)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -204,13 +304,18 @@ asyncio.run(main())
 
 def test_the_tui_loads_only_what_its_screens_show(tmp_path):
     db = populated_db(tmp_path / "gw.db")
-    result = subprocess.run([sys.executable, "-c", SHOW_TABLES, str(db), *NOT_NEEDED],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", SHOW_TABLES, str(db), *NOT_NEEDED], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["none"], f"loaded without need: {result.stdout}"
 
 
 def test_tui_refuses_without_a_terminal_and_names_a_bad_database(tmp_path):
-    result = subprocess.run([GPUWATCH, "tui", "--db", str(tmp_path / "gw.db")], capture_output=True,
-                            text=True, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [GPUWATCH, "tui", "--db", str(tmp_path / "gw.db")],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 1 and "needs a terminal" in result.stderr

@@ -12,15 +12,22 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from gpuwatch.store import Writer
 from systools import needs_tools
 from test_tui_terminal import populated_db
 
+from gpuwatch.store import Writer
+
 GPUWATCH = str(Path(sys.executable).with_name("gpuwatch"))
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 URL_LINE = re.compile(r"open (http://\S+/\?token=(\S+))")
 
 # The page's terminal (xterm.js) draws on a canvas: to read what it shows, the test's copy of
@@ -41,8 +48,12 @@ def free_port() -> int:
 
 def start_web(db: Path) -> tuple[subprocess.Popen, str]:
     """`gpuwatch tui --web` on a free loopback port: the server process and the URL it printed."""
-    server = subprocess.Popen([GPUWATCH, "tui", "--web", str(free_port()), "--db", str(db)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [GPUWATCH, "tui", "--web", str(free_port()), "--db", str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         line = server.stdout.readline()
@@ -82,7 +93,7 @@ def test_requests_without_the_token_are_refused(served):
     wrong = token[:-1] + ("x" if token[-1] != "x" else "y")  # one character off
     assert status_of(base + "?token=" + wrong) == 403
     assert status_of(base + "static/js/textual.js") == 403
-    assert status_of(base + "ws") == 403   # the websocket that would start an app process
+    assert status_of(base + "ws") == 403  # the websocket that would start an app process
 
 
 def open_tui_page(browser, url: str):
@@ -96,7 +107,9 @@ def open_tui_page(browser, url: str):
             route.abort()
         elif route.request.url.endswith("/textual.js"):
             response = route.fetch()
-            body, n = TERMINAL_NEW.subn(r"this.terminal=window.gpuwatchTerminal=new \1.Terminal(", response.text())
+            body, n = TERMINAL_NEW.subn(
+                r"this.terminal=window.gpuwatchTerminal=new \1.Terminal(", response.text()
+            )
             patched.append(n)
             route.fulfill(response=response, body=body)
         else:
@@ -118,8 +131,9 @@ def wait_for_screen(page, *texts: str, timeout_s: float = 30, until=lambda scree
         if all(t in screen for t in texts) and until(screen):
             return screen
         if time.monotonic() > deadline:
-            raise AssertionError(f"{texts} not in the browser (textual.js patched {page.patched} times):\n"
-                                 f"{screen}")
+            raise AssertionError(
+                f"{texts} not in the browser (textual.js patched {page.patched} times):\n{screen}"
+            )
         page.wait_for_timeout(100)
 
 
@@ -137,8 +151,14 @@ def test_overview_in_chromium_and_keys_work(served):
         try:
             page = open_tui_page(browser, url)
             # Every GPU, one line each, and the processes under them.
-            wait_for_screen(page, "GPU processes: 50", "live", "power cap", "train.py --shard",
-                            until=lambda screen: screen.count("NVIDIA H100 80GB HBM3") == 8)
+            wait_for_screen(
+                page,
+                "GPU processes: 50",
+                "live",
+                "power cap",
+                "train.py --shard",
+                until=lambda screen: screen.count("NVIDIA H100 80GB HBM3") == 8,
+            )
             page.locator("#terminal").click()
             page.keyboard.press("r")
             wait_for_screen(page, "Runs: 20")
@@ -148,13 +168,20 @@ def test_overview_in_chromium_and_keys_work(served):
             browser.close()
 
 
-@pytest.mark.parametrize("address, refusal", [
-    ("0.0.0.0:8765", "0.0.0.0 is not a loopback address"),
-    ("8765x", "expected [HOST:]PORT"),
-])
+@pytest.mark.parametrize(
+    "address, refusal",
+    [
+        ("0.0.0.0:8765", "0.0.0.0 is not a loopback address"),
+        ("8765x", "expected [HOST:]PORT"),
+    ],
+)
 def test_a_reachable_or_bad_address_is_refused(tmp_path, address, refusal):
     Writer(tmp_path / "gw.db").close()
-    result = subprocess.run([GPUWATCH, "tui", "--web", address, "--db", str(tmp_path / "gw.db")],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [GPUWATCH, "tui", "--web", address, "--db", str(tmp_path / "gw.db")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 1 and refusal in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

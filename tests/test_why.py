@@ -7,11 +7,11 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from why_scenarios import SLOW_FROM, SLOW_TO, T0, Scenario
 
 from gpuwatch.analysis.why import analyse, top_cause
 from gpuwatch.cli import main
 from gpuwatch.store import open_ro, open_rw
-from why_scenarios import SLOW_FROM, SLOW_TO, T0, Scenario
 
 
 def why(sc: Scenario, tmp_path, run: str = "r"):
@@ -85,10 +85,12 @@ def test_throttling_gives_its_reason_clock_and_power(tmp_path):
     assert "power cap" in first.detail and "-> 14" in first.detail and "700 W cap" in first.detail
 
 
-PAIRS = [("cotenant", "cpu_hog", {"gpu_cotenant", "host_cpu"}),
-         ("throttle", "data_loader_sleeps", {"gpu_throttle", "data_wait"}),
-         ("swapping", "cotenant", {"host_swap", "gpu_cotenant"}),
-         ("cpu_hog", "throttle", {"host_cpu", "gpu_throttle"})]
+PAIRS = [
+    ("cotenant", "cpu_hog", {"gpu_cotenant", "host_cpu"}),
+    ("throttle", "data_loader_sleeps", {"gpu_throttle", "data_wait"}),
+    ("swapping", "cotenant", {"host_swap", "gpu_cotenant"}),
+    ("cpu_hog", "throttle", {"host_cpu", "gpu_throttle"}),
+]
 
 
 @pytest.mark.parametrize("a, b, kinds", PAIRS, ids=[f"{a}+{b}" for a, b, _ in PAIRS])
@@ -128,8 +130,11 @@ def _again(sc: Scenario, tmp_path, run: str):
 def test_steady_runs_report_no_slowdown(tmp_path, seed, noise):
     result = why(Scenario(seed=seed, noise=noise), tmp_path)
     assert result.slowdowns == ()
-    long_slow = [p for p in result.phases if p.kind == "slow"
-                 and (p.slower_pct or 0) >= 20 and p.end_ms - p.start_ms >= 10_000]
+    long_slow = [
+        p
+        for p in result.phases
+        if p.kind == "slow" and (p.slower_pct or 0) >= 20 and p.end_ms - p.start_ms >= 10_000
+    ]
     assert long_slow == []
 
 
@@ -183,7 +188,11 @@ def test_cli_json_has_the_documented_shape(tmp_path):
     (s,) = doc["slowdowns"]
     assert list(s) == ["start_ms", "end_ms", "first_step", "last_step", "slower_pct", "causes"]
     assert list(s["causes"][0]) == ["kind", "share_pct", "pid", "user", "command", "gpu_index", "detail"]
-    assert (s["causes"][0]["kind"], s["causes"][0]["pid"], s["causes"][0]["user"]) == ("gpu_cotenant", 8812, "bob")
+    assert (s["causes"][0]["kind"], s["causes"][0]["pid"], s["causes"][0]["user"]) == (
+        "gpu_cotenant",
+        8812,
+        "bob",
+    )
 
 
 def test_cli_table_lists_phases_and_causes_and_names_a_bad_run(tmp_path):
@@ -247,8 +256,9 @@ def test_a_real_tracked_run_slowed_by_cpu_hogs(tmp_path):
     finally:
         conn.close()
     hog = info["to"] - info["from"]
-    over = [s for s in result.slowdowns
-            if min(s.end_ms, info["to"]) - max(s.start_ms, info["from"]) >= 0.6 * hog]
+    over = [
+        s for s in result.slowdowns if min(s.end_ms, info["to"]) - max(s.start_ms, info["from"]) >= 0.6 * hog
+    ]
     assert over, (result.phases, info)
     assert over[0].slower_pct >= 30
     assert over[0].causes[0].kind == "host_cpu", over[0].causes
@@ -310,7 +320,11 @@ def test_the_tui_run_screen_shades_the_slow_phase_and_lists_its_causes(tmp_path)
     shaded = [s for s in drawn.spans if SHADE in str(s.style)]
     # The slow minute of the five shown: about a fifth of the plot's columns, in its middle.
     row = drawn.plain.splitlines()[2]
-    columns = {s.start - drawn.plain.index(row) for s in shaded if drawn.plain.index(row) <= s.start < drawn.plain.index(row) + len(row)}
+    columns = {
+        s.start - drawn.plain.index(row)
+        for s in shaded
+        if drawn.plain.index(row) <= s.start < drawn.plain.index(row) + len(row)
+    }
     assert 8 <= len(columns) <= 14 and min(columns) > 15 and max(columns) < 45, sorted(columns)
 
     async def pilot():
@@ -344,7 +358,9 @@ def test_folded_rows_count_as_the_steps_they_stand_for(tmp_path):
 def test_a_slow_warm_up_is_warm_up_not_a_slowdown(tmp_path):
     result = why(Scenario(warmup_s=45), tmp_path)  # the compiled first step, then 29 s at half speed
     assert result.slowdowns == ()
-    assert result.phases[0].kind == "warm-up" and result.phases[0].end_ms - result.phases[0].start_ms >= 15_000
+    assert (
+        result.phases[0].kind == "warm-up" and result.phases[0].end_ms - result.phases[0].start_ms >= 15_000
+    )
 
 
 def test_a_run_with_no_steps_has_nothing_to_say(tmp_path):
@@ -364,8 +380,10 @@ def test_neither_the_daemon_nor_the_client_loads_the_analysis():
     import subprocess
     import sys
 
-    code = ("import sys, gpuwatch.daemon.main, gpuwatch.client, gpuwatch.sampler\n"
-            "print(sorted(m for m in sys.modules if m.startswith('gpuwatch.analysis.why')))")
+    code = (
+        "import sys, gpuwatch.daemon.main, gpuwatch.client, gpuwatch.sampler\n"
+        "print(sorted(m for m in sys.modules if m.startswith('gpuwatch.analysis.why')))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -58,6 +58,7 @@ def args_for(module, *argv: str):
 
 # ---- recorded through the client, in a child process ----------------------------------------
 
+
 def test_gpt_train_records_every_step_with_plausible_rates():
     out, wall_s = run_workload("gpt_train", "--tiny", "--steps", "5", "--device", "cpu")
     result = common.parse_result(out)
@@ -104,7 +105,9 @@ def test_embedding_probe_reports_computed_output_size():
 
 
 def test_kv_generate_records_ttft_and_inter_token_latency():
-    out, _ = run_workload("kv_generate", "--tiny", "--generations", "2", "--new-tokens", "6", "--device", "cpu")
+    out, _ = run_workload(
+        "kv_generate", "--tiny", "--generations", "2", "--new-tokens", "6", "--device", "cpu"
+    )
     assert "TTFT" in out and "KV cache" in out
     (run,) = query("SELECT run_id, name, status FROM runs")
     assert (run["name"], run["status"]) == ("kv-generate", "finished")
@@ -123,14 +126,33 @@ def test_kv_generate_records_ttft_and_inter_token_latency():
     assert 50 * 2**20 < summary["peak_mem_bytes"] <= printed
     table = CliRunner().invoke(main, ["runs"]).output.splitlines()
     peak_column = table[0].index("PEAK MEM")
-    assert table[1][peak_column:peak_column + 9].strip().endswith("MiB")
+    assert table[1][peak_column : peak_column + 9].strip().endswith("MiB")
 
 
 def test_running_out_of_memory_ends_the_run_as_oom_with_a_result_line():
     # Naive attention over a million positions asks for a 4 TB score tensor: refused at once.
-    done, _ = run_child("gpt_train", "--tiny", "--attn", "naive", "--seq-len", "1000000", "--batch", "1",
-                        "--d-model", "8", "--heads", "1", "--layers", "1", "--vocab", "16", "--steps", "1",
-                        "--device", "cpu")
+    done, _ = run_child(
+        "gpt_train",
+        "--tiny",
+        "--attn",
+        "naive",
+        "--seq-len",
+        "1000000",
+        "--batch",
+        "1",
+        "--d-model",
+        "8",
+        "--heads",
+        "1",
+        "--layers",
+        "1",
+        "--vocab",
+        "16",
+        "--steps",
+        "1",
+        "--device",
+        "cpu",
+    )
     assert done.returncode == 1
     assert common.parse_result(done.stdout)["oom"] is True
     assert "out of memory at batch 1 x seq 1000000" in done.stderr and "Traceback" not in done.stderr
@@ -138,12 +160,21 @@ def test_running_out_of_memory_ends_the_run_as_oom_with_a_result_line():
     assert run["status"] == "oom"
 
 
-@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
-                    reason="torchrun is installed with torch next to the interpreter")
+@pytest.mark.skipif(
+    shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+    reason="torchrun is installed with torch next to the interpreter",
+)
 def test_ddp_under_torchrun_is_one_job_with_two_ranks():
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    out, _ = run_workload("ddp_train", "--tiny", "--steps", "3", "--device", "cpu",
-                          launcher=[torchrun, "--standalone", "--nproc_per_node=2", "-m"])
+    out, _ = run_workload(
+        "ddp_train",
+        "--tiny",
+        "--steps",
+        "3",
+        "--device",
+        "cpu",
+        launcher=[torchrun, "--standalone", "--nproc_per_node=2", "-m"],
+    )
     assert "2 ranks" in out and "GPUWATCH_RESULT" in out
     runs = query("SELECT run_id, job_id, rank, world_size, status, config_json FROM runs ORDER BY rank")
     assert [r["rank"] for r in runs] == [0, 1]
@@ -156,6 +187,7 @@ def test_ddp_under_torchrun_is_one_job_with_two_ranks():
 
 
 # ---- the models themselves, in-process ---------------------------------------------------------
+
 
 def test_naive_and_sdpa_attention_give_the_same_loss_and_gradients():
     results = {}
@@ -210,8 +242,9 @@ def test_kv_cache_decoding_matches_recomputing_the_whole_sequence(attn):
 
     counter = Counter()
     with torch.no_grad():
-        new, times, cache_bytes = kv_generate.generate_once(model, prompt, 8, args, torch.device("cpu"),
-                                                            counter, torch.Generator())
+        new, times, cache_bytes = kv_generate.generate_once(
+            model, prompt, 8, args, torch.device("cpu"), counter, torch.Generator()
+        )
         seq = prompt
         for _ in range(8):  # no cache: the whole sequence every time
             seq = torch.cat([seq, model(seq)[0][:, -1].argmax(-1, keepdim=True)], dim=1)
@@ -232,6 +265,7 @@ def test_lstm_padding_does_not_change_the_real_positions():
 
 
 # ---- bad input: one clear line ----------------------------------------------------------------
+
 
 def test_asking_for_cuda_without_one_is_a_clear_error(capsys):
     if torch.cuda.is_available():
@@ -257,14 +291,22 @@ def test_workloads_use_only_the_public_client_api():
 
     for path in sorted((REPO / "workloads").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
                 if name.startswith("gpuwatch"):
-                    assert name == "gpuwatch" or name.startswith("gpuwatch.client"), f"{path.name} imports {name}"
+                    assert name == "gpuwatch" or name.startswith("gpuwatch.client"), (
+                        f"{path.name} imports {name}"
+                    )
 
 
 # ---- the same workloads on a real GPU (skipped where no NVIDIA driver answers) ----------------
+
 
 @pytest.mark.gpu
 def test_gpt_train_on_cuda_records_cuda_peak_memory_and_event_step_times():
@@ -281,7 +323,9 @@ def test_gpt_train_on_cuda_records_cuda_peak_memory_and_event_step_times():
 
 @pytest.mark.gpu
 def test_kv_generate_on_cuda_lists_the_cuda_peak_it_printed():
-    out, _ = run_workload("kv_generate", "--tiny", "--generations", "2", "--new-tokens", "6", "--device", "cuda")
+    out, _ = run_workload(
+        "kv_generate", "--tiny", "--generations", "2", "--new-tokens", "6", "--device", "cuda"
+    )
     printed = common.parse_result(out)["peak_bytes"]
     # The allocator's peak after the last generation is the peak the workload printed at its end.
     assert query("SELECT max(mem_peak_bytes) AS peak FROM generations")[0]["peak"] == printed
@@ -290,11 +334,14 @@ def test_kv_generate_on_cuda_lists_the_cuda_peak_it_printed():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("module, args", [
-    ("kv_generate", ["--generations", "2", "--new-tokens", "6"]),
-    ("embedding_probe", ["--batch", "3", "--seq-len", "100"]),
-    ("lstm_context", ["--steps", "4"]),
-])
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("kv_generate", ["--generations", "2", "--new-tokens", "6"]),
+        ("embedding_probe", ["--batch", "3", "--seq-len", "100"]),
+        ("lstm_context", ["--steps", "4"]),
+    ],
+)
 def test_the_other_workloads_run_on_cuda(module, args):
     out, _ = run_workload(module, "--tiny", *args, "--device", "cuda")
     (run,) = query("SELECT status FROM runs")
@@ -303,10 +350,29 @@ def test_the_other_workloads_run_on_cuda(module, args):
 
 @pytest.mark.gpu
 def test_a_cuda_oom_ends_the_run_as_oom_with_a_gpu_postmortem():
-    done, _ = run_child("gpt_train", "--tiny", "--attn", "naive", "--seq-len", "1000000", "--batch", "1",
-                        "--d-model", "8", "--heads", "1", "--layers", "1", "--vocab", "16", "--steps", "1",
-                        "--device", "cuda")
+    done, _ = run_child(
+        "gpt_train",
+        "--tiny",
+        "--attn",
+        "naive",
+        "--seq-len",
+        "1000000",
+        "--batch",
+        "1",
+        "--d-model",
+        "8",
+        "--heads",
+        "1",
+        "--layers",
+        "1",
+        "--vocab",
+        "16",
+        "--steps",
+        "1",
+        "--device",
+        "cuda",
+    )
     assert done.returncode == 1 and common.parse_result(done.stdout)["oom"] is True
     (pm,) = query("SELECT kind, phase, requested_bytes, free_bytes FROM oom_postmortems")
     assert (pm["kind"], pm["phase"]) == ("gpu", "forward")
-    assert pm["requested_bytes"] >= 10 ** 12 > pm["free_bytes"]  # 1e6² scores: terabytes
+    assert pm["requested_bytes"] >= 10**12 > pm["free_bytes"]  # 1e6² scores: terabytes

@@ -18,8 +18,11 @@ pytest.importorskip("torch")
 def test_a_gan_records_one_step_per_iteration_with_each_optimisers_loss_named_after_its_module():
     done = gw_run(PY, str(SCRIPTS / "gan.py"))
     assert done.returncode == 0, done.stderr[-3000:]
-    printed = [tuple(map(float, re.findall(r"Loss_[DG]: (\S+)", line)))
-               for line in done.stdout.splitlines() if line.startswith("[")]
+    printed = [
+        tuple(map(float, re.findall(r"Loss_[DG]: (\S+)", line)))
+        for line in done.stdout.splitlines()
+        if line.startswith("[")
+    ]
     steps = steps_of(the_run()["run_id"])
     assert [s["step"] for s in steps] == list(range(1, len(printed) + 1))  # steps = iterations
     for step, (loss_d, loss_g) in zip(steps, printed):  # step k carries iteration k's losses
@@ -30,7 +33,9 @@ def test_a_gan_records_one_step_per_iteration_with_each_optimisers_loss_named_af
     # Every other iteration ends with G's images under no_grad: the next step's evaluation time.
     assert all(s["eval_pct"] > 0 for s in steps[2::2]) and all(s["eval_pct"] == 0 for s in steps[1::2])
     # show prints each optimiser's loss by name.
-    shown = subprocess.run([GPUWATCH, "show", the_run()["run_id"]], capture_output=True, text=True, timeout=60)
+    shown = subprocess.run(
+        [GPUWATCH, "show", the_run()["run_id"]], capture_output=True, text=True, timeout=60
+    )
     assert re.search(r"losses\s+netD .*netG", shown.stdout), shown.stdout
 
 
@@ -41,8 +46,9 @@ def test_the_run_of_a_gan_counts_the_parameters_of_both_modules():
     netD = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1), nn.Sigmoid())
     done = gw_run(PY, str(SCRIPTS / "gan.py"))
     assert done.returncode == 0, done.stderr[-3000:]
-    (attached,) = query("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'",
-                        the_run()["run_id"])
+    (attached,) = query(
+        "SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'", the_run()["run_id"]
+    )
     config = json.loads(attached["payload_json"])["config"]
     assert config["n_params"] == sum(p.numel() for m in (netG, netD) for p in m.parameters())
 
@@ -50,19 +56,26 @@ def test_the_run_of_a_gan_counts_the_parameters_of_both_modules():
 def test_an_lbfgs_step_carries_the_closures_first_evaluation_and_the_evaluation_count():
     done = gw_run(PY, str(SCRIPTS / "lbfgs.py"))
     assert done.returncode == 0, done.stderr[-3000:]
-    printed = [(float(line.split()[3]), int(line.split()[5])) for line in done.stdout.splitlines()
-               if line.startswith("step ")]
+    printed = [
+        (float(line.split()[3]), int(line.split()[5]))
+        for line in done.stdout.splitlines()
+        if line.startswith("step ")
+    ]
     steps = steps_of(the_run()["run_id"])
     assert [(s["loss"], s["closure_evals"]) for s in steps] == [
-        (pytest.approx(loss, rel=1e-5), evals) for loss, evals in printed]
+        (pytest.approx(loss, rel=1e-5), evals) for loss, evals in printed
+    ]
     assert printed[0][1] > 1  # LBFGS did evaluate its closure several times a step
 
 
 def test_data_wait_is_the_time_inside_the_loader_and_evaluation_and_checkpoints_are_named(tmp_path):
     done = gw_run(PY, str(SCRIPTS / "eval_checkpoint.py"), str(tmp_path / "ckpt.pt"))
     assert done.returncode == 0, done.stderr[-3000:]
-    in_loader = {int(line.split()[1]): float(line.split()[3]) for line in done.stdout.splitlines()
-                 if line.startswith("step ")}
+    in_loader = {
+        int(line.split()[1]): float(line.split()[3])
+        for line in done.stdout.splitlines()
+        if line.startswith("step ")
+    }
     steps = {s["step"]: s for s in steps_of(the_run()["run_id"])}
     assert len(steps) == 12 and set(in_loader) == set(range(2, 13))
     for n, pct in in_loader.items():  # within 5 points of what the program measured in its loader
@@ -71,9 +84,13 @@ def test_data_wait_is_the_time_inside_the_loader_and_evaluation_and_checkpoints_
     for n in (5, 9):
         assert steps[n]["eval_pct"] > 20, dict(steps[n])
     assert all(steps[n]["eval_pct"] < 5 for n in steps if n not in (5, 9))
-    assert all(s["compute_pct"] > 5 and s["data_wait_pct"] + s["compute_pct"] + s["eval_pct"] <= 100.5
-               for s in steps.values())
-    shown = subprocess.run([GPUWATCH, "show", the_run()["run_id"]], capture_output=True, text=True, timeout=60)
+    assert all(
+        s["compute_pct"] > 5 and s["data_wait_pct"] + s["compute_pct"] + s["eval_pct"] <= 100.5
+        for s in steps.values()
+    )
+    shown = subprocess.run(
+        [GPUWATCH, "show", the_run()["run_id"]], capture_output=True, text=True, timeout=60
+    )
     split = next(line for line in shown.stdout.splitlines() if line.strip().startswith("split"))
     assert all(word in split for word in ("data", "compute", "eval/checkpoint", "other")), split
 
@@ -89,8 +106,9 @@ def test_our_stderr_lines_say_they_are_ours_and_there_is_at_most_one():
 
 def test_torchrun_ranks_are_named_after_the_job_and_last_as_long_as_their_process():
     torchrun = str(Path(PY).with_name("torchrun"))
-    done = gw_run(torchrun, "--standalone", "--nproc_per_node=2", str(SCRIPTS / "ddp.py"),
-                  flags=("--name", "ddp2"))
+    done = gw_run(
+        torchrun, "--standalone", "--nproc_per_node=2", str(SCRIPTS / "ddp.py"), flags=("--name", "ddp2")
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ages = {int(m[0]): float(m[1]) for m in re.findall(r"rank (\d) age_s (\S+)", done.stdout)}
     ranks = query("SELECT * FROM runs WHERE parent_run_id = ? ORDER BY rank", the_run()["run_id"])

@@ -14,14 +14,22 @@ RESULT_PREFIX = "GPUWATCH_RESULT "
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default=None,
-                        help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="autocast precision for the forward pass (default fp32)")
+    parser.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)"
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="autocast precision for the forward pass (default fp32)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed for weights and data")
     parser.add_argument("--name", default=None, help="run name shown by gpuwatch (default: the workload's)")
-    parser.add_argument("--tiny", action="store_true",
-                        help="small size defaults that run in seconds on a CPU (size flags you give still win)")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="small size defaults that run in seconds on a CPU (size flags you give still win)",
+    )
 
 
 def add_size_args(parser: argparse.ArgumentParser, sizes: dict) -> None:
@@ -29,8 +37,13 @@ def add_size_args(parser: argparse.ArgumentParser, sizes: dict) -> None:
 
     A flag the user gives always wins; otherwise --tiny picks the tiny default."""
     for dest, (kind, default, tiny, text) in sizes.items():
-        parser.add_argument("--" + dest.replace("_", "-"), dest=dest, type=kind, default=None,
-                            help=f"{text} (default {default}; with --tiny {tiny})")
+        parser.add_argument(
+            "--" + dest.replace("_", "-"),
+            dest=dest,
+            type=kind,
+            default=None,
+            help=f"{text} (default {default}; with --tiny {tiny})",
+        )
     parser.set_defaults(_sizes=sizes)
 
 
@@ -55,8 +68,10 @@ def resolve_device(requested: str | None) -> torch.device:
         raise SystemExit(f"error: --device {requested!r} is not a device (try cpu, cuda, cuda:1)") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise SystemExit("error: --device cuda asked for, but torch.cuda.is_available() is False "
-                             "(no driver, no GPU visible, or a CPU-only torch build)")
+            raise SystemExit(
+                "error: --device cuda asked for, but torch.cuda.is_available() is False "
+                "(no driver, no GPU visible, or a CPU-only torch build)"
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise SystemExit(f"error: --device {requested}: only {torch.cuda.device_count()} GPU(s) visible")
     return device
@@ -66,8 +81,10 @@ def readiness(device: torch.device) -> str:
     """The articles' readiness check, as one line: is CUDA usable, and what runs the work."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return (f"CUDA available: True; using {device} = {torch.cuda.get_device_name(index)} "
-                f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
+        return (
+            f"CUDA available: True; using {device} = {torch.cuda.get_device_name(index)} "
+            f"(torch {torch.__version__}, CUDA {torch.version.cuda})"
+        )
     return f"CUDA available: {torch.cuda.is_available()}; using CPU (torch {torch.__version__})"
 
 
@@ -124,5 +141,5 @@ def parse_result(output: str) -> dict:
     """The fields of the last GPUWATCH_RESULT line in a workload's output."""
     for line in reversed(output.splitlines()):
         if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
+            return json.loads(line[len(RESULT_PREFIX) :])
     raise ValueError("no GPUWATCH_RESULT line in the workload's output")

@@ -56,21 +56,36 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
     ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
-    sampler = DistributedSampler(synthetic_dataset(args), num_replicas=world_size, rank=rank,
-                                 shuffle=True, seed=args.seed, drop_last=True)
+    sampler = DistributedSampler(
+        synthetic_dataset(args),
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=True,
+        seed=args.seed,
+        drop_last=True,
+    )
     loader = DataLoader(sampler.dataset, batch_size=args.batch, sampler=sampler, drop_last=True)
     if len(loader) == 0:
-        raise SystemExit(f"error: --samples {args.samples} gives each of {world_size} ranks fewer than "
-                         f"--batch {args.batch} sequences")
+        raise SystemExit(
+            f"error: --samples {args.samples} gives each of {world_size} ranks fewer than "
+            f"--batch {args.batch} sequences"
+        )
     config = {k: getattr(args, k) for k in (*SIZES, "attn", "precision", "checkpointing", "lr", "seed")}
     config.update(device=str(device), backend=dist.get_backend(), shard_samples=len(sampler))
-    flops = transformer_flops_per_token(args.layers, args.d_model, args.seq_len, args.vocab,
-                                        n_params=gpt_train.matmul_params(model), training=True)
+    flops = transformer_flops_per_token(
+        args.layers,
+        args.d_model,
+        args.seq_len,
+        args.vocab,
+        n_params=gpt_train.matmul_params(model),
+        training=True,
+    )
     tokens_per_step = args.batch * args.seq_len
     common.reset_peak(device)
     step, epoch, started = 0, 0, None
-    with gpuwatch.track(name=args.name or "ddp-train", config=config, flops_per_token=flops,
-                        precision=args.precision) as run:
+    with gpuwatch.track(
+        name=args.name or "ddp-train", config=config, flops_per_token=flops, precision=args.precision
+    ) as run:
         while step < args.steps:
             sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
             for (seq,) in loader:
@@ -92,17 +107,25 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
         common.synchronize(device)
     elapsed = time.perf_counter() - started if started is not None else 0.0
     # Job totals: tokens/s summed over ranks (each rank's own rate), the largest rank's peak.
-    totals = torch.tensor([tokens_per_step * (args.steps - 1) / elapsed if elapsed else 0.0,
-                           float(common.peak_bytes(device))], dtype=torch.float64, device=device)
+    totals = torch.tensor(
+        [tokens_per_step * (args.steps - 1) / elapsed if elapsed else 0.0, float(common.peak_bytes(device))],
+        dtype=torch.float64,
+        device=device,
+    )
     dist.all_reduce(totals[:1], op=dist.ReduceOp.SUM)
     dist.all_reduce(totals[1:], op=dist.ReduceOp.MAX)
-    return {"tokens_per_s": totals[0].item() or None, "peak_bytes": int(totals[1].item()),
-            "last_loss": float(loss.detach()), "run_id": run.run_id}
+    return {
+        "tokens_per_s": totals[0].item() or None,
+        "peak_bytes": int(totals[1].item()),
+        "last_loss": float(loss.detach()),
+        "run_id": run.run_id,
+    }
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="torchrun --nproc_per_node=N -m workloads.ddp_train",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="torchrun --nproc_per_node=N -m workloads.ddp_train", description=__doc__.split("\n\n")[0]
+    )
     common.add_size_args(p, SIZES)
     p.add_argument("--attn", choices=("naive", "sdpa"), default="sdpa", help="attention implementation")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
@@ -117,24 +140,38 @@ def main(argv: list[str] | None = None) -> int:
     gpt_train.check_shape(p, args)
     missing = [v for v in TORCHRUN_VARS if v not in os.environ]
     if missing:
-        p.error(f"not started by torchrun ({', '.join(missing)} unset); run: "
-                f"torchrun --nproc_per_node=2 -m workloads.ddp_train {' '.join(sys.argv[1:])}".rstrip())
+        p.error(
+            f"not started by torchrun ({', '.join(missing)} unset); run: "
+            f"torchrun --nproc_per_node=2 -m workloads.ddp_train {' '.join(sys.argv[1:])}".rstrip()
+        )
     rank, local_rank, world_size = (int(os.environ[v]) for v in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     device = rank_device(args.device, local_rank)
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     try:
         if rank == 0:
-            print(common.readiness(device) + f"; {world_size} ranks, backend {dist.get_backend()}", flush=True)
+            print(
+                common.readiness(device) + f"; {world_size} ranks, backend {dist.get_backend()}", flush=True
+            )
         r = train(args, rank, world_size, device)
-        print(f"ddp_train rank {rank}/{world_size}: gpuwatch run {r['run_id']}, last loss {r['last_loss']:.3f}",
-              flush=True)
+        print(
+            f"ddp_train rank {rank}/{world_size}: gpuwatch run {r['run_id']}, last loss {r['last_loss']:.3f}",
+            flush=True,
+        )
         dist.barrier()  # rank 0's summary comes last
         if rank == 0:
-            tps = f"{r['tokens_per_s']:.0f} tokens/s over all ranks" if r["tokens_per_s"] else "tokens/s: needs 2+ steps"
-            print(f"ddp_train: {world_size} ranks x batch {args.batch} x seq {args.seq_len}, {args.precision}; "
-                  f"{tps}; peak memory {common.human_bytes(r['peak_bytes'])} on the fullest rank "
-                  f"({common.peak_label(device)})")
-            common.print_result(peak_bytes=r["peak_bytes"], tokens_per_s=r["tokens_per_s"], world_size=world_size)
+            tps = (
+                f"{r['tokens_per_s']:.0f} tokens/s over all ranks"
+                if r["tokens_per_s"]
+                else "tokens/s: needs 2+ steps"
+            )
+            print(
+                f"ddp_train: {world_size} ranks x batch {args.batch} x seq {args.seq_len}, {args.precision}; "
+                f"{tps}; peak memory {common.human_bytes(r['peak_bytes'])} on the fullest rank "
+                f"({common.peak_label(device)})"
+            )
+            common.print_result(
+                peak_bytes=r["peak_bytes"], tokens_per_s=r["tokens_per_s"], world_size=world_size
+            )
     finally:
         dist.destroy_process_group()
     return 0

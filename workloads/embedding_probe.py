@@ -41,8 +41,10 @@ def probe(args: argparse.Namespace) -> dict:
     config["device"] = str(device)
     common.reset_peak(device)
     seconds = []
-    with gpuwatch.track(name=args.name or "embedding-probe", config=config,
-                        precision=args.precision) as run, torch.no_grad():
+    with (
+        gpuwatch.track(name=args.name or "embedding-probe", config=config, precision=args.precision) as run,
+        torch.no_grad(),
+    ):
         for _ in range(args.repeats):
             common.synchronize(device)
             t0 = time.perf_counter()
@@ -61,7 +63,9 @@ def probe(args: argparse.Namespace) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m workloads.embedding_probe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m workloads.embedding_probe", description=__doc__.split("\n\n")[0]
+    )
     common.add_size_args(p, SIZES)
     common.add_common_args(p)
     return p
@@ -70,12 +74,18 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = common.parse_args(parser(), argv)
     r = probe(args)
-    print(f"embedding_probe: output shape {list(r['shape'])} ({args.precision}) = "
-          f"{r['output_bytes']:,} bytes ({r['output_bytes'] / 1e6:.1f} MB); "
-          f"weights {r['weight_bytes'] / 1e6:.1f} MB")
-    print(f"  {r['tokens_per_s']:.0f} tokens/s (best of {args.repeats}); peak memory "
-          f"{common.human_bytes(r['peak_bytes'])} ({common.peak_label(r['device'])}); no OOM")
-    common.print_result(output_bytes=r["output_bytes"], peak_bytes=r["peak_bytes"], tokens_per_s=r["tokens_per_s"])
+    print(
+        f"embedding_probe: output shape {list(r['shape'])} ({args.precision}) = "
+        f"{r['output_bytes']:,} bytes ({r['output_bytes'] / 1e6:.1f} MB); "
+        f"weights {r['weight_bytes'] / 1e6:.1f} MB"
+    )
+    print(
+        f"  {r['tokens_per_s']:.0f} tokens/s (best of {args.repeats}); peak memory "
+        f"{common.human_bytes(r['peak_bytes'])} ({common.peak_label(r['device'])}); no OOM"
+    )
+    common.print_result(
+        output_bytes=r["output_bytes"], peak_bytes=r["peak_bytes"], tokens_per_s=r["tokens_per_s"]
+    )
     return 0
 
 

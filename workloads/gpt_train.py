@@ -56,8 +56,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: str) -> torc
 class KVCache:
     """Keys and values of every layer, allocated once for the whole generation."""
 
-    def __init__(self, n_layers: int, batch: int, heads: int, max_len: int, head_dim: int,
-                 device, dtype: torch.dtype):
+    def __init__(
+        self, n_layers: int, batch: int, heads: int, max_len: int, head_dim: int, device, dtype: torch.dtype
+    ):
         shape = (n_layers, batch, heads, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -71,8 +72,8 @@ class KVCache:
         end = self.length + k.size(-2)
         if end > self.k.size(-2):
             raise ValueError(f"KV cache holds {self.k.size(-2)} positions; asked for {end}")
-        self.k[layer, :, :, self.length:end] = k
-        self.v[layer, :, :, self.length:end] = v
+        self.k[layer, :, :, self.length : end] = k
+        self.v[layer, :, :, self.length : end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
 
@@ -85,8 +86,9 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         b, t, c = x.shape
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-                   for z in self.qkv(x).split(c, dim=2))
+        q, k, v = (
+            z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(x).split(c, dim=2)
+        )
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
             k, v = k.to(q.dtype), v.to(q.dtype)
@@ -108,8 +110,16 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, max_len: int, layers: int, d_model: int, heads: int,
-                 attn: str = "sdpa", checkpointing: bool = False):
+    def __init__(
+        self,
+        vocab: int,
+        max_len: int,
+        layers: int,
+        d_model: int,
+        heads: int,
+        attn: str = "sdpa",
+        checkpointing: bool = False,
+    ):
         super().__init__()
         self.max_len, self.heads, self.checkpointing = max_len, heads, checkpointing
         self.tok_emb = nn.Embedding(vocab, d_model)
@@ -130,14 +140,16 @@ class GPT(nn.Module):
     def new_cache(self, batch: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
         d_model = self.tok_emb.embedding_dim
         p = self.tok_emb.weight
-        return KVCache(len(self.blocks), batch, self.heads, max_len, d_model // self.heads,
-                       p.device, dtype or p.dtype)
+        return KVCache(
+            len(self.blocks), batch, self.heads, max_len, d_model // self.heads, p.device, dtype or p.dtype
+        )
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                cache: KVCache | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
         start = cache.length if cache is not None else 0
         if start + idx.size(1) > self.max_len:
-            raise ValueError(f"sequence of {start + idx.size(1)} tokens exceeds the model's {self.max_len} positions")
+            raise ValueError(
+                f"sequence of {start + idx.size(1)} tokens exceeds the model's {self.max_len} positions"
+            )
         pos = torch.arange(start, start + idx.size(1), device=idx.device)
         x = self.tok_emb(idx) + self.pos_emb(pos)
         for block in self.blocks:
@@ -158,11 +170,20 @@ class GPT(nn.Module):
 def build_model(args: argparse.Namespace) -> GPT:
     """The model the flags describe, with weights drawn from --seed."""
     torch.manual_seed(args.seed)
-    return GPT(args.vocab, args.seq_len, args.layers, args.d_model, args.heads,
-               attn=args.attn, checkpointing=getattr(args, "checkpointing", False))
+    return GPT(
+        args.vocab,
+        args.seq_len,
+        args.layers,
+        args.d_model,
+        args.heads,
+        attn=args.attn,
+        checkpointing=getattr(args, "checkpointing", False),
+    )
 
 
-def synthetic_batch(args: argparse.Namespace, generator: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(
+    args: argparse.Namespace, generator: torch.Generator, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A learnable synthetic language, so the loss visibly falls: each sequence counts from a
     random start by a stride of 1, 2 or 3 (mod vocab). Inputs, and the same sequence shifted by
     one as next-token targets."""
@@ -195,15 +216,19 @@ def train(args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
     data = torch.Generator().manual_seed(args.seed)
-    config = {k: getattr(args, k) for k in (*SIZES, "attn", "precision", "checkpointing", "compile", "lr", "seed")}
+    config = {
+        k: getattr(args, k) for k in (*SIZES, "attn", "precision", "checkpointing", "compile", "lr", "seed")
+    }
     config.update(device=str(device), n_params=params)
-    flops = transformer_flops_per_token(args.layers, args.d_model, args.seq_len, args.vocab,
-                                        n_params=matmul_params(model), training=True)
+    flops = transformer_flops_per_token(
+        args.layers, args.d_model, args.seq_len, args.vocab, n_params=matmul_params(model), training=True
+    )
     tokens_per_step = args.batch * args.seq_len
     common.reset_peak(device)
     losses = []
-    with gpuwatch.track(name=args.name or "gpt-train", config=config, flops_per_token=flops,
-                        precision=args.precision) as run:
+    with gpuwatch.track(
+        name=args.name or "gpt-train", config=config, flops_per_token=flops, precision=args.precision
+    ) as run:
         started = None
         for step in range(args.steps):
             if step == 1:  # step 0 pays for warm-up (allocator, kernels, compile): time the rest
@@ -233,10 +258,17 @@ def train(args: argparse.Namespace) -> dict:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workloads.gpt_train", description=__doc__.split("\n\n")[0])
     common.add_size_args(p, SIZES)
-    p.add_argument("--attn", choices=("naive", "sdpa"), default="sdpa",
-                   help="naive materialises the B*H*L*L scores; sdpa = F.scaled_dot_product_attention")
-    p.add_argument("--checkpointing", action="store_true",
-                   help="activation checkpointing per block (torch.utils.checkpoint, use_reentrant=False)")
+    p.add_argument(
+        "--attn",
+        choices=("naive", "sdpa"),
+        default="sdpa",
+        help="naive materialises the B*H*L*L scores; sdpa = F.scaled_dot_product_attention",
+    )
+    p.add_argument(
+        "--checkpointing",
+        action="store_true",
+        help="activation checkpointing per block (torch.utils.checkpoint, use_reentrant=False)",
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile the model (slow to start)")
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
     common.add_common_args(p)
@@ -260,22 +292,34 @@ def main(argv: list[str] | None = None) -> int:
         if not is_oom(e):
             raise
         # gpuwatch has recorded the run as 'oom'; say so in one line and in the result line.
-        print(f"out of memory at batch {args.batch} x seq {args.seq_len}: {str(e).splitlines()[0]}",
-              file=sys.stderr)
+        print(
+            f"out of memory at batch {args.batch} x seq {args.seq_len}: {str(e).splitlines()[0]}",
+            file=sys.stderr,
+        )
         device = common.resolve_device(args.device)
         # The allocator's state while the failed step's tensors are still held (by `e`'s frames):
         # what gpuwatch's postmortem recorded, for `gpuwatch selftest` to compare.
-        at_oom = {"free_bytes": torch.cuda.mem_get_info(device)[0],
-                  "reserved_bytes": torch.cuda.memory_reserved(device)} if device.type == "cuda" else {}
+        at_oom = (
+            {
+                "free_bytes": torch.cuda.mem_get_info(device)[0],
+                "reserved_bytes": torch.cuda.memory_reserved(device),
+            }
+            if device.type == "cuda"
+            else {}
+        )
         common.print_result(oom=True, peak_bytes=common.peak_bytes(device), tokens_per_s=None, **at_oom)
         return 1
     tps = result["tokens_per_s"]
-    print(f"gpt_train: {result['n_params'] / 1e6:.2f}M params, batch {args.batch} x seq {args.seq_len}, "
-          f"{args.attn}, {args.precision}{', checkpointing' if args.checkpointing else ''} on {result['device']}")
-    print(f"  loss {result['first_loss']:.3f} -> {result['last_loss']:.3f} over {args.steps} steps; "
-          f"{'%.0f tokens/s' % tps if tps else 'tokens/s: needs 2+ steps'}; "
-          f"peak memory {common.human_bytes(result['peak_bytes'])} "
-          f"({common.peak_label(common.resolve_device(args.device))})")
+    print(
+        f"gpt_train: {result['n_params'] / 1e6:.2f}M params, batch {args.batch} x seq {args.seq_len}, "
+        f"{args.attn}, {args.precision}{', checkpointing' if args.checkpointing else ''} on {result['device']}"
+    )
+    print(
+        f"  loss {result['first_loss']:.3f} -> {result['last_loss']:.3f} over {args.steps} steps; "
+        f"{'%.0f tokens/s' % tps if tps else 'tokens/s: needs 2+ steps'}; "
+        f"peak memory {common.human_bytes(result['peak_bytes'])} "
+        f"({common.peak_label(common.resolve_device(args.device))})"
+    )
     common.print_result(oom=False, peak_bytes=result["peak_bytes"], tokens_per_s=tps)
     return 0
 

@@ -39,13 +39,16 @@ def next_token(logits: torch.Tensor, temperature: float, generator: torch.Genera
     return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
 
 
-def generate_once(model: gpt_train.GPT, prompt: torch.Tensor, new_tokens: int, args, device, g,
-                  generator: torch.Generator) -> tuple[torch.Tensor, list[float], int]:
+def generate_once(
+    model: gpt_train.GPT, prompt: torch.Tensor, new_tokens: int, args, device, g, generator: torch.Generator
+) -> tuple[torch.Tensor, list[float], int]:
     """Prefill then decode, calling g.token() as each token lands.
 
     Returns the new tokens (batch, new_tokens), the start time and each token's time, and the
     KV cache's size in bytes."""
-    cache = model.new_cache(prompt.size(0), prompt.size(1) + new_tokens, common.autocast_dtype(args.precision))
+    cache = model.new_cache(
+        prompt.size(0), prompt.size(1) + new_tokens, common.autocast_dtype(args.precision)
+    )
     times = [time.perf_counter()]
 
     def landed(logits: torch.Tensor) -> torch.Tensor:
@@ -73,8 +76,11 @@ def run(args: argparse.Namespace) -> dict:
     config["device"] = str(device)
     common.reset_peak(device)
     ttfts, itls, decode_seconds = [], [], 0.0
-    with gpuwatch.track(name=args.name or "kv-generate", config=config, precision=args.precision) \
-            as tracked, torch.no_grad(), common.autocast(device, args.precision):
+    with (
+        gpuwatch.track(name=args.name or "kv-generate", config=config, precision=args.precision) as tracked,
+        torch.no_grad(),
+        common.autocast(device, args.precision),
+    ):
         for _ in range(args.generations):
             prompt = torch.randint(0, args.vocab, (args.batch, args.prompt_len), generator=data).to(device)
             common.synchronize(device)
@@ -110,13 +116,22 @@ def main(argv: list[str] | None = None) -> int:
     r = run(args)
     itl = f"{r['itl_p50_ms']:.2f} ms" if r["itl_p50_ms"] is not None else "n/a (one token)"
     tps = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "n/a"
-    print(f"kv_generate: {args.generations} x (batch {args.batch}, prompt {args.prompt_len} -> "
-          f"{args.new_tokens} new tokens), {args.attn}, {args.precision} on {r['device']}")
-    print(f"  TTFT p50 {r['ttft_ms']:.1f} ms; inter-token p50 {itl}; decode {tps} tokens/s; "
-          f"KV cache {common.human_bytes(r['kv_cache_bytes'])}; "
-          f"peak memory {common.human_bytes(r['peak_bytes'])} ({common.peak_label(r['device'])})")
-    common.print_result(ttft_ms=r["ttft_ms"], itl_p50_ms=r["itl_p50_ms"], tokens_per_s=r["tokens_per_s"],
-                        kv_cache_bytes=r["kv_cache_bytes"], peak_bytes=r["peak_bytes"])
+    print(
+        f"kv_generate: {args.generations} x (batch {args.batch}, prompt {args.prompt_len} -> "
+        f"{args.new_tokens} new tokens), {args.attn}, {args.precision} on {r['device']}"
+    )
+    print(
+        f"  TTFT p50 {r['ttft_ms']:.1f} ms; inter-token p50 {itl}; decode {tps} tokens/s; "
+        f"KV cache {common.human_bytes(r['kv_cache_bytes'])}; "
+        f"peak memory {common.human_bytes(r['peak_bytes'])} ({common.peak_label(r['device'])})"
+    )
+    common.print_result(
+        ttft_ms=r["ttft_ms"],
+        itl_p50_ms=r["itl_p50_ms"],
+        tokens_per_s=r["tokens_per_s"],
+        kv_cache_bytes=r["kv_cache_bytes"],
+        peak_bytes=r["peak_bytes"],
+    )
     return 0
 
 

@@ -117,10 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--min-len {args.min_len} is longer than --max-len {args.max_len}")
     r = train(args)
     tps = f"{r['tokens_per_s']:.0f} real tokens/s" if r["tokens_per_s"] else "tokens/s: needs 2+ steps"
-    print(f"lstm_context: batch {args.batch}, lengths {args.min_len}..{args.max_len}, "
-          f"hidden {args.hidden_dim}, {args.precision} on {r['device']}")
-    print(f"  {tps} ({r['real_fraction']:.0%} of padded positions are real); last loss {r['last_loss']:.3f}; "
-          f"peak memory {common.human_bytes(r['peak_bytes'])} ({common.peak_label(r['device'])})")
+    print(
+        f"lstm_context: batch {args.batch}, lengths {args.min_len}..{args.max_len}, "
+        f"hidden {args.hidden_dim}, {args.precision} on {r['device']}"
+    )
+    print(
+        f"  {tps} ({r['real_fraction']:.0%} of padded positions are real); last loss {r['last_loss']:.3f}; "
+        f"peak memory {common.human_bytes(r['peak_bytes'])} ({common.peak_label(r['device'])})"
+    )
     common.print_result(peak_bytes=r["peak_bytes"], tokens_per_s=r["tokens_per_s"])
     return 0
 

@@ -2,14 +2,18 @@
 structs (read from the real module in nvitop's venv), tests/fake_pynvml.py's GPUs, functions
 and error classes; an NVML function the fake lacks raises NVMLError_NotSupported, as on a GPU
 without that feature. NVITOP_FAKE_PIDS (comma-separated) spreads real pids over the 8 GPUs."""
+
 import importlib.util
 import os
 import sys
 import types
 
 _here = os.path.dirname(os.path.abspath(__file__))
-_path = next(os.path.join(p, "pynvml.py") for p in sys.path
-             if p and os.path.abspath(p) != _here and os.path.exists(os.path.join(p, "pynvml.py")))
+_path = next(
+    os.path.join(p, "pynvml.py")
+    for p in sys.path
+    if p and os.path.abspath(p) != _here and os.path.exists(os.path.join(p, "pynvml.py"))
+)
 _spec = importlib.util.spec_from_file_location("_real_pynvml", _path)
 _real = importlib.util.module_from_spec(_spec)
 sys.modules["_real_pynvml"] = _real
@@ -24,6 +28,7 @@ _fake.configure(gpus=8, procs={i: _pids[i::8] for i in range(8)})
 def _unsupported(name):
     def call(*args, **kwargs):
         raise _fake.NVMLError(_fake.NVML_ERROR_NOT_SUPPORTED)
+
     call.__name__ = name
     return call
 

@@ -3,6 +3,7 @@ accelerator.backward(), the loss computed outside the model. Never imports gpuwa
 
     python accelerate_loop.py [STEPS]
 """
+
 import sys
 import time
 
@@ -14,8 +15,9 @@ V, T, B = 128, 32, 8
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 30
 torch.manual_seed(0)
 accelerator = Accelerator(cpu=True)
-model = torch.nn.Sequential(torch.nn.Embedding(V, 64), torch.nn.Linear(64, 64), torch.nn.GELU(),
-                            torch.nn.Linear(64, V))
+model = torch.nn.Sequential(
+    torch.nn.Embedding(V, 64), torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, V)
+)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 data = DataLoader(TensorDataset(torch.randint(0, V, (steps * B, T))), batch_size=B)
 model, opt, data = accelerator.prepare(model, opt, data)

@@ -3,6 +3,7 @@ checkpoints (torch.save(model)), loaded back with torch.load. Never imports gpuw
 
     python ema_whole_model.py OUT_DIR [STEPS]
 """
+
 import copy
 import sys
 import time
@@ -14,8 +15,9 @@ out, steps = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 30
 out.mkdir(parents=True, exist_ok=True)
 torch.manual_seed(0)
 V, L, B = 128, 32, 8
-model = torch.nn.Sequential(torch.nn.Embedding(V, 64), torch.nn.Linear(64, 64), torch.nn.GELU(),
-                            torch.nn.Linear(64, V))
+model = torch.nn.Sequential(
+    torch.nn.Embedding(V, 64), torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, V)
+)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 ema = None
 for step in range(1, steps + 1):

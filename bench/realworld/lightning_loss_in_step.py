@@ -3,6 +3,7 @@ training_step, outside the module's forward. Never imports gpuwatch.
 
     python lightning_loss_in_step.py [STEPS]
 """
+
 import sys
 import time
 
@@ -31,8 +32,11 @@ class LitLM(L.LightningModule):
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        print(f"step {self.global_step} loss {outputs['loss'].item():.6f} "
-              f"time {(time.perf_counter() - self._t0) * 1000:.3f}ms", flush=True)
+        print(
+            f"step {self.global_step} loss {outputs['loss'].item():.6f} "
+            f"time {(time.perf_counter() - self._t0) * 1000:.3f}ms",
+            flush=True,
+        )
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
@@ -40,5 +44,11 @@ class LitLM(L.LightningModule):
 
 L.seed_everything(0)
 data = DataLoader(TensorDataset(torch.randint(0, V, (steps * B, T))), batch_size=B)
-L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-          enable_progress_bar=False, enable_model_summary=False).fit(LitLM(), data)
+L.Trainer(
+    max_steps=steps,
+    accelerator="cpu",
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+).fit(LitLM(), data)

@@ -9,8 +9,9 @@ to the notify service as a systemd credential), because gpuwatch.toml is read by
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from gpuwatch.alerts import subscriptions as subs
 
@@ -30,17 +31,19 @@ def load(path: Path) -> list[tuple[str, tuple[str, ...]]]:
     except tomllib.TOMLDecodeError as e:
         raise subs.SubscriptionError(f"{path}: invalid TOML: {e}") from None
     if mode & 0o077 and not os.environ.get("CREDENTIALS_DIRECTORY"):
-        raise subs.SubscriptionError(f"{path} is readable by other users; its URLs are secrets "
-                                     f"(chmod 600 {path})")
+        raise subs.SubscriptionError(
+            f"{path} is readable by other users; its URLs are secrets (chmod 600 {path})"
+        )
     entries = []
     unknown = set(data) - {"subscription"}
     if unknown:
         raise subs.SubscriptionError(f"{path}: unknown key {sorted(unknown)[0]!r} (only [[subscription]])")
     for n, entry in enumerate(data.get("subscription", []), 1):
         if not isinstance(entry, dict) or not isinstance(entry.get("url"), str) or set(entry) - {"url", "on"}:
-            raise subs.SubscriptionError(f"{path}: subscription {n} needs url = \"...\" and at most on = [...]")
+            raise subs.SubscriptionError(f'{path}: subscription {n} needs url = "..." and at most on = [...]')
         on = entry.get("on")
-        kinds = subs.parse_kinds(",".join(on) if isinstance(on, list) else on, subs.ADMIN_KINDS,
-                                 default=subs.ADMIN_KINDS)
+        kinds = subs.parse_kinds(
+            ",".join(on) if isinstance(on, list) else on, subs.ADMIN_KINDS, default=subs.ADMIN_KINDS
+        )
         entries.append((entry["url"], kinds))
     return entries

@@ -50,7 +50,8 @@ def check_url(url: str) -> None:
     if not isinstance(url, str) or not url or apprise.Apprise.instantiate(url) is None:
         raise subs.SubscriptionError(
             "not a notification URL apprise understands (e.g. slack://…, ntfy://…, mailto://…, "
-            "json://host/path; see https://github.com/caronc/apprise/wiki)")
+            "json://host/path; see https://github.com/caronc/apprise/wiki)"
+        )
 
 
 def send(url: str, title: str, body: str) -> str | None:
@@ -91,8 +92,15 @@ def max_alert_id(db_path: Path) -> int:
 class Deliverer:
     """Works one private store against one shared database; `deliver_once` is a whole pass."""
 
-    def __init__(self, store_path: Path, db_path: Path, group_s: float = 5.0,
-                 sender=send, workers: int = 8, terminals_uid: int | None = None):
+    def __init__(
+        self,
+        store_path: Path,
+        db_path: Path,
+        group_s: float = 5.0,
+        sender=send,
+        workers: int = 8,
+        terminals_uid: int | None = None,
+    ):
         self.store_path = Path(store_path)
         self.db_path = Path(db_path)
         self.group_ms = int(group_s * 1000)
@@ -141,16 +149,20 @@ class Deliverer:
         if now_ms() - self._pruned_ms > 3600_000:
             self._pruned_ms = now_ms()
             with self.conn:
-                self.conn.execute("DELETE FROM deliveries WHERE state = 'sent' AND sent_ms < ?",
-                                  (self._pruned_ms - KEEP_SENT_MS,))
+                self.conn.execute(
+                    "DELETE FROM deliveries WHERE state = 'sent' AND sent_ms < ?",
+                    (self._pruned_ms - KEEP_SENT_MS,),
+                )
         return sent
 
     def _match(self, main: sqlite3.Connection) -> None:
         row = self.conn.execute("SELECT alert_id FROM cursor WHERE id = 1").fetchone()
         all_subs = subs.listing(self.conn, None)
         if row is None:  # a new store: start at its subscriptions, or now
-            start = min((s.after_alert_id for s in all_subs),
-                        default=main.execute("SELECT COALESCE(MAX(id), 0) FROM alerts").fetchone()[0])
+            start = min(
+                (s.after_alert_id for s in all_subs),
+                default=main.execute("SELECT COALESCE(MAX(id), 0) FROM alerts").fetchone()[0],
+            )
             self.conn.execute("INSERT INTO cursor (id, alert_id) VALUES (1, ?)", (start,))
             cursor = start
         else:
@@ -168,8 +180,10 @@ class Deliverer:
             for alert in new:
                 for sub in all_subs:
                     if sub.matches(alert, names.get(alert.run_id or "")):
-                        self.conn.execute("INSERT OR IGNORE INTO deliveries (alert_id, sub_id, kind) "
-                                          "VALUES (?, ?, ?)", (alert.id, sub.id, alert.kind))
+                        self.conn.execute(
+                            "INSERT OR IGNORE INTO deliveries (alert_id, sub_id, kind) VALUES (?, ?, ?)",
+                            (alert.id, sub.id, alert.kind),
+                        )
             self.conn.execute("UPDATE cursor SET alert_id = ? WHERE id = 1", (new[-1].id,))
         if self.terminals_uid is not None:
             from gpuwatch.alerts.terminals import write_line
@@ -182,9 +196,11 @@ class Deliverer:
         now = now_ms()
         due: dict[int, list[int]] = {}
         for sub_id, alert_id in self.conn.execute(
-                "SELECT d.sub_id, d.alert_id FROM deliveries d JOIN subscriptions s ON s.id = d.sub_id "
-                "WHERE d.state = 'pending' AND d.next_try_ms <= ? AND s.last_sent_ms + ? <= ? "
-                "ORDER BY d.sub_id, d.alert_id", (now, self.group_ms, now)):
+            "SELECT d.sub_id, d.alert_id FROM deliveries d JOIN subscriptions s ON s.id = d.sub_id "
+            "WHERE d.state = 'pending' AND d.next_try_ms <= ? AND s.last_sent_ms + ? <= ? "
+            "ORDER BY d.sub_id, d.alert_id",
+            (now, self.group_ms, now),
+        ):
             due.setdefault(sub_id, []).append(alert_id)
         if not due:
             return 0
@@ -205,20 +221,38 @@ class Deliverer:
                 marks = ",".join("?" * len(alert_ids))
                 if error is None:
                     sent += 1
-                    self.conn.execute(f"UPDATE deliveries SET state = 'sent', sent_ms = ?, attempts = "
-                                      f"attempts + 1, last_error = NULL WHERE sub_id = ? AND alert_id "
-                                      f"IN ({marks})", (done, sub.id, *alert_ids))
-                    self.conn.execute("UPDATE subscriptions SET last_sent_ms = ? WHERE id = ?", (done, sub.id))
+                    self.conn.execute(
+                        f"UPDATE deliveries SET state = 'sent', sent_ms = ?, attempts = "
+                        f"attempts + 1, last_error = NULL WHERE sub_id = ? AND alert_id "
+                        f"IN ({marks})",
+                        (done, sub.id, *alert_ids),
+                    )
+                    self.conn.execute(
+                        "UPDATE subscriptions SET last_sent_ms = ? WHERE id = ?", (done, sub.id)
+                    )
                 else:
                     for alert_id, attempts in self.conn.execute(
-                            f"SELECT alert_id, attempts FROM deliveries WHERE sub_id = ? AND alert_id "
-                            f"IN ({marks})", (sub.id, *alert_ids)).fetchall():
+                        f"SELECT alert_id, attempts FROM deliveries WHERE sub_id = ? AND alert_id "
+                        f"IN ({marks})",
+                        (sub.id, *alert_ids),
+                    ).fetchall():
                         self.conn.execute(
                             "UPDATE deliveries SET attempts = ?, next_try_ms = ?, last_error = ? "
                             "WHERE sub_id = ? AND alert_id = ?",
-                            (attempts + 1, done + int(backoff_s(attempts + 1) * 1000), error, sub.id, alert_id))
-                    log.warning("alert delivery to subscription %d (%s) failed, will retry: %s",
-                                sub.id, sub.redacted, error)
+                            (
+                                attempts + 1,
+                                done + int(backoff_s(attempts + 1) * 1000),
+                                error,
+                                sub.id,
+                                alert_id,
+                            ),
+                        )
+                    log.warning(
+                        "alert delivery to subscription %d (%s) failed, will retry: %s",
+                        sub.id,
+                        sub.redacted,
+                        error,
+                    )
         self.messages_sent += sent
         if sent:
             self._forget_finished_transients()
@@ -236,7 +270,9 @@ class Deliverer:
             self.conn.execute(
                 f"DELETE FROM subscriptions WHERE transient = 1 AND id IN (SELECT sub_id FROM deliveries "
                 f"WHERE state = 'sent' AND kind IN ({ends})) AND id NOT IN "
-                f"(SELECT sub_id FROM deliveries WHERE state = 'pending')", subs.END_KINDS)
+                f"(SELECT sub_id FROM deliveries WHERE state = 'pending')",
+                subs.END_KINDS,
+            )
 
     def pending(self, run_id: str | None = None) -> int:
         """Deliveries still waiting (for one run's `--notify` subscription, or all)."""
@@ -244,12 +280,15 @@ class Deliverer:
             return self.conn.execute("SELECT count(*) FROM deliveries WHERE state = 'pending'").fetchone()[0]
         return self.conn.execute(
             "SELECT count(*) FROM deliveries d JOIN subscriptions s ON s.id = d.sub_id "
-            "WHERE d.state = 'pending' AND s.run_id = ?", (run_id,)).fetchone()[0]
+            "WHERE d.state = 'pending' AND s.run_id = ?",
+            (run_id,),
+        ).fetchone()[0]
 
     # -- as a thread -----------------------------------------------------------------------
     def start(self, interval_s: float = 0.5) -> None:
-        self._thread = threading.Thread(target=self.run, args=(interval_s,), name="gpuwatch-deliver",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self.run, args=(interval_s,), name="gpuwatch-deliver", daemon=True
+        )
         self._thread.start()
 
     def run(self, interval_s: float = 0.5) -> None:
@@ -279,4 +318,3 @@ class Deliverer:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-

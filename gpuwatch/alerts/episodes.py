@@ -17,8 +17,10 @@ class Episodes:
 
     def _state(self, conn: sqlite3.Connection) -> dict[str, list]:
         if self._open is None:
-            self._open = {key: [since, bool(fired)] for key, since, fired in
-                          conn.execute("SELECT key, since_ms, fired FROM alert_episodes")}
+            self._open = {
+                key: [since, bool(fired)]
+                for key, since, fired in conn.execute("SELECT key, since_ms, fired FROM alert_episodes")
+            }
         return self._open
 
     def hold(self, conn: sqlite3.Connection, key: str, ts_ms: int, hold_ms: int) -> int | None:
@@ -28,8 +30,9 @@ class Episodes:
         episode = state.get(key)
         if episode is None:
             episode = state[key] = [ts_ms, False]
-            conn.execute("INSERT OR REPLACE INTO alert_episodes (key, since_ms, fired) VALUES (?, ?, 0)",
-                         (key, ts_ms))
+            conn.execute(
+                "INSERT OR REPLACE INTO alert_episodes (key, since_ms, fired) VALUES (?, ?, 0)", (key, ts_ms)
+            )
         since, fired = episode
         if fired or ts_ms - since < hold_ms:
             return None

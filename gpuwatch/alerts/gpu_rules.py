@@ -22,6 +22,7 @@ THROTTLE_FAMILIES = (("thermal", 0x8 | 0x20 | 0x40), ("power", 0x4 | 0x80))
 class Fact:
     """A condition that holds this tick: `key` names it, `hold_ms` is how long it must last,
     `alert(since_ms, now_ms)` words it once it has."""
+
     key: str
     hold_ms: int
     alert: Callable[[int, int], Alert]
@@ -45,35 +46,63 @@ def _idle_held(host: str, cfg: Config, static, util: int, proc, info, run_id: st
     def alert(since: int, now: int) -> Alert:
         held = fmt.duration(now - since)
         return Alert(
-            kind="gpu.idle_held", incident=f"{key}@{since}", ts_ms=now, host=host, uid=info.uid,
-            run_id=run_id, gpu_index=static.gpu_index, pid=proc.pid,
+            kind="gpu.idle_held",
+            incident=f"{key}@{since}",
+            ts_ms=now,
+            host=host,
+            uid=info.uid,
+            run_id=run_id,
+            gpu_index=static.gpu_index,
+            pid=proc.pid,
             title=f"GPU {static.gpu_index} on {host} held idle: {fmt.size(used)} by {whose}, "
-                  f"pid {proc.pid}, for {held}",
+            f"pid {proc.pid}, for {held}",
             body=texts.body(
                 f"pid {proc.pid} of {whose} holds {fmt.size(used)} of {_gpu_name(static)} on {host}, "
                 f"whose utilisation stayed at or below {cfg.idle_gpu_util_pct:g} % since {texts.when(since)} ({held}).",
-                f"Command: {command}", f"Run: {run_id}" if run_id else None,
+                f"Command: {command}",
+                f"Run: {run_id}" if run_id else None,
                 "If it is no longer needed, end it to free the GPU for others.",
-                more="gpuwatch status"),
-            detail={"used_mem_bytes": used, "gpu_util_pct": util, "since_ms": since, "held_ms": now - since,
-                    "uuid": static.uuid, "start_ms": info.start_ms, "command": command})
+                more="gpuwatch status",
+            ),
+            detail={
+                "used_mem_bytes": used,
+                "gpu_util_pct": util,
+                "since_ms": since,
+                "held_ms": now - since,
+                "uuid": static.uuid,
+                "start_ms": info.start_ms,
+                "command": command,
+            },
+        )
+
     return Fact(key, int(cfg.idle_gpu_minutes * 60_000), alert)
 
 
 def _state_fact(host: str, cfg: Config, static, state: str) -> Fact:
     kind = "gpu.lost" if state == "lost" else "gpu.not_responding"
     key = f"{kind}:{_gpu_key(static)}"
-    what = "is lost (fell off the bus or the driver gave up on it)" if state == "lost" else \
-        "is not responding (its NVML calls do not return)"
+    what = (
+        "is lost (fell off the bus or the driver gave up on it)"
+        if state == "lost"
+        else "is not responding (its NVML calls do not return)"
+    )
 
     def alert(since: int, now: int) -> Alert:
         return Alert(
-            kind=kind, incident=f"{key}@{since}", ts_ms=now, host=host, gpu_index=static.gpu_index,
+            kind=kind,
+            incident=f"{key}@{since}",
+            ts_ms=now,
+            host=host,
+            gpu_index=static.gpu_index,
             title=f"GPU {static.gpu_index} on {host} {what.split(' (')[0]}",
-            body=texts.body(f"{_gpu_name(static)} on {host} {what} since {texts.when(since)}.",
-                            "Runs on it are likely stuck or failing; the host's kernel log (dmesg) may say why.",
-                            more="gpuwatch status"),
-            detail={"uuid": static.uuid, "since_ms": since})
+            body=texts.body(
+                f"{_gpu_name(static)} on {host} {what} since {texts.when(since)}.",
+                "Runs on it are likely stuck or failing; the host's kernel log (dmesg) may say why.",
+                more="gpuwatch status",
+            ),
+            detail={"uuid": static.uuid, "since_ms": since},
+        )
+
     hold = 0 if state == "lost" else int(cfg.hung_alert_seconds * 1000)
     return Fact(key, hold, alert)
 
@@ -84,7 +113,11 @@ def _throttle_fact(host: str, cfg: Config, static, family: str, words: list[str]
     def alert(since: int, now: int) -> Alert:
         lasted = fmt.duration(now - since)
         return Alert(
-            kind="gpu.throttled", incident=f"{key}@{since}", ts_ms=now, host=host, gpu_index=static.gpu_index,
+            kind="gpu.throttled",
+            incident=f"{key}@{since}",
+            ts_ms=now,
+            host=host,
+            gpu_index=static.gpu_index,
             title=f"GPU {static.gpu_index} on {host} {family}-throttled for {lasted} ({', '.join(words)})",
             body=texts.body(
                 f"{_gpu_name(static)} on {host} has been slowed by {family} limits ({', '.join(words)}) "
@@ -92,9 +125,18 @@ def _throttle_fact(host: str, cfg: Config, static, family: str, words: list[str]
                 f"Now: {fmt.MISSING if sample.temp_c is None else sample.temp_c} °C, "
                 f"{fmt.MISSING if sample.power_mw is None else round(sample.power_mw / 1000)} W, "
                 f"SM clock {fmt.MISSING if sample.sm_clock_mhz is None else sample.sm_clock_mhz} MHz.",
-                more="gpuwatch status"),
-            detail={"uuid": static.uuid, "family": family, "reasons": sample.throttle_reasons,
-                    "temp_c": sample.temp_c, "power_mw": sample.power_mw, "since_ms": since})
+                more="gpuwatch status",
+            ),
+            detail={
+                "uuid": static.uuid,
+                "family": family,
+                "reasons": sample.throttle_reasons,
+                "temp_c": sample.temp_c,
+                "power_mw": sample.power_mw,
+                "since_ms": since,
+            },
+        )
+
     return Fact(key, int(cfg.throttle_alert_minutes * 60_000), alert)
 
 
@@ -116,8 +158,14 @@ def gpu_facts(host: str, cfg: Config, statics, samples, procs, pid_facts) -> lis
     statics_by_index = {st.gpu_index: st for st in statics}
     for p in procs:
         s = by_index.get(p.gpu_index)
-        if (s is None or s.state or s.gpu_util_pct is None or s.gpu_util_pct > cfg.idle_gpu_util_pct
-                or p.used_mem_bytes is None or p.used_mem_bytes < min_bytes):
+        if (
+            s is None
+            or s.state
+            or s.gpu_util_pct is None
+            or s.gpu_util_pct > cfg.idle_gpu_util_pct
+            or p.used_mem_bytes is None
+            or p.used_mem_bytes < min_bytes
+        ):
             continue
         known = pid_facts.get(p.pid)
         if known is None or p.gpu_index not in statics_by_index:
@@ -140,14 +188,22 @@ class ErrorCounts:
             static = by_index.get(x.gpu_index)
             uuid = _gpu_key(static) if static else f"index{x.gpu_index}"
             where = _gpu_name(static) if static else "a GPU the driver could not name"
-            found.append(Alert(
-                kind="gpu.xid", incident=f"{uuid}:xid{x.xid}@{x.ts_ms}", ts_ms=x.ts_ms, host=host,
-                gpu_index=None if x.gpu_index < 0 else x.gpu_index,
-                title=f"GPU {x.gpu_index if x.gpu_index >= 0 else '?'} on {host}: XID {x.xid} error",
-                body=texts.body(f"{where} on {host} reported critical XID error {x.xid} at {texts.when(x.ts_ms)}.",
-                                "NVIDIA's XID catalogue says what it means; the kernel log has the driver's line.",
-                                more="gpuwatch status"),
-                detail={"xid": x.xid, "uuid": uuid}))
+            found.append(
+                Alert(
+                    kind="gpu.xid",
+                    incident=f"{uuid}:xid{x.xid}@{x.ts_ms}",
+                    ts_ms=x.ts_ms,
+                    host=host,
+                    gpu_index=None if x.gpu_index < 0 else x.gpu_index,
+                    title=f"GPU {x.gpu_index if x.gpu_index >= 0 else '?'} on {host}: XID {x.xid} error",
+                    body=texts.body(
+                        f"{where} on {host} reported critical XID error {x.xid} at {texts.when(x.ts_ms)}.",
+                        "NVIDIA's XID catalogue says what it means; the kernel log has the driver's line.",
+                        more="gpuwatch status",
+                    ),
+                    detail={"xid": x.xid, "uuid": uuid},
+                )
+            )
         for s in samples:
             static = by_index.get(s.gpu_index)
             if static is None or s.ecc_uncorrected is None:
@@ -156,15 +212,23 @@ class ErrorCounts:
             self.ecc[_gpu_key(static)] = s.ecc_uncorrected
             if before is None or s.ecc_uncorrected <= before:
                 continue  # the first reading is the baseline
-            found.append(Alert(
-                kind="gpu.ecc", incident=f"{_gpu_key(static)}:ecc{s.ecc_uncorrected}", ts_ms=ts, host=host,
-                gpu_index=s.gpu_index,
-                title=f"GPU {s.gpu_index} on {host}: {s.ecc_uncorrected - before} new uncorrectable ECC "
-                      f"error(s)",
-                body=texts.body(f"{_gpu_name(static)} on {host} counted {s.ecc_uncorrected - before} new "
-                                f"uncorrectable ECC memory error(s) at {texts.when(ts)} "
-                                f"({s.ecc_uncorrected} in all).",
-                                "Work on it may have computed with corrupted memory; its memory may need a reset or RMA.",
-                                more="gpuwatch status"),
-                detail={"uuid": static.uuid, "uncorrected": s.ecc_uncorrected, "before": before}))
+            found.append(
+                Alert(
+                    kind="gpu.ecc",
+                    incident=f"{_gpu_key(static)}:ecc{s.ecc_uncorrected}",
+                    ts_ms=ts,
+                    host=host,
+                    gpu_index=s.gpu_index,
+                    title=f"GPU {s.gpu_index} on {host}: {s.ecc_uncorrected - before} new uncorrectable ECC "
+                    f"error(s)",
+                    body=texts.body(
+                        f"{_gpu_name(static)} on {host} counted {s.ecc_uncorrected - before} new "
+                        f"uncorrectable ECC memory error(s) at {texts.when(ts)} "
+                        f"({s.ecc_uncorrected} in all).",
+                        "Work on it may have computed with corrupted memory; its memory may need a reset or RMA.",
+                        more="gpuwatch status",
+                    ),
+                    detail={"uuid": static.uuid, "uncorrected": s.ecc_uncorrected, "before": before},
+                )
+            )
         return found

@@ -15,8 +15,9 @@ from gpuwatch.config import Config
 from gpuwatch.store.alerts import Alert
 
 
-def disk_low_alert(conn: sqlite3.Connection, cfg: Config, host: str, now: int,
-                   episodes: Episodes) -> Alert | None:
+def disk_low_alert(
+    conn: sqlite3.Connection, cfg: Config, host: str, now: int, episodes: Episodes
+) -> Alert | None:
     """disk.low once per episode of the database's filesystem below disk_low_pct % free."""
     directory = os.path.dirname(os.path.abspath(cfg.db_path))
     try:
@@ -32,15 +33,25 @@ def disk_low_alert(conn: sqlite3.Connection, cfg: Config, host: str, now: int,
     if since is None:
         return None
     return Alert(
-        kind="disk.low", incident=incident(key, since), ts_ms=now, host=host,
+        kind="disk.low",
+        incident=incident(key, since),
+        ts_ms=now,
+        host=host,
         title=f"Disk low on {host}: {fmt.size(usage.free)} free ({free_pct:.1f} %) where gpuwatch keeps its database",
         body=texts.body(
             f"The filesystem of {directory} on {host} has {fmt.size(usage.free)} free of "
             f"{fmt.size(usage.total)} ({free_pct:.1f} %, below {cfg.disk_low_pct:g} %) at {texts.when(now)}.",
             "When it fills, gpuwatch stops recording samples and runs' checkpoints may fail to save.",
-            more="gpuwatch doctor"),
-        detail={"path": directory, "free_bytes": usage.free, "total_bytes": usage.total,
-                "free_pct": round(free_pct, 2), "threshold_pct": cfg.disk_low_pct})
+            more="gpuwatch doctor",
+        ),
+        detail={
+            "path": directory,
+            "free_bytes": usage.free,
+            "total_bytes": usage.total,
+            "free_pct": round(free_pct, 2),
+            "threshold_pct": cfg.disk_low_pct,
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -59,19 +70,33 @@ class Wish:
 _WISH_COLUMNS = "id, uid, user, host, created_ms, gpus, min_free_bytes, max_util_pct, window_min"
 
 
-def add_wish(conn: sqlite3.Connection, uid: int, user: str | None, host: str, now: int, gpus: int,
-             min_free_bytes: int, max_util_pct: float = 10.0, window_min: float = 5.0) -> int:
+def add_wish(
+    conn: sqlite3.Connection,
+    uid: int,
+    user: str | None,
+    host: str,
+    now: int,
+    gpus: int,
+    min_free_bytes: int,
+    max_util_pct: float = 10.0,
+    window_min: float = 5.0,
+) -> int:
     """Store a wish (in a writer job, or a connection of its own in embedded mode); its id."""
     cur = conn.execute(
         "INSERT INTO alert_wishes (uid, user, host, created_ms, gpus, min_free_bytes, max_util_pct, "
         "window_min) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (uid, user, host, now, gpus, min_free_bytes, max_util_pct, window_min))
+        (uid, user, host, now, gpus, min_free_bytes, max_util_pct, window_min),
+    )
     return int(cur.lastrowid or 0)  # an INSERT into a rowid table always sets it
 
 
 def wishes(conn: sqlite3.Connection, host: str) -> list[Wish]:
-    return [Wish(*row) for row in conn.execute(
-        f"SELECT {_WISH_COLUMNS} FROM alert_wishes WHERE host = ? ORDER BY id", (host,))]
+    return [
+        Wish(*row)
+        for row in conn.execute(
+            f"SELECT {_WISH_COLUMNS} FROM alert_wishes WHERE host = ? ORDER BY id", (host,)
+        )
+    ]
 
 
 def granted_alerts(conn: sqlite3.Connection, host: str, now: int) -> list[Alert]:
@@ -87,21 +112,35 @@ def granted_alerts(conn: sqlite3.Connection, host: str, now: int) -> list[Alert]
         if w.window_min not in candidates:
             candidates[w.window_min] = local_candidates(conn, now - int(w.window_min * 60_000))
         try:
-            [best, *_] = choose(candidates[w.window_min], w.gpus, w.min_free_bytes, w.max_util_pct,
-                                w.user or str(w.uid))
+            [best, *_] = choose(
+                candidates[w.window_min], w.gpus, w.min_free_bytes, w.max_util_pct, w.user or str(w.uid)
+            )
         except NothingFits:
             continue
         indices = ",".join(str(c.index) for c in best)
         conn.execute("DELETE FROM alert_wishes WHERE id = ?", (w.id,))
-        found.append(Alert(
-            kind="gpus.free", incident=f"wish{w.id}@{w.created_ms}", ts_ms=now, host=host, uid=w.uid,
-            title=f"{w.gpus} GPU(s) free on {host} for {texts.whose(w.user, w.uid)}: CUDA_VISIBLE_DEVICES={indices}",
-            body=texts.body(
-                f"GPU(s) {indices} on {host} have kept at least {fmt.size(w.min_free_bytes)} free at "
-                f"≤ {w.max_util_pct:g} % utilisation over the last {w.window_min:g} minutes, as asked at "
-                f"{texts.when(w.created_ms)} (`gpuwatch notify when-free -n {w.gpus}`).",
-                "Free now, not reserved: someone else may take them. The wish is now forgotten.",
-                more=f"gpuwatch pick -n {w.gpus} --mem {w.min_free_bytes // 2**20}MiB"),
-            detail={"wish_id": w.id, "gpus": [c.index for c in best], "asked_ms": w.created_ms,
-                    "min_free_bytes": w.min_free_bytes, "max_util_pct": w.max_util_pct}))
+        found.append(
+            Alert(
+                kind="gpus.free",
+                incident=f"wish{w.id}@{w.created_ms}",
+                ts_ms=now,
+                host=host,
+                uid=w.uid,
+                title=f"{w.gpus} GPU(s) free on {host} for {texts.whose(w.user, w.uid)}: CUDA_VISIBLE_DEVICES={indices}",
+                body=texts.body(
+                    f"GPU(s) {indices} on {host} have kept at least {fmt.size(w.min_free_bytes)} free at "
+                    f"≤ {w.max_util_pct:g} % utilisation over the last {w.window_min:g} minutes, as asked at "
+                    f"{texts.when(w.created_ms)} (`gpuwatch notify when-free -n {w.gpus}`).",
+                    "Free now, not reserved: someone else may take them. The wish is now forgotten.",
+                    more=f"gpuwatch pick -n {w.gpus} --mem {w.min_free_bytes // 2**20}MiB",
+                ),
+                detail={
+                    "wish_id": w.id,
+                    "gpus": [c.index for c in best],
+                    "asked_ms": w.created_ms,
+                    "min_free_bytes": w.min_free_bytes,
+                    "max_util_pct": w.max_util_pct,
+                },
+            )
+        )
     return found

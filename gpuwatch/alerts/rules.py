@@ -73,7 +73,9 @@ class AlertRules:
 
     # --- each GPU tick (sampler thread builds, writer thread runs) ---
 
-    def gpu_job(self, ts: int, statics, samples, procs, pid_facts, xids) -> Callable[[sqlite3.Connection], None]:
+    def gpu_job(
+        self, ts: int, statics, samples, procs, pid_facts, xids
+    ) -> Callable[[sqlite3.Connection], None]:
         facts = gpu_rules.gpu_facts(self.host, self.cfg, statics, samples, procs, pid_facts)
         instant = self.errors.alerts(self.host, ts, statics, samples, xids)
 
@@ -90,6 +92,7 @@ class AlertRules:
         def job(conn: sqlite3.Connection) -> None:
             self._guarded("gpu errors", conn, lambda: instant)
             self._guarded("gpu episodes", conn, lambda: held(conn))
+
         return job
 
     # --- every CHECK_INTERVAL_S (writer thread) ---
@@ -97,22 +100,40 @@ class AlertRules:
     def check(self, conn: sqlite3.Connection) -> None:
         now = self.clock()
         if self.detect_stalls:
-            self._guarded("stalls", conn, lambda: [
-                run_rules.stalled_alert(conn, s) for s in find_stalled(conn, self.cfg, self.host, now)])
+            self._guarded(
+                "stalls",
+                conn,
+                lambda: [
+                    run_rules.stalled_alert(conn, s) for s in find_stalled(conn, self.cfg, self.host, now)
+                ],
+            )
         # Before the ends: a run that stepped again and ended since the last pass recovered first.
         self._guarded("recoveries", conn, lambda: run_rules.recovered_alerts(conn, self.host))
-        self._guarded("run ends", conn, lambda: [
-            run_rules.ended_alert(conn, run_id) for run_id in self.run_ends.ended(conn, now)])
+        self._guarded(
+            "run ends",
+            conn,
+            lambda: [run_rules.ended_alert(conn, run_id) for run_id in self.run_ends.ended(conn, now)],
+        )
         if now >= self._next_slow:
             self._next_slow = now + SLOW_CHECK_MS
-            self._guarded("slow runs", conn, lambda: run_rules.slow_alerts(
-                conn, self.cfg, self.host, now, self.episodes))
-        self._guarded("disk", conn, lambda: [host_rules.disk_low_alert(conn, self.cfg, self.host, now, self.episodes)])
+            self._guarded(
+                "slow runs",
+                conn,
+                lambda: run_rules.slow_alerts(conn, self.cfg, self.host, now, self.episodes),
+            )
+        self._guarded(
+            "disk", conn, lambda: [host_rules.disk_low_alert(conn, self.cfg, self.host, now, self.episodes)]
+        )
         if now >= self._next_wish:
             self._next_wish = now + WISH_CHECK_MS
             self._guarded("wishes", conn, lambda: host_rules.granted_alerts(conn, self.host, now))
 
     def stall_job(self, stalled: Stalled, dump_row: dict) -> Callable[[sqlite3.Connection], None]:
         """run.stalled for a stall the daemon's stall watch found and dumped."""
-        return lambda conn: self._guarded("stalls", conn, lambda: [run_rules.stalled_alert(
-            conn, stalled, dump_row.get("stacks_json"), dump_row.get("error"))])
+        return lambda conn: self._guarded(
+            "stalls",
+            conn,
+            lambda: [
+                run_rules.stalled_alert(conn, stalled, dump_row.get("stacks_json"), dump_row.get("error"))
+            ],
+        )

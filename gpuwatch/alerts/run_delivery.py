@@ -22,15 +22,25 @@ def _end_alerted(db_path: Path, run_id: str) -> bool:
         return False
     try:
         marks = ",".join("?" * len(END_KINDS))
-        return conn.execute(f"SELECT 1 FROM alerts WHERE run_id = ? AND kind IN ({marks}) LIMIT 1",
-                            (run_id, *END_KINDS)).fetchone() is not None
+        return (
+            conn.execute(
+                f"SELECT 1 FROM alerts WHERE run_id = ? AND kind IN ({marks}) LIMIT 1", (run_id, *END_KINDS)
+            ).fetchone()
+            is not None
+        )
     finally:
         conn.close()
 
 
-def deliver_after_run(store_path: Path, db_path: Path, run_id: str, group_s: float,
-                      end_wait_s: float = END_ALERT_WAIT_S, wait_s: float = DELIVERY_WAIT_S,
-                      terminals_uid: int | None = None) -> int:
+def deliver_after_run(
+    store_path: Path,
+    db_path: Path,
+    run_id: str,
+    group_s: float,
+    end_wait_s: float = END_ALERT_WAIT_S,
+    wait_s: float = DELIVERY_WAIT_S,
+    terminals_uid: int | None = None,
+) -> int:
     """Deliver until nothing is pending or `wait_s` passed; the deliveries still pending (kept:
     the next `gpuwatch run` or a `gpuwatch daemon --user` sends them). Nothing to do when a
     user daemon works the store: it delivers them."""

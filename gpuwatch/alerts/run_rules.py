@@ -24,8 +24,21 @@ STACK_FRAMES = 3  # innermost frames of the stalled thread an alert quotes
 SLOW_ROWS = 2000  # newest step rows a slowness check reads: its window, then the median's
 SLOW_MIN_BASELINE = 10  # rows before the window needed to call a median the run's own
 
-_RUN_COLUMNS = ("run_id", "name", "uid", "user", "host", "status", "exit_code", "signal",
-                "error_type", "error_message", "started_ms", "ended_ms", "last_step_ms")
+_RUN_COLUMNS = (
+    "run_id",
+    "name",
+    "uid",
+    "user",
+    "host",
+    "status",
+    "exit_code",
+    "signal",
+    "error_type",
+    "error_message",
+    "started_ms",
+    "ended_ms",
+    "last_step_ms",
+)
 
 
 def _run(conn: sqlite3.Connection, run_id: str) -> dict | None:
@@ -60,8 +73,11 @@ def ended_alert(conn: sqlite3.Connection, run_id: str) -> Alert | None:
     took = f"after {texts.lasted(r['started_ms'], ended)}"
     error = ": ".join(filter(None, (r["error_type"], r["error_message"]))) or None
     status = r["status"]
-    detail = {k: r[k] for k in ("status", "exit_code", "signal", "error_type", "started_ms", "ended_ms")
-              if r[k] is not None}
+    detail = {
+        k: r[k]
+        for k in ("status", "exit_code", "signal", "error_type", "started_ms", "ended_ms")
+        if r[k] is not None
+    }
     more = f"gpuwatch show {run_id}"
     oom_killed = status == "killed" and r["error_type"] == "OOMKilled"
     if status == "finished":
@@ -72,8 +88,14 @@ def ended_alert(conn: sqlite3.Connection, run_id: str) -> Alert | None:
         if pm is not None:
             headline = f"out of {pm.kind.upper()} memory: " + " ".join(figure_lines(pm)[0].split())
             advice = pm.advice[0].get("title") if pm.advice else None
-            detail.update(postmortem_id=pm.id, requested_bytes=pm.requested_bytes, free_bytes=pm.free_bytes,
-                          total_bytes=pm.total_bytes, step=pm.step, phase=pm.phase)
+            detail.update(
+                postmortem_id=pm.id,
+                requested_bytes=pm.requested_bytes,
+                free_bytes=pm.free_bytes,
+                total_bytes=pm.total_bytes,
+                step=pm.step,
+                phase=pm.phase,
+            )
             error = f"Advice: {advice}" if advice else None
         else:
             headline = "killed by the kernel's OOM killer" if oom_killed else "ran out of memory"
@@ -94,9 +116,19 @@ def ended_alert(conn: sqlite3.Connection, run_id: str) -> Alert | None:
         f"{label} of {whose} on {r['host']} {headline}.",
         error,
         f"Started {texts.when(r['started_ms'])}, ended {texts.when(ended)} ({texts.lasted(r['started_ms'], ended)}).",
-        more=more)
-    return Alert(kind=kind, incident=run_id, ts_ms=ended, host=r["host"] or "", title=title, body=body,
-                 uid=r["uid"], run_id=run_id, detail=detail)
+        more=more,
+    )
+    return Alert(
+        kind=kind,
+        incident=run_id,
+        ts_ms=ended,
+        host=r["host"] or "",
+        title=title,
+        body=body,
+        uid=r["uid"],
+        run_id=run_id,
+        detail=detail,
+    )
 
 
 class RunEnds:
@@ -113,18 +145,30 @@ class RunEnds:
 
     def ended(self, conn: sqlite3.Connection, now: int) -> list[str]:
         mine = "(host = ? OR host IS NULL) AND parent_run_id IS NULL"  # a wrapper's ranks: its alert
-        running = {r for (r,) in conn.execute(
-            f"SELECT run_id FROM runs WHERE status = 'running' AND {mine}", (self.host,))}
+        running = {
+            r
+            for (r,) in conn.execute(
+                f"SELECT run_id FROM runs WHERE status = 'running' AND {mine}", (self.host,)
+            )
+        }
         if self.running is None:
-            ended = {r for (r,) in conn.execute(
-                f"SELECT run_id FROM runs WHERE status != 'running' AND ended_ms >= ? AND {mine}",
-                (now - self.lookback_ms, self.host))}
+            ended = {
+                r
+                for (r,) in conn.execute(
+                    f"SELECT run_id FROM runs WHERE status != 'running' AND ended_ms >= ? AND {mine}",
+                    (now - self.lookback_ms, self.host),
+                )
+            }
             quick: set[str] = set()
         else:
             # runs_started: the index makes this a look at the last few seconds' runs
-            quick = {r for (r,) in conn.execute(
-                f"SELECT run_id FROM runs WHERE started_ms >= ? AND status != 'running' AND {mine}",
-                (self.last_ms - 60_000, self.host))}
+            quick = {
+                r
+                for (r,) in conn.execute(
+                    f"SELECT run_id FROM runs WHERE started_ms >= ? AND status != 'running' AND {mine}",
+                    (self.last_ms - 60_000, self.host),
+                )
+            }
             ended = (self.running - running) | (quick - self.quick_seen)
         self.running, self.quick_seen, self.last_ms = running, quick, now
         return sorted(ended)
@@ -140,13 +184,17 @@ def _top_frames(stacks_json: str | None) -> list[str]:
     if not threads:
         return []
     thread = next((t for t in threads if t.get("thread_name") == "MainThread"), None) or next(
-        (t for t in threads if t.get("active")), threads[0])
-    return [f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:{f.get('line')})"
-            for f in (thread.get("frames") or [])[:STACK_FRAMES]]
+        (t for t in threads if t.get("active")), threads[0]
+    )
+    return [
+        f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:{f.get('line')})"
+        for f in (thread.get("frames") or [])[:STACK_FRAMES]
+    ]
 
 
-def stalled_alert(conn: sqlite3.Connection, stalled: Stalled, stacks_json: str | None = None,
-                  dump_error: str | None = None) -> Alert | None:
+def stalled_alert(
+    conn: sqlite3.Connection, stalled: Stalled, stacks_json: str | None = None, dump_error: str | None = None
+) -> Alert | None:
     r = _run(conn, stalled.run_id)
     if r is None:
         return None
@@ -154,39 +202,67 @@ def stalled_alert(conn: sqlite3.Connection, stalled: Stalled, stacks_json: str |
     whose = texts.whose(r["user"], r["uid"])
     frames = _top_frames(stacks_json)
     silent = fmt.duration(stalled.silent_s * 1000)
-    stack = ("Stack (innermost first): " + " < ".join(frames)) if frames else (
-        f"No stack: {dump_error}" if dump_error else None)
+    stack = (
+        ("Stack (innermost first): " + " < ".join(frames))
+        if frames
+        else (f"No stack: {dump_error}" if dump_error else None)
+    )
     ts = stalled.last_step_ms + int(stalled.threshold_s * 1000)
     return Alert(
-        kind="run.stalled", incident=incident(stalled.run_id, stalled.last_step_ms), ts_ms=ts,
-        host=r["host"] or "", uid=r["uid"], run_id=stalled.run_id, pid=stalled.pid,
+        kind="run.stalled",
+        incident=incident(stalled.run_id, stalled.last_step_ms),
+        ts_ms=ts,
+        host=r["host"] or "",
+        uid=r["uid"],
+        run_id=stalled.run_id,
+        pid=stalled.pid,
         title=f"{label} stalled on {r['host']} ({whose}): no step for {silent}",
         body=texts.body(
             f"{label} of {whose} on {r['host']} has not stepped since {texts.when(stalled.last_step_ms)} "
             f"({silent}; its threshold is {fmt.duration(stalled.threshold_s * 1000)}); pid {stalled.pid} is alive.",
-            stack, more=f"gpuwatch stacks {stalled.run_id}"),
-        detail={"last_step_ms": stalled.last_step_ms, "silent_s": round(stalled.silent_s, 1),
-                "threshold_s": round(stalled.threshold_s, 1), "frames": frames})
+            stack,
+            more=f"gpuwatch stacks {stalled.run_id}",
+        ),
+        detail={
+            "last_step_ms": stalled.last_step_ms,
+            "silent_s": round(stalled.silent_s, 1),
+            "threshold_s": round(stalled.threshold_s, 1),
+            "frames": frames,
+        },
+    )
 
 
 def recovered_alerts(conn: sqlite3.Connection, host: str) -> list[Alert]:
     """run.recovered for each stalled run that stepped again: the pair of its run.stalled."""
     found = []
     for inc, run_id, stalled_ms, last_step_ms, name, uid, user in conn.execute(
-            "SELECT a.incident, a.run_id, json_extract(a.detail_json, '$.last_step_ms'), r.last_step_ms, "
-            "r.name, r.uid, r.user FROM alerts a JOIN runs r ON r.run_id = a.run_id "
-            "WHERE a.kind = 'run.stalled' AND a.host = ? AND r.last_step_ms > json_extract(a.detail_json, "
-            "'$.last_step_ms') AND NOT EXISTS (SELECT 1 FROM alerts b WHERE b.kind = 'run.recovered' "
-            "AND b.incident = a.incident)", (host,)):
+        "SELECT a.incident, a.run_id, json_extract(a.detail_json, '$.last_step_ms'), r.last_step_ms, "
+        "r.name, r.uid, r.user FROM alerts a JOIN runs r ON r.run_id = a.run_id "
+        "WHERE a.kind = 'run.stalled' AND a.host = ? AND r.last_step_ms > json_extract(a.detail_json, "
+        "'$.last_step_ms') AND NOT EXISTS (SELECT 1 FROM alerts b WHERE b.kind = 'run.recovered' "
+        "AND b.incident = a.incident)",
+        (host,),
+    ):
         label = texts.run_label(name, run_id)
         whose = texts.whose(user, uid)
         gap = fmt.duration(last_step_ms - stalled_ms)
-        found.append(Alert(
-            kind="run.recovered", incident=inc, ts_ms=last_step_ms, host=host, uid=uid, run_id=run_id,
-            title=f"{label} recovered on {host} ({whose}): stepping again after {gap}",
-            body=texts.body(f"{label} of {whose} on {host} stepped again at {texts.when(last_step_ms)}, "
-                            f"{gap} after the step before its stall.", more=f"gpuwatch show {run_id}"),
-            detail={"stalled_since_ms": stalled_ms, "stepped_ms": last_step_ms}))
+        found.append(
+            Alert(
+                kind="run.recovered",
+                incident=inc,
+                ts_ms=last_step_ms,
+                host=host,
+                uid=uid,
+                run_id=run_id,
+                title=f"{label} recovered on {host} ({whose}): stepping again after {gap}",
+                body=texts.body(
+                    f"{label} of {whose} on {host} stepped again at {texts.when(last_step_ms)}, "
+                    f"{gap} after the step before its stall.",
+                    more=f"gpuwatch show {run_id}",
+                ),
+                detail={"stalled_since_ms": stalled_ms, "stepped_ms": last_step_ms},
+            )
+        )
     return found
 
 
@@ -206,16 +282,22 @@ def slow_cause(conn: sqlite3.Connection, run_id: str, since_ms: int, until_ms: i
     return f"{cause.kind} ({cause.share_pct:.0f} % of it): {cause.detail}"
 
 
-def slow_alerts(conn: sqlite3.Connection, cfg: Config, host: str, now: int, episodes: Episodes) -> list[Alert]:
+def slow_alerts(
+    conn: sqlite3.Connection, cfg: Config, host: str, now: int, episodes: Episodes
+) -> list[Alert]:
     """run.slow: every step row of the last slow_alert_minutes below slow_alert_pct % of the
     median tokens/s of the run's rows before that window (up to SLOW_ROWS rows in all)."""
     window_ms = int(cfg.slow_alert_minutes * 60_000)
     found, holding = [], set()
     for run_id, name, uid, user in conn.execute(
-            "SELECT run_id, name, uid, user FROM runs WHERE status = 'running' AND (host = ? OR host IS NULL) "
-            "AND last_step_ms >= ?", (host, now - window_ms)).fetchall():
-        rows = conn.execute("SELECT ts_ms, tokens_per_s FROM steps WHERE run_id = ? ORDER BY step DESC "
-                            "LIMIT ?", (run_id, SLOW_ROWS)).fetchall()
+        "SELECT run_id, name, uid, user FROM runs WHERE status = 'running' AND (host = ? OR host IS NULL) "
+        "AND last_step_ms >= ?",
+        (host, now - window_ms),
+    ).fetchall():
+        rows = conn.execute(
+            "SELECT ts_ms, tokens_per_s FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT ?",
+            (run_id, SLOW_ROWS),
+        ).fetchall()
         window = [rate for ts, rate in rows if ts >= now - window_ms and rate is not None]
         before = [rate for ts, rate in rows if ts < now - window_ms and rate is not None]
         if not window or len(before) < SLOW_MIN_BASELINE:
@@ -232,16 +314,31 @@ def slow_alerts(conn: sqlite3.Connection, cfg: Config, host: str, now: int, epis
         label = texts.run_label(name, run_id)
         whose = texts.whose(user, uid)
         cause = slow_cause(conn, run_id, now - window_ms, now)
-        found.append(Alert(
-            kind="run.slow", incident=incident(key, since), ts_ms=now, host=host, uid=uid, run_id=run_id,
-            title=f"{label} slowed down on {host} ({whose}): {now_rate:,.0f} tokens/s, "
-                  f"{100 * now_rate / median:.0f} % of its median",
-            body=texts.body(
-                f"{label} of {whose} on {host} ran at {now_rate:,.0f} tokens/s (median) over the last "
-                f"{fmt.duration(window_ms)}, below {cfg.slow_alert_pct:g} % of its own median of "
-                f"{median:,.0f} tokens/s before that.",
-                f"Likely cause: {cause}" if cause else None, more=f"gpuwatch show {run_id}"),
-            detail={"tokens_per_s": round(now_rate, 1), "median_tokens_per_s": round(median, 1),
-                    "window_ms": window_ms, "pct": cfg.slow_alert_pct, "cause": cause}))
+        found.append(
+            Alert(
+                kind="run.slow",
+                incident=incident(key, since),
+                ts_ms=now,
+                host=host,
+                uid=uid,
+                run_id=run_id,
+                title=f"{label} slowed down on {host} ({whose}): {now_rate:,.0f} tokens/s, "
+                f"{100 * now_rate / median:.0f} % of its median",
+                body=texts.body(
+                    f"{label} of {whose} on {host} ran at {now_rate:,.0f} tokens/s (median) over the last "
+                    f"{fmt.duration(window_ms)}, below {cfg.slow_alert_pct:g} % of its own median of "
+                    f"{median:,.0f} tokens/s before that.",
+                    f"Likely cause: {cause}" if cause else None,
+                    more=f"gpuwatch show {run_id}",
+                ),
+                detail={
+                    "tokens_per_s": round(now_rate, 1),
+                    "median_tokens_per_s": round(median, 1),
+                    "window_ms": window_ms,
+                    "pct": cfg.slow_alert_pct,
+                    "cause": cause,
+                },
+            )
+        )
     episodes.release_others(conn, "run.slow:", holding)
     return found

@@ -12,7 +12,8 @@ import socket
 import threading
 from pathlib import Path
 
-from gpuwatch.alerts import admin, subscriptions as subs
+from gpuwatch.alerts import admin
+from gpuwatch.alerts import subscriptions as subs
 from gpuwatch.alerts.deliver import Deliverer, max_alert_id
 from gpuwatch.alerts.service import MAX_REQUEST, Local, answer
 from gpuwatch.config import Config
@@ -52,8 +53,9 @@ class NotifyService:
         accept.start()
         self._threads.append(accept)
         self.deliverer.start()
-        log.info("delivering alerts from %s; subscriptions on %s", self.cfg.db_path,
-                 self.cfg.notify_socket_path)
+        log.info(
+            "delivering alerts from %s; subscriptions on %s", self.cfg.db_path, self.cfg.notify_socket_path
+        )
 
     def _accept(self) -> None:
         while not self._stop.is_set():

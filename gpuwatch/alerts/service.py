@@ -8,7 +8,8 @@ import json
 import socket
 from pathlib import Path
 
-from gpuwatch.alerts import KINDS, subscriptions as subs
+from gpuwatch.alerts import KINDS
+from gpuwatch.alerts import subscriptions as subs
 from gpuwatch.alerts.deliver import check_url, max_alert_id, send
 from gpuwatch.store import StoreError, open_ro
 
@@ -40,19 +41,35 @@ class Local:
     def _scope(uid: int) -> int | None:
         return None if uid == 0 else uid  # root sees and removes every subscription
 
-    def add(self, uid: int, url: str, on: str | None = None, run: str | None = None,
-            run_id: str | None = None, transient: bool = False) -> dict:
+    def add(
+        self,
+        uid: int,
+        url: str,
+        on: str | None = None,
+        run: str | None = None,
+        run_id: str | None = None,
+        transient: bool = False,
+    ) -> dict:
         check_url(url)
         kinds = subs.parse_kinds(on, KINDS)
         for column, value in (("name", run), ("run_id", run_id)):
             owners = _owners(self.db_path, column, value) if value else set()
             if owners and uid not in owners:
-                raise subs.SubscriptionError(f"run {value!r} is another user's: you can only "
-                                             "subscribe to your own runs")
+                raise subs.SubscriptionError(
+                    f"run {value!r} is another user's: you can only subscribe to your own runs"
+                )
         conn = self._conn()
         try:
-            sub = subs.add(conn, uid, url, kinds, run_name=run, run_id=run_id, transient=transient,
-                           after_alert_id=max_alert_id(self.db_path))
+            sub = subs.add(
+                conn,
+                uid,
+                url,
+                kinds,
+                run_name=run,
+                run_id=run_id,
+                transient=transient,
+                after_alert_id=max_alert_id(self.db_path),
+            )
             return sub.public()
         finally:
             conn.close()
@@ -75,8 +92,11 @@ class Local:
         """Send a test message to one of the caller's subscriptions, or to each of them."""
         conn = self._conn()
         try:
-            chosen = [subs.mine(conn, int(sub_id), self._scope(uid))] if sub_id is not None \
+            chosen = (
+                [subs.mine(conn, int(sub_id), self._scope(uid))]
+                if sub_id is not None
                 else subs.listing(conn, uid)
+            )
         finally:
             conn.close()
         return [dict(s.public(), error=send(s.url, TEST_TITLE, test_body(self.host))) for s in chosen]
@@ -93,13 +113,20 @@ class Local:
 
 
 def test_body(host: str) -> str:
-    return (f"This is a test from gpuwatch on {host}: alerts for this subscription will arrive "
-            "here. `gpuwatch notify list` shows your subscriptions.")
+    return (
+        f"This is a test from gpuwatch on {host}: alerts for this subscription will arrive "
+        "here. `gpuwatch notify list` shows your subscriptions."
+    )
 
 
 # The requests the notify service answers, and the arguments each may carry.
-OPS = {"add": {"url", "on", "run", "run_id", "transient"}, "list": set(), "remove": {"sub_id"},
-       "test": {"sub_id"}, "deliveries": {"alert_ids"}}
+OPS = {
+    "add": {"url", "on", "run", "run_id", "transient"},
+    "list": set(),
+    "remove": {"sub_id"},
+    "test": {"sub_id"},
+    "deliveries": {"alert_ids"},
+}
 _METHODS = {"list": "list_subscriptions"}
 
 
@@ -138,8 +165,9 @@ class Remote:
                         break
                     data += chunk
             except OSError as e:
-                raise subs.SubscriptionError(f"the notify service at {self.socket_path} did not answer: "
-                                             f"{e.strerror or e}") from None
+                raise subs.SubscriptionError(
+                    f"the notify service at {self.socket_path} did not answer: {e.strerror or e}"
+                ) from None
         try:
             reply = json.loads(data)
         except ValueError:
@@ -148,8 +176,15 @@ class Remote:
             raise subs.SubscriptionError(reply["error"])
         return reply["ok"]
 
-    def add(self, uid: int, url: str, on: str | None = None, run: str | None = None,
-            run_id: str | None = None, transient: bool = False) -> dict:
+    def add(
+        self,
+        uid: int,
+        url: str,
+        on: str | None = None,
+        run: str | None = None,
+        run_id: str | None = None,
+        transient: bool = False,
+    ) -> dict:
         return self._ask("add", url=url, on=on, run=run, run_id=run_id, transient=transient)
 
     def list_subscriptions(self, uid: int) -> list[dict]:

@@ -75,9 +75,17 @@ class Subscription:
 
     def public(self) -> dict:
         """What its owner may be shown: everything but the URL itself."""
-        return {"id": self.id, "url": self.redacted, "on": list(self.kinds), "run": self.run_name,
-                "run_id": self.run_id, "admin": self.uid is None, "uid": self.uid,
-                "transient": self.transient, "created_ms": self.created_ms}
+        return {
+            "id": self.id,
+            "url": self.redacted,
+            "on": list(self.kinds),
+            "run": self.run_name,
+            "run_id": self.run_id,
+            "admin": self.uid is None,
+            "uid": self.uid,
+            "transient": self.transient,
+            "created_ms": self.created_ms,
+        }
 
     def matches(self, alert: Alert, run_name: str | None) -> bool:
         if alert.id is None or alert.id <= self.after_alert_id or alert.kind not in self.kinds:
@@ -98,8 +106,7 @@ def open_store(path: Path) -> sqlite3.Connection:
         path.parent.mkdir(parents=True, mode=0o700)
     os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))  # SQLite gives -wal/-shm the same mode
     if os.stat(path).st_mode & 0o077:
-        raise SubscriptionError(f"{path} is readable by other users; it holds secrets "
-                                f"(chmod 600 {path})")
+        raise SubscriptionError(f"{path} is readable by other users; it holds secrets (chmod 600 {path})")
     conn = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.executescript(_SCHEMA)
@@ -112,8 +119,13 @@ def parse_kinds(text: str | None, allowed=KINDS, default=DEFAULT_KINDS) -> tuple
         return tuple(default)
     kinds: list[str] = []
     for word in (w.strip() for w in text.split(",") if w.strip()):
-        chosen = [k for k in allowed if k.startswith(word[:-1])] if word.endswith("*") else \
-            [word] if word in allowed else []
+        chosen = (
+            [k for k in allowed if k.startswith(word[:-1])]
+            if word.endswith("*")
+            else [word]
+            if word in allowed
+            else []
+        )
         if not chosen:
             raise SubscriptionError(f"unknown alert kind {word!r} (kinds: {', '.join(allowed)})")
         kinds += [k for k in chosen if k not in kinds]
@@ -124,18 +136,35 @@ _COLUMNS = "id, uid, url, kinds, run_name, run_id, transient, after_alert_id, cr
 
 
 def _build(row) -> Subscription:
-    return Subscription(id=row[0], uid=row[1], url=row[2], kinds=tuple(row[3].split(",")),
-                        run_name=row[4], run_id=row[5], transient=bool(row[6]),
-                        after_alert_id=row[7], created_ms=row[8], last_sent_ms=row[9])
+    return Subscription(
+        id=row[0],
+        uid=row[1],
+        url=row[2],
+        kinds=tuple(row[3].split(",")),
+        run_name=row[4],
+        run_id=row[5],
+        transient=bool(row[6]),
+        after_alert_id=row[7],
+        created_ms=row[8],
+        last_sent_ms=row[9],
+    )
 
 
-def add(conn: sqlite3.Connection, uid: int | None, url: str, kinds: tuple[str, ...],
-        run_name: str | None = None, run_id: str | None = None, transient: bool = False,
-        after_alert_id: int = 0) -> Subscription:
+def add(
+    conn: sqlite3.Connection,
+    uid: int | None,
+    url: str,
+    kinds: tuple[str, ...],
+    run_name: str | None = None,
+    run_id: str | None = None,
+    transient: bool = False,
+    after_alert_id: int = 0,
+) -> Subscription:
     cur = conn.execute(
         "INSERT INTO subscriptions (uid, url, kinds, run_name, run_id, transient, after_alert_id, "
         "created_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (uid, url, ",".join(kinds), run_name, run_id, int(transient), after_alert_id, now_ms()))
+        (uid, url, ",".join(kinds), run_name, run_id, int(transient), after_alert_id, now_ms()),
+    )
     return get(conn, int(cur.lastrowid or 0))
 
 
@@ -176,21 +205,27 @@ def remove(conn: sqlite3.Connection, sub_id: int, uid: int | None) -> Subscripti
     return sub
 
 
-def sync_admin(conn: sqlite3.Connection, entries: list[tuple[str, tuple[str, ...]]],
-               after_alert_id: int) -> None:
+def sync_admin(
+    conn: sqlite3.Connection, entries: list[tuple[str, tuple[str, ...]]], after_alert_id: int
+) -> None:
     """Make the admin-wide rows the file's (url, kinds) list; unchanged ones keep their state."""
     with conn:
         conn.execute("BEGIN IMMEDIATE")
-        current = {(r[1], r[2]): r[0] for r in
-                   conn.execute("SELECT id, url, kinds FROM subscriptions WHERE uid IS NULL")}
+        current = {
+            (r[1], r[2]): r[0]
+            for r in conn.execute("SELECT id, url, kinds FROM subscriptions WHERE uid IS NULL")
+        }
         wanted = {(url, ",".join(kinds)) for url, kinds in entries}
         for key, sub_id in current.items():
             if key not in wanted:
                 conn.execute("DELETE FROM deliveries WHERE sub_id = ? AND state = 'pending'", (sub_id,))
                 conn.execute("DELETE FROM subscriptions WHERE id = ?", (sub_id,))
         for url, kinds in wanted - set(current):
-            conn.execute("INSERT INTO subscriptions (uid, url, kinds, after_alert_id, created_ms) "
-                         "VALUES (NULL, ?, ?, ?, ?)", (url, kinds, after_alert_id, now_ms()))
+            conn.execute(
+                "INSERT INTO subscriptions (uid, url, kinds, after_alert_id, created_ms) "
+                "VALUES (NULL, ?, ?, ?, ?)",
+                (url, kinds, after_alert_id, now_ms()),
+            )
 
 
 def deliveries_of(conn: sqlite3.Connection, alert_ids: list[int], uid: int | None) -> dict[int, list[dict]]:
@@ -199,14 +234,17 @@ def deliveries_of(conn: sqlite3.Connection, alert_ids: list[int], uid: int | Non
     if not alert_ids:
         return {}
     marks = ",".join("?" * len(alert_ids))
-    sql = (f"SELECT d.alert_id, s.id, s.url, d.state, d.attempts, d.sent_ms FROM deliveries d "
-           f"JOIN subscriptions s ON s.id = d.sub_id WHERE d.alert_id IN ({marks})")
+    sql = (
+        f"SELECT d.alert_id, s.id, s.url, d.state, d.attempts, d.sent_ms FROM deliveries d "
+        f"JOIN subscriptions s ON s.id = d.sub_id WHERE d.alert_id IN ({marks})"
+    )
     args: list = list(alert_ids)
     if uid is not None:
         sql += " AND s.uid = ?"
         args.append(uid)
     out: dict[int, list[dict]] = {}
     for alert_id, sub_id, url, state, attempts, sent_ms in conn.execute(sql + " ORDER BY s.id", args):
-        out.setdefault(alert_id, []).append({"sub": sub_id, "url": redact(url), "state": state,
-                                             "attempts": attempts, "sent_ms": sent_ms})
+        out.setdefault(alert_id, []).append(
+            {"sub": sub_id, "url": redact(url), "state": state, "attempts": attempts, "sent_ms": sent_ms}
+        )
     return out

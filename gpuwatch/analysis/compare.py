@@ -10,8 +10,8 @@ from typing import Callable, Sequence
 
 from gpuwatch import fmt
 from gpuwatch.analysis import loss as loss_mod
-from gpuwatch.analysis.step_split import named_losses
 from gpuwatch.analysis.rundata import run_gpus, run_window
+from gpuwatch.analysis.step_split import named_losses
 from gpuwatch.store import energy as energy_mod
 from gpuwatch.store import profiles, queries
 
@@ -38,8 +38,8 @@ class RunStats:
     gpus: tuple[int, ...]
     loss_final: float | None = None
     loss_best: float | None = None
-    energy_j: float | None = None      # its share of its GPUs' energy (store/energy.py)
-    energy_complete: bool = True       # False: counted from energy_from_ms, older samples expired
+    energy_j: float | None = None  # its share of its GPUs' energy (store/energy.py)
+    energy_complete: bool = True  # False: counted from energy_from_ms, older samples expired
     energy_from_ms: int | None = None
     joules_per_token: float | None = None  # over the tokens of the steps the energy covers
     # from the newest profile's trace breakdown (gpuwatch/analysis/trace), when there is one
@@ -86,13 +86,17 @@ def weighted_dist(pairs: list[tuple[float, int]]) -> Dist:
             if seen >= q * total:
                 return value
         return pairs[-1][0]
+
     return Dist(sum(v * w for v, w in pairs) / total, at(0.5), at(0.9))
 
 
 def run_stats(conn: sqlite3.Connection, ref: str) -> RunStats:
     run = queries.run(conn, ref)
-    rows = conn.execute("SELECT tokens_per_s, step_time_ms, mfu, mem_peak_bytes, rss_bytes, n_steps FROM steps "
-                        "WHERE run_id = ?", (run.run_id,)).fetchall()
+    rows = conn.execute(
+        "SELECT tokens_per_s, step_time_ms, mfu, mem_peak_bytes, rss_bytes, n_steps FROM steps "
+        "WHERE run_id = ?",
+        (run.run_id,),
+    ).fetchall()
     column = lambda i: [r[i] for r in rows if r[i] is not None]  # noqa: E731
     weighted = lambda i: [(r[i], r[5]) for r in rows if r[i] is not None]  # noqa: E731
     peaks = column(3) or column(4)  # CUDA allocator peak; a CPU-only run's is its RSS
@@ -102,22 +106,39 @@ def run_stats(conn: sqlite3.Connection, ref: str) -> RunStats:
     final, best = loss_mod.final_and_best(loss_mod.loss_curve(conn, run.run_id))
     energy = energy_mod.run_energy(conn, {run.run_id: (start, end)}).get(run.run_id)
     mfu = weighted(2)
-    return RunStats(run.run_id, run.name, run.status, end - start, sum(r[5] for r in rows),
-                    weighted_dist(weighted(0)), weighted_dist(weighted(1)), max(peaks) if peaks else None,
-                    sum(m * n for m, n in mfu) / sum(n for _, n in mfu) if mfu else None, gpu_util(conn, gpus, start, end), tuple(gpus),
-                    final, best, **_energy_fields(conn, run.run_id, energy, end),
-                    profile_idle_pct=temporal.get("idle_pct"),
-                    profile_compute_pct=temporal.get("compute_pct"),
-                    losses_final={name: points[-1][1] for name, points in named_losses(
-                        queries.steps(conn, run.run_id)).items()})
+    return RunStats(
+        run.run_id,
+        run.name,
+        run.status,
+        end - start,
+        sum(r[5] for r in rows),
+        weighted_dist(weighted(0)),
+        weighted_dist(weighted(1)),
+        max(peaks) if peaks else None,
+        sum(m * n for m, n in mfu) / sum(n for _, n in mfu) if mfu else None,
+        gpu_util(conn, gpus, start, end),
+        tuple(gpus),
+        final,
+        best,
+        **_energy_fields(conn, run.run_id, energy, end),
+        profile_idle_pct=temporal.get("idle_pct"),
+        profile_compute_pct=temporal.get("compute_pct"),
+        losses_final={
+            name: points[-1][1] for name, points in named_losses(queries.steps(conn, run.run_id)).items()
+        },
+    )
 
 
 def _energy_fields(conn: sqlite3.Connection, run_id: str, energy, end_ms: int) -> dict:
     if energy is None:
         return {}
     tokens = queries.run_tokens(conn, run_id, energy.from_ms, end_ms)
-    return dict(energy_j=energy.joules, energy_complete=energy.complete, energy_from_ms=energy.from_ms,
-                joules_per_token=energy.joules / tokens if tokens else None)
+    return dict(
+        energy_j=energy.joules,
+        energy_complete=energy.complete,
+        energy_from_ms=energy.from_ms,
+        joules_per_token=energy.joules / tokens if tokens else None,
+    )
 
 
 def gpu_util(conn: sqlite3.Connection, gpus: Sequence[int], start_ms: int, end_ms: int) -> float | None:
@@ -140,8 +161,15 @@ def compare(conn: sqlite3.Connection, refs: Sequence[str]) -> list[RunStats]:
     for s, run, curve in zip(stats, runs, curves):
         at = None if equal is None else loss_mod.loss_at(curve.axis(equal[1] == "tokens"), equal[0])
         values = described(run)
-        out.append(replace(s, loss_at_equal=at, equal_at=equal and equal[0], equal_unit=equal and equal[1],
-                           differs={k: values.get(k, fmt.MISSING) for k in keys}))
+        out.append(
+            replace(
+                s,
+                loss_at_equal=at,
+                equal_at=equal and equal[0],
+                equal_unit=equal and equal[1],
+                differs={k: values.get(k, fmt.MISSING) for k in keys},
+            )
+        )
     return out
 
 
@@ -243,16 +271,20 @@ def table(stats: Sequence[RunStats]) -> tuple[list[str], list[list[tuple[str, in
     """Header and rows of cells (text, verdict): verdict +1 better than the first run, -1 worse, 0 neither."""
     header = ["", *(s.name or s.run_id for s in stats)]
     out = [[("run id", 0), *((s.run_id, 0) for s in stats)]]
-    out += [[(fmt.clip(key, DIFFER_WIDTH), 0), *((fmt.clip(s.differs[key], DIFFER_WIDTH), 0) for s in stats)]
-            for key in stats[0].differs]
+    out += [
+        [(fmt.clip(key, DIFFER_WIDTH), 0), *((fmt.clip(s.differs[key], DIFFER_WIDTH), 0) for s in stats)]
+        for key in stats[0].differs
+    ]
     rows = list(ROWS)
     if stats[0].equal_at is not None and len(stats) > 1:
         at = f"loss at {fmt.count(stats[0].equal_at)} {stats[0].equal_unit}"
-        rows.insert(rows.index(ROWS_BY_LABEL["best loss"]) + 1,
-                    Row(at, lambda s: s.loss_at_equal, _loss, False))
+        rows.insert(
+            rows.index(ROWS_BY_LABEL["best loss"]) + 1, Row(at, lambda s: s.loss_at_equal, _loss, False)
+        )
     names = list(dict.fromkeys(name for s in stats for name in s.losses_final))
-    rows[rows.index(ROWS_BY_LABEL["best loss"]) + 1:0] = [
-        Row(f"final loss {name}", _final_loss_of(name), _loss, False) for name in names]
+    rows[rows.index(ROWS_BY_LABEL["best loss"]) + 1 : 0] = [
+        Row(f"final loss {name}", _final_loss_of(name), _loss, False) for name in names
+    ]
     for row in rows:
         base = row.value(stats[0])
         cells = [(row.label, 0), (row.text(stats[0]), 0)]

@@ -29,15 +29,24 @@ def run_tables(conn: sqlite3.Connection, ref: str) -> dict[str, list[dict]]:
     start, end = run_window(conn, run)
     gpus = run_gpus(conn, run)
     marks = ", ".join("?" * len(gpus))
-    samples = _rows(conn.execute(
-        f"SELECT * FROM gpu_samples WHERE gpu_index IN ({marks}) AND ts_ms >= ? AND ts_ms <= ? "
-        "ORDER BY ts_ms, gpu_index", (*gpus, start, end))) if gpus else []
+    samples = (
+        _rows(
+            conn.execute(
+                f"SELECT * FROM gpu_samples WHERE gpu_index IN ({marks}) AND ts_ms >= ? AND ts_ms <= ? "
+                "ORDER BY ts_ms, gpu_index",
+                (*gpus, start, end),
+            )
+        )
+        if gpus
+        else []
+    )
     return {
         "run": _rows(conn.execute("SELECT * FROM runs WHERE run_id = ?", (run.run_id,))),
         "steps": _rows(conn.execute("SELECT * FROM steps WHERE run_id = ? ORDER BY step", (run.run_id,))),
         "gpu_samples": samples,
-        "run_events": _rows(conn.execute("SELECT * FROM run_events WHERE run_id = ? ORDER BY seq",
-                                         (run.run_id,))),
+        "run_events": _rows(
+            conn.execute("SELECT * FROM run_events WHERE run_id = ? ORDER BY seq", (run.run_id,))
+        ),
     }
 
 
@@ -53,7 +62,9 @@ def write_json(tables: dict[str, list[dict]], out) -> None:
     out.write("\n")
 
 
-def write_files(conn: sqlite3.Connection, tables: dict[str, list[dict]], fmt: str, directory: Path) -> list[Path]:
+def write_files(
+    conn: sqlite3.Connection, tables: dict[str, list[dict]], fmt: str, directory: Path
+) -> list[Path]:
     """One file per table in `directory` (csv or parquet); tables with no rows still get a header/schema."""
     if fmt == "parquet":
         try:

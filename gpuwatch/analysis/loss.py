@@ -28,8 +28,9 @@ class LossCurve:
 
 
 def loss_curve(conn: sqlite3.Connection, run_id: str) -> LossCurve:
-    return curve_of(run_id, conn.execute(
-        "SELECT step, tokens, loss FROM steps WHERE run_id = ? ORDER BY step", (run_id,)))
+    return curve_of(
+        run_id, conn.execute("SELECT step, tokens, loss FROM steps WHERE run_id = ? ORDER BY step", (run_id,))
+    )
 
 
 def curve_of(run_id: str, steps: Iterable[tuple[int, int | None, float | None]]) -> LossCurve:

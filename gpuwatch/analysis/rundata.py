@@ -35,6 +35,7 @@ def run_gpus(conn: sqlite3.Connection, run: Run) -> list[int]:
         f"SELECT DISTINCT gpu_index FROM gpu_process_samples "
         f"WHERE gpu_index IN {every_gpu('gpu_process_samples')} AND ts_ms >= ? AND ts_ms <= ? "
         "AND pid IN (SELECT pid FROM processes WHERE run_id = ? UNION SELECT ? WHERE ? IS NOT NULL)",
-        (start, end, run.run_id, run.pid, run.pid))
+        (start, end, run.run_id, run.pid, run.pid),
+    )
     found.update(idx for (idx,) in rows)
     return sorted(found)

@@ -18,13 +18,21 @@ from pathlib import Path
 from gpuwatch.analysis.export import ExportError
 from gpuwatch.analysis.rundata import run_gpus, run_window
 from gpuwatch.store import open_rw, queries
-from gpuwatch.store.sqlite_utils_db import sqlite_utils_database
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
+from gpuwatch.store.sqlite_utils_db import sqlite_utils_database
 
 # Tables whose rows hang off the run by run_id (profile_ops and profile_breakdowns hang off
 # profiles).
-RUN_TABLES = ("steps", "generations", "memory_stats", "run_events", "oom_postmortems",
-              "profiles", "stack_dumps", "run_notes")
+RUN_TABLES = (
+    "steps",
+    "generations",
+    "memory_stats",
+    "run_events",
+    "oom_postmortems",
+    "profiles",
+    "stack_dumps",
+    "run_notes",
+)
 
 
 def _rows(cur: sqlite3.Cursor):
@@ -59,16 +67,26 @@ def write_run_file(conn: sqlite3.Connection, ref: str, path: Path) -> dict[str, 
             for table in RUN_TABLES:
                 copy(table, f"SELECT * FROM {table} WHERE run_id = ?", (run.run_id,))
             for table in ("profile_ops", "profile_breakdowns"):
-                copy(table, f"SELECT * FROM {table} WHERE profile_id IN "
-                            "(SELECT id FROM profiles WHERE run_id = ?)", (run.run_id,))
+                copy(
+                    table,
+                    f"SELECT * FROM {table} WHERE profile_id IN (SELECT id FROM profiles WHERE run_id = ?)",
+                    (run.run_id,),
+                )
             marks = ", ".join("?" * len(gpus))
             copy("processes", "SELECT * FROM processes WHERE run_id = ? OR pid = ?", (run.run_id, run.pid))
             copy("gpus", f"SELECT * FROM gpus WHERE gpu_index IN ({marks})", gpus)
-            copy("gpu_process_samples", f"SELECT * FROM gpu_process_samples WHERE gpu_index IN ({marks}) "
-                                        "AND ts_ms >= ? AND ts_ms <= ? ORDER BY gpu_index, ts_ms",
-                 (*gpus, start - PROCESS_TICK_SLACK_MS, end))
-            copy("gpu_samples", f"SELECT * FROM gpu_samples WHERE gpu_index IN ({marks}) "
-                                "AND ts_ms >= ? AND ts_ms <= ? ORDER BY gpu_index, ts_ms", (*gpus, start, end))
+            copy(
+                "gpu_process_samples",
+                f"SELECT * FROM gpu_process_samples WHERE gpu_index IN ({marks}) "
+                "AND ts_ms >= ? AND ts_ms <= ? ORDER BY gpu_index, ts_ms",
+                (*gpus, start - PROCESS_TICK_SLACK_MS, end),
+            )
+            copy(
+                "gpu_samples",
+                f"SELECT * FROM gpu_samples WHERE gpu_index IN ({marks}) "
+                "AND ts_ms >= ? AND ts_ms <= ? ORDER BY gpu_index, ts_ms",
+                (*gpus, start, end),
+            )
         out.execute("PRAGMA journal_mode = DELETE")
     except BaseException:
         out.close()

@@ -17,8 +17,12 @@ def split_of(step) -> dict[str, float] | None:
         return None
     data = step.data_wait_pct or 0.0
     aside = step.eval_pct or 0.0
-    return {"data": data, "compute": compute, "eval/checkpoint": aside,
-            "other": max(0.0, 100.0 - data - compute - aside)}
+    return {
+        "data": data,
+        "compute": compute,
+        "eval/checkpoint": aside,
+        "other": max(0.0, 100.0 - data - compute - aside),
+    }
 
 
 def mean_split(steps: Iterable) -> dict[str, float] | None:

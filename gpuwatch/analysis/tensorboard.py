@@ -94,8 +94,11 @@ def _text(tag: str, text: str):
     from tensorboard.compat.proto.types_pb2 import DT_STRING
 
     meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
-    tensor = TensorProto(dtype=DT_STRING, string_val=[text.encode()],
-                         tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
+    tensor = TensorProto(
+        dtype=DT_STRING,
+        string_val=[text.encode()],
+        tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]),
+    )
     return Summary.Value(tag=tag, metadata=meta, tensor=tensor)
 
 
@@ -132,8 +135,11 @@ def _hparams_plugin_value(tag: str, **data):
     from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
     content = plugin_data_pb2.HParamsPluginData(version=metadata.PLUGIN_DATA_VERSION, **data)
-    meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(
-        plugin_name=metadata.PLUGIN_NAME, content=content.SerializeToString()))
+    meta = SummaryMetadata(
+        plugin_data=SummaryMetadata.PluginData(
+            plugin_name=metadata.PLUGIN_NAME, content=content.SerializeToString()
+        )
+    )
     return Summary.Value(tag=tag, metadata=meta)
 
 
@@ -143,8 +149,7 @@ def _hparams_start(run: queries.Run, values: dict) -> list:
     builds the same messages."""
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
-    start = plugin_data_pb2.SessionStartInfo(group_name=run.run_id,
-                                             start_time_secs=run.started_ms / 1000)
+    start = plugin_data_pb2.SessionStartInfo(group_name=run.run_id, start_time_secs=run.started_ms / 1000)
     for key, value in values.items():
         if isinstance(value, bool):
             start.hparams[key].bool_value = value
@@ -154,10 +159,14 @@ def _hparams_start(run: queries.Run, values: dict) -> list:
             start.hparams[key].string_value = value
     experiment = api_pb2.Experiment(
         hparam_infos=[api_pb2.HParamInfo(name=key) for key in values],
-        metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=f"gpuwatch/step/{tag}"))
-                      for tag in HPARAMS_METRICS])
-    return [_hparams_plugin_value(metadata.EXPERIMENT_TAG, experiment=experiment),
-            _hparams_plugin_value(metadata.SESSION_START_INFO_TAG, session_start_info=start)]
+        metric_infos=[
+            api_pb2.MetricInfo(name=api_pb2.MetricName(tag=f"gpuwatch/step/{tag}")) for tag in HPARAMS_METRICS
+        ],
+    )
+    return [
+        _hparams_plugin_value(metadata.EXPERIMENT_TAG, experiment=experiment),
+        _hparams_plugin_value(metadata.SESSION_START_INFO_TAG, session_start_info=start),
+    ]
 
 
 def _hparams_end(run: queries.Run):
@@ -181,7 +190,7 @@ class RunMirror:
     last_step: int = -1
     last_generation: int = -1
     last_step_ts_ms: int = 0
-    gpu_after_ms: dict[int, int] = field(default_factory=dict)   # GPU -> newest sample written
+    gpu_after_ms: dict[int, int] = field(default_factory=dict)  # GPU -> newest sample written
     prof_after_ms: dict[int, int] = field(default_factory=dict)
     profiles_done: set[int] = field(default_factory=set)
     tokens: int = 0
@@ -201,8 +210,7 @@ class RunMirror:
 
             self.directory.mkdir(parents=True, exist_ok=True)
             self._writer = EventFileWriter(str(self.directory), flush_secs=FLUSH_S)
-        self._writer.add_event(Event(wall_time=wall_ms / 1000, step=step,
-                                     summary=Summary(value=values)))
+        self._writer.add_event(Event(wall_time=wall_ms / 1000, step=step, summary=Summary(value=values)))
 
     def update(self, conn: sqlite3.Connection) -> int:
         """Write the run's new steps, GPU samples and profiles; returns how many points."""
@@ -228,10 +236,14 @@ class RunMirror:
             rows = conn.execute(
                 f"SELECT step, ts_ms, tokens, losses_json, {cols} FROM steps "
                 "WHERE run_id = ? AND step > ? ORDER BY step LIMIT ?",
-                (self.run_id, self.last_step, BATCH_ROWS)).fetchall()
+                (self.run_id, self.last_step, BATCH_ROWS),
+            ).fetchall()
             for step, ts_ms, tokens, losses_json, *figures in rows:
-                values = [_scalar(f"gpuwatch/step/{tag}", v * scale)
-                          for (_, tag, scale), v in zip(STEP_SERIES, figures) if v is not None]
+                values = [
+                    _scalar(f"gpuwatch/step/{tag}", v * scale)
+                    for (_, tag, scale), v in zip(STEP_SERIES, figures)
+                    if v is not None
+                ]
                 for name, loss in (json.loads(losses_json) if losses_json else {}).items():
                     if isinstance(loss, int | float):
                         values.append(_scalar(f"gpuwatch/step/loss/{name}", loss))
@@ -247,10 +259,14 @@ class RunMirror:
         cols = ", ".join(c for c, _, _ in GENERATION_SERIES)
         written = 0
         for gen_id, ts_ms, *figures in conn.execute(
-                f"SELECT gen_id, ts_ms, {cols} FROM generations WHERE run_id = ? AND gen_id > ? "
-                "ORDER BY gen_id", (self.run_id, self.last_generation)):
-            values = [_scalar(f"gpuwatch/generation/{tag}", v * scale)
-                      for (_, tag, scale), v in zip(GENERATION_SERIES, figures) if v is not None]
+            f"SELECT gen_id, ts_ms, {cols} FROM generations WHERE run_id = ? AND gen_id > ? ORDER BY gen_id",
+            (self.run_id, self.last_generation),
+        ):
+            values = [
+                _scalar(f"gpuwatch/generation/{tag}", v * scale)
+                for (_, tag, scale), v in zip(GENERATION_SERIES, figures)
+                if v is not None
+            ]
             self._add(ts_ms, gen_id, values)
             self.last_generation = gen_id
             written += len(values)
@@ -263,25 +279,36 @@ class RunMirror:
         for gpu in run_gpus(conn, run):
             after = self.gpu_after_ms.get(gpu, start - 1)
             for ts_ms, throttle, *figures in conn.execute(
-                    f"SELECT ts_ms, throttle_reasons, {cols} FROM gpu_samples "
-                    "WHERE gpu_index = ? AND ts_ms > ? AND ts_ms <= ? ORDER BY ts_ms",
-                    (gpu, after, end)):
-                values = [_scalar(f"gpuwatch/gpu{gpu}/{tag}", v * scale)
-                          for (_, tag, scale), v in zip(GPU_SERIES, figures) if v is not None]
+                f"SELECT ts_ms, throttle_reasons, {cols} FROM gpu_samples "
+                "WHERE gpu_index = ? AND ts_ms > ? AND ts_ms <= ? ORDER BY ts_ms",
+                (gpu, after, end),
+            ):
+                values = [
+                    _scalar(f"gpuwatch/gpu{gpu}/{tag}", v * scale)
+                    for (_, tag, scale), v in zip(GPU_SERIES, figures)
+                    if v is not None
+                ]
                 if throttle is not None:
-                    values += [_scalar(f"gpuwatch/gpu{gpu}/throttle/{throttle_tag(word)}",
-                                       1.0 if throttle & bit else 0.0)
-                               for bit, word in fmt.THROTTLE_REASONS]
+                    values += [
+                        _scalar(
+                            f"gpuwatch/gpu{gpu}/throttle/{throttle_tag(word)}", 1.0 if throttle & bit else 0.0
+                        )
+                        for bit, word in fmt.THROTTLE_REASONS
+                    ]
                 self._add(ts_ms, (ts_ms - run.started_ms) // 1000, values)
                 self.gpu_after_ms[gpu] = ts_ms
                 written += len(values)
             prof_after = self.prof_after_ms.get(gpu, start - 1)
             for ts_ms, sm_active in conn.execute(
-                    "SELECT ts_ms, sm_active_pct FROM gpu_prof_samples WHERE gpu_index = ? "
-                    "AND ts_ms > ? AND ts_ms <= ? AND sm_active_pct IS NOT NULL ORDER BY ts_ms",
-                    (gpu, prof_after, end)):
-                self._add(ts_ms, (ts_ms - run.started_ms) // 1000,
-                          [_scalar(f"gpuwatch/gpu{gpu}/sm_active_pct", sm_active)])
+                "SELECT ts_ms, sm_active_pct FROM gpu_prof_samples WHERE gpu_index = ? "
+                "AND ts_ms > ? AND ts_ms <= ? AND sm_active_pct IS NOT NULL ORDER BY ts_ms",
+                (gpu, prof_after, end),
+            ):
+                self._add(
+                    ts_ms,
+                    (ts_ms - run.started_ms) // 1000,
+                    [_scalar(f"gpuwatch/gpu{gpu}/sm_active_pct", sm_active)],
+                )
                 self.prof_after_ms[gpu] = ts_ms
                 written += 1
         return written
@@ -296,10 +323,16 @@ class RunMirror:
             breakdown = profiles.profile_breakdown(conn, profile.id)
             if breakdown is None:
                 continue  # its analysis has not arrived yet: the next update writes it
-            lines = [render.headline(breakdown), *render.rank_lines(breakdown, width=100),
-                     *render.advice_lines(breakdown.get("advice") or [], width=100)]
-            self._add(profile.ts_ms, profile.first_step or 0,
-                      [_text("gpuwatch/run/profile", _preformatted("\n".join(lines)))])
+            lines = [
+                render.headline(breakdown),
+                *render.rank_lines(breakdown, width=100),
+                *render.advice_lines(breakdown.get("advice") or [], width=100),
+            ]
+            self._add(
+                profile.ts_ms,
+                profile.first_step or 0,
+                [_text("gpuwatch/run/profile", _preformatted("\n".join(lines)))],
+            )
             self.profiles_done.add(profile.id)
             written += 1
         return written
@@ -331,11 +364,16 @@ class RunMirror:
 
 
 def summary_markdown(run: queries.Run, tokens: int, energy) -> str:
-    rows = [("run", f"{run.name or '-'} ({run.run_id})"), ("status", run.status),
-            ("user", run.user or str(run.uid)), ("host", run.host or "-"),
-            ("command", run.command or "-"), ("started", fmt.local_time(run.started_ms)),
-            ("duration", fmt.duration(run.ended_ms - run.started_ms) if run.ended_ms else "-"),
-            ("tokens", fmt.count(tokens) if tokens else "-")]
+    rows = [
+        ("run", f"{run.name or '-'} ({run.run_id})"),
+        ("status", run.status),
+        ("user", run.user or str(run.uid)),
+        ("host", run.host or "-"),
+        ("command", run.command or "-"),
+        ("started", fmt.local_time(run.started_ms)),
+        ("duration", fmt.duration(run.ended_ms - run.started_ms) if run.ended_ms else "-"),
+        ("tokens", fmt.count(tokens) if tokens else "-"),
+    ]
     if energy is not None:
         rows.append(("energy", f"{fmt.kwh(energy.joules)} ({fmt.count(energy.joules)} J)"))
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {str(v).replace('|', '/')} |" for k, v in rows)
@@ -394,10 +432,14 @@ class Selection:
     def run_ids(self, conn: sqlite3.Connection) -> list[tuple[str, str]]:
         """(run_id, status) of the runs to mirror now."""
         if self.wrapper_run_id:
-            return conn.execute("SELECT run_id, status FROM runs WHERE run_id = ? OR parent_run_id = ? "
-                                "ORDER BY started_ms", (self.wrapper_run_id,) * 2).fetchall()
-        return conn.execute("SELECT run_id, status FROM runs WHERE pid = ? AND started_ms >= ? "
-                            "ORDER BY started_ms", (self.pid, self.since_ms)).fetchall()
+            return conn.execute(
+                "SELECT run_id, status FROM runs WHERE run_id = ? OR parent_run_id = ? ORDER BY started_ms",
+                (self.wrapper_run_id,) * 2,
+            ).fetchall()
+        return conn.execute(
+            "SELECT run_id, status FROM runs WHERE pid = ? AND started_ms >= ? ORDER BY started_ms",
+            (self.pid, self.since_ms),
+        ).fetchall()
 
 
 def _alive(pid: int | None) -> bool:
@@ -412,8 +454,15 @@ def _alive(pid: int | None) -> bool:
         return False
 
 
-def follow(open_conn: Callable[[], sqlite3.Connection], selection: Selection, target: str,
-           cwd: Path, watch_pid: int | None, poll_s: float = 2.0, say: Callable[[str], None] = print) -> list[Path]:
+def follow(
+    open_conn: Callable[[], sqlite3.Connection],
+    selection: Selection,
+    target: str,
+    cwd: Path,
+    watch_pid: int | None,
+    poll_s: float = 2.0,
+    say: Callable[[str], None] = print,
+) -> list[Path]:
     """Mirror the selected runs into TensorBoard files while they run; returns their directories.
 
     target: a directory (files go to target/gpuwatch/...), or "auto": beside the logs the program
@@ -428,11 +477,15 @@ def follow(open_conn: Callable[[], sqlite3.Connection], selection: Selection, ta
                 found = find_user_logdir(cwd, selection.since_ms)
                 if found is not None:
                     root = found
-                    say(f"gpuwatch: TensorBoard figures beside the program's own logs, in {root / 'gpuwatch'}")
+                    say(
+                        f"gpuwatch: TensorBoard figures beside the program's own logs, in {root / 'gpuwatch'}"
+                    )
                 elif watched_gone or _over(conn, selection):
                     root = cwd / "runs"
-                    say(f"gpuwatch: the program wrote no TensorBoard logs under {cwd}; "
-                        f"its figures went to {root / 'gpuwatch'}")
+                    say(
+                        f"gpuwatch: the program wrote no TensorBoard logs under {cwd}; "
+                        f"its figures went to {root / 'gpuwatch'}"
+                    )
             runs = selection.run_ids(conn)
             if root is not None:
                 for run_id, status in runs:
@@ -443,8 +496,11 @@ def follow(open_conn: Callable[[], sqlite3.Connection], selection: Selection, ta
                         mirror.close(conn)
                     else:
                         mirror.update(conn)
-            done = root is not None and (watched_gone or _over(conn, selection)) and \
-                all(m.closed for m in mirrors.values())
+            done = (
+                root is not None
+                and (watched_gone or _over(conn, selection))
+                and all(m.closed for m in mirrors.values())
+            )
         if done:
             return [m.directory for m in mirrors.values()]
         time.sleep(poll_s)
@@ -453,7 +509,6 @@ def follow(open_conn: Callable[[], sqlite3.Connection], selection: Selection, ta
 def _over(conn: sqlite3.Connection, selection: Selection) -> bool:
     """The wrapper's run has ended; or the process is gone and none of its runs still runs."""
     if selection.wrapper_run_id:
-        row = conn.execute("SELECT status FROM runs WHERE run_id = ?",
-                           (selection.wrapper_run_id,)).fetchone()
+        row = conn.execute("SELECT status FROM runs WHERE run_id = ?", (selection.wrapper_run_id,)).fetchone()
         return row is not None and row[0] != "running"
     return not _alive(selection.pid) and all(s != "running" for _, s in selection.run_ids(conn))

@@ -27,8 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     db = paths.reader_db_path(config.load().db)
     selection = Selection(wrapper_run_id=args.wrapper, pid=args.pid, since_ms=args.since)
     try:
-        follow(lambda: open_ro(db), selection, args.target, Path(args.cwd).resolve(),
-               args.watch_pid, say=lambda line: print(line, file=sys.stderr, flush=True))
+        follow(
+            lambda: open_ro(db),
+            selection,
+            args.target,
+            Path(args.cwd).resolve(),
+            args.watch_pid,
+            say=lambda line: print(line, file=sys.stderr, flush=True),
+        )
     except KeyboardInterrupt:
         return 130
     return 0

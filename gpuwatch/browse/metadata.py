@@ -39,26 +39,39 @@ TABLES = {
     "profiles": "One row per profiler window of a run.",
     "profile_ops": "One row per profile and operator: its calls and CPU/device time.",
     "profile_breakdowns": "One row per profile whose trace was analysed: GPU idle / compute / "
-                          "non-compute %, what the idle waited for, overlap, CPU-side split, advice.",
+    "non-compute %, what the idle waited for, overlap, CPU-side split, advice.",
     "stack_dumps": "One row per py-spy dump of a run's process.",
     "capacity_studies": "One row per gpuwatch capacity study.",
     "capacity_points": "One row per study, batch and sequence length measured.",
     "daemon_stats": "One row per 30 s: the monitor's own CPU, RSS, tick time, queue depth, database size.",
     "alerts": "One row per alert incident (a run's end, failure, OOM, stall; a GPU held idle, lost or hung; "
-              "a low disk; a free-GPU wish granted): kind, whose, title, body, figures as JSON. "
-              "Never a subscription or its URL: those are secrets kept elsewhere.",
+    "a low disk; a free-GPU wish granted): kind, whose, title, body, figures as JSON. "
+    "Never a subscription or its URL: those are secrets kept elsewhere.",
     "alert_episodes": "One row per condition an alert rule is timing now (a GPU held idle, throttled, a disk low): "
-                      "since when, and whether its alert fired. Gone once the condition ends.",
+    "since when, and whether its alert fired. Gone once the condition ends.",
     "alert_wishes": "One row per `gpuwatch notify when-free` wish not granted yet: who, how many GPUs, how much free memory.",
 }
 
 _EPOCH_MS = "ms since the Unix epoch (UTC)"
 # Unit by name suffix; durations in ms are named for what they time.
-_UNITS = (("_bytes", "bytes"), ("_mw", "milliwatts"), ("_mj", "millijoules"), ("_pct", "percent"),
-          ("_mhz", "MHz"), ("_kbps", "KB/s"), ("_us", "microseconds"), ("temp_c", "degrees Celsius"),
-          ("tokens_per_s", "tokens per second"), ("_per_s", "per second"), ("time_ms", "milliseconds"), ("tick_ms", "milliseconds"),
-          ("ttft_ms", "milliseconds"), ("p50_ms", "milliseconds"), ("p90_ms", "milliseconds"),
-          ("_ms", _EPOCH_MS))
+_UNITS = (
+    ("_bytes", "bytes"),
+    ("_mw", "milliwatts"),
+    ("_mj", "millijoules"),
+    ("_pct", "percent"),
+    ("_mhz", "MHz"),
+    ("_kbps", "KB/s"),
+    ("_us", "microseconds"),
+    ("temp_c", "degrees Celsius"),
+    ("tokens_per_s", "tokens per second"),
+    ("_per_s", "per second"),
+    ("time_ms", "milliseconds"),
+    ("tick_ms", "milliseconds"),
+    ("ttft_ms", "milliseconds"),
+    ("p50_ms", "milliseconds"),
+    ("p90_ms", "milliseconds"),
+    ("_ms", _EPOCH_MS),
+)
 _ROLLUP = {"_min": "minimum", "_avg": "average", "_max": "maximum"}
 _COLUMN = re.compile(r"\b([a-z_][a-z0-9_]*)\s+(?:INTEGER|REAL|TEXT|BLOB)\b")
 _CREATE = re.compile(r"CREATE TABLE (\w+)")
@@ -118,8 +131,13 @@ SELECT r.run_id, r.name, r.user, r.status, round(avg(s.tokens_per_s)) AS tok_s_a
 FROM runs r JOIN steps s USING (run_id)
 WHERE r.started_ms >= (unixepoch() - 86400) * 1000
 GROUP BY r.run_id ORDER BY tok_s_avg DESC;""",
-        "chart": {"mark": "bar", "x_column": "run_id", "x_type": "ordinal",
-                  "y_column": "tok_s_avg", "y_type": "quantitative"},
+        "chart": {
+            "mark": "bar",
+            "x_column": "run_id",
+            "x_type": "ordinal",
+            "y_column": "tok_s_avg",
+            "y_type": "quantitative",
+        },
     },
     "who_used_gpu_3": {
         "title": "Who used GPU 3, last 24 h",
@@ -132,16 +150,26 @@ FROM gpu_process_samples g
 JOIN processes p ON p.pid = g.pid AND g.ts_ms BETWEEN p.first_seen_ms AND p.last_seen_ms
 WHERE g.gpu_index = 3 AND g.ts_ms >= (unixepoch() - 86400) * 1000
 GROUP BY p.user, p.pid, p.run_id ORDER BY max_gib DESC;""",
-        "chart": {"mark": "bar", "x_column": "user", "x_type": "ordinal",
-                  "y_column": "max_gib", "y_type": "quantitative"},
+        "chart": {
+            "mark": "bar",
+            "x_column": "user",
+            "x_type": "ordinal",
+            "y_column": "max_gib",
+            "y_type": "quantitative",
+        },
     },
     "peak_memory_by_seq_len": {
         "title": "Peak memory by sequence length",
         "sql": """-- peak memory by sequence length
 SELECT seq_len, count(DISTINCT run_id) AS runs, round(max(mem_peak_bytes) / 1073741824.0, 2) AS peak_gib
 FROM steps WHERE seq_len IS NOT NULL GROUP BY seq_len ORDER BY seq_len;""",
-        "chart": {"mark": "line", "x_column": "seq_len", "x_type": "quantitative",
-                  "y_column": "peak_gib", "y_type": "quantitative"},
+        "chart": {
+            "mark": "line",
+            "x_column": "seq_len",
+            "x_type": "quantitative",
+            "y_column": "peak_gib",
+            "y_type": "quantitative",
+        },
     },
     "ooms_this_week": {
         "title": "OOMs this week, with the other processes on that GPU",
@@ -153,8 +181,13 @@ SELECT datetime(o.ts_ms / 1000, 'unixepoch', 'localtime') AS at, r.name, r.user,
         FROM json_each(o.neighbours_json) n) AS neighbours
 FROM oom_postmortems o JOIN runs r USING (run_id)
 WHERE o.ts_ms >= (unixepoch() - 7 * 86400) * 1000 ORDER BY o.ts_ms DESC;""",
-        "chart": {"mark": "bar", "x_column": "at", "x_type": "temporal",
-                  "y_column": "req_mib", "y_type": "quantitative"},
+        "chart": {
+            "mark": "bar",
+            "x_column": "at",
+            "x_type": "temporal",
+            "y_column": "req_mib",
+            "y_type": "quantitative",
+        },
     },
     "utilisation_vs_sm_activity": {
         "title": "Utilisation against SM, tensor-core and DRAM activity, last hour",
@@ -163,8 +196,13 @@ SELECT p.gpu_index, round(avg(g.gpu_util_pct)) AS util_pct, round(avg(p.sm_activ
        round(avg(p.tensor_active_pct)) AS tensor_pct, round(avg(p.dram_active_pct)) AS dram_pct
 FROM gpu_prof_samples p JOIN gpu_samples g USING (gpu_index, ts_ms)
 WHERE p.ts_ms >= (unixepoch() - 3600) * 1000 GROUP BY p.gpu_index;""",
-        "chart": {"mark": "bar", "x_column": "gpu_index", "x_type": "ordinal",
-                  "y_column": "sm_active_pct", "y_type": "quantitative"},
+        "chart": {
+            "mark": "bar",
+            "x_column": "gpu_index",
+            "x_type": "ordinal",
+            "y_column": "sm_active_pct",
+            "y_type": "quantitative",
+        },
     },
     "hourly_gpu_utilisation": {
         "title": "Hourly GPU utilisation and peak power, last 7 days",
@@ -172,13 +210,19 @@ WHERE p.ts_ms >= (unixepoch() - 3600) * 1000 GROUP BY p.gpu_index;""",
 SELECT gpu_index, datetime(ts_ms / 1000, 'unixepoch', 'localtime') AS hour,
        round(gpu_util_pct_avg, 1) AS util_pct, round(power_mw_max / 1000.0) AS max_w
 FROM gpu_samples_1h WHERE ts_ms >= (unixepoch() - 7 * 86400) * 1000 ORDER BY gpu_index, ts_ms;""",
-        "chart": {"mark": "line", "x_column": "hour", "x_type": "temporal",
-                  "y_column": "util_pct", "y_type": "quantitative", "color_column": "gpu_index"},
+        "chart": {
+            "mark": "line",
+            "x_column": "hour",
+            "x_type": "temporal",
+            "y_column": "util_pct",
+            "y_type": "quantitative",
+            "color_column": "gpu_index",
+        },
     },
     "tokens_per_s_over_time": {
         "title": "Tokens/s of a run over time",
         "description": "run: a run id or name (its newest run). Loss and step time alongside; a "
-                       "long run is averaged into about 500 points.",
+        "long run is averaged into about 500 points.",
         "sql": """WITH r AS (SELECT run_id FROM runs WHERE run_id = :run OR name = :run
            ORDER BY run_id = :run DESC, started_ms DESC LIMIT 1),
      w AS (SELECT max(1, (max(step) - min(step)) / 500) AS steps FROM steps WHERE run_id = (SELECT run_id FROM r))
@@ -186,14 +230,19 @@ SELECT datetime(min(ts_ms) / 1000, 'unixepoch', 'localtime') AS time, min(step) 
        round(avg(tokens_per_s), 1) AS tokens_per_s, avg(loss) AS loss, round(avg(step_time_ms), 2) AS step_time_ms
 FROM steps WHERE run_id = (SELECT run_id FROM r)
 GROUP BY step / (SELECT steps FROM w) ORDER BY step""",
-        "chart": {"mark": "line", "x_column": "time", "x_type": "temporal",
-                  "y_column": "tokens_per_s", "y_type": "quantitative"},
+        "chart": {
+            "mark": "line",
+            "x_column": "time",
+            "x_type": "temporal",
+            "y_column": "tokens_per_s",
+            "y_type": "quantitative",
+        },
     },
     "gpu_hours_per_user_per_day": {
         "title": "GPU-hours per user per day",
         "description": "days: how far back (default 30). A run counts its duration times its "
-                       "GPUs (the entries of gpu_uuids, else 1), on the day it started; the "
-                       "ranks a `gpuwatch run` wrapper joined count once, through the wrapper.",
+        "GPUs (the entries of gpu_uuids, else 1), on the day it started; the "
+        "ranks a `gpuwatch run` wrapper joined count once, through the wrapper.",
         "sql": """SELECT date(started_ms / 1000, 'unixepoch', 'localtime') AS day, coalesce(user, uid) AS user,
        round(sum((coalesce(ended_ms, last_step_ms, unixepoch() * 1000) - started_ms)
                  * (CASE WHEN gpu_uuids IS NULL OR gpu_uuids = '' THEN 1
@@ -203,8 +252,14 @@ FROM runs
 WHERE parent_run_id IS NULL
   AND started_ms >= (unixepoch() - coalesce(nullif(:days, ''), 30) * 86400) * 1000
 GROUP BY day, user ORDER BY day, user""",
-        "chart": {"mark": "bar", "x_column": "day", "x_type": "ordinal",
-                  "y_column": "gpu_hours", "y_type": "quantitative", "color_column": "user"},
+        "chart": {
+            "mark": "bar",
+            "x_column": "day",
+            "x_type": "ordinal",
+            "y_column": "gpu_hours",
+            "y_type": "quantitative",
+            "color_column": "user",
+        },
     },
     "ooms_per_week": {
         "title": "OOMs per week",
@@ -215,8 +270,13 @@ GROUP BY day, user ORDER BY day, user""",
 SELECT strftime('%Y-W%W', ts_ms / 1000, 'unixepoch', 'localtime') AS week, count(*) AS ooms
 FROM (SELECT run_id, min(ts_ms) AS ts_ms FROM ooms GROUP BY run_id)
 GROUP BY week ORDER BY week""",
-        "chart": {"mark": "bar", "x_column": "week", "x_type": "ordinal",
-                  "y_column": "ooms", "y_type": "quantitative"},
+        "chart": {
+            "mark": "bar",
+            "x_column": "week",
+            "x_type": "ordinal",
+            "y_column": "ooms",
+            "y_type": "quantitative",
+        },
     },
     "alerts_per_day": {
         "title": "Alerts per day, by kind",
@@ -224,8 +284,14 @@ GROUP BY week ORDER BY week""",
         "sql": """SELECT date(ts_ms / 1000, 'unixepoch', 'localtime') AS day, kind, count(*) AS alerts
 FROM alerts WHERE ts_ms >= (unixepoch() - 30 * 86400) * 1000
 GROUP BY day, kind ORDER BY day, kind""",
-        "chart": {"mark": "bar", "x_column": "day", "x_type": "ordinal",
-                  "y_column": "alerts", "y_type": "quantitative", "color_column": "kind"},
+        "chart": {
+            "mark": "bar",
+            "x_column": "day",
+            "x_type": "ordinal",
+            "y_column": "alerts",
+            "y_type": "quantitative",
+            "color_column": "kind",
+        },
     },
 }
 
@@ -245,12 +311,11 @@ def metadata(db_name: str, table_columns: dict[str, list[str]]) -> dict:
             tables[table] = {"hidden": True}
             continue
         described = {c: column_description(table, c, comments) for c in columns}
-        tables[table] = {"description": TABLES[table],
-                         "columns": {c: d for c, d in described.items() if d}}
+        tables[table] = {"description": TABLES[table], "columns": {c: d for c, d in described.items() if d}}
     queries = {name: {k: v for k, v in q.items() if k != "chart"} for name, q in QUERIES.items()}
     return {
         "title": "gpuwatch",
         "description": "The gpuwatch database, read-only. Times are ms since the Unix epoch, sizes "
-                       "bytes; units are in the column names and descriptions.",
+        "bytes; units are in the column names and descriptions.",
         "databases": {db_name: {"tables": tables, "queries": queries}},
     }

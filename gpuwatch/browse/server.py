@@ -46,14 +46,21 @@ def require_token(app, token: str, port: int):
         if not token_ok(given, token):
             return await asgi_send(send, refusal(COMMAND), 403, content_type="text/plain; charset=utf-8")
         if scope["method"] not in ("GET", "HEAD"):
-            return await asgi_send(send, "gpuwatch browse is read-only\n", 405,
-                                   content_type="text/plain; charset=utf-8")
+            return await asgi_send(
+                send, "gpuwatch browse is read-only\n", 405, content_type="text/plain; charset=utf-8"
+            )
         if dict(query).get("token") is not None:
             rest = urlencode([(k, v) for k, v in query if k != "token"])
             location = scope["path"] + (f"?{rest}" if rest else "")
-            return await asgi_send(send, "", 302, headers={
-                "location": location,
-                "set-cookie": f"{cookie}={token}; Path=/; HttpOnly; SameSite=Strict"})
+            return await asgi_send(
+                send,
+                "",
+                302,
+                headers={
+                    "location": location,
+                    "set-cookie": f"{cookie}={token}; Path=/; HttpOnly; SameSite=Strict",
+                },
+            )
         return await app(scope, receive, send)
 
     return guarded
@@ -63,11 +70,15 @@ def require_token(app, token: str, port: int):
 def extra_body_script(datasette):
     """This module is also a Datasette plugin: a canned query's page opens with its chart
     (datasette-vega reads its settings from the URL fragment; one already there is kept)."""
-    charts = {datasette.urls.query(db, name): meta.chart_fragment(q["chart"])
-              for db in datasette.databases for name, q in meta.QUERIES.items()}
-    return ("(function(){var c=%s[location.pathname];if(c&&!location.hash)"
-            "history.replaceState(null,'',location.pathname+location.search+'#'+c);})();"
-            % json.dumps(charts))
+    charts = {
+        datasette.urls.query(db, name): meta.chart_fragment(q["chart"])
+        for db in datasette.databases
+        for name, q in meta.QUERIES.items()
+    }
+    return (
+        "(function(){var c=%s[location.pathname];if(c&&!location.hash)"
+        "history.replaceState(null,'',location.pathname+location.search+'#'+c);})();" % json.dumps(charts)
+    )
 
 
 def make_app(db_path: str | Path, token: str, port: int):
@@ -80,13 +91,17 @@ def make_app(db_path: str | Path, token: str, port: int):
         frozen = probe.frozen
         table_columns = {
             name: [r[1] for r in probe.execute(f"PRAGMA table_info([{name}])")]
-            for (name,) in probe.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+            for (name,) in probe.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+        }
     finally:
         probe.close()
     db_name = db_path.stem
-    ds = Datasette(files=[] if frozen else [str(db_path)], immutables=[str(db_path)] if frozen else [],
-                   metadata=meta.metadata(db_name, table_columns),
-                   settings={"default_page_size": 200, "sql_time_limit_ms": 5000, "allow_download": False})
+    ds = Datasette(
+        files=[] if frozen else [str(db_path)],
+        immutables=[str(db_path)] if frozen else [],
+        metadata=meta.metadata(db_name, table_columns),
+        settings={"default_page_size": 200, "sql_time_limit_ms": 5000, "allow_download": False},
+    )
     if not pm.has_plugin(PLUGIN):
         pm.register(sys.modules[__name__], name=PLUGIN)
     return ds, require_token(ds.app(), token, port)
@@ -107,6 +122,9 @@ def serve(db_path: str | Path, port: int) -> None:
     ds, app = make_app(db_path, token, port)
     asyncio.run(ds.invoke_startup())
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    print(f"gpuwatch browse: open http://{HOST}:{port}/?token={token}\n"
-          f"(read-only; the token is needed; Ctrl+C stops)", flush=True)
+    print(
+        f"gpuwatch browse: open http://{HOST}:{port}/?token={token}\n"
+        f"(read-only; the token is needed; Ctrl+C stops)",
+        flush=True,
+    )
     server.run(sockets=[sock])

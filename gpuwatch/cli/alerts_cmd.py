@@ -27,8 +27,8 @@ def alerts_cmd(db: str | None, fmt: str, limit: int) -> None:
     from gpuwatch.cli.options import load_config
     from gpuwatch.daemon.ingest import user_name
     from gpuwatch.fmt import clip, local_time
-    from gpuwatch.store import open_ro
     from gpuwatch.store import alerts as store_alerts
+    from gpuwatch.store import open_ro
 
     conn = open_ro(reader_db_path(db))
     try:
@@ -40,10 +40,22 @@ def alerts_cmd(db: str | None, fmt: str, limit: int) -> None:
         note = None
     except SubscriptionError as e:
         sent, note = {}, f"delivery state unknown: {e}"
-    rows = [{"id": a.id, "ts_ms": a.ts_ms, "kind": a.kind, "host": a.host, "uid": a.uid,
-             "user": user_name(a.uid) if a.uid is not None else None, "run_id": a.run_id,
-             "gpu_index": a.gpu_index, "pid": a.pid, "title": a.title,
-             "deliveries": sent.get(str(a.id), [])} for a in found]
+    rows = [
+        {
+            "id": a.id,
+            "ts_ms": a.ts_ms,
+            "kind": a.kind,
+            "host": a.host,
+            "uid": a.uid,
+            "user": user_name(a.uid) if a.uid is not None else None,
+            "run_id": a.run_id,
+            "gpu_index": a.gpu_index,
+            "pid": a.pid,
+            "title": a.title,
+            "deliveries": sent.get(str(a.id), []),
+        }
+        for a in found
+    ]
     if fmt == "json":
         click.echo(json.dumps(rows, indent=2))
         return

@@ -42,8 +42,19 @@ def compare_cmd(runs, as_json, color, db):
     with _open(db) as conn:
         stats = compare(conn, runs)
         curves = [loss_curve(conn, s.run_id) for s in stats]
-        why = [] if as_json else [line for s in stats[1:] for line in why_lines(
-            versus(conn, s.run_id, stats[0].run_id), s.name or s.run_id, stats[0].name or stats[0].run_id)]
+        why = (
+            []
+            if as_json
+            else [
+                line
+                for s in stats[1:]
+                for line in why_lines(
+                    versus(conn, s.run_id, stats[0].run_id),
+                    s.name or s.run_id,
+                    stats[0].name or stats[0].run_id,
+                )
+            ]
+        )
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(s) for s in stats], indent=1))
         return
@@ -68,24 +79,43 @@ def compare_cmd(runs, as_json, color, db):
 
         by_tokens = all(c.tokens_known for c in curves if c.by_steps)
         click.echo("")
-        click.echo(loss_chart([(s.name or s.run_id, c.axis(by_tokens)) for s, c in zip(stats, curves)],
-                              "tokens" if by_tokens else "steps", colour), color=colour)
+        click.echo(
+            loss_chart(
+                [(s.name or s.run_id, c.axis(by_tokens)) for s, c in zip(stats, curves)],
+                "tokens" if by_tokens else "steps",
+                colour,
+            ),
+            color=colour,
+        )
 
 
 @click.command("export")
 @click.argument("run")
 @click.argument("file", required=False, type=click.Path())
-@click.option("--format", "fmt", type=click.Choice(["csv", "json", "parquet", "sqlite", "tensorboard"]),
-              default="csv", show_default=True,
-              help="json: one document; csv/parquet: one file per table; sqlite: one "
-                   "self-contained database file; tensorboard: event files for TensorBoard.")
-@click.option("-o", "--output", type=click.Path(), default=None,
-              help="json: a file ('-' or none: stdout). csv/parquet: a directory (default: "
-                   "./RUN_ID-export). sqlite: a new file (default: ./RUN_ID.db). tensorboard: "
-                   "a log directory (default: ./runs); files go to DIR/gpuwatch/NAME-ID/. "
-                   "Or give it as FILE.")
-@click.option("--follow", is_flag=True,
-              help="tensorboard: keep mirroring RUN (and its rank runs) while it runs; end with it.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["csv", "json", "parquet", "sqlite", "tensorboard"]),
+    default="csv",
+    show_default=True,
+    help="json: one document; csv/parquet: one file per table; sqlite: one "
+    "self-contained database file; tensorboard: event files for TensorBoard.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(),
+    default=None,
+    help="json: a file ('-' or none: stdout). csv/parquet: a directory (default: "
+    "./RUN_ID-export). sqlite: a new file (default: ./RUN_ID.db). tensorboard: "
+    "a log directory (default: ./runs); files go to DIR/gpuwatch/NAME-ID/. "
+    "Or give it as FILE.",
+)
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="tensorboard: keep mirroring RUN (and its rank runs) while it runs; end with it.",
+)
 @db_option
 @friendly_errors
 def export_cmd(run, file, fmt, output, follow, db):
@@ -162,11 +192,17 @@ def _export_tensorboard(ref: str, root: Path, follow: bool, db: str | None) -> N
         if follow:
             with _open(db) as conn:
                 run = queries.run(conn, ref)
-            click.echo(f"mirroring {run.run_id} into {root / 'gpuwatch'} until it ends (Ctrl-C stops)",
-                       err=True)
-            written = tensorboard.follow(lambda: open_ro(path), tensorboard.Selection(run.run_id),
-                                         str(root), Path.cwd(), None,
-                                         say=lambda line: click.echo(line, err=True))
+            click.echo(
+                f"mirroring {run.run_id} into {root / 'gpuwatch'} until it ends (Ctrl-C stops)", err=True
+            )
+            written = tensorboard.follow(
+                lambda: open_ro(path),
+                tensorboard.Selection(run.run_id),
+                str(root),
+                Path.cwd(),
+                None,
+                say=lambda line: click.echo(line, err=True),
+            )
         else:
             with _open(db) as conn:
                 written = [tensorboard.export(conn, ref, root)]
@@ -178,8 +214,13 @@ def _export_tensorboard(ref: str, root: Path, follow: bool, db: str | None) -> N
 
 @click.command("report")
 @click.argument("run")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="HTML file to write (default: ./RUN_ID.html).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="HTML file to write (default: ./RUN_ID.html).",
+)
 @db_option
 @friendly_errors
 def report_cmd(run, output, db):

@@ -8,8 +8,13 @@ from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
 
 
 @click.command("browse")
-@click.option("--port", type=click.IntRange(0, 65535), default=8001, show_default=True,
-              help="Loopback port to serve on (0: any free one).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8001,
+    show_default=True,
+    help="Loopback port to serve on (0: any free one).",
+)
 @db_option
 @friendly_errors
 def browse_cmd(port, db) -> None:
@@ -24,8 +29,9 @@ def browse_cmd(port, db) -> None:
     try:
         from gpuwatch.browse import server
     except ImportError as e:
-        raise click.ClickException(f"gpuwatch browse needs Datasette ({e.name} is missing): "
-                                   f"pip install 'gpuwatch[browse]'") from None
+        raise click.ClickException(
+            f"gpuwatch browse needs Datasette ({e.name} is missing): pip install 'gpuwatch[browse]'"
+        ) from None
     try:
         server.serve(reader_db_path(db), port)
     except OSError as e:

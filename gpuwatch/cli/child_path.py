@@ -25,9 +25,11 @@ ENV_NOTE = "GPUWATCH_BOOTSTRAP_NOTE"
 def make(directory: Path) -> Path:
     """Make `directory` (inside a private one) hold the child's import path; return it."""
     directory.mkdir(mode=0o700)
-    links = {"sitecustomize.py": os.path.join(BOOTSTRAP_DIR, "sitecustomize.py"),
-             "gpuwatch": os.path.dirname(os.path.abspath(gpuwatch.__file__)),
-             "collectors": os.path.dirname(os.path.abspath(collectors.__file__))}
+    links = {
+        "sitecustomize.py": os.path.join(BOOTSTRAP_DIR, "sitecustomize.py"),
+        "gpuwatch": os.path.dirname(os.path.abspath(gpuwatch.__file__)),
+        "collectors": os.path.dirname(os.path.abspath(collectors.__file__)),
+    }
     for name, target in links.items():
         os.symlink(target, directory / name)
     return directory

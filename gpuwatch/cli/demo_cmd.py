@@ -40,8 +40,12 @@ class Stage:
 
 
 STAGES: list[Stage] = [
-    Stage("training: GPT decoder learning to count, 30 steps", "gpt_train", "demo-train",
-          ("--tiny", "--steps", "30", "--vocab", "64", "--lr", "1e-2")),
+    Stage(
+        "training: GPT decoder learning to count, 30 steps",
+        "gpt_train",
+        "demo-train",
+        ("--tiny", "--steps", "30", "--vocab", "64", "--lr", "1e-2"),
+    ),
     Stage("generation: KV-cache decoding", "kv_generate", "demo-decode", ("--tiny", "--generations", "3")),
 ]
 
@@ -52,11 +56,21 @@ def oom_stage(gpu: bool) -> Stage:
     (CUDA itself needs more address space than such a limit allows). A real allocator failure."""
     args = ("--tiny", "--attn", "naive", "--heads", "4", "--steps", "2")
     if gpu:
-        return Stage("OOM: naive attention at L=65536 on the GPU", "gpt_train", "demo-oom",
-                     (*args, "--seq-len", "65536", "--batch", "8"), expect_failure=True)
-    return Stage("OOM: naive attention at L=16384 under a 4 GiB memory limit", "gpt_train", "demo-oom",
-                 (*args, "--seq-len", "16384", "--batch", "4", "--device", "cpu"), expect_failure=True,
-                 address_space_bytes=4 << 30)
+        return Stage(
+            "OOM: naive attention at L=65536 on the GPU",
+            "gpt_train",
+            "demo-oom",
+            (*args, "--seq-len", "65536", "--batch", "8"),
+            expect_failure=True,
+        )
+    return Stage(
+        "OOM: naive attention at L=16384 under a 4 GiB memory limit",
+        "gpt_train",
+        "demo-oom",
+        (*args, "--seq-len", "16384", "--batch", "4", "--device", "cpu"),
+        expect_failure=True,
+        address_space_bytes=4 << 30,
+    )
 
 
 STAGES.append(oom_stage(gpu=Path("/dev/nvidiactl").exists()))
@@ -72,11 +86,18 @@ def run_stage(stage: Stage, env: dict[str, str]) -> tuple[subprocess.CompletedPr
     started = time.monotonic()
     limit = stage.address_space_bytes
     try:
-        done = subprocess.run(stage.argv(), env=env, capture_output=True, text=True, timeout=STAGE_TIMEOUT_S,
-                              preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
-                              if limit else None)
+        done = subprocess.run(
+            stage.argv(),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=STAGE_TIMEOUT_S,
+            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))) if limit else None,
+        )
     except subprocess.TimeoutExpired:
-        raise click.ClickException(f"demo stage '{stage.title}' took over {STAGE_TIMEOUT_S}s; stopped it") from None
+        raise click.ClickException(
+            f"demo stage '{stage.title}' took over {STAGE_TIMEOUT_S}s; stopped it"
+        ) from None
     return done, time.monotonic() - started
 
 
@@ -103,8 +124,10 @@ def demo_cmd(db, no_tui) -> None:
     Example: gpuwatch demo --db /tmp/demo.db
     """
     if importlib.util.find_spec("torch") is None:
-        raise click.ClickException("the demo runs small PyTorch workloads, and torch is not installed "
-                                   "(pip install 'gpuwatch[torch]')")
+        raise click.ClickException(
+            "the demo runs small PyTorch workloads, and torch is not installed "
+            "(pip install 'gpuwatch[torch]')"
+        )
     env = dict(os.environ)
     # The demo's models are tiny: one CPU thread runs them faster than many fighting over
     # small matmuls, and leaves a shared server's other cores alone. The user's setting wins.
@@ -114,12 +137,16 @@ def demo_cmd(db, no_tui) -> None:
         env.update(GPUWATCH_DB=db, GPUWATCH_SOCKET=NO_DAEMON_SOCKET)
     started_ms = int(time.time() * 1000)
     for number, stage in enumerate(STAGES, 1):
-        click.echo(f"[{number}/{len(STAGES)}] {stage.title} (python -m workloads.{stage.module} "
-                   f"{' '.join(stage.argv()[3:])}) ...")
+        click.echo(
+            f"[{number}/{len(STAGES)}] {stage.title} (python -m workloads.{stage.module} "
+            f"{' '.join(stage.argv()[3:])}) ..."
+        )
         done, seconds = run_stage(stage, env)
         if (done.returncode != 0) != stage.expect_failure:
-            raise click.ClickException(f"demo stage '{stage.title}' exited with code {done.returncode}: "
-                                       f"{_last_error_line(done.stderr)}")
+            raise click.ClickException(
+                f"demo stage '{stage.title}' exited with code {done.returncode}: "
+                f"{_last_error_line(done.stderr)}"
+            )
         shown = [_last_error_line(done.stderr)[-160:]] if stage.expect_failure else _summary(done.stdout)
         for line in shown:
             click.echo(f"      {line.strip()}")
@@ -145,8 +172,10 @@ def show_runs(db: str | None, since_ms: int) -> None:
         conn.close()
     missing = {s.run_name for s in STAGES} - {r.name for r in summaries}
     if missing:
-        raise click.ClickException(f"the workloads ran, but {path} holds no run named "
-                                   f"{', '.join(sorted(missing))} (see the warnings above)")
+        raise click.ClickException(
+            f"the workloads ran, but {path} holds no run named "
+            f"{', '.join(sorted(missing))} (see the warnings above)"
+        )
     click.echo("")
     click.echo(f"runs recorded in {path}:")
     click.echo(runs_table(summaries, now_ms()))

@@ -11,8 +11,13 @@ _MARK = {"ok": ("ok", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "re
 
 @click.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
-@click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
-              help="Daemon socket to try (default: the system daemon's if present, else yours).")
+@click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Daemon socket to try (default: the system daemon's if present, else yours).",
+)
 @db_option
 @friendly_errors
 def doctor_cmd(as_json, socket_path, db):
@@ -23,11 +28,15 @@ def doctor_cmd(as_json, socket_path, db):
     """
     from pathlib import Path
 
-    from gpuwatch.doctor import Env, as_json as to_json, healthy, run_checks
+    from gpuwatch.doctor import Env, healthy, run_checks
+    from gpuwatch.doctor import as_json as to_json
 
     cfg = load_config()
-    env = Env(socket_path=Path(socket_path) if socket_path else None, db_path=Path(db) if db else None,
-              spool_dir=Path(cfg.spool_dir) if cfg.spool_dir else None)
+    env = Env(
+        socket_path=Path(socket_path) if socket_path else None,
+        db_path=Path(db) if db else None,
+        spool_dir=Path(cfg.spool_dir) if cfg.spool_dir else None,
+    )
     checks = run_checks(env)
     if as_json:
         click.echo(to_json(checks))

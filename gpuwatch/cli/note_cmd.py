@@ -55,8 +55,13 @@ def note_cmd(run, text, db) -> None:
         target = find(run)
     finally:
         conn.close()
-    event = {"id": uuid.uuid4().hex, "kind": "note", "run_id": target.run_id, "ts_ms": now_ms(),
-             "text": " ".join(text)}
+    event = {
+        "id": uuid.uuid4().hex,
+        "kind": "note",
+        "run_id": target.run_id,
+        "ts_ms": now_ms(),
+        "text": " ".join(text),
+    }
     try:
         event = protocol.validate_event(event)[0]
     except protocol.ProtocolError as e:

@@ -37,7 +37,9 @@ def subscription_errors(f):
 
 def describe(sub: dict) -> str:
     who = "admin-wide" if sub["admin"] else f"uid {sub['uid']}"
-    scope = f"run {sub['run']}" if sub["run"] else f"run {sub['run_id']} only" if sub["run_id"] else "all runs"
+    scope = (
+        f"run {sub['run']}" if sub["run"] else f"run {sub['run_id']} only" if sub["run_id"] else "all runs"
+    )
     return f"{sub['id']:>4}  {sub['url']:<34} {','.join(sub['on'])}  ({scope}; {who})"
 
 
@@ -52,8 +54,12 @@ def notify() -> None:
 
 @notify.command("add")
 @click.argument("url")
-@click.option("--on", "on", metavar="KIND,KIND…",
-              help="Alert kinds (run.*, run.failed, gpu.idle_held…); default: every run.* kind.")
+@click.option(
+    "--on",
+    "on",
+    metavar="KIND,KIND…",
+    help="Alert kinds (run.*, run.failed, gpu.idle_held…); default: every run.* kind.",
+)
 @click.option("--run", "run", metavar="NAME", help="Only the runs of yours with this name.")
 @subscription_errors
 def add(url: str, on: str | None, run: str | None) -> None:
@@ -65,8 +71,9 @@ def add(url: str, on: str | None, run: str | None) -> None:
     Example: gpuwatch notify add 'slack://T000/B000/XXXX' --on run.failed,run.oom
     """
     sub = backend(load_config()).add(os.getuid(), url, on=on, run=run)
-    click.echo(f"subscribed {sub['id']}: {sub['url']} to {', '.join(sub['on'])}"
-               f"{' of run ' + run if run else ''}")
+    click.echo(
+        f"subscribed {sub['id']}: {sub['url']} to {', '.join(sub['on'])}{' of run ' + run if run else ''}"
+    )
 
 
 @notify.command("list")
@@ -122,8 +129,12 @@ def remove(sub_id: int) -> None:
 
 @notify.command("serve")
 @click.option("--db", type=click.Path(dir_okay=False), help="The shared database to read alerts from.")
-@click.option("--system/--user", "system", default=None,
-              help="System paths (the gpuwatch-notify unit) or per-user ones.")
+@click.option(
+    "--system/--user",
+    "system",
+    default=None,
+    help="System paths (the gpuwatch-notify unit) or per-user ones.",
+)
 @subscription_errors
 def serve(db: str | None, system: bool | None) -> None:
     """Deliver alerts and take subscriptions on the notify socket until SIGTERM: what

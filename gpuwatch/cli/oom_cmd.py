@@ -10,8 +10,9 @@ from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
 
 @click.command("oom")
 @click.argument("run_ref", metavar="[RUN]", required=False)
-@click.option("--limit", type=click.IntRange(1), default=50, show_default=True,
-              help="How many postmortems to list.")
+@click.option(
+    "--limit", type=click.IntRange(1), default=50, show_default=True, help="How many postmortems to list."
+)
 @db_option
 @friendly_errors
 def oom_cmd(run_ref, limit, db) -> None:

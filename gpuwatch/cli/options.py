@@ -11,8 +11,12 @@ from gpuwatch.store import StoreError
 
 
 def db_option(f):
-    return click.option("--db", "db", type=click.Path(dir_okay=False),
-                        help="Database file (default: the system daemon's if one runs, else yours).")(f)
+    return click.option(
+        "--db",
+        "db",
+        type=click.Path(dir_okay=False),
+        help="Database file (default: the system daemon's if one runs, else yours).",
+    )(f)
 
 
 def friendly_errors(f):

@@ -10,8 +10,9 @@ import click
 from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader_db_path
 
 
-def pick(count: int, mem: str, max_util: float, window_min: float, prometheus: str | None,
-         db: str | None) -> list[list]:
+def pick(
+    count: int, mem: str, max_util: float, window_min: float, prometheus: str | None, db: str | None
+) -> list[list]:
     """Groups of `count` GPUs that fit, best first (one group per host); NothingFits when none."""
     from gpuwatch.capacity import parse_size
     from gpuwatch.fleet.pick import choose, fleet_candidates, local_candidates
@@ -61,25 +62,48 @@ def _table(groups: list[list]) -> str:
     lines = [f"{'HOST':<20} {'GPU':>3} {'FREE (min)':>11} {'UTIL (mean)':>11}  USERS"]
     for group in groups:
         for c in group:
-            lines.append(f"{(c.host or 'this host')[:20]:<20} {c.index:>3} {fmt.size(c.free_bytes):>11} "
-                         f"{c.util_pct:>9.0f} %  {', '.join(c.users) or '-'}")
+            lines.append(
+                f"{(c.host or 'this host')[:20]:<20} {c.index:>3} {fmt.size(c.free_bytes):>11} "
+                f"{c.util_pct:>9.0f} %  {', '.join(c.users) or '-'}"
+            )
     return "\n".join(lines)
 
 
 @click.command("pick")
-@click.option("--count", "-n", type=click.IntRange(min=1), default=1, show_default=True,
-              help="GPUs wanted (on one host).")
+@click.option(
+    "--count",
+    "-n",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="GPUs wanted (on one host).",
+)
 @click.option("--mem", default="1GiB", show_default=True, help="Free memory each GPU must have, e.g. 40G.")
-@click.option("--max-util", type=click.FloatRange(0, 100), default=10.0, show_default=True,
-              help="Highest mean utilisation (%) over the window.")
-@click.option("--window", "window_min", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              help="Minutes of samples to judge by.")
-@click.option("--prometheus", metavar="URL",
-              help="Pick across the fleet from this Prometheus (default: prometheus_url in the config).")
+@click.option(
+    "--max-util",
+    type=click.FloatRange(0, 100),
+    default=10.0,
+    show_default=True,
+    help="Highest mean utilisation (%) over the window.",
+)
+@click.option(
+    "--window",
+    "window_min",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    help="Minutes of samples to judge by.",
+)
+@click.option(
+    "--prometheus",
+    metavar="URL",
+    help="Pick across the fleet from this Prometheus (default: prometheus_url in the config).",
+)
 @db_option
 @friendly_errors
-def pick_cmd(count: int, mem: str, max_util: float, window_min: float, prometheus: str | None,
-             db: str | None) -> None:
+def pick_cmd(
+    count: int, mem: str, max_util: float, window_min: float, prometheus: str | None, db: str | None
+) -> None:
     """Print the GPUs that fit, best first; exit 1 with the reason when none does.
 
     A GPU fits when it kept at least --mem free, averaged at most --max-util % and held no other

@@ -35,8 +35,9 @@ class PrivateIngest:
         # Out of the training process there is no GIL to leave it: commit (and so acknowledge)
         # at once, and the program's last flush before it exits does not wait for a linger.
         writer.linger_s = 0.0
-        self._server = IngestServer(dataclasses.replace(cfg, socket=str(path), system=False), writer,
-                                    mode="embedded")
+        self._server = IngestServer(
+            dataclasses.replace(cfg, socket=str(path), system=False), writer, mode="embedded"
+        )
         self._loop = asyncio.new_event_loop()
         started = threading.Event()
         self._error: BaseException | None = None

@@ -9,8 +9,10 @@ import click
 from gpuwatch import fmt
 from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader_db_path
 
-NO_DAEMON = ("on-demand {what} needs the gpuwatch daemon, and none answers on {sockets} "
-             "(start one with `gpuwatch daemon`)")
+NO_DAEMON = (
+    "on-demand {what} needs the gpuwatch daemon, and none answers on {sockets} "
+    "(start one with `gpuwatch daemon`)"
+)
 
 
 def daemon_request(frame: dict, what: str) -> dict:
@@ -46,13 +48,17 @@ def resolve_run(db: str | None):
 
 def ops_table(ops, width: int = 80) -> str:
     name_w = width - 50
-    lines = [f"{'OPERATOR':<{name_w}} {'CALLS':>6} {'SELF CPU':>8} {'CPU TOT':>8} "
-             f"{'SELF DEV':>8} {'DEV TOT':>8} {'MEM':>6}"]
+    lines = [
+        f"{'OPERATOR':<{name_w}} {'CALLS':>6} {'SELF CPU':>8} {'CPU TOT':>8} "
+        f"{'SELF DEV':>8} {'DEV TOT':>8} {'MEM':>6}"
+    ]
     for op in ops:
-        name = op.name if len(op.name) <= name_w else op.name[:name_w - 1] + "…"
-        lines.append(f"{name:<{name_w}} {fmt.count(op.calls):>6} {fmt.duration(us_ms(op.self_cpu_us)):>8} "
-                     f"{fmt.duration(us_ms(op.cpu_total_us)):>8} {fmt.duration(us_ms(op.self_device_us)):>8} "
-                     f"{fmt.duration(us_ms(op.device_total_us)):>8} {fmt.size(op.self_mem_bytes):>6}")
+        name = op.name if len(op.name) <= name_w else op.name[: name_w - 1] + "…"
+        lines.append(
+            f"{name:<{name_w}} {fmt.count(op.calls):>6} {fmt.duration(us_ms(op.self_cpu_us)):>8} "
+            f"{fmt.duration(us_ms(op.cpu_total_us)):>8} {fmt.duration(us_ms(op.self_device_us)):>8} "
+            f"{fmt.duration(us_ms(op.device_total_us)):>8} {fmt.size(op.self_mem_bytes):>6}"
+        )
     return "\n".join(lines)
 
 
@@ -68,17 +74,25 @@ def breakdown_text(breakdown: dict | None, width: int = 80) -> list[str]:
 
     # without the rank/file line (the heading says it) and the operators (the table below)
     lines = rank_lines(breakdown, width, operators=False)[1:]
-    return lines + ["advice:"] + (advice_lines(breakdown.get("advice") or [], width)
-                                  or ["  none: nothing stands out"]) + [""]
+    return (
+        lines
+        + ["advice:"]
+        + (advice_lines(breakdown.get("advice") or [], width) or ["  none: nothing stands out"])
+        + [""]
+    )
 
 
 def profile_text(profile, ops, breakdown: dict | None = None) -> str:
     last = (profile.first_step or 0) + (profile.steps or 1) - 1
-    head = (f"profile {profile.id} of run {profile.run_id} ({profile.trigger}, steps "
-            f"{profile.first_step}-{last}{'' if profile.rank is None else f', rank {profile.rank}'}) "
-            f"at {fmt.local_time(profile.ts_ms)}")
+    head = (
+        f"profile {profile.id} of run {profile.run_id} ({profile.trigger}, steps "
+        f"{profile.first_step}-{last}{'' if profile.rank is None else f', rank {profile.rank}'}) "
+        f"at {fmt.local_time(profile.ts_ms)}"
+    )
     if profile.trace_path:
-        trace = f"trace: {profile.trace_path} ({fmt.size(profile.trace_bytes)}; open in https://ui.perfetto.dev)"
+        trace = (
+            f"trace: {profile.trace_path} ({fmt.size(profile.trace_bytes)}; open in https://ui.perfetto.dev)"
+        )
     elif profile.trace_bytes:
         trace = f"trace dropped: {fmt.size(profile.trace_bytes)} gzipped exceeds profile_max_mb"
     else:
@@ -88,10 +102,20 @@ def profile_text(profile, ops, breakdown: dict | None = None) -> str:
 
 @click.command("profile")
 @click.argument("run")
-@click.option("--steps", type=click.IntRange(1, 1000), default=5, show_default=True,
-              help="How many of the run's next steps to profile.")
-@click.option("--wait", type=click.FloatRange(min=0), default=120.0, show_default=True,
-              help="Seconds to wait for the profile to land (0: ask and return).")
+@click.option(
+    "--steps",
+    type=click.IntRange(1, 1000),
+    default=5,
+    show_default=True,
+    help="How many of the run's next steps to profile.",
+)
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the profile to land (0: ask and return).",
+)
 @click.option("--show", is_flag=True, help="Show the newest stored profile; ask for nothing.")
 @db_option
 @friendly_errors
@@ -110,8 +134,10 @@ def profile_cmd(run, steps, wait, show, db) -> None:
             if target.status != "running":
                 raise click.ClickException(f"run {target.run_id} is {target.status}, not running")
             asked = now_ms()
-            reply = daemon_request({"type": "control_request", "run_id": target.run_id,
-                                    "action": "profile", "steps": steps}, "profiling")
+            reply = daemon_request(
+                {"type": "control_request", "run_id": target.run_id, "action": "profile", "steps": steps},
+                "profiling",
+            )
             if reply.get("type") != "control_result":
                 raise click.ClickException(reply.get("error", str(reply)))
             click.echo(f"asked run {target.run_id} to profile its next {steps} steps", err=True)
@@ -120,13 +146,20 @@ def profile_cmd(run, steps, wait, show, db) -> None:
             deadline = time.monotonic() + wait
             while not profiles.profiles(conn, target.run_id, since_ms=asked):
                 if time.monotonic() > deadline:
-                    raise click.ClickException(f"no profile from run {target.run_id} within {wait:g}s "
-                                               f"(slow steps? it will still land; see --show)")
+                    raise click.ClickException(
+                        f"no profile from run {target.run_id} within {wait:g}s "
+                        f"(slow steps? it will still land; see --show)"
+                    )
                 time.sleep(0.5)
         found = profiles.profiles(conn, target.run_id)
         if not found:
             raise click.ClickException(f"run {target.run_id} has no profiles yet")
-        click.echo(profile_text(found[0], profiles.profile_ops(conn, found[0].id),
-                                profiles.profile_breakdown(conn, found[0].id)))
+        click.echo(
+            profile_text(
+                found[0],
+                profiles.profile_ops(conn, found[0].id),
+                profiles.profile_breakdown(conn, found[0].id),
+            )
+        )
     finally:
         conn.close()

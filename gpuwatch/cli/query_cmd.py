@@ -36,13 +36,14 @@ def format_records(headers: list[str], rows: list, width: int = 80) -> str:
     out = []
     for n, row in enumerate(rows, 1):
         out.append(_cut(f"-[ row {n} ]" + "-" * width, width))
-        out += [f"{_cut(h, name_width).ljust(name_width)}  {_cut(_cell(v), width - name_width - 2)}".rstrip()
-                for h, v in zip(headers, row)]
+        out += [
+            f"{_cut(h, name_width).ljust(name_width)}  {_cut(_cell(v), width - name_width - 2)}".rstrip()
+            for h, v in zip(headers, row)
+        ]
     return "\n".join(out)
 
 
-def format_table(headers: list[str], rows: list, width: int = 80,
-                 right: set[int] | None = None) -> str:
+def format_table(headers: list[str], rows: list, width: int = 80, right: set[int] | None = None) -> str:
     """Aligned plain-text columns; the widest columns are cut (with …) until the line fits `width`.
 
     With too many columns to fit even when cut, each row is printed as records instead.
@@ -56,8 +57,11 @@ def format_table(headers: list[str], rows: list, width: int = 80,
         widest = widths.index(max(widths))
         widths[widest] -= 1
     if right is None:
-        right = {i for i in range(len(headers))
-                 if rows and all(isinstance(r[i], (int, float)) or r[i] is None for r in rows)}
+        right = {
+            i
+            for i in range(len(headers))
+            if rows and all(isinstance(r[i], (int, float)) or r[i] is None for r in rows)
+        }
 
     def fit(text: str, i: int) -> str:
         text = _cut(text, widths[i])
@@ -81,8 +85,14 @@ def echo_data(headers: list[str], rows: list, fmt: str) -> None:
 @click.command("query")
 @click.argument("sql")
 @db_option
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
-              show_default=True, help="Output format.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+    help="Output format.",
+)
 @friendly_errors
 def query(sql, db, fmt):
     """Run one read-only SQL statement against the database.

@@ -116,8 +116,11 @@ def _kill_cause(pid: int, signum: int, oom_kills_before: int | None) -> dict:
         return {"error_type": "OOMKilled", "error_message": f"killed by the kernel OOM killer: {line}"}
     after = cgroup_oom_kills()
     if oom_kills_before is not None and after is not None and after > oom_kills_before:
-        return {"error_type": "OOMKilled", "error_message": "killed by the kernel OOM killer (this cgroup's "
-                f"memory.events oom_kill went from {oom_kills_before} to {after} while it ran)"}
+        return {
+            "error_type": "OOMKilled",
+            "error_message": "killed by the kernel OOM killer (this cgroup's "
+            f"memory.events oom_kill went from {oom_kills_before} to {after} while it ran)",
+        }
     return {}
 
 
@@ -149,8 +152,9 @@ def _subscribe(cfg, urls: tuple[str, ...], run_id: str) -> bool:
         where = backend(cfg)
         for url in urls:
             where.add(os.getuid(), url, run_id=run_id, transient=True)
-        return isinstance(where, Local) and (bool(urls) or (
-            where.store_path.exists() and bool(where.list_subscriptions(os.getuid()))))
+        return isinstance(where, Local) and (
+            bool(urls) or (where.store_path.exists() and bool(where.list_subscriptions(os.getuid())))
+        )
     except SubscriptionError as e:  # the run matters more than its alerts: say so and go on
         click.echo(f"gpuwatch: this run's alerts will not be sent: {e}", err=True)
         return False
@@ -160,11 +164,19 @@ def _deliver(cfg, db_path, run_id: str) -> None:
     """Deliver this run's alerts (and the user's other pending ones) unless a user daemon does."""
     from gpuwatch.alerts.run_delivery import deliver_after_run
 
-    left = deliver_after_run(cfg.notify_db_path, db_path, run_id, cfg.notify_group_seconds,
-                             terminals_uid=os.getuid() if cfg.notify_terminals else None)
+    left = deliver_after_run(
+        cfg.notify_db_path,
+        db_path,
+        run_id,
+        cfg.notify_group_seconds,
+        terminals_uid=os.getuid() if cfg.notify_terminals else None,
+    )
     if left:
-        click.echo(f"gpuwatch: {left} alert message(s) not delivered yet (endpoint down?); they stay "
-                   "queued for the next `gpuwatch run` or `gpuwatch daemon --user`", err=True)
+        click.echo(
+            f"gpuwatch: {left} alert message(s) not delivered yet (endpoint down?); they stay "
+            "queued for the next `gpuwatch run` or `gpuwatch daemon --user`",
+            err=True,
+        )
 
 
 class _OurLine(logging.Formatter):
@@ -187,8 +199,14 @@ def _prefix_our_log_lines() -> None:
         logger.propagate = False
 
 
-def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | None = None,
-         instrument: bool = True, notify: tuple[str, ...] = (), tensorboard: str | None = None) -> int:
+def wrap(
+    command: tuple[str, ...],
+    name: str | None,
+    gpu_env: dict[str, str] | None = None,
+    instrument: bool = True,
+    notify: tuple[str, ...] = (),
+    tensorboard: str | None = None,
+) -> int:
     """Run `command` as a run of its own; return the exit code the wrapper should exit with.
     `gpu_env` is added to the command's environment (CUDA_VISIBLE_DEVICES from --pick); with
     `instrument`, a Python child gets the bootstrap that hooks torch when it imports it; each
@@ -263,13 +281,17 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
 
             env[ENV_INSTRUMENT] = "0"
         try:
-            pid = os.posix_spawnp(command[0], list(command), env, setsigmask=(),
-                                  setsigdef=tuple(FORWARDED))
+            pid = os.posix_spawnp(command[0], list(command), env, setsigmask=(), setsigdef=tuple(FORWARDED))
         except OSError as e:
             if transport is None:
                 begin(embedded=True)
-            send("run_end", status="failed", exit_code=127, error_type=type(e).__name__,
-                 error_message=f"cannot run {command[0]}: {e.strerror}")
+            send(
+                "run_end",
+                status="failed",
+                exit_code=127,
+                error_type=type(e).__name__,
+                error_message=f"cannot run {command[0]}: {e.strerror}",
+            )
             raise click.ClickException(f"cannot run {command[0]!r}: {e.strerror}") from None
         from collectors.host import cgroup_oom_kills
 
@@ -281,24 +303,36 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
         if tensorboard:
             from gpuwatch.client.tensorboard import start_mirror
 
-            mirror = start_mirror(tensorboard, since_ms=started[0], watch_pid=os.getpid(),
-                                  wrapper_run_id=run_id)
+            mirror = start_mirror(
+                tensorboard, since_ms=started[0], watch_pid=os.getpid(), wrapper_run_id=run_id
+            )
         _yield_cpu()
         status = os.waitstatus_to_exitcode(_wait_forwarding(pid))
         state = _end_state(run_id)
         why = _bootstrap_note(note)
         if why:
-            send("run_event", seq=time.time_ns() // 1000, event_kind="not_instrumented",
-                 payload={"reason": why})
+            send(
+                "run_event",
+                seq=time.time_ns() // 1000,
+                event_kind="not_instrumented",
+                payload={"reason": why},
+            )
         if status < 0:
             send("run_end", status="killed", signal=-status, **_kill_cause(pid, -status, oom_kills_before))
             return 128 - status
         if status == 0:
             send("run_end", status="finished", exit_code=0)
         else:
-            send("run_end", status=state.get("status") if state.get("status") in ("failed", "oom", "killed")
-                 else "failed", exit_code=status, error_type=state.get("error_type"),
-                 error_message=state.get("error_message"), signal=state.get("signal"))
+            send(
+                "run_end",
+                status=state.get("status")
+                if state.get("status") in ("failed", "oom", "killed")
+                else "failed",
+                exit_code=status,
+                error_type=state.get("error_type"),
+                error_message=state.get("error_message"),
+                signal=state.get("signal"),
+            )
         return status
     finally:
         if ingest is not None:
@@ -320,22 +354,41 @@ def wrap(command: tuple[str, ...], name: str | None, gpu_env: dict[str, str] | N
 
 @click.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--name", help="Run name shown by `gpuwatch runs` (default: the script or program).")
-@click.option("--pick", "pick_n", type=click.IntRange(min=1), metavar="N",
-              help="Run on the N best free GPUs of this host (as `gpuwatch pick -n N`).")
-@click.option("--no-instrument", is_flag=True,
-              help="Do not hook torch in the command (also: GPUWATCH_INSTRUMENT=0).")
-@click.option("--notify", "notify", multiple=True, metavar="URL",
-              help="Send this run's alerts (its end, failure, OOM, stall) to an apprise URL, or "
-                   "env:NAME for a URL in that environment variable (kept out of `ps`); works with "
-                   "no daemon. Repeatable.")
-@click.option("--tensorboard", metavar="DIR|auto",
-              help="Mirror the run's figures live into TensorBoard files under DIR/gpuwatch/; "
-                   "'auto': beside the TensorBoard logs the program writes itself.")
+@click.option(
+    "--pick",
+    "pick_n",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Run on the N best free GPUs of this host (as `gpuwatch pick -n N`).",
+)
+@click.option(
+    "--no-instrument", is_flag=True, help="Do not hook torch in the command (also: GPUWATCH_INSTRUMENT=0)."
+)
+@click.option(
+    "--notify",
+    "notify",
+    multiple=True,
+    metavar="URL",
+    help="Send this run's alerts (its end, failure, OOM, stall) to an apprise URL, or "
+    "env:NAME for a URL in that environment variable (kept out of `ps`); works with "
+    "no daemon. Repeatable.",
+)
+@click.option(
+    "--tensorboard",
+    metavar="DIR|auto",
+    help="Mirror the run's figures live into TensorBoard files under DIR/gpuwatch/; "
+    "'auto': beside the TensorBoard logs the program writes itself.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @friendly_errors
-def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, notify: tuple[str, ...],
-            tensorboard: str | None,
-            command: tuple[str, ...]) -> None:
+def run_cmd(
+    name: str | None,
+    pick_n: int | None,
+    no_instrument: bool,
+    notify: tuple[str, ...],
+    tensorboard: str | None,
+    command: tuple[str, ...],
+) -> None:
     """Run COMMAND as a tracked run and exit with its status.
 
     The run records the command, exit code or signal and duration; the daemon links the
@@ -354,5 +407,6 @@ def run_cmd(name: str | None, pick_n: int | None, no_instrument: bool, notify: t
         from gpuwatch.cli.pick_cmd import visible_devices
 
         gpu_env["CUDA_VISIBLE_DEVICES"] = visible_devices(pick_n)
-    raise SystemExit(wrap(command, name, gpu_env, instrument=not no_instrument, notify=notify,
-                          tensorboard=tensorboard))
+    raise SystemExit(
+        wrap(command, name, gpu_env, instrument=not no_instrument, notify=notify, tensorboard=tensorboard)
+    )

@@ -34,10 +34,18 @@ def selftest_cmd(quick: bool, as_json: bool) -> None:
         click.echo(json.dumps([r.as_dict() for r in results], indent=2))
     else:
         rows = [(r.check, r.status, r.detail, r.tolerance) for r in results]
-        click.echo(format_table(["CHECK", "RESULT", "DETAIL", "TOLERANCE"], rows, width=160 if not sys.stdout.isatty()
-                                else click.get_terminal_size()[0]))
+        click.echo(
+            format_table(
+                ["CHECK", "RESULT", "DETAIL", "TOLERANCE"],
+                rows,
+                width=160 if not sys.stdout.isatty() else click.get_terminal_size()[0],
+            )
+        )
         failed = sum(r.status == FAIL for r in results)
-        click.echo(f"{len(results) - failed} of {len(results)} checks not failed, {failed} FAIL"
-                   f" ({sum(r.status == 'skipped' for r in results)} skipped)", err=True)
+        click.echo(
+            f"{len(results) - failed} of {len(results)} checks not failed, {failed} FAIL"
+            f" ({sum(r.status == 'skipped' for r in results)} skipped)",
+            err=True,
+        )
     if any(r.status == FAIL for r in results):
         raise SystemExit(1)

@@ -26,8 +26,10 @@ def gpuwatch_executable() -> str:
     found = shutil.which("gpuwatch")
     if found:
         return str(Path(found).absolute())
-    raise click.ClickException("cannot find the gpuwatch executable to put in ExecStart=; "
-                               "run install-service through the installed `gpuwatch` command")
+    raise click.ClickException(
+        "cannot find the gpuwatch executable to put in ExecStart=; "
+        "run install-service through the installed `gpuwatch` command"
+    )
 
 
 def render(executable: str) -> dict[str, str]:
@@ -37,12 +39,15 @@ def render(executable: str) -> dict[str, str]:
         notify_unit = (SOURCE_DIR / NOTIFY_UNIT_NAME).read_text()
         sysusers = (SOURCE_DIR / SYSUSERS_NAME).read_text()
     except FileNotFoundError:
-        raise click.ClickException(f"unit files not found in {SOURCE_DIR}; "
-                                   "install gpuwatch from a source checkout") from None
+        raise click.ClickException(
+            f"unit files not found in {SOURCE_DIR}; install gpuwatch from a source checkout"
+        ) from None
     if any(c.isspace() for c in executable):
         raise click.ClickException(f"ExecStart path must not contain spaces: {executable!r}")
-    unit, notify_unit = (re.sub(r"^ExecStart=\S+", f"ExecStart={executable}", text, count=1, flags=re.M)
-                         for text in (unit, notify_unit))
+    unit, notify_unit = (
+        re.sub(r"^ExecStart=\S+", f"ExecStart={executable}", text, count=1, flags=re.M)
+        for text in (unit, notify_unit)
+    )
     return {UNIT_NAME: unit, NOTIFY_UNIT_NAME: notify_unit, SYSUSERS_NAME: sysusers}
 
 
@@ -58,8 +63,11 @@ def _run(cmd: list[str]) -> None:
 
 @click.command("install-service")
 @click.option("--print", "print_only", is_flag=True, help="Print the files instead of installing them.")
-@click.option("--prefix", type=click.Path(file_okay=False),
-              help="Install under this root (staging/packaging); runs no systemd tools.")
+@click.option(
+    "--prefix",
+    type=click.Path(file_okay=False),
+    help="Install under this root (staging/packaging); runs no systemd tools.",
+)
 def install_service(print_only, prefix):
     """Install the systemd service (Type=notify, hardened) and the gpuwatch system user.
 
@@ -73,9 +81,11 @@ def install_service(print_only, prefix):
             click.echo(f"# ---- {name}\n{text}")
         return
     root = Path(prefix) if prefix else Path("/")
-    targets = {UNIT_NAME: root / "etc/systemd/system" / UNIT_NAME,
-               NOTIFY_UNIT_NAME: root / "etc/systemd/system" / NOTIFY_UNIT_NAME,
-               SYSUSERS_NAME: root / "etc/sysusers.d" / "gpuwatch.conf"}
+    targets = {
+        UNIT_NAME: root / "etc/systemd/system" / UNIT_NAME,
+        NOTIFY_UNIT_NAME: root / "etc/systemd/system" / NOTIFY_UNIT_NAME,
+        SYSUSERS_NAME: root / "etc/sysusers.d" / "gpuwatch.conf",
+    }
     for name, target in targets.items():
         try:
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -11,8 +11,9 @@ from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
 from gpuwatch.cli.profile_cmd import daemon_request, resolve_run
 
 
-def dump_text(run_id: str, pid: int, ts_ms: int, reason: str, stacks_json: str | None,
-              error: str | None) -> str:
+def dump_text(
+    run_id: str, pid: int, ts_ms: int, reason: str, stacks_json: str | None, error: str | None
+) -> str:
     from collectors.pyspy import format_stacks
 
     head = f"run {run_id} pid {pid} at {fmt.local_time(ts_ms)} ({reason})"
@@ -65,18 +66,29 @@ def stacks_cmd(run, last, db) -> None:
         click.echo(dump_text(target.run_id, d.pid, d.ts_ms, d.reason, d.stacks_json, d.error))
         return
     if target.status != "running":
-        raise click.ClickException(f"run {target.run_id} is {target.status}: no process to dump "
-                                   f"(--last shows the newest stored dump)")
+        raise click.ClickException(
+            f"run {target.run_id} is {target.status}: no process to dump "
+            f"(--last shows the newest stored dump)"
+        )
     try:
-        reply = daemon_request({"type": "control_request", "run_id": target.run_id, "action": "stacks"},
-                               "stack dumps")
+        reply = daemon_request(
+            {"type": "control_request", "run_id": target.run_id, "action": "stacks"}, "stack dumps"
+        )
     except click.ClickException as e:
         if "needs the gpuwatch daemon" not in e.message:
             raise
         reply = {"type": "control_result", **_dump_here(reader_db_path(db), target.run_id)}
     if reply.get("type") != "control_result":
         raise click.ClickException(reply.get("error", str(reply)))
-    click.echo(dump_text(target.run_id, reply["pid"], reply["ts_ms"], "on demand",
-                         reply.get("stacks_json"), reply.get("error")))
+    click.echo(
+        dump_text(
+            target.run_id,
+            reply["pid"],
+            reply["ts_ms"],
+            "on demand",
+            reply.get("stacks_json"),
+            reply.get("error"),
+        )
+    )
     if reply.get("stacks_json") is None:
         raise SystemExit(1)

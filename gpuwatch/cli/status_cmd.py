@@ -34,9 +34,15 @@ class View:
 
 def _gpu_row(index, name, util, used, total, temp, power_mw, state) -> list:
     name = (name or "-").removeprefix("NVIDIA ")  # room for the rest, e.g. "(simulated)"
-    return [index, name, "-" if util is None else f"{util}%",
-            f"{fmt.size(used)} / {fmt.size(total)}", "-" if temp is None else f"{temp}C",
-            "-" if power_mw is None else f"{power_mw / 1000:.0f}W", state]
+    return [
+        index,
+        name,
+        "-" if util is None else f"{util}%",
+        f"{fmt.size(used)} / {fmt.size(total)}",
+        "-" if temp is None else f"{temp}C",
+        "-" if power_mw is None else f"{power_mw / 1000:.0f}W",
+        state,
+    ]
 
 
 def _mig_rows(gpu_index: int, devices, procs) -> list[list]:
@@ -48,21 +54,33 @@ def _mig_rows(gpu_index: int, devices, procs) -> list[list]:
             continue
         ids = (d.gpu_instance_id, d.compute_instance_id)
         n = procs.count((gpu_index, *ids))
-        rows.append([fmt.gpu_label(gpu_index, *ids), f"└ MIG {d.profile or '?'}",
-                     "n/a" if d.gpu_util_pct is None else f"{d.gpu_util_pct}%",
-                     f"{fmt.size(d.mem_used_bytes)} / {fmt.size(d.mem_total_bytes)}", "", "",
-                     f"{n} proc{'' if n == 1 else 's'}"])
+        rows.append(
+            [
+                fmt.gpu_label(gpu_index, *ids),
+                f"└ MIG {d.profile or '?'}",
+                "n/a" if d.gpu_util_pct is None else f"{d.gpu_util_pct}%",
+                f"{fmt.size(d.mem_used_bytes)} / {fmt.size(d.mem_total_bytes)}",
+                "",
+                "",
+                f"{n} proc{'' if n == 1 else 's'}",
+            ]
+        )
     return rows
 
 
 def _host_line(h) -> str:
     if h is None:
         return "host: no sample"
-    shm = f"/dev/shm {fmt.size(h.shm_used_bytes)} / {fmt.size(h.shm_total_bytes)}" \
-        if h.shm_total_bytes else "/dev/shm -"
+    shm = (
+        f"/dev/shm {fmt.size(h.shm_used_bytes)} / {fmt.size(h.shm_total_bytes)}"
+        if h.shm_total_bytes
+        else "/dev/shm -"
+    )
     cpu = "-" if h.cpu_pct is None else f"{h.cpu_pct:.0f}%"
-    return (f"host: CPU {cpu}  load {h.load1:.2f}  RAM {fmt.size(h.mem_used_bytes)} / "
-            f"{fmt.size(h.mem_total_bytes)}  {shm}")
+    return (
+        f"host: CPU {cpu}  load {h.load1:.2f}  RAM {fmt.size(h.mem_used_bytes)} / "
+        f"{fmt.size(h.mem_total_bytes)}  {shm}"
+    )
 
 
 def view_from_db(conn, now: int, away_after_ms: int | None = None) -> View | None:
@@ -76,8 +94,9 @@ def view_from_db(conn, now: int, away_after_ms: int | None = None) -> View | Non
     age = now - host.ts_ms
     view = View(source=f"daemon data, {fmt.duration(age)} old", host=_host_line(host))
     if away_after_ms is not None and age > away_after_ms:
-        view.source = (f"daemon not writing: its data is {fmt.duration(age)} old; live again by itself "
-                       "when it is back")
+        view.source = (
+            f"daemon not writing: its data is {fmt.duration(age)} old; live again by itself when it is back"
+        )
     samples = queries.latest_gpu_samples(conn, now)
     procs = queries.gpu_processes(conn, now)
     migs = queries.mig_devices(conn, now)
@@ -85,19 +104,37 @@ def view_from_db(conn, now: int, away_after_ms: int | None = None) -> View | Non
     for gpu in queries.gpus(conn):
         s = samples.get(gpu.gpu_index)
         if s is None or now - s.ts_ms > FRESH_MS:
-            view.gpus.append(_gpu_row(gpu.gpu_index, gpu.name, None, None, gpu.mem_total_bytes,
-                                      None, None, "no recent sample"))
+            view.gpus.append(
+                _gpu_row(
+                    gpu.gpu_index, gpu.name, None, None, gpu.mem_total_bytes, None, None, "no recent sample"
+                )
+            )
             continue
-        view.gpus.append(_gpu_row(gpu.gpu_index, gpu.name, s.gpu_util_pct, s.mem_used_bytes,
-                                  gpu.mem_total_bytes, s.temp_c, s.power_mw,
-                                  fmt.gpu_state(s.state, gpu.state_since_ms)))
+        view.gpus.append(
+            _gpu_row(
+                gpu.gpu_index,
+                gpu.name,
+                s.gpu_util_pct,
+                s.mem_used_bytes,
+                gpu.mem_total_bytes,
+                s.temp_c,
+                s.power_mw,
+                fmt.gpu_state(s.state, gpu.state_since_ms),
+            )
+        )
         view.gpus += _mig_rows(gpu.gpu_index, migs, on)
     if not view.gpus:
         view.gpu_note = "no NVIDIA GPUs: the daemon samples the host only"
     for p in procs:
-        view.procs.append([p.pid, p.user or p.uid or "-",
-                           fmt.gpu_label(p.gpu_index, p.gpu_instance_id, p.compute_instance_id),
-                           fmt.size(p.used_mem_bytes), p.cmdline or "-"])
+        view.procs.append(
+            [
+                p.pid,
+                p.user or p.uid or "-",
+                fmt.gpu_label(p.gpu_index, p.gpu_instance_id, p.compute_instance_id),
+                fmt.size(p.used_mem_bytes),
+                p.cmdline or "-",
+            ]
+        )
     return view
 
 
@@ -133,17 +170,31 @@ class Direct:
         by_index = {s.gpu_index: s for s in samples}
         for g in self.nvml.static:
             s = by_index.get(g.gpu_index)
-            view.gpus.append(_gpu_row(g.gpu_index, g.name, s and s.gpu_util_pct, s and s.mem_used_bytes,
-                                      g.mem_total_bytes, s and s.temp_c, s and s.power_mw,
-                                      fmt.gpu_state(s.state if s else "lost",
-                                                    self.nvml.not_responding_since(g.gpu_index))))
+            view.gpus.append(
+                _gpu_row(
+                    g.gpu_index,
+                    g.name,
+                    s and s.gpu_util_pct,
+                    s and s.mem_used_bytes,
+                    g.mem_total_bytes,
+                    s and s.temp_c,
+                    s and s.power_mw,
+                    fmt.gpu_state(s.state if s else "lost", self.nvml.not_responding_since(g.gpu_index)),
+                )
+            )
             if s is not None and s.state is None:
                 view.gpus += _mig_rows(g.gpu_index, migs, on)
         for p in procs:
             info = self.procs.info(p.pid)
-            view.procs.append([p.pid, info.user if info else "-",
-                               fmt.gpu_label(p.gpu_index, p.gpu_instance_id, p.compute_instance_id),
-                               fmt.size(p.used_mem_bytes), info.cmdline if info else "-"])
+            view.procs.append(
+                [
+                    p.pid,
+                    info.user if info else "-",
+                    fmt.gpu_label(p.gpu_index, p.gpu_instance_id, p.compute_instance_id),
+                    fmt.size(p.used_mem_bytes),
+                    info.cmdline if info else "-",
+                ]
+            )
         return view
 
     def close(self) -> None:
@@ -156,8 +207,11 @@ def _direct_migs(static, samples) -> list:
     from gpuwatch.store.queries import MigDevice
 
     facts = {(d.gpu_index, d.gpu_instance_id, d.compute_instance_id): d for d in static}
-    return [MigDevice(**{**asdict(m), **asdict(facts[key])}) for m in samples
-            if (key := (m.gpu_index, m.gpu_instance_id, m.compute_instance_id)) in facts]
+    return [
+        MigDevice(**{**asdict(m), **asdict(facts[key])})
+        for m in samples
+        if (key := (m.gpu_index, m.gpu_instance_id, m.compute_instance_id)) in facts
+    ]
 
 
 def render(view: View, width: int) -> str:
@@ -171,15 +225,21 @@ def render(view: View, width: int) -> str:
         parts.append(format_table(GPU_HEADERS, view.gpus, width, right={0, 2, 4, 5}))
     parts.append(view.host)
     if view.procs:
-        parts.append(format_table(PROC_HEADERS, sorted(view.procs, key=lambda r: (_gpu_order(r[2]), r[0])),
-                                  width, right={0, 2, 3}))
+        parts.append(
+            format_table(
+                PROC_HEADERS,
+                sorted(view.procs, key=lambda r: (_gpu_order(r[2]), r[0])),
+                width,
+                right={0, 2, 3},
+            )
+        )
     elif view.gpus:
         parts.append("no GPU processes")
     return "\n".join(parts)
 
 
 def _gpu_order(label: str) -> tuple[int, ...]:
-    """"1/2/0" -> (1, 2, 0): processes sorted by GPU, then MIG device."""
+    """ "1/2/0" -> (1, 2, 0): processes sorted by GPU, then MIG device."""
     return tuple(int(part) for part in label.split("/"))
 
 

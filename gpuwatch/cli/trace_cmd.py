@@ -9,10 +9,17 @@ import click
 
 @click.command("trace")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--format", "fmt_", type=click.Choice(["table", "json"]), default="table",
-              show_default=True, help="A readable table, or JSON for scripts.")
-@click.option("--width", type=click.IntRange(40, 400), default=80, show_default=True,
-              help="Table width in columns.")
+@click.option(
+    "--format",
+    "fmt_",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A readable table, or JSON for scripts.",
+)
+@click.option(
+    "--width", type=click.IntRange(40, 400), default=80, show_default=True, help="Table width in columns."
+)
 def trace_cmd(files, fmt_, width) -> None:
     """Analyse torch.profiler/Kineto traces (.json or .json.gz, one per rank): GPU idle vs
     compute vs communication, what the idle waits for, top kernels, overlap, slowest rank, and

@@ -24,19 +24,38 @@ FRESH_MS = 10_000  # samples this new: someone (an embedded run) samples the dat
 
 @click.command("tui")
 @db_option
-@click.option("--refresh", type=click.FloatRange(min=0.2), default=1.0, show_default=True,
-              help="Seconds between updates.")
+@click.option(
+    "--refresh",
+    type=click.FloatRange(min=0.2),
+    default=1.0,
+    show_default=True,
+    help="Seconds between updates.",
+)
 @click.option("--user", help="Start with processes and runs filtered to this user.")
-@click.option("--prometheus", metavar="URL",
-              help="Open the Fleet screen (F) on this Prometheus: every host's GPUs and jobs "
-                   "(default: prometheus_url in the config).")
-@click.option("--web", "web", metavar="[HOST:]PORT",
-              help="Serve the TUI to a browser instead (loopback unless HOST says otherwise).")
+@click.option(
+    "--prometheus",
+    metavar="URL",
+    help="Open the Fleet screen (F) on this Prometheus: every host's GPUs and jobs "
+    "(default: prometheus_url in the config).",
+)
+@click.option(
+    "--web",
+    "web",
+    metavar="[HOST:]PORT",
+    help="Serve the TUI to a browser instead (loopback unless HOST says otherwise).",
+)
 @click.option("--web-allow-remote", is_flag=True, help="Allow --web on an address other hosts can reach.")
 @click.option("--notice", hidden=True, help="A line for the top of the screen (--web's tabs get it).")
 @friendly_errors
-def tui(db: str | None, refresh: float, user: str | None, prometheus: str | None, web: str | None,
-        web_allow_remote: bool, notice: str | None) -> None:
+def tui(
+    db: str | None,
+    refresh: float,
+    user: str | None,
+    prometheus: str | None,
+    web: str | None,
+    web_allow_remote: bool,
+    notice: str | None,
+) -> None:
     """Live GPUs, processes and runs in the terminal (or a browser: --web); built for SSH (q quits, ? for keys).
 
     With no daemon running, it samples in its own process into your database while it is open.
@@ -52,10 +71,17 @@ def tui(db: str | None, refresh: float, user: str | None, prometheus: str | None
                 local.first_tick()
             serve_web(reader_db_path(db), refresh, user, web, web_allow_remote, prometheus, notice)
             return
-        run_tui(reader_db_path(db), refresh, user, start_mode="fleet" if prometheus else "overview",
-                prometheus_url=prometheus or cfg.prometheus_url or None,
-                prometheus_timeout=cfg.prometheus_timeout, notice=notice,
-                stale_after_ms=stale_after_ms(cfg, refresh), before_run=local and local.first_tick)
+        run_tui(
+            reader_db_path(db),
+            refresh,
+            user,
+            start_mode="fleet" if prometheus else "overview",
+            prometheus_url=prometheus or cfg.prometheus_url or None,
+            prometheus_timeout=cfg.prometheus_timeout,
+            notice=notice,
+            stale_after_ms=stale_after_ms(cfg, refresh),
+            before_run=local and local.first_tick,
+        )
     finally:
         if local:
             local.close()
@@ -140,8 +166,9 @@ def on_a_terminal() -> bool:
 
 def require_terminal() -> None:
     if not on_a_terminal() and not served_to_a_browser():
-        raise click.ClickException("gpuwatch tui needs a terminal; for scripts use "
-                                   "`gpuwatch status` or `gpuwatch query`")
+        raise click.ClickException(
+            "gpuwatch tui needs a terminal; for scripts use `gpuwatch status` or `gpuwatch query`"
+        )
 
 
 def served_to_a_browser() -> bool:
@@ -149,23 +176,33 @@ def served_to_a_browser() -> bool:
     return os.environ.get("TEXTUAL_DRIVER", "").endswith(":WebDriver")
 
 
-def serve_web(path: str, refresh: float, user: str | None, address: str, allow_remote: bool,
-              prometheus: str | None = None, notice: str | None = None) -> None:
+def serve_web(
+    path: str,
+    refresh: float,
+    user: str | None,
+    address: str,
+    allow_remote: bool,
+    prometheus: str | None = None,
+    notice: str | None = None,
+) -> None:
     """Serve the TUI on the database at `path` to browsers at `address`, until Ctrl+C."""
     from gpuwatch.store import open_ro
 
     try:
         from gpuwatch.tui import web
     except ImportError:
-        raise click.ClickException("gpuwatch tui --web needs textual-serve: "
-                                   "pip install 'gpuwatch[web]'") from None
+        raise click.ClickException(
+            "gpuwatch tui --web needs textual-serve: pip install 'gpuwatch[web]'"
+        ) from None
     try:
         host, port = web.parse_address(address)
     except web.WebAddressError as e:
         raise click.ClickException(str(e)) from None
     if not allow_remote and not web.is_loopback(host):
-        raise click.ClickException(f"--web {address}: {host} is not a loopback address; other hosts could "
-                                   "reach it. Use an SSH tunnel (see docs/tui.md), or add --web-allow-remote")
+        raise click.ClickException(
+            f"--web {address}: {host} is not a loopback address; other hosts could "
+            "reach it. Use an SSH tunnel (see docs/tui.md), or add --web-allow-remote"
+        )
     open_ro(path).close()  # a wrong path or schema is one clear line, not a page of errors
     try:
         web.TokenServer(web.tui_command(path, refresh, user, prometheus, notice), host, port).serve()
@@ -173,10 +210,17 @@ def serve_web(path: str, refresh: float, user: str | None, address: str, allow_r
         raise click.ClickException(f"--web {address}: cannot listen there: {e.strerror or e}") from None
 
 
-def run_tui(path: str, refresh: float = 1.0, user: str | None = None,
-            start_mode: str = "overview", prometheus_url: str | None = None,
-            prometheus_timeout: float = 3.0, notice: str | None = None,
-            stale_after_ms: int = 15_000, before_run: Callable[[], None] | None = None) -> None:
+def run_tui(
+    path: str,
+    refresh: float = 1.0,
+    user: str | None = None,
+    start_mode: str = "overview",
+    prometheus_url: str | None = None,
+    prometheus_timeout: float = 3.0,
+    notice: str | None = None,
+    stale_after_ms: int = 15_000,
+    before_run: Callable[[], None] | None = None,
+) -> None:
     """Open the TUI on the database at `path`; `start_mode` is "overview", "runs" or "fleet"
     (the Fleet screen reads `prometheus_url`)."""
     from gpuwatch.store import open_ro
@@ -203,8 +247,12 @@ def run_tui(path: str, refresh: float = 1.0, user: str | None = None,
             raise click.ClickException(str(e)) from None
     from gpuwatch import spool
 
-    source = StoreSource(path, stale_after_ms=stale_after_ms, notice=notice,
-                         spool_dirs=spool.reader_dirs(load_config().spool_path))
+    source = StoreSource(
+        path,
+        stale_after_ms=stale_after_ms,
+        notice=notice,
+        spool_dirs=spool.reader_dirs(load_config().spool_path),
+    )
     app = GpuwatchApp(source, refresh_s=refresh, user=user, start_mode=start_mode, fleet=fleet)
     # Textual's rendered lines (Strips) keep themselves in their own caches, so each repaint
     # leaves cycles that only a full collection frees, and Python runs one only every ~70,000

@@ -19,8 +19,13 @@ def ask(gpus: int, min_free_bytes: int, max_util_pct: float = 10.0, window_min: 
     in my own database; the line to tell the user."""
     from gpuwatch.cli.profile_cmd import daemon_request
 
-    frame = {"type": "wish", "gpus": gpus, "min_free_bytes": min_free_bytes,
-             "max_util_pct": max_util_pct, "window_min": window_min}
+    frame = {
+        "type": "wish",
+        "gpus": gpus,
+        "min_free_bytes": min_free_bytes,
+        "max_util_pct": max_util_pct,
+        "window_min": window_min,
+    }
     try:
         reply = daemon_request(frame, "when-free")
     except click.ClickException as e:
@@ -29,8 +34,10 @@ def ask(gpus: int, min_free_bytes: int, max_util_pct: float = 10.0, window_min: 
         return _ask_embedded(gpus, min_free_bytes, max_util_pct, window_min)
     if reply.get("type") != "wish_added":
         raise click.ClickException(reply.get("error", str(reply)))
-    return (f"wish {reply['id']} stored: one gpus.free alert when {gpus} GPU(s) of {reply['host']} "
-            f"fit, then it is forgotten; {REACHES}")
+    return (
+        f"wish {reply['id']} stored: one gpus.free alert when {gpus} GPU(s) of {reply['host']} "
+        f"fit, then it is forgotten; {REACHES}"
+    )
 
 
 def _ask_embedded(gpus: int, min_free_bytes: int, max_util_pct: float, window_min: float) -> str:
@@ -46,22 +53,50 @@ def _ask_embedded(gpus: int, min_free_bytes: int, max_util_pct: float, window_mi
     conn = open_rw(cfg.db_path)
     try:
         with conn:
-            wish = add_wish(conn, uid, user, socket.gethostname(), now_ms(), gpus, min_free_bytes,
-                            max_util_pct, window_min)
+            wish = add_wish(
+                conn,
+                uid,
+                user,
+                socket.gethostname(),
+                now_ms(),
+                gpus,
+                min_free_bytes,
+                max_util_pct,
+                window_min,
+            )
     finally:
         conn.close()
-    return (f"wish {wish} stored in {cfg.db_path} (no daemon answers): it fires while `gpuwatch "
-            f"daemon --user` or a `gpuwatch run` samples this host; {REACHES}")
+    return (
+        f"wish {wish} stored in {cfg.db_path} (no daemon answers): it fires while `gpuwatch "
+        f"daemon --user` or a `gpuwatch run` samples this host; {REACHES}"
+    )
 
 
 @click.command("when-free")
-@click.option("--count", "-n", type=click.IntRange(1, 4096), default=1, show_default=True,
-              help="GPUs wanted (on this host).")
+@click.option(
+    "--count",
+    "-n",
+    type=click.IntRange(1, 4096),
+    default=1,
+    show_default=True,
+    help="GPUs wanted (on this host).",
+)
 @click.option("--mem", default="1GiB", show_default=True, help="Free memory each GPU must have, e.g. 40G.")
-@click.option("--max-util", type=click.FloatRange(0, 100), default=10.0, show_default=True,
-              help="Highest mean utilisation (%) over the window.")
-@click.option("--window", "window_min", type=click.FloatRange(0.1, 1440), default=5.0, show_default=True,
-              help="Minutes of samples to judge by.")
+@click.option(
+    "--max-util",
+    type=click.FloatRange(0, 100),
+    default=10.0,
+    show_default=True,
+    help="Highest mean utilisation (%) over the window.",
+)
+@click.option(
+    "--window",
+    "window_min",
+    type=click.FloatRange(0.1, 1440),
+    default=5.0,
+    show_default=True,
+    help="Minutes of samples to judge by.",
+)
 @friendly_errors
 def when_free(count: int, mem: str, max_util: float, window_min: float) -> None:
     """Alert me once (a gpus.free alert, to my subscriptions) when COUNT GPUs of this host fit

@@ -12,8 +12,14 @@ from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
 
 @click.command("why")
 @click.argument("run")
-@click.option("--format", "fmt_", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="table: phases and ranked causes; json: the slowdowns as one document.")
+@click.option(
+    "--format",
+    "fmt_",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="table: phases and ranked causes; json: the slowdowns as one document.",
+)
 @db_option
 @friendly_errors
 def why_cmd(run, fmt_, db):

@@ -36,10 +36,15 @@ _PEAKS: list[tuple[str, dict[str, float]]] = [
 ]
 
 _DTYPE_ALIASES = {
-    "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
     "tf32": "tf32",
-    "fp32": "fp32", "float32": "fp32", "float": "fp32",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
 }
 
 
@@ -65,8 +70,9 @@ def peak_flops(gpu_name: str | None, dtype="bf16") -> float | None:
     return None
 
 
-def transformer_flops_per_token(n_layers: int, d_model: int, seq_len: int, vocab: int,
-                                n_params: int | None = None, training: bool = True) -> float:
+def transformer_flops_per_token(
+    n_layers: int, d_model: int, seq_len: int, vocab: int, n_params: int | None = None, training: bool = True
+) -> float:
     """Model FLOPs per token of a decoder-only transformer.
 
     PaLM appendix B (also nanoGPT's estimate_mfu): training costs 6·N + 12·L·d·T per token,
@@ -76,10 +82,15 @@ def transformer_flops_per_token(n_layers: int, d_model: int, seq_len: int, vocab
     With n_params None, N = 12·L·d² (attention + 4x MLP, Kaplan et al. 2020) + vocab·d (the
     output projection, which is a matmul per token even when tied to the embedding).
     """
-    for label, value in (("n_layers", n_layers), ("d_model", d_model), ("seq_len", seq_len), ("vocab", vocab)):
+    for label, value in (
+        ("n_layers", n_layers),
+        ("d_model", d_model),
+        ("seq_len", seq_len),
+        ("vocab", vocab),
+    ):
         if value <= 0:
             raise ValueError(f"{label} must be > 0, got {value}")
-    n = n_params if n_params is not None else 12 * n_layers * d_model ** 2 + vocab * d_model
+    n = n_params if n_params is not None else 12 * n_layers * d_model**2 + vocab * d_model
     train = 6 * n + 12 * n_layers * d_model * seq_len
     return float(train if training else train / 3)
 

@@ -91,8 +91,11 @@ def _split(g: Steps) -> dict:
         return {}
     out: dict = {}
     for key in ("data_wait_pct", "compute_pct", "eval_pct"):
-        weighted = [(one[key] * ms, ms) for one, ms in zip(g.split, g.step_ms)
-                    if one and one.get(key) is not None and ms]
+        weighted = [
+            (one[key] * ms, ms)
+            for one, ms in zip(g.split, g.step_ms)
+            if one and one.get(key) is not None and ms
+        ]
         if weighted:
             out[key] = min(100.0, math.fsum(w for w, _ in weighted) / math.fsum(ms for _, ms in weighted))
     evals = [one["closure_evals"] for one in g.split if one and one.get("closure_evals") is not None]
@@ -117,11 +120,23 @@ def folded(g: Steps, fields: Callable[[float | None, int | None], dict]) -> dict
         if waited:
             wait_pct = min(100.0, math.fsum(w for w, _ in waited) / math.fsum(ms for _, ms in waited))
     seq_len = g.seq_len[-1]
-    return {"step": g.step[-1], "n_steps": len(g.step), "tokens": tokens, "samples": _sum(g.samples),
-            "seq_len": seq_len, "loss": _mean(g.loss), "losses": _losses_mean(g.losses),
-            "step_time_ms": math.fsum(times) / len(times) if times else None,
-            "step_time_min_ms": min(times) if times else None,
-            "step_time_max_ms": max(times) if times else None,
-            "data_wait_pct": wait_pct, "tokens_per_s": tps, **fields(tps, seq_len),
-            "mem_allocated_bytes": g.alloc[-1], "mem_reserved_bytes": g.reserved[-1],
-            "mem_peak_bytes": _max(g.peak), "rss_bytes": _max(g.rss), **_split(g)}
+    return {
+        "step": g.step[-1],
+        "n_steps": len(g.step),
+        "tokens": tokens,
+        "samples": _sum(g.samples),
+        "seq_len": seq_len,
+        "loss": _mean(g.loss),
+        "losses": _losses_mean(g.losses),
+        "step_time_ms": math.fsum(times) / len(times) if times else None,
+        "step_time_min_ms": min(times) if times else None,
+        "step_time_max_ms": max(times) if times else None,
+        "data_wait_pct": wait_pct,
+        "tokens_per_s": tps,
+        **fields(tps, seq_len),
+        "mem_allocated_bytes": g.alloc[-1],
+        "mem_reserved_bytes": g.reserved[-1],
+        "mem_peak_bytes": _max(g.peak),
+        "rss_bytes": _max(g.rss),
+        **_split(g),
+    }

@@ -96,12 +96,19 @@ def recorder_socket(cfg: Config) -> Path:
         path = Path(tempfile.mkdtemp(prefix="gpuwatch-rec-")) / "sock"
         # Its own session: a Ctrl-C meant for the training process must not stop it first. It
         # reads the same configuration from the environment it inherits.
-        process = subprocess.Popen(command("gpuwatch.cli.private_ingest", path), stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, start_new_session=True, env=environment())
+        process = subprocess.Popen(
+            command("gpuwatch.cli.private_ingest", path),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            env=environment(),
+        )
         if process.stdout.readline().strip() != b"ready":
             process.wait()
-            raise RecorderFailed(f"the helper process that records this process's runs did not start "
-                                 f"(exit status {process.returncode})")
+            raise RecorderFailed(
+                f"the helper process that records this process's runs did not start "
+                f"(exit status {process.returncode})"
+            )
         process.stdout.close()
         _recorder = (cfg.db_path, path, process)  # its stdin stays open; it closes when we exit
         return path

@@ -23,8 +23,14 @@ def command_line() -> str:
 def git_commit(cwd: str | None = None) -> str | None:
     """HEAD of the repository holding cwd, or None outside a repository (or without git)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                             timeout=GIT_TIMEOUT_S, check=False)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     commit = out.stdout.strip()
@@ -53,9 +59,11 @@ def _int_env(env: Mapping[str, str], *names: str) -> int | None:
 
 def ranks(env: Mapping[str, str]) -> tuple[int | None, int | None, int | None]:
     """(rank, local_rank, world_size) from torchrun, else from Slurm's task variables."""
-    return (_int_env(env, "RANK", "SLURM_PROCID"),
-            _int_env(env, "LOCAL_RANK", "SLURM_LOCALID"),
-            _int_env(env, "WORLD_SIZE", "SLURM_NTASKS"))
+    return (
+        _int_env(env, "RANK", "SLURM_PROCID"),
+        _int_env(env, "LOCAL_RANK", "SLURM_LOCALID"),
+        _int_env(env, "WORLD_SIZE", "SLURM_NTASKS"),
+    )
 
 
 def process_start_s() -> float | None:
@@ -97,8 +105,11 @@ def job_id(env: Mapping[str, str], wrapper_run_id: str | None = None) -> str | N
     if env.get("SLURM_JOB_ID"):
         step = env.get("SLURM_STEP_ID")
         return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
-    endpoint = (f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
-                if env.get("MASTER_ADDR") and env.get("MASTER_PORT") else None)
+    endpoint = (
+        f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        if env.get("MASTER_ADDR") and env.get("MASTER_PORT")
+        else None
+    )
     elastic = env.get("TORCHELASTIC_RUN_ID")
     if elastic and elastic != "none":
         return f"torchrun-{elastic}" + (f"@{endpoint}" if endpoint else "")

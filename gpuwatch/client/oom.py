@@ -35,9 +35,18 @@ _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40
 _CUDA_REQUEST = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
 _HOST_REQUEST = re.compile(r"tried to allocate (\d+) bytes")
 # Stats worth a column-like place in stats_json (memory_stats() has hundreds of keys).
-_KEY_STATS = ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
-              "reserved_bytes.all.peak", "active_bytes.all.current", "inactive_split_bytes.all.current",
-              "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
+_KEY_STATS = (
+    "allocated_bytes.all.current",
+    "allocated_bytes.all.peak",
+    "reserved_bytes.all.current",
+    "reserved_bytes.all.peak",
+    "active_bytes.all.current",
+    "inactive_split_bytes.all.current",
+    "num_alloc_retries",
+    "num_ooms",
+    "num_device_alloc",
+    "num_device_free",
+)
 
 # Filled by the allocator's OOM observer at the moment of failure: {device: (requested, allocated, free)}.
 _observed: dict[int, tuple[int, int, int]] = {}
@@ -71,6 +80,7 @@ def _tail(text: str, limit: int) -> str:
 
 # ---- GPU --------------------------------------------------------------------------------------
 
+
 def attach_observer(torch) -> None:
     """Record the allocator's own figures when it gives up (once per process; it cannot detach)."""
     global _observer_attached
@@ -92,22 +102,36 @@ def start_history(cuda, entries: int) -> None:
 
 def _largest_blocks(snapshot: dict) -> list[dict]:
     """The biggest live blocks and the Python stacks that allocated them (if history was on)."""
-    blocks = [b for seg in snapshot.get("segments", []) for b in seg.get("blocks", [])
-              if b.get("state") == "active_allocated"]
+    blocks = [
+        b
+        for seg in snapshot.get("segments", [])
+        for b in seg.get("blocks", [])
+        if b.get("state") == "active_allocated"
+    ]
     blocks.sort(key=lambda b: b.get("size", 0), reverse=True)
-    return [{"size_bytes": int(b.get("size", 0)),
-             "stack": [f"{f.get('filename')}:{f.get('line')} {f.get('name')}"
-                       for f in b.get("frames", [])[:STACK_FRAMES]]}
-            for b in blocks[:TOP_BLOCKS]]
+    return [
+        {
+            "size_bytes": int(b.get("size", 0)),
+            "stack": [
+                f"{f.get('filename')}:{f.get('line')} {f.get('name')}"
+                for f in b.get("frames", [])[:STACK_FRAMES]
+            ],
+        }
+        for b in blocks[:TOP_BLOCKS]
+    ]
 
 
-def gpu_figures(exc: BaseException, cuda, device: int | None = None,
-                snapshot_dir: Path | None = None) -> dict:
+def gpu_figures(
+    exc: BaseException, cuda, device: int | None = None, snapshot_dir: Path | None = None
+) -> dict:
     """Postmortem fields for a CUDA OOM, read from `cuda` (torch.cuda or a fake with its API)."""
     device = cuda.current_device() if device is None else device
     requested, _, observed_free = _observed.pop(device, (None, None, None))
-    fields: dict[str, Any] = {"oom_kind": "gpu", "device": device,
-                              "requested_bytes": requested or requested_bytes_from_message(str(exc))}
+    fields: dict[str, Any] = {
+        "oom_kind": "gpu",
+        "device": device,
+        "requested_bytes": requested or requested_bytes_from_message(str(exc)),
+    }
     try:
         free, total = cuda.mem_get_info(device)  # cudaMemGetInfo: a driver query, no stream sync
         fields.update(free_bytes=int(free), total_bytes=int(total))
@@ -115,13 +139,17 @@ def gpu_figures(exc: BaseException, cuda, device: int | None = None,
         log.warning("gpuwatch: could not read free GPU memory", exc_info=True)
         fields["free_bytes"] = observed_free
     stats = cuda.memory_stats(device)
-    fields.update(allocated_bytes=stats.get("allocated_bytes.all.current"),
-                  reserved_bytes=stats.get("reserved_bytes.all.current"),
-                  stats={k: stats.get(k) for k in _KEY_STATS if stats.get(k) is not None})
+    fields.update(
+        allocated_bytes=stats.get("allocated_bytes.all.current"),
+        reserved_bytes=stats.get("reserved_bytes.all.current"),
+        stats={k: stats.get(k) for k in _KEY_STATS if stats.get(k) is not None},
+    )
     fields["memory_summary"] = _tail(cuda.memory_summary(device), SUMMARY_MAX_CHARS)
     snapshot = cuda.memory._snapshot()
-    if any(seg.get("blocks") and any(b.get("frames") for b in seg["blocks"])
-           for seg in snapshot.get("segments", [])):
+    if any(
+        seg.get("blocks") and any(b.get("frames") for b in seg["blocks"])
+        for seg in snapshot.get("segments", [])
+    ):
         fields["largest_blocks"] = _largest_blocks(snapshot)
         if snapshot_dir is not None:
             fields["snapshot_path"] = _save_snapshot(snapshot, snapshot_dir)
@@ -138,8 +166,12 @@ def _save_snapshot(snapshot: dict, directory: Path) -> str | None:
         return str(path)
     except OSError as e:
         if no_space(e):  # one line, no traceback: the postmortem itself still goes out
-            log.warning("gpuwatch: could not save the memory snapshot in %s: %s; %s bytes free there",
-                        directory, e.strerror, show_bytes(free_bytes(directory)))
+            log.warning(
+                "gpuwatch: could not save the memory snapshot in %s: %s; %s bytes free there",
+                directory,
+                e.strerror,
+                show_bytes(free_bytes(directory)),
+            )
         else:
             log.warning("gpuwatch: could not save the memory snapshot in %s", directory, exc_info=True)
         return None
@@ -158,8 +190,11 @@ def nvml_view(nvml_index: int, own_pid: int, nvml=None) -> tuple[list[dict], dic
             collector.close()
     except NvmlUnavailable:
         return None
-    found = [{"pid": p.pid, "user": _user_of(p.pid), "used_mem_bytes": p.used_mem_bytes}
-             for p in processes if p.gpu_index == nvml_index and p.pid != own_pid]
+    found = [
+        {"pid": p.pid, "user": _user_of(p.pid), "used_mem_bytes": p.used_mem_bytes}
+        for p in processes
+        if p.gpu_index == nvml_index and p.pid != own_pid
+    ]
     found.sort(key=lambda n: n["used_mem_bytes"] or 0, reverse=True)
     return found, {str(g.gpu_index): g.mem_free_bytes for g in gpus if g.mem_free_bytes is not None}
 
@@ -183,6 +218,7 @@ def _user_of(pid: int) -> str | None:
 
 # ---- host -------------------------------------------------------------------------------------
 
+
 def host_figures(exc: BaseException) -> dict:
     """Postmortem fields for a host OOM (MemoryError or torch's DefaultCPUAllocator failure)."""
     import psutil
@@ -192,23 +228,41 @@ def host_figures(exc: BaseException) -> dict:
     memory = psutil.virtual_memory()
     own = psutil.Process().memory_info()
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    return {"oom_kind": "host", "requested_bytes": requested_bytes_from_message(str(exc)),
-            "rss_bytes": own.rss, "available_bytes": memory.available,
-            "total_bytes": memory.total, "cgroup_limit_bytes": cgroup_memory_limit_bytes(),
-            # RLIMIT_AS bounds address space (VMS), not RSS: both go along.
-            "stats": {"vms_bytes": own.vms,
-                      **({"rlimit_as_bytes": soft} if soft != resource.RLIM_INFINITY else {})}}
+    return {
+        "oom_kind": "host",
+        "requested_bytes": requested_bytes_from_message(str(exc)),
+        "rss_bytes": own.rss,
+        "available_bytes": memory.available,
+        "total_bytes": memory.total,
+        "cgroup_limit_bytes": cgroup_memory_limit_bytes(),
+        # RLIMIT_AS bounds address space (VMS), not RSS: both go along.
+        "stats": {
+            "vms_bytes": own.vms,
+            **({"rlimit_as_bytes": soft} if soft != resource.RLIM_INFINITY else {}),
+        },
+    }
 
 
 def is_gpu_oom(exc: BaseException) -> bool:
     return "CUDA out of memory" in str(exc) or (
-        type(exc).__name__ == "OutOfMemoryError" and "DefaultCPUAllocator" not in str(exc))
+        type(exc).__name__ == "OutOfMemoryError" and "DefaultCPUAllocator" not in str(exc)
+    )
 
 
 # ---- the whole postmortem -------------------------------------------------------------------
 
-def postmortem(exc: BaseException, *, run_dir: Path | None, step: int | None, seq_len: int | None,
-               batch: int | None, config: dict | None, cuda=None, nvml=None) -> dict:
+
+def postmortem(
+    exc: BaseException,
+    *,
+    run_dir: Path | None,
+    step: int | None,
+    seq_len: int | None,
+    batch: int | None,
+    config: dict | None,
+    cuda=None,
+    nvml=None,
+) -> dict:
     """All fields of one oom_postmortem event (advice included). `cuda`: torch.cuda or a fake."""
     from gpuwatch.client import oom_advice
 
@@ -219,15 +273,22 @@ def postmortem(exc: BaseException, *, run_dir: Path | None, step: int | None, se
             fields["neighbours"], fields["stats"]["gpu_free_bytes"] = view
     else:
         fields = host_figures(exc)
-    fields.update(step=step, seq_len=seq_len, batch=batch, phase=phase_of(exc.__traceback__),
-                  error_message=str(exc)[:2000],
-                  traceback=_tail("".join(traceback_mod.format_exception(type(exc), exc, exc.__traceback__)),
-                                  TRACEBACK_MAX_CHARS))
+    fields.update(
+        step=step,
+        seq_len=seq_len,
+        batch=batch,
+        phase=phase_of(exc.__traceback__),
+        error_message=str(exc)[:2000],
+        traceback=_tail(
+            "".join(traceback_mod.format_exception(type(exc), exc, exc.__traceback__)), TRACEBACK_MAX_CHARS
+        ),
+    )
     fields["advice"] = [a.as_dict() for a in oom_advice.advise(fields, config or {})]
     return fields
 
 
 # ---- the run's side ---------------------------------------------------------------------------
+
 
 def _cuda_module():
     """torch.cuda if this workload uses CUDA (without importing torch ourselves), else None."""

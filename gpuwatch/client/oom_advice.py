@@ -32,8 +32,14 @@ class Advice:
 
 def advise(pm: dict, config: dict) -> list[Advice]:
     """Advice for one postmortem `pm` (captured fields or a stored row) of a run with `config`."""
-    items = [_attention(pm, config), _fragmentation(pm), _neighbour(pm), _precision(pm, config),
-             _checkpointing(pm, config), *_host(pm, config)]
+    items = [
+        _attention(pm, config),
+        _fragmentation(pm),
+        _neighbour(pm),
+        _precision(pm, config),
+        _checkpointing(pm, config),
+        *_host(pm, config),
+    ]
     return [a for a in items if a is not None]
 
 
@@ -45,9 +51,11 @@ def _attention(pm: dict, config: dict) -> Advice | None:
     if config.get("attn") != "naive" or not (batch and seq_len and heads):
         return None
     scores = batch * heads * seq_len * seq_len * dtype_bytes
-    detail = (f"naive attention needs {size(scores)} for the B·H·L² score tensor at L={seq_len} "
-              f"(B={batch}, H={heads}, {dtype_bytes} bytes each), per layer; "
-              f"SDPA/FlashAttention avoids materialising it")
+    detail = (
+        f"naive attention needs {size(scores)} for the B·H·L² score tensor at L={seq_len} "
+        f"(B={batch}, H={heads}, {dtype_bytes} bytes each), per layer; "
+        f"SDPA/FlashAttention avoids materialising it"
+    )
     room = headroom_bytes(pm)
     if room:
         fits = math.isqrt(room // (batch * heads * dtype_bytes))
@@ -63,10 +71,12 @@ def _fragmentation(pm: dict) -> Advice | None:
     requested = pm.get("requested_bytes") or 0
     if cached <= 0 or (cached < requested and cached < _FRAGMENTED_SHARE * reserved):
         return None
-    return Advice("Fragmented allocator cache",
-                  f"{size(cached)} reserved but unallocated ({size(reserved)} reserved, {size(allocated)} "
-                  f"allocated) while {size(requested)} was requested; "
-                  f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets segments grow instead")
+    return Advice(
+        "Fragmented allocator cache",
+        f"{size(cached)} reserved but unallocated ({size(reserved)} reserved, {size(allocated)} "
+        f"allocated) while {size(requested)} was requested; "
+        f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets segments grow instead",
+    )
 
 
 def _neighbour(pm: dict) -> Advice | None:
@@ -76,15 +86,23 @@ def _neighbour(pm: dict) -> Advice | None:
     if not others or not total or used < _NEIGHBOUR_SHARE * total:
         return None
     top = max(others, key=lambda n: n.get("used_mem_bytes") or 0)
-    detail = (f"{len(others)} other process(es) hold {size(used)} of this GPU's {size(total)}; "
-              f"largest: pid {top.get('pid')} ({top.get('user') or '?'}) with {size(top.get('used_mem_bytes'))}")
+    detail = (
+        f"{len(others)} other process(es) hold {size(used)} of this GPU's {size(total)}; "
+        f"largest: pid {top.get('pid')} ({top.get('user') or '?'}) with {size(top.get('used_mem_bytes'))}"
+    )
     need = (pm.get("allocated_bytes") or 0) + (pm.get("requested_bytes") or 0)
     free = (pm.get("stats") or {}).get("gpu_free_bytes") or {}
-    roomy = sorted(((int(i), f) for i, f in free.items() if f >= need and int(i) != pm.get("device")),
-                   key=lambda x: -x[1])
+    roomy = sorted(
+        ((int(i), f) for i, f in free.items() if f >= need and int(i) != pm.get("device")),
+        key=lambda x: -x[1],
+    )
     if roomy:
-        detail += "; room for this run's " + size(need) + " on " + ", ".join(
-            f"GPU {i} ({size(f)} free)" for i, f in roomy[:3])
+        detail += (
+            "; room for this run's "
+            + size(need)
+            + " on "
+            + ", ".join(f"GPU {i} ({size(f)} free)" for i, f in roomy[:3])
+        )
     return Advice("Another process holds memory on this GPU", detail)
 
 
@@ -92,9 +110,11 @@ def _precision(pm: dict, config: dict) -> Advice | None:
     requested = pm.get("requested_bytes")
     if str(config.get("precision", "")) not in ("fp32", "float32") or not requested:
         return None
-    return Advice("Activations are fp32",
-                  f"bf16 autocast keeps activations in 2 bytes instead of 4: this {size(requested)} "
-                  f"request would be {size(requested // 2)}, and the activations held so far halve too")
+    return Advice(
+        "Activations are fp32",
+        f"bf16 autocast keeps activations in 2 bytes instead of 4: this {size(requested)} "
+        f"request would be {size(requested // 2)}, and the activations held so far halve too",
+    )
 
 
 def _checkpointing(pm: dict, config: dict) -> Advice | None:
@@ -105,10 +125,12 @@ def _checkpointing(pm: dict, config: dict) -> Advice | None:
     state = n_params * _TRAIN_BYTES_PER_PARAM
     if allocated < 2 * state:
         return None
-    return Advice("Activations dominate",
-                  f"{size(allocated)} allocated at the OOM vs {size(state)} for parameters, gradients and "
-                  f"AdamW state ({n_params:,} params × {_TRAIN_BYTES_PER_PARAM} B); gradient checkpointing "
-                  f"trades recompute for most of the other {size(allocated - state)}")
+    return Advice(
+        "Activations dominate",
+        f"{size(allocated)} allocated at the OOM vs {size(state)} for parameters, gradients and "
+        f"AdamW state ({n_params:,} params × {_TRAIN_BYTES_PER_PARAM} B); gradient checkpointing "
+        f"trades recompute for most of the other {size(allocated - state)}",
+    )
 
 
 def _host(pm: dict, config: dict) -> list[Advice]:
@@ -118,23 +140,39 @@ def _host(pm: dict, config: dict) -> list[Advice]:
     rss, requested = pm.get("rss_bytes"), pm.get("requested_bytes")
     limit = pm.get("cgroup_limit_bytes")
     if limit and rss is not None:
-        items.append(Advice("cgroup memory limit",
-                            f"RSS {size(rss)} of the {size(limit)} cgroup limit; the request for "
-                            f"{size(requested)} needed {size(max(rss + (requested or 0) - limit, 0))} more "
-                            f"than the limit allows"))
+        items.append(
+            Advice(
+                "cgroup memory limit",
+                f"RSS {size(rss)} of the {size(limit)} cgroup limit; the request for "
+                f"{size(requested)} needed {size(max(rss + (requested or 0) - limit, 0))} more "
+                f"than the limit allows",
+            )
+        )
     rlimit = (pm.get("stats") or {}).get("rlimit_as_bytes")
     if rlimit and requested:
-        items.append(Advice("Address-space limit (ulimit -v)",
-                            f"RLIMIT_AS is {size(rlimit)}; the request alone was {size(requested)} "
-                            f"({requested / rlimit:.0%} of it)"))
+        items.append(
+            Advice(
+                "Address-space limit (ulimit -v)",
+                f"RLIMIT_AS is {size(rlimit)}; the request alone was {size(requested)} "
+                f"({requested / rlimit:.0%} of it)",
+            )
+        )
     batch = pm.get("batch") or config.get("batch")
     if batch and batch > 1 and requested:
-        items.append(Advice("Smaller batch",
-                            f"batch {batch} -> {batch // 2} roughly halves per-step activations "
-                            f"(this request: {size(requested)} -> about {size(requested // 2)})"))
+        items.append(
+            Advice(
+                "Smaller batch",
+                f"batch {batch} -> {batch // 2} roughly halves per-step activations "
+                f"(this request: {size(requested)} -> about {size(requested // 2)})",
+            )
+        )
     workers = config.get("num_workers")
     if workers and rss:
-        items.append(Advice("Fewer DataLoader workers",
-                            f"{workers} workers each hold a copy of the dataset state next to this "
-                            f"process's {size(rss)} RSS; try num_workers={max(workers // 2, 0)}"))
+        items.append(
+            Advice(
+                "Fewer DataLoader workers",
+                f"{workers} workers each hold a copy of the dataset state next to this "
+                f"process's {size(rss)} RSS; try num_workers={max(workers // 2, 0)}",
+            )
+        )
     return items

@@ -54,8 +54,9 @@ class Profiling:
         self._disk = FullDisk(log, "gpuwatch: profiler traces")
         self._analysing: list[_Analysis] = []
         if self.active:
-            self._start("scheduled", cfg.profile_wait, cfg.profile_warmup, cfg.profile_active,
-                        cfg.profile_repeat)
+            self._start(
+                "scheduled", cfg.profile_wait, cfg.profile_warmup, cfg.profile_active, cfg.profile_repeat
+            )
 
     # ---- requests (any thread) ----------------------------------------------------------
     def on_control(self, frame: dict) -> None:
@@ -148,13 +149,22 @@ class Profiling:
             self._disk.ok(directory)
         if saved.note:
             log.warning("gpuwatch: %s", saved.note)
-        fields = dict(ts_ms=ts, trigger=self._trigger, rank=self._rank, first_step=recorded[0],
-                      steps=len(recorded), trace_path=str(saved.path) if saved.path else None,
-                      trace_bytes=saved.bytes, ops=[vars(op) for op in ops])
+        fields = dict(
+            ts_ms=ts,
+            trigger=self._trigger,
+            rank=self._rank,
+            first_step=recorded[0],
+            steps=len(recorded),
+            trace_path=str(saved.path) if saved.path else None,
+            trace_bytes=saved.bytes,
+            ops=[vars(op) for op in ops],
+        )
         if saved.path is None:
             self._send("profile", **fields)
             return
-        self._analysing = [a for a in self._analysing if a.is_alive()] + [_Analysis(saved.path, fields, self._send)]
+        self._analysing = [a for a in self._analysing if a.is_alive()] + [
+            _Analysis(saved.path, fields, self._send)
+        ]
 
 
 class _Analysis(threading.Thread):
@@ -171,9 +181,13 @@ class _Analysis(threading.Thread):
 
     def run(self) -> None:
         try:  # started here: even the fork is off the training thread
-            self._worker = subprocess.Popen(helpers.command("gpuwatch.client.trace_worker", self._path),
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            stdin=subprocess.DEVNULL, env=helpers.environment())
+            self._worker = subprocess.Popen(
+                helpers.command("gpuwatch.client.trace_worker", self._path),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                env=helpers.environment(),
+            )
         except OSError as e:
             log.warning("gpuwatch: could not start the analysis of the profile's trace: %s", e)
             self._send("profile", **self._fields)
@@ -194,8 +208,10 @@ class _Analysis(threading.Thread):
         is still stored, without its breakdown."""
         self.join(max(0.0, deadline - time.monotonic()))
         if self.is_alive():
-            log.warning("gpuwatch: the profile's trace %s was not analysed in time; stored without "
-                        "its breakdown", self._path)
+            log.warning(
+                "gpuwatch: the profile's trace %s was not analysed in time; stored without its breakdown",
+                self._path,
+            )
             if self._worker is not None:
                 self._worker.kill()
             self.join(5.0)

@@ -20,9 +20,9 @@ from typing import Any, Callable, Mapping
 
 from gpuwatch import config as config_mod
 from gpuwatch import paths
+from gpuwatch.client import flops, fold, metadata, oom, profiling, torch_stats
 from gpuwatch.clock import elapsed_end_ms
 from gpuwatch.diskfull import free_bytes, show_bytes
-from gpuwatch.client import flops, fold, metadata, oom, profiling, torch_stats
 from gpuwatch.store import now_ms
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,11 @@ DRAIN_EVERY_MS = 100
 # Recorded steps waiting for that thread, at most (about 250 bytes each): the client's memory
 # stays bounded at any rate, whatever the scheduler does to the thread.
 PENDING_STEPS_MAX = 50_000
-_OOM_MESSAGES = ("CUDA out of memory", "DefaultCPUAllocator: can't allocate memory",
-                 "DefaultCPUAllocator: not enough memory")
+_OOM_MESSAGES = (
+    "CUDA out of memory",
+    "DefaultCPUAllocator: can't allocate memory",
+    "DefaultCPUAllocator: not enough memory",
+)
 
 
 _PLAIN_COUNTS = {int, type(None)}
@@ -120,8 +123,13 @@ class Generation:
 
     def __exit__(self, *exc) -> bool:
         total_ms = None if self._last is None else (self._last - self._start) * 1000.0
-        self._run.generation(prompt_tokens=self._prompt_tokens, new_tokens=self.new_tokens,
-                             ttft_ms=self._ttft_ms, itl_ms=self._itl_ms, total_ms=total_ms)
+        self._run.generation(
+            prompt_tokens=self._prompt_tokens,
+            new_tokens=self.new_tokens,
+            ttft_ms=self._ttft_ms,
+            itl_ms=self._itl_ms,
+            total_ms=total_ms,
+        )
         return False
 
 
@@ -182,10 +190,20 @@ class _Drainer:
 class Run:
     """One tracked run. Made by track(); usable as a context manager or ended with finish()."""
 
-    def __init__(self, transport, cfg: config_mod.Config, *, run_id: str, name: str | None,
-                 config: Any, flops_per_token: float | Callable[[int], float] | None,
-                 precision: str, attached: bool, parent_run_id: str | None,
-                 started_s: float | None = None):
+    def __init__(
+        self,
+        transport,
+        cfg: config_mod.Config,
+        *,
+        run_id: str,
+        name: str | None,
+        config: Any,
+        flops_per_token: float | Callable[[int], float] | None,
+        precision: str,
+        attached: bool,
+        parent_run_id: str | None,
+        started_s: float | None = None,
+    ):
         self.run_id = run_id
         self.attached = attached  # True: steps go to the `gpuwatch run` wrapper's run
         self._transport = transport
@@ -219,15 +237,24 @@ class Run:
         fixed_flops = None if flops_per_token is None or callable(flops_per_token) else float(flops_per_token)
         if attached:
             # The wrapper sent run_start; record who joined and what it was told.
-            self.event("attached", {"pid": os.getpid(), "name": name, "config": plain,
-                                    "flops_per_token": fixed_flops, **fields})
+            self.event(
+                "attached",
+                {"pid": os.getpid(), "name": name, "config": plain, "flops_per_token": fixed_flops, **fields},
+            )
         else:
             self._started = (now_ms(), time.monotonic())  # the run's end is timed from here too
             if started_s is not None:  # a rank's run lasts as long as its process
                 ago_s = max(0.0, self._started[0] / 1000.0 - started_s)
                 self._started = (int(started_s * 1000), self._started[1] - ago_s)
-            self._send("run_start", ts_ms=self._started[0], name=name, config=plain,
-                       flops_per_token=fixed_flops, parent_run_id=parent_run_id, **fields)
+            self._send(
+                "run_start",
+                ts_ms=self._started[0],
+                name=name,
+                config=plain,
+                flops_per_token=fixed_flops,
+                parent_run_id=parent_run_id,
+                **fields,
+            )
             self._install_signal_handlers()
         self._saved_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -243,14 +270,24 @@ class Run:
     # ---- events -------------------------------------------------------------------------
     def _send(self, kind: str, ts_ms: int | None = None, *, urgent: bool = False, **fields) -> None:
         """Queue an event; an urgent one (the run's end) goes ahead of every event queued."""
-        self._transport.send({"id": self._id_prefix + str(next(self._id_count)), "kind": kind, "run_id": self.run_id,
-                              "ts_ms": now_ms() if ts_ms is None else ts_ms, **fields}, urgent=urgent)
+        self._transport.send(
+            {
+                "id": self._id_prefix + str(next(self._id_count)),
+                "kind": kind,
+                "run_id": self.run_id,
+                "ts_ms": now_ms() if ts_ms is None else ts_ms,
+                **fields,
+            },
+            urgent=urgent,
+        )
 
     def event(self, kind: str, payload: Mapping | None = None, *, urgent: bool = False) -> None:
         """A free-form run event (e.g. 'checkpoint_saved'); seq is unique across processes of a run."""
         # Microseconds keep the wrapper's and an attached child's sequence numbers apart.
         self._last_seq = max(self._last_seq + 1, time.time_ns() // 1000)
-        self._send("run_event", seq=self._last_seq, event_kind=kind, payload=dict(payload or {}), urgent=urgent)
+        self._send(
+            "run_event", seq=self._last_seq, event_kind=kind, payload=dict(payload or {}), urgent=urgent
+        )
 
     # ---- steps --------------------------------------------------------------------------
     @property
@@ -266,9 +303,15 @@ class Run:
         if self._compute_mark is None and self._clock is not None:
             self._compute_mark = self._clock.compute_mark()
 
-    def step(self, tokens: int | None = None, samples: int | None = None, seq_len: int | None = None,
-             loss: Any = None, losses: Mapping[str, Any] | None = None,
-             split: Mapping[str, Any] | None = None) -> None:
+    def step(
+        self,
+        tokens: int | None = None,
+        samples: int | None = None,
+        seq_len: int | None = None,
+        loss: Any = None,
+        losses: Mapping[str, Any] | None = None,
+        split: Mapping[str, Any] | None = None,
+    ) -> None:
         """Record one optimiser step. Never synchronises the GPU: timings and a tensor loss are
         read by a thread of ours once the GPU has passed this point, within DRAIN_EVERY_MS or at
         the end of the run. Costs a tuple appended to a deque: the events are built (and folded)
@@ -295,8 +338,24 @@ class Run:
         else:
             alloc = reserved = peak = None
         pending = self._pending
-        pending.append((self._step, now_ms(), mark, compute, tokens, samples, seq_len, captured,
-                        losses, alloc, reserved, peak, self._rss.read(), split))
+        pending.append(
+            (
+                self._step,
+                now_ms(),
+                mark,
+                compute,
+                tokens,
+                samples,
+                seq_len,
+                captured,
+                losses,
+                alloc,
+                reserved,
+                peak,
+                self._rss.read(),
+                split,
+            )
+        )
         if len(pending) < PENDING_STEPS_MAX:
             self._drainer.wake()
         else:  # the drainer fell behind (starved of the CPU): catch up here rather than grow
@@ -304,8 +363,12 @@ class Run:
                 self._drain(wait=False)
         every = self._cfg.memory_stats_every
         if self._torch is not None and every > 0 and self._step % every == 0:
-            self._send("memory_stats", step=self._step, device=self._torch.cuda.current_device(),
-                       **torch_stats.memory_stats_fields(self._torch.cuda.memory_stats()))
+            self._send(
+                "memory_stats",
+                step=self._step,
+                device=self._torch.cuda.current_device(),
+                **torch_stats.memory_stats_fields(self._torch.cuda.memory_stats()),
+            )
         if self._profiling.active:
             self._profiling.step(self._step)
 
@@ -344,38 +407,90 @@ class Run:
         size = fold.group_size(len(raw), max(DRAIN_EVERY_MS, raw[-1][1] - since))
         send, envelope = self._transport.send, {"kind": "step", "run_id": self.run_id}
         for start in range(0, len(raw), size):
-            g = self._read(raw[start:start + size])
+            g = self._read(raw[start : start + size])
             if len(g.step) > 1:
-                send({"id": self._id_prefix + str(next(self._id_count)), **envelope, "ts_ms": g.ts_ms[-1],
-                      **fold.folded(g, self._mfu)})
+                send(
+                    {
+                        "id": self._id_prefix + str(next(self._id_count)),
+                        **envelope,
+                        "ts_ms": g.ts_ms[-1],
+                        **fold.folded(g, self._mfu),
+                    }
+                )
                 continue
             tokens, step_ms = g.tokens[0], g.step_ms[0]
             tps = tokens / (step_ms / 1000.0) if tokens and step_ms else None
-            send({"id": self._id_prefix + str(next(self._id_count)), **envelope, "ts_ms": g.ts_ms[0],
-                  "step": g.step[0], "tokens": tokens, "samples": g.samples[0], "seq_len": g.seq_len[0],
-                  "loss": g.loss[0], "losses": fold.finite_losses(g.losses[0]), "step_time_ms": step_ms,
-                  "data_wait_pct": g.wait_pct[0], "tokens_per_s": tps, **self._mfu(tps, g.seq_len[0]),
-                  "mem_allocated_bytes": g.alloc[0], "mem_reserved_bytes": g.reserved[0],
-                  "mem_peak_bytes": g.peak[0], "rss_bytes": g.rss[0], **(g.split[0] or {})})
+            send(
+                {
+                    "id": self._id_prefix + str(next(self._id_count)),
+                    **envelope,
+                    "ts_ms": g.ts_ms[0],
+                    "step": g.step[0],
+                    "tokens": tokens,
+                    "samples": g.samples[0],
+                    "seq_len": g.seq_len[0],
+                    "loss": g.loss[0],
+                    "losses": fold.finite_losses(g.losses[0]),
+                    "step_time_ms": step_ms,
+                    "data_wait_pct": g.wait_pct[0],
+                    "tokens_per_s": tps,
+                    **self._mfu(tps, g.seq_len[0]),
+                    "mem_allocated_bytes": g.alloc[0],
+                    "mem_reserved_bytes": g.reserved[0],
+                    "mem_peak_bytes": g.peak[0],
+                    "rss_bytes": g.rss[0],
+                    **(g.split[0] or {}),
+                }
+            )
 
     def _read(self, group: list[tuple]) -> fold.Steps:
         """Recorded steps a column at a time, their timings and tensors read (the GPU passed
         them): a few C-level passes over a column, not work per step, when steps come fast."""
         clock, resolve = self._clock, torch_stats.resolve_loss
-        (step, ts, marks, computes, tokens, samples, seq_len, loss, losses, alloc, reserved, peak, rss,
-         split) = zip(*group)
+        (
+            step,
+            ts,
+            marks,
+            computes,
+            tokens,
+            samples,
+            seq_len,
+            loss,
+            losses,
+            alloc,
+            reserved,
+            peak,
+            rss,
+            split,
+        ) = zip(*group)
         step_ms = marks if type(clock) is torch_stats.CpuClock else [clock.elapsed_ms(m) for m in marks]
         wait_pct = computes
         if computes.count(None) != len(computes):
-            wait_pct = [None if c is None else clock.wait_pct(m, c, ms) for m, c, ms in zip(marks, computes, step_ms)]
+            wait_pct = [
+                None if c is None else clock.wait_pct(m, c, ms) for m, c, ms in zip(marks, computes, step_ms)
+            ]
         if not set(map(type, tokens)) <= _PLAIN_COUNTS:  # tensor counts (summed on the GPU)
             tokens = [t if t is None or type(t) is int else round(resolve(t)) for t in tokens]
         if not set(map(type, loss)) <= _PLAIN_LOSSES:
             loss = [resolve(v) for v in loss]
         if any(losses):
             losses = [None if d is None else {name: resolve(v) for name, v in d.items()} for d in losses]
-        return fold.Steps(step, ts, step_ms, wait_pct, tokens, samples, seq_len, loss, losses, alloc, reserved,
-                          peak, rss, split)
+        return fold.Steps(
+            step,
+            ts,
+            step_ms,
+            wait_pct,
+            tokens,
+            samples,
+            seq_len,
+            loss,
+            losses,
+            alloc,
+            reserved,
+            peak,
+            rss,
+            split,
+        )
 
     def _mfu(self, tps: float | None, seq_len: int | None) -> dict:
         fpt = self._flops_per_token
@@ -384,9 +499,14 @@ class Run:
         return {"mfu": flops.mfu(tps, fpt, self._peak_flops)}
 
     # ---- generations --------------------------------------------------------------------
-    def generation(self, prompt_tokens: int | None = None, new_tokens: int | None = None,
-                   ttft_ms: float | None = None, itl_ms: list[float] | None = None,
-                   total_ms: float | None = None) -> None:
+    def generation(
+        self,
+        prompt_tokens: int | None = None,
+        new_tokens: int | None = None,
+        ttft_ms: float | None = None,
+        itl_ms: list[float] | None = None,
+        total_ms: float | None = None,
+    ) -> None:
         """Record one generation: time to first token, inter-token latencies (ms), throughput.
 
         tokens_per_s = new_tokens / total time; total_ms defaults to ttft + sum(itl)."""
@@ -398,14 +518,22 @@ class Run:
         # The peak so far, as step() records it: a decode-only run has no steps to carry it.
         torch = torch_stats.cuda_torch()
         peak = torch_stats.cuda_memory(torch)[2] if torch is not None else None
-        self._send("generation", gen_id=self._gen, prompt_tokens=prompt_tokens,
-                   new_tokens=new_tokens, ttft_ms=ttft_ms, itl_p50_ms=_percentile(itl, 50),
-                   itl_p90_ms=_percentile(itl, 90),
-                   tokens_per_s=new_tokens / (total_ms / 1000.0) if new_tokens and total_ms else None,
-                   mem_peak_bytes=peak, rss_bytes=self._rss.read())
+        self._send(
+            "generation",
+            gen_id=self._gen,
+            prompt_tokens=prompt_tokens,
+            new_tokens=new_tokens,
+            ttft_ms=ttft_ms,
+            itl_p50_ms=_percentile(itl, 50),
+            itl_p90_ms=_percentile(itl, 90),
+            tokens_per_s=new_tokens / (total_ms / 1000.0) if new_tokens and total_ms else None,
+            mem_peak_bytes=peak,
+            rss_bytes=self._rss.read(),
+        )
 
-    def generate(self, prompt_tokens: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> Generation:
+    def generate(
+        self, prompt_tokens: int | None = None, clock: Callable[[], float] = time.perf_counter
+    ) -> Generation:
         """`with run.generate(prompt_tokens=P) as g: ... g.token()` times a decode loop."""
         return Generation(self, prompt_tokens, clock)
 
@@ -429,8 +557,11 @@ class Run:
             self._end("killed", signal=int(signal.SIGINT), error_type="KeyboardInterrupt")
         elif isinstance(exc, SystemExit):
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            self._end("finished" if code == 0 else "failed", exit_code=code,
-                      error_type=None if code == 0 else "SystemExit")
+            self._end(
+                "finished" if code == 0 else "failed",
+                exit_code=code,
+                error_type=None if code == 0 else "SystemExit",
+            )
         elif is_oom(exc):
             self._on_oom(exc)
         else:
@@ -439,10 +570,18 @@ class Run:
     def _on_oom(self, exc: BaseException) -> None:
         """The one place an out-of-memory ends a run: postmortem first, then the end state."""
         try:
-            self._send("oom_postmortem", **oom.capture(
-                exc, self._cfg, self.run_id, step=self._step + 1, config=self._config,
-                seq_len=self._seq_len or self._config.get("seq_len"),
-                batch=self._batch or self._config.get("batch")))
+            self._send(
+                "oom_postmortem",
+                **oom.capture(
+                    exc,
+                    self._cfg,
+                    self.run_id,
+                    step=self._step + 1,
+                    config=self._config,
+                    seq_len=self._seq_len or self._config.get("seq_len"),
+                    batch=self._batch or self._config.get("batch"),
+                ),
+            )
         except Exception:  # the user's own error matters more than our postmortem of it
             log.warning("gpuwatch: could not capture the OOM postmortem", exc_info=True)
         self._end("oom", error_type=error_type(exc), error_message=str(exc)[:2000])
@@ -477,8 +616,13 @@ class Run:
             self.event("child_end", {"status": status, **fields}, urgent=True)
             self._leave_end_state(status, fields)
         else:
-            self._send("run_end", ts_ms=elapsed_end_ms(*self._started, now_ms(), time.monotonic()),
-                       status=status, urgent=True, **fields)
+            self._send(
+                "run_end",
+                ts_ms=elapsed_end_ms(*self._started, now_ms(), time.monotonic()),
+                status=status,
+                urgent=True,
+                **fields,
+            )
         # The end first, then whatever steps are still queued, both within END_WITHIN_S; what
         # the daemon has not confirmed by then is spooled (replayed by it after we exit).
         self._transport.close(timeout=max(0.1, deadline - time.monotonic()))
@@ -492,8 +636,12 @@ class Run:
             tmp.write_text(json.dumps({"status": status, **fields}))
             tmp.replace(path)
         except OSError as e:
-            log.warning("gpuwatch: could not leave the end state for the wrapper at %s: %s; %s bytes free "
-                        "there", path, e.strerror or e, show_bytes(free_bytes(path.parent)))
+            log.warning(
+                "gpuwatch: could not leave the end state for the wrapper at %s: %s; %s bytes free there",
+                path,
+                e.strerror or e,
+                show_bytes(free_bytes(path.parent)),
+            )
 
     # ---- process hooks ------------------------------------------------------------------
     def _install_signal_handlers(self) -> None:
@@ -534,9 +682,13 @@ class Run:
 explicit_track_started = False
 
 
-def track(name: str | None = None, config: Any = None,
-          flops_per_token: float | Callable[[int], float] | None = None, run_id: str | None = None,
-          precision: str = "bf16") -> Run:
+def track(
+    name: str | None = None,
+    config: Any = None,
+    flops_per_token: float | Callable[[int], float] | None = None,
+    run_id: str | None = None,
+    precision: str = "bf16",
+) -> Run:
     """Start a run and return it; use as `with gpuwatch.track(...) as run:`.
 
     flops_per_token: model FLOPs per token (see flops.transformer_flops_per_token), or a function
@@ -546,13 +698,18 @@ def track(name: str | None = None, config: Any = None,
     """
     global explicit_track_started
     explicit_track_started = True
-    return start_run(name=name, config=config, flops_per_token=flops_per_token, run_id=run_id,
-                     precision=precision)
+    return start_run(
+        name=name, config=config, flops_per_token=flops_per_token, run_id=run_id, precision=precision
+    )
 
 
-def start_run(name: str | None = None, config: Any = None,
-              flops_per_token: float | Callable[[int], float] | None = None, run_id: str | None = None,
-              precision: str = "bf16") -> Run:
+def start_run(
+    name: str | None = None,
+    config: Any = None,
+    flops_per_token: float | Callable[[int], float] | None = None,
+    run_id: str | None = None,
+    precision: str = "bf16",
+) -> Run:
     """track() without marking the run as the script's own: for integrations and the hooks."""
     from gpuwatch.client.helpers import connect
 
@@ -566,6 +723,15 @@ def start_run(name: str | None = None, config: Any = None,
             name = f"{os.environ.get(ENV_RUN_NAME) or 'rank'}/rank{rank}"
         started_s = metadata.process_start_s()
     transport = connect(cfg)
-    return Run(transport, cfg, run_id=wrapper_id if attached else (run_id or new_run_id()),
-               name=name, config=config, flops_per_token=flops_per_token, precision=precision,
-               attached=attached, parent_run_id=None if attached else wrapper_id, started_s=started_s)
+    return Run(
+        transport,
+        cfg,
+        run_id=wrapper_id if attached else (run_id or new_run_id()),
+        name=name,
+        config=config,
+        flops_per_token=flops_per_token,
+        precision=precision,
+        attached=attached,
+        parent_run_id=None if attached else wrapper_id,
+        started_s=started_s,
+    )

@@ -11,17 +11,31 @@ import subprocess
 import sys
 
 
-def start_mirror(target: str, *, since_ms: int, watch_pid: int, wrapper_run_id: str | None = None,
-                 pid: int | None = None) -> subprocess.Popen:
+def start_mirror(
+    target: str, *, since_ms: int, watch_pid: int, wrapper_run_id: str | None = None, pid: int | None = None
+) -> subprocess.Popen:
     """target: a directory (files go to TARGET/gpuwatch/) or "auto" (beside the program's own
     TensorBoard logs, once it writes some)."""
     who = ["--wrapper", wrapper_run_id] if wrapper_run_id else ["--pid", str(pid)]
     target = target if target == "auto" else os.path.abspath(target)
     mirror = subprocess.Popen(
-        [sys.executable, "-m", "gpuwatch.analysis.tensorboard_live", target, *who,
-         "--since", str(since_ms), "--watch-pid", str(watch_pid), "--cwd", os.getcwd()],
-        stdin=subprocess.DEVNULL, start_new_session=True,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+        [
+            sys.executable,
+            "-m",
+            "gpuwatch.analysis.tensorboard_live",
+            target,
+            *who,
+            "--since",
+            str(since_ms),
+            "--watch-pid",
+            str(watch_pid),
+            "--cwd",
+            os.getcwd(),
+        ],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
+    )
     try:
         os.setpriority(os.PRIO_PROCESS, mirror.pid, 10)
     except OSError:  # already gone: it says why on stderr

@@ -37,8 +37,11 @@ def main(trace: str) -> None:
         pass
     started = time.monotonic()
     breakdown = breakdown_of(Path(trace))
-    breakdown["analysed_by"] = {"pid": os.getpid(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
-                                "seconds": round(time.monotonic() - started, 3)}
+    breakdown["analysed_by"] = {
+        "pid": os.getpid(),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "seconds": round(time.monotonic() - started, 3),
+    }
     sys.stdout.write(json.dumps(breakdown, separators=(",", ":")) + "\n")
 
 

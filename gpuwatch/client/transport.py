@@ -174,7 +174,10 @@ def _frames(encoded: list[bytes]) -> list[list[int]]:
     groups: list[list[int]] = []
     size = protocol.MAX_FRAME_BYTES  # forces a new group first
     for i, data in enumerate(encoded):
-        if size + len(data) + 1 > protocol.MAX_FRAME_BYTES - 64 or len(groups[-1]) >= protocol.MAX_EVENTS_PER_BATCH:
+        if (
+            size + len(data) + 1 > protocol.MAX_FRAME_BYTES - 64
+            or len(groups[-1]) >= protocol.MAX_EVENTS_PER_BATCH
+        ):
             groups.append([])
             size = 0
         groups[-1].append(i)
@@ -189,9 +192,17 @@ def _events_frame(parts: list[bytes]) -> bytes:
 class DaemonTransport(Transport):
     mode = "daemon"
 
-    def __init__(self, cfg: Config, path: Path, link: _Link | None = None, *,
-                 queue_size: int = 10_000, max_backoff: float = 5.0, ack_timeout: float = 30.0,
-                 spool_dir: Path | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        path: Path,
+        link: _Link | None = None,
+        *,
+        queue_size: int = 10_000,
+        max_backoff: float = 5.0,
+        ack_timeout: float = 30.0,
+        spool_dir: Path | None = None,
+    ):
         self.cfg = cfg
         self.path = path
         self.max_backoff = max_backoff
@@ -391,19 +402,19 @@ class DaemonTransport(Transport):
                 reply = self._reply()
             except (OSError, TransportClosed, protocol.ProtocolError) as e:
                 self._disconnect(str(e))
-                return encoded[group[0]:]
+                return encoded[group[0] :]
             if reply.get("type") == "ack":
                 continue
             acked = set(reply.get("ids", ()))
             left = [p for p in parts if json.loads(p)["id"] not in acked]
             if reply.get("code") in protocol.RETRYABLE_CODES:
                 self._wait_longer(reply.get("retry_after_ms", 0) / 1000)
-                return left + encoded[group[-1] + 1:]
+                return left + encoded[group[-1] + 1 :]
             if reply.get("code") == "invalid" and len(left) > 1:
                 # One event an older daemon does not understand: send one by one, lose only it.
                 for i, part in enumerate(left):
                     if self._deliver([part]):
-                        return left[i:] + encoded[group[-1] + 1:]
+                        return left[i:] + encoded[group[-1] + 1 :]
                 continue
             self._reject(len(left), reply.get("error", str(reply)))
         return []
@@ -443,16 +454,20 @@ class DaemonTransport(Transport):
     def _spool(self, encoded: list[bytes]) -> None:
         try:
             self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(self.spool_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         self.spool_mode)
+            fd = os.open(
+                self.spool_path,
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                self.spool_mode,
+            )
             with open(fd, "ab") as f:
                 os.fchmod(fd, self.spool_mode)  # whatever the umask: a system daemon must read it
                 f.write(b"".join(data + b"\n" for data in encoded))
         except OSError as e:
             if not no_space(e):
                 raise
-            self._spool_full.failed(self.spool_path, e, "events the daemon cannot take are dropped "
-                                    "(counted) until it has room")
+            self._spool_full.failed(
+                self.spool_path, e, "events the daemon cannot take are dropped (counted) until it has room"
+            )
             self.dropped += len(encoded)
             return
         self._spool_full.ok(self.spool_path)
@@ -532,7 +547,6 @@ def spool_dir_for(cfg: Config, path: Path, chosen: Path | None = None) -> tuple[
     return directory, spool.file_mode(directory)
 
 
-
 class EmbeddedTransport(Transport):
     """No daemon: the same rules into the per-user database, plus the sampler in a thread."""
 
@@ -559,8 +573,9 @@ class EmbeddedTransport(Transport):
         self.sampler = None
         # The sampler's set-up (NVML, psutil) and the lost-run check happen on a thread of their
         # own: `gpuwatch run` spawns its program meanwhile instead of after them.
-        self._starting = threading.Thread(target=self._start_sampler, name="gpuwatch-sampler-start",
-                                          daemon=True)
+        self._starting = threading.Thread(
+            target=self._start_sampler, name="gpuwatch-sampler-start", daemon=True
+        )
         self._starting.start()
 
     def _start_sampler(self) -> None:
@@ -620,16 +635,18 @@ class EmbeddedTransport(Transport):
 
     def request(self, msg: dict, timeout: float = 5.0) -> dict:
         if msg.get("type") != "events":
-            return protocol.error(f"{msg.get('type')}: needs the gpuwatch daemon (this run is in "
-                                  f"embedded mode)", "unavailable")
+            return protocol.error(
+                f"{msg.get('type')}: needs the gpuwatch daemon (this run is in embedded mode)", "unavailable"
+            )
         try:
             events = protocol.validate(dict(msg, v=protocol.VERSION)).events
         except protocol.ProtocolError as e:
             return protocol.error(str(e), "invalid")
         done = threading.Event()
         result = []
-        if not self.writer.submit(lambda conn: result.append(self._apply(conn, events)),
-                                  lambda ok: done.set(), timeout=timeout) or not done.wait(timeout):
+        if not self.writer.submit(
+            lambda conn: result.append(self._apply(conn, events)), lambda ok: done.set(), timeout=timeout
+        ) or not done.wait(timeout):
             return protocol.error("database busy; try again", "busy")
         if not result:
             return protocol.error("database write failed", "store")

@@ -279,14 +279,15 @@ class IngestServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
-        conn = Connection(Peer(uid, user_name(uid), pid, self.mode), gid, writer,
-                          task=asyncio.current_task())
+        conn = Connection(Peer(uid, user_name(uid), pid, self.mode), gid, writer, task=asyncio.current_task())
         state = self.uids.get(uid) or self.uids.setdefault(uid, _Uid())
         state.connections += 1
         self.connections.add(conn)
         try:
             if state.connections > MAX_CONNECTIONS_PER_UID:
-                raise FramingError(f"uid {uid} already has {MAX_CONNECTIONS_PER_UID} connections open", "busy")
+                raise FramingError(
+                    f"uid {uid} already has {MAX_CONNECTIONS_PER_UID} connections open", "busy"
+                )
             while True:
                 line = await self._next_frame(conn, reader, state)
                 if line is None:
@@ -307,8 +308,14 @@ class IngestServer:
         except (ConnectionError, BrokenPipeError):
             pass
         except Exception:  # a bug of ours; the client must never take the daemon down
-            self.client_log.log(("bug", uid), logging.ERROR, "ingest: connection from uid %d pid %d "
-                                "failed", uid, pid, exc_info=True)
+            self.client_log.log(
+                ("bug", uid),
+                logging.ERROR,
+                "ingest: connection from uid %d pid %d failed",
+                uid,
+                pid,
+                exc_info=True,
+            )
         finally:
             self.connections.discard(conn)
             self._hold(conn, state, 0)
@@ -335,15 +342,16 @@ class IngestServer:
         while True:
             end = buf.find(b"\n", conn.scanned)
             if end >= 0:
-                line = bytes(buf[:end + 1])
-                del buf[:end + 1]
+                line = bytes(buf[: end + 1])
+                del buf[: end + 1]
                 conn.scanned = 0
                 conn.deadline = loop.time() + FRAME_TIMEOUT_S  # for a next frame already begun
                 return line  # its bytes stay held until it is answered
             conn.scanned = len(buf)
             if len(buf) > protocol.MAX_FRAME_BYTES:
-                raise FramingError(f"frame exceeds {protocol.MAX_FRAME_BYTES} bytes without a newline; "
-                                   "closing", "too_large")
+                raise FramingError(
+                    f"frame exceeds {protocol.MAX_FRAME_BYTES} bytes without a newline; closing", "too_large"
+                )
             if not buf:
                 chunk = await reader.read(READ_CHUNK)  # between frames a client may idle at will
                 conn.deadline = loop.time() + FRAME_TIMEOUT_S
@@ -351,8 +359,9 @@ class IngestServer:
                 try:
                     chunk = await asyncio.wait_for(reader.read(READ_CHUNK), conn.deadline - loop.time())
                 except asyncio.TimeoutError:
-                    raise FramingError(f"frame not complete {FRAME_TIMEOUT_S:g} s after its first "
-                                       "byte; closing", "timeout") from None
+                    raise FramingError(
+                        f"frame not complete {FRAME_TIMEOUT_S:g} s after its first byte; closing", "timeout"
+                    ) from None
             if not chunk:
                 if buf:
                     raise FramingError("truncated frame: the stream ended before its newline", "truncated")
@@ -360,14 +369,25 @@ class IngestServer:
             buf += chunk
             self._hold(conn, state, len(buf))
             if state.pending_bytes > UID_PENDING_BYTES:
-                raise FramingError(f"uid {conn.peer.uid} has more than {UID_PENDING_BYTES} bytes of "
-                                   "unfinished frames; closing this connection", "busy")
+                raise FramingError(
+                    f"uid {conn.peer.uid} has more than {UID_PENDING_BYTES} bytes of "
+                    "unfinished frames; closing this connection",
+                    "busy",
+                )
 
     def _refused(self, conn: Connection, code: str, message: str) -> None:
         """Log an error reply at most once a minute per (uid, code)."""
         peer = conn.peer
-        self.client_log.log((peer.uid, code), logging.WARNING, "ingest: uid %d (%s) pid %d: %s: %s",
-                            peer.uid, peer.user, peer.pid, code, message)
+        self.client_log.log(
+            (peer.uid, code),
+            logging.WARNING,
+            "ingest: uid %d (%s) pid %d: %s: %s",
+            peer.uid,
+            peer.user,
+            peer.pid,
+            code,
+            message,
+        )
 
     async def _answer(self, conn: Connection, state: _Uid, line: bytes) -> dict:
         """The reply to one frame, whatever its bytes: never raises for a client's input."""
@@ -378,9 +398,15 @@ class IngestServer:
             else:
                 reply = await self._handle(conn, msg, line)
         except Exception:  # a bug of ours: answered, logged once with the frame's first bytes
-            self.client_log.log(("internal", conn.peer.uid), logging.ERROR,
-                                "ingest: failed on a frame from uid %d pid %d, first bytes %r",
-                                conn.peer.uid, conn.peer.pid, line[:200], exc_info=True)
+            self.client_log.log(
+                ("internal", conn.peer.uid),
+                logging.ERROR,
+                "ingest: failed on a frame from uid %d pid %d, first bytes %r",
+                conn.peer.uid,
+                conn.peer.pid,
+                line[:200],
+                exc_info=True,
+            )
             reply = protocol.error("the daemon failed on this frame (logged); do not resend it", "internal")
         if reply.get("type") == "error" and reply["code"] != "internal":  # that one is logged already
             self._refused(conn, reply["code"], reply["error"])
@@ -418,8 +444,12 @@ class IngestServer:
     async def _handle(self, conn: Connection, msg: protocol.Message, line: bytes) -> dict:
         if msg.type == "hello":
             conn.greeted = True
-            return {"type": "welcome", "uid": conn.peer.uid, "pid": conn.peer.pid,
-                    "server": f"gpuwatch/{__version__}"}
+            return {
+                "type": "welcome",
+                "uid": conn.peer.uid,
+                "pid": conn.peer.pid,
+                "server": f"gpuwatch/{__version__}",
+            }
         if not conn.greeted:
             return protocol.error(f"send hello before {msg.type}", "handshake")
         if msg.type == "events":
@@ -434,9 +464,21 @@ class IngestServer:
         from gpuwatch.alerts.host_rules import add_wish
 
         peer, host, added = conn.peer, socket.gethostname(), []
-        ok = await self._on_writer(lambda db: added.append(add_wish(
-            db, peer.uid, peer.user, host, now_ms(), frame["gpus"], frame["min_free_bytes"],
-            frame["max_util_pct"], frame["window_min"])))
+        ok = await self._on_writer(
+            lambda db: added.append(
+                add_wish(
+                    db,
+                    peer.uid,
+                    peer.user,
+                    host,
+                    now_ms(),
+                    frame["gpus"],
+                    frame["min_free_bytes"],
+                    frame["max_util_pct"],
+                    frame["window_min"],
+                )
+            )
+        )
         if ok is None:
             return BUSY
         if not ok or not added:
@@ -449,11 +491,13 @@ class IngestServer:
         if self.cfg.rate_limit_events > 0:
             rate = self.cfg.rate_limit_events
             bucket = self.buckets.setdefault(
-                conn.peer.uid, TokenBucket(rate, max(rate, protocol.MAX_EVENTS_PER_BATCH)))
+                conn.peer.uid, TokenBucket(rate, max(rate, protocol.MAX_EVENTS_PER_BATCH))
+            )
             wait_s = bucket.take(n)
             if wait_s:
-                return protocol.error("rate limit exceeded", "rate_limited",
-                                      retry_after_ms=int(wait_s * 1000) + 1)
+                return protocol.error(
+                    "rate limit exceeded", "rate_limited", retry_after_ms=int(wait_s * 1000) + 1
+                )
         if self.inflight_events + n > MAX_INFLIGHT_EVENTS:
             return BUSY
         result: list[Outcome] = []
@@ -477,11 +521,19 @@ class IngestServer:
             return BUSY
         if failed:
             e = failed[0]
-            self.client_log.log(("internal", conn.peer.uid), logging.ERROR,
-                                "ingest: storing a frame from uid %d pid %d failed, first bytes %r",
-                                conn.peer.uid, conn.peer.pid, line[:200], exc_info=(type(e), e, e.__traceback__))
-            return protocol.error(f"the daemon failed to store this frame ({type(e).__name__}, logged); "
-                                  "do not resend it", "internal")
+            self.client_log.log(
+                ("internal", conn.peer.uid),
+                logging.ERROR,
+                "ingest: storing a frame from uid %d pid %d failed, first bytes %r",
+                conn.peer.uid,
+                conn.peer.pid,
+                line[:200],
+                exc_info=(type(e), e, e.__traceback__),
+            )
+            return protocol.error(
+                f"the daemon failed to store this frame ({type(e).__name__}, logged); do not resend it",
+                "internal",
+            )
         if not ok or not result:
             health = self.writer.health
             why = f" ({health.problem})" if health is not None else ""
@@ -499,8 +551,9 @@ class IngestServer:
     async def _control_request(self, conn: Connection, frame: dict) -> dict:
         run_id, action = frame["run_id"], frame["action"]
         found: list = []
-        ok = await self._on_writer(lambda db: found.extend(
-            db.execute("SELECT uid FROM runs WHERE run_id = ?", (run_id,)).fetchall()))
+        ok = await self._on_writer(
+            lambda db: found.extend(db.execute("SELECT uid FROM runs WHERE run_id = ?", (run_id,)).fetchall())
+        )
         if ok is None:
             return BUSY
         owner = found[0][0] if found else None
@@ -508,14 +561,20 @@ class IngestServer:
             return protocol.error(f"no run {run_id!r}", "unknown_run")
         peer = conn.peer
         if not (peer.uid in (0, owner) or in_group(peer.uid, conn.gid, self.cfg.admin_group)):
-            return protocol.error(f"uid {peer.uid} may not control run {run_id!r} (owner uid {owner}; "
-                                  f"root and group {self.cfg.admin_group!r} may)", "forbidden")
+            return protocol.error(
+                f"uid {peer.uid} may not control run {run_id!r} (owner uid {owner}; "
+                f"root and group {self.cfg.admin_group!r} may)",
+                "forbidden",
+            )
         if action == "stacks":
             return await self._stacks(run_id)
         fields = {k: frame[k] for k in protocol.CONTROL_ACTIONS[action] if frame.get(k) is not None}
         if not self.push_control(run_id, action, **fields):
-            return protocol.error(f"run {run_id!r} has no client connected to this daemon "
-                                  f"(finished, or running in embedded mode)", "not_connected")
+            return protocol.error(
+                f"run {run_id!r} has no client connected to this daemon "
+                f"(finished, or running in embedded mode)",
+                "not_connected",
+            )
         log.info("control %s for run %s sent on behalf of uid %d", action, run_id, peer.uid)
         return {"type": "control_result", "run_id": run_id, "action": action, "delivered": True}
 
@@ -529,8 +588,13 @@ class IngestServer:
         row = await asyncio.to_thread(dump_row, run_id, pids[0], "on_demand")
         if not self.writer.insert("stack_dumps", [row], block=False):
             log.warning("stacks of run %s not stored: write queue full", run_id)
-        reply = {"type": "control_result", "run_id": run_id, "action": "stacks", "delivered": True,
-                 **{k: row[k] for k in ("pid", "ts_ms", "stacks_json", "error")}}
+        reply = {
+            "type": "control_result",
+            "run_id": run_id,
+            "action": "stacks",
+            "delivered": True,
+            **{k: row[k] for k in ("pid", "ts_ms", "stacks_json", "error")},
+        }
         if len(row["stacks_json"] or "") > protocol.MAX_FRAME_BYTES // 2:
             reply.update(stacks_json=None, error="stacks stored but too large to send; see the database")
         return reply

@@ -10,8 +10,7 @@ import logging
 import sys
 import time
 
-_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6,
-             logging.DEBUG: 7}
+_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
 
 
 class JournalFormatter(logging.Formatter):
@@ -39,8 +38,13 @@ class Throttle:
     attack costs a few lines an hour, not sixty per error code. A key quiet for a whole period
     starts over at `period_s`."""
 
-    def __init__(self, logger: logging.Logger, period_s: float = 60.0, max_period_s: float = 600.0,
-                 clock=time.monotonic):
+    def __init__(
+        self,
+        logger: logging.Logger,
+        period_s: float = 60.0,
+        max_period_s: float = 600.0,
+        clock=time.monotonic,
+    ):
         self.logger = logger
         self.period_s = period_s
         self.max_period_s = max_period_s

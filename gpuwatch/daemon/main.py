@@ -20,9 +20,9 @@ from typing import Callable
 from gpuwatch.config import Config, ConfigError
 from gpuwatch.daemon.ingest import IngestServer
 from gpuwatch.daemon.notify import Notifier
-from gpuwatch.runs_watch import RunsWatch
 from gpuwatch.daemon.spool import SpoolAdopter
 from gpuwatch.daemon.stalls import StallWatch
+from gpuwatch.runs_watch import RunsWatch
 from gpuwatch.sampler import Sampler
 from gpuwatch.store import StoreError, Writer, health
 
@@ -64,11 +64,17 @@ class Daemon:
             from gpuwatch.daemon.metrics import start_metrics_server
 
             try:
-                metrics = start_metrics_server(cfg.metrics_listen, cfg.db_path, extra=lambda: {
-                    "writer_queue_depth": self.writer.depth(), "writer_failed_jobs": self.writer.failed_jobs,
-                    "store_writable": int(self.writer.health is None),
-                    "dropped_samples_total": self.sampler.dropped_samples},
-                    hostname=cfg.metrics_hostname or None)
+                metrics = start_metrics_server(
+                    cfg.metrics_listen,
+                    cfg.db_path,
+                    extra=lambda: {
+                        "writer_queue_depth": self.writer.depth(),
+                        "writer_failed_jobs": self.writer.failed_jobs,
+                        "store_writable": int(self.writer.health is None),
+                        "dropped_samples_total": self.sampler.dropped_samples,
+                    },
+                    hostname=cfg.metrics_hostname or None,
+                )
             except BaseException:
                 self.writer.close()
                 raise
@@ -101,8 +107,11 @@ class Daemon:
             adopter.start()
             self._on_stop.append(adopter.stop)
             rules = self.sampler.rules
-            stall_watch = StallWatch(self.writer, self.cfg, on_stall=lambda stalled, row: self.writer.submit(
-                rules.stall_job(stalled, row), block=False))
+            stall_watch = StallWatch(
+                self.writer,
+                self.cfg,
+                on_stall=lambda stalled, row: self.writer.submit(rules.stall_job(stalled, row), block=False),
+            )
             stall_watch.start()
             self._on_stop.append(stall_watch.stop)
             if not self.cfg.system:
@@ -112,9 +121,12 @@ class Daemon:
                 from gpuwatch.alerts.subscriptions import SubscriptionError
 
                 try:
-                    deliverer = Deliverer(self.cfg.notify_db_path, self.cfg.db_path,
-                                          self.cfg.notify_group_seconds,
-                                          terminals_uid=os.getuid() if self.cfg.notify_terminals else None)
+                    deliverer = Deliverer(
+                        self.cfg.notify_db_path,
+                        self.cfg.db_path,
+                        self.cfg.notify_group_seconds,
+                        terminals_uid=os.getuid() if self.cfg.notify_terminals else None,
+                    )
                 except (SubscriptionError, OSError, sqlite3.Error) as e:  # sampling matters more
                     log.error("alerts will not be delivered: %s", e)
                 else:

@@ -44,16 +44,31 @@ DCGM_FIELDS = (
     ("DCGM_FI_DEV_MEM_CLOCK", "mem_clock_mhz", 1, "gauge", "Memory clock frequency (in MHz)."),
     ("DCGM_FI_DEV_GPU_TEMP", "temp_c", 1, "gauge", "GPU temperature (in C)."),
     ("DCGM_FI_DEV_POWER_USAGE", "power_mw", 1 / 1000, "gauge", "Power draw (in W)."),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_mj", 1, "counter",
-     "Total energy consumption since boot (in mJ)."),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "energy_mj",
+        1,
+        "counter",
+        "Total energy consumption since boot (in mJ).",
+    ),
     ("DCGM_FI_DEV_GPU_UTIL", "gpu_util_pct", 1, "gauge", "GPU utilization (in %)."),
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_util_pct", 1, "gauge", "Memory utilization (in %)."),
     ("DCGM_FI_DEV_FB_FREE", "mem_free_bytes", 1 / MIB, "gauge", "Framebuffer memory free (in MiB)."),
     ("DCGM_FI_DEV_FB_USED", "mem_used_bytes", 1 / MIB, "gauge", "Framebuffer memory used (in MiB)."),
-    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "ecc_corrected", 1, "counter",
-     "Total number of single-bit volatile ECC errors."),
-    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc_uncorrected", 1, "counter",
-     "Total number of double-bit volatile ECC errors."),
+    (
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "ecc_corrected",
+        1,
+        "counter",
+        "Total number of single-bit volatile ECC errors.",
+    ),
+    (
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "ecc_uncorrected",
+        1,
+        "counter",
+        "Total number of double-bit volatile ECC errors.",
+    ),
 )
 # A MIG device's own figures, as series of these DCGM families labelled as dcgm-exporter labels a
 # GPU instance: its GPU's labels plus GPU_I_PROFILE and GPU_I_ID. Temperature, power and clocks
@@ -69,14 +84,26 @@ _COMPUTE_SHARE = re.compile(r"^\d+c\.")  # "1c.3g.40gb": a compute instance's sh
 # GPM figures (Hopper and later) under DCGM's profiling names, as its 0-1 ratios:
 # (dcgm name, gpu_prof_samples column, help as dcgm-exporter's).
 PROF_FIELDS = (
-    ("DCGM_FI_PROF_SM_ACTIVE", "sm_active_pct",
-     "The ratio of cycles an SM has at least 1 warp assigned (in %)."),
-    ("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy_pct",
-     "The ratio of number of warps resident on an SM (in %)."),
-    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active_pct",
-     "Ratio of cycles the tensor (HMMA) pipe is active (in %)."),
-    ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active_pct",
-     "Ratio of cycles the device memory interface is active sending or receiving data (in %)."),
+    (
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "sm_active_pct",
+        "The ratio of cycles an SM has at least 1 warp assigned (in %).",
+    ),
+    (
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "sm_occupancy_pct",
+        "The ratio of number of warps resident on an SM (in %).",
+    ),
+    (
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "tensor_active_pct",
+        "Ratio of cycles the tensor (HMMA) pipe is active (in %).",
+    ),
+    (
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "dram_active_pct",
+        "Ratio of cycles the device memory interface is active sending or receiving data (in %).",
+    ),
 )
 
 # NVML gives PCIe throughput as a rate, not dcgm's cumulative KB counter, so it gets our own name.
@@ -130,8 +157,13 @@ class StoreCollector:
     so Prometheus marks their series stale instead of repeating old values.
     """
 
-    def __init__(self, db_path: str | os.PathLike, extra: Callable[[], Mapping[str, float]] | None = None,
-                 stale_after_s: float = 60.0, hostname: str | None = None):
+    def __init__(
+        self,
+        db_path: str | os.PathLike,
+        extra: Callable[[], Mapping[str, float]] | None = None,
+        stale_after_s: float = 60.0,
+        hostname: str | None = None,
+    ):
         self.db_path = Path(db_path)
         self.extra = extra
         self.stale_after_ms = int(stale_after_s * 1000)
@@ -183,8 +215,12 @@ class StoreCollector:
     def _from_store(self, conn: sqlite3.Connection) -> list:
         try:
             gpus, newest_gpu_ms = self._gpu_families(conn)
-            return (gpus + self._run_families(conn, newest_gpu_ms) + self._host_families(conn, newest_gpu_ms)
-                    + [self._alerts_family(conn)])
+            return (
+                gpus
+                + self._run_families(conn, newest_gpu_ms)
+                + self._host_families(conn, newest_gpu_ms)
+                + [self._alerts_family(conn)]
+            )
         except sqlite3.Error:
             self._conn = None  # reopen next time (e.g. the file was replaced)
             conn.close()
@@ -196,14 +232,27 @@ class StoreCollector:
         fresh_after = now - self.stale_after_ms
         latest = queries.latest_gpu_samples(conn)
         infos = queries.gpus(conn)
-        rows = [(gpu, latest[gpu.gpu_index]) for gpu in infos
-                if gpu.state == "ok" and gpu.gpu_index in latest
-                and latest[gpu.gpu_index].state is None and latest[gpu.gpu_index].ts_ms >= fresh_after]
+        rows = [
+            (gpu, latest[gpu.gpu_index])
+            for gpu in infos
+            if gpu.state == "ok"
+            and gpu.gpu_index in latest
+            and latest[gpu.gpu_index].state is None
+            and latest[gpu.gpu_index].ts_ms >= fresh_after
+        ]
         xids = {idx: xid for idx, xid, _ in conn.execute(_XID_SQL)}
-        gpu_labels = [[str(g.gpu_index), g.uuid or "", g.pci_bus_id or "", f"nvidia{g.gpu_index}",
-                       g.name or "", self.hostname] for g, _ in rows]
-        values = [dict(vars(sample), age_ms=now - sample.ts_ms)
-                  for _, sample in rows]
+        gpu_labels = [
+            [
+                str(g.gpu_index),
+                g.uuid or "",
+                g.pci_bus_id or "",
+                f"nvidia{g.gpu_index}",
+                g.name or "",
+                self.hostname,
+            ]
+            for g, _ in rows
+        ]
+        values = [dict(vars(sample), age_ms=now - sample.ts_ms) for _, sample in rows]
         families = []
         for name, column, scale, kind, doc in DCGM_FIELDS:
             fam = _family(name, doc, GPU_LABELS, kind)
@@ -221,10 +270,14 @@ class StoreCollector:
                 if v[column] is not None:
                     fam.add_metric(labels, v[column] * scale)
             families.append(fam)
-        reasons = _family("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bitmask).",
-                          GPU_LABELS)
-        throttled = _family("gpuwatch_gpu_throttled", "1 while power, thermal or a hardware slowdown "
-                            "holds the GPU's clocks down.", GPU_LABELS)
+        reasons = _family(
+            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bitmask).", GPU_LABELS
+        )
+        throttled = _family(
+            "gpuwatch_gpu_throttled",
+            "1 while power, thermal or a hardware slowdown holds the GPU's clocks down.",
+            GPU_LABELS,
+        )
         for labels, v in zip(gpu_labels, values):
             if v["throttle_reasons"] is not None:
                 reasons.add_metric(labels, v["throttle_reasons"])
@@ -239,16 +292,36 @@ class StoreCollector:
         """Every GPU the host ever had: 0 when lost, not responding or no longer sampled (the
         `reason` label says which), so an alert can fire."""
         ok = {gpu.gpu_index for gpu, _ in fresh}
-        up = _family("gpuwatch_gpu_up", "1 while the GPU answers and is sampled; 0 when it is lost, "
-                     "not responding (its NVML calls block) or not sampled lately: see `reason`.",
-                     GPU_LABELS + ("reason",))
+        up = _family(
+            "gpuwatch_gpu_up",
+            "1 while the GPU answers and is sampled; 0 when it is lost, "
+            "not responding (its NVML calls block) or not sampled lately: see `reason`.",
+            GPU_LABELS + ("reason",),
+        )
         for g in infos:
             s = latest.get(g.gpu_index)
             state = s.state if s is not None and g.state == "ok" else g.state
-            reason = ("" if g.gpu_index in ok else "lost" if state == "lost"
-                      else "not responding" if state == "hung" else "no recent sample")
-            up.add_metric([str(g.gpu_index), g.uuid or "", g.pci_bus_id or "", f"nvidia{g.gpu_index}",
-                           g.name or "", self.hostname, reason], 1 if g.gpu_index in ok else 0)
+            reason = (
+                ""
+                if g.gpu_index in ok
+                else "lost"
+                if state == "lost"
+                else "not responding"
+                if state == "hung"
+                else "no recent sample"
+            )
+            up.add_metric(
+                [
+                    str(g.gpu_index),
+                    g.uuid or "",
+                    g.pci_bus_id or "",
+                    f"nvidia{g.gpu_index}",
+                    g.name or "",
+                    self.hostname,
+                    reason,
+                ],
+                1 if g.gpu_index in ok else 0,
+            )
         return up
 
     def _users(self, conn: sqlite3.Connection, fresh: list) -> object:
@@ -261,28 +334,33 @@ class StoreCollector:
                 user = p.user or (f"uid {p.uid}" if p.uid is not None else "unknown")
                 per_gpu = held.setdefault(p.gpu_index, {})
                 per_gpu[user] = per_gpu.get(user, 0) + (p.used_mem_bytes or 0)
-        fam = _family("gpuwatch_gpu_user_memory_bytes", "GPU memory held by a user's processes.",
-                      USER_LABELS)
+        fam = _family("gpuwatch_gpu_user_memory_bytes", "GPU memory held by a user's processes.", USER_LABELS)
         for index, users in sorted(held.items()):
             ranked = sorted(users.items(), key=lambda kv: (-kv[1], kv[0]))
             if len(ranked) > MAX_USERS_PER_GPU:
-                keep = ranked[:MAX_USERS_PER_GPU - 1]
-                ranked = keep + [(OTHERS, sum(b for _, b in ranked[len(keep):]))]
+                keep = ranked[: MAX_USERS_PER_GPU - 1]
+                ranked = keep + [(OTHERS, sum(b for _, b in ranked[len(keep) :]))]
             for user, used in ranked:
                 fam.add_metric([str(index), uuids[index], self.hostname, user], used)
         return fam
 
     def _run_families(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> list:
         """Only running runs: finished ones would grow the series count without bound."""
-        tps = _family("gpuwatch_run_tokens_per_second", "Tokens per second of the run's last step.",
-                      RUN_LABELS)
-        peak = _family("gpuwatch_run_peak_memory_bytes", "Peak CUDA memory of the run so far.",
-                       RUN_LABELS)
+        tps = _family(
+            "gpuwatch_run_tokens_per_second", "Tokens per second of the run's last step.", RUN_LABELS
+        )
+        peak = _family("gpuwatch_run_peak_memory_bytes", "Peak CUDA memory of the run so far.", RUN_LABELS)
         step = _family("gpuwatch_run_step", "Last step the run reported.", RUN_LABELS)
         active: dict[str, tuple[list[str], int]] = {}
         for run_id, name, user, job_id, rank, started_ms in conn.execute(_RUNS_SQL).fetchall():
-            labels = [run_id, name or "", user or "", job_id or run_id, "" if rank is None else str(rank),
-                      self.hostname]
+            labels = [
+                run_id,
+                name or "",
+                user or "",
+                job_id or run_id,
+                "" if rank is None else str(rank),
+                self.hostname,
+            ]
             active[run_id] = labels, started_ms
             last = conn.execute(_LAST_STEP_SQL, (run_id,)).fetchone()
             if last is None:
@@ -300,21 +378,28 @@ class StoreCollector:
             counts.add_metric([status], n)
         return [tps, peak, step, counts, self._energy_family(conn, active, newest_gpu_ms)]
 
-    def _energy_family(self, conn: sqlite3.Connection, active: dict[str, tuple[list[str], int]],
-                       newest_gpu_ms: int | None) -> object:
+    def _energy_family(
+        self, conn: sqlite3.Connection, active: dict[str, tuple[list[str], int]], newest_gpu_ms: int | None
+    ) -> object:
         """Joules of each running run's share of its GPUs (store/energy.py), folded from the
         samples stored since the last scrape up to the newest GPU sample."""
         from prometheus_client.core import CounterMetricFamily
 
-        fam = CounterMetricFamily("gpuwatch_run_energy_joules",
-                                  "Energy of the run's share of its GPUs' time, from NVML's energy counter (J).",
-                                  labels=list(RUN_LABELS))
+        fam = CounterMetricFamily(
+            "gpuwatch_run_energy_joules",
+            "Energy of the run's share of its GPUs' time, from NVML's energy counter (J).",
+            labels=list(RUN_LABELS),
+        )
         if not active or newest_gpu_ms is None:
             return fam
         if self._energy is None and self._catch_up is None:
             since = min(started for _, started in active.values()) - PROCESS_TICK_SLACK_MS
-            self._catch_up = threading.Thread(target=self._fold_history, args=(since, newest_gpu_ms + 1),
-                                              name="gpuwatch-energy", daemon=True)
+            self._catch_up = threading.Thread(
+                target=self._fold_history,
+                args=(since, newest_gpu_ms + 1),
+                name="gpuwatch-energy",
+                daemon=True,
+            )
             self._catch_up.start()
         ledger = self._energy
         if ledger is None:
@@ -370,8 +455,9 @@ class StoreCollector:
         stats = conn.execute(f"SELECT * FROM daemon_stats {newest}", (upto,))
         families += _row_families(stats, DAEMON_FIELDS, now_ms() - self.stale_after_ms)
         size = _family("gpuwatch_database_size_bytes", "Database file plus its write-ahead log.", ())
-        size.add_metric([], sum(_file_size(self.db_path.with_name(self.db_path.name + suffix))
-                                for suffix in ("", "-wal")))
+        size.add_metric(
+            [], sum(_file_size(self.db_path.with_name(self.db_path.name + suffix)) for suffix in ("", "-wal"))
+        )
         families.append(size)
         return families
 
@@ -382,9 +468,12 @@ class StoreCollector:
         from gpuwatch.alerts import KINDS
 
         counts = dict.fromkeys(KINDS, 0)
-        counts.update(conn.execute("SELECT kind, count(*) FROM alerts GROUP BY kind"))  # (kind, incident) index
-        fam = CounterMetricFamily("gpuwatch_alerts", "Alerts written, one per incident, by kind.",
-                                  labels=["kind", "Hostname"])
+        counts.update(
+            conn.execute("SELECT kind, count(*) FROM alerts GROUP BY kind")
+        )  # (kind, incident) index
+        fam = CounterMetricFamily(
+            "gpuwatch_alerts", "Alerts written, one per incident, by kind.", labels=["kind", "Hostname"]
+        )
         for kind, n in counts.items():
             fam.add_metric([kind, self.hostname], n)
         return fam
@@ -392,11 +481,15 @@ class StoreCollector:
     def _last_sample(self, conn: sqlite3.Connection, newest_gpu_ms: int | None, upto: int) -> object:
         """When this host last stored a sample: with `up`, a fleet view says since when a host
         is unreachable or its daemon stopped sampling."""
-        host_ms = conn.execute("SELECT max(ts_ms) FROM host_samples WHERE ts_ms <= ?",
-                               (upto,)).fetchone()[0]  # one seek
+        host_ms = conn.execute("SELECT max(ts_ms) FROM host_samples WHERE ts_ms <= ?", (upto,)).fetchone()[
+            0
+        ]  # one seek
         newest = max((t for t in (newest_gpu_ms, host_ms) if t is not None), default=None)
-        fam = _family("gpuwatch_host_last_sample_timestamp_seconds",
-                      "Time of the newest sample this host stored (seconds since the epoch).", ("Hostname",))
+        fam = _family(
+            "gpuwatch_host_last_sample_timestamp_seconds",
+            "Time of the newest sample this host stored (seconds since the epoch).",
+            ("Hostname",),
+        )
         if newest is not None:
             fam.add_metric([self.hostname], newest / 1000)
         return fam
@@ -413,8 +506,7 @@ class StoreCollector:
         return families
 
 
-def _add_mig_series(conn: sqlite3.Connection, families: list,
-                    labels_by_gpu: dict[int, list[str]]) -> None:
+def _add_mig_series(conn: sqlite3.Connection, families: list, labels_by_gpu: dict[int, list[str]]) -> None:
     """A series per GPU instance of each GPU in labels_by_gpu (the fresh ones) on MIG_FIELDS'
     families. The compute instances of one GPU instance share its memory: its first one's is
     taken, and utilisation only when there is one (most drivers give none on MIG anyway)."""
@@ -432,8 +524,7 @@ def _add_mig_series(conn: sqlite3.Connection, families: list,
                 by_name[name].add_sample(name, labels, value * scale)
 
 
-def _prof_families(conn: sqlite3.Connection, labels_by_gpu: dict[int, list[str]],
-                   fresh_after: int) -> list:
+def _prof_families(conn: sqlite3.Connection, labels_by_gpu: dict[int, list[str]], fresh_after: int) -> list:
     """PROF_FIELDS' families: a series per fresh GPU with a recent GPM sample; none elsewhere
     (a GPU without GPM has no such series, as under dcgm-exporter)."""
     latest = queries.latest_gpu_prof_samples(conn, fresh_after)
@@ -503,8 +594,13 @@ class MetricsServer:
         self.collector.close()
 
 
-def start_metrics_server(listen: str, db_path, extra: Callable[[], Mapping[str, float]] | None = None,
-                         stale_after_s: float = 60.0, hostname: str | None = None) -> MetricsServer:
+def start_metrics_server(
+    listen: str,
+    db_path,
+    extra: Callable[[], Mapping[str, float]] | None = None,
+    stale_after_s: float = 60.0,
+    hostname: str | None = None,
+) -> MetricsServer:
     """Serve /metrics on `listen` from a background thread; close() stops it. `hostname` is the
     Hostname label (default: this machine's name)."""
     from prometheus_client import CollectorRegistry, start_http_server

@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import time
-
 from typing import TYPE_CHECKING
 
 from gpuwatch import protocol
@@ -49,8 +48,13 @@ def replay(f, conn: Connection, peer: Peer) -> dict:
             if len(events) >= protocol.MAX_EVENTS_PER_BATCH:
                 break
         if not events:
-            return {"complete": True, "stored": stored, "refused": refused, "first_refused": first_refused,
-                    "unreadable": unreadable}
+            return {
+                "complete": True,
+                "stored": stored,
+                "refused": refused,
+                "first_refused": first_refused,
+                "unreadable": unreadable,
+            }
         try:
             outcome = apply_events_committed(conn, events, peer)
         except StoreError as e:

@@ -59,8 +59,12 @@ class SpoolAdopter:
             self.dir.mkdir(parents=True, exist_ok=True)
             os.chmod(self.dir, spool.SYSTEM_DIR_MODE)
         except OSError as e:
-            log.warning("spool directory %s unusable (%s): clients keep their events in their own "
-                        "data directory and replay them themselves", self.dir, e.strerror or e)
+            log.warning(
+                "spool directory %s unusable (%s): clients keep their events in their own "
+                "data directory and replay them themselves",
+                self.dir,
+                e.strerror or e,
+            )
 
     def start(self) -> None:
         """Adopt now, then every interval, in a low-priority thread of its own."""
@@ -137,11 +141,25 @@ class SpoolAdopter:
         the file already opened and checked here; delete the file once all are stored."""
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "gpuwatch.daemon.replay", str(f.fileno()), str(self.writer.path),
-                 str(uid), user_name(uid), str(pid)],
-                pass_fds=(f.fileno(),), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "gpuwatch.daemon.replay",
+                    str(f.fileno()),
+                    str(self.writer.path),
+                    str(uid),
+                    user_name(uid),
+                    str(pid),
+                ],
+                pass_fds=(f.fileno(),),
+                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                text=True,
+            )
         except OSError as e:
-            log.warning("spool file %s: cannot start its replay (%s); tried again later", path, e.strerror or e)
+            log.warning(
+                "spool file %s: cannot start its replay (%s); tried again later", path, e.strerror or e
+            )
             return 0
         self._proc = proc
         out, _ = proc.communicate()
@@ -149,21 +167,38 @@ class SpoolAdopter:
         try:
             result = json.loads(out.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            log.warning("spool file %s: its replay ended with status %s; tried again later", path, proc.returncode)
+            log.warning(
+                "spool file %s: its replay ended with status %s; tried again later", path, proc.returncode
+            )
             return 0
         stored = result.get("stored", 0)
         if not result.get("complete"):
-            log.warning("spool file %s: stored %d events, then %s; the rest is tried again later", path, stored,
-                        result.get("error", "stopped"))
+            log.warning(
+                "spool file %s: stored %d events, then %s; the rest is tried again later",
+                path,
+                stored,
+                result.get("error", "stopped"),
+            )
             return stored  # the database cannot take them now: the file stays for the next scan
         try:
             path.unlink()
         except OSError as e:
             log.warning("spool file %s replayed but not removed (%s)", path, e.strerror or e)
         unreadable = result.get("unreadable", 0)
-        log.info("spool file %s of uid %d (pid %d, exited): %d events stored%s", path, uid, pid, stored,
-                 f", {unreadable} unreadable lines skipped" if unreadable else "")
+        log.info(
+            "spool file %s of uid %d (pid %d, exited): %d events stored%s",
+            path,
+            uid,
+            pid,
+            stored,
+            f", {unreadable} unreadable lines skipped" if unreadable else "",
+        )
         if result.get("refused"):
-            log.warning("spool file %s of uid %d: %d events refused, first: %s", path, uid,
-                        result["refused"], result.get("first_refused"))
+            log.warning(
+                "spool file %s of uid %d: %d events refused, first: %s",
+                path,
+                uid,
+                result["refused"],
+                result.get("first_refused"),
+            )
         return stored

@@ -25,16 +25,27 @@ log = logging.getLogger(__name__)
 def dump_row(run_id: str | None, pid: int, reason: str) -> dict:
     """Dump `pid`'s stacks now (blocking: call from a worker thread) as a stack_dumps row."""
     dump = pyspy.dump(pid, now_ms())
-    return {"run_id": run_id, "pid": pid, "ts_ms": dump.ts_ms, "reason": reason,
-            "stacks_json": None if dump.threads is None else json.dumps(dump.threads, separators=(",", ":")),
-            "error": dump.error}
+    return {
+        "run_id": run_id,
+        "pid": pid,
+        "ts_ms": dump.ts_ms,
+        "reason": reason,
+        "stacks_json": None if dump.threads is None else json.dumps(dump.threads, separators=(",", ":")),
+        "error": dump.error,
+    }
 
 
 class StallWatch:
     """Checks every `interval` seconds on the running asyncio loop; dumps in worker threads."""
 
-    def __init__(self, writer: Writer, cfg: Config, interval: float | None = None, host: str | None = None,
-                 on_stall: Callable[[Stalled, dict], object] | None = None):
+    def __init__(
+        self,
+        writer: Writer,
+        cfg: Config,
+        interval: float | None = None,
+        host: str | None = None,
+        on_stall: Callable[[Stalled, dict], object] | None = None,
+    ):
         """`on_stall(stalled, stack_dumps row)`: called once per episode, after its dump (the
         alert rules raise run.stalled with its frames)."""
         self.writer = writer
@@ -71,8 +82,11 @@ class StallWatch:
             stalled = find_stalled(conn, self.cfg, self.host, now_ms())
             loop.call_soon_threadsafe(lambda: found.done() or found.set_result(stalled))
 
-        if not self.writer.submit(job, lambda ok: ok or loop.call_soon_threadsafe(
-                lambda: found.done() or found.set_result([])), block=False):
+        if not self.writer.submit(
+            job,
+            lambda ok: ok or loop.call_soon_threadsafe(lambda: found.done() or found.set_result([])),
+            block=False,
+        ):
             return []
         stalled = await found
         # Forget runs that stepped again or ended: the map holds only current episodes.
@@ -82,8 +96,13 @@ class StallWatch:
             if self.dumped.get(s.run_id) == s.last_step_ms:
                 continue  # this episode already has its dump
             self.dumped[s.run_id] = s.last_step_ms
-            log.warning("run %s stalled: no step for %.0f s (threshold %.0f s); dumping pid %d",
-                        s.run_id, s.silent_s, s.threshold_s, s.pid)
+            log.warning(
+                "run %s stalled: no step for %.0f s (threshold %.0f s); dumping pid %d",
+                s.run_id,
+                s.silent_s,
+                s.threshold_s,
+                s.pid,
+            )
             row = await asyncio.to_thread(dump_row, s.run_id, s.pid, "stall")
             if not self.writer.insert("stack_dumps", [row], block=False):
                 log.warning("stall watch: write queue full; stacks of run %s not stored", s.run_id)

@@ -17,8 +17,14 @@ MIB = 1024 * 1024
 # A host that stopped answering stays listed this long after its last scrape (beyond it `up`
 # alone still lists it, named by its scrape address).
 HOST_LOOKBACK = "1d"
-GPU_VALUES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
-              "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "gpuwatch_gpu_throttled")
+GPU_VALUES = (
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "gpuwatch_gpu_throttled",
+)
 RUN_METRICS = ("gpuwatch_run_tokens_per_second", "gpuwatch_run_step", "gpuwatch_run_peak_memory_bytes")
 TARGET = "job, instance, Hostname"
 # `max by` keeps only the labels the screen uses: the answer is a third of the raw series' size,
@@ -37,10 +43,10 @@ JOB_QUERIES = HOST_QUERIES + ('{__name__=~"%s"}' % "|".join(RUN_METRICS),)
 
 @dataclass(frozen=True)
 class FleetHost:
-    name: str                              # the Hostname label, else the scrape address
+    name: str  # the Hostname label, else the scrape address
     instance: str
     up: bool
-    last_sample_s: float | None = None     # newest sample the host stored, as last scraped
+    last_sample_s: float | None = None  # newest sample the host stored, as last scraped
     gpus: int = 0
 
 
@@ -54,8 +60,8 @@ class FleetGpu:
     mem_total_bytes: int | None = None
     temp_c: float | None = None
     power_w: float | None = None
-    state: str = "ok"                      # ok | lost | throttled
-    users: tuple[tuple[str, int], ...] = ()   # (user, bytes held), most first
+    state: str = "ok"  # ok | lost | throttled
+    users: tuple[tuple[str, int], ...] = ()  # (user, bytes held), most first
 
     @property
     def mem_free_bytes(self) -> int | None:
@@ -98,7 +104,7 @@ class FleetJob:
 @dataclass(frozen=True)
 class Fleet:
     url: str
-    at_s: float                            # when Prometheus evaluated the queries
+    at_s: float  # when Prometheus evaluated the queries
     hosts: tuple[FleetHost, ...] = ()
     gpus: tuple[FleetGpu, ...] = ()
     jobs: tuple[FleetJob, ...] = ()
@@ -124,8 +130,9 @@ def read_fleet(prom: Prometheus, jobs: bool = False) -> Fleet:
         last, up, values, models, users = prom.query_many(list(GPU_QUERIES))
         gpu_series, run_series = values + models + users, []
     at_s = max((r["value"][0] for r in last + up), default=0.0)
-    names = {_target(r["metric"]): r["metric"].get("Hostname") or r["metric"].get("instance", "?")
-             for r in last}
+    names = {
+        _target(r["metric"]): r["metric"].get("Hostname") or r["metric"].get("instance", "?") for r in last
+    }
     last_sample = {_target(r["metric"]): r["value"][1] for r in last}
     known_jobs = {job for job, _ in names}
     # A target lives in a job that has had gpuwatch series; others (Prometheus itself,
@@ -163,14 +170,29 @@ def _gpus(series: list[dict], names: dict, targets: set) -> list[FleetGpu]:
     for (host, index), v in values.items():
         used, free = v.get("DCGM_FI_DEV_FB_USED"), v.get("DCGM_FI_DEV_FB_FREE")
         lost = v.get("gpuwatch_gpu_up") == 0
-        state = ("not responding" if lost and v.get("reason") == "not responding" else "lost" if lost
-                 else "throttled" if v.get("gpuwatch_gpu_throttled") == 1 else "ok")
-        gpus.append(FleetGpu(
-            host=host, index=int(index), model=v["model"], util_pct=v.get("DCGM_FI_DEV_GPU_UTIL"),
-            mem_used_bytes=None if used is None else round(used * MIB),
-            mem_total_bytes=None if used is None or free is None else round((used + free) * MIB),
-            temp_c=v.get("DCGM_FI_DEV_GPU_TEMP"), power_w=v.get("DCGM_FI_DEV_POWER_USAGE"),
-            state=state, users=tuple(sorted(v["users"], key=lambda u: (-u[1], u[0])))))
+        state = (
+            "not responding"
+            if lost and v.get("reason") == "not responding"
+            else "lost"
+            if lost
+            else "throttled"
+            if v.get("gpuwatch_gpu_throttled") == 1
+            else "ok"
+        )
+        gpus.append(
+            FleetGpu(
+                host=host,
+                index=int(index),
+                model=v["model"],
+                util_pct=v.get("DCGM_FI_DEV_GPU_UTIL"),
+                mem_used_bytes=None if used is None else round(used * MIB),
+                mem_total_bytes=None if used is None or free is None else round((used + free) * MIB),
+                temp_c=v.get("DCGM_FI_DEV_GPU_TEMP"),
+                power_w=v.get("DCGM_FI_DEV_POWER_USAGE"),
+                state=state,
+                users=tuple(sorted(v["users"], key=lambda u: (-u[1], u[0]))),
+            )
+        )
     gpus.sort(key=lambda g: (g.host, g.index))
     return gpus
 
@@ -188,11 +210,21 @@ def _jobs(series: list[dict], names: dict, targets: set) -> tuple[FleetJob, ...]
     for (host, run_id), v in ranks.items():
         m = v["labels"]
         step, peak = v.get("gpuwatch_run_step"), v.get("gpuwatch_run_peak_memory_bytes")
-        by_job.setdefault(m.get("job_id") or run_id, []).append(FleetRank(
-            host=host, rank=_int(m.get("rank")), run_id=run_id, name=m.get("name", ""),
-            user=m.get("user", ""), tokens_per_s=v.get("gpuwatch_run_tokens_per_second"),
-            step=None if step is None else int(step), peak_bytes=None if peak is None else int(peak)))
-    jobs = [FleetJob(job_id, tuple(sorted(rs, key=lambda r: (r.rank is None, r.rank or 0, r.host))))
-            for job_id, rs in by_job.items()]
+        by_job.setdefault(m.get("job_id") or run_id, []).append(
+            FleetRank(
+                host=host,
+                rank=_int(m.get("rank")),
+                run_id=run_id,
+                name=m.get("name", ""),
+                user=m.get("user", ""),
+                tokens_per_s=v.get("gpuwatch_run_tokens_per_second"),
+                step=None if step is None else int(step),
+                peak_bytes=None if peak is None else int(peak),
+            )
+        )
+    jobs = [
+        FleetJob(job_id, tuple(sorted(rs, key=lambda r: (r.rank is None, r.rank or 0, r.host))))
+        for job_id, rs in by_job.items()
+    ]
     jobs.sort(key=lambda j: (-j.tokens_per_s, j.job_id))
     return tuple(jobs)

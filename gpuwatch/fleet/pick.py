@@ -26,11 +26,11 @@ class NothingFits(Exception):
 
 @dataclass(frozen=True)
 class Candidate:
-    host: str | None                       # None: this machine
+    host: str | None  # None: this machine
     index: int
-    free_bytes: int | None                 # the least free memory seen in the window
-    util_pct: float | None                 # mean utilisation over the window
-    users: tuple[str, ...] = ()            # users whose processes held memory in the window
+    free_bytes: int | None  # the least free memory seen in the window
+    util_pct: float | None  # mean utilisation over the window
+    users: tuple[str, ...] = ()  # users whose processes held memory in the window
     lost: bool = False
 
     def misfit(self, mem_bytes: int, max_util: float, me: str) -> str | None:
@@ -46,8 +46,9 @@ class Candidate:
         return None
 
 
-def choose(candidates: list[Candidate], count: int, mem_bytes: int, max_util: float,
-           me: str) -> list[list[Candidate]]:
+def choose(
+    candidates: list[Candidate], count: int, mem_bytes: int, max_util: float, me: str
+) -> list[list[Candidate]]:
     """Groups of `count` fitting GPUs on one host each, the best host first (best GPUs first
     within a host). Raises NothingFits naming why each GPU was left out."""
     if not candidates:
@@ -66,27 +67,33 @@ def choose(candidates: list[Candidate], count: int, mem_bytes: int, max_util: fl
         why = ", ".join(f"{n} {reason}" for reason, n in sorted(misfits.items(), key=lambda kv: -kv[1]))
         short = [f"{host or 'this host'} has {len(gs)}" for host, gs in fitting.items()]
         where = f"; fitting: {', '.join(short)}" if short else ""
-        raise NothingFits(f"no {'host has ' + str(count) + ' GPUs that fit' if count > 1 else 'GPU fits'} "
-                          f"of {len(candidates)} seen ({why or 'none left out'}){where}")
+        raise NothingFits(
+            f"no {'host has ' + str(count) + ' GPUs that fit' if count > 1 else 'GPU fits'} "
+            f"of {len(candidates)} seen ({why or 'none left out'}){where}"
+        )
     groups.sort(key=lambda gs: (best(gs[-1])[:2], gs[0].host or ""))  # a host is as good as its worst pick
     return groups
 
 
 def local_candidates(conn: sqlite3.Connection, since_ms: int) -> list[Candidate]:
     """This machine's GPUs over the window starting at since_ms, from the store."""
-    return [Candidate(None, w.gpu_index, w.min_free_bytes, w.mean_util_pct, w.users, w.lost)
-            for w in gpu_windows(conn, since_ms)]
+    return [
+        Candidate(None, w.gpu_index, w.min_free_bytes, w.mean_util_pct, w.users, w.lost)
+        for w in gpu_windows(conn, since_ms)
+    ]
 
 
 def fleet_candidates(prom: Prometheus, window_s: int) -> list[Candidate]:
     """Every GPU gpuwatch exports to Prometheus, over the last window_s seconds."""
     w = f"{int(window_s)}s"
-    up, free, util, users = prom.query_many([
-        "gpuwatch_gpu_up",
-        f"min_over_time(DCGM_FI_DEV_FB_FREE[{w}])",
-        f"avg_over_time(DCGM_FI_DEV_GPU_UTIL[{w}])",
-        f"max_over_time(gpuwatch_gpu_user_memory_bytes[{w}])",
-    ])
+    up, free, util, users = prom.query_many(
+        [
+            "gpuwatch_gpu_up",
+            f"min_over_time(DCGM_FI_DEV_FB_FREE[{w}])",
+            f"avg_over_time(DCGM_FI_DEV_GPU_UTIL[{w}])",
+            f"max_over_time(gpuwatch_gpu_user_memory_bytes[{w}])",
+        ]
+    )
 
     def key(r: dict) -> tuple[str, str, str]:
         m = r["metric"]
@@ -101,6 +108,14 @@ def fleet_candidates(prom: Prometheus, window_s: int) -> list[Candidate]:
     for r in up:  # only GPUs of gpuwatch targets scraped now; a dcgm-exporter's are not ours
         k = key(r)
         mib = free_by.get(k)
-        out.append(Candidate(k[1] or k[0], int(k[2]), None if mib is None else round(mib * MIB),
-                             util_by.get(k), tuple(sorted(users_by.get(k, ()))), r["value"][1] == 0))
+        out.append(
+            Candidate(
+                k[1] or k[0],
+                int(k[2]),
+                None if mib is None else round(mib * MIB),
+                util_by.get(k),
+                tuple(sorted(users_by.get(k, ()))),
+                r["value"][1] == 0,
+            )
+        )
     return out

@@ -69,23 +69,30 @@ class Prometheus:
         except (urllib.error.URLError, OSError) as e:
             if isinstance(getattr(e, "reason", e), (socket.timeout, TimeoutError)):
                 raise PrometheusError(
-                    f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s") from None
+                    f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s"
+                ) from None
             raise PrometheusError(f"Prometheus at {self.url} is unreachable: {_reason(e)}") from None
         try:
             answer = json.loads(body)
             if answer.get("status") != "success":
-                raise PrometheusError(f"Prometheus at {self.url} refused {promql!r}: "
-                                      f"{answer.get('error') or answer.get('status')}")
+                raise PrometheusError(
+                    f"Prometheus at {self.url} refused {promql!r}: "
+                    f"{answer.get('error') or answer.get('status')}"
+                )
             data = answer["data"]
             if data["resultType"] != "vector":
                 raise TypeError(data["resultType"])
-            return [{"metric": r["metric"], "value": (float(r["value"][0]), float(r["value"][1]))}
-                    for r in data["result"]]
+            return [
+                {"metric": r["metric"], "value": (float(r["value"][0]), float(r["value"][1]))}
+                for r in data["result"]
+            ]
         except PrometheusError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError, IndexError):
-            raise PrometheusError(f"Prometheus at {self.url} sent an answer that is not a Prometheus "
-                                  "query result (is that URL Prometheus?)") from None
+            raise PrometheusError(
+                f"Prometheus at {self.url} sent an answer that is not a Prometheus "
+                "query result (is that URL Prometheus?)"
+            ) from None
 
 
 def _error_field(body: bytes) -> str | None:

@@ -145,8 +145,12 @@ class StepTally:
 
     def take(self) -> dict:
         """The step's fields for Run.step(), and a fresh tally for the next step."""
-        fields = {"tokens": self.tokens, "samples": self.samples or None, "seq_len": self.seq_len,
-                  "loss": self.loss()}
+        fields = {
+            "tokens": self.tokens,
+            "samples": self.samples or None,
+            "seq_len": self.seq_len,
+            "loss": self.loss(),
+        }
         self.reset()
         return fields
 
@@ -171,8 +175,13 @@ def sequence_first(model) -> bool:
 
 _HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "nhead")
 # Hugging Face's attention implementations, as the OOM advice names them ("naive": B·H·L² scores).
-_ATTN = {"eager": "naive", "sdpa": "sdpa", "flash_attention_2": "flash", "flash_attention_3": "flash",
-         "flex_attention": "flex"}
+_ATTN = {
+    "eager": "naive",
+    "sdpa": "sdpa",
+    "flash_attention_2": "flash",
+    "flash_attention_3": "flash",
+    "flex_attention": "flex",
+}
 
 
 def model_shape(model, ids=None, mask=None) -> dict:
@@ -185,7 +194,9 @@ def model_shape(model, ids=None, mask=None) -> dict:
     config = getattr(model, "config", None)
     heads = next((getattr(config, k) for k in _HEADS if isinstance(getattr(config, k, None), int)), None)
     if heads is None:
-        heads = next((m.num_heads for m in model.modules() if isinstance(getattr(m, "num_heads", None), int)), None)
+        heads = next(
+            (m.num_heads for m in model.modules() if isinstance(getattr(m, "num_heads", None), int)), None
+        )
     if heads:
         shape["heads"] = heads
     attn = _ATTN.get(str(getattr(config, "_attn_implementation", None)))
@@ -242,5 +253,6 @@ def flops_per_token(model, config: Mapping | None = None):
     if not layers or not width:
         return lambda seq_len: 6.0 * n_params
     vocab = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else 1  # N is given
-    return lambda seq_len: transformer_flops_per_token(layers, width, seq_len, vocab, n_params=n_params,
-                                                       training=True)
+    return lambda seq_len: transformer_flops_per_token(
+        layers, width, seq_len, vocab, n_params=n_params, training=True
+    )

@@ -32,8 +32,16 @@ import time
 import weakref
 
 from gpuwatch.client import run as run_mod
-from gpuwatch.integrations.accounting import (StepTally, count_forward, find_tokens, flops_per_token,
-                                               model_shape, plain_config, precision_of, sequence_first)
+from gpuwatch.integrations.accounting import (
+    StepTally,
+    count_forward,
+    find_tokens,
+    flops_per_token,
+    model_shape,
+    plain_config,
+    precision_of,
+    sequence_first,
+)
 from gpuwatch.integrations.iteration import OptimizerCycle, StepSplit, name_optimizers
 
 # "0" (or false/no/off): the bootstrap leaves the program alone; `gpuwatch run --no-instrument`.
@@ -127,8 +135,12 @@ class AutoInstrument:
         pre = nn_module.register_module_forward_pre_hook(self._enter)
         post = nn_module.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True)
         self._pre_id, self._post_id = pre.id, post.id
-        self._handles = [pre, post, optim_module.register_optimizer_step_post_hook(self._on_optimizer_step),
-                         optim_module.register_optimizer_step_pre_hook(self._before_optimizer_step)]
+        self._handles = [
+            pre,
+            post,
+            optim_module.register_optimizer_step_post_hook(self._on_optimizer_step),
+            optim_module.register_optimizer_step_pre_hook(self._before_optimizer_step),
+        ]
         self._patch(nn_module, "_has_any_global_hook", self._wrap_has_any_global_hook)
         self._patch(optim_module.Optimizer, "__init__", self._wrap_optimizer_init)
         self._patch(self.torch, "save", self._wrap_save)
@@ -159,9 +171,12 @@ class AutoInstrument:
             setattr(owner, name, original)
         self._patched = []
         if error is not None:
-            print(f"gpuwatch: automatic instrumentation switched off after an error in its hooks "
-                  f"({type(error).__name__}: {error}); the program continues untouched",
-                  file=sys.stderr, flush=True)
+            print(
+                f"gpuwatch: automatic instrumentation switched off after an error in its hooks "
+                f"({type(error).__name__}: {error}); the program continues untouched",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _ours(self) -> bool:
         """False in a forked child, after switch-off, or once the script tracks itself."""
@@ -199,13 +214,24 @@ class AutoInstrument:
                 config.update(model_shape(inner, *find_tokens(args, kwargs)))
                 params = list(inner.parameters())
             # Every trained module counts (a GAN's D and G): the optimisers made so far hold them.
-            params = list({id(p): p for p in (*params, *(p for opt in list(self._optimizers)
-                                                        for g in opt.param_groups for p in g["params"]))}.values())
+            params = list(
+                {
+                    id(p): p
+                    for p in (
+                        *params,
+                        *(p for opt in list(self._optimizers) for g in opt.param_groups for p in g["params"]),
+                    )
+                }.values()
+            )
             precision = _precision(self.torch, params[0] if params else None)
             config.setdefault("precision", precision)  # what the OOM advice weighs activations in
             config.setdefault("n_params", _n_params(params))
-            self.run = run_mod.start_run(name=self.name, config=config, precision=precision,
-                                         flops_per_token=lambda seq_len: self._fpt and self._fpt(seq_len))
+            self.run = run_mod.start_run(
+                name=self.name,
+                config=config,
+                precision=precision,
+                flops_per_token=lambda seq_len: self._fpt and self._fpt(seq_len),
+            )
             self.split.restart()  # the first step is timed from here, as the run times it
         return self.run
 
@@ -285,13 +311,17 @@ class AutoInstrument:
                     if self._framework_run is not None:  # its first forward: before an OOM in it
                         run, self._framework_run = self._framework_run, None
                         inner = getattr(module, "_orig_mod", module)
-                        run.note_shape(**model_shape(inner, *find_tokens(args, kwargs)),
-                                       precision=_precision(self.torch, next(inner.parameters(), None)))
+                        run.note_shape(
+                            **model_shape(inner, *find_tokens(args, kwargs)),
+                            precision=_precision(self.torch, next(inner.parameters(), None)),
+                        )
                     if tally is not None:
                         count_forward(tally, args, kwargs, output)
                 return
             if self.model is None:
-                _, tally, seq_first = self._candidates.get(id(module)) or self._candidate(module, args, kwargs)
+                _, tally, seq_first = self._candidates.get(id(module)) or self._candidate(
+                    module, args, kwargs
+                )
             elif module is self.model:
                 tally, seq_first = self.tally, self._seq_first
             else:
@@ -321,8 +351,11 @@ class AutoInstrument:
         program goes on to a backward or an optimiser step, take our one-shot hook off it."""
         module, self._open = self._open, None
         if module is not None:
-            for table in (module._forward_hooks, module._forward_hooks_with_kwargs,
-                          module._forward_hooks_always_called):
+            for table in (
+                module._forward_hooks,
+                module._forward_hooks_with_kwargs,
+                module._forward_hooks_always_called,
+            ):
                 table.pop(self._post_id, None)
             self._restore_globals()
 
@@ -340,8 +373,12 @@ class AutoInstrument:
 
         def has_any_global_hook_but_ours():
             ours = {self._pre_id, self._post_id}
-            return bool(nn._global_backward_pre_hooks or nn._global_backward_hooks
-                        or set(nn._global_forward_pre_hooks) - ours or set(nn._global_forward_hooks) - ours)
+            return bool(
+                nn._global_backward_pre_hooks
+                or nn._global_backward_hooks
+                or set(nn._global_forward_pre_hooks) - ours
+                or set(nn._global_forward_hooks) - ours
+            )
 
         return has_any_global_hook_but_ours
 
@@ -353,6 +390,7 @@ class AutoInstrument:
         frame. At the first torch.compile (which imports dynamo: a program that never compiles
         never pays for that import) they are put behind torch.compiler.disable, which runs them
         eagerly, as if no compiler were there."""
+
         def recorded_torch_compile(*args, **kwargs):
             compiled = compile_(*args, **kwargs)
             if not self._out_of_dynamo and not self._off:
@@ -373,8 +411,10 @@ class AutoInstrument:
                 setattr(owner, name, disable(getattr(owner, name)))
         from torch.optim import optimizer as optim_module
 
-        for hooks, handle in ((optim_module._global_optimizer_post_hooks, self._handles[2]),
-                              (optim_module._global_optimizer_pre_hooks, self._handles[3])):
+        for hooks, handle in (
+            (optim_module._global_optimizer_post_hooks, self._handles[2]),
+            (optim_module._global_optimizer_pre_hooks, self._handles[3]),
+        ):
             hooks[handle.id] = disable(hooks[handle.id])
         # The module hooks stay inlinable (traced, they are no-ops: see _enter), so a step compiled
         # whole keeps its one graph; where dynamo meets them as frames of their own (the module
@@ -446,8 +486,11 @@ class AutoInstrument:
                     tally.add_root(loss)
         if self._optimizer_made is None:
             self._optimizer_made = _any_optimizer_made(self.torch)
-        if not self._optimizer_made and (self.model is not None or self._choose_model()) \
-                and self.tally.forwards:
+        if (
+            not self._optimizer_made
+            and (self.model is not None or self._choose_model())
+            and self.tally.forwards
+        ):
             self.run.step(**self.tally.take(), split=self.split.take())
 
     def _unscaled(self, root):
@@ -485,11 +528,20 @@ class AutoInstrument:
     def _expected(self) -> bool:
         """Whether an optimiser over a module trained so far has not stepped yet (the first
         iteration of D, G goes on after D's step)."""
-        trained = {id(p) for ref in (*self._trained, lambda: self.model) if ref() is not None
-                   for p in ref().parameters()}
+        trained = {
+            id(p)
+            for ref in (*self._trained, lambda: self.model)
+            if ref() is not None
+            for p in ref().parameters()
+        }
         stepped = set(self._cycle.order)
-        return any(id(p) in trained for opt in list(self._optimizers) if id(opt) not in stepped
-                   for group in opt.param_groups for p in group["params"])
+        return any(
+            id(p) in trained
+            for opt in list(self._optimizers)
+            if id(opt) not in stepped
+            for group in opt.param_groups
+            for p in group["params"]
+        )
 
     def _name_optimizers(self, optimizer) -> None:
         """Name each optimiser of the cycle after the module it trains (see name_optimizers)."""
@@ -636,6 +688,7 @@ class AutoInstrument:
 
     def _wrap_save(self, save):
         """torch.save between steps: checkpoint time, apart from compute and data."""
+
         def timed_save(*args, **kwargs):
             if get_ident() != self._thread or not self._ours() or not self.split.aside_begin():
                 return save(*args, **kwargs)
@@ -665,8 +718,10 @@ class AutoInstrument:
                 if hasattr(prompt, "shape") and hasattr(sequences, "shape"):
                     new = (sequences.shape[-1] - prompt.shape[-1]) * sequences.shape[0]
                     self.ensure_run(model).generation(
-                        prompt_tokens=prompt.numel(), new_tokens=new,
-                        total_ms=(time.perf_counter() - started) * 1000.0)
+                        prompt_tokens=prompt.numel(),
+                        new_tokens=new,
+                        total_ms=(time.perf_counter() - started) * 1000.0,
+                    )
             except Exception as e:  # noqa: BLE001
                 self.switch_off(e)
             return output
@@ -681,7 +736,9 @@ def _n_params(params) -> int:
 
 
 def _is_scalar(value) -> bool:
-    return getattr(value, "ndim", None) == 0 and getattr(getattr(value, "dtype", None), "is_floating_point", False)
+    return getattr(value, "ndim", None) == 0 and getattr(
+        getattr(value, "dtype", None), "is_floating_point", False
+    )
 
 
 def _first_grad_fn(output):

@@ -30,8 +30,11 @@ _watch: "_IdleWatch | None" = None
 _mirrors: list = []  # the TensorBoard mirror of this process's runs, once asked for
 
 
-def autolog(name: str | None = None, idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
-            tensorboard: str | None = None) -> None:
+def autolog(
+    name: str | None = None,
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
+    tensorboard: str | None = None,
+) -> None:
     """Record this interpreter's training as gpuwatch runs, with no other change to the code.
 
     name: the runs' name (default: the notebook's file name under Jupyter, else "notebook" in a
@@ -60,8 +63,11 @@ def autolog(name: str | None = None, idle_timeout: float | None = DEFAULT_IDLE_T
         if tensorboard and not _mirrors:
             from gpuwatch.client.tensorboard import start_mirror
 
-            _mirrors.append(start_mirror(tensorboard, since_ms=time.time_ns() // 1_000_000,
-                                         watch_pid=os.getpid(), pid=os.getpid()))
+            _mirrors.append(
+                start_mirror(
+                    tensorboard, since_ms=time.time_ns() // 1_000_000, watch_pid=os.getpid(), pid=os.getpid()
+                )
+            )
         if idle_timeout is not None:
             _watch = _IdleWatch(float(idle_timeout), hooks.name)
 

@@ -14,8 +14,14 @@ from transformers import TrainerCallback
 
 from gpuwatch.client.run import start_run
 from gpuwatch.integrations import autohook
-from gpuwatch.integrations.accounting import (StepTally, count_forward, find_tokens, flops_per_token, model_shape,
-                                               plain_config)
+from gpuwatch.integrations.accounting import (
+    StepTally,
+    count_forward,
+    find_tokens,
+    flops_per_token,
+    model_shape,
+    plain_config,
+)
 
 
 class GpuwatchCallback(TrainerCallback):
@@ -30,8 +36,12 @@ class GpuwatchCallback(TrainerCallback):
         if self.run is not None:
             return
         config = {"training_args": plain_config(args), "model": plain_config(getattr(model, "config", None))}
-        self.run = start_run(name=self.name or args.run_name, config=config, flops_per_token=flops_per_token(model),
-                             precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
+        self.run = start_run(
+            name=self.name or args.run_name,
+            config=config,
+            flops_per_token=flops_per_token(model),
+            precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+        )
         hooks = autohook.active()
         if hooks is not None:
             hooks.stand_aside(model, self._tally, self.run)  # (which tells the run the first forward's shape)

@@ -55,8 +55,11 @@ class OptimizerCycle:
 
     def take(self) -> dict[str, Any]:
         """The ended iteration's loss of each optimiser that had one, by name, in cycle order."""
-        losses = {self.names.get(key) or f"opt{i}": self._losses[key]
-                  for i, key in enumerate(self.order) if key in self._losses}
+        losses = {
+            self.names.get(key) or f"opt{i}": self._losses[key]
+            for i, key in enumerate(self.order)
+            if key in self._losses
+        }
         self._open.clear()
         self._losses.clear()
         return losses
@@ -91,8 +94,7 @@ def name_optimizers(optimizers: Iterable, module_of: Callable[[Any], Any]) -> di
     """id -> name for each optimiser: the program's name for the module it trains when that names
     it alone (netD, netG), else the optimiser's own name (two over one model), else optN."""
     optimizers = list(optimizers)
-    by_module = [program_name(module_of(opt)) if module_of(opt) is not None else None
-                 for opt in optimizers]
+    by_module = [program_name(module_of(opt)) if module_of(opt) is not None else None for opt in optimizers]
     names: dict[int, str] = {}
     for i, (opt, name) in enumerate(zip(optimizers, by_module)):
         if name is None or by_module.count(name) > 1:
@@ -149,8 +151,10 @@ class StepSplit:
             aside, loader_aside = self._aside[1] - self._aside[0], self._aside[3] - self._aside[2]
         fields: dict[str, float] = {}
         if total > 0:
+
             def share(seconds: float) -> float:
                 return min(100.0, max(0.0, 100.0 * seconds / total))
+
             if self.loader_seen:
                 fields["data_wait_pct"] = share(self._loader - loader_aside)
             fields["eval_pct"] = share(aside)

@@ -12,8 +12,14 @@ import lightning.pytorch as pl
 
 from gpuwatch.client.run import start_run
 from gpuwatch.integrations import autohook
-from gpuwatch.integrations.accounting import (StepTally, find_tokens, flops_per_token, model_shape, plain_config,
-                                               precision_of)
+from gpuwatch.integrations.accounting import (
+    StepTally,
+    find_tokens,
+    flops_per_token,
+    model_shape,
+    plain_config,
+    precision_of,
+)
 
 
 class GpuwatchCallback(pl.Callback):
@@ -25,11 +31,19 @@ class GpuwatchCallback(pl.Callback):
         self._shaped = False  # the first batch's shape went to the run (for an OOM postmortem)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        config = dict(plain_config(pl_module.hparams) or {}, max_steps=trainer.max_steps,
-                      accumulate_grad_batches=trainer.accumulate_grad_batches,
-                      precision=str(trainer.precision), world_size=trainer.world_size)
-        self.run = start_run(name=self.name, config=config, flops_per_token=flops_per_token(pl_module),
-                             precision=precision_of(trainer.precision))
+        config = dict(
+            plain_config(pl_module.hparams) or {},
+            max_steps=trainer.max_steps,
+            accumulate_grad_batches=trainer.accumulate_grad_batches,
+            precision=str(trainer.precision),
+            world_size=trainer.world_size,
+        )
+        self.run = start_run(
+            name=self.name,
+            config=config,
+            flops_per_token=flops_per_token(pl_module),
+            precision=precision_of(trainer.precision),
+        )
         self._global_step = trainer.global_step
         if autohook.active() is not None:
             autohook.active().stand_aside(pl_module)
@@ -42,8 +56,9 @@ class GpuwatchCallback(pl.Callback):
             autohook.active().split.compute_began()
         if not self._shaped:  # before the first forward: an OOM in it gets the full advice
             self._shaped = True
-            self.run.note_shape(**model_shape(pl_module, find_tokens((batch,))[0]),
-                                precision=precision_of(trainer.precision))
+            self.run.note_shape(
+                **model_shape(pl_module, find_tokens((batch,))[0]), precision=precision_of(trainer.precision)
+            )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.run is None:
@@ -51,8 +66,9 @@ class GpuwatchCallback(pl.Callback):
         ids, mask = find_tokens((batch,))
         self._tally.add(ids, mask)
         # Lightning divides the returned loss by accumulate_grad_batches: the step's loss is their sum.
-        self._tally.add_loss(outputs.get("loss") if isinstance(outputs, dict) else outputs,
-                             normalised_over_step=True)
+        self._tally.add_loss(
+            outputs.get("loss") if isinstance(outputs, dict) else outputs, normalised_over_step=True
+        )
         if trainer.global_step != self._global_step:  # an optimiser step ended this batch
             self._global_step = trainer.global_step
             hooks = autohook.active()

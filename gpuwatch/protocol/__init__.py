@@ -39,7 +39,7 @@ MAX_FRAME_BYTES = 4 * 1024 * 1024
 MAX_EVENTS_PER_BATCH = 1000
 MAX_ID_CHARS = 128
 MAX_DEPTH = 32  # nesting of an object field (config, stats, payload): deeper is refused
-INT64 = (-2**63, 2**63 - 1)  # what SQLite stores as an integer
+INT64 = (-(2**63), 2**63 - 1)  # what SQLite stores as an integer
 MAX_TS_MS = 253_402_300_799_999  # 9999-12-31: times stay far from overflow in arithmetic
 
 # Every error code a reply may carry, and what it means. Framing errors (too_large, truncated,
@@ -78,6 +78,7 @@ class ProtocolError(ValueError):
 
 # --- field specs -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Spec:
     """What one field may hold: `check(value)` is True when it is acceptable.
@@ -114,9 +115,12 @@ def _depth_within(value: Any, limit: int) -> bool:
     """True if lists/objects inside `value` nest at most `limit` deep (iterative: no recursion)."""
     level = [value]
     for _ in range(limit + 1):
-        level = [child for item in level
-                 for child in (item.values() if type(item) is dict else item if type(item) is list else ())
-                 if type(child) in (dict, list)]
+        level = [
+            child
+            for item in level
+            for child in (item.values() if type(item) is dict else item if type(item) is list else ())
+            if type(child) in (dict, list)
+        ]
         if not level:
             return True
     return False
@@ -129,9 +133,12 @@ _STR, _INT, _DICT, _NUMBERS = {str}, {int}, {dict}, set(_NUMBER)
 
 
 def text(max_chars: int = 65536, required: bool = False) -> Spec:
-    return Spec(f"string of at most {max_chars} characters",
-                lambda v: type(v) is str and len(v) <= max_chars, required,
-                lambda vs, types: types == _STR and max(set(map(len, vs))) <= max_chars)
+    return Spec(
+        f"string of at most {max_chars} characters",
+        lambda v: type(v) is str and len(v) <= max_chars,
+        required,
+        lambda vs, types: types == _STR and max(set(map(len, vs))) <= max_chars,
+    )
 
 
 def _lengths_within(values: list[Any], shortest: int, longest: int) -> bool:
@@ -140,17 +147,29 @@ def _lengths_within(values: list[Any], shortest: int, longest: int) -> bool:
 
 
 def ident(required: bool = True) -> Spec:
-    return Spec(f"non-empty string of at most {MAX_ID_CHARS} characters",
-                lambda v: type(v) is str and 0 < len(v) <= MAX_ID_CHARS, required,
-                lambda vs, types: types == _STR and _lengths_within(vs, 1, MAX_ID_CHARS))
+    return Spec(
+        f"non-empty string of at most {MAX_ID_CHARS} characters",
+        lambda v: type(v) is str and 0 < len(v) <= MAX_ID_CHARS,
+        required,
+        lambda vs, types: types == _STR and _lengths_within(vs, 1, MAX_ID_CHARS),
+    )
 
 
 def integer(minimum: int | None = None, required: bool = False, maximum: int = INT64[1]) -> Spec:
     low, high = (INT64[0] if minimum is None else minimum), maximum
-    expected = ("64-bit integer" if minimum is None else f"integer >= {minimum}"
-                if maximum == INT64[1] else f"integer from {minimum} to {maximum}")
-    return Spec(expected, lambda v: type(v) is int and low <= v <= high, required,
-                lambda vs, types: types == _INT and low <= min(vs) and max(vs) <= high)
+    expected = (
+        "64-bit integer"
+        if minimum is None
+        else f"integer >= {minimum}"
+        if maximum == INT64[1]
+        else f"integer from {minimum} to {maximum}"
+    )
+    return Spec(
+        expected,
+        lambda v: type(v) is int and low <= v <= high,
+        required,
+        lambda vs, types: types == _INT and low <= min(vs) and max(vs) <= high,
+    )
 
 
 def _ints_fit(values: list[float], types: set[Any]) -> bool:
@@ -168,56 +187,82 @@ def _number_fits(v: Any) -> bool:
 
 def number(minimum: float | None = None, required: bool = False) -> Spec:
     if minimum is None:
-        return Spec("number", _number_fits, required,
-                    lambda vs, types: types <= _NUMBERS and _ints_fit(vs, types))
+        return Spec(
+            "number", _number_fits, required, lambda vs, types: types <= _NUMBERS and _ints_fit(vs, types)
+        )
     below = float(minimum).__gt__  # float vs int or float: no NotImplemented; NaN is not below
-    return Spec(f"number >= {minimum:g}",
-                lambda v: _number_fits(v) and not v < minimum, required,  # NaN passes
-                lambda vs, types: types <= _NUMBERS and _ints_fit(vs, types) and not any(map(below, vs)))
+    return Spec(
+        f"number >= {minimum:g}",
+        lambda v: _number_fits(v) and not v < minimum,
+        required,  # NaN passes
+        lambda vs, types: types <= _NUMBERS and _ints_fit(vs, types) and not any(map(below, vs)),
+    )
 
 
 def percent(required: bool = False) -> Spec:
     """A share from 0 to 100; NaN is refused (a share that cannot be computed is sent as null)."""
+
     def fits(v: Any) -> bool:
         return type(v) in _NUMBER and 0 <= v <= 100  # NaN compares false: refused
-    return Spec("number from 0 to 100", fits, required,
-                lambda vs, types: types <= _NUMBERS and all(map(fits, vs)))
+
+    return Spec(
+        "number from 0 to 100", fits, required, lambda vs, types: types <= _NUMBERS and all(map(fits, vs))
+    )
 
 
 def obj(required: bool = False) -> Spec:
-    return Spec(f"JSON object nested at most {MAX_DEPTH} deep",
-                lambda v: type(v) is dict and _depth_within(v, MAX_DEPTH), required,
-                lambda vs, types: types == _DICT and _depth_within(list(vs), MAX_DEPTH + 1))
+    return Spec(
+        f"JSON object nested at most {MAX_DEPTH} deep",
+        lambda v: type(v) is dict and _depth_within(v, MAX_DEPTH),
+        required,
+        lambda vs, types: types == _DICT and _depth_within(list(vs), MAX_DEPTH + 1),
+    )
 
 
 def list_of_text(required: bool = False) -> Spec:
-    return Spec("list of strings", lambda v: type(v) is list and all(type(x) is str for x in v),
-                required)
+    return Spec("list of strings", lambda v: type(v) is list and all(type(x) is str for x in v), required)
 
 
 def list_of_obj(max_items: int = 1000, required: bool = False) -> Spec:
-    return Spec(f"list of at most {max_items} JSON objects nested at most {MAX_DEPTH} deep",
-                lambda v: (type(v) is list and len(v) <= max_items and all(type(x) is dict for x in v)
-                           and _depth_within(v, MAX_DEPTH)), required)
+    return Spec(
+        f"list of at most {max_items} JSON objects nested at most {MAX_DEPTH} deep",
+        lambda v: (
+            type(v) is list
+            and len(v) <= max_items
+            and all(type(x) is dict for x in v)
+            and _depth_within(v, MAX_DEPTH)
+        ),
+        required,
+    )
 
 
 MAX_LOSSES = 16
 
 
 def _losses_ok(v: object) -> bool:
-    return (type(v) is dict and len(v) <= MAX_LOSSES
-            and all(type(k) is str and 0 < len(k) <= 128 and type(x) in _NUMBER and _number_fits(x)
-                    and x - x == 0 for k, x in v.items()))  # x - x == 0: finite (NaN, inf fail)
+    return (
+        type(v) is dict
+        and len(v) <= MAX_LOSSES
+        and all(
+            type(k) is str and 0 < len(k) <= 128 and type(x) in _NUMBER and _number_fits(x) and x - x == 0
+            for k, x in v.items()
+        )
+    )  # x - x == 0: finite (NaN, inf fail)
 
 
 def losses(required: bool = False) -> Spec:
-    return Spec(f"object of at most {MAX_LOSSES} names (1-128 characters) to finite numbers",
-                _losses_ok, required)
+    return Spec(
+        f"object of at most {MAX_LOSSES} names (1-128 characters) to finite numbers", _losses_ok, required
+    )
 
 
 def one_of(choices: tuple[str, ...], required: bool = False) -> Spec:
-    return Spec(f"one of {', '.join(choices)}", lambda v: v in choices, required,
-                lambda vs, types: all(map(choices.__contains__, vs)))
+    return Spec(
+        f"one of {', '.join(choices)}",
+        lambda v: v in choices,
+        required,
+        lambda vs, types: all(map(choices.__contains__, vs)),
+    )
 
 
 COMMON_FIELDS: dict[str, Spec] = {
@@ -231,64 +276,113 @@ COMMON_FIELDS: dict[str, Spec] = {
 # object fields, stored as <name>_json, and run_event's event_kind (the envelope owns "kind").
 EVENT_KINDS: dict[str, dict[str, Spec]] = {
     "run_start": {
-        "name": text(512), "job_id": text(256), "config": obj(), "command": text(),
-        "cwd": text(4096), "git_commit": text(64), "host": text(256),
-        "torch_version": text(64), "cuda_version": text(64),
+        "name": text(512),
+        "job_id": text(256),
+        "config": obj(),
+        "command": text(),
+        "cwd": text(4096),
+        "git_commit": text(64),
+        "host": text(256),
+        "torch_version": text(64),
+        "cuda_version": text(64),
         "gpu_uuids": text(4096),
-        "rank": integer(0), "local_rank": integer(0), "world_size": integer(1),
-        "slurm_job_id": text(64), "parent_run_id": text(MAX_ID_CHARS),
+        "rank": integer(0),
+        "local_rank": integer(0),
+        "world_size": integer(1),
+        "slurm_job_id": text(64),
+        "parent_run_id": text(MAX_ID_CHARS),
         "flops_per_token": number(0),
     },
     "step": {
         "step": integer(0, required=True),
-        "tokens": integer(0), "samples": integer(0), "seq_len": integer(0),
-        "loss": number(), "step_time_ms": number(0), "tokens_per_s": number(0), "mfu": number(0),
+        "tokens": integer(0),
+        "samples": integer(0),
+        "seq_len": integer(0),
+        "loss": number(),
+        "step_time_ms": number(0),
+        "tokens_per_s": number(0),
+        "mfu": number(0),
         "data_wait_pct": percent(),
-        "mem_allocated_bytes": integer(0), "mem_reserved_bytes": integer(0),
-        "mem_peak_bytes": integer(0), "rss_bytes": integer(0),
+        "mem_allocated_bytes": integer(0),
+        "mem_reserved_bytes": integer(0),
+        "mem_peak_bytes": integer(0),
+        "rss_bytes": integer(0),
         # A folded event (steps faster than the transport's budget): it stands for n_steps
         # steps ending at `step`; tokens and samples are sums, loss and step time means.
-        "n_steps": integer(1), "step_time_min_ms": number(0), "step_time_max_ms": number(0),
+        "n_steps": integer(1),
+        "step_time_min_ms": number(0),
+        "step_time_max_ms": number(0),
         "losses": losses(),  # per-optimiser loss (a fold: each one's mean)
         # the zero-code hooks' split of the step, and a closure optimiser's evaluations
-        "compute_pct": percent(), "eval_pct": percent(), "closure_evals": integer(0),
+        "compute_pct": percent(),
+        "eval_pct": percent(),
+        "closure_evals": integer(0),
     },
     "generation": {
         "gen_id": integer(0, required=True),
-        "prompt_tokens": integer(0), "new_tokens": integer(0),
-        "ttft_ms": number(0), "itl_p50_ms": number(0), "itl_p90_ms": number(0),
-        "tokens_per_s": number(0), "mem_peak_bytes": integer(0), "rss_bytes": integer(0),
+        "prompt_tokens": integer(0),
+        "new_tokens": integer(0),
+        "ttft_ms": number(0),
+        "itl_p50_ms": number(0),
+        "itl_p90_ms": number(0),
+        "tokens_per_s": number(0),
+        "mem_peak_bytes": integer(0),
+        "rss_bytes": integer(0),
     },
     "memory_stats": {
-        "step": integer(0, required=True), "device": integer(0),
-        "num_alloc_retries": integer(0), "num_ooms": integer(0),
-        "inactive_split_bytes": integer(0), "stats": obj(),
+        "step": integer(0, required=True),
+        "device": integer(0),
+        "num_alloc_retries": integer(0),
+        "num_ooms": integer(0),
+        "inactive_split_bytes": integer(0),
+        "stats": obj(),
     },
     "run_end": {
         "status": one_of(RUN_END_STATUSES, required=True),
-        "exit_code": integer(), "signal": integer(0),
-        "error_type": text(256), "error_message": text(),
+        "exit_code": integer(),
+        "signal": integer(0),
+        "error_type": text(256),
+        "error_message": text(),
     },
     "run_event": {
-        "seq": integer(0, required=True), "event_kind": ident(), "payload": obj(),
+        "seq": integer(0, required=True),
+        "event_kind": ident(),
+        "payload": obj(),
     },
     # oom_kind is the table's `kind` column (the envelope owns "kind"); lists are stored as JSON.
     "oom_postmortem": {
-        "oom_kind": one_of(("gpu", "host"), required=True), "device": integer(0),
-        "requested_bytes": integer(0), "total_bytes": integer(0), "free_bytes": integer(0),
-        "allocated_bytes": integer(0), "reserved_bytes": integer(0), "rss_bytes": integer(0),
-        "available_bytes": integer(0), "cgroup_limit_bytes": integer(0),
-        "step": integer(0), "seq_len": integer(0), "batch": integer(0),
+        "oom_kind": one_of(("gpu", "host"), required=True),
+        "device": integer(0),
+        "requested_bytes": integer(0),
+        "total_bytes": integer(0),
+        "free_bytes": integer(0),
+        "allocated_bytes": integer(0),
+        "reserved_bytes": integer(0),
+        "rss_bytes": integer(0),
+        "available_bytes": integer(0),
+        "cgroup_limit_bytes": integer(0),
+        "step": integer(0),
+        "seq_len": integer(0),
+        "batch": integer(0),
         "phase": one_of(("forward", "backward", "optimizer")),
-        "error_message": text(), "traceback": text(), "memory_summary": text(),
-        "stats": obj(), "largest_blocks": list_of_obj(100), "neighbours": list_of_obj(1000),
-        "advice": list_of_obj(50), "snapshot_path": text(4096),
+        "error_message": text(),
+        "traceback": text(),
+        "memory_summary": text(),
+        "stats": obj(),
+        "largest_blocks": list_of_obj(100),
+        "neighbours": list_of_obj(1000),
+        "advice": list_of_obj(50),
+        "snapshot_path": text(4096),
     },
     # A profiler window -> a `profiles` row; each of `ops` -> a `profile_ops` row (its columns).
     "profile": {
         "trigger": one_of(("scheduled", "on_demand"), required=True),
-        "rank": integer(0), "first_step": integer(0), "steps": integer(0),
-        "trace_path": text(4096), "trace_bytes": integer(0), "ops": list_of_obj(500),
+        "rank": integer(0),
+        "first_step": integer(0),
+        "steps": integer(0),
+        "trace_path": text(4096),
+        "trace_bytes": integer(0),
+        "ops": list_of_obj(500),
         # the trace analysis of the window: one rank of `gpuwatch trace --format json`, + advice
         "breakdown": obj(),
     },
@@ -304,6 +398,7 @@ CONTROL_ACTIONS: dict[str, dict[str, Spec]] = {
 
 
 # --- messages ----------------------------------------------------------------------------------
+
 
 @dataclass
 class Message:
@@ -347,8 +442,11 @@ def _nesting_within(line: bytes, limit: int) -> bool:
             break
         brackets = shorter
     # A pair still there sat under more than `limit` levels; many openers left never close.
-    return (b"[]" not in brackets and b"{}" not in brackets
-            and brackets.count(b"[") + brackets.count(b"{") <= limit)
+    return (
+        b"[]" not in brackets
+        and b"{}" not in brackets
+        and brackets.count(b"[") + brackets.count(b"{") <= limit
+    )
 
 
 def decode(line: bytes) -> dict[str, Any]:
@@ -365,14 +463,18 @@ def decode(line: bytes) -> dict[str, Any]:
         try:
             json.dumps(frame, ensure_ascii=False).encode()
         except UnicodeEncodeError:
-            raise ProtocolError("frame holds a lone UTF-16 surrogate (\\uD800-\\uDFFF): not valid text") from None
+            raise ProtocolError(
+                "frame holds a lone UTF-16 surrogate (\\uD800-\\uDFFF): not valid text"
+            ) from None
     return frame
 
 
 def check_version(frame: dict[str, Any]) -> None:
     v = frame.get("v")
     if type(v) is not int or v != VERSION:
-        raise ProtocolError(f"unsupported protocol version {_show(v)}; this daemon speaks {VERSION}", "version")
+        raise ProtocolError(
+            f"unsupported protocol version {_show(v)}; this daemon speaks {VERSION}", "version"
+        )
 
 
 _compiled: dict[str, tuple[dict[str, Any], dict[str, Spec], tuple[str, ...]]] = {}
@@ -494,9 +596,12 @@ def _check_fields(frame: dict[str, Any], specs: dict[str, Spec]) -> None:
             raise ProtocolError(f"{frame['type']}.{name}: expected {spec.expected}, got {_show(value)}")
 
 
-WISH_FIELDS: dict[str, Spec] = {"gpus": integer(1, required=True, maximum=4096),
-                                "min_free_bytes": integer(0, required=True),
-                                "max_util_pct": percent(required=True), "window_min": number(required=True)}
+WISH_FIELDS: dict[str, Spec] = {
+    "gpus": integer(1, required=True, maximum=4096),
+    "min_free_bytes": integer(0, required=True),
+    "max_util_pct": percent(required=True),
+    "window_min": number(required=True),
+}
 
 
 def validate(frame: dict[str, Any]) -> Message:
@@ -517,14 +622,17 @@ def validate(frame: dict[str, Any]) -> Message:
     if kind == "control_request":
         action = frame.get("action")
         if type(action) is not str or action not in CONTROL_ACTIONS:
-            raise ProtocolError(f"control_request.action: expected one of {', '.join(CONTROL_ACTIONS)}, "
-                                f"got {_show(action)}")
+            raise ProtocolError(
+                f"control_request.action: expected one of {', '.join(CONTROL_ACTIONS)}, got {_show(action)}"
+            )
         _check_fields(frame, {"run_id": ident(), **CONTROL_ACTIONS[action]})
         return Message("control_request", frame)
     if kind == "wish":  # `gpuwatch notify when-free`: alert me once when GPUs are free
         _check_fields(frame, WISH_FIELDS)
         if not 0.1 <= frame["window_min"] <= 1440:  # also refuses NaN
-            raise ProtocolError(f"wish.window_min: expected minutes from 0.1 to 1440, got {_show(frame['window_min'])}")
+            raise ProtocolError(
+                f"wish.window_min: expected minutes from 0.1 to 1440, got {_show(frame['window_min'])}"
+            )
         return Message("wish", frame)
     raise ProtocolError(f"type: unknown frame type {_show(kind)}")
 

@@ -30,8 +30,12 @@ def within(check: str, ours, theirs, allowed, unit: str = "", tolerance: str = "
     if ours is None or theirs is None:
         if ours is None and theirs is None:
             return Result(check, OK, "not available from either (both n/a)", tolerance)
-        return Result(check, FAIL, f"gpuwatch {_show(ours, unit)} vs {_show(theirs, unit)}: "
-                                   f"one side has no value", tolerance)
+        return Result(
+            check,
+            FAIL,
+            f"gpuwatch {_show(ours, unit)} vs {_show(theirs, unit)}: one side has no value",
+            tolerance,
+        )
     status = OK if abs(ours - theirs) <= allowed else FAIL
     return Result(check, status, f"gpuwatch {_show(ours, unit)} vs {_show(theirs, unit)}", tolerance)
 
@@ -39,7 +43,9 @@ def within(check: str, ours, theirs, allowed, unit: str = "", tolerance: str = "
 def _show(value, unit: str) -> str:
     if value is None:
         return "n/a"
-    text = (f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}") if isinstance(value, float) else str(value)
+    text = (
+        (f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}") if isinstance(value, float) else str(value)
+    )
     return f"{text} {unit}".rstrip()
 
 

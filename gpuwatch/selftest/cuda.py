@@ -20,8 +20,13 @@ from gpuwatch.selftest import FAIL, OK, SKIPPED, Progress, Result, within
 
 MiB = 2**20
 TIMING_TOLERANCE = 0.02  # CUDA-event step times vs synchronised wall time, and tracked vs untracked
-STATS_KEYS = ("num_alloc_retries", "num_ooms", "inactive_split_bytes.all.current",
-              "allocated_bytes.all.current", "reserved_bytes.all.current")
+STATS_KEYS = (
+    "num_alloc_retries",
+    "num_ooms",
+    "inactive_split_bytes.all.current",
+    "allocated_bytes.all.current",
+    "reserved_bytes.all.current",
+)
 _FITS = re.compile(r"L ≤ (\d+) fits")
 _TIMING = """
 import json, sys, time, torch, gpuwatch
@@ -64,22 +69,38 @@ print(json.dumps({"run_id": run.run_id, "untracked_s": untracked, "tracked_s": t
 
 # ---- pure comparisons ------------------------------------------------------------------------
 
+
 def timing_agreement(event_ms: float, wall_ms: float) -> Result:
     """Summed CUDA-event step times vs the synchronised wall time of the same steps."""
-    return within("step timing: CUDA events vs synchronised wall time", event_ms, wall_ms,
-                  TIMING_TOLERANCE * wall_ms, "ms", "2 %")
+    return within(
+        "step timing: CUDA events vs synchronised wall time",
+        event_ms,
+        wall_ms,
+        TIMING_TOLERANCE * wall_ms,
+        "ms",
+        "2 %",
+    )
 
 
 def no_extra_sync(tracked_s: float, untracked_s: float) -> Result:
     """A tracked loop that synchronised each step would lose the CPU's run-ahead and slow down."""
-    return within("tracked loop adds no synchronize (time vs untracked)", tracked_s * 1000, untracked_s * 1000,
-                  TIMING_TOLERANCE * untracked_s * 1000, "ms", "2 %")
+    return within(
+        "tracked loop adds no synchronize (time vs untracked)",
+        tracked_s * 1000,
+        untracked_s * 1000,
+        TIMING_TOLERANCE * untracked_s * 1000,
+        "ms",
+        "2 %",
+    )
 
 
 def stats_keys(keys) -> Result:
     missing = [k for k in STATS_KEYS if k not in set(keys)]
-    return Result("memory_stats() keys gpuwatch stores", FAIL if missing else OK,
-                  f"missing: {', '.join(missing)}" if missing else f"all {len(STATS_KEYS)} present")
+    return Result(
+        "memory_stats() keys gpuwatch stores",
+        FAIL if missing else OK,
+        f"missing: {', '.join(missing)}" if missing else f"all {len(STATS_KEYS)} present",
+    )
 
 
 def scores_bytes(batch: int, heads: int, seq_len: int, dtype_bytes: int = 4) -> int:
@@ -110,15 +131,43 @@ def oom_verdict(pm: dict, expected_bytes: int, total_bytes: int, at_oom: dict) -
     right after the OOM (its GPUWATCH_RESULT line)."""
     phase_ok = pm.get("phase") == "forward"
     tolerance = f"{OOM_MEMORY_TOLERANCE // MiB} MiB"
-    return [within("OOM postmortem: requested = B·H·L²·4", pm.get("requested_bytes"), expected_bytes,
-                   0.01 * expected_bytes, "bytes", "1 %"),
-            within("OOM postmortem: total = torch.cuda.mem_get_info()", pm.get("total_bytes"), total_bytes, 0,
-                   "bytes", "exact"),
-            within("OOM postmortem: free = torch.cuda.mem_get_info()", pm.get("free_bytes"),
-                   at_oom.get("free_bytes"), OOM_MEMORY_TOLERANCE, "bytes", tolerance),
-            within("OOM postmortem: reserved = torch.cuda.memory_reserved()", pm.get("reserved_bytes"),
-                   at_oom.get("reserved_bytes"), OOM_MEMORY_TOLERANCE, "bytes", tolerance),
-            Result("OOM postmortem: phase", OK if phase_ok else FAIL, f"phase {pm.get('phase')!r} (expected forward)")]
+    return [
+        within(
+            "OOM postmortem: requested = B·H·L²·4",
+            pm.get("requested_bytes"),
+            expected_bytes,
+            0.01 * expected_bytes,
+            "bytes",
+            "1 %",
+        ),
+        within(
+            "OOM postmortem: total = torch.cuda.mem_get_info()",
+            pm.get("total_bytes"),
+            total_bytes,
+            0,
+            "bytes",
+            "exact",
+        ),
+        within(
+            "OOM postmortem: free = torch.cuda.mem_get_info()",
+            pm.get("free_bytes"),
+            at_oom.get("free_bytes"),
+            OOM_MEMORY_TOLERANCE,
+            "bytes",
+            tolerance,
+        ),
+        within(
+            "OOM postmortem: reserved = torch.cuda.memory_reserved()",
+            pm.get("reserved_bytes"),
+            at_oom.get("reserved_bytes"),
+            OOM_MEMORY_TOLERANCE,
+            "bytes",
+            tolerance,
+        ),
+        Result(
+            "OOM postmortem: phase", OK if phase_ok else FAIL, f"phase {pm.get('phase')!r} (expected forward)"
+        ),
+    ]
 
 
 def profiler_verdict(ops: list[tuple[str, float | None]]) -> Result:
@@ -127,9 +176,14 @@ def profiler_verdict(ops: list[tuple[str, float | None]]) -> Result:
     timed = [(name, us) for name, us in matmuls if us]
     if not matmuls:
         return Result("profiler device times", FAIL, "no matmul operator in the profile")
-    return Result("profiler device times", OK if timed else FAIL,
-                  f"{len(timed)} of {len(matmuls)} matmul operators with device time "
-                  f"(e.g. {timed[0][0]} {timed[0][1]:.0f} µs)" if timed else "matmul operators show no device time")
+    return Result(
+        "profiler device times",
+        OK if timed else FAIL,
+        f"{len(timed)} of {len(matmuls)} matmul operators with device time "
+        f"(e.g. {timed[0][0]} {timed[0][1]:.0f} µs)"
+        if timed
+        else "matmul operators show no device time",
+    )
 
 
 def process_verdict(pid: int, user: str, ours: list, smi_rows: list[dict], run_linked: bool) -> list[Result]:
@@ -137,14 +191,31 @@ def process_verdict(pid: int, user: str, ours: list, smi_rows: list[dict], run_l
     mine = [p for p in ours if p.pid == pid]
     theirs = [r for r in smi_rows if int(r.get("pid") or -1) == pid]
     if not mine or not theirs:
-        return [Result("CUDA process seen", FAIL, f"pid {pid}: gpuwatch {'sees' if mine else 'misses'} it, "
-                                                  f"nvidia-smi {'lists' if theirs else 'misses'} it")]
+        return [
+            Result(
+                "CUDA process seen",
+                FAIL,
+                f"pid {pid}: gpuwatch {'sees' if mine else 'misses'} it, "
+                f"nvidia-smi {'lists' if theirs else 'misses'} it",
+            )
+        ]
     used = sum(p.used_mem_bytes or 0 for p in mine) / MiB
-    return [Result("CUDA process seen", OK, f"pid {pid} on GPU {mine[0].gpu_index}"),
-            within("CUDA process memory vs nvidia-smi", used, sum(r["used_memory"] for r in theirs),
-                   16, "MiB", "16 MiB"),
-            Result("CUDA process user and run", OK if run_linked and user else FAIL,
-                   f"user {user or '?'}, {'linked to its run' if run_linked else 'not linked to its run'}")]
+    return [
+        Result("CUDA process seen", OK, f"pid {pid} on GPU {mine[0].gpu_index}"),
+        within(
+            "CUDA process memory vs nvidia-smi",
+            used,
+            sum(r["used_memory"] for r in theirs),
+            16,
+            "MiB",
+            "16 MiB",
+        ),
+        Result(
+            "CUDA process user and run",
+            OK if run_linked and user else FAIL,
+            f"user {user or '?'}, {'linked to its run' if run_linked else 'not linked to its run'}",
+        ),
+    ]
 
 
 def mig_devices_from_list(text: str) -> list[str]:
@@ -154,15 +225,22 @@ def mig_devices_from_list(text: str) -> list[str]:
 
 def mig_verdict(ours: list[str], theirs: list[str]) -> Result:
     missing, extra = sorted(set(theirs) - set(ours)), sorted(set(ours) - set(theirs))
-    return Result("MIG devices vs nvidia-smi -L", FAIL if missing or extra else OK,
-                  f"{len(ours)} MIG devices" + (f"; missing {missing}" if missing else "")
-                  + (f"; not in nvidia-smi {extra}" if extra else ""))
+    return Result(
+        "MIG devices vs nvidia-smi -L",
+        FAIL if missing or extra else OK,
+        f"{len(ours)} MIG devices"
+        + (f"; missing {missing}" if missing else "")
+        + (f"; not in nvidia-smi {extra}" if extra else ""),
+    )
 
 
 # ---- measuring --------------------------------------------------------------------------------
 
+
 def _child(code_or_args: list[str], env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *code_or_args], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *code_or_args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _db_rows(db: Path, sql: str, *params) -> list[sqlite3.Row]:
@@ -176,8 +254,12 @@ def _db_rows(db: Path, sql: str, *params) -> list[sqlite3.Row]:
 
 def _cuda_available() -> str | None:
     """Why the CUDA checks cannot run here, or None."""
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-                           capture_output=True, text=True, timeout=120)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if probe.returncode:
         return "torch is not installed" if "No module named" in probe.stderr else probe.stderr.strip()[-200:]
     return None if probe.stdout.strip() == "True" else "torch sees no CUDA device"
@@ -185,8 +267,14 @@ def _cuda_available() -> str | None:
 
 def run_checks(quick: bool, progress: Progress) -> list[Result]:
     why = _cuda_available()
-    names = ["step timing", "memory_stats() keys", "OOM postmortem", "profiler device times",
-             "CUDA process", "MIG devices"]
+    names = [
+        "step timing",
+        "memory_stats() keys",
+        "OOM postmortem",
+        "profiler device times",
+        "CUDA process",
+        "MIG devices",
+    ]
     if why:
         return [Result(name, SKIPPED, why) for name in names]
     with tempfile.TemporaryDirectory() as tmp:
@@ -210,18 +298,43 @@ def run_checks(quick: bool, progress: Progress) -> list[Result]:
 def _timing(env: dict, db: Path, steps: int) -> list[Result]:
     done = _child(["-c", _TIMING, str(steps)], env)
     if done.returncode:
-        return [Result("step timing", FAIL, done.stderr.strip().splitlines()[-1] if done.stderr else "failed")]
+        return [
+            Result("step timing", FAIL, done.stderr.strip().splitlines()[-1] if done.stderr else "failed")
+        ]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    times = [r[0] for r in _db_rows(db, "SELECT step_time_ms FROM steps WHERE run_id = ? ORDER BY step",
-                                    out["run_id"])]
+    times = [
+        r[0]
+        for r in _db_rows(db, "SELECT step_time_ms FROM steps WHERE run_id = ? ORDER BY step", out["run_id"])
+    ]
     synced_steps = times[-steps:]  # the last loop: synchronised at both ends
-    return [timing_agreement(sum(synced_steps), out["synced_s"] * 1000),
-            no_extra_sync(out["tracked_s"], out["untracked_s"]), stats_keys(out["stats_keys"])]
+    return [
+        timing_agreement(sum(synced_steps), out["synced_s"] * 1000),
+        no_extra_sync(out["tracked_s"], out["untracked_s"]),
+        stats_keys(out["stats_keys"]),
+    ]
 
 
 def _workload(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return _child(["-m", "workloads.gpt_train", "--device", "cuda", "--attn", "naive", "--layers", "1",
-                   "--d-model", "64", "--vocab", "256", "--steps", "1", *args], env)
+    return _child(
+        [
+            "-m",
+            "workloads.gpt_train",
+            "--device",
+            "cuda",
+            "--attn",
+            "naive",
+            "--layers",
+            "1",
+            "--d-model",
+            "64",
+            "--vocab",
+            "256",
+            "--steps",
+            "1",
+            *args,
+        ],
+        env,
+    )
 
 
 def _oom(env: dict, db: Path) -> list[Result]:
@@ -230,9 +343,12 @@ def _oom(env: dict, db: Path) -> list[Result]:
     batch, heads = 2, 4
     free, total = torch.cuda.mem_get_info()
     length = oom_length(free, batch, heads)
-    done = _workload(env, "--batch", str(batch), "--heads", str(heads), "--seq-len", str(length),
-                     "--name", "selftest-oom")
-    rows = _db_rows(db, "SELECT o.* FROM oom_postmortems o JOIN runs r USING (run_id) WHERE r.name = 'selftest-oom'")
+    done = _workload(
+        env, "--batch", str(batch), "--heads", str(heads), "--seq-len", str(length), "--name", "selftest-oom"
+    )
+    rows = _db_rows(
+        db, "SELECT o.* FROM oom_postmortems o JOIN runs r USING (run_id) WHERE r.name = 'selftest-oom'"
+    )
     if not rows:
         return [Result("OOM postmortem", FAIL, f"no postmortem for naive attention at L={length}")]
     pm = dict(rows[0])
@@ -246,17 +362,38 @@ def _oom(env: dict, db: Path) -> list[Result]:
     fits = fits_length(json.loads(pm["advice_json"] or "[]"))
     if fits is None:
         return results + [Result("OOM advice: L ≤ N fits", FAIL, "the advice names no length that fits")]
-    done = _workload(env, "--batch", str(batch), "--heads", str(heads), "--seq-len", str(fits), "--name", "selftest-fits")
+    done = _workload(
+        env, "--batch", str(batch), "--heads", str(heads), "--seq-len", str(fits), "--name", "selftest-fits"
+    )
     ran = '"oom": false' in done.stdout
-    return results + [Result("OOM advice: L ≤ N fits", OK if ran else FAIL,
-                             f"the advice's L ≤ {fits} {'ran without an OOM' if ran else 'did not fit'}")]
+    return results + [
+        Result(
+            "OOM advice: L ≤ N fits",
+            OK if ran else FAIL,
+            f"the advice's L ≤ {fits} {'ran without an OOM' if ran else 'did not fit'}",
+        )
+    ]
 
 
 def _profiler(env: dict, db: Path) -> list[Result]:
-    done = _workload(dict(env, GPUWATCH_PROFILE_ACTIVE="2", GPUWATCH_PROFILE_WAIT="1"), "--steps", "6",
-                     "--seq-len", "1024", "--batch", "4", "--heads", "4", "--name", "selftest-profile")
-    ops = _db_rows(db, "SELECT o.name, o.device_total_us FROM profile_ops o JOIN profiles p ON p.id = o.profile_id "
-                       "JOIN runs r USING (run_id) WHERE r.name = 'selftest-profile'")
+    done = _workload(
+        dict(env, GPUWATCH_PROFILE_ACTIVE="2", GPUWATCH_PROFILE_WAIT="1"),
+        "--steps",
+        "6",
+        "--seq-len",
+        "1024",
+        "--batch",
+        "4",
+        "--heads",
+        "4",
+        "--name",
+        "selftest-profile",
+    )
+    ops = _db_rows(
+        db,
+        "SELECT o.name, o.device_total_us FROM profile_ops o JOIN profiles p ON p.id = o.profile_id "
+        "JOIN runs r USING (run_id) WHERE r.name = 'selftest-profile'",
+    )
     if not ops:
         return [Result("profiler device times", FAIL, f"no profile stored ({done.stderr.strip()[-200:]})")]
     return [profiler_verdict([(r[0], r[1]) for r in ops])]
@@ -290,9 +427,13 @@ def _process(env: dict, db: Path) -> list[Result]:
         smi_rows = query("compute-apps", ["pid", "used_memory"])
         info = ProcessCollector().info(child.pid)
         linked = bool(_db_rows(db, "SELECT 1 FROM runs WHERE run_id = ? AND pid = ?", run_id, child.pid))
-        return process_verdict(child.pid, info.user if info else "", ours, smi_rows, linked) + \
-            [Result("CUDA process owner", OK if info and info.user == getpass.getuser() else FAIL,
-                    f"{info.user if info else '?'} (selftest runs as {getpass.getuser()})")]
+        return process_verdict(child.pid, info.user if info else "", ours, smi_rows, linked) + [
+            Result(
+                "CUDA process owner",
+                OK if info and info.user == getpass.getuser() else FAIL,
+                f"{info.user if info else '?'} (selftest runs as {getpass.getuser()})",
+            )
+        ]
     finally:
         child.kill()
         child.wait()
@@ -308,6 +449,7 @@ def _mig() -> list[Result]:
         ours = [m.uuid for m in collector.mig_static()]
     finally:
         collector.close()
-    listing = subprocess.run([shutil.which("nvidia-smi") or "nvidia-smi", "-L"], capture_output=True, text=True,
-                             timeout=30).stdout
+    listing = subprocess.run(
+        [shutil.which("nvidia-smi") or "nvidia-smi", "-L"], capture_output=True, text=True, timeout=30
+    ).stdout
     return [mig_verdict(ours, mig_devices_from_list(listing))]

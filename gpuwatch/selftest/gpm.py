@@ -14,8 +14,8 @@ from gpuwatch.selftest import FAIL, OK, SKIPPED, Result
 
 CHECK = "GPM SM activity under a known load"
 BUSY_SM_ACTIVE_MIN = 70.0  # % of SMs busy during back-to-back 8192² bf16 matmuls
-WINDOW_S = 2.0             # each GPM interval measured
-LOAD_S = 8.0               # how long the child keeps the GPU busy (covers warm-up and the window)
+WINDOW_S = 2.0  # each GPM interval measured
+LOAD_S = 8.0  # how long the child keeps the GPU busy (covers warm-up and the window)
 
 _LOAD = """
 import sys, time, torch
@@ -36,16 +36,33 @@ def gpm_verdict(gpu: str, idle, busy) -> list[Result]:
     if busy is None or busy.sm_active_pct is None:
         return [Result(CHECK, FAIL, f"{gpu}: GPM gave no SM activity during the load")]
     ok = busy.sm_active_pct >= BUSY_SM_ACTIVE_MIN
-    results = [Result(CHECK, OK if ok else FAIL,
-                      f"{gpu}: SM active {busy.sm_active_pct:.0f} % under bf16 matmuls "
-                      f"(idle before: {_pct(idle and idle.sm_active_pct)})", f">= {BUSY_SM_ACTIVE_MIN:.0f} %")]
+    results = [
+        Result(
+            CHECK,
+            OK if ok else FAIL,
+            f"{gpu}: SM active {busy.sm_active_pct:.0f} % under bf16 matmuls "
+            f"(idle before: {_pct(idle and idle.sm_active_pct)})",
+            f">= {BUSY_SM_ACTIVE_MIN:.0f} %",
+        )
+    ]
     tensor = busy.tensor_active_pct
-    results.append(Result("GPM tensor-core activity under bf16 matmuls", OK if tensor else FAIL,
-                          f"{gpu}: tensor active {_pct(tensor)}, DRAM active {_pct(busy.dram_active_pct)}, "
-                          f"SM occupancy {_pct(busy.sm_occupancy_pct)}", "> 0 %"))
+    results.append(
+        Result(
+            "GPM tensor-core activity under bf16 matmuls",
+            OK if tensor else FAIL,
+            f"{gpu}: tensor active {_pct(tensor)}, DRAM active {_pct(busy.dram_active_pct)}, "
+            f"SM occupancy {_pct(busy.sm_occupancy_pct)}",
+            "> 0 %",
+        )
+    )
     if idle is not None and idle.sm_active_pct is not None and idle.sm_active_pct >= busy.sm_active_pct:
-        results.append(Result("GPM SM activity: busy above idle", FAIL,
-                              f"{gpu}: idle {idle.sm_active_pct:.0f} % >= busy {busy.sm_active_pct:.0f} %"))
+        results.append(
+            Result(
+                "GPM SM activity: busy above idle",
+                FAIL,
+                f"{gpu}: idle {idle.sm_active_pct:.0f} % >= busy {busy.sm_active_pct:.0f} %",
+            )
+        )
     return results
 
 
@@ -83,14 +100,23 @@ def _measure(collector) -> list[Result]:
     index = min(idle)
     static = collector.static[index]
     gpu = f"GPU {index} {static.name}"
-    load = subprocess.Popen([sys.executable, "-c", _LOAD, str(LOAD_S)],
-                            env=dict(os.environ, CUDA_VISIBLE_DEVICES=static.uuid),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    load = subprocess.Popen(
+        [sys.executable, "-c", _LOAD, str(LOAD_S)],
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=static.uuid),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         if load.stdout.readline().strip() != "busy":
             why = (load.stderr.read() or "").strip().splitlines()
-            return [Result(CHECK, SKIPPED, f"the load could not start on {gpu}: "
-                                           f"{why[-1] if why else 'no CUDA through torch'}")]
+            return [
+                Result(
+                    CHECK,
+                    SKIPPED,
+                    f"the load could not start on {gpu}: {why[-1] if why else 'no CUDA through torch'}",
+                )
+            ]
         _gpm_of(collector, index)  # the window starts with the load running
         time.sleep(WINDOW_S)
         busy = _gpm_of(collector, index)

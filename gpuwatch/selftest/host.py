@@ -44,9 +44,17 @@ def host_memory() -> list[Result]:
     collector = HostCollector()
     ours = collector.sample(0)
     theirs = psutil.virtual_memory()
-    return [within("host memory total", ours.mem_total_bytes // MiB, theirs.total // MiB, 0, "MiB", "exact"),
-            within("host memory available", ours.mem_available_bytes / MiB, theirs.available / MiB,
-                   max(64, theirs.available / MiB * 0.02), "MiB", "64 MiB or 2 %")]
+    return [
+        within("host memory total", ours.mem_total_bytes // MiB, theirs.total // MiB, 0, "MiB", "exact"),
+        within(
+            "host memory available",
+            ours.mem_available_bytes / MiB,
+            theirs.available / MiB,
+            max(64, theirs.available / MiB * 0.02),
+            "MiB",
+            "64 MiB or 2 %",
+        ),
+    ]
 
 
 def database() -> list[Result]:
@@ -58,8 +66,11 @@ def database() -> list[Result]:
         path = Path(tmp) / "selftest.db"
         conn = open_rw(path)
         with conn:
-            insert_rows(conn, "runs", [{"run_id": "selftest", "uid": os.getuid(), "status": "finished",
-                                        "started_ms": 1}])
+            insert_rows(
+                conn,
+                "runs",
+                [{"run_id": "selftest", "uid": os.getuid(), "status": "finished", "started_ms": 1}],
+            )
         conn.close()
         ro = open_ro(path)
         try:
@@ -69,9 +80,14 @@ def database() -> list[Result]:
         finally:
             ro.close()
     ok = (version, integrity, found) == (SCHEMA_VERSION, "ok", 1)
-    return [Result("database round trip", OK if ok else FAIL,
-                   f"schema v{version} (this gpuwatch: v{SCHEMA_VERSION}), integrity {integrity}, "
-                   f"{found} row read back")]
+    return [
+        Result(
+            "database round trip",
+            OK if ok else FAIL,
+            f"schema v{version} (this gpuwatch: v{SCHEMA_VERSION}), integrity {integrity}, "
+            f"{found} row read back",
+        )
+    ]
 
 
 def daemon_socket() -> list[Result]:
@@ -79,21 +95,32 @@ def daemon_socket() -> list[Result]:
     the uid the socket says (never the message's)."""
     base = Path(tempfile.mkdtemp(prefix="gw-selftest-"))
     db, sock = base / "gw.db", base / "gw.sock"
-    daemon = subprocess.Popen([sys.executable, "-c", _DAEMON, str(db), str(sock)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", _DAEMON, str(db), str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         deadline = time.monotonic() + 30
         while not sock.exists():
             if daemon.poll() is not None or time.monotonic() > deadline:
-                error = daemon.stderr.read().decode().strip().splitlines() if daemon.poll() is not None else []
-                return [Result("daemon socket round trip", FAIL,
-                               f"the daemon did not listen: {error[-1] if error else 'timed out'}")]
+                error = (
+                    daemon.stderr.read().decode().strip().splitlines() if daemon.poll() is not None else []
+                )
+                return [
+                    Result(
+                        "daemon socket round trip",
+                        FAIL,
+                        f"the daemon did not listen: {error[-1] if error else 'timed out'}",
+                    )
+                ]
             time.sleep(0.05)
         env = dict(os.environ, GPUWATCH_SOCKET=str(sock))
         env.pop("GPUWATCH_RUN_ID", None)
-        child = subprocess.run([sys.executable, "-c", _TRACKED], env=env, capture_output=True, text=True,
-                               timeout=60)
-        run_id = child.stdout.strip().splitlines()[-1] if child.returncode == 0 and child.stdout.strip() else None
+        child = subprocess.run(
+            [sys.executable, "-c", _TRACKED], env=env, capture_output=True, text=True, timeout=60
+        )
+        run_id = (
+            child.stdout.strip().splitlines()[-1] if child.returncode == 0 and child.stdout.strip() else None
+        )
         if run_id is None:
             last = (child.stderr.strip().splitlines() or ["no output"])[-1]
             return [Result("daemon socket round trip", FAIL, f"the tracked run failed: {last}")]
@@ -106,8 +133,13 @@ def daemon_socket() -> list[Result]:
         finally:
             conn.close()
         ok = (steps, uid, mode) == (3, os.getuid(), "daemon")
-        return [Result("daemon socket round trip", OK if ok else FAIL,
-                       f"{steps} of 3 steps stored, uid {uid} (ours {os.getuid()}), mode {mode}")]
+        return [
+            Result(
+                "daemon socket round trip",
+                OK if ok else FAIL,
+                f"{steps} of 3 steps stored, uid {uid} (ours {os.getuid()}), mode {mode}",
+            )
+        ]
     finally:
         daemon.terminate()
         daemon.wait(10)
@@ -125,15 +157,28 @@ def py_spy() -> list[Result]:
             return [Result("py-spy stack dump", SKIPPED, problem)]
         result = dump(child.pid, 0)
         if result.error:
-            return [Result("py-spy stack dump", SKIPPED if "not installed" in result.error else FAIL, result.error)]
+            return [
+                Result(
+                    "py-spy stack dump", SKIPPED if "not installed" in result.error else FAIL, result.error
+                )
+            ]
         names = {f.get("name") for t in result.threads for f in t.get("frames", [])}
         found = "selftest_waits_here" in names
-        return [Result("py-spy stack dump", OK if found else FAIL,
-                       "found the frame the child waits in" if found else f"frames seen: {sorted(names)[:5]}")]
+        return [
+            Result(
+                "py-spy stack dump",
+                OK if found else FAIL,
+                "found the frame the child waits in" if found else f"frames seen: {sorted(names)[:5]}",
+            )
+        ]
     finally:
         child.kill()
         child.wait()
 
 
-CHECKS = [("host figures vs psutil", host_memory), ("database", database),
-          ("daemon socket", daemon_socket), ("py-spy", py_spy)]
+CHECKS = [
+    ("host figures vs psutil", host_memory),
+    ("database", database),
+    ("daemon socket", daemon_socket),
+    ("py-spy", py_spy),
+]

@@ -16,7 +16,11 @@ MiB = 2**20
 # Memory used, utilisation, power and clocks move between the two reads: their tolerances say how much.
 FIELDS = {
     "memory.total": (lambda s, g, p: _div(g.mem_total_bytes, MiB), lambda v: 1, "1 MiB"),
-    "memory.used": (lambda s, g, p: _div(s.mem_used_bytes, MiB), lambda v: max(256, 0.02 * v), "256 MiB or 2 %"),
+    "memory.used": (
+        lambda s, g, p: _div(s.mem_used_bytes, MiB),
+        lambda v: max(256, 0.02 * v),
+        "256 MiB or 2 %",
+    ),
     "utilization.gpu": (lambda s, g, p: s.gpu_util_pct, lambda v: 15, "15 points"),
     "temperature.gpu": (lambda s, g, p: s.temp_c, lambda v: 3, "3 °C"),
     "power.draw": (lambda s, g, p: _div(s.power_mw, 1000), lambda v: max(15, 0.1 * v), "15 W or 10 %"),
@@ -57,8 +61,13 @@ def _value(cell: str):
 
 
 def query(kind: str, fields: list[str], smi: str = "nvidia-smi") -> list[dict]:
-    out = subprocess.run([smi, f"--query-{kind}={','.join(fields)}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=30, check=True).stdout
+    out = subprocess.run(
+        [smi, f"--query-{kind}={','.join(fields)}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
     return parse_csv(out, fields)
 
 
@@ -74,8 +83,15 @@ def compare(samples, statics, persistence: dict, smi_rows: list[dict]) -> list[R
         static, sample = found
         for field, (ours, allowed, tolerance) in FIELDS.items():
             theirs = row.get(field)
-            results.append(within(f"GPU {static.gpu_index} {field}", ours(sample, static, persistence.get(static.gpu_index)),
-                                  theirs, allowed(theirs or 0), tolerance=tolerance))
+            results.append(
+                within(
+                    f"GPU {static.gpu_index} {field}",
+                    ours(sample, static, persistence.get(static.gpu_index)),
+                    theirs,
+                    allowed(theirs or 0),
+                    tolerance=tolerance,
+                )
+            )
     return results
 
 
@@ -100,9 +116,12 @@ def check_gpus() -> list[Result]:
 def tick_verdict(tick_ms: float, pcie_ms: float, pcie_every: int, gpus: int) -> Result:
     """The sampler's GPU tick on this driver, and where the PCIe reads went."""
     where = "read every tick" if pcie_every == 1 else f"moved to every {pcie_every}th tick (they were slow)"
-    return Result(f"GPU tick cost ({gpus} GPUs)", OK if tick_ms <= TICK_BUDGET_MS else FAIL,
-                  f"{tick_ms:.1f} ms per tick, PCIe reads {pcie_ms:.1f} ms of it, {where}",
-                  f"<= {TICK_BUDGET_MS:.0f} ms")
+    return Result(
+        f"GPU tick cost ({gpus} GPUs)",
+        OK if tick_ms <= TICK_BUDGET_MS else FAIL,
+        f"{tick_ms:.1f} ms per tick, PCIe reads {pcie_ms:.1f} ms of it, {where}",
+        f"<= {TICK_BUDGET_MS:.0f} ms",
+    )
 
 
 def check_tick_cost(ticks: int = 5) -> list[Result]:

@@ -6,8 +6,13 @@ import sqlite3
 from typing import Any
 
 # Statements a read may need; anything else (writes, ATTACH, schema changes) is refused.
-_READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-                 sqlite3.SQLITE_PRAGMA, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
+_READ_ACTIONS = {
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    sqlite3.SQLITE_PRAGMA,
+    getattr(sqlite3, "SQLITE_RECURSIVE", 33),
+}
 
 
 class QueryError(Exception):
@@ -32,7 +37,8 @@ def read_only_query(conn: sqlite3.Connection, sql: str) -> tuple[list[str], list
         # A write to a raw-sample view fails before the authorizer sees it ("cannot modify").
         if any(m in str(e) for m in ("not authorized", "readonly", "cannot modify")):
             raise QueryError(
-                "query is read-only: only SELECT, WITH and PRAGMA reads run; nothing was changed") from None
+                "query is read-only: only SELECT, WITH and PRAGMA reads run; nothing was changed"
+            ) from None
         raise QueryError(f"query failed: {e}") from None
     except sqlite3.ProgrammingError as e:  # e.g. two statements at once
         raise QueryError(f"query failed: {e}") from None

@@ -12,8 +12,19 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-_COLUMNS = ("ts_ms", "kind", "incident", "host", "uid", "run_id", "gpu_index", "pid",
-            "title", "body", "detail_json")
+_COLUMNS = (
+    "ts_ms",
+    "kind",
+    "incident",
+    "host",
+    "uid",
+    "run_id",
+    "gpu_index",
+    "pid",
+    "title",
+    "body",
+    "detail_json",
+)
 
 
 @dataclass(frozen=True)
@@ -35,19 +46,42 @@ class Alert:
 def record(conn: sqlite3.Connection, alert: Alert) -> int | None:
     """Store `alert` unless its (kind, incident) is stored already; its new id, or None for a
     repeat. Call it inside a writer job."""
-    values = (alert.ts_ms, alert.kind, alert.incident, alert.host, alert.uid, alert.run_id,
-              alert.gpu_index, alert.pid, alert.title, alert.body,
-              json.dumps(alert.detail, sort_keys=True) if alert.detail else None)
-    cur = conn.execute(f"INSERT OR IGNORE INTO alerts ({', '.join(_COLUMNS)}) "
-                       f"VALUES ({', '.join('?' * len(_COLUMNS))})", values)
+    values = (
+        alert.ts_ms,
+        alert.kind,
+        alert.incident,
+        alert.host,
+        alert.uid,
+        alert.run_id,
+        alert.gpu_index,
+        alert.pid,
+        alert.title,
+        alert.body,
+        json.dumps(alert.detail, sort_keys=True) if alert.detail else None,
+    )
+    cur = conn.execute(
+        f"INSERT OR IGNORE INTO alerts ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+        values,
+    )
     return cur.lastrowid if cur.rowcount else None
 
 
 def _build(row: tuple[Any, ...]) -> Alert:
     (id_, ts_ms, kind, incident, host, uid, run_id, gpu_index, pid, title, body, detail) = row
-    return Alert(kind=kind, incident=incident, ts_ms=ts_ms, host=host, title=title, body=body,
-                 uid=uid, run_id=run_id, gpu_index=gpu_index, pid=pid,
-                 detail=json.loads(detail) if detail else {}, id=id_)
+    return Alert(
+        kind=kind,
+        incident=incident,
+        ts_ms=ts_ms,
+        host=host,
+        title=title,
+        body=body,
+        uid=uid,
+        run_id=run_id,
+        gpu_index=gpu_index,
+        pid=pid,
+        detail=json.loads(detail) if detail else {},
+        id=id_,
+    )
 
 
 _SELECT = f"SELECT id, {', '.join(_COLUMNS)} FROM alerts"
@@ -55,8 +89,7 @@ _SELECT = f"SELECT id, {', '.join(_COLUMNS)} FROM alerts"
 
 def since(conn: sqlite3.Connection, after_id: int = 0, limit: int = 1000) -> list[Alert]:
     """Alerts stored after `after_id`, oldest first: what a deliverer has not seen yet."""
-    return [_build(r) for r in conn.execute(
-        f"{_SELECT} WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit))]
+    return [_build(r) for r in conn.execute(f"{_SELECT} WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit))]
 
 
 def recent(conn: sqlite3.Connection, limit: int = 100, uid: int | None = None) -> list[Alert]:
@@ -64,17 +97,17 @@ def recent(conn: sqlite3.Connection, limit: int = 100, uid: int | None = None) -
     if uid is None:
         rows = conn.execute(f"{_SELECT} ORDER BY id DESC LIMIT ?", (limit,))
     else:
-        rows = conn.execute(f"{_SELECT} WHERE uid = ? OR uid IS NULL ORDER BY id DESC LIMIT ?",
-                            (uid, limit))
+        rows = conn.execute(f"{_SELECT} WHERE uid = ? OR uid IS NULL ORDER BY id DESC LIMIT ?", (uid, limit))
     return [_build(r) for r in rows]
-
 
 
 def by_ids(conn: sqlite3.Connection, ids: list[int]) -> list[Alert]:
     """The alerts with these ids (those still stored), oldest first."""
     out: list[Alert] = []
     for start in range(0, len(ids), 500):
-        chunk = list(ids[start:start + 500])
-        out += [_build(r) for r in conn.execute(
-            f"{_SELECT} WHERE id IN ({','.join('?' * len(chunk))}) ORDER BY id", chunk)]
+        chunk = list(ids[start : start + 500])
+        out += [
+            _build(r)
+            for r in conn.execute(f"{_SELECT} WHERE id IN ({','.join('?' * len(chunk))}) ORDER BY id", chunk)
+        ]
     return out

@@ -46,7 +46,8 @@ def _check_version(conn: sqlite3.Connection, path: Path) -> int:
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"{path} has schema version {version}, newer than this gpuwatch understands "
-            f"({SCHEMA_VERSION}); upgrade gpuwatch to read it")
+            f"({SCHEMA_VERSION}); upgrade gpuwatch to read it"
+        )
     return version
 
 
@@ -69,8 +70,10 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
             else:
                 for statement in _statements(script):
                     conn.execute(statement)
-            conn.execute("CREATE TABLE IF NOT EXISTS migrations "
-                         "(version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS migrations "
+                "(version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)"
+            )
             conn.execute("INSERT INTO migrations VALUES (?, ?)", (number, now_ms()))
             conn.execute(f"PRAGMA user_version = {number}")
         conn.execute("COMMIT")
@@ -155,8 +158,14 @@ def _connect_ro(path: Path, immutable: bool) -> ReadConnection:
     uri = f"{path.resolve().as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
     # A long-lived reader (the TUI, /metrics) runs a few dozen fixed statements; sqlite3's
     # default cache of 128 would also keep one-off ones (a few MB nobody runs again).
-    conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None,
-                           factory=ReadConnection, cached_statements=32)
+    conn = sqlite3.connect(
+        uri,
+        uri=True,
+        check_same_thread=False,
+        isolation_level=None,
+        factory=ReadConnection,
+        cached_statements=32,
+    )
     conn.frozen = immutable
     try:
         conn.execute("PRAGMA busy_timeout = 5000")
@@ -193,6 +202,8 @@ def open_ro(path: str | os.PathLike[str]) -> ReadConnection:
         raise StoreError(str(e) if isinstance(e, StoreError) else f"{path}: cannot read: {e}") from None
     if version < SCHEMA_VERSION:
         conn.close()
-        raise StoreError(f"{path} has schema version {version}; open it once with the daemon "
-                         f"or a tracked run to upgrade it to {SCHEMA_VERSION}")
+        raise StoreError(
+            f"{path} has schema version {version}; open it once with the daemon "
+            f"or a tracked run to upgrade it to {SCHEMA_VERSION}"
+        )
     return conn

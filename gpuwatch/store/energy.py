@@ -32,8 +32,11 @@ from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS, every_gpu
 def between(table: str, since_ms: int, until_ms: int) -> str:
     """A FROM item: the table's samples with since <= ts_ms < until, each GPU's range sought
     through the (gpu_index, ts_ms) key."""
-    return (f"(SELECT * FROM {table} WHERE gpu_index IN {every_gpu(table)} "
-            f"AND ts_ms >= {int(since_ms)} AND ts_ms < {int(until_ms)}) AS {table}")
+    return (
+        f"(SELECT * FROM {table} WHERE gpu_index IN {every_gpu(table)} "
+        f"AND ts_ms >= {int(since_ms)} AND ts_ms < {int(until_ms)}) AS {table}"
+    )
+
 
 MAX_GAP_MS = 5 * 60_000
 FOLD_PIECE_MS = 3_600_000
@@ -44,9 +47,9 @@ OPEN = float("inf")  # a running run's end
 class RunEnergy:
     run_id: str
     joules: float
-    gpus: tuple[int, ...]     # the GPUs it drew energy on
-    from_ms: int              # counted from here: the run's start, unless older samples are gone
-    complete: bool            # False: raw samples of the run's start had expired
+    gpus: tuple[int, ...]  # the GPUs it drew energy on
+    from_ms: int  # counted from here: the run's start, unless older samples are gone
+    complete: bool  # False: raw samples of the run's start had expired
 
     @property
     def kwh(self) -> float:
@@ -60,9 +63,9 @@ class EnergyLedger:
         self.until_ms = since_ms
         self.joules: dict[str, float] = defaultdict(float)
         self.gpus_of: dict[str, set[int]] = defaultdict(set)
-        self.first_reading: dict[int, int] = {}        # gpu -> its first counter reading's ts_ms
-        self._last: dict[int, tuple[int, int]] = {}    # gpu -> (ts_ms, mJ) of its newest reading
-        self._tick_ts: list[int] = []                  # process ticks, oldest first...
+        self.first_reading: dict[int, int] = {}  # gpu -> its first counter reading's ts_ms
+        self._last: dict[int, tuple[int, int]] = {}  # gpu -> (ts_ms, mJ) of its newest reading
+        self._tick_ts: list[int] = []  # process ticks, oldest first...
         self._tick_on: list[dict[int, tuple[int, ...]]] = []  # ...and gpu -> pids in each
         self._owners: dict[int, list[tuple[str, int, float]]] = {}  # pid -> (run, start, end)
         # Within one fold: who owns each tick's processes, and for how long that holds, and the
@@ -99,8 +102,11 @@ class EnergyLedger:
         self._read_ticks(conn, start, until_ms, gpus)
         samples = between("gpu_samples", since, until_ms)
         only = "" if gpus is None else f" AND gpu_index IN ({','.join(map(str, gpus))})"
-        rows = sorted(conn.execute(f"SELECT gpu_index, ts_ms, energy_mj FROM {samples} "
-                                   f"WHERE energy_mj IS NOT NULL{only}"))
+        rows = sorted(
+            conn.execute(
+                f"SELECT gpu_index, ts_ms, energy_mj FROM {samples} WHERE energy_mj IS NOT NULL{only}"
+            )
+        )
         for gpu, ts, mj in rows:
             self.first_reading.setdefault(gpu, ts)
             last = self._last.get(gpu)
@@ -126,8 +132,13 @@ class EnergyLedger:
         if not gpus:
             return None
         first = max(self.first_reading.get(g, start_ms) for g in gpus)
-        return RunEnergy(run_id, self.joules[run_id], tuple(sorted(gpus)), max(first, start_ms),
-                         first <= start_ms + PROCESS_TICK_SLACK_MS)
+        return RunEnergy(
+            run_id,
+            self.joules[run_id],
+            tuple(sorted(gpus)),
+            max(first, start_ms),
+            first <= start_ms + PROCESS_TICK_SLACK_MS,
+        )
 
     # -- internals --------------------------------------------------------------------------
 
@@ -197,9 +208,13 @@ class EnergyLedger:
 
 def _next_sample_ms(conn: sqlite3.Connection, since_ms: int) -> int | None:
     """The first GPU or GPU-process sample at or after since_ms (a seek per GPU), or None."""
-    found = [conn.execute(f"SELECT min(ts_ms) FROM {table} WHERE gpu_index IN {every_gpu(table)} "
-                          "AND ts_ms >= ?", (since_ms,)).fetchone()[0]
-             for table in ("gpu_samples", "gpu_process_samples")]
+    found = [
+        conn.execute(
+            f"SELECT min(ts_ms) FROM {table} WHERE gpu_index IN {every_gpu(table)} AND ts_ms >= ?",
+            (since_ms,),
+        ).fetchone()[0]
+        for table in ("gpu_samples", "gpu_process_samples")
+    ]
     found = [t for t in found if t is not None]
     return min(found) if found else None
 
@@ -207,14 +222,23 @@ def _next_sample_ms(conn: sqlite3.Connection, since_ms: int) -> int | None:
 def _gpus_of(conn: sqlite3.Connection, runs: list[str], since: int, until: int) -> list[int]:
     """GPUs where a process of one of these runs (by `processes` or the run's pid) was seen."""
     marks = ",".join("?" * len(runs))
-    pids = [p for (p,) in conn.execute(
-        f"SELECT pid FROM processes WHERE run_id IN ({marks}) UNION "
-        f"SELECT pid FROM runs WHERE run_id IN ({marks}) AND pid IS NOT NULL", runs + runs)]
+    pids = [
+        p
+        for (p,) in conn.execute(
+            f"SELECT pid FROM processes WHERE run_id IN ({marks}) UNION "
+            f"SELECT pid FROM runs WHERE run_id IN ({marks}) AND pid IS NOT NULL",
+            runs + runs,
+        )
+    ]
     if not pids:
         return []
     samples = between("gpu_process_samples", since, until)
-    return [g for (g,) in conn.execute(
-        f"SELECT DISTINCT gpu_index FROM {samples} WHERE pid IN ({','.join(map(str, pids))}) ORDER BY 1")]
+    return [
+        g
+        for (g,) in conn.execute(
+            f"SELECT DISTINCT gpu_index FROM {samples} WHERE pid IN ({','.join(map(str, pids))}) ORDER BY 1"
+        )
+    ]
 
 
 def _owners(conn: sqlite3.Connection, pids: set[int]) -> dict[int, list[tuple[str, int, float]]]:
@@ -225,7 +249,8 @@ def _owners(conn: sqlite3.Connection, pids: set[int]) -> dict[int, list[tuple[st
     rows = conn.execute(
         f"SELECT p.pid, r.run_id, r.started_ms, r.ended_ms FROM processes p JOIN runs r "
         f"ON r.run_id = p.run_id WHERE p.pid IN ({marks}) "
-        f"UNION SELECT pid, run_id, started_ms, ended_ms FROM runs WHERE pid IN ({marks})").fetchall()
+        f"UNION SELECT pid, run_id, started_ms, ended_ms FROM runs WHERE pid IN ({marks})"
+    ).fetchall()
     out: dict[int, list[tuple[str, int, float]]] = defaultdict(list)
     for pid, run_id, started, ended in sorted(rows, key=lambda r: -r[2]):
         out[pid].append((run_id, started, OPEN if ended is None else ended))

@@ -48,8 +48,14 @@ class Outcome:
             return {"type": "ack", "ids": self.applied, **extra}
         event_id, code, message = self.rejected[0]
         more = f" (and {len(self.rejected) - 1} more)" if len(self.rejected) > 1 else ""
-        return {"type": "error", "code": code, "error": f"event {event_id!r}: {message}{more}",
-                "ids": self.applied, "rejected": [r[0] for r in self.rejected], **extra}
+        return {
+            "type": "error",
+            "code": code,
+            "error": f"event {event_id!r}: {message}{more}",
+            "ids": self.applied,
+            "rejected": [r[0] for r in self.rejected],
+            **extra,
+        }
 
 
 class _Batch:
@@ -74,13 +80,16 @@ class _Batch:
         if uid is None:
             raise EventRejected("unknown_run", f"run {run_id!r} is unknown (its run_start never arrived)")
         if uid != self.peer.uid:
-            raise EventRejected("forbidden", f"run {run_id!r} belongs to uid {uid}; "
-                                             f"uid {self.peer.uid} may not write to it")
+            raise EventRejected(
+                "forbidden", f"run {run_id!r} belongs to uid {uid}; uid {self.peer.uid} may not write to it"
+            )
 
     def add_row(self, table: str, conflict: str, row: dict[str, Any]) -> None:
         self.rows.setdefault((table, conflict, tuple(row)), []).append(tuple(row.values()))
 
-    def add_rows(self, table: str, conflict: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    def add_rows(
+        self, table: str, conflict: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
+    ) -> None:
         self.rows.setdefault((table, conflict, columns), []).extend(rows)
 
     def note_step(self, run_id: str, ts_ms: int) -> None:
@@ -90,8 +99,10 @@ class _Batch:
         for (table, conflict, columns), rows in self.rows.items():
             self.conn.executemany(insert_sql(table, columns, conflict), rows)
         for run_id, ts in self.last_step_ms.items():
-            self.conn.execute("UPDATE runs SET last_step_ms = MAX(COALESCE(last_step_ms, 0), ?) "
-                              "WHERE run_id = ?", (ts, run_id))
+            self.conn.execute(
+                "UPDATE runs SET last_step_ms = MAX(COALESCE(last_step_ms, 0), ?) WHERE run_id = ?",
+                (ts, run_id),
+            )
 
 
 _ENVELOPE = frozenset({"id", "kind"})
@@ -114,8 +125,9 @@ def _run_start(batch: _Batch, event: dict[str, Any]) -> None:
             raise EventRejected("forbidden", f"run {run_id!r} already exists and belongs to uid {uid}")
         return  # a replayed run_start: the run is already there
     row = _row(event, {"ts_ms": "started_ms"})
-    row.update(uid=batch.peer.uid, user=batch.peer.user, pid=batch.peer.pid, status="running",
-               mode=batch.peer.mode)
+    row.update(
+        uid=batch.peer.uid, user=batch.peer.user, pid=batch.peer.pid, status="running", mode=batch.peer.mode
+    )
     row.setdefault("host", socket.gethostname())
     insert_rows(batch.conn, "runs", [row])
     batch.owners[run_id] = batch.peer.uid
@@ -123,7 +135,8 @@ def _run_start(batch: _Batch, event: dict[str, Any]) -> None:
     batch.conn.execute(
         "UPDATE processes SET run_id = ? WHERE pid = ? AND run_id IS NULL AND "
         "start_ms = (SELECT MAX(start_ms) FROM processes WHERE pid = ?)",
-        (run_id, batch.peer.pid, batch.peer.pid))
+        (run_id, batch.peer.pid, batch.peer.pid),
+    )
 
 
 def _run_end(batch: _Batch, event: dict[str, Any]) -> None:
@@ -132,8 +145,16 @@ def _run_end(batch: _Batch, event: dict[str, Any]) -> None:
     batch.conn.execute(
         "UPDATE runs SET status = ?, exit_code = ?, signal = ?, error_type = ?, error_message = ?, "
         "ended_ms = ? WHERE run_id = ?",
-        (event["status"], event.get("exit_code"), event.get("signal"), event.get("error_type"),
-         event.get("error_message"), event["ts_ms"], event["run_id"]))
+        (
+            event["status"],
+            event.get("exit_code"),
+            event.get("signal"),
+            event.get("error_type"),
+            event.get("error_message"),
+            event["ts_ms"],
+            event["run_id"],
+        ),
+    )
 
 
 _get_id, _get_kind, _get_run_id, _get_ts = (itemgetter(k) for k in ("id", "kind", "run_id", "ts_ms"))
@@ -230,8 +251,7 @@ NEIGHBOUR_SAMPLE_MAX_AGE_MS = 60_000  # older GPU process samples say nothing ab
 _LEGACY_MIG_UUID = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/(\d+)$")  # MIG-GPU-<uuid>/GI/CI
 
 
-def _gpu_index_of(conn: sqlite3.Connection, run_id: str,
-                  device: int) -> tuple[int, tuple[int, int] | None]:
+def _gpu_index_of(conn: sqlite3.Connection, run_id: str, device: int) -> tuple[int, tuple[int, int] | None]:
     """NVML index of the run's CUDA device `device`, through the run's visible GPU UUIDs if known,
     and (GPU instance, compute instance) when that device is a MIG device."""
     found = conn.execute("SELECT gpu_uuids FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -244,8 +264,9 @@ def _gpu_index_of(conn: sqlite3.Connection, run_id: str,
         row = conn.execute("SELECT gpu_index FROM gpus WHERE uuid = ?", (uuid,)).fetchone()
         if row:
             return row[0], mig
-        row = conn.execute("SELECT gpu_index, gpu_instance_id, compute_instance_id FROM mig_devices "
-                           "WHERE uuid = ?", (uuid,)).fetchone()
+        row = conn.execute(
+            "SELECT gpu_index, gpu_instance_id, compute_instance_id FROM mig_devices WHERE uuid = ?", (uuid,)
+        ).fetchone()
         if row:
             return row[0], (row[1], row[2])
         if uuid.isdigit():
@@ -253,13 +274,15 @@ def _gpu_index_of(conn: sqlite3.Connection, run_id: str,
     return device, None
 
 
-def _neighbours_from_samples(conn: sqlite3.Connection, run_id: str, device: int, own_pid: int,
-                             ts_ms: int) -> list[dict[str, Any]] | None:
+def _neighbours_from_samples(
+    conn: sqlite3.Connection, run_id: str, device: int, own_pid: int, ts_ms: int
+) -> list[dict[str, Any]] | None:
     """Other processes on the OOM's GPU (on a MIG device: on that MIG device, whose memory is
     its own) at the daemon's newest process sample before the OOM."""
     gpu, mig = _gpu_index_of(conn, run_id, device)
-    newest = conn.execute("SELECT MAX(ts_ms) FROM gpu_process_samples WHERE gpu_index = ? AND ts_ms < ?",
-                          (gpu, ts_ms + 1001)).fetchone()[0]
+    newest = conn.execute(
+        "SELECT MAX(ts_ms) FROM gpu_process_samples WHERE gpu_index = ? AND ts_ms < ?", (gpu, ts_ms + 1001)
+    ).fetchone()[0]
     if newest is None or newest < ts_ms - NEIGHBOUR_SAMPLE_MAX_AGE_MS:
         return None
     on_mig = "AND s.gpu_instance_id = ? AND s.compute_instance_id = ? " if mig else ""
@@ -268,24 +291,33 @@ def _neighbours_from_samples(conn: sqlite3.Connection, run_id: str, device: int,
         "LEFT JOIN processes p ON p.pid = s.pid AND p.start_ms = "
         "(SELECT MAX(start_ms) FROM processes WHERE pid = s.pid) "
         f"WHERE s.gpu_index = ? AND s.ts_ms = ? AND s.pid != ? {on_mig}ORDER BY s.used_mem_bytes DESC",
-        (gpu, newest, own_pid, *(mig or ()))).fetchall()
-    return [{"pid": pid, "user": user, "used_mem_bytes": used, "run_id": run}
-            for pid, user, used, run in rows]
+        (gpu, newest, own_pid, *(mig or ())),
+    ).fetchall()
+    return [
+        {"pid": pid, "user": user, "used_mem_bytes": used, "run_id": run} for pid, user, used, run in rows
+    ]
 
 
 def _oom_postmortem(batch: _Batch, event: dict[str, Any]) -> None:
     run_id, ts = event["run_id"], event["ts_ms"]
     batch.require_own(run_id)
     # The table has no natural key: a replayed postmortem is recognised by its run and time.
-    if batch.conn.execute("SELECT 1 FROM oom_postmortems WHERE run_id = ? AND ts_ms = ?",
-                          (run_id, ts)).fetchone():
+    if batch.conn.execute(
+        "SELECT 1 FROM oom_postmortems WHERE run_id = ? AND ts_ms = ?", (run_id, ts)
+    ).fetchone():
         return
     row = _row(event, {"oom_kind": "kind"})
     for neighbour in row.get("neighbours") or []:
-        if neighbour.get("run_id") is None and type(neighbour.get("pid")) is int and 0 < neighbour["pid"] < 2**31:
+        if (
+            neighbour.get("run_id") is None
+            and type(neighbour.get("pid")) is int
+            and 0 < neighbour["pid"] < 2**31
+        ):
             # The client saw the pid in NVML; which run it belongs to only the store knows.
-            known = batch.conn.execute("SELECT run_id FROM processes WHERE pid = ? "
-                                       "ORDER BY start_ms DESC LIMIT 1", (neighbour["pid"],)).fetchone()
+            known = batch.conn.execute(
+                "SELECT run_id FROM processes WHERE pid = ? ORDER BY start_ms DESC LIMIT 1",
+                (neighbour["pid"],),
+            ).fetchone()
             neighbour["run_id"] = known[0] if known else None
     for name in ("largest_blocks", "neighbours", "advice"):
         if name in row:
@@ -298,23 +330,32 @@ def _oom_postmortem(batch: _Batch, event: dict[str, Any]) -> None:
     insert_rows(batch.conn, "oom_postmortems", [row])
 
 
-_INT64 = (-2**63, 2**63 - 1)
-_OP_COLUMNS = {"calls": int, "self_cpu_us": float, "cpu_total_us": float, "self_device_us": float,
-               "device_total_us": float, "self_mem_bytes": int}
+_INT64 = (-(2**63), 2**63 - 1)
+_OP_COLUMNS = {
+    "calls": int,
+    "self_cpu_us": float,
+    "cpu_total_us": float,
+    "self_device_us": float,
+    "device_total_us": float,
+    "self_mem_bytes": int,
+}
 
 
 def _profile_op(op: dict[str, Any]) -> dict[str, Any]:
     name = op.get("name")
     if type(name) is not str or not 0 < len(name) <= 1024:
-        raise EventRejected("invalid", f"profile op name: expected a string of 1-1024 characters, got {name!r:.40}")
+        raise EventRejected(
+            "invalid", f"profile op name: expected a string of 1-1024 characters, got {name!r:.40}"
+        )
     row = {"name": name}
     for column, kind in _OP_COLUMNS.items():
         value = op.get(column)
         if value is not None:
             # In range before converting: int(nan) and float(10**400) raise, SQLite holds 64 bits.
             if type(value) not in (int, float) or not _INT64[0] <= value <= _INT64[1]:
-                raise EventRejected("invalid", f"profile op {name!r:.40}.{column}: expected a "
-                                               "finite number within 64 bits")
+                raise EventRejected(
+                    "invalid", f"profile op {name!r:.40}.{column}: expected a finite number within 64 bits"
+                )
             row[column] = kind(value)
     return row
 
@@ -322,13 +363,19 @@ def _profile_op(op: dict[str, Any]) -> dict[str, Any]:
 _BREAKDOWN_MAX_BYTES = 1 << 20
 # profile_breakdowns column -> (section of the breakdown, key in it)
 _BREAKDOWN_COLUMNS = {
-    "kernel_time_us": ("temporal", "kernel_time_us"), "idle_pct": ("temporal", "idle_pct"),
-    "compute_pct": ("temporal", "compute_pct"), "non_compute_pct": ("temporal", "non_compute_pct"),
-    "idle_host_wait_pct": ("idle", "host_wait_pct"), "idle_dataloader_pct": ("idle", "dataloader_pct"),
-    "idle_sync_pct": ("idle", "sync_pct"), "idle_other_pct": ("idle", "other_pct"),
+    "kernel_time_us": ("temporal", "kernel_time_us"),
+    "idle_pct": ("temporal", "idle_pct"),
+    "compute_pct": ("temporal", "compute_pct"),
+    "non_compute_pct": ("temporal", "non_compute_pct"),
+    "idle_host_wait_pct": ("idle", "host_wait_pct"),
+    "idle_dataloader_pct": ("idle", "dataloader_pct"),
+    "idle_sync_pct": ("idle", "sync_pct"),
+    "idle_other_pct": ("idle", "other_pct"),
     "overlap_pct": (None, "overlap_pct"),
-    "cpu_operators_pct": ("cpu", "operators_pct"), "cpu_dataloader_pct": ("cpu", "dataloader_pct"),
-    "cpu_optimizer_pct": ("cpu", "optimizer_pct"), "cpu_other_pct": ("cpu", "other_pct"),
+    "cpu_operators_pct": ("cpu", "operators_pct"),
+    "cpu_dataloader_pct": ("cpu", "dataloader_pct"),
+    "cpu_optimizer_pct": ("cpu", "optimizer_pct"),
+    "cpu_other_pct": ("cpu", "other_pct"),
 }
 
 
@@ -360,14 +407,19 @@ def _profile(batch: _Batch, event: dict[str, Any]) -> None:
     ops = [_profile_op(op) for op in event.get("ops") or ()]
     breakdown = _breakdown_row(event["breakdown"]) if event.get("breakdown") else None
     key = (event["run_id"], event["ts_ms"], event.get("rank"), event["trigger"])
-    if batch.conn.execute("SELECT 1 FROM profiles WHERE run_id = ? AND ts_ms = ? AND rank IS ? "
-                          "AND trigger = ?", key).fetchone():
+    if batch.conn.execute(
+        "SELECT 1 FROM profiles WHERE run_id = ? AND ts_ms = ? AND rank IS ? AND trigger = ?", key
+    ).fetchone():
         return
-    row = {k: event.get(k) for k in ("run_id", "ts_ms", "rank", "trigger", "first_step", "steps",
-                                      "trace_path", "trace_bytes")}
+    row = {
+        k: event.get(k)
+        for k in ("run_id", "ts_ms", "rank", "trigger", "first_step", "steps", "trace_path", "trace_bytes")
+    }
     cur = batch.conn.execute(
         "INSERT INTO profiles (run_id, ts_ms, rank, trigger, first_step, steps, trace_path, trace_bytes) "
-        "VALUES (:run_id, :ts_ms, :rank, :trigger, :first_step, :steps, :trace_path, :trace_bytes)", row)
+        "VALUES (:run_id, :ts_ms, :rank, :trigger, :first_step, :steps, :trace_path, :trace_bytes)",
+        row,
+    )
     for op in ops:
         op["profile_id"] = cur.lastrowid
     insert_rows(batch.conn, "profile_ops", ops, "IGNORE")
@@ -379,9 +431,17 @@ def _note(batch: _Batch, event: dict[str, Any]) -> None:
     """A note by the run's owner, or by root (who may annotate anyone's run)."""
     if batch.peer.uid != 0 or batch.owner(event["run_id"]) is None:
         batch.require_own(event["run_id"])
-    batch.add_row("run_notes", "IGNORE", {
-        "run_id": event["run_id"], "ts_ms": event["ts_ms"], "uid": batch.peer.uid,
-        "user": batch.peer.user, "text": event["text"]})
+    batch.add_row(
+        "run_notes",
+        "IGNORE",
+        {
+            "run_id": event["run_id"],
+            "ts_ms": event["ts_ms"],
+            "uid": batch.peer.uid,
+            "user": batch.peer.user,
+            "text": event["text"],
+        },
+    )
 
 
 # kind -> applier; protocol.EVENT_KINDS says which fields each kind may carry.

@@ -34,9 +34,11 @@ class StoreHealth:
 
     def line(self) -> str:
         free = "unknown" if self.free_bytes is None else f"{self.free_bytes:,}"
-        return (f"the daemon cannot write {self.path}: {self.problem} ({self.error}); {free} bytes "
-                f"free; {self.failed_jobs} writes failed so far (samples dropped, workloads' events "
-                "kept spooled)")
+        return (
+            f"the daemon cannot write {self.path}: {self.problem} ({self.error}); {free} bytes "
+            f"free; {self.failed_jobs} writes failed so far (samples dropped, workloads' events "
+            "kept spooled)"
+        )
 
 
 def report_path(socket_path: str | os.PathLike[str]) -> Path:
@@ -59,7 +61,9 @@ def publish(socket_path: str | os.PathLike[str], health: StoreHealth | None) -> 
         raise OSError(e.errno, e.strerror, str(target)) from None
 
 
-def read(db_path: str | os.PathLike[str], socket_paths: Iterable[str | os.PathLike[str]] = ()) -> StoreHealth | None:
+def read(
+    db_path: str | os.PathLike[str], socket_paths: Iterable[str | os.PathLike[str]] = ()
+) -> StoreHealth | None:
     """The live report about `db_path`, looked for beside each of `socket_paths` and both
     default sockets; None when the daemon writing it reports nothing wrong."""
     want = os.path.realpath(db_path)

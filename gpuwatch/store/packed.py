@@ -24,7 +24,7 @@ _NULL_DIGIT = "x"
 class SampleTable:
     name: str
     columns: tuple[tuple[str, str], ...]  # (name, INTEGER | REAL | TEXT) in the table's order
-    pk: tuple[str, ...]                   # the plain table's primary key
+    pk: tuple[str, ...]  # the plain table's primary key
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -47,24 +47,36 @@ def _cols(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(tuple(c.split()) for c in text.split(","))  # type: ignore[misc]
 
 
-GPU_SAMPLES = SampleTable("gpu_samples", _cols(
-    "gpu_index INTEGER, ts_ms INTEGER, gpu_util_pct INTEGER, mem_util_pct INTEGER, "
-    "mem_used_bytes INTEGER, mem_free_bytes INTEGER, mem_reserved_bytes INTEGER, temp_c INTEGER, "
-    "power_mw INTEGER, energy_mj INTEGER, sm_clock_mhz INTEGER, mem_clock_mhz INTEGER, "
-    "pcie_tx_kbps INTEGER, pcie_rx_kbps INTEGER, fan_pct INTEGER, pstate INTEGER, "
-    "throttle_reasons INTEGER, ecc_corrected INTEGER, ecc_uncorrected INTEGER, state TEXT"),
-    ("gpu_index", "ts_ms"))
-GPU_PROCESS_SAMPLES = SampleTable("gpu_process_samples", _cols(
-    "gpu_index INTEGER, pid INTEGER, ts_ms INTEGER, kind TEXT, used_mem_bytes INTEGER, "
-    "sm_util_pct INTEGER, mem_util_pct INTEGER, rss_bytes INTEGER, cpu_pct REAL, "
-    "gpu_instance_id INTEGER, compute_instance_id INTEGER"),
-    ("gpu_index", "ts_ms", "pid"))
-HOST_SAMPLES = SampleTable("host_samples", _cols(
-    "ts_ms INTEGER, cpu_pct REAL, load1 REAL, load5 REAL, load15 REAL, mem_total_bytes INTEGER, "
-    "mem_used_bytes INTEGER, mem_available_bytes INTEGER, swap_used_bytes INTEGER, "
-    "disk_read_bytes INTEGER, disk_write_bytes INTEGER, net_rx_bytes INTEGER, "
-    "net_tx_bytes INTEGER, shm_total_bytes INTEGER, shm_used_bytes INTEGER"),
-    ("ts_ms",))
+GPU_SAMPLES = SampleTable(
+    "gpu_samples",
+    _cols(
+        "gpu_index INTEGER, ts_ms INTEGER, gpu_util_pct INTEGER, mem_util_pct INTEGER, "
+        "mem_used_bytes INTEGER, mem_free_bytes INTEGER, mem_reserved_bytes INTEGER, temp_c INTEGER, "
+        "power_mw INTEGER, energy_mj INTEGER, sm_clock_mhz INTEGER, mem_clock_mhz INTEGER, "
+        "pcie_tx_kbps INTEGER, pcie_rx_kbps INTEGER, fan_pct INTEGER, pstate INTEGER, "
+        "throttle_reasons INTEGER, ecc_corrected INTEGER, ecc_uncorrected INTEGER, state TEXT"
+    ),
+    ("gpu_index", "ts_ms"),
+)
+GPU_PROCESS_SAMPLES = SampleTable(
+    "gpu_process_samples",
+    _cols(
+        "gpu_index INTEGER, pid INTEGER, ts_ms INTEGER, kind TEXT, used_mem_bytes INTEGER, "
+        "sm_util_pct INTEGER, mem_util_pct INTEGER, rss_bytes INTEGER, cpu_pct REAL, "
+        "gpu_instance_id INTEGER, compute_instance_id INTEGER"
+    ),
+    ("gpu_index", "ts_ms", "pid"),
+)
+HOST_SAMPLES = SampleTable(
+    "host_samples",
+    _cols(
+        "ts_ms INTEGER, cpu_pct REAL, load1 REAL, load5 REAL, load15 REAL, mem_total_bytes INTEGER, "
+        "mem_used_bytes INTEGER, mem_available_bytes INTEGER, swap_used_bytes INTEGER, "
+        "disk_read_bytes INTEGER, disk_write_bytes INTEGER, net_rx_bytes INTEGER, "
+        "net_tx_bytes INTEGER, shm_total_bytes INTEGER, shm_used_bytes INTEGER"
+    ),
+    ("ts_ms",),
+)
 TABLES = {t.name: t for t in (GPU_SAMPLES, GPU_PROCESS_SAMPLES, HOST_SAMPLES)}
 # migration_sql() builds the migration that introduced packing from these specs, so they must
 # keep describing the tables as it left them; later columns go on the plain tables, in their
@@ -72,6 +84,7 @@ TABLES = {t.name: t for t in (GPU_SAMPLES, GPU_PROCESS_SAMPLES, HOST_SAMPLES)}
 
 
 # --- schema -----------------------------------------------------------------------------------
+
 
 def _packed_columns(kind: str, name: str) -> list[str]:
     if kind == "TEXT":
@@ -82,8 +95,10 @@ def _packed_columns(kind: str, name: str) -> list[str]:
 
 def _numeric_sql(col: str, kind: str, k: str = "s.k") -> str:
     width = f"(length(p.{col}) / p.n)"
-    digits = (f"CAST(nullif(substr(p.{col}, {k} * {width} + 1, {width}), "
-              f"substr('{_NULL_DIGIT * 20}', 1, {width})) AS INTEGER)")
+    digits = (
+        f"CAST(nullif(substr(p.{col}, {k} * {width} + 1, {width}), "
+        f"substr('{_NULL_DIGIT * 20}', 1, {width})) AS INTEGER)"
+    )
     line = f"p.{col}_b + p.{col}_s * {k}"
     expr = f"CASE WHEN p.{col} IS NULL THEN {line} ELSE {line} + p.{col}_g * {digits} END"
     return f"({expr}) * 1.0 / p.{col}_d" if kind == "REAL" else expr
@@ -108,15 +123,19 @@ def _decoded(table: SampleTable, columns: list[tuple[str, str]]) -> str:
 def _view_sql(table: SampleTable) -> str:
     """Every sample of the table: plain rows, then each bucket's samples decoded."""
     names = ", ".join(c for c, _ in table.columns)
-    return (f"SELECT {names} FROM {table.recent} UNION ALL SELECT {_decoded(table, list(table.columns))} "
-            f"FROM {table.packed} p CROSS JOIN sample_slots s WHERE s.k < p.n")
+    return (
+        f"SELECT {names} FROM {table.recent} UNION ALL SELECT {_decoded(table, list(table.columns))} "
+        f"FROM {table.packed} p CROSS JOIN sample_slots s WHERE s.k < p.n"
+    )
 
 
 def migration_sql() -> str:
     """Plain tables become `_recent`; `_packed` tables, the views and their triggers appear."""
-    out = ["CREATE TABLE sample_slots (k INTEGER PRIMARY KEY);  -- numbers the samples of a bucket",
-           f"INSERT INTO sample_slots WITH RECURSIVE c(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM c "
-           f"WHERE k < {SLOTS - 1}) SELECT k FROM c;"]
+    out = [
+        "CREATE TABLE sample_slots (k INTEGER PRIMARY KEY);  -- numbers the samples of a bucket",
+        f"INSERT INTO sample_slots WITH RECURSIVE c(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM c "
+        f"WHERE k < {SLOTS - 1}) SELECT k FROM c;",
+    ]
     for t in TABLES.values():
         cols = [f"{k} INTEGER NOT NULL" for k in t.keys]
         cols += ["ts_ms INTEGER NOT NULL", "n INTEGER NOT NULL"]

@@ -70,10 +70,15 @@ def _parse(text: str | None, empty: Any) -> Any:
 
 
 def _build(row: tuple[Any, ...]) -> Postmortem:
-    plain, parsed = row[:len(_PLAIN)], row[len(_PLAIN):]
+    plain, parsed = row[: len(_PLAIN)], row[len(_PLAIN) :]
     stats, blocks, neighbours, advice = parsed
-    return Postmortem(**dict(zip(_PLAIN, plain)), stats=_parse(stats, {}), largest_blocks=_parse(blocks, []),
-                      neighbours=_parse(neighbours, None), advice=_parse(advice, []))
+    return Postmortem(
+        **dict(zip(_PLAIN, plain)),
+        stats=_parse(stats, {}),
+        largest_blocks=_parse(blocks, []),
+        neighbours=_parse(neighbours, None),
+        advice=_parse(advice, []),
+    )
 
 
 def for_run(conn: sqlite3.Connection, run_id: str) -> list[Postmortem]:
@@ -85,5 +90,7 @@ def recent(conn: sqlite3.Connection, limit: int = 50) -> list[tuple[Postmortem, 
     """The newest postmortems across all runs, newest first, with their run's name and user."""
     rows = conn.execute(
         "SELECT " + ", ".join("o." + c for c in _COLUMNS) + ", r.name, r.user FROM oom_postmortems o "
-        "LEFT JOIN runs r ON r.run_id = o.run_id ORDER BY o.ts_ms DESC, o.id DESC LIMIT ?", (limit,)).fetchall()
+        "LEFT JOIN runs r ON r.run_id = o.run_id ORDER BY o.ts_ms DESC, o.id DESC LIMIT ?",
+        (limit,),
+    ).fetchall()
     return [(_build(r[:-2]), r[-2], r[-1]) for r in rows]

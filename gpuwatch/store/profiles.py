@@ -51,17 +51,26 @@ class StackDumpRow:
 
 def profiles(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None) -> list[Profile]:
     """A run's profiles, newest first."""
-    return _build(Profile, conn.execute(
-        f"SELECT {columns_of(Profile)} FROM profiles WHERE run_id = ? AND ts_ms >= ? "
-        "ORDER BY ts_ms DESC, id DESC", (run_id, since_ms or 0)))
+    return _build(
+        Profile,
+        conn.execute(
+            f"SELECT {columns_of(Profile)} FROM profiles WHERE run_id = ? AND ts_ms >= ? "
+            "ORDER BY ts_ms DESC, id DESC",
+            (run_id, since_ms or 0),
+        ),
+    )
 
 
 def profile_ops(conn: sqlite3.Connection, profile_id: int, limit: int = 50) -> list[ProfileOp]:
     """Top operators of a profile: by self device time, then self CPU time."""
-    return _build(ProfileOp, conn.execute(
-        f"SELECT {columns_of(ProfileOp)} FROM profile_ops WHERE profile_id = ? "
-        "ORDER BY COALESCE(self_device_us, 0) DESC, COALESCE(self_cpu_us, 0) DESC LIMIT ?",
-        (profile_id, limit)))
+    return _build(
+        ProfileOp,
+        conn.execute(
+            f"SELECT {columns_of(ProfileOp)} FROM profile_ops WHERE profile_id = ? "
+            "ORDER BY COALESCE(self_device_us, 0) DESC, COALESCE(self_cpu_us, 0) DESC LIMIT ?",
+            (profile_id, limit),
+        ),
+    )
 
 
 def profile_breakdown(conn: sqlite3.Connection, profile_id: int) -> dict[str, Any] | None:
@@ -69,8 +78,9 @@ def profile_breakdown(conn: sqlite3.Connection, profile_id: int) -> dict[str, An
     None when the profile has none (no trace kept, or stored before the analysis existed)."""
     if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'profile_breakdowns'").fetchone():
         return None
-    row = conn.execute("SELECT breakdown_json FROM profile_breakdowns WHERE profile_id = ?",
-                       (profile_id,)).fetchone()
+    row = conn.execute(
+        "SELECT breakdown_json FROM profile_breakdowns WHERE profile_id = ?", (profile_id,)
+    ).fetchone()
     return None if row is None else json.loads(row[0])
 
 
@@ -78,17 +88,25 @@ def latest_breakdown(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | 
     """The breakdown of a run's newest profile that has one (show, compare and report)."""
     if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'profile_breakdowns'").fetchone():
         return None
-    row = conn.execute("SELECT b.breakdown_json FROM profile_breakdowns b JOIN profiles p ON "
-                       "p.id = b.profile_id WHERE p.run_id = ? ORDER BY p.ts_ms DESC, p.id DESC "
-                       "LIMIT 1", (run_id,)).fetchone()
+    row = conn.execute(
+        "SELECT b.breakdown_json FROM profile_breakdowns b JOIN profiles p ON "
+        "p.id = b.profile_id WHERE p.run_id = ? ORDER BY p.ts_ms DESC, p.id DESC "
+        "LIMIT 1",
+        (run_id,),
+    ).fetchone()
     return None if row is None else json.loads(row[0])
 
 
 def stack_dumps(conn: sqlite3.Connection, run_id: str, limit: int = 10) -> list[StackDumpRow]:
     """A run's stack dumps, newest first."""
-    return _build(StackDumpRow, conn.execute(
-        f"SELECT {columns_of(StackDumpRow)} FROM stack_dumps WHERE run_id = ? "
-        "ORDER BY ts_ms DESC, id DESC LIMIT ?", (run_id, limit)))
+    return _build(
+        StackDumpRow,
+        conn.execute(
+            f"SELECT {columns_of(StackDumpRow)} FROM stack_dumps WHERE run_id = ? "
+            "ORDER BY ts_ms DESC, id DESC LIMIT ?",
+            (run_id, limit),
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -122,11 +140,20 @@ class CapacityPoint:
 
 def latest_capacity_study(conn: sqlite3.Connection) -> tuple[CapacityStudy, list[CapacityPoint]] | None:
     """The newest `gpuwatch capacity` study and its points (by batch, then length)."""
-    found = _build(CapacityStudy, conn.execute(
-        f"SELECT {columns_of(CapacityStudy)} FROM capacity_studies ORDER BY ts_ms DESC, id DESC LIMIT 1"))
+    found = _build(
+        CapacityStudy,
+        conn.execute(
+            f"SELECT {columns_of(CapacityStudy)} FROM capacity_studies ORDER BY ts_ms DESC, id DESC LIMIT 1"
+        ),
+    )
     if not found:
         return None
-    points = _build(CapacityPoint, conn.execute(
-        f"SELECT {columns_of(CapacityPoint)} FROM capacity_points WHERE study_id = ? "
-        "ORDER BY batch, seq_len, kind", (found[0].id,)))
+    points = _build(
+        CapacityPoint,
+        conn.execute(
+            f"SELECT {columns_of(CapacityPoint)} FROM capacity_points WHERE study_id = ? "
+            "ORDER BY batch, seq_len, kind",
+            (found[0].id,),
+        ),
+    )
     return found[0], points

@@ -45,6 +45,7 @@ class GpuInfo:
 @dataclass(frozen=True)
 class GpuProfSample:
     """GPM figures of one GPU over one tick (Hopper and later), each 0-100 or None."""
+
     gpu_index: int
     ts_ms: int
     sm_active_pct: float | None
@@ -115,13 +116,14 @@ class GpuProcess:
     cmdline: str | None
     run_id: str | None
     run_name: str | None
-    gpu_instance_id: int | None = None      # the MIG device it runs on; None off MIG
+    gpu_instance_id: int | None = None  # the MIG device it runs on; None off MIG
     compute_instance_id: int | None = None
 
 
 @dataclass(frozen=True)
 class MigDevice:
     """A MIG device now (in the newest MIG tick), with that tick's figures."""
+
     gpu_index: int
     gpu_instance_id: int
     compute_instance_id: int
@@ -133,7 +135,7 @@ class MigDevice:
     ts_ms: int
     mem_used_bytes: int | None
     mem_free_bytes: int | None
-    gpu_util_pct: int | None                # None: NVML gives none for this MIG device
+    gpu_util_pct: int | None  # None: NVML gives none for this MIG device
     mem_util_pct: int | None
 
 
@@ -231,9 +233,9 @@ class SeriesPoint:
 @dataclass(frozen=True)
 class SlotUtil:
     gpu_index: int
-    slot_ms: int       # start of the slot, a multiple of its width
-    util_pct: float    # mean utilisation of the samples in the slot
-    newest_ms: int     # the newest sample in it
+    slot_ms: int  # start of the slot, a multiple of its width
+    util_pct: float  # mean utilisation of the samples in the slot
+    newest_ms: int  # the newest sample in it
 
 
 T = TypeVar("T")
@@ -251,9 +253,11 @@ def _build(cls: type[T], rows: Iterable[tuple[Any, ...]]) -> list[T]:
 def distinct_keys(table: str, col: str) -> str:
     """A CTE `keys(k)` listing distinct leading-key values by seeking the primary key,
     instead of scanning every sample."""
-    return (f"WITH RECURSIVE keys(k) AS (SELECT min({col}) FROM {table} UNION ALL "
-            f"SELECT (SELECT min({col}) FROM {table} WHERE {col} > keys.k) FROM keys "
-            f"WHERE keys.k IS NOT NULL) ")
+    return (
+        f"WITH RECURSIVE keys(k) AS (SELECT min({col}) FROM {table} UNION ALL "
+        f"SELECT (SELECT min({col}) FROM {table} WHERE {col} > keys.k) FROM keys "
+        f"WHERE keys.k IS NOT NULL) "
+    )
 
 
 def every_gpu(table: str) -> str:
@@ -264,6 +268,7 @@ def every_gpu(table: str) -> str:
 
 
 # --- GPUs and host ---------------------------------------------------------------------------
+
 
 def gpus(conn: sqlite3.Connection) -> list[GpuInfo]:
     return _build(GpuInfo, conn.execute(f"SELECT {columns_of(GpuInfo)} FROM gpus ORDER BY gpu_index"))
@@ -283,12 +288,15 @@ def latest_gpu_samples(conn: sqlite3.Connection, now: int | None = None) -> dict
         + f"SELECT {columns_of(GpuSample, 's.')} FROM keys JOIN gpu_samples s "
         "ON s.gpu_index = keys.k AND s.ts_ms = "
         "(SELECT max(ts_ms) FROM gpu_samples WHERE gpu_index = keys.k AND ts_ms <= :upto) "
-        "ORDER BY s.gpu_index", _upto(now))
+        "ORDER BY s.gpu_index",
+        _upto(now),
+    )
     return {sample.gpu_index: sample for sample in _build(GpuSample, rows)}
 
 
-def latest_gpu_prof_samples(conn: sqlite3.Connection, since_ms: int,
-                            now: int | None = None) -> dict[int, GpuProfSample]:
+def latest_gpu_prof_samples(
+    conn: sqlite3.Connection, since_ms: int, now: int | None = None
+) -> dict[int, GpuProfSample]:
     """The newest GPM sample (at or before `now`, as latest_gpu_samples) of each GPU that has
     one at or after since_ms (older ones describe a GPU that no longer gives GPM figures): a
     primary-key seek per GPU."""
@@ -297,34 +305,46 @@ def latest_gpu_prof_samples(conn: sqlite3.Connection, since_ms: int,
         + f"SELECT {columns_of(GpuProfSample, 's.')} FROM keys JOIN gpu_prof_samples s "
         "ON s.gpu_index = keys.k AND s.ts_ms = "
         "(SELECT max(ts_ms) FROM gpu_prof_samples WHERE gpu_index = keys.k AND ts_ms <= :upto) "
-        "WHERE s.ts_ms >= :since ORDER BY s.gpu_index", dict(_upto(now), since=since_ms))
+        "WHERE s.ts_ms >= :since ORDER BY s.gpu_index",
+        dict(_upto(now), since=since_ms),
+    )
     return {sample.gpu_index: sample for sample in _build(GpuProfSample, rows)}
 
 
 def latest_host_sample(conn: sqlite3.Connection, now: int | None = None) -> HostSample | None:
-    row = conn.execute(f"SELECT {columns_of(HostSample)} FROM host_samples WHERE ts_ms <= :upto "
-                       "ORDER BY ts_ms DESC LIMIT 1", _upto(now)).fetchone()
+    row = conn.execute(
+        f"SELECT {columns_of(HostSample)} FROM host_samples WHERE ts_ms <= :upto ORDER BY ts_ms DESC LIMIT 1",
+        _upto(now),
+    ).fetchone()
     return HostSample(*row) if row else None
 
 
-def gpu_series(conn: sqlite3.Connection, gpu_index: int, metric: str, since_ms: int,
-               until_ms: int | None = None, max_points: int = 240) -> list[SeriesPoint]:
+def gpu_series(
+    conn: sqlite3.Connection,
+    gpu_index: int,
+    metric: str,
+    since_ms: int,
+    until_ms: int | None = None,
+    max_points: int = 240,
+) -> list[SeriesPoint]:
     """min/avg/max of one GPU metric in at most max_points buckets over [since_ms, until_ms)."""
     if metric not in GPU_METRICS:
         raise StoreError(f"unknown GPU metric '{metric}'; known: {', '.join(GPU_METRICS)}")
     return _series(conn, "gpu_samples", ("gpu_index", gpu_index), metric, since_ms, until_ms, max_points)
 
 
-def host_series(conn: sqlite3.Connection, metric: str, since_ms: int, until_ms: int | None = None,
-                max_points: int = 240) -> list[SeriesPoint]:
+def host_series(
+    conn: sqlite3.Connection, metric: str, since_ms: int, until_ms: int | None = None, max_points: int = 240
+) -> list[SeriesPoint]:
     """min/avg/max of one host metric in at most max_points buckets over [since_ms, until_ms)."""
     if metric not in HOST_METRICS:
         raise StoreError(f"unknown host metric '{metric}'; known: {', '.join(HOST_METRICS)}")
     return _series(conn, "host_samples", None, metric, since_ms, until_ms, max_points)
 
 
-def series_tier(conn: sqlite3.Connection, table: str, key: tuple[str, int] | None,
-                since_ms: int, until_ms: int) -> tuple[str, int]:
+def series_tier(
+    conn: sqlite3.Connection, table: str, key: tuple[str, int] | None, since_ms: int, until_ms: int
+) -> tuple[str, int]:
     """(table, period_ms) to read a range from: the finest tier the range length allows whose
     data reaches back to since_ms (older raw data is deleted once rolled up); when none does
     (a young database), the finest allowed tier."""
@@ -342,16 +362,25 @@ def series_tier(conn: sqlite3.Connection, table: str, key: tuple[str, int] | Non
     return tiers[0]
 
 
-def _series(conn: sqlite3.Connection, table: str, key: tuple[str, int] | None, metric: str, since_ms: int,
-            until_ms: int | None, max_points: int) -> list[SeriesPoint]:
+def _series(
+    conn: sqlite3.Connection,
+    table: str,
+    key: tuple[str, int] | None,
+    metric: str,
+    since_ms: int,
+    until_ms: int | None,
+    max_points: int,
+) -> list[SeriesPoint]:
     until_ms = now_ms() if until_ms is None else until_ms
     if until_ms <= since_ms or max_points < 1:
         return []
     tier, period = series_tier(conn, table, key, since_ms, until_ms)
     width = max(-(-(until_ms - since_ms) // max_points), period, 1)
     if period:  # a rollup tier: weight each period's average by its sample count
-        values = (f"min({metric}_min), sum({metric}_avg * n) / "
-                  f"sum(CASE WHEN {metric}_avg IS NOT NULL THEN n END), max({metric}_max)")
+        values = (
+            f"min({metric}_min), sum({metric}_avg * n) / "
+            f"sum(CASE WHEN {metric}_avg IS NOT NULL THEN n END), max({metric}_max)"
+        )
         present = f"{metric}_avg IS NOT NULL"
     else:
         values = f"min({metric}), avg({metric}), max({metric})"
@@ -361,22 +390,28 @@ def _series(conn: sqlite3.Connection, table: str, key: tuple[str, int] | None, m
     rows = conn.execute(
         f"SELECT (ts_ms - ?) / ? AS bucket, {values} FROM {tier} "
         f"WHERE {where}ts_ms >= ? AND ts_ms < ? AND {present} GROUP BY bucket ORDER BY bucket",
-        params)
+        params,
+    )
     return [SeriesPoint(since_ms + bucket * width, lo, avg, hi) for bucket, lo, avg, hi in rows]
 
 
-def util_by_slot(conn: sqlite3.Connection, gpu_indexes: list[int], since_ms: int, until_ms: int,
-                 slot_ms: int) -> list[SlotUtil]:
+def util_by_slot(
+    conn: sqlite3.Connection, gpu_indexes: list[int], since_ms: int, until_ms: int, slot_ms: int
+) -> list[SlotUtil]:
     """Each GPU's mean utilisation per clock-aligned slot of `slot_ms` in [since_ms, until_ms)
     (the TUI's sparklines); slots with no utilisation sampled are absent."""
     if not gpu_indexes:
         return []
     marks = ",".join("?" * len(gpu_indexes))
-    return _build(SlotUtil, conn.execute(
-        f"SELECT gpu_index, ts_ms / {int(slot_ms)} * {int(slot_ms)} AS slot, avg(gpu_util_pct), "
-        f"max(ts_ms) FROM gpu_samples WHERE gpu_index IN ({marks}) AND ts_ms >= ? AND ts_ms < ? "
-        "AND gpu_util_pct IS NOT NULL GROUP BY gpu_index, slot",
-        (*gpu_indexes, since_ms, until_ms)))
+    return _build(
+        SlotUtil,
+        conn.execute(
+            f"SELECT gpu_index, ts_ms / {int(slot_ms)} * {int(slot_ms)} AS slot, avg(gpu_util_pct), "
+            f"max(ts_ms) FROM gpu_samples WHERE gpu_index IN ({marks}) AND ts_ms >= ? AND ts_ms < ? "
+            "AND gpu_util_pct IS NOT NULL GROUP BY gpu_index, slot",
+            (*gpu_indexes, since_ms, until_ms),
+        ),
+    )
 
 
 def gpu_processes(conn: sqlite3.Connection, now: int | None = None) -> list[GpuProcess]:
@@ -388,8 +423,7 @@ def gpu_processes(conn: sqlite3.Connection, now: int | None = None) -> list[GpuP
     with that pid. kind NULL is stored for 'compute' and read back as such.
     """
     rows = conn.execute(
-        distinct_keys("gpu_process_samples", "gpu_index")
-        + ", ticks(gpu_index, ts_ms) AS ("
+        distinct_keys("gpu_process_samples", "gpu_index") + ", ticks(gpu_index, ts_ms) AS ("
         "  SELECT k, (SELECT max(ts_ms) FROM gpu_process_samples WHERE gpu_index = k AND ts_ms <= :upto) "
         "  FROM keys WHERE k IS NOT NULL), "
         "newest(ts_ms) AS (SELECT max(ts_ms) FROM ticks "
@@ -405,7 +439,9 @@ def gpu_processes(conn: sqlite3.Connection, now: int | None = None) -> list[GpuP
         "JOIN gpu_process_samples s ON s.gpu_index = ticks.gpu_index AND s.ts_ms = ticks.ts_ms "
         "LEFT JOIN processes p ON p.rowid = (SELECT rowid FROM processes WHERE pid = s.pid "
         "                                    ORDER BY last_seen_ms DESC LIMIT 1) "
-        "ORDER BY s.gpu_index, s.used_mem_bytes DESC, s.pid", _upto(now)).fetchall()
+        "ORDER BY s.gpu_index, s.used_mem_bytes DESC, s.pid",
+        _upto(now),
+    ).fetchall()
     names = _run_names(conn, {row[12] for row in rows if row[12]})
     return [GpuProcess(*[*row[:13], names.get(row[12]), *row[14:]]) for row in rows]
 
@@ -417,8 +453,7 @@ def mig_devices(conn: sqlite3.Connection, now: int | None = None) -> list[MigDev
     PROCESS_TICK_SLACK_MS has none now (MIG mode was turned off, or its devices destroyed).
     """
     rows = conn.execute(
-        distinct_keys("mig_samples", "gpu_index")
-        + ", ticks(gpu_index, ts_ms) AS ("
+        distinct_keys("mig_samples", "gpu_index") + ", ticks(gpu_index, ts_ms) AS ("
         "  SELECT k, (SELECT max(ts_ms) FROM mig_samples WHERE gpu_index = k AND ts_ms <= :upto) FROM keys"
         "  WHERE k IS NOT NULL) "
         "SELECT d.gpu_index, d.gpu_instance_id, d.compute_instance_id, d.uuid, d.name, "
@@ -429,7 +464,9 @@ def mig_devices(conn: sqlite3.Connection, now: int | None = None) -> list[MigDev
         "  AND d.compute_instance_id = s.compute_instance_id "
         "WHERE ticks.ts_ms >= coalesce((SELECT max(ts_ms) FROM gpu_samples g "
         f"  WHERE g.gpu_index = ticks.gpu_index AND g.ts_ms <= :upto), 0) - {PROCESS_TICK_SLACK_MS} "
-        "ORDER BY s.gpu_index, s.gpu_instance_id, s.compute_instance_id", _upto(now))
+        "ORDER BY s.gpu_index, s.gpu_instance_id, s.compute_instance_id",
+        _upto(now),
+    )
     return _build(MigDevice, rows)
 
 
@@ -442,8 +479,15 @@ def _run_names(conn: sqlite3.Connection, run_ids: set[str]) -> dict[str, str | N
 
 # --- runs and steps --------------------------------------------------------------------------
 
-def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None = None,
-         since_ms: int | None = None, limit: int = 200, search: str | None = None) -> list[RunSummary]:
+
+def runs(
+    conn: sqlite3.Connection,
+    user: str | None = None,
+    status: str | None = None,
+    since_ms: int | None = None,
+    limit: int = 200,
+    search: str | None = None,
+) -> list[RunSummary]:
     """Runs newest first, with their steps aggregated in one GROUP BY.
 
     since_ms keeps runs still going at or after that time (not ended, or ended since); search
@@ -493,11 +537,39 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
         "  sel.rank, sel.world_size, gen.new_tokens, gen.gen_s, gen.peak_gpu, gen.peak_rss, "
         "  (SELECT tokens_per_s FROM generations WHERE run_id = sel.run_id AND gen_id = gen.last_gen) "
         "FROM sel LEFT JOIN agg ON agg.run_id = sel.run_id LEFT JOIN gen ON gen.run_id = sel.run_id "
-        "ORDER BY sel.started_ms DESC, sel.run_id", (*params, limit))
+        "ORDER BY sel.started_ms DESC, sel.run_id",
+        (*params, limit),
+    )
     out = []
-    for (run_id, job_id, name, user_, uid, pid, host, status_, started, ended, last_step_ms, n,
-         timed_tokens, step_ms, tokens, newest_ms, tps_last, peak_gpu, peak_rss, oom, rank,
-         world_size, gen_tokens, gen_s, gen_peak_gpu, gen_peak_rss, gen_tps_last) in rows:
+    for (
+        run_id,
+        job_id,
+        name,
+        user_,
+        uid,
+        pid,
+        host,
+        status_,
+        started,
+        ended,
+        last_step_ms,
+        n,
+        timed_tokens,
+        step_ms,
+        tokens,
+        newest_ms,
+        tps_last,
+        peak_gpu,
+        peak_rss,
+        oom,
+        rank,
+        world_size,
+        gen_tokens,
+        gen_s,
+        gen_peak_gpu,
+        gen_peak_rss,
+        gen_tps_last,
+    ) in rows:
         if not n and gen_s:  # a generation run: decode tokens over decode time
             tps_avg, tps_last = gen_tokens / gen_s, gen_tps_last
         elif timed_tokens is not None and step_ms:
@@ -507,16 +579,37 @@ def runs(conn: sqlite3.Connection, user: str | None = None, status: str | None =
         else:
             tps_avg = None
         peaks = [p for p in (peak_gpu, peak_rss, gen_peak_gpu, gen_peak_rss) if p is not None]
-        out.append(RunSummary(run_id, job_id, name, user_, uid, pid, host, status_, started, ended,
-                              last_step_ms, n, tps_avg, tps_last, max(peaks) if peaks else None,
-                              bool(oom), rank, world_size))
+        out.append(
+            RunSummary(
+                run_id,
+                job_id,
+                name,
+                user_,
+                uid,
+                pid,
+                host,
+                status_,
+                started,
+                ended,
+                last_step_ms,
+                n,
+                tps_avg,
+                tps_last,
+                max(peaks) if peaks else None,
+                bool(oom),
+                rank,
+                world_size,
+            )
+        )
     return out
 
 
 def run_tokens(conn: sqlite3.Connection, run_id: str, since_ms: int, until_ms: int) -> int | None:
     """Tokens a run processed in [since, until]: its steps' tokens, else its generations' new tokens."""
-    for sql in ("SELECT sum(tokens) FROM steps WHERE run_id = ? AND ts_ms BETWEEN ? AND ?",
-                "SELECT sum(new_tokens) FROM generations WHERE run_id = ? AND ts_ms BETWEEN ? AND ?"):
+    for sql in (
+        "SELECT sum(tokens) FROM steps WHERE run_id = ? AND ts_ms BETWEEN ? AND ?",
+        "SELECT sum(new_tokens) FROM generations WHERE run_id = ? AND ts_ms BETWEEN ? AND ?",
+    ):
         tokens: int | None = conn.execute(sql, (run_id, since_ms, until_ms)).fetchone()[0]
         if tokens:
             return tokens
@@ -546,8 +639,10 @@ def run_event_payload(conn: sqlite3.Connection, run_id: str, kind: str = "attach
     """The first `kind` event's payload: what an instrumented child told a `gpuwatch run`
     wrapper's run ('attached': its config, torch version), or why it could not be instrumented
     ('not_instrumented'); {} if none."""
-    row = conn.execute("SELECT payload_json FROM run_events WHERE run_id = ? AND kind = ? "
-                       "ORDER BY seq LIMIT 1", (run_id, kind)).fetchone()
+    row = conn.execute(
+        "SELECT payload_json FROM run_events WHERE run_id = ? AND kind = ? ORDER BY seq LIMIT 1",
+        (run_id, kind),
+    ).fetchone()
     try:
         payload = json.loads(row[0]) if row and row[0] else {}
     except ValueError:
@@ -560,16 +655,20 @@ def run(conn: sqlite3.Connection, run_ref: str) -> Run:
     cols = columns_of(Run)
     row = conn.execute(f"SELECT {cols} FROM runs WHERE run_id = ?", (run_ref,)).fetchone()
     if row is None:
-        row = conn.execute(f"SELECT {cols} FROM runs WHERE name = ? "
-                           "ORDER BY started_ms DESC LIMIT 1", (run_ref,)).fetchone()
+        row = conn.execute(
+            f"SELECT {cols} FROM runs WHERE name = ? ORDER BY started_ms DESC LIMIT 1", (run_ref,)
+        ).fetchone()
     if row is None and run_ref:
         # A range on the primary key instead of LIKE, so '_' and '%' in a ref mean themselves.
-        found = conn.execute(f"SELECT {cols} FROM runs WHERE run_id >= ? AND run_id < ? "
-                             "ORDER BY started_ms DESC LIMIT 6",
-                             (run_ref, run_ref + "\U0010ffff")).fetchall()
+        found = conn.execute(
+            f"SELECT {cols} FROM runs WHERE run_id >= ? AND run_id < ? ORDER BY started_ms DESC LIMIT 6",
+            (run_ref, run_ref + "\U0010ffff"),
+        ).fetchall()
         if len(found) > 1:
-            total = conn.execute("SELECT count(*) FROM runs WHERE run_id >= ? AND run_id < ?",
-                                 (run_ref, run_ref + "\U0010ffff")).fetchone()[0]
+            total = conn.execute(
+                "SELECT count(*) FROM runs WHERE run_id >= ? AND run_id < ?",
+                (run_ref, run_ref + "\U0010ffff"),
+            ).fetchone()[0]
             shown = ", ".join(r[0] for r in found[:5]) + (", ..." if total > 5 else "")
             raise StoreError(f"'{run_ref}' matches {total} runs: {shown}")
         row = found[0] if found else None
@@ -588,12 +687,17 @@ class Note:
 
 def notes(conn: sqlite3.Connection, run_id: str) -> list[Note]:
     """The notes left on a run, oldest first."""
-    return [Note(*r) for r in conn.execute(
-        f"SELECT {columns_of(Note)} FROM run_notes WHERE run_id = ? ORDER BY ts_ms, id", (run_id,))]
+    return [
+        Note(*r)
+        for r in conn.execute(
+            f"SELECT {columns_of(Note)} FROM run_notes WHERE run_id = ? ORDER BY ts_ms, id", (run_id,)
+        )
+    ]
 
 
-def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
-          limit: int | None = None) -> list[StepRow]:
+def steps(
+    conn: sqlite3.Connection, run_id: str, since_ms: int | None = None, limit: int | None = None
+) -> list[StepRow]:
     """A run's steps in step order; limit keeps the newest `limit` of them."""
     where = "run_id = ?"
     params: list[Any] = [run_id]
@@ -608,9 +712,28 @@ def steps(conn: sqlite3.Connection, run_id: str, since_ms: int | None = None,
 
 
 __all__ = [
-    "GpuInfo", "GpuSample", "GpuProfSample", "HostSample", "GpuProcess", "RunSummary", "Run", "StepRow",
-    "SeriesPoint", "MigDevice", "gpus", "latest_gpu_samples", "latest_gpu_prof_samples", "gpu_series",
-    "latest_host_sample", "host_series", "gpu_processes", "mig_devices", "runs", "run_count", "run_tokens",
-    "run", "steps", "series_tier",
+    "GpuInfo",
+    "GpuSample",
+    "GpuProfSample",
+    "HostSample",
+    "GpuProcess",
+    "RunSummary",
+    "Run",
+    "StepRow",
+    "SeriesPoint",
+    "MigDevice",
+    "gpus",
+    "latest_gpu_samples",
+    "latest_gpu_prof_samples",
+    "gpu_series",
+    "latest_host_sample",
+    "host_series",
+    "gpu_processes",
+    "mig_devices",
+    "runs",
+    "run_count",
+    "run_tokens",
+    "run",
+    "steps",
+    "series_tier",
 ]
-

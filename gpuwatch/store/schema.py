@@ -16,11 +16,24 @@ from gpuwatch.store import packed, search
 
 # Metrics of gpu_samples and host_samples that the rollup tiers keep as min/avg/max.
 GPU_METRICS = (
-    "gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_free_bytes", "temp_c", "power_mw",
-    "sm_clock_mhz", "mem_clock_mhz", "pcie_tx_kbps", "pcie_rx_kbps", "fan_pct",
+    "gpu_util_pct",
+    "mem_util_pct",
+    "mem_used_bytes",
+    "mem_free_bytes",
+    "temp_c",
+    "power_mw",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "pcie_tx_kbps",
+    "pcie_rx_kbps",
+    "fan_pct",
 )
 HOST_METRICS = (
-    "cpu_pct", "load1", "mem_used_bytes", "mem_available_bytes", "swap_used_bytes",
+    "cpu_pct",
+    "load1",
+    "mem_used_bytes",
+    "mem_available_bytes",
+    "swap_used_bytes",
     "shm_used_bytes",
 )
 
@@ -43,7 +56,9 @@ def coarser_values(metrics: tuple[str, ...]) -> str:
     return "sum(n), " + ", ".join(
         f"min({m}_min), "
         + rollup_avg(m, f"sum({m}_avg * n) * 1.0 / sum(CASE WHEN {m}_avg IS NOT NULL THEN n END)")
-        + f", max({m}_max)" for m in metrics)
+        + f", max({m}_max)"
+        for m in metrics
+    )
 
 
 def _rollup_table(name: str, key: str | None, metrics: tuple[str, ...]) -> str:
@@ -51,8 +66,10 @@ def _rollup_table(name: str, key: str | None, metrics: tuple[str, ...]) -> str:
     key_col = f"{key} INTEGER NOT NULL, " if key else ""
     pk = f"{key}, ts_ms" if key else "ts_ms"
     cols = ", ".join(f"{m}_min, {m}_avg, {m}_max" for m in metrics)
-    return (f"CREATE TABLE {name} ({key_col}ts_ms INTEGER NOT NULL, n INTEGER NOT NULL, "
-            f"{cols}, PRIMARY KEY ({pk})) WITHOUT ROWID;")
+    return (
+        f"CREATE TABLE {name} ({key_col}ts_ms INTEGER NOT NULL, n INTEGER NOT NULL, "
+        f"{cols}, PRIMARY KEY ({pk})) WITHOUT ROWID;"
+    )
 
 
 _V1 = """
@@ -356,11 +373,13 @@ def _plain_raw_samples() -> str:
     every bucket (36-50x slower)."""
     out = []
     for t in packed.TABLES.values():
-        out += [f"INSERT OR IGNORE INTO {t.recent} SELECT * FROM {t.name};",
-                f"DROP VIEW {t.name};",  # and its INSTEAD OF trigger with it
-                f"DROP TABLE {t.packed};",
-                f"ALTER TABLE {t.recent} RENAME TO {t.name};",
-                f"DELETE FROM rollup_state WHERE tier = '{t.packed}';"]
+        out += [
+            f"INSERT OR IGNORE INTO {t.recent} SELECT * FROM {t.name};",
+            f"DROP VIEW {t.name};",  # and its INSTEAD OF trigger with it
+            f"DROP TABLE {t.packed};",
+            f"ALTER TABLE {t.recent} RENAME TO {t.name};",
+            f"DELETE FROM rollup_state WHERE tier = '{t.packed}';",
+        ]
     return "\n".join(out + ["DROP TABLE sample_slots;"])
 
 
@@ -506,9 +525,21 @@ ALTER TABLE steps ADD COLUMN closure_evals INTEGER;
 # trigger part again.
 Migration = str | Callable[[sqlite3.Connection], None]
 
-MIGRATIONS: list[Migration] = [_V1 + _V1_ROLLUPS, _MIG, _COMPACT_SAMPLES, _PLAIN_RAW_SAMPLES,
-                               _GENERATION_MEMORY, _ALWAYS_ON, search.add_search,
-                               _PROFILE_BREAKDOWNS, _GPU_STATE_SINCE, _ALERTS,
-                               _FOLDED_STEPS, _SLOWDOWN_EVIDENCE, _ALERT_RULES, _FOLDED_STEP_TIMES,
-                               _STEP_SPLIT]
+MIGRATIONS: list[Migration] = [
+    _V1 + _V1_ROLLUPS,
+    _MIG,
+    _COMPACT_SAMPLES,
+    _PLAIN_RAW_SAMPLES,
+    _GENERATION_MEMORY,
+    _ALWAYS_ON,
+    search.add_search,
+    _PROFILE_BREAKDOWNS,
+    _GPU_STATE_SINCE,
+    _ALERTS,
+    _FOLDED_STEPS,
+    _SLOWDOWN_EVIDENCE,
+    _ALERT_RULES,
+    _FOLDED_STEP_TIMES,
+    _STEP_SPLIT,
+]
 SCHEMA_VERSION = len(MIGRATIONS)

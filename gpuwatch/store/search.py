@@ -53,7 +53,8 @@ def add_search(conn: sqlite3.Connection) -> None:
         conn.execute(
             f"CREATE TRIGGER runs_au AFTER UPDATE OF {cols} ON runs BEGIN "
             f"INSERT INTO runs_fts (runs_fts, rowid, {cols}) VALUES ('delete', old.rowid, {old}); "
-            f"INSERT INTO runs_fts (rowid, {cols}) VALUES (new.rowid, {new}); END")
+            f"INSERT INTO runs_fts (rowid, {cols}) VALUES (new.rowid, {new}); END"
+        )
 
 
 def match_expression(text: str) -> str:
@@ -67,6 +68,8 @@ def match_expression(text: str) -> str:
 
 
 # A WHERE condition on `runs`: its indexed columns or one of its notes match (parameter given twice).
-MATCHES = ("(rowid IN (SELECT rowid FROM runs_fts WHERE runs_fts MATCH ?) "
-           "OR run_id IN (SELECT run_id FROM run_notes WHERE id IN "
-           "(SELECT rowid FROM run_notes_fts WHERE run_notes_fts MATCH ?)))")
+MATCHES = (
+    "(rowid IN (SELECT rowid FROM runs_fts WHERE runs_fts MATCH ?) "
+    "OR run_id IN (SELECT run_id FROM run_notes WHERE id IN "
+    "(SELECT rowid FROM run_notes_fts WHERE run_notes_fts MATCH ?)))"
+)

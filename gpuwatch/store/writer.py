@@ -21,8 +21,9 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from gpuwatch.diskfull import free_bytes
+from gpuwatch.diskfull import show_bytes as _bytes
 from gpuwatch.store.db import StoreError, now_ms, open_rw
-from gpuwatch.diskfull import free_bytes, show_bytes as _bytes
 from gpuwatch.store.health import StoreHealth
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,16 @@ RECOVERED_AFTER_S = 5.0  # writes must work this long before a failure counts as
 BUSY_TIMEOUT_MS = 5000  # as open_rw sets it
 
 # SQLite primary result codes meaning "the file cannot be written now", not "this job is wrong".
-_STORAGE_CODES = {5: "database is locked", 6: "database table is locked", 8: "read-only",
-                  10: "I/O error", 11: "database file is corrupt", 13: "disk full",
-                  14: "cannot open the database file", 26: "not a database"}
+_STORAGE_CODES = {
+    5: "database is locked",
+    6: "database table is locked",
+    8: "read-only",
+    10: "I/O error",
+    11: "database file is corrupt",
+    13: "disk full",
+    14: "cannot open the database file",
+    26: "not a database",
+}
 _SQLITE_FULL = 13
 
 
@@ -53,7 +61,8 @@ def storage_problem(e: BaseException) -> str | None:
     about the job (a constraint, a bug). Python < 3.11 gives no error code: any operational
     error counts."""
     if not isinstance(e, sqlite3.OperationalError | sqlite3.DatabaseError) or isinstance(
-            e, sqlite3.IntegrityError | sqlite3.ProgrammingError | sqlite3.InterfaceError):
+        e, sqlite3.IntegrityError | sqlite3.ProgrammingError | sqlite3.InterfaceError
+    ):
         return None
     code = getattr(e, "sqlite_errorcode", None)
     if code is None:
@@ -67,7 +76,9 @@ def insert_sql(table: str, columns: Sequence[str], conflict: str = "") -> str:
     return f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
 
 
-def insert_rows(conn: sqlite3.Connection, table: str, rows: Iterable[Mapping[str, Any]], conflict: str = "") -> None:
+def insert_rows(
+    conn: sqlite3.Connection, table: str, rows: Iterable[Mapping[str, Any]], conflict: str = ""
+) -> None:
     """Insert dict rows; rows sharing a column set go in one executemany."""
     groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
     for row in rows:
@@ -85,7 +96,9 @@ class Writer:
     failed (ok=False), so ingest can acknowledge only durable events.
     """
 
-    def __init__(self, path: str | os.PathLike[str], batch: int = 2000, maxsize: int = 100_000, linger_s: float = 0.0):
+    def __init__(
+        self, path: str | os.PathLike[str], batch: int = 2000, maxsize: int = 100_000, linger_s: float = 0.0
+    ):
         """linger_s: after the first job of a batch arrives, wait this long for more before
         committing: fewer, larger transactions, and fewer wake-ups of this thread. A flush() or
         close() cuts it short: whoever waits on the database does not wait for the linger."""
@@ -112,8 +125,9 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="gpuwatch-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job, on_commit: OnCommit | None = None, *, block: bool = True,
-               timeout: float | None = None) -> bool:
+    def submit(
+        self, job: Job, on_commit: OnCommit | None = None, *, block: bool = True, timeout: float | None = None
+    ) -> bool:
         """Queue a job; False (and counted in dropped_jobs) if the queue stayed full or the
         writer is closed. block=False never waits: what ingest and samplers should use."""
         if self._closed:
@@ -125,14 +139,22 @@ class Writer:
             return False
         return True
 
-    def insert(self, table: str, rows: Iterable[Mapping[str, Any]], conflict: str = "",
-               on_commit: OnCommit | None = None, *, block: bool = True,
-               timeout: float | None = None) -> bool:
+    def insert(
+        self,
+        table: str,
+        rows: Iterable[Mapping[str, Any]],
+        conflict: str = "",
+        on_commit: OnCommit | None = None,
+        *,
+        block: bool = True,
+        timeout: float | None = None,
+    ) -> bool:
         rows = list(rows)
         if not rows:
             return True
-        return self.submit(lambda conn: insert_rows(conn, table, rows, conflict), on_commit,
-                           block=block, timeout=timeout)
+        return self.submit(
+            lambda conn: insert_rows(conn, table, rows, conflict), on_commit, block=block, timeout=timeout
+        )
 
     def depth(self) -> int:
         return self._queue.qsize()
@@ -235,15 +257,25 @@ class Writer:
     def _failing(self, problem: str, error: str, jobs: int) -> None:
         self._ok_since = None
         if self.health is None:
-            self.health = StoreHealth(str(self.path), problem, error, now_ms(), free_bytes(self.path),
-                                      pid=os.getpid())
+            self.health = StoreHealth(
+                str(self.path), problem, error, now_ms(), free_bytes(self.path), pid=os.getpid()
+            )
             unpublished = self._publish()
-            log.warning("store: cannot write %s: %s (%s); %s bytes free on its filesystem. "
-                        "Samples are dropped and workloads keep their events spooled until it "
-                        "works again%s", self.path, problem, error, _bytes(self.health.free_bytes),
-                        f"; readers cannot be told either ({unpublished})" if unpublished else "")
+            log.warning(
+                "store: cannot write %s: %s (%s); %s bytes free on its filesystem. "
+                "Samples are dropped and workloads keep their events spooled until it "
+                "works again%s",
+                self.path,
+                problem,
+                error,
+                _bytes(self.health.free_bytes),
+                f"; readers cannot be told either ({unpublished})" if unpublished else "",
+            )
         self.health.failed_jobs += jobs
-        if problem == _STORAGE_CODES[_SQLITE_FULL] and time.monotonic() - self._reclaimed_at >= RECLAIM_EVERY_S:
+        if (
+            problem == _STORAGE_CODES[_SQLITE_FULL]
+            and time.monotonic() - self._reclaimed_at >= RECLAIM_EVERY_S
+        ):
             self._reclaimed_at = time.monotonic()
             self._reclaim()
 
@@ -260,8 +292,12 @@ class Writer:
         health, self.health = self.health, None
         assert health is not None  # called only while failing
         self._reclaim_told = False
-        log.info("store: writing %s again after %.0f s; %d writes failed meanwhile",
-                 self.path, (now_ms() - health.since_ms) / 1000, health.failed_jobs)
+        log.info(
+            "store: writing %s again after %.0f s; %d writes failed meanwhile",
+            self.path,
+            (now_ms() - health.since_ms) / 1000,
+            health.failed_jobs,
+        )
         self._publish()
 
     def _publish(self) -> str:
@@ -287,13 +323,21 @@ class Writer:
         level, self._reclaim_told = (logging.DEBUG if self._reclaim_told else logging.INFO), True
         try:
             self._checkpoint()
-            log.log(level, "store: early retention on a full disk: %s; %s bytes free now",
-                    (self.reclaim or reclaim_raw)(self.conn), _bytes(free_bytes(self.path)))
+            log.log(
+                level,
+                "store: early retention on a full disk: %s; %s bytes free now",
+                (self.reclaim or reclaim_raw)(self.conn),
+                _bytes(free_bytes(self.path)),
+            )
         except sqlite3.Error as e:
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
-            log.log(level, "store: early retention could not run yet (%s); tried again every %g s",
-                    e, RECLAIM_EVERY_S)
+            log.log(
+                level,
+                "store: early retention could not run yet (%s); tried again every %g s",
+                e,
+                RECLAIM_EVERY_S,
+            )
 
     def _reopen(self) -> sqlite3.Connection:
         """A connection to the file at `path` now (after it was deleted or replaced); a file
@@ -309,9 +353,13 @@ class Writer:
         found = _identity(self.path)
         if self.conn is not None and found != self._identity:
             gone = found is None
-            log.warning("store: %s was %s while open; %s bytes free on its filesystem; "
-                        "writing to the file now at that path", self.path,
-                        "deleted" if gone else "replaced", _bytes(free_bytes(self.path)))
+            log.warning(
+                "store: %s was %s while open; %s bytes free on its filesystem; "
+                "writing to the file now at that path",
+                self.path,
+                "deleted" if gone else "replaced",
+                _bytes(free_bytes(self.path)),
+            )
             try:  # the -wal at that path is the old file's: empty it before the new file meets it
                 self._checkpoint()
             except sqlite3.Error:
@@ -349,9 +397,14 @@ class Writer:
         wal = wal_bytes(self.path)
         if busy and wal > WAL_LIMIT_BYTES and not self.wal_pinned_bytes:
             self.wal_pinned_bytes = wal
-            log.warning("store: %s-wal is %s bytes and cannot be checkpointed: a reader has held "
-                        "one read transaction open for long (limit %s bytes); it is cut back once "
-                        "that reader is done", self.path, _bytes(wal), _bytes(WAL_LIMIT_BYTES))
+            log.warning(
+                "store: %s-wal is %s bytes and cannot be checkpointed: a reader has held "
+                "one read transaction open for long (limit %s bytes); it is cut back once "
+                "that reader is done",
+                self.path,
+                _bytes(wal),
+                _bytes(WAL_LIMIT_BYTES),
+            )
         elif not busy and self.wal_pinned_bytes:
             log.info("store: %s-wal checkpointed and cut back to %s bytes", self.path, _bytes(wal))
             self.wal_pinned_bytes = 0
@@ -370,4 +423,3 @@ def _identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
-

@@ -25,8 +25,9 @@ from gpuwatch.tui.screens.runs import RunsScreen
 from gpuwatch.tui.snapshot import ProcessRow, Snapshot, View
 
 FLEET_VIEWS = ("fleet", "fleet_jobs")  # fed by the fleet's source (Prometheus), not the store
-NO_FLEET = ("no Prometheus to read the fleet from: gpuwatch tui --prometheus URL, "
-            "or prometheus_url in the config")
+NO_FLEET = (
+    "no Prometheus to read the fleet from: gpuwatch tui --prometheus URL, or prometheus_url in the config"
+)
 UNMOUNTED_RETRY_S = 0.05  # a snapshot for a screen still being composed: ask again this soon
 TERMINAL_CHECK_S = 2.0  # how often to check the terminal is still there (SSH hang-up)
 HARD_EXIT_AFTER_S = 3.0  # if a clean exit cannot finish writing to a dead terminal
@@ -82,9 +83,15 @@ class GpuwatchApp(App):
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, source: DataSource, refresh_s: float = 1.0, user: str | None = None,
-                 uid: int | None = None, start_mode: str = DEFAULT_MODE,
-                 fleet: DataSource | None = None) -> None:
+    def __init__(
+        self,
+        source: DataSource,
+        refresh_s: float = 1.0,
+        user: str | None = None,
+        uid: int | None = None,
+        start_mode: str = DEFAULT_MODE,
+        fleet: DataSource | None = None,
+    ) -> None:
         # Textual reads DEFAULT_MODE while constructing the app: set before, so that only the
         # start screen is ever mounted and fetched (`gpuwatch demo` opens on "runs").
         self.DEFAULT_MODE = start_mode
@@ -213,8 +220,10 @@ class GpuwatchApp(App):
         if self.my_uid == 0 or proc.uid == self.my_uid:
             return None
         owner = proc.user or f"uid {proc.uid}"
-        return (f"Not allowed: pid {proc.pid} belongs to {owner}, and you ({self.my_user}) "
-                f"can signal only your own processes")
+        return (
+            f"Not allowed: pid {proc.pid} belongs to {owner}, and you ({self.my_user}) "
+            f"can signal only your own processes"
+        )
 
     def signal_process(self, proc: ProcessRow) -> None:
         refusal = self.may_signal(proc)

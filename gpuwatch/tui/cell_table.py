@@ -51,8 +51,12 @@ class PlainTable(DataTable):
     @_update_count.setter
     def _update_count(self, count: int) -> None:
         self._updates = count
-        for cache in (self._cell_render_cache, self._row_render_cache, self._row_renderable_cache,
-                      self._line_cache):
+        for cache in (
+            self._cell_render_cache,
+            self._row_render_cache,
+            self._row_renderable_cache,
+            self._line_cache,
+        ):
             cache.clear()
 
     def add_column(self, label, *args, **kwargs):
@@ -76,19 +80,38 @@ class CellTable(PlainTable):
         super().__init__(*args, **kwargs)
         self._drawn_cells: LRUCache[tuple, list] = LRUCache(self.DRAWN_CELLS)
 
-    def _render_cell(self, row_index: int, column_index: int, base_style, width: int,
-                     cursor: bool = False, hover: bool = False):
+    def _render_cell(
+        self,
+        row_index: int,
+        column_index: int,
+        base_style,
+        width: int,
+        cursor: bool = False,
+        hover: bool = False,
+    ):
         # DataTable renders every cell again after any cell changed (its cache is keyed by an
         # update count); a process tick changes two cells of each row, so keep the others.
         if row_index < 0 or column_index < 0:  # the header
             return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-        cell = self._data[self._row_locations.get_key(row_index)][self._column_locations.get_key(column_index)]
-        key = (row_index, column_index, cell.plain, base_style, width, cursor, hover, self._show_hover_cursor,
-               self._pseudo_class_state)
+        cell = self._data[self._row_locations.get_key(row_index)][
+            self._column_locations.get_key(column_index)
+        ]
+        key = (
+            row_index,
+            column_index,
+            cell.plain,
+            base_style,
+            width,
+            cursor,
+            hover,
+            self._show_hover_cursor,
+            self._pseudo_class_state,
+        )
         lines = self._drawn_cells.get(key)
         if lines is None:
-            lines = self._drawn_cells[key] = super()._render_cell(row_index, column_index, base_style, width,
-                                                                  cursor, hover)
+            lines = self._drawn_cells[key] = super()._render_cell(
+                row_index, column_index, base_style, width, cursor, hover
+            )
         return lines
 
     def render_line(self, y: int) -> Strip:
@@ -105,8 +128,9 @@ class CellTable(PlainTable):
     def update_cells(self, changes: list[tuple[str, str, str]]) -> None:
         """Set (row key, column key, value) cells; repaint only them, or the whole table when a
         value is wider than its column."""
-        widen = any(cell_len(value) > self.columns[ColumnKey(column)].content_width
-                    for _, column, value in changes)
+        widen = any(
+            cell_len(value) > self.columns[ColumnKey(column)].content_width for _, column, value in changes
+        )
         self._batching = True
         try:
             for row, column, value in changes:
@@ -123,8 +147,11 @@ class CellTable(PlainTable):
             k = self.get_column_index(column)
             first, last = spans.get(row, (k, k))
             spans[row] = (min(first, k), max(last, k))
-        x = list(accumulate((c.get_render_width(self) for c in self.ordered_columns),
-                            initial=self._row_label_column_width))
+        x = list(
+            accumulate(
+                (c.get_render_width(self) for c in self.ordered_columns), initial=self._row_label_column_width
+            )
+        )
         top = self.header_height if self.show_header else 0
         window = self.window_region
         for row, (first, last) in spans.items():

@@ -30,8 +30,9 @@ def axis_value(value: float, unit: str) -> str:
     return fmt.count(round(value, 1))
 
 
-def render_chart(chart: Chart, width: int, height: int, until_ms: int,
-                 x_format: Callable[[float], str] | None = None) -> Text:
+def render_chart(
+    chart: Chart, width: int, height: int, until_ms: int, x_format: Callable[[float], str] | None = None
+) -> Text:
     """Draw every series of `chart` into width x height cells (axis and legend included).
 
     x is time ending at until_ms (the axis says how long before "now"), or with `x_format` any
@@ -65,8 +66,10 @@ def render_chart(chart: Chart, width: int, height: int, until_ms: int,
     cells = [[0] * plot_w for _ in range(plot_h)]
     owner = [[-1] * plot_w for _ in range(plot_h)]
     for si, s in enumerate(chart.series):
-        dots = [(int((t - t0) / (t1 - t0) * (plot_w * 2 - 1)),
-                 int((hi - v) / (hi - lo) * (plot_h * 4 - 1))) for t, v in s.points]
+        dots = [
+            (int((t - t0) / (t1 - t0) * (plot_w * 2 - 1)), int((hi - v) / (hi - lo) * (plot_h * 4 - 1)))
+            for t, v in s.points
+        ]
         for (x0, y0), (x1, y1) in zip(dots, dots[1:] or dots):
             steps = max(abs(x1 - x0), abs(y1 - y0), 1)  # join neighbours with a straight line
             for k in range(steps + 1):
@@ -77,8 +80,9 @@ def render_chart(chart: Chart, width: int, height: int, until_ms: int,
                 if owner[row][col] < 0:
                     owner[row][col] = si
     # Shaded columns: those whose middle falls in a span of chart.shaded (a run's slow phases).
-    shade = [any(a <= t0 + (col + 0.5) / plot_w * (t1 - t0) <= b for a, b in chart.shaded)
-             for col in range(plot_w)]
+    shade = [
+        any(a <= t0 + (col + 0.5) / plot_w * (t1 - t0) <= b for a, b in chart.shaded) for col in range(plot_w)
+    ]
     for row in range(plot_h):
         if row == 0:
             label = labels[0]

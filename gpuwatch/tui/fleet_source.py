@@ -11,8 +11,9 @@ from gpuwatch.tui.snapshot import Snapshot, View
 
 
 class PrometheusSource:
-    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 clock: Callable[[], int] = now_ms) -> None:
+    def __init__(
+        self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, clock: Callable[[], int] = now_ms
+    ) -> None:
         self.prom = Prometheus(url, timeout_s)
         self.clock = clock
 

@@ -12,7 +12,7 @@ from gpuwatch.clock import run_duration_ms as _run_duration_ms
 from gpuwatch.tui.snapshot import GpuRow, HostRow, MigRow, RunRow, Snapshot
 
 NARROW = 100  # below this many columns, drop the less essential columns
-WIDE = 140    # from this many columns, all GPM figures (tensor, DRAM, occupancy beside SM activity)
+WIDE = 140  # from this many columns, all GPM figures (tensor, DRAM, occupancy beside SM activity)
 
 
 def bar(fraction: float | None, width: int) -> Text:
@@ -30,14 +30,18 @@ def _ratio(used: float | None, total: float | None) -> float | None:
 
 
 # GPM figures beside utilisation, as many as the width allows: (header, GpuRow attribute).
-PROF_COLUMNS = (("SM", "sm_active_pct"), ("TENS", "tensor_active_pct"), ("DRAM", "dram_active_pct"),
-                ("OCC", "sm_occupancy_pct"))
+PROF_COLUMNS = (
+    ("SM", "sm_active_pct"),
+    ("TENS", "tensor_active_pct"),
+    ("DRAM", "dram_active_pct"),
+    ("OCC", "sm_occupancy_pct"),
+)
 PROF_W = 5  # " 72% " / " n/a "
 
 
 def prof_columns(width: int) -> tuple[tuple[str, str], ...]:
     """SM activity; from WIDE columns, tensor-core and DRAM activity and SM occupancy too."""
-    return PROF_COLUMNS[:1 if width < WIDE else 4]
+    return PROF_COLUMNS[: 1 if width < WIDE else 4]
 
 
 def gpu_widths(width: int) -> tuple[int, ...]:
@@ -46,16 +50,27 @@ def gpu_widths(width: int) -> tuple[int, ...]:
     narrow = width < NARROW
     # At 80 columns the bars and the sparkline give up a little room for the GPM figure.
     bar_w, spark_w, name_w = (5, 8, 0) if narrow else (10, 20, 22)
-    return (4 + (name_w + 1 if name_w else 0), bar_w, 5, PROF_W * len(prof_columns(width)), spark_w + 1,
-            bar_w, 10 if narrow else 21, 6, 7 if narrow else 13)
+    return (
+        4 + (name_w + 1 if name_w else 0),
+        bar_w,
+        5,
+        PROF_W * len(prof_columns(width)),
+        spark_w + 1,
+        bar_w,
+        10 if narrow else 21,
+        6,
+        7 if narrow else 13,
+    )
 
 
 def gpu_header(width: int) -> Text:
     head_w, bar_w, pct_w, prof_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
     head = f"{'GPU':>3} " + (f"{'NAME':<{head_w - 5}} " if head_w > 4 else "")
     prof = "".join(f"{name:>{PROF_W - 1}} " for name, _ in prof_columns(width))
-    head += (f"{'UTIL':<{bar_w + pct_w}}{prof}{'LAST 5 MIN':<{spark_w - 1}} "
-             f"{'MEMORY':<{mem_bar_w + mem_w}}{'TEMP':>{temp_w}}{'POWER':>{power_w - 1}} STATE")
+    head += (
+        f"{'UTIL':<{bar_w + pct_w}}{prof}{'LAST 5 MIN':<{spark_w - 1}} "
+        f"{'MEMORY':<{mem_bar_w + mem_w}}{'TEMP':>{temp_w}}{'POWER':>{power_w - 1}} STATE"
+    )
     return Text(head, style="bold")
 
 
@@ -77,22 +92,28 @@ def gpu_cells(g: GpuRow, width: int) -> list[Text]:
     not the line from its left edge; few style runs keep each repaint small."""
     head_w, bar_w, pct_w, prof_w, spark_w, mem_bar_w, mem_w, temp_w, power_w = gpu_widths(width)
     narrow = width < NARROW
-    cells = [Text(f"{g.index:>3} " + (f"{g.name[:head_w - 5]:<{head_w - 5}} " if head_w > 4 else ""))]
+    cells = [Text(f"{g.index:>3} " + (f"{g.name[: head_w - 5]:<{head_w - 5}} " if head_w > 4 else ""))]
     if g.state != "ok":  # lost or not responding: no values
         cells += [Text(" " * w) for w in (bar_w, pct_w, prof_w, spark_w, mem_bar_w, mem_w, temp_w, power_w)]
     else:
-        used = (fmt.size(g.mem_used_bytes) if narrow
-                else f"{fmt.size(g.mem_used_bytes)}/{fmt.size(g.mem_total_bytes)}")
+        used = (
+            fmt.size(g.mem_used_bytes)
+            if narrow
+            else f"{fmt.size(g.mem_used_bytes)}/{fmt.size(g.mem_total_bytes)}"
+        )
         temp = f"{g.temp_c}°C" if g.temp_c is not None else "-"
         power = _watts(g.power_mw) if narrow else f"{_watts(g.power_mw)}/{_watts(g.power_limit_mw)}"
         columns = spark_columns(g.util_history, g.util_history_slot, spark_w - 1)
-        cells += [bar(None if g.util_pct is None else g.util_pct / 100, bar_w),
-                  Text(f" {g.util_pct:>3.0f}%" if g.util_pct is not None else "   - "),
-                  prof_cell(g, width),
-                  Text(fmt.sparkline(columns, lo=0, hi=100).rjust(spark_w - 1) + " ", style="cyan"),
-                  bar(_ratio(g.mem_used_bytes, g.mem_total_bytes), mem_bar_w),
-                  Text(f" {used:<{mem_w - 1}}"), Text(f" {temp:>{temp_w - 1}}"),
-                  Text(f" {power:>{power_w - 2}} ")]
+        cells += [
+            bar(None if g.util_pct is None else g.util_pct / 100, bar_w),
+            Text(f" {g.util_pct:>3.0f}%" if g.util_pct is not None else "   - "),
+            prof_cell(g, width),
+            Text(fmt.sparkline(columns, lo=0, hi=100).rjust(spark_w - 1) + " ", style="cyan"),
+            bar(_ratio(g.mem_used_bytes, g.mem_total_bytes), mem_bar_w),
+            Text(f" {used:<{mem_w - 1}}"),
+            Text(f" {temp:>{temp_w - 1}}"),
+            Text(f" {power:>{power_w - 2}} "),
+        ]
     problems = g.problems()
     cells.append(Text(", ".join(problems), style="bold red") if problems else Text("ok", style="green"))
     # Colours as spans, not as a text's base style: Textual maps only the former to its theme.
@@ -121,10 +142,13 @@ def mig_line(gpu_index: int, m: MigRow, width: int) -> Text:
     memory_at = head_w + bar_w + pct_w + prof_w + spark_w
     util = "util " + ("n/a" if m.util_pct is None else f"{m.util_pct:.0f}%")
     label = f"  └ {fmt.gpu_label(gpu_index, m.gpu_instance_id, m.compute_instance_id)} {m.profile or 'MIG'}"
-    line = Text(f"{label[:memory_at - len(util) - 2]} {util}".ljust(memory_at))
+    line = Text(f"{label[: memory_at - len(util) - 2]} {util}".ljust(memory_at))
     line.append_text(bar(_ratio(m.mem_used_bytes, m.mem_total_bytes), mem_bar_w))
-    used = (fmt.size(m.mem_used_bytes) if narrow
-            else f"{fmt.size(m.mem_used_bytes)}/{fmt.size(m.mem_total_bytes)}")
+    used = (
+        fmt.size(m.mem_used_bytes)
+        if narrow
+        else f"{fmt.size(m.mem_used_bytes)}/{fmt.size(m.mem_total_bytes)}"
+    )
     line.append(f" {used:<{mem_w - 1}}" + " " * (temp_w + power_w))
     line.append(f"{m.processes} proc{'' if m.processes == 1 else 's'}", style="dim")
     line.truncate(width, overflow="ellipsis")
@@ -167,8 +191,14 @@ def status_line(snap: Snapshot) -> tuple[Text, Text | None]:
     return Text("live · updated ", style="dim"), clock
 
 
-STATUS_STYLES = {"running": "green", "finished": "blue", "failed": "red", "oom": "bold red",
-                 "killed": "yellow", "lost": "magenta"}
+STATUS_STYLES = {
+    "running": "green",
+    "finished": "blue",
+    "failed": "red",
+    "oom": "bold red",
+    "killed": "yellow",
+    "lost": "magenta",
+}
 
 
 def status_text(status: str) -> Text:

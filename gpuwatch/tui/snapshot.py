@@ -32,8 +32,8 @@ class MigRow:
 
     gpu_instance_id: int
     compute_instance_id: int
-    profile: str | None                    # e.g. "1g.10gb"
-    util_pct: float | None = None          # None: NVML gives none for it (shown "n/a")
+    profile: str | None  # e.g. "1g.10gb"
+    util_pct: float | None = None  # None: NVML gives none for it (shown "n/a")
     mem_used_bytes: int | None = None
     mem_total_bytes: int | None = None
     processes: int = 0
@@ -43,11 +43,11 @@ class MigRow:
 class GpuRow:
     index: int
     name: str
-    state: str = "ok"                      # ok | lost | hung (NVML calls on it block)
-    state_since_ms: int | None = None      # when it entered that state
+    state: str = "ok"  # ok | lost | hung (NVML calls on it block)
+    state_since_ms: int | None = None  # when it entered that state
     util_pct: float | None = None
-    util_history: tuple[float | None, ...] = ()   # last minutes, oldest first
-    util_history_slot: int = 0             # the first one's slot number since the epoch (sparks.SPARK_SLOT_MS)
+    util_history: tuple[float | None, ...] = ()  # last minutes, oldest first
+    util_history_slot: int = 0  # the first one's slot number since the epoch (sparks.SPARK_SLOT_MS)
     mem_used_bytes: int | None = None
     mem_total_bytes: int | None = None
     temp_c: int | None = None
@@ -55,7 +55,7 @@ class GpuRow:
     power_limit_mw: int | None = None
     throttle_reasons: int | None = None
     ecc_uncorrected: int | None = None
-    migs: tuple[MigRow, ...] = ()          # its MIG devices, when in MIG mode
+    migs: tuple[MigRow, ...] = ()  # its MIG devices, when in MIG mode
     # GPM (Hopper and later) over the last tick, 0-100; None = the GPU gives none ("n/a")
     sm_active_pct: float | None = None
     sm_occupancy_pct: float | None = None
@@ -95,7 +95,7 @@ class ProcessRow:
     cpu_pct: float | None
     run_name: str | None
     cmdline: str | None
-    gpu_instance_id: int | None = None     # the MIG device it runs on; None off MIG
+    gpu_instance_id: int | None = None  # the MIG device it runs on; None off MIG
     compute_instance_id: int | None = None
 
     @property
@@ -125,7 +125,7 @@ class Series:
 
     label: str
     unit: str
-    points: tuple[tuple[int, float], ...]   # (ts_ms, value), oldest first
+    points: tuple[tuple[int, float], ...]  # (ts_ms, value), oldest first
 
 
 @dataclass(frozen=True)
@@ -138,21 +138,23 @@ class Chart:
 @dataclass(frozen=True)
 class SlowRow:
     """One slow phase of a run (gpuwatch why) and its ranked causes, as lines to show."""
+
     start_ms: int
     end_ms: int
     first_step: int
     last_step: int
     slower_pct: float
-    unit: str                              # token | step
-    causes: tuple[str, ...]                # "62 % gpu_cotenant: pid 8812 (bob, ...) on GPU 0 ..."
+    unit: str  # token | step
+    causes: tuple[str, ...]  # "62 % gpu_cotenant: pid 8812 (bob, ...) on GPU 0 ..."
 
 
 @dataclass(frozen=True)
 class AlertRow:
     """One alert (gpuwatch/store/alerts.py): what happened, to whom, and the command for more."""
+
     id: int
     ts_ms: int
-    kind: str                              # run.failed, gpu.idle_held, ...
+    kind: str  # run.failed, gpu.idle_held, ...
     title: str
     body: str
     run_id: str | None = None
@@ -163,9 +165,9 @@ class AlertRow:
 class StacksRow:
     ts_ms: int
     pid: int
-    reason: str                            # stall | on_demand
-    text: str                              # formatted stacks, innermost frame last
-    error: str | None = None               # why there are no stacks
+    reason: str  # stall | on_demand
+    text: str  # formatted stacks, innermost frame last
+    error: str | None = None  # why there are no stacks
 
 
 @dataclass(frozen=True)
@@ -181,9 +183,11 @@ class ProfileRow:
     steps: int | None
     trace_path: str | None
     trace_bytes: int | None
-    ops: tuple[tuple[str, int | None, float | None, float | None, float | None, float | None, int | None], ...] = ()
-    count: int = 1                         # profiles the run has
-    breakdown_json: str | None = None      # the trace analysis (profile_breakdowns.breakdown_json)
+    ops: tuple[
+        tuple[str, int | None, float | None, float | None, float | None, float | None, int | None], ...
+    ] = ()
+    count: int = 1  # profiles the run has
+    breakdown_json: str | None = None  # the trace analysis (profile_breakdowns.breakdown_json)
 
 
 @dataclass(frozen=True)
@@ -207,17 +211,17 @@ class RunDetail:
     pid: int | None = None
     command: str | None = None
     job_id: str | None = None
-    end_state: str = ""                    # e.g. "exit 1: RuntimeError: ..." ; "" while running
-    ranks: tuple[RunRow, ...] = ()         # the other ranks of the same job
+    end_state: str = ""  # e.g. "exit 1: RuntimeError: ..." ; "" while running
+    ranks: tuple[RunRow, ...] = ()  # the other ranks of the same job
     config: tuple[tuple[str, str], ...] = ()
     charts: tuple[Chart, ...] = ()
-    since_ms: int = 0                      # start of the time range shown
-    stacks: StacksRow | None = None        # the newest stack dump (a stall's or on demand)
-    profiles: int = 0                      # how many profiles the run has (key p shows the newest)
-    energy_j: float | None = None          # its share of its GPUs' energy (store/energy.py)
-    energy_complete: bool = True           # False: older raw samples had expired ("≥")
+    since_ms: int = 0  # start of the time range shown
+    stacks: StacksRow | None = None  # the newest stack dump (a stall's or on demand)
+    profiles: int = 0  # how many profiles the run has (key p shows the newest)
+    energy_j: float | None = None  # its share of its GPUs' energy (store/energy.py)
+    energy_complete: bool = True  # False: older raw samples had expired ("≥")
     joules_per_token: float | None = None
-    slowdowns: tuple[SlowRow, ...] = ()    # slow phases with their causes (gpuwatch why)
+    slowdowns: tuple[SlowRow, ...] = ()  # slow phases with their causes (gpuwatch why)
 
 
 @dataclass(frozen=True)
@@ -228,7 +232,7 @@ class OomRow:
     run_id: str
     run_name: str | None
     ts_ms: int
-    kind: str                              # gpu | host
+    kind: str  # gpu | host
     device: int | None = None
     requested_bytes: int | None = None
     free_bytes: int | None = None
@@ -241,9 +245,11 @@ class OomRow:
     seq_len: int | None = None
     batch: int | None = None
     phase: str | None = None
-    neighbours: tuple[tuple[int, str | None, int | None, str | None], ...] | None = None  # pid, user, bytes, run
-    advice: tuple[tuple[str, str], ...] = ()       # (title, detail)
-    blocks: tuple[tuple[int, str], ...] = ()       # (size_bytes, allocating frame)
+    neighbours: tuple[tuple[int, str | None, int | None, str | None], ...] | None = (
+        None  # pid, user, bytes, run
+    )
+    advice: tuple[tuple[str, str], ...] = ()  # (title, detail)
+    blocks: tuple[tuple[int, str], ...] = ()  # (size_bytes, allocating frame)
     traceback_tail: tuple[str, ...] = ()
     snapshot_path: str | None = None
 
@@ -251,24 +257,24 @@ class OomRow:
 @dataclass(frozen=True)
 class Snapshot:
     now_ms: int
-    data_ms: int | None = None             # newest sample in the store; None = no samples
-    driver: bool = True                    # False: no gpus rows (no NVIDIA driver seen)
+    data_ms: int | None = None  # newest sample in the store; None = no samples
+    driver: bool = True  # False: no gpus rows (no NVIDIA driver seen)
     gpus: tuple[GpuRow, ...] = ()
     host: HostRow | None = None
     processes: tuple[ProcessRow, ...] = ()
     runs: tuple[RunRow, ...] = ()
-    runs_total: int | None = None          # view "runs": every run in the database (runs: the newest)
+    runs_total: int | None = None  # view "runs": every run in the database (runs: the newest)
     detail: RunDetail | None = None
     postmortems: tuple[OomRow, ...] = ()  # view "oom": the run's OOM postmortems
-    profile: ProfileRow | None = None      # view "profile": the run's newest profile
-    capacity: CapacityRow | None = None    # view "capacity": the newest capacity study
-    fleet: Fleet | None = None             # view "fleet": every host's GPUs and jobs, from Prometheus
-    alerts: tuple[AlertRow, ...] = ()      # view "alerts": the newest alerts, newest first
-    alert_line: str | None = None          # every view: the alerts of the last hour, for the top line
-    problem: str | None = None             # the store could not be read: why
-    notice: str | None = None              # a line shown while the data is live (e.g. no daemon)
-    spooled: str | None = None             # events waiting in a spool for the daemon: how many, where
-    stale_after_ms: int = 15_000           # data older than this: the daemon is away
+    profile: ProfileRow | None = None  # view "profile": the run's newest profile
+    capacity: CapacityRow | None = None  # view "capacity": the newest capacity study
+    fleet: Fleet | None = None  # view "fleet": every host's GPUs and jobs, from Prometheus
+    alerts: tuple[AlertRow, ...] = ()  # view "alerts": the newest alerts, newest first
+    alert_line: str | None = None  # every view: the alerts of the last hour, for the top line
+    problem: str | None = None  # the store could not be read: why
+    notice: str | None = None  # a line shown while the data is live (e.g. no daemon)
+    spooled: str | None = None  # events waiting in a spool for the daemon: how many, where
+    stale_after_ms: int = 15_000  # data older than this: the daemon is away
 
     def staleness(self) -> str | None:
         """A plain sentence when the data is old (the daemon stopped), else None."""

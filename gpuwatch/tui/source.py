@@ -18,26 +18,53 @@ from gpuwatch.analysis.step_split import PARTS, named_losses, split_of
 from gpuwatch.store import StoreError, health, now_ms, open_ro, postmortems, profiles, queries
 from gpuwatch.store.energy import EnergyLedger, RunEnergy
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
-from gpuwatch.tui.snapshot import (AlertRow, CapacityRow, Chart, GpuRow, HostRow, MigRow, OomRow,
-                                   ProcessRow, ProfileRow, RunDetail, RunRow, Series, SlowRow, Snapshot,
-                                   StacksRow, View)
+from gpuwatch.tui.snapshot import (
+    AlertRow,
+    CapacityRow,
+    Chart,
+    GpuRow,
+    HostRow,
+    MigRow,
+    OomRow,
+    ProcessRow,
+    ProfileRow,
+    RunDetail,
+    RunRow,
+    Series,
+    SlowRow,
+    Snapshot,
+    StacksRow,
+    View,
+)
 from gpuwatch.tui.sparks import SPARK_SLOT_MS, SparkHistory, window_start
 
-CHART_POINTS = 240             # per series; charts are at most ~160 columns x 2 dots
-PROF_FRESH_MS = 60_000         # an older GPM sample says nothing of now: "n/a"
-MAX_STEPS = 50_000             # newest steps read for a run chart; older ones are left out
-WHY_EVERY_MS = 30_000          # a running run's slow phases are worked out again this often
-OOM_TRACEBACK_LINES = 12       # the traceback's tail on the OOM screen
-READ_CACHE_KIB = 256           # SQLite page cache of the TUI's one long-lived connection
-STACK_FRAMES = 6               # innermost frames per thread in the run view's stacks panel
-ALERTS_SHOWN = 200             # newest alerts on the Alerts screen
-ALERT_LINE_MS = 3_600_000      # the top line tells of the alerts of the last hour
-ALERT_LINE_LOOK = 50           # ... read from the newest this many (one seek on the rowid)
+CHART_POINTS = 240  # per series; charts are at most ~160 columns x 2 dots
+PROF_FRESH_MS = 60_000  # an older GPM sample says nothing of now: "n/a"
+MAX_STEPS = 50_000  # newest steps read for a run chart; older ones are left out
+WHY_EVERY_MS = 30_000  # a running run's slow phases are worked out again this often
+OOM_TRACEBACK_LINES = 12  # the traceback's tail on the OOM screen
+READ_CACHE_KIB = 256  # SQLite page cache of the TUI's one long-lived connection
+STACK_FRAMES = 6  # innermost frames per thread in the run view's stacks panel
+ALERTS_SHOWN = 200  # newest alerts on the Alerts screen
+ALERT_LINE_MS = 3_600_000  # the top line tells of the alerts of the last hour
+ALERT_LINE_LOOK = 50  # ... read from the newest this many (one seek on the rowid)
 
 
 def run_row(r: queries.RunSummary) -> RunRow:
-    return RunRow(r.run_id, r.name, r.user, r.status, r.started_ms, r.ended_ms, r.tokens_per_s_last,
-                  r.tokens_per_s_avg, r.peak_mem_bytes, r.oom, r.rank, r.world_size)
+    return RunRow(
+        r.run_id,
+        r.name,
+        r.user,
+        r.status,
+        r.started_ms,
+        r.ended_ms,
+        r.tokens_per_s_last,
+        r.tokens_per_s_avg,
+        r.peak_mem_bytes,
+        r.oom,
+        r.rank,
+        r.world_size,
+    )
 
 
 def downsample(points: list[tuple[int, float]], n: int) -> tuple[tuple[int, float], ...]:
@@ -46,7 +73,7 @@ def downsample(points: list[tuple[int, float]], n: int) -> tuple[tuple[int, floa
         return tuple(points)
     out = []
     for b in range(n):
-        chunk = points[b * len(points) // n:(b + 1) * len(points) // n]
+        chunk = points[b * len(points) // n : (b + 1) * len(points) // n]
         out.append((chunk[0][0], sum(v for _, v in chunk) / len(chunk)))
     return tuple(out)
 
@@ -72,34 +99,59 @@ def oom_rows(conn: sqlite3.Connection, run_ref: str) -> tuple[OomRow, ...]:
         return ()
     rows = []
     for pm in postmortems.for_run(conn, run.run_id):
-        neighbours = None if pm.neighbours is None else tuple(
-            (n.get("pid"), n.get("user"), n.get("used_mem_bytes"), n.get("run_id")) for n in pm.neighbours)
-        rows.append(OomRow(
-            run_id=run.run_id, run_name=run.name, ts_ms=pm.ts_ms, kind=pm.kind, device=pm.device,
-            requested_bytes=pm.requested_bytes, free_bytes=postmortems.headroom_bytes(asdict(pm)),
-            total_bytes=pm.total_bytes, allocated_bytes=pm.allocated_bytes, reserved_bytes=pm.reserved_bytes,
-            rss_bytes=pm.rss_bytes, cgroup_limit_bytes=pm.cgroup_limit_bytes, step=pm.step,
-            seq_len=pm.seq_len, batch=pm.batch, phase=pm.phase, neighbours=neighbours,
-            advice=tuple((a.get("title", ""), a.get("detail", "")) for a in pm.advice),
-            blocks=tuple((b.get("size_bytes") or 0, (b.get("stack") or ["(no stack)"])[0])
-                         for b in pm.largest_blocks),
-            traceback_tail=tuple((pm.traceback or "").rstrip().splitlines()[-OOM_TRACEBACK_LINES:]),
-            snapshot_path=pm.snapshot_path))
+        neighbours = (
+            None
+            if pm.neighbours is None
+            else tuple(
+                (n.get("pid"), n.get("user"), n.get("used_mem_bytes"), n.get("run_id")) for n in pm.neighbours
+            )
+        )
+        rows.append(
+            OomRow(
+                run_id=run.run_id,
+                run_name=run.name,
+                ts_ms=pm.ts_ms,
+                kind=pm.kind,
+                device=pm.device,
+                requested_bytes=pm.requested_bytes,
+                free_bytes=postmortems.headroom_bytes(asdict(pm)),
+                total_bytes=pm.total_bytes,
+                allocated_bytes=pm.allocated_bytes,
+                reserved_bytes=pm.reserved_bytes,
+                rss_bytes=pm.rss_bytes,
+                cgroup_limit_bytes=pm.cgroup_limit_bytes,
+                step=pm.step,
+                seq_len=pm.seq_len,
+                batch=pm.batch,
+                phase=pm.phase,
+                neighbours=neighbours,
+                advice=tuple((a.get("title", ""), a.get("detail", "")) for a in pm.advice),
+                blocks=tuple(
+                    (b.get("size_bytes") or 0, (b.get("stack") or ["(no stack)"])[0])
+                    for b in pm.largest_blocks
+                ),
+                traceback_tail=tuple((pm.traceback or "").rstrip().splitlines()[-OOM_TRACEBACK_LINES:]),
+                snapshot_path=pm.snapshot_path,
+            )
+        )
     return tuple(rows)
 
 
 def alert_rows(conn: sqlite3.Connection, limit: int = ALERTS_SHOWN) -> tuple[AlertRow, ...]:
     from gpuwatch.store import alerts
 
-    return tuple(AlertRow(a.id, a.ts_ms, a.kind, a.title, a.body, a.run_id, a.gpu_index)
-                 for a in alerts.recent(conn, limit))
+    return tuple(
+        AlertRow(a.id, a.ts_ms, a.kind, a.title, a.body, a.run_id, a.gpu_index)
+        for a in alerts.recent(conn, limit)
+    )
 
 
 def alert_line(conn: sqlite3.Connection, now: int) -> str | None:
     """'2 alerts in the last hour · newest 21:40 run.failed: …', or None when there were none."""
     try:
-        newest = conn.execute("SELECT ts_ms, kind, title FROM alerts ORDER BY id DESC LIMIT ?",
-                              (ALERT_LINE_LOOK,)).fetchall()
+        newest = conn.execute(
+            "SELECT ts_ms, kind, title FROM alerts ORDER BY id DESC LIMIT ?", (ALERT_LINE_LOOK,)
+        ).fetchall()
     except sqlite3.OperationalError:  # a database from before alerts existed
         return None
     recent = [row for row in newest if row[0] >= now - ALERT_LINE_MS]
@@ -107,8 +159,10 @@ def alert_line(conn: sqlite3.Connection, now: int) -> str | None:
         return None
     n = f"{len(recent)}+" if len(recent) == ALERT_LINE_LOOK else str(len(recent))
     ts, kind, title = recent[0]
-    return (f"{n} alert{'s' if len(recent) > 1 else ''} in the last hour (a) · "
-            f"{fmt.local_time(ts, with_date=False)} {kind}: {title}")
+    return (
+        f"{n} alert{'s' if len(recent) > 1 else ''} in the last hour (a) · "
+        f"{fmt.local_time(ts, with_date=False)} {kind}: {title}"
+    )
 
 
 def stacks_row(conn: sqlite3.Connection, run_id: str) -> StacksRow | None:
@@ -119,10 +173,14 @@ def stacks_row(conn: sqlite3.Connection, run_id: str) -> StacksRow | None:
     d = dumps[0]
     lines = []
     for thread in d.threads or ():
-        frames = [f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:{f.get('line')})"
-                  for f in (thread.get("frames") or [])[:STACK_FRAMES]]
+        frames = [
+            f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:{f.get('line')})"
+            for f in (thread.get("frames") or [])[:STACK_FRAMES]
+        ]
         state = "active" if thread.get("active") else "idle"
-        lines.append(f"{thread.get('thread_name') or thread.get('os_thread_id')} ({state}): " + " < ".join(frames))
+        lines.append(
+            f"{thread.get('thread_name') or thread.get('os_thread_id')} ({state}): " + " < ".join(frames)
+        )
     return StacksRow(d.ts_ms, d.pid, d.reason, "\n".join(lines), d.error)
 
 
@@ -136,12 +194,33 @@ def profile_row(conn: sqlite3.Connection, run_ref: str) -> ProfileRow | None:
     if not found:
         return None
     p = found[0]
-    ops = tuple((o.name, o.calls, o.self_cpu_us, o.cpu_total_us, o.self_device_us, o.device_total_us,
-                 o.self_mem_bytes) for o in profiles.profile_ops(conn, p.id))
+    ops = tuple(
+        (
+            o.name,
+            o.calls,
+            o.self_cpu_us,
+            o.cpu_total_us,
+            o.self_device_us,
+            o.device_total_us,
+            o.self_mem_bytes,
+        )
+        for o in profiles.profile_ops(conn, p.id)
+    )
     breakdown = profiles.profile_breakdown(conn, p.id)
-    return ProfileRow(run.run_id, run.name, p.id, p.ts_ms, p.trigger, p.first_step, p.steps,
-                      p.trace_path, p.trace_bytes, ops, len(found),
-                      None if breakdown is None else json.dumps(breakdown))
+    return ProfileRow(
+        run.run_id,
+        run.name,
+        p.id,
+        p.ts_ms,
+        p.trigger,
+        p.first_step,
+        p.steps,
+        p.trace_path,
+        p.trace_bytes,
+        ops,
+        len(found),
+        None if breakdown is None else json.dumps(breakdown),
+    )
 
 
 def capacity_row(conn: sqlite3.Connection) -> CapacityRow | None:
@@ -150,30 +229,60 @@ def capacity_row(conn: sqlite3.Connection) -> CapacityRow | None:
         return None
     study, points = found
     return CapacityRow(
-        study.ts_ms, study.command, study.device, study.limit_bytes, study.margin,
-        points=tuple((pt.batch, pt.seq_len, pt.peak_bytes if pt.ok else None,
-                      study.fitted_bytes(pt.batch, pt.seq_len), pt.kind) for pt in points),
-        predictions=tuple((b, p["max_seq_len"], p.get("predicted_peak_bytes"), p.get("verified_peak_bytes"))
-                          for b, p in sorted(study.predicted.items())))
+        study.ts_ms,
+        study.command,
+        study.device,
+        study.limit_bytes,
+        study.margin,
+        points=tuple(
+            (
+                pt.batch,
+                pt.seq_len,
+                pt.peak_bytes if pt.ok else None,
+                study.fitted_bytes(pt.batch, pt.seq_len),
+                pt.kind,
+            )
+            for pt in points
+        ),
+        predictions=tuple(
+            (b, p["max_seq_len"], p.get("predicted_peak_bytes"), p.get("verified_peak_bytes"))
+            for b, p in sorted(study.predicted.items())
+        ),
+    )
 
 
-def with_migs(gpus: list[GpuRow], devices: list[queries.MigDevice],
-              procs: tuple[ProcessRow, ...]) -> tuple[GpuRow, ...]:
+def with_migs(
+    gpus: list[GpuRow], devices: list[queries.MigDevice], procs: tuple[ProcessRow, ...]
+) -> tuple[GpuRow, ...]:
     """The GPUs, each with its MIG devices and the number of processes running on each."""
     if not devices:
         return tuple(gpus)
     on = Counter((p.gpu_index, p.gpu_instance_id, p.compute_instance_id) for p in procs)
     migs: dict[int, list[MigRow]] = {}
     for d in devices:
-        migs.setdefault(d.gpu_index, []).append(MigRow(
-            d.gpu_instance_id, d.compute_instance_id, d.profile, d.gpu_util_pct, d.mem_used_bytes,
-            d.mem_total_bytes, on[d.gpu_index, d.gpu_instance_id, d.compute_instance_id]))
+        migs.setdefault(d.gpu_index, []).append(
+            MigRow(
+                d.gpu_instance_id,
+                d.compute_instance_id,
+                d.profile,
+                d.gpu_util_pct,
+                d.mem_used_bytes,
+                d.mem_total_bytes,
+                on[d.gpu_index, d.gpu_instance_id, d.compute_instance_id],
+            )
+        )
     return tuple(replace(g, migs=tuple(migs.get(g.index, ()))) for g in gpus)
 
 
 class StoreSource:
-    def __init__(self, db_path: str, clock: Callable[[], int] = now_ms, stale_after_ms: int = 15_000,
-                 notice: str | None = None, spool_dirs: list[Path] = ()) -> None:
+    def __init__(
+        self,
+        db_path: str,
+        clock: Callable[[], int] = now_ms,
+        stale_after_ms: int = 15_000,
+        notice: str | None = None,
+        spool_dirs: list[Path] = (),
+    ) -> None:
         """`stale_after_ms`: data older than this is shown as "daemon not running" (a few of
         its intervals); `notice`: a line shown while the data is live (no daemon: who samples);
         `spool_dirs`: where events may wait for the daemon (gpuwatch/spool.py)."""
@@ -198,8 +307,12 @@ class StoreSource:
         self.why = None
 
     def fetch(self, view: View) -> Snapshot:
-        snap = replace(self._fetch(view), stale_after_ms=self.stale_after_ms, notice=self.notice,
-                       spooled=spool.waiting_line(self.spool_dirs) if self.spool_dirs else None)
+        snap = replace(
+            self._fetch(view),
+            stale_after_ms=self.stale_after_ms,
+            notice=self.notice,
+            spooled=spool.waiting_line(self.spool_dirs) if self.spool_dirs else None,
+        )
         trouble = health.read(self.db_path)  # the daemon cannot write: the banner says why
         return snap if trouble is None else replace(snap, problem=trouble.line())
 
@@ -231,8 +344,9 @@ class StoreSource:
         if view.kind == "overview":
             return self._overview(conn, base, latest)
         if view.kind == "runs":
-            return replace(base, runs=tuple(map(run_row, queries.runs(conn))),
-                           runs_total=queries.run_count(conn))
+            return replace(
+                base, runs=tuple(map(run_row, queries.runs(conn))), runs_total=queries.run_count(conn)
+            )
         if view.kind == "run":
             return replace(base, detail=self._detail(conn, view, now))
         if view.kind == "oom":
@@ -245,21 +359,34 @@ class StoreSource:
             return replace(base, alerts=alert_rows(conn))
         raise ValueError(f"unknown view {view.kind!r}")
 
-    def _freshness(self, conn: sqlite3.Connection, now: int,
-                   latest: dict[int, queries.GpuSample]) -> Snapshot:
+    def _freshness(
+        self, conn: sqlite3.Connection, now: int, latest: dict[int, queries.GpuSample]
+    ) -> Snapshot:
         newest = [s.ts_ms for s in latest.values()]
         host = queries.latest_host_sample(conn, now)
         if host:
             newest.append(host.ts_ms)
         driver = conn.execute("SELECT 1 FROM gpus LIMIT 1").fetchone() is not None
-        return Snapshot(now_ms=now, data_ms=max(newest) if newest else None, driver=driver,
-                        alert_line=alert_line(conn, now),
-                        host=None if host is None else HostRow(
-                            host.cpu_pct, host.load1, host.mem_used_bytes, host.mem_total_bytes,
-                            host.shm_used_bytes, host.shm_total_bytes))
+        return Snapshot(
+            now_ms=now,
+            data_ms=max(newest) if newest else None,
+            driver=driver,
+            alert_line=alert_line(conn, now),
+            host=None
+            if host is None
+            else HostRow(
+                host.cpu_pct,
+                host.load1,
+                host.mem_used_bytes,
+                host.mem_total_bytes,
+                host.shm_used_bytes,
+                host.shm_total_bytes,
+            ),
+        )
 
-    def _overview(self, conn: sqlite3.Connection, base: Snapshot,
-                  latest: dict[int, queries.GpuSample]) -> Snapshot:
+    def _overview(
+        self, conn: sqlite3.Connection, base: Snapshot, latest: dict[int, queries.GpuSample]
+    ) -> Snapshot:
         infos = queries.gpus(conn)
         histories = self.sparks.update(conn, [info.gpu_index for info in infos], base.now_ms)
         first_slot = window_start(base.now_ms) // SPARK_SLOT_MS
@@ -271,22 +398,47 @@ class StoreSource:
             history = histories[info.gpu_index]
             lost = info.state == "lost" or (s is not None and s.state == "lost")
             hung = s is not None and s.state == "hung"
-            gpus.append(GpuRow(
-                index=info.gpu_index, name=info.name or info.uuid,
-                state="lost" if lost else "hung" if hung else "ok",
-                state_since_ms=info.state_since_ms if hung else None,
-                util_pct=s and s.gpu_util_pct, util_history=history, util_history_slot=first_slot,
-                mem_used_bytes=s and s.mem_used_bytes, mem_total_bytes=info.mem_total_bytes,
-                temp_c=s and s.temp_c, power_mw=s and s.power_mw, power_limit_mw=info.power_limit_mw,
-                throttle_reasons=s and s.throttle_reasons, ecc_uncorrected=s and s.ecc_uncorrected,
-                sm_active_pct=p and p.sm_active_pct, sm_occupancy_pct=p and p.sm_occupancy_pct,
-                tensor_active_pct=p and p.tensor_active_pct, dram_active_pct=p and p.dram_active_pct))
-        procs = tuple(ProcessRow(p.gpu_index, p.pid, p.uid, p.user, p.used_mem_bytes, p.sm_util_pct,
-                                 p.cpu_pct, p.run_name, p.cmdline, p.gpu_instance_id,
-                                 p.compute_instance_id)
-                      for p in queries.gpu_processes(conn, base.now_ms))
-        return replace(base, gpus=with_migs(gpus, queries.mig_devices(conn, base.now_ms), procs),
-                       processes=procs)
+            gpus.append(
+                GpuRow(
+                    index=info.gpu_index,
+                    name=info.name or info.uuid,
+                    state="lost" if lost else "hung" if hung else "ok",
+                    state_since_ms=info.state_since_ms if hung else None,
+                    util_pct=s and s.gpu_util_pct,
+                    util_history=history,
+                    util_history_slot=first_slot,
+                    mem_used_bytes=s and s.mem_used_bytes,
+                    mem_total_bytes=info.mem_total_bytes,
+                    temp_c=s and s.temp_c,
+                    power_mw=s and s.power_mw,
+                    power_limit_mw=info.power_limit_mw,
+                    throttle_reasons=s and s.throttle_reasons,
+                    ecc_uncorrected=s and s.ecc_uncorrected,
+                    sm_active_pct=p and p.sm_active_pct,
+                    sm_occupancy_pct=p and p.sm_occupancy_pct,
+                    tensor_active_pct=p and p.tensor_active_pct,
+                    dram_active_pct=p and p.dram_active_pct,
+                )
+            )
+        procs = tuple(
+            ProcessRow(
+                p.gpu_index,
+                p.pid,
+                p.uid,
+                p.user,
+                p.used_mem_bytes,
+                p.sm_util_pct,
+                p.cpu_pct,
+                p.run_name,
+                p.cmdline,
+                p.gpu_instance_id,
+                p.compute_instance_id,
+            )
+            for p in queries.gpu_processes(conn, base.now_ms)
+        )
+        return replace(
+            base, gpus=with_migs(gpus, queries.mig_devices(conn, base.now_ms), procs), processes=procs
+        )
 
     def _detail(self, conn: sqlite3.Connection, view: View, now: int) -> RunDetail | None:
         try:
@@ -304,9 +456,14 @@ class StoreSource:
             pts = [(s.ts_ms, float(getattr(s, attr))) for s in steps if getattr(s, attr) is not None]
             return Series(label, unit, downsample(pts, CHART_POINTS))
 
-        memory = [series(label, "bytes", attr) for label, attr in (
-            ("allocated", "mem_allocated_bytes"), ("reserved", "mem_reserved_bytes"),
-            ("peak", "mem_peak_bytes"))]
+        memory = [
+            series(label, "bytes", attr)
+            for label, attr in (
+                ("allocated", "mem_allocated_bytes"),
+                ("reserved", "mem_reserved_bytes"),
+                ("peak", "mem_peak_bytes"),
+            )
+        ]
         if not any(s.points for s in memory):  # a CPU run: the process's resident memory
             memory = [series("RSS", "bytes", "rss_bytes")]
         slow = self._slowdowns(conn, run.run_id, steps[-1].ts_ms if steps else None)
@@ -316,9 +473,15 @@ class StoreSource:
         named = named_losses(steps)  # several optimisers (a GAN's netD, netG): one line each
         if named:
             at = {s.step: s.ts_ms for s in steps}
-            charts.append(Chart("loss", tuple(Series(name, "loss", downsample([(at[n], v) for n, v in points],
-                                                                              CHART_POINTS))
-                                              for name, points in named.items())))
+            charts.append(
+                Chart(
+                    "loss",
+                    tuple(
+                        Series(name, "loss", downsample([(at[n], v) for n, v in points], CHART_POINTS))
+                        for name, points in named.items()
+                    ),
+                )
+            )
         elif loss.points:  # a run that records its loss (inference runs have none)
             charts.append(Chart("loss", (loss,)))
         charts.append(Chart("step time", (series("step", "ms", "step_time_ms"),), shaded))
@@ -327,35 +490,61 @@ class StoreSource:
             charts.append(Chart("data wait (share of each step)", (data_wait,)))
         splits = [(s.ts_ms, split) for s, split in zip(steps, map(split_of, steps)) if split is not None]
         if splits:  # the zero-code hooks' split: data, compute, evaluation/checkpoint, other
-            charts.append(Chart("where each step went (share)", tuple(
-                Series(part, "pct", downsample([(ts, split[part]) for ts, split in splits], CHART_POINTS))
-                for part in PARTS)))
+            charts.append(
+                Chart(
+                    "where each step went (share)",
+                    tuple(
+                        Series(
+                            part, "pct", downsample([(ts, split[part]) for ts, split in splits], CHART_POINTS)
+                        )
+                        for part in PARTS
+                    ),
+                )
+            )
         charts.append(Chart("memory", tuple(memory)))
         by_uuid = {g.uuid: g.gpu_index for g in queries.gpus(conn)}
         for uuid in filter(None, (run.gpu_uuids or "").split(",")):
             index = by_uuid.get(uuid.strip())
             if index is None:
                 continue
-            util, mem = (tuple((p.ts_ms, p.avg) for p in queries.gpu_series(
-                conn, index, metric, since, until, CHART_POINTS) if p.avg is not None)
-                for metric in ("gpu_util_pct", "mem_used_bytes"))
+            util, mem = (
+                tuple(
+                    (p.ts_ms, p.avg)
+                    for p in queries.gpu_series(conn, index, metric, since, until, CHART_POINTS)
+                    if p.avg is not None
+                )
+                for metric in ("gpu_util_pct", "mem_used_bytes")
+            )
             charts.append(Chart(f"GPU {index} utilisation", (Series("util", "pct", util),)))
             charts.append(Chart(f"GPU {index} memory", (Series("used", "bytes", mem),)))
-        config = tuple((str(k), v if isinstance(v, str) else json.dumps(v))
-                       for k, v in sorted(run.config.items()))
-        row = run_row(me) if me else RunRow(run.run_id, run.name, run.user, run.status,
-                                            run.started_ms, run.ended_ms)
+        config = tuple(
+            (str(k), v if isinstance(v, str) else json.dumps(v)) for k, v in sorted(run.config.items())
+        )
+        row = (
+            run_row(me)
+            if me
+            else RunRow(run.run_id, run.name, run.user, run.status, run.started_ms, run.ended_ms)
+        )
         energy = self._energy(conn, run, until)
         tokens = energy and queries.run_tokens(conn, run.run_id, energy.from_ms, until)
-        return RunDetail(run=row, host=run.host, pid=run.pid, command=run.command,
-                         job_id=run.job_id, end_state=end_state(run), ranks=ranks,
-                         config=config, charts=tuple(charts), since_ms=since,
-                         stacks=stacks_row(conn, run.run_id),
-                         profiles=len(profiles.profiles(conn, run.run_id)),
-                         energy_j=energy and energy.joules,
-                         energy_complete=energy is None or energy.complete,
-                         joules_per_token=energy.joules / tokens if tokens else None,
-                         slowdowns=slow)
+        return RunDetail(
+            run=row,
+            host=run.host,
+            pid=run.pid,
+            command=run.command,
+            job_id=run.job_id,
+            end_state=end_state(run),
+            ranks=ranks,
+            config=config,
+            charts=tuple(charts),
+            since_ms=since,
+            stacks=stacks_row(conn, run.run_id),
+            profiles=len(profiles.profiles(conn, run.run_id)),
+            energy_j=energy and energy.joules,
+            energy_complete=energy is None or energy.complete,
+            joules_per_token=energy.joules / tokens if tokens else None,
+            slowdowns=slow,
+        )
 
     def _slowdowns(self, conn: sqlite3.Connection, run_id: str, newest_ms: int | None) -> tuple[SlowRow, ...]:
         """The run's slow phases (gpuwatch why), worked out again only when its newest step
@@ -367,9 +556,21 @@ class StoreSource:
             from gpuwatch.analysis.why import analyse
 
             result = analyse(conn, run_id)
-            self.why = key, tuple(SlowRow(s.start_ms, s.end_ms, s.first_step, s.last_step, s.slower_pct, result.unit,
-                                          tuple(f"{c.share_pct:.0f} % {c.kind}: {c.detail}" for c in s.causes))
-                                  for s in result.slowdowns)
+            self.why = (
+                key,
+                tuple(
+                    SlowRow(
+                        s.start_ms,
+                        s.end_ms,
+                        s.first_step,
+                        s.last_step,
+                        s.slower_pct,
+                        result.unit,
+                        tuple(f"{c.share_pct:.0f} % {c.kind}: {c.detail}" for c in s.causes),
+                    )
+                    for s in result.slowdowns
+                ),
+            )
         return self.why[1]
 
     def _energy(self, conn: sqlite3.Connection, run: queries.Run, until_ms: int) -> RunEnergy | None:

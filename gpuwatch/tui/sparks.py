@@ -10,10 +10,10 @@ from gpuwatch.store.queries import util_by_slot
 if TYPE_CHECKING:
     import sqlite3
 
-SPARK_WINDOW_MS = 5 * 60_000   # GPU util sparklines cover the last five minutes
+SPARK_WINDOW_MS = 5 * 60_000  # GPU util sparklines cover the last five minutes
 SPARK_POINTS = 60
 SPARK_SLOT_MS = SPARK_WINDOW_MS // SPARK_POINTS
-REREAD_SLOTS = 2               # the newest slots may still fill (or get a late tick): read them again
+REREAD_SLOTS = 2  # the newest slots may still fill (or get a late tick): read them again
 
 
 def window_start(now_ms: int) -> int:
@@ -24,11 +24,12 @@ def window_start(now_ms: int) -> int:
 
 class SparkHistory:
     def __init__(self) -> None:
-        self.averages: dict[int, dict[int, float]] = {}   # gpu_index -> slot start -> average
+        self.averages: dict[int, dict[int, float]] = {}  # gpu_index -> slot start -> average
         self.read_from_ms: int | None = None
 
-    def update(self, conn: sqlite3.Connection, gpu_indexes: list[int],
-               now_ms: int) -> dict[int, tuple[float | None, ...]]:
+    def update(
+        self, conn: sqlite3.Connection, gpu_indexes: list[int], now_ms: int
+    ) -> dict[int, tuple[float | None, ...]]:
         """Per GPU, the average utilisation of each slot of the window ending at `now_ms`,
         oldest first; None where nothing was sampled (a gap shows as a gap)."""
         start = window_start(now_ms)
@@ -47,5 +48,7 @@ class SparkHistory:
         for slots in self.averages.values():
             for old in [s for s in slots if s < start]:
                 del slots[old]
-        return {g: tuple(self.averages.get(g, {}).get(start + k * SPARK_SLOT_MS) for k in range(SPARK_POINTS))
-                for g in gpu_indexes}
+        return {
+            g: tuple(self.averages.get(g, {}).get(start + k * SPARK_SLOT_MS) for k in range(SPARK_POINTS))
+            for g in gpu_indexes
+        }

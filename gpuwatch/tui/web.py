@@ -44,11 +44,20 @@ def is_loopback(host: str) -> bool:
     return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
-def tui_command(db_path: str, refresh: float, user: str | None, prometheus: str | None = None,
-                notice: str | None = None) -> str:
+def tui_command(
+    db_path: str, refresh: float, user: str | None, prometheus: str | None = None, notice: str | None = None
+) -> str:
     """The shell command textual-serve runs for each browser tab: this gpuwatch's own `tui`."""
-    args = [sys.executable, "-c", "import sys; from gpuwatch.cli import main; sys.exit(main())",
-            "tui", "--db", db_path, "--refresh", str(refresh)]
+    args = [
+        sys.executable,
+        "-c",
+        "import sys; from gpuwatch.cli import main; sys.exit(main())",
+        "tui",
+        "--db",
+        db_path,
+        "--refresh",
+        str(refresh),
+    ]
     args += ["--user", user] if user else []
     args += ["--notice", notice] if notice else []
     return shlex.join(args + (["--prometheus", prometheus] if prometheus else []))

@@ -1,10 +1,11 @@
 """Unmodified loops whose model returns logits and whose loss is computed outside forward.
 Arg: sgd (parameters updated by hand under no_grad, no torch.optim: the PyTorch examples' way)
 | scaler (AMP's GradScaler scales the loss before backward). Prints each step's loss."""
+
 import sys
 
 import torch
-from tiny_model import V, TinyLM, batch
+from tiny_model import TinyLM, V, batch
 
 torch.manual_seed(0)
 gen = torch.Generator().manual_seed(0)

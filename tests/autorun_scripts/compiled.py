@@ -3,12 +3,13 @@
 compiled function; `optimizer` — a compiled optimiser step. A train loop with eval in between.
 Prints each step's loss and, at the end, dynamo's own count of the graphs it compiled (eager
 backend: quick on CPU)."""
+
 import copy
 import pickle
 import sys
 
 import torch
-from tiny_model import V, TinyLM, batch
+from tiny_model import TinyLM, V, batch
 
 how = sys.argv[1] if len(sys.argv) > 1 else "module"
 torch.manual_seed(0)

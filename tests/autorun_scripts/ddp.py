@@ -1,5 +1,6 @@
 """An unmodified DistributedDataParallel script for torchrun (gloo, CPU): 3 steps per rank.
 Prints each rank's process age at its end (from psutil), for the test of the rank's duration."""
+
 import time
 
 import psutil

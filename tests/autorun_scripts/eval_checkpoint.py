@@ -1,6 +1,7 @@
 """Unmodified: epochs over a slow DataLoader, each ending with an evaluation pass (eval mode,
 no_grad, its own loader) and a checkpoint (torch.save). Prints, per step, the share of the time
 since its previous step that the program itself measured inside the training loader."""
+
 import sys
 import time
 

@@ -1,9 +1,10 @@
 """Unmodified loops on Lightning Fabric or accelerate (no Trainer): the model is wrapped by the
 library, backward goes through it. Arg: fabric | accelerate. Prints each step's loss."""
+
 import sys
 
 import torch
-from tiny_model import V, TinyLM, batch
+from tiny_model import TinyLM, V, batch
 
 torch.manual_seed(0)
 gen = torch.Generator().manual_seed(0)

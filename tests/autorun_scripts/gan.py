@@ -1,6 +1,7 @@
 """Unmodified: a tiny DCGAN-shaped loop (pytorch/examples dcgan/main.py's order): D steps on
 errD_real + errD_fake, then G on errG (whose graph goes through netD too); a DataLoader feeds
 it, and every other iteration ends with G's images under no_grad. Prints each optimiser's loss."""
+
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset

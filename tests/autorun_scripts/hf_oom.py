@@ -1,5 +1,6 @@
 """Unmodified: a Hugging Face GPT-2 built from its config with eager attention, trained in a
 plain loop at L=8192, batch 8, 8 heads: the eager B·H·L² scores (16 GiB in fp32) cannot fit."""
+
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 

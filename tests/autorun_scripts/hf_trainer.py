@@ -5,6 +5,7 @@ Args: OUTPUT_DIR [--pad] pads the last 4 positions of every sequence (attention_
 [--callback] adds gpuwatch's Trainer callback (the explicit, one-line integration);
 [--tensorboard] has the Trainer write its own TensorBoard logs (output_dir/runs/...).
 """
+
 import json
 import sys
 
@@ -29,12 +30,20 @@ class Counting(torch.utils.data.Dataset):
 
 
 model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2))
-args = TrainingArguments(output_dir=sys.argv[1], per_device_train_batch_size=BATCH,
-                         gradient_accumulation_steps=ACCUM, max_steps=STEPS, logging_steps=1,
-                         learning_rate=1e-3, save_strategy="no",
-                         report_to=["tensorboard"] if "--tensorboard" in sys.argv else [], use_cpu=True,
-                         dataloader_num_workers=0, disable_tqdm=True,
-                         include_num_input_tokens_seen="non_padding")
+args = TrainingArguments(
+    output_dir=sys.argv[1],
+    per_device_train_batch_size=BATCH,
+    gradient_accumulation_steps=ACCUM,
+    max_steps=STEPS,
+    logging_steps=1,
+    learning_rate=1e-3,
+    save_strategy="no",
+    report_to=["tensorboard"] if "--tensorboard" in sys.argv else [],
+    use_cpu=True,
+    dataloader_num_workers=0,
+    disable_tqdm=True,
+    include_num_input_tokens_seen="non_padding",
+)
 callbacks = []
 if "--callback" in sys.argv:
     from gpuwatch.integrations.hf import GpuwatchCallback
@@ -44,6 +53,14 @@ trainer = Trainer(model=model, args=args, train_dataset=Counting(), callbacks=ca
 result = trainer.train()
 prompt = torch.tensor([[1, 2, 3, 4]])
 generated = model.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
-print("GPUWATCH_TEST " + json.dumps({"metrics": result.metrics, "logged": trainer.state.log_history,
-                                     "generated": generated.shape[-1] - prompt.shape[-1],
-                                     "callbacks": [type(c).__module__ for c in trainer.callback_handler.callbacks]}))
+print(
+    "GPUWATCH_TEST "
+    + json.dumps(
+        {
+            "metrics": result.metrics,
+            "logged": trainer.state.log_history,
+            "generated": generated.shape[-1] - prompt.shape[-1],
+            "callbacks": [type(c).__module__ for c in trainer.callback_handler.callbacks],
+        }
+    )
+)

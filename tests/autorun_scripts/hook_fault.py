@@ -1,5 +1,6 @@
 """An unmodified loop, but gpuwatch's token counting is broken on purpose (as a bug of ours would
 be): the program must run to the end exactly as without gpuwatch, with one warning line."""
+
 import torch
 
 torch.manual_seed(0)

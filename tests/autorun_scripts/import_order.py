@@ -1,5 +1,6 @@
 """Unmodified: torch reached the ways libraries reach it. Arg: find_spec | import_module |
 transformers | spawn (the training runs in a multiprocessing `spawn` child)."""
+
 import sys
 
 HOW = sys.argv[1]
@@ -13,9 +14,8 @@ elif HOW == "import_module":
 
     torch = importlib.import_module("torch")
 elif HOW == "transformers":
-    import transformers  # noqa: F401 — imports torch lazily, after its own find_spec
-
     import torch
+    import transformers  # noqa: F401 — imports torch lazily, after its own find_spec
 else:
     import multiprocessing
 
@@ -23,7 +23,7 @@ else:
 
 
 def train(steps=3):
-    from tiny_model import V, TinyLM
+    from tiny_model import TinyLM, V
 
     model = TinyLM()
     opt = torch.optim.SGD(model.parameters(), 0.1)

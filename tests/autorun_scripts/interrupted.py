@@ -1,10 +1,11 @@
 """Unmodified: Ctrl-C lands inside a forward (simulated: the forward raises KeyboardInterrupt),
 the script catches it, trains on and then copies and pickles its model."""
+
 import copy
 import pickle
 
 import torch
-from tiny_model import V, TinyLM, batch
+from tiny_model import TinyLM, V, batch
 
 
 class Stoppable(TinyLM):

@@ -1,13 +1,14 @@
 """Unmodified and deterministic: trains a few steps, keeps an EMA copy (deepcopy), pickles the
 model, saves it whole and as a state_dict checkpoint, scripts, traces and exports it.
 Args: OUT_DIR. Prints what it did; the files it writes must not depend on who watched it."""
+
 import copy
 import pickle
 import sys
 from pathlib import Path
 
 import torch
-from tiny_model import V, TinyLM, batch
+from tiny_model import TinyLM, V, batch
 
 out = Path(sys.argv[1])
 torch.manual_seed(0)
@@ -35,6 +36,9 @@ exported = torch.export.export(model, (batch(gen),))
 x = batch(gen)
 same = [torch.equal(model(x), m(x)) for m in (copied, scripted, traced, exported.module())]
 print("copies agree:", same)
-left = [(name, len(m._forward_hooks), len(m._forward_pre_hooks)) for name, m in model.named_modules()
-        if m._forward_hooks or m._forward_pre_hooks]
+left = [
+    (name, len(m._forward_hooks), len(m._forward_pre_hooks))
+    for name, m in model.named_modules()
+    if m._forward_hooks or m._forward_pre_hooks
+]
 print("hooks left on the model:", left)

@@ -2,6 +2,7 @@
 Lightning's own ThroughputMonitor. Prints what Lightning logged as one JSON line (GPUWATCH_TEST ...).
 Args: [--callback] adds gpuwatch's Lightning callback (the explicit, one-line integration);
 [--tensorboard] logs to Lightning's TensorBoardLogger (lightning_logs/version_N) as well."""
+
 import json
 import sys
 
@@ -55,8 +56,13 @@ class Remember(Logger):
         pass
 
 
-callbacks = [ThroughputMonitor(batch_size_fn=lambda b: b["input_ids"].shape[0],
-                               length_fn=lambda b: b["input_ids"].numel(), window_size=STEPS * ACCUM - 1)]
+callbacks = [
+    ThroughputMonitor(
+        batch_size_fn=lambda b: b["input_ids"].shape[0],
+        length_fn=lambda b: b["input_ids"].numel(),
+        window_size=STEPS * ACCUM - 1,
+    )
+]
 if "--callback" in sys.argv:
     from gpuwatch.integrations.lightning import GpuwatchCallback
 
@@ -66,9 +72,26 @@ if "--tensorboard" in sys.argv:
     from lightning.pytorch.loggers import TensorBoardLogger
 
     loggers.append(TensorBoardLogger(save_dir="."))
-trainer = pl.Trainer(max_steps=STEPS, accumulate_grad_batches=ACCUM, accelerator="cpu", devices=1,
-                     logger=loggers, log_every_n_steps=1, callbacks=callbacks, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False)
+trainer = pl.Trainer(
+    max_steps=STEPS,
+    accumulate_grad_batches=ACCUM,
+    accelerator="cpu",
+    devices=1,
+    logger=loggers,
+    log_every_n_steps=1,
+    callbacks=callbacks,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(TinyLM(), torch.utils.data.DataLoader(Counting(), batch_size=B))
-print("GPUWATCH_TEST " + json.dumps({"logged": Remember.metrics, "micro_losses": TinyLM.micro_losses,
-                                     "callbacks": [type(c).__module__ for c in trainer.callbacks]}))
+print(
+    "GPUWATCH_TEST "
+    + json.dumps(
+        {
+            "logged": Remember.metrics,
+            "micro_losses": TinyLM.micro_losses,
+            "callbacks": [type(c).__module__ for c in trainer.callbacks],
+        }
+    )
+)

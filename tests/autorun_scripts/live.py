@@ -1,4 +1,5 @@
 """An unmodified loop that keeps training (slowly) until it is stopped."""
+
 import time
 
 import torch

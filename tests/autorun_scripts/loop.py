@@ -1,5 +1,6 @@
 """A hand-written loop: gradient accumulation over 4 micro-batches, an eval pass after each step,
 two optimisers (one iteration is still one step). Untouched by gpuwatch: no import of it."""
+
 import sys
 
 import torch

@@ -2,8 +2,9 @@
 12 iterations of 2 accumulated micro-batches (each loss divided by 2 before backward()), then 6
 in which an auxiliary module's loss, not through the model, is backpropagated after the model's
 forward and before its loss. Prints each step's loss (the mean micro-batch loss)."""
+
 import torch
-from tiny_model import V, TinyLM, batch
+from tiny_model import TinyLM, V, batch
 
 torch.manual_seed(0)
 gen = torch.Generator().manual_seed(0)

@@ -1,4 +1,5 @@
 """Never imports torch: must behave exactly as without gpuwatch."""
+
 import sys
 
 print("argv", sys.argv[1:], "instrument hooks seen:", "torch" in sys.modules)

@@ -1,4 +1,5 @@
 """Unmodified: naive attention at L=16384 materialises 4 x 4 x 16384² float scores (16 GiB)."""
+
 import torch
 import torch.nn as nn
 

@@ -1,4 +1,5 @@
 """A script that tracks itself: under `gpuwatch run` its own calls count, once."""
+
 import torch
 
 import gpuwatch

@@ -1,5 +1,6 @@
 """Unmodified, sequence-first as in PyTorch's word language model example: (seq_len, batch) ids
 into an embedding and an nn.TransformerEncoder left at batch_first=False. Arg: transformer | lstm."""
+
 import sys
 
 import torch
@@ -16,7 +17,9 @@ class SeqFirst(nn.Module):
         if sys.argv[1] == "lstm":
             self.body = nn.LSTM(D, D)
         else:
-            self.body = nn.TransformerEncoder(nn.TransformerEncoderLayer(D, 2, 64), 1, enable_nested_tensor=False)
+            self.body = nn.TransformerEncoder(
+                nn.TransformerEncoderLayer(D, 2, 64), 1, enable_nested_tensor=False
+            )
         self.head = nn.Linear(D, V)
 
     def forward(self, src):

@@ -2,6 +2,7 @@
 every PAUSE seconds (argv[2], default 0.3), with a config. With --autolog DIR it is unmodified
 training recorded by gpuwatch.autolog(tensorboard=DIR) instead. Under the fake NVML it puts
 its pid where FAKE_NVML_PIDS_FILE says, so it is a process on the simulated GPUs."""
+
 import os
 import sys
 import time

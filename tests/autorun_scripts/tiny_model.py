@@ -1,4 +1,5 @@
 """A small token model importable by the scripts here and by a loader that has no gpuwatch."""
+
 import torch
 import torch.nn as nn
 

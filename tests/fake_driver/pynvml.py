@@ -3,6 +3,7 @@ child processes (put this directory first on PYTHONPATH). FAKE_NVML_GPUS GPUs (8
 comma-separated pids in FAKE_NVML_PIDS spread over them as compute processes; FAKE_NVML_GPM=1
 gives every GPU GPM (SM activity); FAKE_NVML_PIDS_FILE names a file of pids (written by a test's
 child once it knows its pid) that every GPU runs, re-read every 0.2 s."""
+
 import os
 import sys
 import threading

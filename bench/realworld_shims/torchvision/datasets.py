@@ -4,8 +4,15 @@ import torch
 class FakeData(torch.utils.data.Dataset):
     """Random images of `image_size`, the same for the same index (as torchvision's)."""
 
-    def __init__(self, size=1000, image_size=(3, 224, 224), num_classes=10, transform=None,
-                 target_transform=None, random_offset=0):
+    def __init__(
+        self,
+        size=1000,
+        image_size=(3, 224, 224),
+        num_classes=10,
+        transform=None,
+        target_transform=None,
+        random_offset=0,
+    ):
         self.size, self.image_size, self.num_classes = size, image_size, num_classes
         self.transform, self.random_offset = transform, random_offset
 

@@ -15,18 +15,32 @@ def analyse_rank(rt: RankTrace, rank: int) -> dict:
     idx = window.kept(rt)
     skip = window.last_step(rt)
     cpu_whole, cpu_steps = cpu.breakdown(rt, skip)
-    out: dict = {"rank": rank, "file": rt.file, "gpu": bool(idx),
-                 "steps_analysed": len([s for s in rt.steps if s[0] != skip])}
+    out: dict = {
+        "rank": rank,
+        "file": rt.file,
+        "gpu": bool(idx),
+        "steps_analysed": len([s for s in rt.steps if s[0] != skip]),
+    }
     if idx:
         top, groups = gpu.kernels(rt, idx)
         out.update(
-            temporal=gpu.temporal(rt, idx), idle=gpu.idle(rt, idx), kernels=top,
-            kernel_groups=groups, overlap_pct=gpu.overlap_pct(rt, idx),
-            memcpy_us=gpu.memcpy_by_direction(rt, idx))
+            temporal=gpu.temporal(rt, idx),
+            idle=gpu.idle(rt, idx),
+            kernels=top,
+            kernel_groups=groups,
+            overlap_pct=gpu.overlap_pct(rt, idx),
+            memcpy_us=gpu.memcpy_by_direction(rt, idx),
+        )
         out["steps"] = _steps(rt, window.by_step(rt, list(range(len(rt.gpu_ts)))))
     else:
-        out.update(temporal=None, idle=None, kernels=[], kernel_groups=[], overlap_pct=None,
-                   steps=[{"step": s["step"], "cpu": s} for s in cpu_steps])
+        out.update(
+            temporal=None,
+            idle=None,
+            kernels=[],
+            kernel_groups=[],
+            overlap_pct=None,
+            steps=[{"step": s["step"], "cpu": s} for s in cpu_steps],
+        )
     out["cpu"] = cpu_whole or None
     out["operators"] = cpu.top_operators(rt)
     return out
@@ -45,11 +59,17 @@ def _steps(rt: RankTrace, steps: dict[int, list[int]]) -> list[dict]:
 def _step_figures(rt: RankTrace, idx: list[int], start: float | None) -> dict:
     t = gpu.temporal(rt, idx, start)
     i = gpu.idle(rt, idx, start)
-    return {"idle_pct": t["idle_pct"], "compute_pct": t["compute_pct"],
-            "non_compute_pct": t["non_compute_pct"], "kernel_time_us": t["kernel_time_us"],
-            "idle_dataloader_pct": i["dataloader_pct"], "idle_host_wait_pct": i["host_wait_pct"],
-            "idle_sync_pct": i["sync_pct"], "kernel_groups": gpu.kernels(rt, idx, top=0)[1],
-            "overlap_pct": gpu.overlap_pct(rt, idx)}
+    return {
+        "idle_pct": t["idle_pct"],
+        "compute_pct": t["compute_pct"],
+        "non_compute_pct": t["non_compute_pct"],
+        "kernel_time_us": t["kernel_time_us"],
+        "idle_dataloader_pct": i["dataloader_pct"],
+        "idle_host_wait_pct": i["host_wait_pct"],
+        "idle_sync_pct": i["sync_pct"],
+        "kernel_groups": gpu.kernels(rt, idx, top=0)[1],
+        "overlap_pct": gpu.overlap_pct(rt, idx),
+    }
 
 
 def slowest_rank(ranks: list[dict]) -> dict | None:
@@ -59,14 +79,21 @@ def slowest_rank(ranks: list[dict]) -> dict | None:
     wait in NCCL), so compute time, not step time, names the straggler; on CPU-only traces, the
     time in operators.
     """
-    timed = [(r["rank"], r["temporal"]["compute_us"] if r.get("temporal")
-              else r["cpu"]["operators_us"]) for r in ranks if r.get("temporal") or r.get("cpu")]
+    timed = [
+        (r["rank"], r["temporal"]["compute_us"] if r.get("temporal") else r["cpu"]["operators_us"])
+        for r in ranks
+        if r.get("temporal") or r.get("cpu")
+    ]
     if len(timed) < 2:
         return None
     med = statistics.median(t for _, t in timed)
     rank, worst = max(timed, key=lambda rt: rt[1])
-    return {"rank": rank, "compute_us": worst, "median_compute_us": med,
-            "slower_pct": round(100 * (worst - med) / med, 1) if med else None}
+    return {
+        "rank": rank,
+        "compute_us": worst,
+        "median_compute_us": med,
+        "slower_pct": round(100 * (worst - med) / med, 1) if med else None,
+    }
 
 
 def analyse_files(paths: list[str | Path], progress=None) -> dict:

@@ -13,8 +13,7 @@ from gpuwatch.analysis.trace.reader import RankTrace
 
 
 def _ops_on(rt: RankTrace, tid: int | None):
-    return [(rt.op_ts[i], rt.op_end[i]) for i in range(len(rt.op_ts))
-            if tid is None or rt.op_tid[i] == tid]
+    return [(rt.op_ts[i], rt.op_end[i]) for i in range(len(rt.op_ts)) if tid is None or rt.op_tid[i] == tid]
 
 
 def step_breakdown(rt: RankTrace, lo: float, hi: float, ops: list[iv.Interval]) -> dict:
@@ -24,10 +23,13 @@ def step_breakdown(rt: RankTrace, lo: float, hi: float, ops: list[iv.Interval]) 
     optim = iv.subtract(iv.clip(iv.merge(rt.optimizer.pairs()), lo, hi), loader)
     taken = iv.merge(loader + optim)
     operators = iv.subtract(iv.clip(ops, lo, hi), taken)
-    out = {"wall_us": wall, "dataloader_us": iv.total(loader), "optimizer_us": iv.total(optim),
-           "operators_us": iv.total(operators)}
-    out["other_us"] = max(0.0, wall - out["dataloader_us"] - out["optimizer_us"]
-                          - out["operators_us"])
+    out = {
+        "wall_us": wall,
+        "dataloader_us": iv.total(loader),
+        "optimizer_us": iv.total(optim),
+        "operators_us": iv.total(operators),
+    }
+    out["other_us"] = max(0.0, wall - out["dataloader_us"] - out["optimizer_us"] - out["operators_us"])
     for k in ("dataloader", "optimizer", "operators", "other"):
         out[f"{k}_pct"] = round(100 * out[f"{k}_us"] / wall, 2) if wall else None
     return out
@@ -47,8 +49,7 @@ def breakdown(rt: RankTrace, skip_step: int | None) -> tuple[dict, list[dict]]:
     keys = ("wall_us", "dataloader_us", "optimizer_us", "operators_us", "other_us")
     whole = {k: sum(s[k] for s in per_step) for k in keys}
     for k in ("dataloader", "optimizer", "operators", "other"):
-        whole[f"{k}_pct"] = (round(100 * whole[f"{k}_us"] / whole["wall_us"], 2)
-                             if whole["wall_us"] else None)
+        whole[f"{k}_pct"] = round(100 * whole[f"{k}_us"] / whole["wall_us"], 2) if whole["wall_us"] else None
     return whole, per_step
 
 

@@ -31,17 +31,30 @@ def temporal(rt: RankTrace, idx: list[int], start: float | None = None) -> dict:
     """
     merged = iv.merge(_pairs(rt, idx))
     if not merged:
-        return {"kernel_time_us": 0, "idle_us": 0, "compute_us": 0, "non_compute_us": 0,
-                "idle_pct": None, "compute_pct": None, "non_compute_pct": None}
+        return {
+            "kernel_time_us": 0,
+            "idle_us": 0,
+            "compute_us": 0,
+            "non_compute_us": 0,
+            "idle_pct": None,
+            "compute_pct": None,
+            "non_compute_pct": None,
+        }
     first = merged[0][0] if start is None else min(start, merged[0][0])
     kernel_time = merged[-1][1] - first
     idle = kernel_time - iv.total(merged)
     compute = iv.total(iv.merge(_pairs(rt, idx, COMPUTATION, _types(rt))))
     non_compute = kernel_time - compute - idle
     pct = (lambda x: round(100 * x / kernel_time, 2)) if kernel_time else (lambda x: None)
-    return {"kernel_time_us": kernel_time, "idle_us": idle, "compute_us": compute,
-            "non_compute_us": non_compute, "idle_pct": pct(idle), "compute_pct": pct(compute),
-            "non_compute_pct": pct(non_compute)}
+    return {
+        "kernel_time_us": kernel_time,
+        "idle_us": idle,
+        "compute_us": compute,
+        "non_compute_us": non_compute,
+        "idle_pct": pct(idle),
+        "compute_pct": pct(compute),
+        "non_compute_pct": pct(non_compute),
+    }
 
 
 def idle(rt: RankTrace, idx: list[int], start: float | None = None) -> dict:
@@ -117,10 +130,21 @@ def kernels(rt: RankTrace, idx: list[int], top: int = 10) -> tuple[list[dict], l
         return round(100 * x / total, 2) if total else None
 
     names = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
-    top_rows = [{"name": rt.names[n], "group": g, "type": kernel_type(rt.names[n]), "count": c,
-                 "total_us": t, "share_pct": share(t)} for n, (t, c, g) in names]
-    groups = [{"group": g, "count": c, "total_us": t, "share_pct": share(t)}
-              for g, (t, c) in sorted(by_group.items(), key=lambda kv: -kv[1][0])]
+    top_rows = [
+        {
+            "name": rt.names[n],
+            "group": g,
+            "type": kernel_type(rt.names[n]),
+            "count": c,
+            "total_us": t,
+            "share_pct": share(t),
+        }
+        for n, (t, c, g) in names
+    ]
+    groups = [
+        {"group": g, "count": c, "total_us": t, "share_pct": share(t)}
+        for g, (t, c) in sorted(by_group.items(), key=lambda kv: -kv[1][0])
+    ]
     return top_rows, groups
 
 

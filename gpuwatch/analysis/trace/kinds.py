@@ -26,13 +26,22 @@ def kernel_type(name: str) -> str:
     return OTHER
 
 
-_FLASH = re.compile(r"flash|fmha|efficient_attention|attention_kernel|_sdpa|cudnn.*attn|attn_fwd"
-                    r"|attn_bwd", re.I)
-_GEMM = re.compile(r"gemm|cutlass|cublas|xmma|matmul|_mma|wgmma|sm\d\d_|ampere_|volta_|turing_"
-                   r"|hopper_|Kernel2", re.I)
+_FLASH = re.compile(
+    r"flash|fmha|efficient_attention|attention_kernel|_sdpa|cudnn.*attn|attn_fwd"
+    r"|attn_bwd",
+    re.I,
+)
+_GEMM = re.compile(
+    r"gemm|cutlass|cublas|xmma|matmul|_mma|wgmma|sm\d\d_|ampere_|volta_|turing_"
+    r"|hopper_|Kernel2",
+    re.I,
+)
 _REDUCTION = re.compile(r"reduce|softmax|norm|_sum_|argmax|cross_entropy|nll_loss|scan", re.I)
-_ELEMENTWISE = re.compile(r"elementwise|vectorized|unrolled|pointwise|triton_poi|copy_kernel"
-                          r"|fill_kernel|index|cat_|gather|scatter|dropout|gelu|silu|relu", re.I)
+_ELEMENTWISE = re.compile(
+    r"elementwise|vectorized|unrolled|pointwise|triton_poi|copy_kernel"
+    r"|fill_kernel|index|cat_|gather|scatter|dropout|gelu|silu|relu",
+    re.I,
+)
 
 
 def group(name: str, math_attention: bool = False) -> str:

@@ -27,8 +27,15 @@ _DECODER = json.JSONDecoder()
 _SKIP = {True: re.compile(r"[ \t\r\n,]*"), False: re.compile(r"[ \t\r\n]*")}
 
 DATALOADER_RE = re.compile(r"enumerate\(DataLoader\)|DataLoaderIter.*__next__")
-SYNC_NAMES = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-                        "aten::item", "aten::_local_scalar_dense"})
+SYNC_NAMES = frozenset(
+    {
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "aten::item",
+        "aten::_local_scalar_dense",
+    }
+)
 OPTIMIZER_RE = re.compile(r"^Optimizer\.(step|zero_grad)#")
 STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 MATH_ATTENTION_OP = "aten::_scaled_dot_product_attention_math"
@@ -41,6 +48,7 @@ class TraceError(ValueError):
 @dataclass
 class Spans:
     """Closed-open CPU intervals [ts, end) in microseconds."""
+
     ts: array = field(default_factory=lambda: array("d"))
     end: array = field(default_factory=lambda: array("d"))
 
@@ -108,7 +116,7 @@ class _Stream:
         if not chunk:
             self.eof = True
             return False
-        self.buf = self.buf[self.pos:] + chunk
+        self.buf = self.buf[self.pos :] + chunk
         self.pos = 0
         return True
 

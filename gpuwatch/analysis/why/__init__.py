@@ -36,7 +36,9 @@ def _base_span(tl: Timeline, start_ms: int, end_ms: int) -> tuple[int, int] | No
     return None
 
 
-def _window(conn: sqlite3.Connection, run: queries.Run, tl: Timeline, start_ms: int, end_ms: int) -> Window | None:
+def _window(
+    conn: sqlite3.Connection, run: queries.Run, tl: Timeline, start_ms: int, end_ms: int
+) -> Window | None:
     base = _base_span(tl, start_ms, end_ms)
     if base is None:
         return None
@@ -47,14 +49,30 @@ def _window(conn: sqlite3.Connection, run: queries.Run, tl: Timeline, start_ms: 
     units_ratio = None
     if tl.unit == "token" and now[3] and was[3]:
         units_ratio = (now[1] / now[3]) / (was[1] / was[3])
-    return make_window(conn, run, start_ms, end_ms, base, extra=level / base_level - 1,
-                       wait_extra=(now[2] / now[1] - was[2] / was[1]) / base_level, units_ratio=units_ratio)
+    return make_window(
+        conn,
+        run,
+        start_ms,
+        end_ms,
+        base,
+        extra=level / base_level - 1,
+        wait_extra=(now[2] / now[1] - was[2] / was[1]) / base_level,
+        units_ratio=units_ratio,
+    )
 
 
 def explain(conn: sqlite3.Connection, w: Window) -> tuple[Cause, ...]:
     """Every cause family's candidates for the window, ranked."""
-    found = (gpu.cotenants(conn, w) + gpu.gpu_state(conn, w) + host.cpu(conn, w) + host.memory(conn, w)
-             + own.data_wait(w) + own.tokens_per_step(w) + own.profiler(conn, w) + ranks.straggler(conn, w))
+    found = (
+        gpu.cotenants(conn, w)
+        + gpu.gpu_state(conn, w)
+        + host.cpu(conn, w)
+        + host.memory(conn, w)
+        + own.data_wait(w)
+        + own.tokens_per_step(w)
+        + own.profiler(conn, w)
+        + ranks.straggler(conn, w)
+    )
     return rank(found, max(w.extra, 0.0))
 
 
@@ -71,23 +89,44 @@ def analyse(conn: sqlite3.Connection, run_ref: str) -> WhyResult:
         causes = explain(conn, w) if w else (Cause("unexplained", 100.0, "no steady phase to compare with"),)
         if w:
             notes += own.stack_dumps(conn, w)
-        slowdowns.append(Slowdown(p.start_ms, p.end_ms, p.first_step, p.last_step, p.slower_pct or 0.0,
-                                  causes, p.steps))
-    phases = tuple(sorted(tl.phases + tl.pause_phases + _profiler_phases(conn, run.run_id),
-                          key=lambda p: (p.start_ms, p.first_step)))
-    return WhyResult(run.run_id, run.name, tl.unit, tl.baseline, phases, tuple(slowdowns), tl.pauses, tl.pause_ms,
-                     tuple(notes))
+        slowdowns.append(
+            Slowdown(p.start_ms, p.end_ms, p.first_step, p.last_step, p.slower_pct or 0.0, causes, p.steps)
+        )
+    phases = tuple(
+        sorted(
+            tl.phases + tl.pause_phases + _profiler_phases(conn, run.run_id),
+            key=lambda p: (p.start_ms, p.first_step),
+        )
+    )
+    return WhyResult(
+        run.run_id,
+        run.name,
+        tl.unit,
+        tl.baseline,
+        phases,
+        tuple(slowdowns),
+        tl.pauses,
+        tl.pause_ms,
+        tuple(notes),
+    )
 
 
 def _profiler_phases(conn: sqlite3.Connection, run_id: str) -> tuple[Phase, ...]:
     """The run's profiles, each over the steps it traced (from the time it was taken when the
     steps are not known)."""
     out = []
-    for ts, first, n in conn.execute("SELECT ts_ms, first_step, steps FROM profiles WHERE run_id = ? ORDER BY ts_ms",
-                                     (run_id,)).fetchall():
+    for ts, first, n in conn.execute(
+        "SELECT ts_ms, first_step, steps FROM profiles WHERE run_id = ? ORDER BY ts_ms", (run_id,)
+    ).fetchall():
         last = None if first is None else first + max((n or 1) - 1, 0)
-        span = conn.execute("SELECT min(ts_ms), max(ts_ms) FROM steps WHERE run_id = ? AND step BETWEEN ? AND ?",
-                            (run_id, first, last)).fetchone() if first is not None else (None, None)
+        span = (
+            conn.execute(
+                "SELECT min(ts_ms), max(ts_ms) FROM steps WHERE run_id = ? AND step BETWEEN ? AND ?",
+                (run_id, first, last),
+            ).fetchone()
+            if first is not None
+            else (None, None)
+        )
         out.append(Phase("profiler", span[0] or ts, span[1] or ts, first or 0, last or 0, n or 0, None))
     return tuple(out)
 

@@ -11,20 +11,24 @@ from gpuwatch import fmt
 from gpuwatch.analysis.why.gpu import Candidate
 from gpuwatch.analysis.why.window import Window, mean
 
-SATURATED_PCT = 75.0     # host CPU above this is contended
-HOG_RISE_PCT = 25.0      # a program whose CPU rose by a quarter of a core or more
-HOST_RISE_PCT = 15.0     # the host's CPU rose this many points into saturation (or its run queue 20 %)
-SWAPPING_BPS = 1 << 20   # 1 MiB/s in and out of swap
-SWAP_FULL_BPS = 10 << 20 # swapping this fast (page faults waiting on disk) explains it all
+SATURATED_PCT = 75.0  # host CPU above this is contended
+HOG_RISE_PCT = 25.0  # a program whose CPU rose by a quarter of a core or more
+HOST_RISE_PCT = 15.0  # the host's CPU rose this many points into saturation (or its run queue 20 %)
+SWAPPING_BPS = 1 << 20  # 1 MiB/s in and out of swap
+SWAP_FULL_BPS = 10 << 20  # swapping this fast (page faults waiting on disk) explains it all
 
 
 def _top(conn: sqlite3.Connection, span: tuple[int, int]) -> tuple[int, dict[int, tuple]]:
     """(ticks, pid -> (mean CPU % over every tick, mean RSS over every tick, user, cmdline,
     first seen)); a tick without the process counts as 0, so a short visit weighs little."""
-    ticks = conn.execute("SELECT count(DISTINCT ts_ms) FROM host_top_processes WHERE ts_ms BETWEEN ? AND ?",
-                         span).fetchone()[0]
-    rows = conn.execute("SELECT pid, total(cpu_pct), total(rss_bytes), max(user), max(cmdline), min(ts_ms) "
-                        "FROM host_top_processes WHERE ts_ms BETWEEN ? AND ? GROUP BY pid", span)
+    ticks = conn.execute(
+        "SELECT count(DISTINCT ts_ms) FROM host_top_processes WHERE ts_ms BETWEEN ? AND ?", span
+    ).fetchone()[0]
+    rows = conn.execute(
+        "SELECT pid, total(cpu_pct), total(rss_bytes), max(user), max(cmdline), min(ts_ms) "
+        "FROM host_top_processes WHERE ts_ms BETWEEN ? AND ? GROUP BY pid",
+        span,
+    )
     return ticks, ({r[0]: (r[1] / ticks, r[2] / ticks, *r[3:]) for r in rows} if ticks else {})
 
 
@@ -34,13 +38,17 @@ def _cores(conn: sqlite3.Connection, span: tuple[int, int]) -> float:
     rows = conn.execute(
         "SELECT t.total, h.cpu_pct FROM (SELECT ts_ms, total(cpu_pct) AS total FROM host_top_processes "
         "WHERE ts_ms BETWEEN ? AND ? GROUP BY ts_ms) t JOIN host_samples h "
-        "ON h.ts_ms BETWEEN t.ts_ms - 1000 AND t.ts_ms + 1000", span).fetchall()
+        "ON h.ts_ms BETWEEN t.ts_ms - 1000 AND t.ts_ms + 1000",
+        span,
+    ).fetchall()
     estimates = sorted(total / cpu for total, cpu in rows if cpu and cpu >= 20)
     return max(estimates[len(estimates) // 2], 1.0) if estimates else 1.0
 
 
 def _host_cpu(conn: sqlite3.Connection, span: tuple[int, int]) -> float | None:
-    return mean(c for (c,) in conn.execute("SELECT cpu_pct FROM host_samples WHERE ts_ms BETWEEN ? AND ?", span))
+    return mean(
+        c for (c,) in conn.execute("SELECT cpu_pct FROM host_samples WHERE ts_ms BETWEEN ? AND ?", span)
+    )
 
 
 def _run_queue(conn: sqlite3.Connection, span: tuple[int, int], mean_of_span: bool) -> float | None:
@@ -48,9 +56,17 @@ def _run_queue(conn: sqlite3.Connection, span: tuple[int, int], mean_of_span: bo
     over a window it lags: the queue the window had is recovered from load1 at its two ends,
     L_end = L_start e^(-T/60) + Q (1 - e^(-T/60)). A steady span: the mean of load1."""
     if mean_of_span:
-        return mean(v for (v,) in conn.execute("SELECT load1 FROM host_samples WHERE ts_ms BETWEEN ? AND ?", span))
-    ends = [conn.execute("SELECT ts_ms, load1 FROM host_samples WHERE ts_ms <= ? AND load1 IS NOT NULL "
-                         "ORDER BY ts_ms DESC LIMIT 1", (t,)).fetchone() for t in span]
+        return mean(
+            v for (v,) in conn.execute("SELECT load1 FROM host_samples WHERE ts_ms BETWEEN ? AND ?", span)
+        )
+    ends = [
+        conn.execute(
+            "SELECT ts_ms, load1 FROM host_samples WHERE ts_ms <= ? AND load1 IS NOT NULL "
+            "ORDER BY ts_ms DESC LIMIT 1",
+            (t,),
+        ).fetchone()
+        for t in span
+    ]
     if not all(ends) or ends[1][0] <= ends[0][0]:
         return None
     decay = math.exp(-(ends[1][0] - ends[0][0]) / 60_000)
@@ -86,10 +102,19 @@ def cpu(conn: sqlite3.Connection, w: Window) -> list[Candidate]:
         pid = max(pids, key=lambda p: now[p][0])
         share = min(rise / 100 / cores, 0.9)
         who = f"pid {pid}" if len(pids) == 1 else f"{len(pids)} processes (pid {pid}, ...)"
-        out.append((share / (1 - share), dict(
-            kind="host_cpu", pid=pid, user=user, command=cmdline,
-            detail=f"from {fmt.local_time(min(now[p][4] for p in pids))} {who} ({user or '?'}, {cmdline or '?'}) "
-                   f"took {pct / 100:.1f} of the host's {cores:.0f} cores; host CPU {host_now:.0f} %{was_text}")))
+        out.append(
+            (
+                share / (1 - share),
+                dict(
+                    kind="host_cpu",
+                    pid=pid,
+                    user=user,
+                    command=cmdline,
+                    detail=f"from {fmt.local_time(min(now[p][4] for p in pids))} {who} ({user or '?'}, {cmdline or '?'}) "
+                    f"took {pct / 100:.1f} of the host's {cores:.0f} cores; host CPU {host_now:.0f} %{was_text}",
+                ),
+            )
+        )
     if out or host_was is None:
         return out
     # No sampled process names the hog (no top-process samples, or many small processes): the
@@ -101,19 +126,34 @@ def cpu(conn: sqlite3.Connection, w: Window) -> list[Candidate]:
     if host_now - host_was < HOST_RISE_PCT and longer < 1.2:
         return []
     queue_text = f"; run queue {q_was:.1f} -> {q_now:.1f} on {cores:.0f} cores" if q_now and q_was else ""
-    return [(max(w.extra * took, longer - 1), dict(
-        kind="host_cpu", detail=f"host CPU {host_now:.0f} %{was_text}{queue_text}; no sampled process took it alone"))]
+    return [
+        (
+            max(w.extra * took, longer - 1),
+            dict(
+                kind="host_cpu",
+                detail=f"host CPU {host_now:.0f} %{was_text}{queue_text}; no sampled process took it alone",
+            ),
+        )
+    ]
 
 
 def _rates(conn: sqlite3.Connection, span: tuple[int, int]) -> dict:
-    rows = conn.execute("SELECT ts_ms, swap_in_bytes, swap_out_bytes, page_cache_bytes, shm_used_bytes, "
-                        "shm_total_bytes FROM host_samples WHERE ts_ms BETWEEN ? AND ? ORDER BY ts_ms",
-                        span).fetchall()
+    rows = conn.execute(
+        "SELECT ts_ms, swap_in_bytes, swap_out_bytes, page_cache_bytes, shm_used_bytes, "
+        "shm_total_bytes FROM host_samples WHERE ts_ms BETWEEN ? AND ? ORDER BY ts_ms",
+        span,
+    ).fetchall()
     swap = [(t, i + o) for t, i, o, *_ in rows if i is not None and o is not None]
-    bps = ((swap[-1][1] - swap[0][1]) * 1000 / (swap[-1][0] - swap[0][0])
-           if len(swap) > 1 and swap[-1][0] > swap[0][0] else None)
-    return dict(swap_bps=bps, cache=mean(r[3] for r in rows),
-                shm=max(((r[4] or 0) / r[5] for r in rows if r[5]), default=None))
+    bps = (
+        (swap[-1][1] - swap[0][1]) * 1000 / (swap[-1][0] - swap[0][0])
+        if len(swap) > 1 and swap[-1][0] > swap[0][0]
+        else None
+    )
+    return dict(
+        swap_bps=bps,
+        cache=mean(r[3] for r in rows),
+        shm=max(((r[4] or 0) / r[5] for r in rows if r[5]), default=None),
+    )
 
 
 def memory(conn: sqlite3.Connection, w: Window) -> list[Candidate]:
@@ -130,12 +170,19 @@ def memory(conn: sqlite3.Connection, w: Window) -> list[Candidate]:
         words.append(f"/dev/shm {now['shm'] * 100:.0f} % full")
     _, top_now = _top(conn, w.span())
     _, top_was = _top(conn, w.span(base=True))
-    growth = sorted((rss - top_was.get(pid, (0, 0))[1], pid) for pid, (_, rss, *_r) in top_now.items()
-                    if pid not in w.own_pids)
+    growth = sorted(
+        (rss - top_was.get(pid, (0, 0))[1], pid)
+        for pid, (_, rss, *_r) in top_now.items()
+        if pid not in w.own_pids
+    )
     fields: dict = {}
     if growth and growth[-1][0] > 0:
         grew, pid = growth[-1]
         _pct, rss, user, cmdline, _first = top_now[pid]
         fields = dict(pid=pid, user=user, command=cmdline)
-        words.append(f"pid {pid} ({user or '?'}, {cmdline or '?'}) grew to {fmt.size(rss)} (+{fmt.size(grew)})")
-    return [(w.extra * min(rate / SWAP_FULL_BPS, 1.0), dict(kind="host_swap", detail="; ".join(words), **fields))]
+        words.append(
+            f"pid {pid} ({user or '?'}, {cmdline or '?'}) grew to {fmt.size(rss)} (+{fmt.size(grew)})"
+        )
+    return [
+        (w.extra * min(rate / SWAP_FULL_BPS, 1.0), dict(kind="host_swap", detail="; ".join(words), **fields))
+    ]

@@ -19,6 +19,7 @@ def rank(candidates: list[Candidate], extra: float) -> tuple[Cause, ...]:
     causes.sort(key=lambda c: -c.share_pct)
     rest = 100 - sum(c.share_pct for c in causes)
     if rest >= UNEXPLAINED_MIN_PCT:
-        causes.append(Cause("unexplained", round(rest, 1),
-                            "no evidence in this window's samples for the rest"))
+        causes.append(
+            Cause("unexplained", round(rest, 1), "no evidence in this window's samples for the rest")
+        )
     return tuple(causes)

@@ -22,10 +22,13 @@ def straggler(conn: sqlite3.Connection, w: Window) -> list[Candidate]:
     if not w.run.job_id:
         return []
     best: tuple[float, str, Candidate] | None = None
-    for (run_id,) in conn.execute("SELECT run_id FROM runs WHERE job_id = ? AND run_id != ?",
-                                  (w.run.job_id, w.run.run_id)).fetchall():
+    for (run_id,) in conn.execute(
+        "SELECT run_id FROM runs WHERE job_id = ? AND run_id != ?", (w.run.job_id, w.run.run_id)
+    ).fetchall():
         other = queries.run(conn, run_id)
-        ow = make_window(conn, other, w.start_ms, w.end_ms, (w.base_start_ms, w.base_end_ms), w.extra, 0.0, None)
+        ow = make_window(
+            conn, other, w.start_ms, w.end_ms, (w.base_start_ms, w.base_end_ms), w.extra, 0.0, None
+        )
         ow = replace(ow, gpus=tuple(g for g in ow.gpus if g not in w.gpus) or ow.gpus)
         found = sorted(local_causes(conn, ow), key=lambda c: -c[0])
         if found and (best is None or found[0][0] > best[0]):
@@ -34,5 +37,13 @@ def straggler(conn: sqlite3.Connection, w: Window) -> list[Candidate]:
     if best is None:
         return []
     expected, who, (_, fields) = best
-    return [(expected, dict(fields, kind="straggler_rank",
-                            detail=f"{who} is the slowest rank and this one waits for it: {fields['detail']}"))]
+    return [
+        (
+            expected,
+            dict(
+                fields,
+                kind="straggler_rank",
+                detail=f"{who} is the slowest rank and this one waits for it: {fields['detail']}",
+            ),
+        )
+    ]

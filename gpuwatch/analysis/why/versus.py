@@ -19,9 +19,9 @@ class Versus:
     run_id: str
     than_run_id: str
     unit: str
-    slower_pct: float | None          # steady speed per unit, against the other run's
-    causes: tuple[Cause, ...]         # why, when it is SLOW_PCT or more slower
-    slowdowns: tuple[Slowdown, ...]   # its own slow phases (gpuwatch why)
+    slower_pct: float | None  # steady speed per unit, against the other run's
+    causes: tuple[Cause, ...]  # why, when it is SLOW_PCT or more slower
+    slowdowns: tuple[Slowdown, ...]  # its own slow phases (gpuwatch why)
 
 
 def _steady(tl: Timeline) -> tuple[int, int] | None:
@@ -51,8 +51,16 @@ def versus(conn: sqlite3.Connection, ref: str, than_ref: str) -> Versus:
     causes: tuple[Cause, ...] = ()
     if extra * 100 >= SLOW_PCT:
         # The same cause families, judged on this run's steady window against the other's.
-        w = make_window(conn, run, span[0], span[1], base, extra=extra,
-                        wait_extra=(wait / units - wait0 / units0) / level0, units_ratio=None)
+        w = make_window(
+            conn,
+            run,
+            span[0],
+            span[1],
+            base,
+            extra=extra,
+            wait_extra=(wait / units - wait0 / units0) / level0,
+            units_ratio=None,
+        )
         causes = explain(conn, w)
     return Versus(run.run_id, than.run_id, mine.unit, extra * 100, causes, slowdowns)
 
@@ -67,6 +75,8 @@ def lines(v: Versus, name: str, than_name: str) -> list[str]:
         out += [f"  {c.share_pct:5.1f} %  {c.kind:<15} {c.detail}" for c in v.causes]
     for s in v.slowdowns:
         top = s.causes[0] if s.causes else None
-        out.append(f"  slow steps {s.first_step:,}-{s.last_step:,}: {s.slower_pct:.0f} % slower per {v.unit}"
-                   + (f", mostly {top.kind}: {top.detail}" if top else ""))
+        out.append(
+            f"  slow steps {s.first_step:,}-{s.last_step:,}: {s.slower_pct:.0f} % slower per {v.unit}"
+            + (f", mostly {top.kind}: {top.detail}" if top else "")
+        )
     return out

@@ -22,8 +22,8 @@ class Window:
     end_ms: int
     base_start_ms: int
     base_end_ms: int
-    extra: float              # the slowdown: extra time per unit over the steady level (0.4 = 40 %)
-    wait_extra: float         # of which waiting for data, in the same units
+    extra: float  # the slowdown: extra time per unit over the steady level (0.4 = 40 %)
+    wait_extra: float  # of which waiting for data, in the same units
     units_ratio: float | None  # tokens per step in the window over the steady window's
 
     def span(self, base: bool = False) -> tuple[int, int]:
@@ -37,15 +37,34 @@ def own_pids(conn: sqlite3.Connection, run: Run) -> frozenset[int]:
         ids += [r for (r,) in conn.execute("SELECT run_id FROM runs WHERE job_id = ?", (run.job_id,))]
     marks = ",".join("?" * len(ids))
     pids = {p for (p,) in conn.execute(f"SELECT pid FROM processes WHERE run_id IN ({marks})", ids)}
-    pids |= {p for (p,) in conn.execute(f"SELECT pid FROM runs WHERE run_id IN ({marks}) AND pid IS NOT NULL",
-                                        ids)}
+    pids |= {
+        p for (p,) in conn.execute(f"SELECT pid FROM runs WHERE run_id IN ({marks}) AND pid IS NOT NULL", ids)
+    }
     return frozenset(pids)
 
 
-def make_window(conn: sqlite3.Connection, run: Run, start_ms: int, end_ms: int, base: tuple[int, int],
-                extra: float, wait_extra: float, units_ratio: float | None) -> Window:
-    return Window(run, tuple(run_gpus(conn, run)), own_pids(conn, run), start_ms, end_ms, base[0], base[1],
-                  extra, wait_extra, units_ratio)
+def make_window(
+    conn: sqlite3.Connection,
+    run: Run,
+    start_ms: int,
+    end_ms: int,
+    base: tuple[int, int],
+    extra: float,
+    wait_extra: float,
+    units_ratio: float | None,
+) -> Window:
+    return Window(
+        run,
+        tuple(run_gpus(conn, run)),
+        own_pids(conn, run),
+        start_ms,
+        end_ms,
+        base[0],
+        base[1],
+        extra,
+        wait_extra,
+        units_ratio,
+    )
 
 
 def mean(values) -> float | None:

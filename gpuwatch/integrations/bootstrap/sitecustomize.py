@@ -80,20 +80,29 @@ def _safely(callback, module) -> None:
     try:
         callback(module)
     except ImportError as e:  # our package cannot load in this interpreter
-        _not_instrumented("gpuwatch could not load in {} ({}: {}); install gpuwatch into this "
-                          "environment (pip install gpuwatch)".format(sys.executable, type(e).__name__, e))
+        _not_instrumented(
+            "gpuwatch could not load in {} ({}: {}); install gpuwatch into this "
+            "environment (pip install gpuwatch)".format(sys.executable, type(e).__name__, e)
+        )
     except SyntaxError as e:
-        _not_instrumented("gpuwatch's code does not compile on this Python {} ({}); run the program "
-                          "with Python >= 3.10".format(sys.version.split()[0], e))
+        _not_instrumented(
+            "gpuwatch's code does not compile on this Python {} ({}); run the program "
+            "with Python >= 3.10".format(sys.version.split()[0], e)
+        )
     except Exception as e:  # noqa: BLE001 — our failure must never become the program's
-        print(f"gpuwatch: automatic instrumentation is off ({type(e).__name__}: {e})",
-              file=sys.stderr, flush=True)
+        print(
+            f"gpuwatch: automatic instrumentation is off ({type(e).__name__}: {e})",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _on_torch(torch) -> None:
     if sys.version_info < (3, 10):  # this file itself must still load there, to say so
-        _not_instrumented("Python {}.{} is older than the 3.10 gpuwatch's hooks need; run the program "
-                          "with Python >= 3.10 to record its steps".format(*sys.version_info[:2]))
+        _not_instrumented(
+            "Python {}.{} is older than the 3.10 gpuwatch's hooks need; run the program "
+            "with Python >= 3.10 to record its steps".format(*sys.version_info[:2])
+        )
         return
     from gpuwatch.integrations import autohook
 
@@ -123,8 +132,15 @@ def _on_generation_utils(module) -> None:
 _run_users_sitecustomize()
 # autohook.ENV_INSTRUMENT, read without importing gpuwatch at every Python start-up.
 if os.environ.get("GPUWATCH_INSTRUMENT", "1").strip().lower() not in ("0", "false", "no", "off"):
-    sys.meta_path.insert(0, _AfterImport({"torch": _on_torch,
-                                          "transformers.generation.utils": _on_generation_utils,
-                                          # the frameworks' Trainers get our callback added
-                                          "transformers.trainer": _on_hf_trainer,
-                                          "lightning.pytorch": _on_lightning_trainer}))
+    sys.meta_path.insert(
+        0,
+        _AfterImport(
+            {
+                "torch": _on_torch,
+                "transformers.generation.utils": _on_generation_utils,
+                # the frameworks' Trainers get our callback added
+                "transformers.trainer": _on_hf_trainer,
+                "lightning.pytorch": _on_lightning_trainer,
+            }
+        ),
+    )

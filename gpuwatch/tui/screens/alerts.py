@@ -13,8 +13,14 @@ from gpuwatch.tui.cell_table import PlainTable
 from gpuwatch.tui.screens.base import LiveScreen, StatusLine
 from gpuwatch.tui.snapshot import AlertRow, Snapshot, View
 
-KIND_STYLES = {"run.finished": "blue", "run.recovered": "green", "gpus.free": "green",
-               "run.slow": "yellow", "gpu.throttled": "yellow", "disk.low": "yellow"}  # else red
+KIND_STYLES = {
+    "run.finished": "blue",
+    "run.recovered": "green",
+    "gpus.free": "green",
+    "run.slow": "yellow",
+    "gpu.throttled": "yellow",
+    "disk.low": "yellow",
+}  # else red
 
 
 class AlertsScreen(LiveScreen):
@@ -49,12 +55,19 @@ class AlertsScreen(LiveScreen):
         keep = self.selected()
         table.clear()
         for a in self.rows:
-            table.add_row(fmt.local_time(a.ts_ms), Text(a.kind, style=KIND_STYLES.get(a.kind, "red")),
-                          a.title, key=str(a.id))
+            table.add_row(
+                fmt.local_time(a.ts_ms),
+                Text(a.kind, style=KIND_STYLES.get(a.kind, "red")),
+                a.title,
+                key=str(a.id),
+            )
         if keep is not None and any(a.id == keep.id for a in self.rows):
             table.move_cursor(row=table.get_row_index(str(keep.id)), animate=False)
-        title = f"Alerts: {len(self.rows)}, newest first" if self.rows else \
-            "Alerts: none yet (runs that end, fail, OOM or stall; GPUs held idle, lost or hung)"
+        title = (
+            f"Alerts: {len(self.rows)}, newest first"
+            if self.rows
+            else "Alerts: none yet (runs that end, fail, OOM or stall; GPUs held idle, lost or hung)"
+        )
         self.query_one("#alerts-title", Static).update(Text(title, style="bold"))
         self._show_body()
 

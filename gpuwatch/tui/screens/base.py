@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.cells import cell_len
 from rich.text import Text
-from textual.geometry import Region
 from textual.containers import Horizontal
+from textual.geometry import Region
 from textual.screen import Screen
 from textual.strip import Strip
 from textual.visual import Visual, visualize
@@ -60,7 +60,9 @@ class Lines(Static):
         strip = self._strips.get(y)
         if strip is None or strip.cell_length != width:
             text = self.texts[y] if y < len(self.texts) else Text()
-            strip = self._strips[y] = Visual.to_strips(self, visualize(self, text), width, 1, self.visual_style)[0]
+            strip = self._strips[y] = Visual.to_strips(
+                self, visualize(self, text), width, 1, self.visual_style
+            )[0]
         return strip
 
     def notify_style_update(self) -> None:
@@ -107,7 +109,7 @@ class CellColumns(Horizontal):
     def set_rows(self, rows: list[list[Text]], widths: tuple[int, ...]) -> None:
         """Show `rows`, each a cell per column (len(widths) + 1) or one text to cut; a cell is
         cut by characters, so a text to cut has no wide characters before its last column."""
-        cuts = [sum(widths[:k + 1]) for k in range(len(widths))]
+        cuts = [sum(widths[: k + 1]) for k in range(len(widths))]
         rows = [cells if len(cells) == len(widths) + 1 else list(cells[0].divide(cuts)) for cells in rows]
         if widths != self.widths:
             self.remove_children()

@@ -20,21 +20,43 @@ from gpuwatch.fleet.model import Fleet, FleetGpu, FleetHost, FleetJob
 from gpuwatch.tui.screens.base import Line, LiveScreen, StatusLine
 from gpuwatch.tui.snapshot import Snapshot, View
 
-FREE_UTIL_PCT = 10       # "free": no process on it and at most this busy
-SLOW_SHARE = 0.8         # a rank below 80 % of its even share of the job's tokens/s is marked
+FREE_UTIL_PCT = 10  # "free": no process on it and at most this busy
+SLOW_SHARE = 0.8  # a rank below 80 % of its even share of the job's tokens/s is marked
 # (header, width): fixed widths fit 80 columns; longer host names and user lists are cut.
-GPU_COLUMNS = (("HOST", 12), ("GPU", 3), ("UTIL", 4), ("MEM", 7), ("TEMP", 4), ("POWER", 5),
-               ("STATE", 9), ("USERS", 28))
-JOB_COLUMNS = (("JOB", 14), ("USER", 8), ("NAME", 8), ("HOST", 11), ("RANK", 4), ("TOK/S", 6),
-               ("SHARE", 6), ("STEP", 6), ("PEAK", 8))
+GPU_COLUMNS = (
+    ("HOST", 12),
+    ("GPU", 3),
+    ("UTIL", 4),
+    ("MEM", 7),
+    ("TEMP", 4),
+    ("POWER", 5),
+    ("STATE", 9),
+    ("USERS", 28),
+)
+JOB_COLUMNS = (
+    ("JOB", 14),
+    ("USER", 8),
+    ("NAME", 8),
+    ("HOST", 11),
+    ("RANK", 4),
+    ("TOK/S", 6),
+    ("SHARE", 6),
+    ("STEP", 6),
+    ("PEAK", 8),
+)
 SORTS = {
     "host": lambda g: (g.host, g.index),
     "util": lambda g: (-(g.util_pct or 0), g.host, g.index),
     "free memory": lambda g: (-(g.mem_free_bytes or 0), g.host, g.index),
     "user": lambda g: (g.users[0][0] if g.users else "~", g.host, g.index),
 }
-STATE_STYLES = {"ok": "green", "throttled": "yellow", "lost": "bold red", "not responding": "bold red",
-                "down": "bold red"}
+STATE_STYLES = {
+    "ok": "green",
+    "throttled": "yellow",
+    "lost": "bold red",
+    "not responding": "bold red",
+    "down": "bold red",
+}
 
 
 def is_free(g: FleetGpu) -> bool:
@@ -42,20 +64,32 @@ def is_free(g: FleetGpu) -> bool:
 
 
 def gpu_cells(g: FleetGpu) -> tuple:
-    used = ("-" if g.mem_used_bytes is None
-            else f"{g.mem_used_bytes / 2**30:.0f}/{(g.mem_total_bytes or 0) / 2**30:.0f}G")  # GiB
-    return (g.host, str(g.index), "-" if g.util_pct is None else f"{g.util_pct:.0f}%", used,
-            "-" if g.temp_c is None else f"{g.temp_c:.0f}C",
-            "-" if g.power_w is None else f"{g.power_w:.0f}W",
-            Text(g.state, style=STATE_STYLES.get(g.state, "")),
-            ", ".join(f"{u} {fmt.size(b)}" for u, b in g.users) or "-")
+    used = (
+        "-"
+        if g.mem_used_bytes is None
+        else f"{g.mem_used_bytes / 2**30:.0f}/{(g.mem_total_bytes or 0) / 2**30:.0f}G"
+    )  # GiB
+    return (
+        g.host,
+        str(g.index),
+        "-" if g.util_pct is None else f"{g.util_pct:.0f}%",
+        used,
+        "-" if g.temp_c is None else f"{g.temp_c:.0f}C",
+        "-" if g.power_w is None else f"{g.power_w:.0f}W",
+        Text(g.state, style=STATE_STYLES.get(g.state, "")),
+        ", ".join(f"{u} {fmt.size(b)}" for u, b in g.users) or "-",
+    )
 
 
 def down_cells(h: FleetHost, now_s: float) -> tuple:
     """A host whose scrape fails: since when, by the newest sample it stored (the date only
     when that is more than 20 hours ago, so that the line fits 80 columns)."""
-    since = ("unreachable" if h.last_sample_s is None else "unreachable since " + fmt.local_time(
-        int(h.last_sample_s * 1000), with_date=now_s - h.last_sample_s > 20 * 3600))
+    since = (
+        "unreachable"
+        if h.last_sample_s is None
+        else "unreachable since "
+        + fmt.local_time(int(h.last_sample_s * 1000), with_date=now_s - h.last_sample_s > 20 * 3600)
+    )
     return (h.name, "-", "", "", "", "", Text("down", style=STATE_STYLES["down"]), Text(since, style="red"))
 
 
@@ -63,17 +97,44 @@ def job_rows(job: FleetJob) -> list[tuple[str, str, tuple]]:
     """(row key, host, cells): the job's total (on its first host), then each rank with its share."""
     first = job.ranks[0]
     hosts = f"{len(job.hosts)} host{'s' * (len(job.hosts) > 1)}"
-    rows = [(f"job:{job.job_id}", job.hosts[0], (
-        Text(job.job_id, style="bold"), first.user, first.name, hosts, f"{len(job.ranks)} rk",
-        Text(fmt.count(job.tokens_per_s), style="bold"), "100%", "", ""))]
+    rows = [
+        (
+            f"job:{job.job_id}",
+            job.hosts[0],
+            (
+                Text(job.job_id, style="bold"),
+                first.user,
+                first.name,
+                hosts,
+                f"{len(job.ranks)} rk",
+                Text(fmt.count(job.tokens_per_s), style="bold"),
+                "100%",
+                "",
+                "",
+            ),
+        )
+    ]
     even = 1 / len(job.ranks)
     for r in job.ranks:
         share = job.share(r)
         slow = share is not None and len(job.ranks) > 1 and share < SLOW_SHARE * even
-        rows.append((f"rank:{r.host}:{r.run_id}", r.host, (
-            "", "", "", r.host, "-" if r.rank is None else str(r.rank), fmt.count(r.tokens_per_s),
-            Text(fmt.percent(share), style="bold red" if slow else ""),
-            "-" if r.step is None else str(r.step), fmt.size(r.peak_bytes))))
+        rows.append(
+            (
+                f"rank:{r.host}:{r.run_id}",
+                r.host,
+                (
+                    "",
+                    "",
+                    "",
+                    r.host,
+                    "-" if r.rank is None else str(r.rank),
+                    fmt.count(r.tokens_per_s),
+                    Text(fmt.percent(share), style="bold red" if slow else ""),
+                    "-" if r.step is None else str(r.step),
+                    fmt.size(r.peak_bytes),
+                ),
+            )
+        )
     return rows
 
 
@@ -83,9 +144,12 @@ class RowList(Widget, can_focus=True):
     refresh (over a second at 800 rows), this costs the same at 8 hosts or 1000."""
 
     BINDINGS = [
-        Binding("up", "move(-1)", show=False), Binding("down", "move(1)", show=False),
-        Binding("pageup", "page(-1)", show=False), Binding("pagedown", "page(1)", show=False),
-        Binding("home", "move(-1_000_000)", show=False), Binding("end", "move(1_000_000)", show=False),
+        Binding("up", "move(-1)", show=False),
+        Binding("down", "move(1)", show=False),
+        Binding("pageup", "page(-1)", show=False),
+        Binding("pagedown", "page(1)", show=False),
+        Binding("home", "move(-1_000_000)", show=False),
+        Binding("end", "move(1_000_000)", show=False),
         Binding("enter", "select", show=False),
     ]
 
@@ -97,7 +161,7 @@ class RowList(Widget, can_focus=True):
     def __init__(self, columns: tuple[tuple[str, int], ...], id: str | None = None) -> None:
         super().__init__(id=id)
         self.columns = columns
-        self.rows: list[tuple[str, tuple]] = []   # (key, cells)
+        self.rows: list[tuple[str, tuple]] = []  # (key, cells)
         self.cursor = 0
         self.top = 0
 
@@ -194,8 +258,11 @@ class FleetScreen(LiveScreen):
         yield Line(id="fleet-title")
         yield RowList(GPU_COLUMNS, id="fleet")
         yield Line(id="fleet-hint")
-        yield Input(placeholder="show GPUs and jobs of this user or host (empty = all), Enter to apply",
-                    id="fleet-filter", classes="hidden")
+        yield Input(
+            placeholder="show GPUs and jobs of this user or host (empty = all), Enter to apply",
+            id="fleet-filter",
+            classes="hidden",
+        )
         yield Footer()
 
     def on_mount(self) -> None:
@@ -213,9 +280,15 @@ class FleetScreen(LiveScreen):
         else:
             down = sum(not h.up for h in fleet.hosts)
             style = "bold yellow" if down else "dim"
-            self.set_status(Text(f"{fleet.url} · {len(fleet.hosts)} hosts" + (f", {down} unreachable" if down else "")
-                                 + " · updated ", style=style),
-                            Text(fmt.local_time(int(fleet.at_s * 1000), with_date=False), style=style))
+            self.set_status(
+                Text(
+                    f"{fleet.url} · {len(fleet.hosts)} hosts"
+                    + (f", {down} unreachable" if down else "")
+                    + " · updated ",
+                    style=style,
+                ),
+                Text(fmt.local_time(int(fleet.at_s * 1000), with_date=False), style=style),
+            )
         if previous is None or previous.fleet != fleet:
             self._fill()
 
@@ -259,8 +332,9 @@ class FleetScreen(LiveScreen):
                     rows.append((f"host:{h.name}", down_cells(h, fleet.at_s)))
                     self.row_hosts[f"host:{h.name}"] = h.name
             free = sum(is_free(g) for g in fleet.gpus)
-            title = (f"GPUs: {len(gpus)} of {len(fleet.gpus)} · {free} free · sort {self.sort}"
-                     + (" · only free" if self.only_free else ""))
+            title = f"GPUs: {len(gpus)} of {len(fleet.gpus)} · {free} free · sort {self.sort}" + (
+                " · only free" if self.only_free else ""
+            )
         if self.text_filter:
             title += f" · filter {self.text_filter!r}"
         self.set_line("#fleet-title", Text(title, style="bold"))
@@ -272,8 +346,10 @@ class FleetScreen(LiveScreen):
         host = self.row_hosts.get(event.key)
         if host:
             job = event.key.split(":", 1)[1] + " · " if event.key.startswith("job:") else ""
-            self.set_line("#fleet-hint", Text.assemble((f"{job}open its TUI: ", "dim"),
-                                                       (f"ssh -t {host} gpuwatch tui", "bold")))
+            self.set_line(
+                "#fleet-hint",
+                Text.assemble((f"{job}open its TUI: ", "dim"), (f"ssh -t {host} gpuwatch tui", "bold")),
+            )
 
     def action_toggle_jobs(self) -> None:
         self.jobs = not self.jobs

@@ -61,10 +61,14 @@ class ConfirmSignal(ModalScreen[int | None]):
         p = self.proc
         with Vertical(id="dialog"):
             # Built as a Text: the command line and run name are the user's, never markup.
-            yield Static(Text.assemble(
-                (f"Send a signal to pid {p.pid}", "bold"), f" ({p.user or p.uid}) on GPU {p.gpu_index}?\n"
-                f"{(p.cmdline or '')[:200]}\nGPU memory {fmt.size(p.used_mem_bytes)}"
-                f"{'  · run ' + p.run_name if p.run_name else ''}"))
+            yield Static(
+                Text.assemble(
+                    (f"Send a signal to pid {p.pid}", "bold"),
+                    f" ({p.user or p.uid}) on GPU {p.gpu_index}?\n"
+                    f"{(p.cmdline or '')[:200]}\nGPU memory {fmt.size(p.used_mem_bytes)}"
+                    f"{'  · run ' + p.run_name if p.run_name else ''}",
+                )
+            )
             with Horizontal(id="buttons"):
                 yield Button("SIGTERM (t)", id="SIGTERM", variant="warning")
                 yield Button("SIGINT (i)", id="SIGINT")

@@ -35,8 +35,11 @@ def memory_table(pm: OomRow) -> Table:
     t.add_row("requested", _bar(pm.requested_bytes, scale, "bold red"), fmt.size(pm.requested_bytes))
     t.add_row("free", _bar(pm.free_bytes, scale, "green"), f"{fmt.size(pm.free_bytes)} on {where}")
     if pm.kind == "gpu":
-        cached = (None if pm.reserved_bytes is None or pm.allocated_bytes is None
-                  else pm.reserved_bytes - pm.allocated_bytes)
+        cached = (
+            None
+            if pm.reserved_bytes is None or pm.allocated_bytes is None
+            else pm.reserved_bytes - pm.allocated_bytes
+        )
         t.add_row("allocated", "", f"{fmt.size(pm.allocated_bytes)} of {fmt.size(pm.total_bytes)}")
         t.add_row("reserved", "", f"{fmt.size(pm.reserved_bytes)} ({fmt.size(cached)} cached, unallocated)")
     else:
@@ -46,12 +49,17 @@ def memory_table(pm: OomRow) -> Table:
 
 
 def heading(pm: OomRow, count: int) -> Text:
-    text = Text("OOM postmortem ", style="bold red") + Text(f"{pm.run_name or '-'} ({pm.run_id})", style="bold")
+    text = Text("OOM postmortem ", style="bold red") + Text(
+        f"{pm.run_name or '-'} ({pm.run_id})", style="bold"
+    )
     text += Text(f"  {fmt.local_time(pm.ts_ms)}" + (f"  (newest of {count})" if count > 1 else ""))
     missing = fmt.MISSING
-    text += Text(f"\n{pm.kind} · step {missing if pm.step is None else pm.step} · {pm.phase or missing}"
-                 f" · seq_len {missing if pm.seq_len is None else pm.seq_len}"
-                 f" · batch {missing if pm.batch is None else pm.batch}", style="dim")
+    text += Text(
+        f"\n{pm.kind} · step {missing if pm.step is None else pm.step} · {pm.phase or missing}"
+        f" · seq_len {missing if pm.seq_len is None else pm.seq_len}"
+        f" · batch {missing if pm.batch is None else pm.batch}",
+        style="dim",
+    )
     return text
 
 
@@ -84,8 +92,10 @@ def blocks_and_traceback(pm: OomRow) -> Group:
     parts = []
     if pm.blocks:
         parts.append(Text("largest live blocks", style="bold"))
-        parts += [Text(f"{fmt.size(size):>10}  {frame}", overflow="ellipsis", no_wrap=True)
-                  for size, frame in pm.blocks[:5]]
+        parts += [
+            Text(f"{fmt.size(size):>10}  {frame}", overflow="ellipsis", no_wrap=True)
+            for size, frame in pm.blocks[:5]
+        ]
     if pm.snapshot_path:
         parts.append(Text(f"snapshot: {pm.snapshot_path} (pytorch.org/memory_viz)", style="dim"))
     if pm.traceback_tail:
@@ -118,7 +128,8 @@ class OomScreen(LiveScreen):
         self.set_status(*panels.status_line(snap))
         if not snap.postmortems:
             self.query_one("#oom-head", Static).update(
-                Text(f"run {self.run_id} has no OOM postmortem", style="bold"))
+                Text(f"run {self.run_id} has no OOM postmortem", style="bold")
+            )
             return
         pm = snap.postmortems[-1]
         self.query_one("#oom-head", Static).update(heading(pm, len(snap.postmortems)))

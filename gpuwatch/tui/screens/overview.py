@@ -28,11 +28,16 @@ PROCESS_COLUMNS = (
 
 def process_cells(p: ProcessRow) -> tuple[str, ...]:
     """A process row as the table shows it, one string per PROCESS_COLUMNS entry."""
-    return (str(p.pid), p.user or str(p.uid or "-"),
-            fmt.gpu_label(p.gpu_index, p.gpu_instance_id, p.compute_instance_id), fmt.size(p.used_mem_bytes),
-            "-" if p.sm_util_pct is None else f"{p.sm_util_pct:.0f}",
-            "-" if p.cpu_pct is None else f"{p.cpu_pct:.0f}",
-            p.run_name or "", p.cmdline or "")
+    return (
+        str(p.pid),
+        p.user or str(p.uid or "-"),
+        fmt.gpu_label(p.gpu_index, p.gpu_instance_id, p.compute_instance_id),
+        fmt.size(p.used_mem_bytes),
+        "-" if p.sm_util_pct is None else f"{p.sm_util_pct:.0f}",
+        "-" if p.cpu_pct is None else f"{p.cpu_pct:.0f}",
+        p.run_name or "",
+        p.cmdline or "",
+    )
 
 
 class OverviewScreen(UserFiltered):
@@ -48,10 +53,10 @@ class OverviewScreen(UserFiltered):
 
     def __init__(self) -> None:
         super().__init__()
-        self.sort_column = 3          # GPU memory, biggest first: who is using the GPUs
+        self.sort_column = 3  # GPU memory, biggest first: who is using the GPUs
         self.sort_reverse = True
         self.snapshot: Snapshot | None = None
-        self.shown_cells: dict[str, tuple[str, ...]] = {}   # process key -> cells, in table order
+        self.shown_cells: dict[str, tuple[str, ...]] = {}  # process key -> cells, in table order
 
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
@@ -59,8 +64,11 @@ class OverviewScreen(UserFiltered):
         yield Line(id="host")
         yield Line(id="proc-title")
         yield CellTable(id="processes", cursor_type="row", zebra_stripes=False)
-        yield Input(placeholder="show processes of user (empty = all), Enter to apply",
-                    id="user-filter", classes="hidden")
+        yield Input(
+            placeholder="show processes of user (empty = all), Enter to apply",
+            id="user-filter",
+            classes="hidden",
+        )
         yield Footer()
 
     def on_mount(self) -> None:
@@ -95,8 +103,17 @@ class OverviewScreen(UserFiltered):
                     rows.extend([panels.mig_line(g.index, m, width)] for m in g.migs)
             widths = panels.gpu_widths(width)
         elif not snap.driver:
-            rows, widths = [[Text("No NVIDIA driver or GPU found on this host: showing host and runs only.",
-                                  style="yellow")]], ()
+            rows, widths = (
+                [
+                    [
+                        Text(
+                            "No NVIDIA driver or GPU found on this host: showing host and runs only.",
+                            style="yellow",
+                        )
+                    ]
+                ],
+                (),
+            )
         else:
             rows, widths = [[Text("no GPU samples yet", style="dim")]], ()
         self.query_one("#gpus", CellColumns).set_rows(rows, widths)
@@ -120,10 +137,14 @@ class OverviewScreen(UserFiltered):
         if list(cells) == list(self.shown_cells):
             # The same rows in the same order (a new process tick): change only the cells that
             # differ, with no clear and re-layout of the table, and the cursor stays where it is.
-            table.update_cells([(key, str(column), new)
-                                for key, values in cells.items()
-                                for column, (old, new) in enumerate(zip(self.shown_cells[key], values))
-                                if old != new])
+            table.update_cells(
+                [
+                    (key, str(column), new)
+                    for key, values in cells.items()
+                    for column, (old, new) in enumerate(zip(self.shown_cells[key], values))
+                    if old != new
+                ]
+            )
         else:
             selected = self.selected_process()
             table.clear()
@@ -134,9 +155,17 @@ class OverviewScreen(UserFiltered):
         self.shown_cells = cells
         name, _ = PROCESS_COLUMNS[self.sort_column]
         arrow = "▼" if self.sort_reverse else "▲"
-        scope = ("only mine" if self.app.only_mine
-                 else f"user {self.app.user_filter}" if self.app.user_filter else "all users")
-        self.set_line("#proc-title", Text(f"GPU processes: {len(rows)} ({scope}) · sorted by {name} {arrow}", style="bold"))
+        scope = (
+            "only mine"
+            if self.app.only_mine
+            else f"user {self.app.user_filter}"
+            if self.app.user_filter
+            else "all users"
+        )
+        self.set_line(
+            "#proc-title",
+            Text(f"GPU processes: {len(rows)} ({scope}) · sorted by {name} {arrow}", style="bold"),
+        )
 
     def selected_process(self) -> ProcessRow | None:
         table = self.query_one("#processes", DataTable)

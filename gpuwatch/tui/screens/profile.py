@@ -18,8 +18,15 @@ from gpuwatch.tui.screens.base import LiveScreen, StatusLine
 from gpuwatch.tui.snapshot import ProfileRow, Snapshot, View
 
 # (header, index in ProfileRow.ops tuples, format); the sort key cycles through the numeric ones.
-COLUMNS = (("OPERATOR", 0, None), ("CALLS", 1, fmt.count), ("SELF CPU", 2, "us"), ("CPU TOT", 3, "us"),
-           ("SELF DEV", 4, "us"), ("DEV TOT", 5, "us"), ("MEM", 6, fmt.size))
+COLUMNS = (
+    ("OPERATOR", 0, None),
+    ("CALLS", 1, fmt.count),
+    ("SELF CPU", 2, "us"),
+    ("CPU TOT", 3, "us"),
+    ("SELF DEV", 4, "us"),
+    ("DEV TOT", 5, "us"),
+    ("MEM", 6, fmt.size),
+)
 SORTABLE = (4, 2, 5, 3, 1, 6)  # self device first: the column that says where GPU time goes
 
 
@@ -34,19 +41,29 @@ def _cell(value, how) -> str:
 def heading(p: ProfileRow) -> Text:
     last = (p.first_step or 0) + (p.steps or 1) - 1
     text = Text("Profile ", style="bold") + Text(f"{p.run_name or '-'} ({p.run_id})", style="bold")
-    text += Text(f"  {p.trigger} · steps {p.first_step}-{last} · {fmt.local_time(p.ts_ms)}"
-                 + (f" · newest of {p.count}" if p.count > 1 else ""))
+    text += Text(
+        f"  {p.trigger} · steps {p.first_step}-{last} · {fmt.local_time(p.ts_ms)}"
+        + (f" · newest of {p.count}" if p.count > 1 else "")
+    )
     if p.trace_path:
         text += Text(f"\ntrace {p.trace_path} ({fmt.size(p.trace_bytes)}; ui.perfetto.dev)", style="dim")
     elif p.trace_bytes:
-        text += Text(f"\ntrace dropped: {fmt.size(p.trace_bytes)} gzipped is over profile_max_mb", style="dim")
+        text += Text(
+            f"\ntrace dropped: {fmt.size(p.trace_bytes)} gzipped is over profile_max_mb", style="dim"
+        )
     return text
 
 
 # bar part -> style; the characters differ too, so the bar reads without colour
-_STYLES = {"compute_pct": "green", "non_compute_pct": "yellow", "idle_pct": "red",
-           "operators_pct": "green", "dataloader_pct": "yellow", "optimizer_pct": "cyan",
-           "other_pct": "red"}
+_STYLES = {
+    "compute_pct": "green",
+    "non_compute_pct": "yellow",
+    "idle_pct": "red",
+    "operators_pct": "green",
+    "dataloader_pct": "yellow",
+    "optimizer_pct": "cyan",
+    "other_pct": "red",
+}
 TOP_KERNELS = 3
 
 
@@ -117,12 +134,21 @@ class ProfileScreen(LiveScreen):
         table = self.query_one("#profile-ops", DataTable)
         table.clear()
         self.query_one("#profile-breakdown", Static).update(
-            "" if profile is None else breakdown_text(
+            ""
+            if profile is None
+            else breakdown_text(
                 None if profile.breakdown_json is None else json.loads(profile.breakdown_json),
-                self.size.width - 2 if self.size.width else 78))
+                self.size.width - 2 if self.size.width else 78,
+            )
+        )
         if profile is None:
-            head.update(Text(f"run {self.run_id}: no profile yet (in the run view, P asks a live run "
-                             f"for one; or set profile_active in the config)", style="dim"))
+            head.update(
+                Text(
+                    f"run {self.run_id}: no profile yet (in the run view, P asks a live run "
+                    f"for one; or set profile_active in the config)",
+                    style="dim",
+                )
+            )
             return
         head.update(heading(profile) + Text(f"\nsorted by {self.sort_column} (s: next column)", style="dim"))
         index = SORTABLE[self.sort_index]

@@ -86,16 +86,29 @@ class RunScreen(LiveScreen):
         import subprocess
         import sys
 
-        argv = [sys.executable, "-c", "import sys; from gpuwatch.cli import main; sys.exit(main())",
-                "profile", self.run_id, "--steps", str(PROFILE_STEPS), "--wait", "0"]
+        argv = [
+            sys.executable,
+            "-c",
+            "import sys; from gpuwatch.cli import main; sys.exit(main())",
+            "profile",
+            self.run_id,
+            "--steps",
+            str(PROFILE_STEPS),
+            "--wait",
+            "0",
+        ]
         db_path = getattr(self.app.source, "db_path", None)  # the run is looked up where we read it
         if db_path:
             argv += ["--db", str(db_path)]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         answer = (proc.stderr or proc.stdout).strip().splitlines()
         text = answer[-1] if answer else f"gpuwatch profile exited with {proc.returncode}"
-        self.app.call_from_thread(self.notify, text + ("; p shows it when it lands" if proc.returncode == 0 else ""),
-                                  severity="information" if proc.returncode == 0 else "error", timeout=8)
+        self.app.call_from_thread(
+            self.notify,
+            text + ("; p shows it when it lands" if proc.returncode == 0 else ""),
+            severity="information" if proc.returncode == 0 else "error",
+            timeout=8,
+        )
 
     def action_range(self, key: str) -> None:
         self.range_key = key
@@ -106,7 +119,8 @@ class RunScreen(LiveScreen):
         detail = snap.detail
         if detail is None:
             self.query_one("#run-summary", Static).update(
-                Text(f"run {self.run_id} not found", style="bold red"))
+                Text(f"run {self.run_id} not found", style="bold red")
+            )
             return
         self.query_one("#run-summary", Static).update(summary(detail, snap.now_ms))
         slow = self.query_one("#run-slowdowns", Static)
@@ -115,8 +129,9 @@ class RunScreen(LiveScreen):
         stacks = self.query_one("#run-stacks", Static)
         stacks.display = bool(detail.stacks or detail.profiles)  # nothing to say: no lines taken
         stacks.update(stacks_panel(detail))
-        self.query_one("#run-charts-title", Static).update(Text(
-            f"Range: {RANGES[self.range_key][1]} (keys 1 2 3 0)", style="bold"))
+        self.query_one("#run-charts-title", Static).update(
+            Text(f"Range: {RANGES[self.range_key][1]} (keys 1 2 3 0)", style="bold")
+        )
         self._show_charts(detail, snap.now_ms)
         self.query_one("#run-config", Static).update(config_table(detail))
 
@@ -130,7 +145,8 @@ class RunScreen(LiveScreen):
             for view in views:
                 view.remove()
             self.query_one("#run-body", VerticalScroll).mount_all(
-                [ChartView(c, until) for c in detail.charts], before="#run-config")
+                [ChartView(c, until) for c in detail.charts], before="#run-config"
+            )
 
 
 def summary(d: RunDetail, now_ms: int) -> Table:
@@ -141,12 +157,20 @@ def summary(d: RunDetail, now_ms: int) -> Table:
     t.add_row("run", Text(f"{r.name or '-'}  ({r.run_id})"))
     t.add_row("status", panels.status_text(r.status) + Text(f"  {d.end_state}" if d.end_state else ""))
     t.add_row("who/where", Text(f"{r.user or '-'} · pid {d.pid or '-'} on {d.host or '-'}"))
-    t.add_row("started", f"{fmt.local_time(r.started_ms)} · ran {fmt.duration(panels.run_duration_ms(r, now_ms))}")
-    t.add_row("tokens/s", f"now {fmt.count(r.tokens_per_s_last)} · avg {fmt.count(r.tokens_per_s_avg)}"
-                          f" · peak mem {fmt.size(r.peak_mem_bytes)}")
+    t.add_row(
+        "started", f"{fmt.local_time(r.started_ms)} · ran {fmt.duration(panels.run_duration_ms(r, now_ms))}"
+    )
+    t.add_row(
+        "tokens/s",
+        f"now {fmt.count(r.tokens_per_s_last)} · avg {fmt.count(r.tokens_per_s_avg)}"
+        f" · peak mem {fmt.size(r.peak_mem_bytes)}",
+    )
     if d.energy_j is not None:
-        t.add_row("energy", f"{'' if d.energy_complete else '≥ '}{fmt.kwh(d.energy_j)}"
-                            f" · {fmt.joules_per_token(d.joules_per_token)}")
+        t.add_row(
+            "energy",
+            f"{'' if d.energy_complete else '≥ '}{fmt.kwh(d.energy_j)}"
+            f" · {fmt.joules_per_token(d.joules_per_token)}",
+        )
     if r.world_size:
         ranks = ", ".join(f"{x.rank}:{x.status}" for x in d.ranks) or "-"
         t.add_row("ranks", Text(f"rank {r.rank} of {r.world_size} (job {d.job_id or '-'}) · {ranks}"))
@@ -159,9 +183,11 @@ def slowdowns_panel(d: RunDetail) -> Text:
     """Each slow phase (shaded on the step-time and tokens/s charts) and its ranked causes."""
     text = Text("slowdowns (shaded on the charts; gpuwatch why RUN for the evidence)", style="bold")
     for s in d.slowdowns:
-        text += Text(f"\nsteps {s.first_step:,}-{s.last_step:,}  {fmt.local_time(s.start_ms)} "
-                     f"+{fmt.duration(s.end_ms - s.start_ms)}  {s.slower_pct:.0f} % slower per {s.unit}",
-                     style="yellow")
+        text += Text(
+            f"\nsteps {s.first_step:,}-{s.last_step:,}  {fmt.local_time(s.start_ms)} "
+            f"+{fmt.duration(s.end_ms - s.start_ms)}  {s.slower_pct:.0f} % slower per {s.unit}",
+            style="yellow",
+        )
         for cause in s.causes:
             text += Text("\n  " + cause, overflow="ellipsis", no_wrap=True)  # users' text: never markup
     return text
@@ -169,13 +195,19 @@ def slowdowns_panel(d: RunDetail) -> Text:
 
 def stacks_panel(d: RunDetail) -> Text:
     """The newest stack dump (a stall's, or asked for), one line per thread; profiles count."""
-    text = Text(f"profiles: {d.profiles} (p: newest, P: profile now)" if d.profiles else
-                "profiles: none (P: profile now)", style="dim")
+    text = Text(
+        f"profiles: {d.profiles} (p: newest, P: profile now)"
+        if d.profiles
+        else "profiles: none (P: profile now)",
+        style="dim",
+    )
     s = d.stacks
     if s is None:
         return text
-    text += Text("\n") + Text(f"stacks ({s.reason.replace('_', ' ')}, pid {s.pid}, {fmt.local_time(s.ts_ms)})",
-                 style="bold yellow" if s.reason == "stall" else "bold")
+    text += Text("\n") + Text(
+        f"stacks ({s.reason.replace('_', ' ')}, pid {s.pid}, {fmt.local_time(s.ts_ms)})",
+        style="bold yellow" if s.reason == "stall" else "bold",
+    )
     if s.error:
         return text + Text(f"\n{s.error}", style="red")
     for line in s.text.splitlines():

@@ -48,15 +48,25 @@ class RunsScreen(UserFiltered):
         yield StatusLine(id="status")
         yield Static(id="runs-title")
         yield PlainTable(id="runs", cursor_type="row")
-        yield Input(placeholder="show runs of user (empty = all), Enter to apply",
-                    id="user-filter", classes="hidden")
+        yield Input(
+            placeholder="show runs of user (empty = all), Enter to apply", id="user-filter", classes="hidden"
+        )
         yield Footer()
 
     def on_mount(self) -> None:
         table = self.query_one("#runs", DataTable)
         # Start time last: at 80 columns the figures and the OOM marker matter more.
-        for name in ("STATUS", "NAME", "USER", "DURATION", "TOK/S NOW", "TOK/S AVG", "PEAK MEM",
-                     "OOM", "STARTED"):
+        for name in (
+            "STATUS",
+            "NAME",
+            "USER",
+            "DURATION",
+            "TOK/S NOW",
+            "TOK/S AVG",
+            "PEAK MEM",
+            "OOM",
+            "STARTED",
+        ):
             table.add_column(name)
 
     def view(self) -> View:
@@ -87,18 +97,32 @@ class RunsScreen(UserFiltered):
         for r in rows:
             live = r.status == "running"
             table.add_row(
-                panels.status_text(r.status), r.name or r.run_id[:12], r.user or "-",
+                panels.status_text(r.status),
+                r.name or r.run_id[:12],
+                r.user or "-",
                 fmt.duration(panels.run_duration_ms(r, now)),
-                fmt.count(r.tokens_per_s_last) if live else "", fmt.count(r.tokens_per_s_avg),
-                fmt.size(r.peak_mem_bytes), Text("OOM", style="bold red") if r.oom else "",
-                fmt.local_time(r.started_ms), key=r.run_id)
+                fmt.count(r.tokens_per_s_last) if live else "",
+                fmt.count(r.tokens_per_s_avg),
+                fmt.size(r.peak_mem_bytes),
+                Text("OOM", style="bold red") if r.oom else "",
+                fmt.local_time(r.started_ms),
+                key=r.run_id,
+            )
         if keep and any(r.run_id == keep for r in rows):
             table.move_cursor(row=table.get_row_index(keep), animate=False)
-        scope = ("only mine" if self.app.only_mine
-                 else f"user {self.app.user_filter}" if self.app.user_filter else "all users")
-        self.query_one("#runs-title", Static).update(Text(
-            f"Runs: {runs_count(len(rows), self.snapshot)} · status {self.status_filter or 'any'} · {scope}",
-            style="bold"))
+        scope = (
+            "only mine"
+            if self.app.only_mine
+            else f"user {self.app.user_filter}"
+            if self.app.user_filter
+            else "all users"
+        )
+        self.query_one("#runs-title", Static).update(
+            Text(
+                f"Runs: {runs_count(len(rows), self.snapshot)} · status {self.status_filter or 'any'} · {scope}",
+                style="bold",
+            )
+        )
 
     def selected_run_id(self) -> str | None:
         table = self.query_one("#runs", DataTable)
