@@ -657,7 +657,9 @@ class EmbeddedTransport(Transport):
 
     def close(self, timeout: float = 30.0) -> None:
         # The local disk: every event is written whatever the time it takes (folded steps keep
-        # it short); the run's end is in the same transaction as the last steps.
+        # it short); the run's end is in the same transaction as the last steps. The sampler's
+        # start (and the lost-run check) may still be under way: it ends before the writer does.
+        self._starting.join()
         if self.sampler is not None:
             self.sampler.stop()
         self.writer.close()
