@@ -28,3 +28,7 @@ def wait_for(predicate, timeout=30.0):
             return value
         time.sleep(0.05)
     raise AssertionError("condition not met in time")
+
+
+# The one line `gpuwatch run`'s wrapper writes on a host without GPUs (ours, so it says so).
+NO_GPU_LINE = "gpuwatch: no GPUs to sample, host only:"

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from systools import NO_GPU_LINE
 from test_profiling import _db_rows, daemon  # noqa: F401 — a real daemon for profile/stacks
 
 from gpuwatch import paths
@@ -22,7 +23,6 @@ pytest.importorskip("torch")
 PY = sys.executable
 GPUWATCH = str(Path(PY).with_name("gpuwatch"))
 SCRIPTS = Path(__file__).parent / "autorun_scripts"
-NO_GPU_LINE = "gpuwatch: no GPUs to sample, host only:"  # the wrapper's one line on a host without GPUs
 
 
 def gw_run(
