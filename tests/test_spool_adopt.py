@@ -45,7 +45,7 @@ sys.exit(run_daemon(cfg, nvml_module=fake_pynvml.FakeNvml(gpus=1)))
 # Steps to HALF with the daemon there, waits for a line on stdin (the daemon is stopped
 # meanwhile), then the rest and a clean end: with the daemon away, all of that is spooled.
 CLIENT = f"""
-import os, sys
+import os, sys, time
 import gpuwatch, gpuwatch.client, gpuwatch.client.transport  # before setuid: root's Python is 0700
 uid = int(sys.argv[1])
 if uid != os.getuid():
@@ -53,6 +53,7 @@ if uid != os.getuid():
 with gpuwatch.track(name="tail") as run:
     for i in range({STEPS}):
         run.step(tokens=1000)
+        time.sleep(0.002)  # below the transport's budget (1,000 steps/s): one event per step, none folded
         if i == {HALF}:
             run._transport.flush()
             print(run.run_id, flush=True)
