@@ -110,7 +110,8 @@ def test_torchrun_ranks_are_named_after_the_job_and_last_as_long_as_their_proces
         torchrun, "--standalone", "--nproc_per_node=2", str(SCRIPTS / "ddp.py"), flags=("--name", "ddp2")
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    ages = {int(m[0]): float(m[1]) for m in re.findall(r"rank (\d) age_s (\S+)", done.stdout)}
+    # two ranks print at once: their lines may interleave, so the number ends at its last digit
+    ages = {int(m[0]): float(m[1]) for m in re.findall(r"rank (\d) age_s (\d+\.\d+)", done.stdout)}
     ranks = query("SELECT * FROM runs WHERE parent_run_id = ? ORDER BY rank", the_run()["run_id"])
     assert [r["name"] for r in ranks] == ["ddp2/rank0", "ddp2/rank1"]
     for rank in ranks:  # from the process's start to its end: at least its age when it printed it
