@@ -75,7 +75,9 @@ def test_no_gpu_is_declared_not_responding_while_the_gil_is_busy(tmp_path, caplo
     conn.close()
     assert hung == []
     assert not [r.getMessage() for r in caplog.records if "not responding" in r.getMessage()]
-    assert sorted(per_gpu) == list(range(8)) and min(per_gpu.values()) >= 3  # sampled through it
+    # Every GPU still read during the hog (how often depends on how much of the GIL and the CPU the
+    # sampler got: on a loaded 2-core box, once in 4 s), and none of them called hung for it.
+    assert sorted(per_gpu) == list(range(8)) and min(per_gpu.values()) >= 1
 
 
 def test_a_gpu_whose_call_blocks_is_not_responding_within_about_an_interval(tmp_path):
