@@ -44,3 +44,31 @@ def reader_db_path(db: str | None) -> str:
     from gpuwatch import paths
 
     return db or str(paths.reader_db_path(load_config().db))
+
+
+def pick_rule_options(f):
+    """--mem, --max-util, --window: what makes a GPU free, as `pick` and `notify when-free` judge it."""
+    for option in reversed(
+        (
+            click.option(
+                "--mem", default="1GiB", show_default=True, help="Free memory each GPU must have, e.g. 40G."
+            ),
+            click.option(
+                "--max-util",
+                type=click.FloatRange(0, 100),
+                default=10.0,
+                show_default=True,
+                help="Highest mean utilisation (%) over the window.",
+            ),
+            click.option(
+                "--window",
+                "window_min",
+                type=click.FloatRange(0.1, 1440),
+                default=5.0,
+                show_default=True,
+                help="Minutes of samples to judge by.",
+            ),
+        )
+    ):
+        f = option(f)
+    return f

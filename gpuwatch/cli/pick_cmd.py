@@ -7,7 +7,7 @@ import pwd
 
 import click
 
-from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader_db_path
+from gpuwatch.cli.options import db_option, friendly_errors, load_config, pick_rule_options, reader_db_path
 
 
 def pick(
@@ -78,22 +78,7 @@ def _table(groups: list[list]) -> str:
     show_default=True,
     help="GPUs wanted (on one host).",
 )
-@click.option("--mem", default="1GiB", show_default=True, help="Free memory each GPU must have, e.g. 40G.")
-@click.option(
-    "--max-util",
-    type=click.FloatRange(0, 100),
-    default=10.0,
-    show_default=True,
-    help="Highest mean utilisation (%) over the window.",
-)
-@click.option(
-    "--window",
-    "window_min",
-    type=click.FloatRange(min=0.1),
-    default=5.0,
-    show_default=True,
-    help="Minutes of samples to judge by.",
-)
+@pick_rule_options
 @click.option(
     "--prometheus",
     metavar="URL",

@@ -9,7 +9,7 @@ import socket
 
 import click
 
-from gpuwatch.cli.options import friendly_errors, load_config
+from gpuwatch.cli.options import friendly_errors, load_config, pick_rule_options
 
 REACHES = "it reaches your subscriptions that include gpus.free (gpuwatch notify add URL --on gpus.free)"
 
@@ -81,22 +81,7 @@ def _ask_embedded(gpus: int, min_free_bytes: int, max_util_pct: float, window_mi
     show_default=True,
     help="GPUs wanted (on this host).",
 )
-@click.option("--mem", default="1GiB", show_default=True, help="Free memory each GPU must have, e.g. 40G.")
-@click.option(
-    "--max-util",
-    type=click.FloatRange(0, 100),
-    default=10.0,
-    show_default=True,
-    help="Highest mean utilisation (%) over the window.",
-)
-@click.option(
-    "--window",
-    "window_min",
-    type=click.FloatRange(0.1, 1440),
-    default=5.0,
-    show_default=True,
-    help="Minutes of samples to judge by.",
-)
+@pick_rule_options
 @friendly_errors
 def when_free(count: int, mem: str, max_util: float, window_min: float) -> None:
     """Alert me once (a gpus.free alert, to my subscriptions) when COUNT GPUs of this host fit
