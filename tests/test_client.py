@@ -448,3 +448,13 @@ def test_with_no_daemon_a_low_priority_helper_samples_beside_the_program_and_end
     assert [g[0] for g in gpus] == [0, 1]
     assert db().execute("SELECT count(*) FROM host_samples").fetchone()[0] > 0
     assert [r[0] for r in db().execute("SELECT name FROM runs")] == ["beside"]
+
+
+def test_with_no_daemon_every_line_of_ours_on_the_programs_stderr_says_it_is_ours():
+    """track() with no daemon records through a helper that shares the program's terminal: its
+    lines (here, that this host has no GPU driver) begin with `gpuwatch:`."""
+    script = "import gpuwatch\nwith gpuwatch.track(name='quiet') as run:\n    run.step(tokens=1)\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ours = [line for line in done.stderr.splitlines() if line.strip()]
+    assert ours and all(line.startswith("gpuwatch: ") for line in ours), done.stderr

@@ -78,10 +78,12 @@ class PrivateIngest:
 
 
 def _main(socket_path: str) -> None:
+    from gpuwatch.cli.our_lines import prefix_our_log_lines
     from gpuwatch.client import helpers
     from gpuwatch.client.transport import EmbeddedTransport
     from gpuwatch.config import load
 
+    prefix_our_log_lines()
     helpers.lower_priority()
     cfg = load()
     transport = EmbeddedTransport(cfg)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shlex
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -17,6 +15,7 @@ import click
 
 from gpuwatch import priority
 from gpuwatch.cli.options import friendly_errors, load_config
+from gpuwatch.cli.our_lines import prefix_our_log_lines
 
 FORWARDED = {signal.SIGINT, signal.SIGTERM}
 SI_KERNEL = 0x80  # si_code of a signal the kernel raised, e.g. Ctrl-C from the terminal
@@ -179,26 +178,6 @@ def _deliver(cfg, db_path, run_id: str) -> None:
         )
 
 
-class _OurLine(logging.Formatter):
-    """The wrapper's stderr is the program's too: each line we log there says it is ours."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        return line if line.startswith("gpuwatch:") else "gpuwatch: " + line
-
-
-def _prefix_our_log_lines() -> None:
-    """Warnings of the sampler, collectors and store the wrapper runs (no daemon) begin with
-    `gpuwatch:` on stderr, like the hooks' own lines in the program."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_OurLine("%(message)s"))
-    handler.setLevel(logging.WARNING)
-    for name in ("gpuwatch", "collectors"):
-        logger = logging.getLogger(name)
-        logger.addHandler(handler)
-        logger.propagate = False
-
-
 def wrap(
     command: tuple[str, ...],
     name: str | None,
@@ -220,7 +199,7 @@ def wrap(
     from gpuwatch.store import now_ms
 
     cfg = load_config()
-    _prefix_our_log_lines()
+    prefix_our_log_lines()
     name = name or default_name(command)
     gpu_env = gpu_env or {}
     # Block before any thread starts (the transport's threads inherit the mask), so every
