@@ -38,7 +38,7 @@ import json, sys
 sys.path.insert(0, {str(REPO / "tests")!r})
 import fake_pynvml
 from gpuwatch.alerts.rules import AlertRules
-from gpuwatch.config import load
+from gpuwatch.base.config import load
 from gpuwatch.daemon import logging as daemon_logging
 from gpuwatch.daemon.main import run_daemon
 daemon_logging.setup()

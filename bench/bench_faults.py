@@ -33,14 +33,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from collectors.deadline import QUIET_MAX_S  # noqa: E402
-from gpuwatch.sampler import NVML_DEADLINE_SHARE  # noqa: E402
+from gpuwatch.monitor.sampler import NVML_DEADLINE_SHARE  # noqa: E402
 
 HUNG = 3
 RUNNER = f"""
 import json, sys, threading, time
 sys.path.insert(0, {str(REPO / "tests")!r})
 import fake_pynvml
-from gpuwatch.config import load
+from gpuwatch.base.config import load
 from gpuwatch.daemon import logging as daemon_logging
 from gpuwatch.daemon.main import run_daemon
 daemon_logging.setup()

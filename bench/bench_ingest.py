@@ -26,7 +26,7 @@ from gpuwatch.store.writer import insert_sql
 
 DAEMON = """
 import sys
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.main import run_daemon
 sys.exit(run_daemon(Config(db=sys.argv[1], socket=sys.argv[2], system=False, interval=60.0,
                            host_interval=60.0, process_interval=60.0, rate_limit_events=10**9)))

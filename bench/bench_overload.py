@@ -43,7 +43,7 @@ DAEMON = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})
 import fake_pynvml
-from gpuwatch.config import load
+from gpuwatch.base.config import load
 from gpuwatch.daemon import logging as daemon_logging
 from gpuwatch.daemon.main import run_daemon
 daemon_logging.setup()
@@ -179,7 +179,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 import test_transport as tt
 from gpuwatch.client.transport import DaemonTransport
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 n, place = int(sys.argv[1]), Path(sys.argv[3])
 cfg = Config(db=str(place / "gw.db"), socket=str(place / "gw.sock"), spool_dir=str(place / "spool"))
 daemon = tt.start_daemon(cfg)

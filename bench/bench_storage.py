@@ -27,8 +27,8 @@ from statistics import mean
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import fake_pynvml  # noqa: E402  (the tests' fake NVML, not shipped in the package)
 
-from gpuwatch.config import Config  # noqa: E402
-from gpuwatch.sampler import Sampler  # noqa: E402
+from gpuwatch.base.config import Config  # noqa: E402
+from gpuwatch.monitor.sampler import Sampler  # noqa: E402
 from gpuwatch.store import Writer  # noqa: E402
 from gpuwatch.store.maintenance import maintain  # noqa: E402
 

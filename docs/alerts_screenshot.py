@@ -32,7 +32,7 @@ def main() -> None:
     sys.path[:0] = [str(REPO), str(REPO / "tests")]
     import fake_pynvml
 
-    from gpuwatch.config import Config
+    from gpuwatch.base.config import Config
     from gpuwatch.daemon.main import Daemon
     from gpuwatch.tui.app import GpuwatchApp
     from gpuwatch.tui.source import StoreSource

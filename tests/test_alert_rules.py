@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 from systools import wait_for
 
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.main import Daemon
 from gpuwatch.store import alerts as stored
 
@@ -467,7 +467,7 @@ def test_when_free_with_no_daemon_keeps_the_wish_in_my_database_for_an_embedded_
 ):
     from gpuwatch.alerts.host_rules import wishes
     from gpuwatch.cli.when_free_cmd import when_free
-    from gpuwatch.sampler import Sampler
+    from gpuwatch.monitor.sampler import Sampler
     from gpuwatch.store import Writer, open_ro
 
     db = tmp_path / "mine.db"

@@ -16,7 +16,7 @@ import pytest
 from systools import NO_GPU_LINE
 from test_profiling import _db_rows, daemon  # noqa: F401 — a real daemon for profile/stacks
 
-from gpuwatch import paths
+from gpuwatch.base import paths
 
 pytest.importorskip("torch")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import jupyter_client.manager as jupyter_client
 import pytest
 
-from gpuwatch import paths
+from gpuwatch.base import paths
 
 pytest.importorskip("torch")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwatch import capacity
+from gpuwatch.analysis import capacity
 from gpuwatch.cli import main
 from gpuwatch.store import open_ro
 

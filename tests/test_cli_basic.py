@@ -16,9 +16,9 @@ import fake_pynvml
 import pytest
 from systools import wait_for
 
+from gpuwatch.base.config import Config
 from gpuwatch.cli import COMMANDS
-from gpuwatch.config import Config
-from gpuwatch.sampler import Sampler
+from gpuwatch.monitor.sampler import Sampler
 from gpuwatch.store import Writer
 
 GPUWATCH = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "gpuwatch"

@@ -14,7 +14,7 @@ import pytest
 from systools import wait_for
 
 import gpuwatch
-from gpuwatch import paths
+from gpuwatch.base import paths
 from gpuwatch.client import flops, metadata, torch_stats
 from gpuwatch.client.run import is_oom
 
@@ -376,7 +376,7 @@ def test_cuda_steps_have_event_timings_allocator_figures_and_mfu():
 BESIDE = """
 import os, sqlite3, sys, threading, time
 import gpuwatch
-from gpuwatch import paths
+from gpuwatch.base import paths
 from gpuwatch.client import helpers
 
 def sampled():

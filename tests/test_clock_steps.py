@@ -11,11 +11,10 @@ import fake_pynvml
 import pytest
 
 import gpuwatch
-from gpuwatch import paths
-from gpuwatch.config import Config
-from gpuwatch.sampler import Sampler
+from gpuwatch.base import clock, paths
+from gpuwatch.base.config import Config
+from gpuwatch.monitor.sampler import Sampler
 from gpuwatch.store import Writer, insert_rows, now_ms, queries
-from gpuwatch.store import db as store_db
 from gpuwatch.tui.snapshot import View
 from gpuwatch.tui.source import StoreSource
 
@@ -167,7 +166,7 @@ def test_metrics_show_the_samples_written_since_a_step_back(tmp_path):
 def test_step_times_rates_and_run_durations_use_the_monotonic_clock(monkeypatch):
     """A real tracked run (embedded store) while the wall clock steps back and forward."""
     wall = [START]
-    monkeypatch.setattr(store_db, "wall_clock_ns", lambda: wall[0] * 1_000_000)
+    monkeypatch.setattr(clock, "wall_clock_ns", lambda: wall[0] * 1_000_000)
     with gpuwatch.track(name="stepped", config={"lr": 1e-3}) as run:
         for step in range(6):
             if step == 2:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwatch import config
+from gpuwatch.base import config
 
 
 def write(path, text):

@@ -23,10 +23,10 @@ import pytest
 from systools import wait_for
 
 from collectors.nvml import NvmlCollector
-from gpuwatch.config import Config, load
+from gpuwatch.base.config import Config, load
 from gpuwatch.daemon.main import Daemon
 from gpuwatch.daemon.notify import Notifier
-from gpuwatch.sampler import Sampler
+from gpuwatch.monitor.sampler import Sampler
 from gpuwatch.store import Writer, now_ms, queries
 
 TESTS = Path(__file__).resolve().parent
@@ -37,7 +37,7 @@ RUNNER = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})
 import fake_pynvml
-from gpuwatch.config import load
+from gpuwatch.base.config import load
 from gpuwatch.daemon import logging as daemon_logging
 from gpuwatch.daemon.main import run_daemon
 daemon_logging.setup()

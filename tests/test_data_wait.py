@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 import gpuwatch
-from gpuwatch import paths, protocol
+from gpuwatch import protocol
+from gpuwatch.base import paths
 
 DATA_S, COMPUTE_S = 0.06, 0.04  # 60 % of each step waits for data
 # Wide: sleeps overshoot on a shared 2-core box, and step time includes our own bookkeeping.

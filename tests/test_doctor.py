@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fake_pynvml import FakeNvml
 
-from gpuwatch.doctor import Env, healthy, run_checks
+from gpuwatch.selftest.doctor import Env, healthy, run_checks
 from gpuwatch.store import open_rw
 
 GIB = 1024**3

@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
+from gpuwatch.base.config import Config
 from gpuwatch.cli import main
-from gpuwatch.config import Config
-from gpuwatch.sampler import Sampler
+from gpuwatch.monitor.sampler import Sampler
 from gpuwatch.store import Writer, open_ro
 from gpuwatch.store.energy import EnergyLedger, run_energy
 from gpuwatch.tui.snapshot import View

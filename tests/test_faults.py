@@ -16,7 +16,7 @@ from pathlib import Path
 
 from systools import wait_for
 
-from gpuwatch.doctor import Env, check_daemon
+from gpuwatch.selftest.doctor import Env, check_daemon
 from gpuwatch.tui.snapshot import View
 from gpuwatch.tui.source import StoreSource
 
@@ -31,7 +31,7 @@ HUNG_RUNNER = f"""
 import signal, sys
 sys.path.insert(0, {str(TESTS)!r})
 import fake_pynvml
-from gpuwatch.config import load
+from gpuwatch.base.config import load
 from gpuwatch.daemon import logging as daemon_logging
 from gpuwatch.daemon.main import run_daemon
 daemon_logging.setup()
@@ -159,7 +159,7 @@ def test_the_watchdog_is_fed_while_a_gpu_hangs(tmp_path):
 
     import fake_pynvml
 
-    from gpuwatch.config import Config
+    from gpuwatch.base.config import Config
     from gpuwatch.daemon.main import Daemon
     from gpuwatch.daemon.notify import Notifier
 
@@ -200,7 +200,7 @@ def test_the_watchdog_is_fed_while_a_gpu_hangs(tmp_path):
 def test_doctor_says_nvml_hangs_instead_of_hanging(monkeypatch):
     import fake_pynvml
 
-    from gpuwatch import doctor
+    from gpuwatch.selftest import doctor
 
     monkeypatch.setattr(doctor, "NVML_DEADLINE_S", 0.3)
     nvml = fake_pynvml.FakeNvml(gpus=2, hang={1: 0.0})

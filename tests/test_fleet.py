@@ -59,7 +59,7 @@ class Host:
 def _start_host(tmp: Path, name: str, procs: dict) -> Host:
     from fake_pynvml import FakeNvml
 
-    from gpuwatch.config import load
+    from gpuwatch.base.config import load
     from gpuwatch.daemon.main import Daemon
 
     port = _free_port()
@@ -436,7 +436,7 @@ def test_run_pick_sets_cuda_visible_devices_for_the_command():
     """`gpuwatch run --pick 1` runs the command on this host's free GPU; --pick 3 is refused."""
     import sys
 
-    from gpuwatch import paths
+    from gpuwatch.base import paths
 
     ts = now_ms()
     conn = open_rw(paths.default_db_path(system=False))

@@ -15,7 +15,7 @@ import pytest
 from systools import wait_for
 from test_hostile import Filler, Records, small_disk  # noqa: F401 (a fixture)
 
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.main import Daemon
 from gpuwatch.store import health
 from gpuwatch.store import writer as writer_mod

@@ -13,9 +13,9 @@ import pytest
 from test_metrics import samples_by_name, scrape
 
 from collectors.nvml import NvmlCollector
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.metrics import start_metrics_server
-from gpuwatch.sampler import Sampler
+from gpuwatch.monitor.sampler import Sampler
 from gpuwatch.store import Writer
 from gpuwatch.tui import panels
 from gpuwatch.tui.snapshot import View

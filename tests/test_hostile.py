@@ -26,7 +26,7 @@ from systools import wait_for
 from test_ingest import Client, Server, events, run_start, shared_dir, step  # noqa: F401 (fixture)
 
 from gpuwatch import protocol
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 
 # Another uid's ack, one step a frame, while this uid floods with 1000-event frames.
 ACK_BOUND_S = 0.5  # on a 2-core CI machine busy with the rest of the suite
@@ -325,7 +325,7 @@ def test_a_full_disk_is_one_warning_a_visible_state_and_no_lost_event(
     import gpuwatch
     from gpuwatch.cli import main as cli
     from gpuwatch.daemon.main import Daemon
-    from gpuwatch.doctor import FAIL, Env, check_daemon
+    from gpuwatch.selftest.doctor import FAIL, Env, check_daemon
     from gpuwatch.store import health
 
     db, sock = str(small_disk / "gpuwatch.db"), shared_dir / "gw.sock"
@@ -630,7 +630,7 @@ def test_a_database_deleted_or_replaced_while_open_is_noticed_and_writing_goes_o
 
 
 def test_the_tui_says_why_the_daemon_cannot_write(tmp_path):
-    from gpuwatch import paths
+    from gpuwatch.base import paths
     from gpuwatch.store import health, open_rw
     from gpuwatch.tui.panels import status_line
     from gpuwatch.tui.snapshot import View

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.ingest import IngestError, IngestServer
-from gpuwatch.runs_watch import RunsWatch, process_alive
+from gpuwatch.monitor.runs_watch import RunsWatch, process_alive
 from gpuwatch.store import Writer
 
 NOBODY = 65534

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwatch.config import ConfigError
+from gpuwatch.base.config import ConfigError
 from gpuwatch.daemon.metrics import parse_listen, start_metrics_server
 from gpuwatch.store import insert_rows, now_ms, open_rw
 

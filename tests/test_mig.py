@@ -23,10 +23,10 @@ from test_prometheus_integration import (
 from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 from collectors.nvml import MIG_RESCAN_MS, NvmlCollector
-from gpuwatch import fmt
-from gpuwatch.config import Config
+from gpuwatch.base import fmt
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.metrics import StoreCollector
-from gpuwatch.sampler import Sampler
+from gpuwatch.monitor.sampler import Sampler
 from gpuwatch.store import Writer, open_ro, open_rw, queries
 from gpuwatch.store.schema import _MIG, MIGRATIONS, SCHEMA_VERSION
 from gpuwatch.tui.app import GpuwatchApp

@@ -16,8 +16,8 @@ import time
 import fake_pynvml
 from systools import wait_for
 
-from gpuwatch.config import load
-from gpuwatch.sampler import Sampler
+from gpuwatch.base.config import load
+from gpuwatch.monitor.sampler import Sampler
 from gpuwatch.store import Writer
 
 INTERVAL = 0.1  # 10 Hz: a GPU's calls get 50 ms (NVML_DEADLINE_MIN_S)

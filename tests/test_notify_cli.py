@@ -256,7 +256,7 @@ USER_DAEMON = """
 import sys
 sys.path.insert(0, {tests!r})
 import fake_pynvml
-from gpuwatch.config import load
+from gpuwatch.base.config import load
 from gpuwatch.daemon.main import run_daemon
 cfg = load({{"db": sys.argv[1], "socket": sys.argv[2], "system": False, "notify_group_seconds": 0}})
 sys.exit(run_daemon(cfg, nvml_module=fake_pynvml.FakeNvml(gpus=1)))

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from collectors.kmsg import oom_killed
-from gpuwatch.runs_watch import RunsWatch
+from gpuwatch.monitor.runs_watch import RunsWatch
 from gpuwatch.store import open_rw
 from gpuwatch.store.events import Peer, apply_events
 

@@ -29,7 +29,7 @@ DAEMON = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})
 import fake_pynvml
-from gpuwatch.config import load
+from gpuwatch.base.config import load
 from gpuwatch.daemon import logging as daemon_logging
 from gpuwatch.daemon.main import run_daemon
 daemon_logging.setup()

@@ -35,7 +35,7 @@ with gpuwatch.track(name="prof", run_id=sys.argv[1] if len(sys.argv) > 1 else No
 
 DAEMON = """
 import sys
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.main import run_daemon
 sys.exit(run_daemon(Config(db=sys.argv[1], socket=sys.argv[2], system=True, interval=5.0,
                            host_interval=5.0, process_interval=30.0)))

@@ -117,7 +117,7 @@ def test_prometheus_scrapes_a_real_daemon(tmp_path):
     it; what Prometheus holds is what the daemon stored."""
     from fake_pynvml import FakeNvml
 
-    from gpuwatch.config import load
+    from gpuwatch.base.config import load
     from gpuwatch.daemon.main import Daemon
 
     port = _free_port()

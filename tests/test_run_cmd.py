@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from gpuwatch import paths
+from gpuwatch.base import paths
 from gpuwatch.cli.run_cmd import default_name
 
 PY = sys.executable

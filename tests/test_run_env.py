@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from systools import NO_GPU_LINE
 
-from gpuwatch import paths
+from gpuwatch.base import paths
 
 pytest.importorskip("torch")
 

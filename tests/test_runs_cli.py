@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 from gpuwatch.cli import main
 from gpuwatch.store import insert_rows, now_ms, open_rw
 

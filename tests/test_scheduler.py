@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from gpuwatch.scheduler import Scheduler
+from gpuwatch.monitor.scheduler import Scheduler
 
 
 class FakeClock:

@@ -121,7 +121,7 @@ AS_USER = """
 import json, os, pwd, socket, sys
 # Everything imported first: the venv's files need not be readable by the other uid.
 import gpuwatch.cli.note_cmd, gpuwatch.cli.profile_cmd, gpuwatch.client.transport, gpuwatch.store.events
-import gpuwatch.config, gpuwatch.paths, gpuwatch.protocol, gpuwatch.store.queries, gpuwatch.store.search
+import gpuwatch.base.config, gpuwatch.base.paths, gpuwatch.protocol, gpuwatch.store.queries, gpuwatch.store.search
 from gpuwatch.cli import main
 os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))
 if sys.argv[2] == "start":

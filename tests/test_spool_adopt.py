@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from systools import wait_for
 
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.spool import SpoolAdopter
 from gpuwatch.store import Writer
 
@@ -33,7 +33,7 @@ DAEMON = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})
 import fake_pynvml
-from gpuwatch.config import load
+from gpuwatch.base.config import load
 from gpuwatch.daemon import logging as daemon_logging
 from gpuwatch.daemon.main import run_daemon
 daemon_logging.setup()
@@ -158,7 +158,7 @@ def run_that_ends_while_the_daemon_is_away(
 
 
 def readers_say_events_wait(env: dict) -> None:
-    from gpuwatch.doctor import Env, _Facts, check_daemon
+    from gpuwatch.selftest.doctor import Env, _Facts, check_daemon
     from gpuwatch.tui import panels
     from gpuwatch.tui.snapshot import View
     from gpuwatch.tui.source import StoreSource

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from collectors import pyspy
+from gpuwatch.base.config import Config
 from gpuwatch.cli import main
-from gpuwatch.config import Config
 from gpuwatch.daemon.stalls import StallWatch
-from gpuwatch.stalled_runs import stall_threshold_s
+from gpuwatch.monitor.stalled_runs import stall_threshold_s
 from gpuwatch.store import Writer, open_ro, profiles
 
 pytestmark = pytest.mark.skipif(pyspy.find_py_spy() is None, reason="py-spy is not installed")
@@ -134,7 +134,7 @@ def test_stacks_of_a_finished_run_point_at_the_stored_ones(tmp_path):
 
 DAEMON = """
 import sys
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.main import run_daemon
 sys.exit(run_daemon(Config(db=sys.argv[1], socket=sys.argv[2], system=False, interval=5.0,
                            host_interval=5.0, process_interval=30.0, stall_floor=1.0, stall_factor=5.0)))

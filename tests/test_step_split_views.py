@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from tui_pilot import pilot_test, utc  # noqa: F401 (utc: an autouse fixture)
 
 import gpuwatch
-from gpuwatch import paths
+from gpuwatch.base import paths
 
 
 def _gan_like_run() -> str:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from systools import wait_for
 
-from gpuwatch import paths
 from gpuwatch.analysis.tensorboard import GPU_SERIES, STEP_SERIES
+from gpuwatch.base import paths
 
 pytest.importorskip("torch")
 pytest.importorskip("tensorboard")

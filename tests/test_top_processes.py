@@ -14,8 +14,8 @@ import fake_pynvml
 import psutil
 from systools import wait_for
 
-from gpuwatch.config import load
-from gpuwatch.sampler import Sampler
+from gpuwatch.base.config import load
+from gpuwatch.monitor.sampler import Sampler
 from gpuwatch.store import Writer
 
 HOG = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass  # gw-top-hog"

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from gpuwatch.base.config import Config
 from gpuwatch.client.transport import DaemonTransport, connect
-from gpuwatch.config import Config
 
 DAEMON = """
 import logging, sys
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.main import run_daemon
 logging.basicConfig(level=logging.INFO)
 sys.exit(run_daemon(Config(db=sys.argv[1], socket=sys.argv[2], system=False, interval=5.0,
@@ -132,7 +132,7 @@ def test_embedded_mode_marks_runs_of_dead_processes_lost(cfg):
             f"""
 import os, signal
 from gpuwatch.client.transport import connect
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 t = connect(Config(db={str(cfg.db_path)!r}, socket={str(cfg.socket_path)!r}))
 t.send({run_start("dead")!r}); t.send({step(0, "dead")!r}); t.flush()
 os.kill(os.getpid(), signal.SIGKILL)

@@ -259,7 +259,7 @@ def test_a_new_second_repaints_the_clock_alone(monkeypatch):
     clock are repainted, not "live · updated " before them."""
     import asyncio
 
-    from gpuwatch import fmt
+    from gpuwatch.base import fmt
     from gpuwatch.tui.app import GpuwatchApp
     from gpuwatch.tui.snapshot import Snapshot
 

@@ -245,7 +245,7 @@ def test_a_real_tracked_run_slowed_by_cpu_hogs(tmp_path):
     import subprocess
     import sys
 
-    from gpuwatch import paths
+    from gpuwatch.base import paths
 
     done = subprocess.run([sys.executable, "-c", HOGGED_RUN], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -381,7 +381,7 @@ def test_neither_the_daemon_nor_the_client_loads_the_analysis():
     import sys
 
     code = (
-        "import sys, gpuwatch.daemon.main, gpuwatch.client, gpuwatch.sampler\n"
+        "import sys, gpuwatch.daemon.main, gpuwatch.client, gpuwatch.monitor.sampler\n"
         "print(sorted(m for m in sys.modules if m.startswith('gpuwatch.analysis.why')))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -51,8 +51,8 @@ def sample_simulated_gpus(db: Path) -> None:
     sys.path.insert(0, str(REPO / "tests"))
     import fake_pynvml
 
-    from gpuwatch.config import Config
-    from gpuwatch.sampler import Sampler
+    from gpuwatch.base.config import Config
+    from gpuwatch.monitor.sampler import Sampler
     from gpuwatch.store import Writer
 
     me = os.getpid()

@@ -124,7 +124,7 @@ def peak_label(device: torch.device) -> str:
 
 
 def human_bytes(n: float) -> str:
-    # Workloads see only the public client API, so not gpuwatch.fmt.
+    # Workloads see only the public client API, so not gpuwatch.base.fmt.
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

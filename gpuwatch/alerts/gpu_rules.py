@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from gpuwatch import fmt
 from gpuwatch.alerts import texts
-from gpuwatch.config import Config
+from gpuwatch.base import fmt
+from gpuwatch.base.config import Config
 from gpuwatch.store.alerts import Alert
 
 MIB = 1024 * 1024

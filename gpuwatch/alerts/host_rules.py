@@ -8,10 +8,10 @@ import shutil
 import sqlite3
 from dataclasses import dataclass
 
-from gpuwatch import fmt
 from gpuwatch.alerts import texts
 from gpuwatch.alerts.episodes import Episodes, incident
-from gpuwatch.config import Config
+from gpuwatch.base import fmt
+from gpuwatch.base.config import Config
 from gpuwatch.store.alerts import Alert
 
 

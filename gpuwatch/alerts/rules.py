@@ -21,8 +21,8 @@ from typing import Callable
 
 from gpuwatch.alerts import gpu_rules, host_rules, run_rules
 from gpuwatch.alerts.episodes import Episodes
-from gpuwatch.config import Config
-from gpuwatch.stalled_runs import Stalled, find_stalled
+from gpuwatch.base.config import Config
+from gpuwatch.monitor.stalled_runs import Stalled, find_stalled
 from gpuwatch.store import alerts as stored
 from gpuwatch.store.alerts import Alert
 

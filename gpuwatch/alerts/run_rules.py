@@ -9,12 +9,12 @@ import signal
 import sqlite3
 import statistics
 
-from gpuwatch import fmt
 from gpuwatch.alerts import texts
 from gpuwatch.alerts.episodes import Episodes, incident
 from gpuwatch.analysis.postmortem_text import figure_lines
-from gpuwatch.config import Config
-from gpuwatch.stalled_runs import Stalled
+from gpuwatch.base import fmt
+from gpuwatch.base.config import Config
+from gpuwatch.monitor.stalled_runs import Stalled
 from gpuwatch.store import postmortems
 from gpuwatch.store.alerts import Alert
 

@@ -16,7 +16,7 @@ from gpuwatch.alerts import admin
 from gpuwatch.alerts import subscriptions as subs
 from gpuwatch.alerts.deliver import Deliverer, max_alert_id
 from gpuwatch.alerts.service import MAX_REQUEST, Local, answer
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.ingest import bind_socket, peer_credentials
 
 log = logging.getLogger("gpuwatch.notify")
@@ -24,7 +24,7 @@ log = logging.getLogger("gpuwatch.notify")
 
 def admin_file(cfg: Config) -> Path:
     """systemd's LoadCredential copy when run by the unit, else the configured file."""
-    from gpuwatch import paths
+    from gpuwatch.base import paths
 
     creds = os.environ.get("CREDENTIALS_DIRECTORY")
     if creds and (Path(creds) / "notify.toml").exists():

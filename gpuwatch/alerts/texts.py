@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 
 
 def when(ts_ms: int) -> str:

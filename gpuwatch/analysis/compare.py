@@ -8,10 +8,10 @@ import sqlite3
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
-from gpuwatch import fmt
 from gpuwatch.analysis import loss as loss_mod
 from gpuwatch.analysis.rundata import run_gpus, run_window
 from gpuwatch.analysis.step_split import named_losses
+from gpuwatch.base import fmt
 from gpuwatch.store import energy as energy_mod
 from gpuwatch.store import profiles, queries
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 
 TRACEBACK_TAIL_LINES = 8
 MEMORY_VIZ = "https://pytorch.org/memory_viz"

@@ -10,11 +10,11 @@ import json
 import sqlite3
 from html import escape
 
-from gpuwatch import fmt
 from gpuwatch.analysis import svg
 from gpuwatch.analysis.compare import ROWS, run_stats
 from gpuwatch.analysis.loss import loss_curve
 from gpuwatch.analysis.rundata import run_window
+from gpuwatch.base import fmt
 from gpuwatch.store import now_ms, queries
 
 CHART_POINTS = 300

@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 from typing import Callable, Sequence
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 MAX_POINTS = 600  # per series; longer series are averaged into buckets

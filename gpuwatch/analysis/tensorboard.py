@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from gpuwatch import fmt
 from gpuwatch.analysis.postmortem_text import show_text
 from gpuwatch.analysis.rundata import run_gpus, run_window
+from gpuwatch.base import fmt
 from gpuwatch.store import energy as energy_mod
 from gpuwatch.store import postmortems, profiles, queries
 

@@ -9,8 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuwatch import config, paths
 from gpuwatch.analysis.tensorboard import Selection, follow
+from gpuwatch.base import config, paths
 from gpuwatch.store import open_ro
 
 

@@ -18,9 +18,9 @@ from datasette import hookimpl
 from datasette.app import Datasette
 from datasette.utils.asgi import asgi_send
 
+from gpuwatch.base.webtoken import cookie_name, new_token, refusal, token_ok
 from gpuwatch.browse import metadata as meta
 from gpuwatch.store import open_ro
-from gpuwatch.webtoken import cookie_name, new_token, refusal, token_ok
 
 HOST = "127.0.0.1"
 COMMAND = "gpuwatch browse"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 from gpuwatch.cli.options import friendly_errors, load_config
 
 
@@ -72,7 +72,7 @@ def capacity_cmd(batches, lengths, margin, limit, no_verify, db, command) -> Non
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from gpuwatch import capacity
+    from gpuwatch.analysis import capacity
 
     try:
         batch_list = capacity.parse_ints(batches)

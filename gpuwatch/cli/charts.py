@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import Sequence
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 
 WIDTH, HEIGHT = 72, 9
 

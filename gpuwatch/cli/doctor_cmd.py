@@ -28,8 +28,8 @@ def doctor_cmd(as_json, socket_path, db):
     """
     from pathlib import Path
 
-    from gpuwatch.doctor import Env, healthy, run_checks
-    from gpuwatch.doctor import as_json as to_json
+    from gpuwatch.selftest.doctor import Env, healthy, run_checks
+    from gpuwatch.selftest.doctor import as_json as to_json
 
     cfg = load_config()
     env = Env(

@@ -14,8 +14,8 @@ from gpuwatch.cli.when_free_cmd import when_free
 
 def backend(cfg):
     """The notify service when one listens (system install), else the user's private store."""
-    from gpuwatch import paths
     from gpuwatch.alerts.service import Local, Remote
+    from gpuwatch.base import paths
 
     if cfg.notify_socket or paths.SYSTEM_NOTIFY_SOCKET.exists():
         return Remote(cfg.notify_socket_path)

@@ -6,7 +6,7 @@ import functools
 
 import click
 
-from gpuwatch import config as config_mod
+from gpuwatch.base import config as config_mod
 from gpuwatch.store import StoreError
 
 
@@ -41,7 +41,7 @@ def load_config(**flags) -> config_mod.Config:
 
 def reader_db_path(db: str | None) -> str:
     """The database a reader opens: --db, else config/env, else the system daemon's, else the user's."""
-    from gpuwatch import paths
+    from gpuwatch.base import paths
 
     return db or str(paths.reader_db_path(load_config().db))
 

@@ -14,7 +14,7 @@ def pick(
     count: int, mem: str, max_util: float, window_min: float, prometheus: str | None, db: str | None
 ) -> list[list]:
     """Groups of `count` GPUs that fit, best first (one group per host); NothingFits when none."""
-    from gpuwatch.capacity import parse_size
+    from gpuwatch.analysis.capacity import parse_size
     from gpuwatch.fleet.pick import choose, fleet_candidates, local_candidates
     from gpuwatch.fleet.prometheus import Prometheus, PrometheusError
 
@@ -57,7 +57,7 @@ def visible_devices(count: int) -> str:
 
 
 def _table(groups: list[list]) -> str:
-    from gpuwatch import fmt
+    from gpuwatch.base import fmt
 
     lines = [f"{'HOST':<20} {'GPU':>3} {'FREE (min)':>11} {'UTIL (mean)':>11}  USERS"]
     for group in groups:

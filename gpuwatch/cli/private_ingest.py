@@ -21,7 +21,7 @@ import sys
 import threading
 from pathlib import Path
 
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.ingest import IngestServer, bind_socket
 from gpuwatch.store import Writer
 
@@ -78,10 +78,10 @@ class PrivateIngest:
 
 
 def _main(socket_path: str) -> None:
+    from gpuwatch.base.config import load
     from gpuwatch.cli.our_lines import prefix_our_log_lines
     from gpuwatch.client import helpers
     from gpuwatch.client.transport import EmbeddedTransport
-    from gpuwatch.config import load
 
     prefix_our_log_lines()
     helpers.lower_priority()

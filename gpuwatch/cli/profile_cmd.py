@@ -6,7 +6,7 @@ import time
 
 import click
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader_db_path
 
 NO_DAEMON = (

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from gpuwatch import priority
+from gpuwatch.base import priority
 from gpuwatch.cli.options import friendly_errors, load_config
 from gpuwatch.cli.our_lines import prefix_our_log_lines
 
@@ -191,11 +191,11 @@ def wrap(
     `instrument`, a Python child gets the bootstrap that hooks torch when it imports it; each
     `notify` URL gets this run's alerts (delivered by the wrapper when no daemon runs); with
     `tensorboard` (a directory or "auto"), a process beside it mirrors the run's figures there."""
+    from gpuwatch.base.clock import elapsed_end_ms
     from gpuwatch.cli import child_path
     from gpuwatch.client import metadata
     from gpuwatch.client.run import ENV_RUN_ID, ENV_RUN_NAME, new_run_id
     from gpuwatch.client.transport import EmbeddedTransport, connect, daemon_answers
-    from gpuwatch.clock import elapsed_end_ms
     from gpuwatch.store import now_ms
 
     cfg = load_config()

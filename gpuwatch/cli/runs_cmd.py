@@ -11,10 +11,10 @@ from datetime import datetime
 
 import click
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
+from gpuwatch.base.clock import run_duration_ms
 from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
 from gpuwatch.cli.query_cmd import echo_data
-from gpuwatch.clock import run_duration_ms
 
 STATUSES = ("running", "finished", "failed", "oom", "killed", "lost")
 _AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
 from gpuwatch.cli.profile_cmd import daemon_request, resolve_run
 

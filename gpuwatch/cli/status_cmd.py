@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 import click
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader_db_path
 from gpuwatch.cli.query_cmd import format_table
 
@@ -266,7 +266,7 @@ def status(db, live):
 
     Uses the daemon's newest samples when it is running, else samples once directly.
     """
-    from gpuwatch import spool
+    from gpuwatch.base import spool
     from gpuwatch.store import health, now_ms
 
     db_path = reader_db_path(db)

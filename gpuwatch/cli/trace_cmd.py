@@ -30,8 +30,8 @@ def trace_cmd(files, fmt_, width) -> None:
     import os
     import sys
 
-    from gpuwatch import fmt
     from gpuwatch.analysis.trace import TraceError, analyse_files
+    from gpuwatch.base import fmt
 
     def progress(path) -> None:
         try:

@@ -12,9 +12,9 @@ from typing import Callable
 
 import click
 
-from gpuwatch import paths
+from gpuwatch.base import paths
+from gpuwatch.base.config import Config
 from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader_db_path
-from gpuwatch.config import Config
 
 # Shown on the TUI's top line while it samples in its own process.
 NO_DAEMON_NOTICE = "no daemon: history starts now · sudo gpuwatch install-service keeps it"
@@ -110,7 +110,7 @@ class LocalSampler:
     same Sampler as the daemon's and the embedded client's), so a fresh install shows GPUs."""
 
     def __init__(self, cfg: Config, nvml_module=None):
-        from gpuwatch.sampler import Sampler
+        from gpuwatch.monitor.sampler import Sampler
         from gpuwatch.store import Writer
 
         self.writer = Writer(cfg.db_path)
@@ -245,7 +245,7 @@ def run_tui(
             fleet = PrometheusSource(prometheus_url, prometheus_timeout)
         except PrometheusError as e:
             raise click.ClickException(str(e)) from None
-    from gpuwatch import spool
+    from gpuwatch.base import spool
 
     source = StoreSource(
         path,

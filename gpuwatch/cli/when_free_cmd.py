@@ -90,7 +90,7 @@ def when_free(count: int, mem: str, max_util: float, window_min: float) -> None:
 
     Example: gpuwatch notify when-free -n 2 --mem 40G
     """
-    from gpuwatch.capacity import parse_size
+    from gpuwatch.analysis.capacity import parse_size
 
     try:
         mem_bytes = parse_size(mem)

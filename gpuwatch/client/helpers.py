@@ -21,7 +21,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import traceback as traceback_mod
 from pathlib import Path
 from typing import Any
 
-from gpuwatch.diskfull import free_bytes, no_space, show_bytes
+from gpuwatch.base.diskfull import free_bytes, no_space, show_bytes
 
 log = logging.getLogger(__name__)
 

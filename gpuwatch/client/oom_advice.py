@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from gpuwatch.fmt import size
+from gpuwatch.base.fmt import size
 from gpuwatch.store.postmortems import headroom_bytes
 
 # Bytes per element of activations under each run precision (autocast keeps matmul outputs in it).

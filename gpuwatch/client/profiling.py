@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Callable
 
 from collectors import torch_profiler
+from gpuwatch.base.config import Config
+from gpuwatch.base.diskfull import FullDisk, no_space
 from gpuwatch.client import helpers
-from gpuwatch.config import Config
-from gpuwatch.diskfull import FullDisk, no_space
 from gpuwatch.store import now_ms
 
 log = logging.getLogger(__name__)

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from gpuwatch import config as config_mod
-from gpuwatch import paths
+from gpuwatch.base import config as config_mod
+from gpuwatch.base import paths
+from gpuwatch.base.clock import elapsed_end_ms
+from gpuwatch.base.diskfull import free_bytes, show_bytes
 from gpuwatch.client import flops, fold, metadata, oom, profiling, torch_stats
-from gpuwatch.clock import elapsed_end_ms
-from gpuwatch.diskfull import free_bytes, show_bytes
 from gpuwatch.store import now_ms
 
 log = logging.getLogger(__name__)

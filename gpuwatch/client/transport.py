@@ -11,7 +11,7 @@ event is DROPPED and counted in `dropped` (never a wait: the training loop matte
 urgent event (a run's end) goes ahead of everything queued, and `close(timeout)` returns in
 that time: what is still queued then goes to the spool. When the daemon is away, the connection breaks, or the
 daemon says "rate limited"/"busy", unacknowledged events go to a spool file
-(<spool dir>/<pid>-<token>.jsonl, see gpuwatch/spool.py); the sender reconnects with backoff,
+(<spool dir>/<pid>-<token>.jsonl, see gpuwatch/base/spool.py); the sender reconnects with backoff,
 replays the spool in order, then deletes it. Acked ids are never resent; anything resent
 after a lost ack is deduplicated by the database's natural keys. A spool left by a process
 that died (or ended while the daemon was away) is replayed by the daemon when it is back, or
@@ -35,9 +35,10 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from gpuwatch import __version__, paths, protocol, spool
-from gpuwatch.config import Config
-from gpuwatch.diskfull import FullDisk, no_space
+from gpuwatch import __version__, protocol
+from gpuwatch.base import paths, spool
+from gpuwatch.base.config import Config
+from gpuwatch.base.diskfull import FullDisk, no_space
 
 log = logging.getLogger(__name__)
 
@@ -579,8 +580,8 @@ class EmbeddedTransport(Transport):
         self._starting.start()
 
     def _start_sampler(self) -> None:
-        from gpuwatch.runs_watch import RunsWatch
-        from gpuwatch.sampler import Sampler
+        from gpuwatch.monitor.runs_watch import RunsWatch
+        from gpuwatch.monitor.sampler import Sampler
 
         # No daemon watches this database: runs left `running` by processes that died are
         # marked lost (or killed by the OOM killer) now.

@@ -37,7 +37,7 @@ from operator import itemgetter
 from pathlib import Path
 
 from gpuwatch import __version__, protocol
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.logging import Throttle
 from gpuwatch.daemon.stalls import dump_row, stepping_pid
 from gpuwatch.store import Writer, now_ms

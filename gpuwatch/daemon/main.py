@@ -17,13 +17,13 @@ import threading
 from functools import partial
 from typing import Callable
 
-from gpuwatch.config import Config, ConfigError
+from gpuwatch.base.config import Config, ConfigError
 from gpuwatch.daemon.ingest import IngestServer
 from gpuwatch.daemon.notify import Notifier
 from gpuwatch.daemon.spool import SpoolAdopter
 from gpuwatch.daemon.stalls import StallWatch
-from gpuwatch.runs_watch import RunsWatch
-from gpuwatch.sampler import Sampler
+from gpuwatch.monitor.runs_watch import RunsWatch
+from gpuwatch.monitor.sampler import Sampler
 from gpuwatch.store import StoreError, Writer, health
 
 log = logging.getLogger("gpuwatch.daemon")

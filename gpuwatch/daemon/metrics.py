@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from gpuwatch.clock import STEP_TOLERANCE_MS
-from gpuwatch.config import ConfigError
+from gpuwatch.base.clock import STEP_TOLERANCE_MS
+from gpuwatch.base.config import ConfigError
 from gpuwatch.store import StoreError, now_ms, open_ro, queries
 from gpuwatch.store.energy import EnergyLedger
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS

@@ -1,6 +1,6 @@
 """Spools of clients that died, adopted by the daemon and replayed as their file's owner.
 
-A client that cannot reach the daemon appends its events to a spool file (gpuwatch/spool.py)
+A client that cannot reach the daemon appends its events to a spool file (gpuwatch/base/spool.py)
 and replays them itself once the daemon is back. When it ended or died first, nobody would:
 the daemon looks at start and every cfg.spool_scan_interval for spool files whose writer has
 exited, replays their events with their own ids (idempotent: a replay racing the client's own
@@ -30,8 +30,8 @@ import sys
 import threading
 from pathlib import Path
 
-from gpuwatch import priority, spool
-from gpuwatch.config import Config
+from gpuwatch.base import priority, spool
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.ingest import user_name
 from gpuwatch.store import Writer
 

@@ -15,8 +15,8 @@ import socket
 from typing import Callable
 
 from collectors import pyspy
-from gpuwatch.config import Config
-from gpuwatch.stalled_runs import Stalled, find_stalled, stepping_pid  # noqa: F401 (stepping_pid: ingest's)
+from gpuwatch.base.config import Config
+from gpuwatch.monitor.stalled_runs import Stalled, find_stalled, stepping_pid  # noqa: F401 (stepping_pid: ingest's)
 from gpuwatch.store import Writer, now_ms
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from gpuwatch import config as config_mod
+from gpuwatch.base import config as config_mod
 from gpuwatch.client import helpers
 from gpuwatch.client.transport import daemon_answers
 from gpuwatch.integrations import autohook

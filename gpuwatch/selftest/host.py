@@ -15,7 +15,7 @@ MiB = 2**20
 
 _DAEMON = """
 import sys
-from gpuwatch.config import Config
+from gpuwatch.base.config import Config
 from gpuwatch.daemon.main import run_daemon
 sys.exit(run_daemon(Config(db=sys.argv[1], socket=sys.argv[2], system=False, interval=5.0,
                            host_interval=5.0, process_interval=30.0)))

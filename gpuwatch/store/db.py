@@ -15,8 +15,9 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
+from gpuwatch.base.clock import now_ms as now_ms  # re-exported: the store stamps rows with it
 from gpuwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
@@ -30,15 +31,6 @@ class ReadConnection(sqlite3.Connection):
     """A read-only connection; `frozen` is True when opened as an immutable snapshot."""
 
     frozen = False
-
-
-# The wall clock, which every now_ms() reads: tests replace it to step time back and forth
-# (see gpuwatch/clock.py for what is timed on which clock).
-wall_clock_ns: Callable[[], int] = time.time_ns
-
-
-def now_ms() -> int:
-    return wall_clock_ns() // 1_000_000
 
 
 def _check_version(conn: sqlite3.Connection, path: Path) -> int:

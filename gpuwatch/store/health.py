@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
-from gpuwatch import paths
+from gpuwatch.base import paths
 
 FILE_NAME = "store-health.json"
 

@@ -10,7 +10,7 @@ import sqlite3
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, TypeVar
 
-from gpuwatch.clock import STEP_TOLERANCE_MS
+from gpuwatch.base.clock import STEP_TOLERANCE_MS
 from gpuwatch.store.db import StoreError, now_ms
 from gpuwatch.store.schema import GPU_METRICS, HOST_METRICS, QUARTER_HOUR_MS
 from gpuwatch.store.search import MATCHES, match_expression

@@ -21,8 +21,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from gpuwatch.diskfull import free_bytes
-from gpuwatch.diskfull import show_bytes as _bytes
+from gpuwatch.base.diskfull import free_bytes
+from gpuwatch.base.diskfull import show_bytes as _bytes
 from gpuwatch.store.db import StoreError, now_ms, open_rw
 from gpuwatch.store.health import StoreHealth
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 from rich.text import Text
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 from gpuwatch.tui.snapshot import Chart
 
 COLOURS = ("green", "cyan", "magenta", "yellow")

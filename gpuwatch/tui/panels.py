@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from gpuwatch import fmt
-from gpuwatch.clock import run_duration_ms as _run_duration_ms
+from gpuwatch.base import fmt
+from gpuwatch.base.clock import run_duration_ms as _run_duration_ms
 from gpuwatch.tui.snapshot import GpuRow, HostRow, MigRow, RunRow, Snapshot
 
 NARROW = 100  # below this many columns, drop the less essential columns

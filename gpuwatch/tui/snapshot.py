@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 
 if TYPE_CHECKING:  # the fleet's model loads only with the Fleet screen
     from gpuwatch.fleet.model import Fleet

@@ -13,8 +13,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
-from gpuwatch import fmt, spool
 from gpuwatch.analysis.step_split import PARTS, named_losses, split_of
+from gpuwatch.base import fmt, spool
 from gpuwatch.store import StoreError, health, now_ms, open_ro, postmortems, profiles, queries
 from gpuwatch.store.energy import EnergyLedger, RunEnergy
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
@@ -285,7 +285,7 @@ class StoreSource:
     ) -> None:
         """`stale_after_ms`: data older than this is shown as "daemon not running" (a few of
         its intervals); `notice`: a line shown while the data is live (no daemon: who samples);
-        `spool_dirs`: where events may wait for the daemon (gpuwatch/spool.py)."""
+        `spool_dirs`: where events may wait for the daemon (gpuwatch/base/spool.py)."""
         self.db_path = db_path
         self.spool_dirs = list(spool_dirs)
         self.clock = clock

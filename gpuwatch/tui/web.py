@@ -17,7 +17,7 @@ import sys
 from aiohttp import web
 from textual_serve.server import Server
 
-from gpuwatch.webtoken import cookie_name, new_token, refusal, token_ok
+from gpuwatch.base.webtoken import cookie_name, new_token, refusal, token_ok
 
 DEFAULT_HOST = "127.0.0.1"
 

@@ -6,7 +6,7 @@ and the TUI's Profile screen.
 
 from __future__ import annotations
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 
 # (key in the temporal dict, bar character, label)
 GPU_PARTS = (("compute_pct", "█", "compute"), ("non_compute_pct", "▒", "comm/mem"), ("idle_pct", "·", "idle"))

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sqlite3
 
-from gpuwatch import fmt
 from gpuwatch.analysis.why.window import Window, mean
-from gpuwatch.fmt import THROTTLE_REASONS
+from gpuwatch.base import fmt
+from gpuwatch.base.fmt import THROTTLE_REASONS
 
 # Clock-event reasons that slow a busy GPU down (sync boost does not).
 SLOWING = [(bit, word) for bit, word in THROTTLE_REASONS if word != "sync boost"]

@@ -7,9 +7,9 @@ import math
 import os
 import sqlite3
 
-from gpuwatch import fmt
 from gpuwatch.analysis.why.gpu import Candidate
 from gpuwatch.analysis.why.window import Window, mean
+from gpuwatch.base import fmt
 
 SATURATED_PCT = 75.0  # host CPU above this is contended
 HOG_RISE_PCT = 25.0  # a program whose CPU rose by a quarter of a core or more

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sqlite3
 
-from gpuwatch import fmt
 from gpuwatch.analysis.why.gpu import Candidate
 from gpuwatch.analysis.why.window import Window
+from gpuwatch.base import fmt
 
 
 def data_wait(w: Window) -> list[Candidate]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpuwatch import fmt
 from gpuwatch.analysis.why.model import MIN_SLOW_MS, SLOW_PCT, WhyResult
+from gpuwatch.base import fmt
 
 
 def _span(start_ms: int, end_ms: int) -> str:

@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, Static
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 from gpuwatch.tui import panels
 from gpuwatch.tui.cell_table import PlainTable
 from gpuwatch.tui.screens.base import LiveScreen, StatusLine

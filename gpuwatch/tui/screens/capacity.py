@@ -10,7 +10,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 from gpuwatch.tui import panels
 from gpuwatch.tui.screens.base import LiveScreen, StatusLine
 from gpuwatch.tui.snapshot import CapacityRow, Snapshot, View

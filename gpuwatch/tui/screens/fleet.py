@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Footer, Input
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 from gpuwatch.fleet.model import Fleet, FleetGpu, FleetHost, FleetJob
 from gpuwatch.tui.screens.base import Line, LiveScreen, StatusLine
 from gpuwatch.tui.snapshot import Snapshot, View

@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 from gpuwatch.tui.snapshot import ProcessRow
 
 HELP = """\

@@ -11,7 +11,7 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Footer, Static
 
-from gpuwatch import fmt
+from gpuwatch.base import fmt
 from gpuwatch.tui import panels
 from gpuwatch.tui.chart import render_chart
 from gpuwatch.tui.screens.base import LiveScreen, StatusLine

@@ -53,7 +53,7 @@ def default_socket_path(system: bool) -> Path:
 
 
 def spool_dir(system: bool) -> Path:
-    """Where clients keep events the daemon could not take (see gpuwatch/spool.py)."""
+    """Where clients keep events the daemon could not take (see gpuwatch/base/spool.py)."""
     return state_dir(system) / "spool"
 
 

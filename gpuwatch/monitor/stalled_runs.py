@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from gpuwatch.config import Config
-from gpuwatch.runs_watch import process_alive
+from gpuwatch.base.config import Config
+from gpuwatch.monitor.runs_watch import process_alive
 
 MEDIAN_OF_STEPS = 101
 

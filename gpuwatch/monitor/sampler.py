@@ -45,9 +45,9 @@ from collectors.host import HostCollector
 from collectors.nvml import NvmlCollector, NvmlUnavailable
 from collectors.processes import ProcessCollector
 from gpuwatch.alerts.rules import CHECK_INTERVAL_S, AlertRules
-from gpuwatch.clock import SteadyWall
-from gpuwatch.config import Config
-from gpuwatch.scheduler import Scheduler
+from gpuwatch.base.clock import SteadyWall
+from gpuwatch.base.config import Config
+from gpuwatch.monitor.scheduler import Scheduler
 from gpuwatch.store import Writer, insert_rows, now_ms
 from gpuwatch.store.writer import Job, insert_sql
 

@@ -4,8 +4,8 @@ Wall time (`now_ms()`, ms since the epoch) stamps what users read and what order
 `ts_ms`, a run's start and end. Monotonic time measures durations, rates and schedules: step
 times and tokens/s (the client), the sampler's cadence (scheduler.py), how long data has been
 kept. The wall clock steps (an NTP correction, a VM resumed after a pause); the monotonic one
-does not. The wall clock is read through `gpuwatch.store.db.now_ms()` (its source,
-`db.wall_clock_ns`, is the one thing a test replaces to step it for every reader at once); code
+does not. The wall clock is read through `now_ms()` here (its source,
+`wall_clock_ns`, is the one thing a test replaces to step it for every reader at once); code
 that needs both clocks on its own timeline takes them as arguments (the Sampler's `clock` and
 `monotonic`, StoreSource's `clock`), so tests step the wall clock back an hour or forward a day
 while monotonic time moves on.
@@ -16,7 +16,13 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from gpuwatch.store.db import now_ms
+# The wall clock, which every now_ms() reads: tests replace it to step time back and forth.
+wall_clock_ns: Callable[[], int] = time.time_ns
+
+
+def now_ms() -> int:
+    return wall_clock_ns() // 1_000_000
+
 
 # Wall and monotonic time may drift apart this much without counting as a step.
 STEP_TOLERANCE_MS = 2_000

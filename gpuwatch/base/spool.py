@@ -4,7 +4,7 @@ Shared by the client (writes and replays its own), the daemon (adopts the files 
 that died) and the readers (say how many events wait). One file per client process,
 <pid>-<token>.jsonl, one event per line.
 
-Where (gpuwatch.paths.spool_dir): a user-mode daemon's clients spool under the user's data
+Where (gpuwatch.base.paths.spool_dir): a user-mode daemon's clients spool under the user's data
 directory (mode 0700); a system daemon's under /var/lib/gpuwatch/spool, which the daemon makes
 mode 1777 like /tmp: anyone may add a file, only its owner or the daemon may remove or rename
 it. Files there are 0644 so the daemon (its own uid) can read them; they hold what the
@@ -17,7 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-from gpuwatch import paths
+from gpuwatch.base import paths
 
 SUFFIX = ".jsonl"
 SYSTEM_DIR_MODE = 0o1777

@@ -21,7 +21,7 @@ from typing import Callable
 import psutil
 
 from collectors.kmsg import oom_killed
-from gpuwatch.fmt import size
+from gpuwatch.base.fmt import size
 from gpuwatch.store import Writer, now_ms
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from collectors.deadline import TimeoutError, call_with_deadline
-from gpuwatch import fmt, paths, spool
+from gpuwatch.base import fmt, paths, spool
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 SHM_MIN_BYTES = 8 * 1024**3

@@ -22,7 +22,7 @@ else:  # pragma: no cover - exercised only on 3.10
     except ImportError:  # a `gpuwatch run` child's own Python 3.10 env: files need tomli
         tomllib = None
 
-from gpuwatch import paths
+from gpuwatch.base import paths
 
 ENV_PREFIX = "GPUWATCH_"
 # GPUWATCH_* variables that are not config keys: the config file's path, and the run id that
@@ -44,11 +44,11 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Config:
-    # Where things live. Empty means "the default for the mode" (see gpuwatch.paths).
+    # Where things live. Empty means "the default for the mode" (see gpuwatch.base.paths).
     db: str = ""
     socket: str = ""
     runs_dir: str = ""
-    spool_dir: str = ""  # events clients could not deliver (gpuwatch/spool.py)
+    spool_dir: str = ""  # events clients could not deliver (gpuwatch/base/spool.py)
     system: bool = False  # system mode: /var/lib/gpuwatch and /run/gpuwatch
 
     # Sampling intervals, seconds.
@@ -90,7 +90,7 @@ class Config:
     prometheus_url: str = ""  # e.g. "http://prometheus:9090"; empty = no fleet view
     prometheus_timeout: float = 3.0  # seconds a refresh or a pick waits for Prometheus
 
-    # Alert delivery (gpuwatch/alerts). Empty paths mean the mode's default (gpuwatch.paths).
+    # Alert delivery (gpuwatch/alerts). Empty paths mean the mode's default (gpuwatch.base.paths).
     notify_db: str = ""  # subscriptions and delivery state; private to its owner (mode 0600)
     notify_socket: str = ""  # the notify service's socket; default /run/gpuwatch-notify/notify.sock
     notify_admin_file: str = ""  # admin-wide subscriptions; default /etc/gpuwatch/notify.toml
