@@ -30,6 +30,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any, NamedTuple
 
 from collectors.deadline import HUNG, LATE, TimeoutError, Worker, gather
 
@@ -72,7 +73,13 @@ class GpuStatic:
     cuda_driver_version: str | None
 
 
-@dataclass(frozen=True)
+# The records built every tick (GpuSample, GpuProcessSample, MigSample, GpuProfSample, XidEvent)
+# are slots dataclasses, not frozen ones: a frozen dataclass costs four times as much to build,
+# and fifty process samples a tick are a visible share of the daemon's CPU. Never changed once
+# built all the same.
+
+
+@dataclass(slots=True)
 class GpuSample:
     """One tick of one GPU; the columns of `gpu_samples`. None = not available on this GPU."""
 
@@ -99,12 +106,11 @@ class GpuSample:
     #                           block (not responding); no values then
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GpuProcessSample:
     """One process on one GPU at one tick; the columns of `gpu_process_samples`.
 
-    rss_bytes and cpu_pct come from the host side (ProcessCollector.usage); the caller fills
-    them with dataclasses.replace.
+    rss_bytes and cpu_pct come from the host side (ProcessCollector.usage): None here.
     """
 
     gpu_index: int
@@ -134,7 +140,7 @@ class MigStatic:
     sm_count: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class MigSample:
     """One tick of one MIG device; the columns of `mig_samples`. Most drivers give no
     utilisation for a MIG device: None then, which is "not available", not 0."""
@@ -149,7 +155,7 @@ class MigSample:
     mem_util_pct: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GpuProfSample:
     """GPM (GPU performance monitoring, Hopper and later) figures of one GPU over the interval
     since its previous tick; the columns of `gpu_prof_samples`. Each 0-100; None = not given."""
@@ -169,16 +175,83 @@ GPM_METRICS = (
     ("tensor_active_pct", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
     ("dram_active_pct", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
 )
+_PROCESS_LISTS = (
+    ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+    ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+)
 _GPM = "gpm"  # the _call key of every GPM call: one refusal switches GPM off for that GPU
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class XidEvent:
     """A critical XID error reported by the driver; the columns of `xid_events`."""
 
     ts_ms: int
     gpu_index: int  # -1 when the driver could not say which GPU
     xid: int
+
+
+class GpuReadings(NamedTuple):
+    """sample()'s answer: every GPU's sample and the processes on them."""
+
+    samples: list[GpuSample]
+    processes: list[GpuProcessSample]
+
+
+class GpuTick(NamedTuple):
+    """sample_tick()'s answer: one round of every GPU's reads."""
+
+    samples: list[GpuSample]
+    processes: list[GpuProcessSample]
+    migs: list[MigSample]
+    prof: list[GpuProfSample]
+    xids: list[XidEvent]
+
+
+class _Driver(NamedTuple):
+    gpu_count: int
+    driver_version: str | None
+    cuda_version: str | None
+
+
+class _Pcie(NamedTuple):
+    tx_kbps: int | None
+    rx_kbps: int | None
+
+
+class _Util(NamedTuple):
+    """A process's mean utilisation of its GPU over the tick, %."""
+
+    sm_pct: int | None
+    mem_pct: int | None
+
+
+class _Instance(NamedTuple):
+    """The MIG device a process runs on; None off MIG."""
+
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+
+
+_NO_UTIL = _Util(None, None)
+_OFF_MIG = _Instance(None, None)
+
+
+class _Reading(NamedTuple):
+    """One GPU's reads of one round, done in its worker."""
+
+    sample: GpuSample
+    processes: list[GpuProcessSample]
+    migs: list[MigSample]
+    prof: GpuProfSample | None
+
+
+class _Round(NamedTuple):
+    """One round of the workers: each GPU's answer (its job's result, HUNG or LATE) by index,
+    and the system job's result (None if it had none or did not answer)."""
+
+    answers: dict[int, object]
+    system: Any
 
 
 class _GpuLost(Exception):
@@ -194,7 +267,7 @@ class _Gpu:
     last_util_us: int = 0  # newest per-process utilisation sample seen (0 = all buffered)
     migs: list = field(default_factory=list)  # its MIG devices (_Mig), when in MIG mode
     migs_read_ms: int | None = None  # when they were last looked for
-    pcie: tuple = (None, None)  # last PCIe (tx, rx) KB/s read
+    pcie: _Pcie = _Pcie(None, None)  # last PCIe KB/s read
     pcie_s: float = 0.0  # what the PCIe reads took this tick
     worker: Worker | None = None  # where its NVML calls run (a MIG device's: its GPU's)
     hung_since_ms: int | None = None  # when its calls first missed the deadline; None = answering
@@ -226,13 +299,13 @@ def _mig_profile(name: str | None, attrs) -> str | None:
     return f"{f'{ci}c.' if ci != gi else ''}{gi}g.{round(attrs.memorySizeMB / 1024)}gb"
 
 
-def _instance_ids(process, default: tuple[int, int] | None) -> tuple[int | None, int | None]:
-    """(GPU instance, compute instance) of a process record; `default` when it names none."""
+def _instance_ids(process, default: _Instance) -> _Instance:
+    """The MIG device of a process record; `default` when it names none."""
     gi = getattr(process, "gpuInstanceId", None)
     ci = getattr(process, "computeInstanceId", None)
     if gi is None or ci is None or gi == _NO_INSTANCE or ci == _NO_INSTANCE:
-        return default or (None, None)
-    return gi, ci
+        return default
+    return _Instance(gi, ci)
 
 
 def _cuda_version(code: int | None) -> str | None:
@@ -315,7 +388,7 @@ class NvmlCollector:
         """The MIG devices found at start or by the latest rescan in sample(), GPU by GPU."""
         return [m.static for gpu in self._gpus for m in gpu.migs]
 
-    def _init_library(self) -> tuple[int, str | None, str | None]:
+    def _init_library(self) -> _Driver:
         """nvmlInit, the GPU count and driver versions, or NvmlUnavailable saying why not."""
         n = self._nvml
         try:
@@ -335,7 +408,7 @@ class NvmlCollector:
             self._call(None, "nvmlSystemGetCudaDriverVersion_v2")
             or self._call(None, "nvmlSystemGetCudaDriverVersion")
         )
-        return count, driver, cuda
+        return _Driver(count, driver, cuda)
 
     def _start_gpu(self, gpu: _Gpu) -> None:
         """A GPU's facts and MIG devices (in its worker)."""
@@ -353,13 +426,12 @@ class NvmlCollector:
         `key` names the field for remembering "unsupported"; by default the function name and
         the arguments after the handle (clock type, ECC counter, ...).
         """
-        key = key or (name, args[1:])
-        if gpu is not None and key in gpu.unsupported:
+        if gpu is not None and gpu.unsupported and (key or (name, args[1:])) in gpu.unsupported:
             return None
         fn = getattr(self._nvml, name, None)
         if fn is None:  # an older nvidia-ml-py without this function
             if gpu is not None:
-                gpu.unsupported.add(key)
+                gpu.unsupported.add(key or (name, args[1:]))
             return None
         # The call's start, on the worker that runs it: how a call that blocks is told from a
         # busy process (collectors/deadline.py). Inline: this runs ~300 times a tick.
@@ -371,7 +443,7 @@ class NvmlCollector:
             if e.value in self._lost_codes:
                 raise _GpuLost() from None
             if gpu is not None and e.value in self._never:
-                gpu.unsupported.add(key)
+                gpu.unsupported.add(key or (name, args[1:]))
             elif e.value not in self._not_available and (name, e.value) not in self._warned:
                 self._warned.add((name, e.value))  # say it once, not every tick
                 log.warning("NVML %s failed: %s (reading it as not available)", name, e)
@@ -400,20 +472,18 @@ class NvmlCollector:
         )
 
     # -- per tick -------------------------------------------------------------------------------
-    def sample(self, ts_ms: int) -> tuple[list[GpuSample], list[GpuProcessSample]]:
+    def sample(self, ts_ms: int) -> GpuReadings:
         """Every GPU's sample and processes; returns within about 2 x deadline_s whatever NVML
         does. A GPU that is late without a call shown to block has no sample this time."""
-        samples, processes, _, _ = self._tick(ts_ms, gpm=False, xids=False)
-        return samples, processes
+        tick = self._tick(ts_ms, gpm=False, xids=False)
+        return GpuReadings(tick.samples, tick.processes)
 
-    def sample_tick(
-        self, ts_ms: int
-    ) -> tuple[list[GpuSample], list[GpuProcessSample], list[GpuProfSample], list[XidEvent]]:
-        """sample(), sample_gpm() and xid_events() in ONE round of the workers (one hand-over
-        to each a tick, not three); sample_mig(ts_ms) after it as ever."""
+    def sample_tick(self, ts_ms: int) -> GpuTick:
+        """sample(), sample_mig(), sample_gpm() and xid_events() in ONE round of the workers
+        (one hand-over to each a tick, not three)."""
         return self._tick(ts_ms, gpm=True, xids=True)
 
-    def _tick(self, ts_ms: int, gpm: bool, xids: bool) -> tuple[list, list, list, list]:
+    def _tick(self, ts_ms: int, gpm: bool, xids: bool) -> GpuTick:
         started = time.perf_counter()
         self._ticks += 1
         try:
@@ -439,11 +509,10 @@ class NvmlCollector:
                 PCIE_SLOW_EVERY,
             )
 
-    def _ask_every_gpu(self, job, system_job=None) -> tuple[dict, object]:
-        """({gpu index: job(gpu), HUNG or LATE}, system_job() or None) from one round: each
-        GPU's job in its own worker, side by side, system_job in the system worker. A GPU whose
-        worker is still in an earlier call is not asked again: HUNG once shown blocked, else
-        watched for blocking this round."""
+    def _ask_every_gpu(self, job, system_job=None) -> _Round:
+        """One round: each GPU's job(gpu) in its own worker, side by side, system_job in the
+        system worker. A GPU whose worker is still in an earlier call is not asked again: HUNG
+        once shown blocked, else watched for blocking this round."""
         jobs: list = []
         for gpu in self._gpus:
             if not gpu.worker.busy:
@@ -454,41 +523,38 @@ class NvmlCollector:
             jobs.append((self._system, system_job))
         answers = gather(jobs, self.deadline_s, 2 * self.deadline_s)
         system = answers.get(self._system)
-        return (
+        return _Round(
             {gpu.index: answers.get(gpu.worker, HUNG) for gpu in self._gpus},
             None if system is HUNG or system is LATE else system,
         )
 
-    def _sample_all(self, ts_ms: int, gpm: bool, xids: bool) -> tuple[list, list, list, list]:
-        read = partial(self._read_gpu, ts_ms=ts_ms)
-        job = (lambda gpu: (read(gpu), self._gpm_of(gpu))) if gpm else (lambda gpu: (read(gpu), None))
-        answers, events = self._ask_every_gpu(
-            job, partial(self._read_xids, ts_ms) if xids and self._events is not None else None
+    def _sample_all(self, ts_ms: int, gpm: bool, xids: bool) -> GpuTick:
+        round_ = self._ask_every_gpu(
+            partial(self._read_gpu, ts_ms=ts_ms, gpm=gpm),
+            partial(self._read_xids, ts_ms) if xids and self._events is not None else None,
         )
-        gpu_samples: list[GpuSample] = []
-        proc_samples: list[GpuProcessSample] = []
-        mig_samples: list[MigSample] = []
-        prof_samples: list[GpuProfSample] = []
+        tick = GpuTick([], [], [], [], round_.system or [])
         for gpu in self._gpus:
-            answer = answers[gpu.index]
+            answer = round_.answers[gpu.index]
             if answer is LATE:  # our process was busy, the GPU not shown to block: no sample
                 continue
             if answer is HUNG:
                 self._not_responding(gpu, ts_ms)
-                gpu_samples.append(GpuSample(gpu.index, ts_ms, state="hung"))
+                tick.samples.append(GpuSample(gpu.index, ts_ms, state="hung"))
                 continue
             self._responding(gpu, ts_ms)
-            (sample, processes, migs), prof = answer
-            gpu_samples.append(sample)
-            proc_samples.extend(processes)
-            mig_samples.extend(migs)
-            if prof is not None:
-                prof_samples.append(GpuProfSample(gpu.index, ts_ms, *prof))
-        self._mig_samples = mig_samples
-        return gpu_samples, proc_samples, prof_samples, events or []
+            assert isinstance(answer, _Reading)
+            tick.samples.append(answer.sample)
+            tick.processes.extend(answer.processes)
+            tick.migs.extend(answer.migs)
+            if answer.prof is not None:
+                tick.prof.append(answer.prof)
+        self._mig_samples = tick.migs
+        return tick
 
-    def _read_gpu(self, gpu: _Gpu, ts_ms: int) -> tuple[GpuSample, list, list]:
-        """One GPU's tick, in its worker: its sample, its processes, its MIG devices' samples."""
+    def _read_gpu(self, gpu: _Gpu, ts_ms: int, gpm: bool = False) -> _Reading:
+        """One GPU's tick, in its worker: its sample, its processes, its MIG devices' samples,
+        and with `gpm` its GPM figures."""
         gpu.pcie_s = 0.0
         try:
             if gpu.lost:
@@ -500,16 +566,15 @@ class NvmlCollector:
                 gpu.migs_read_ms = ts_ms
             elif not 0 <= ts_ms - gpu.migs_read_ms < MIG_RESCAN_MS:
                 gpu.migs, gpu.migs_read_ms = self._read_migs(gpu, self._mig_mode(gpu)), ts_ms
-            return (
-                self._sample_gpu(gpu, ts_ms),
-                self._sample_processes(gpu, ts_ms),
-                self._sample_migs(gpu, ts_ms),
-            )
+            sample = self._sample_gpu(gpu, ts_ms)
+            processes = self._sample_processes(gpu, ts_ms)
+            migs = self._sample_migs(gpu, ts_ms)
         except _GpuLost:
             if not gpu.lost:
                 log.warning("GPU %d is lost (fell off the bus or needs a reset)", gpu.index)
             gpu.lost = True
-            return GpuSample(gpu.index, ts_ms, state="lost"), [], []
+            sample, processes, migs = GpuSample(gpu.index, ts_ms, state="lost"), [], []
+        return _Reading(sample, processes, migs, self._gpm_of(gpu, ts_ms) if gpm else None)
 
     def _not_responding(self, gpu: _Gpu, ts_ms: int) -> None:
         if gpu.hung_since_ms is None:
@@ -561,8 +626,8 @@ class NvmlCollector:
             energy_mj=call(gpu, "nvmlDeviceGetTotalEnergyConsumption", h),
             sm_clock_mhz=call(gpu, "nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_SM),
             mem_clock_mhz=call(gpu, "nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_MEM),
-            pcie_tx_kbps=pcie[0],
-            pcie_rx_kbps=pcie[1],
+            pcie_tx_kbps=pcie.tx_kbps,
+            pcie_rx_kbps=pcie.rx_kbps,
             fan_pct=call(gpu, "nvmlDeviceGetFanSpeed", h),
             pstate=None if pstate == _PSTATE_UNKNOWN else pstate,
             throttle_reasons=reasons,
@@ -590,12 +655,12 @@ class NvmlCollector:
         except (TimeoutError, _GpuLost):
             return None
 
-    def _pcie(self, gpu: _Gpu) -> tuple:
+    def _pcie(self, gpu: _Gpu) -> _Pcie:
         if self.pcie_every > 1 and self._ticks % self.pcie_every:
             return gpu.pcie
         started = time.perf_counter()
         n, h = self._nvml, gpu.handle
-        gpu.pcie = (
+        gpu.pcie = _Pcie(
             self._call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_TX_BYTES),
             self._call(gpu, "nvmlDeviceGetPcieThroughput", h, n.NVML_PCIE_UTIL_RX_BYTES),
         )
@@ -610,49 +675,48 @@ class NvmlCollector:
         )
 
     def _sample_processes(self, gpu: _Gpu, ts_ms: int) -> list[GpuProcessSample]:
-        kinds: dict[int, list[str]] = defaultdict(list)
+        kinds: dict[int, str] = {}  # "compute", "graphics" or "compute+graphics"
         mem: dict[int, int | None] = {}
-        instance: dict[int, tuple[int | None, int | None]] = {}
+        instance: dict[int, _Instance] = {}
         # In MIG mode each MIG device lists its own processes; else the GPU lists them all.
         sources = [
-            (m.device, (m.static.gpu_instance_id, m.static.compute_instance_id)) for m in gpu.migs
-        ] or [(gpu, None)]
-        for kind, name in (
-            ("compute", "nvmlDeviceGetComputeRunningProcesses"),
-            ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
-        ):
+            (m.device, _Instance(m.static.gpu_instance_id, m.static.compute_instance_id)) for m in gpu.migs
+        ] or [(gpu, _OFF_MIG)]
+        for kind, name in _PROCESS_LISTS:
             used_by_pid: dict[int, int | None] = {}
             for device, ids in sources:
                 for p in self._call(device, name, device.handle) or ():
-                    used = p.usedGpuMemory
-                    used = None if used is None or used >= _NOT_AVAILABLE_U64 else used
+                    pid, used = p.pid, p.usedGpuMemory
+                    if used is not None and used >= _NOT_AVAILABLE_U64:
+                        used = None
                     # A pid listed twice (one entry per MIG instance): add them up.
-                    before = used_by_pid.get(p.pid)
-                    used_by_pid[p.pid] = used if before is None else before + (used or 0)
-                    instance.setdefault(p.pid, _instance_ids(p, ids))
+                    before = used_by_pid.get(pid)
+                    used_by_pid[pid] = used if before is None else before + (used or 0)
+                    if pid not in instance:
+                        instance[pid] = _instance_ids(p, ids)
             for pid, used in used_by_pid.items():
-                kinds[pid].append(kind)
+                if pid not in kinds:
+                    kinds[pid], mem[pid] = kind, used
+                    continue
+                kinds[pid] += "+" + kind
                 # Compute and graphics entries of one pid describe the same memory: keep the larger.
-                known = [m for m in (mem.get(pid), used) if m is not None]
-                mem[pid] = max(known) if known else None
+                known = mem[pid]
+                mem[pid] = used if known is None else known if used is None else max(known, used)
         if not kinds:
             return []
         utils = self._process_utilisation(gpu)
-        return [
-            GpuProcessSample(
-                gpu.index,
-                pid,
-                ts_ms,
-                "+".join(kinds[pid]),
-                mem[pid],
-                *utils.get(pid, (None, None)),
-                gpu_instance_id=instance[pid][0],
-                compute_instance_id=instance[pid][1],
-            )
-            for pid in sorted(kinds)
-        ]
+        index, samples = gpu.index, []
+        for pid in sorted(kinds):
+            util, ids = utils.get(pid, _NO_UTIL), instance[pid]
+            samples.append(
+                GpuProcessSample(
+                    index, pid, ts_ms, kinds[pid], mem[pid], util.sm_pct, util.mem_pct, None, None,
+                    ids.gpu_instance_id, ids.compute_instance_id,
+                )
+            )  # fmt: skip
+        return samples
 
-    def _process_utilisation(self, gpu: _Gpu) -> dict[int, tuple[int, int]]:
+    def _process_utilisation(self, gpu: _Gpu) -> dict[int, _Util]:
         """Mean SM / memory utilisation per pid over the samples newer than the last tick's."""
         samples = self._call(
             gpu, "nvmlDeviceGetProcessUtilization", gpu.handle, gpu.last_util_us, key="process_utilization"
@@ -666,7 +730,7 @@ class NvmlCollector:
         for s in fresh:
             by_pid[s.pid].append(s)
         return {
-            pid: (round(sum(s.smUtil for s in ss) / len(ss)), round(sum(s.memUtil for s in ss) / len(ss)))
+            pid: _Util(round(sum(s.smUtil for s in ss) / len(ss)), round(sum(s.memUtil for s in ss) / len(ss)))
             for pid, ss in by_pid.items()
         }
 
@@ -712,7 +776,8 @@ class NvmlCollector:
 
     def sample_mig(self, ts_ms: int) -> list[MigSample]:
         """Memory and (where the driver gives it) utilisation of every MIG device, read by the
-        latest sample() (call it after sample(); `ts_ms` is that sample's)."""
+        latest sample() (call it after sample(); `ts_ms` is that sample's; sample_tick() gives
+        them itself)."""
         return [m for m in self._mig_samples if m.ts_ms == ts_ms]
 
     def _sample_migs(self, gpu: _Gpu, ts_ms: int) -> list[MigSample]:
@@ -740,24 +805,20 @@ class NvmlCollector:
         (one nvmlGpmSampleGet per GPU and tick, into the older of its two buffers); none for a
         GPU without GPM, a lost GPU, or at a GPU's first call. Call it after sample(). Each
         GPU is read in its worker, with the deadline: a hung GPU gives none."""
-        answers, _ = self._ask_every_gpu(self._gpm_of)
-        return [
-            GpuProfSample(index, ts_ms, *values)
-            for index, values in sorted(answers.items())
-            if values is not None and values is not HUNG and values is not LATE
-        ]
+        answers = self._ask_every_gpu(partial(self._gpm_of, ts_ms=ts_ms)).answers
+        return [prof for _, prof in sorted(answers.items()) if isinstance(prof, GpuProfSample)]
 
-    def _gpm_of(self, gpu: _Gpu) -> tuple | None:
+    def _gpm_of(self, gpu: _Gpu, ts_ms: int) -> GpuProfSample | None:
         if gpu.lost:
             self._free_gpm(gpu)
             return None
         try:
-            return self._gpm_values(gpu)
+            return self._gpm_values(gpu, ts_ms)
         except _GpuLost:
             self._free_gpm(gpu)  # the next sample() finds it lost and says so
             return None
 
-    def _gpm_values(self, gpu: _Gpu) -> tuple | None:
+    def _gpm_values(self, gpu: _Gpu, ts_ms: int) -> GpuProfSample | None:
         if _GPM in gpu.unsupported:
             return None
         if gpu.gpm is None and not self._alloc_gpm(gpu):
@@ -779,9 +840,13 @@ class NvmlCollector:
             if _GPM in gpu.unsupported:
                 self._free_gpm(gpu)
             return None
-        return tuple(
-            round(m.value, 2) if m.nvmlReturn == n.NVML_SUCCESS and 0 <= m.value <= 100 else None
-            for m in got.metrics[: len(GPM_METRICS)]
+        return GpuProfSample(
+            gpu.index,
+            ts_ms,
+            *(  # in GPM_METRICS' order, as requested
+                round(m.value, 2) if m.nvmlReturn == n.NVML_SUCCESS and 0 <= m.value <= 100 else None
+                for m in got.metrics[: len(GPM_METRICS)]
+            ),
         )
 
     def _alloc_gpm(self, gpu: _Gpu) -> bool:

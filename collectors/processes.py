@@ -15,7 +15,7 @@ import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Collection, Iterable, NamedTuple
 
 import psutil
 
@@ -27,7 +27,8 @@ _CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 _UNIT = re.compile(r"\.(?:scope|service|slice)$")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-MAX_STAT_FILES = 4096  # /proc/PID/stat files walk() keeps open, at most (a quarter of the limit)
+MAX_STAT_FILES = 4096  # /proc files walk() keeps open, at most (a quarter of the limit)
+QUIET_LOOKS = 2  # walks in a row without CPU used before a process is only probed
 
 
 @dataclass(frozen=True)
@@ -61,27 +62,55 @@ def container_id_from_cgroup(text: str) -> str | None:
     return None
 
 
-def _parse_stat(text: bytes) -> tuple[int, int, int] | None:
-    """(start time, utime + stime, both in clock ticks; RSS in pages) from /proc/PID/stat.
+class Usage(NamedTuple):
+    """What one process costs the host now."""
 
-    None for a zombie (exited, not yet reaped).
+    rss_bytes: int
+    cpu_pct: float | None  # whole % of one core since the previous look; None at first sight
+
+
+@dataclass(slots=True)
+class _Seen:
+    """One process as the latest look at it (walk() or usage()) left it: the CPU % baseline."""
+
+    start_ticks: int  # start time, in clock ticks: another value means the pid was reused
+    cpu_ticks: int  # utime + stime
+    at: float  # monotonic s of the look
+    idle: Usage  # its usage while it does not run: the same RSS, no CPU
+    stat_text: bytes | None  # its /proc/PID/stat text, while read in full
+    threads: int
+    probe_text: bytes | None = None  # its /proc/PID/schedstat text, while probed instead
+    quiet: int = 0  # looks in a row that found no CPU used
+
+
+def _parse_stat(text: bytes) -> tuple[int, int, int, int] | None:
+    """(start time, utime + stime, both in clock ticks; RSS in pages; threads) from
+    /proc/PID/stat. None for a zombie (exited, not yet reaped).
     """
     # The command name (field 2) is in parentheses and may hold spaces or ')': split after it.
     fields = text[text.rfind(b")") + 2 :].split(None, 22)  # up to rss; the rest left unsplit
     if len(fields) < 22 or fields[0] == b"Z":
         return None
-    # fields[i] is field i + 3 of proc(5): utime 14, stime 15, starttime 22, rss 24.
-    return int(fields[19]), int(fields[11]) + int(fields[12]), int(fields[21])
+    # fields[i] is field i + 3 of proc(5): utime 14, stime 15, num_threads 20, starttime 22, rss 24.
+    return int(fields[19]), int(fields[11]) + int(fields[12]), int(fields[21]), int(fields[17])
 
 
-def _cpu_pct(
-    mark: tuple[int, int, float, int] | None, start_ticks: int, cpu_ticks: int, now: float
-) -> float | None:
-    """Whole % of one core since `mark` (start ticks, CPU ticks, monotonic s); None without
-    one, or when the pid now names another process (its start time differs)."""
-    if mark is None or mark[0] != start_ticks or now <= mark[2]:
+def _cpu_pct(seen: _Seen | None, start_ticks: int, cpu_ticks: int, now: float) -> float | None:
+    """Whole % of one core since the look `seen`; None without one, or when the pid now names
+    another process (its start time differs)."""
+    if seen is None or seen.start_ticks != start_ticks or now <= seen.at:
         return None
-    return float(round(100.0 * (cpu_ticks - mark[1]) / _CLK_TCK / (now - mark[2])))
+    return float(round(100.0 * (cpu_ticks - seen.cpu_ticks) / _CLK_TCK / (now - seen.at)))
+
+
+def _schedstat_counts_cpu() -> bool:
+    """True if /proc/PID/schedstat gives CPU time here (a kernel without scheduler info prints
+    "0 0 0"): then a single-threaded process's CPU use shows in it."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[0]) > 0  # this thread has run, surely
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def _int(value: str | None) -> int | None:
@@ -92,20 +121,21 @@ def _int(value: str | None) -> int | None:
 
 
 class ProcessCollector:
-    """Facts cached per (pid, start time); CPU-time baselines per pid for usage()."""
+    """Facts cached per (pid, start time); CPU-time baselines per pid for usage() and walk()."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._info: dict[tuple[int, float], ProcessInfo] = {}
         self._procs: dict[int, psutil.Process] = {}
-        # pid -> (start time, CPU time, both in clock ticks; monotonic s; RSS bytes): the CPU %
-        # baseline. A different start time means the pid was reused: no baseline then.
-        self._cpu_marks: dict[int, tuple[int, int, float, int]] = {}
-        self._stat_texts: dict[int, bytes] = {}  # pid -> its stat text at the latest walk()
+        self._seen: dict[int, _Seen] = {}  # pid -> its latest look: the CPU % baseline
         self._walked_info: dict[int, tuple[int, ProcessInfo]] = {}  # pid -> (start ticks, info)
-        # pid -> /proc/PID/stat kept open: one pread a read instead of open, read and close.
+        # Handles kept open (one pread a look instead of open, read and close), at most
+        # _max_files of both kinds together: pid -> /proc/PID/stat, and pid -> the fd of
+        # /proc/PID/schedstat for the quiet single-threaded processes walk() probes.
         self._stat_files: dict[int, BinaryIO] = {}
+        self._probes: dict[int, int] = {}
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         self._max_files = min(MAX_STAT_FILES, max(0, soft // 4))  # the rest is the program's
+        self._probing = _schedstat_counts_cpu()
 
     def _process(self, pid: int) -> psutil.Process | None:
         """The cached Process for pid, replaced if the pid now names another process."""
@@ -123,8 +153,9 @@ class ProcessCollector:
 
     def _drop(self, pid: int) -> None:
         p = self._procs.pop(pid, None)
-        self._cpu_marks.pop(pid, None)
+        self._seen.pop(pid, None)
         self._close_stat(pid)
+        self._close_probe(pid)
         if p is not None:
             self._info = {k: v for k, v in self._info.items() if k[0] != pid}
 
@@ -175,88 +206,147 @@ class ProcessCollector:
         except (*_GONE, OSError):
             return {}
 
-    def walk(self) -> dict[int, tuple[int, float | None]]:
+    def walk(self, exact: Collection[int] = ()) -> dict[int, Usage]:
         """usage() of every process of the host (of our pid namespace), for its top consumers.
 
-        One listing of /proc and one read of each /proc/PID/stat, through a handle kept open
-        (one pread instead of open, read and close) up to a share of our file limit; past it
-        the files are opened and closed again (a host may run thousands). A stat text byte for
-        byte what it was at the previous walk (asleep all along: most of a host) means no CPU
-        used and the same RSS: it is not parsed again. This loop is most of what the daemon
-        costs a process tick.
+        One listing of /proc and one read per process, through a handle kept open up to a
+        share of our file limit (past it the files are opened and closed again: a host may
+        run thousands). Most of a host sleeps, and this loop is most of what the daemon costs a
+        process tick, so a process that used no CPU costs as little as the kernel allows:
+        - a stat text byte for byte what it was at the previous walk means no CPU used and
+          the same RSS: it is not parsed again;
+        - a single-threaded process found quiet QUIET_LOOKS walks in a row is probed through
+          /proc/PID/schedstat instead (its CPU time in ns: a quarter of the kernel's work of
+          /proc/PID/stat); while that text stays the same the process has not run, so its CPU
+          time and RSS are as they were; once it changes, stat is read in full again. It would
+          have to run to start a thread, to exit or to be replaced (a reused pid fails the
+          read), so nothing is missed. `exact`: pids always read in full (the GPU processes,
+          whose RSS is stored even when asleep: the kernel may reclaim pages of a sleeper).
         """
         now = time.monotonic()
-        out: dict[int, tuple[int, float | None]] = {}
-        old_marks, marks = self._cpu_marks, {}
-        old_texts, texts = self._stat_texts, {}
-        files, pread = self._stat_files, os.pread
+        out: dict[int, Usage] = {}
+        old, seen = self._seen, {}
+        files, probes, pread = self._stat_files, self._probes, os.pread
         for name in os.listdir(PROC_ROOT):
             if not name.isdigit():
                 continue
             pid = int(name)
+            fd = probes.get(pid)
+            s = old.get(pid)
+            if fd is not None and s is not None:
+                try:
+                    text = pread(fd, 256, 0)
+                except OSError:  # gone, or the pid now names another process
+                    text = None
+                if text == s.probe_text and pid not in exact:
+                    s.at = now
+                    seen[pid] = s
+                    out[pid] = s.idle
+                    continue
+                self._close_probe(pid)  # it ran: read in full from now on
+                s.probe_text = s.stat_text = None
+            elif fd is not None:
+                self._close_probe(pid)
             f, text = files.get(pid), None
             if f is not None:
                 try:
                     text = pread(f.fileno(), 4096, 0)
                 except OSError:  # gone; a reused pid needs a fresh handle (below)
-                    pass
-            if text is not None:
-                texts[pid] = text
-                mark = old_marks.get(pid)
-                if mark is not None and text == old_texts.get(pid):
-                    marks[pid] = (mark[0], mark[1], now, mark[3])
-                    out[pid] = (mark[3], 0.0)
+                    self._close_stat(pid)
+            if text is None:
+                text = self._open_stat(pid) if len(files) + len(probes) < self._max_files else _read(pid)
+                if text is None:
                     continue
-                stat = _parse_stat(text)
-            else:
-                stat = self._stat(pid) if len(files) < self._max_files else _read_stat(pid)
-            if stat is None:
+            if s is not None and text == s.stat_text:  # asleep all along
+                s.at, s.quiet = now, s.quiet + 1
+                seen[pid] = s
+                out[pid] = s.idle
+                if s.quiet >= QUIET_LOOKS and s.threads == 1 and pid not in exact:
+                    self._probe(pid, s)
                 continue
-            start_ticks, cpu_ticks, rss_pages = stat
-            marks[pid] = (start_ticks, cpu_ticks, now, rss_pages * _PAGE)
-            out[pid] = (rss_pages * _PAGE, _cpu_pct(old_marks.get(pid), start_ticks, cpu_ticks, now))
-        self._cpu_marks, self._stat_texts = marks, texts  # the pids that left are forgotten
-        for pid in files.keys() - out.keys():
+            usage = self._look(pid, s, text, now, seen)
+            if usage is not None:
+                out[pid] = usage
+        self._seen = seen  # the pids that left are forgotten
+        for pid in files.keys() - seen.keys():
             self._close_stat(pid)
-        self._walked_info = {pid: v for pid, v in self._walked_info.items() if pid in out}
+        for pid in probes.keys() - seen.keys():
+            self._close_probe(pid)
+        self._walked_info = {pid: v for pid, v in self._walked_info.items() if pid in seen}
         return out
+
+    def _look(self, pid: int, s: _Seen | None, text: bytes, now: float, seen: dict[int, _Seen]) -> Usage | None:
+        """Usage from a stat text just read, and the process's new baseline in `seen`."""
+        stat = _parse_stat(text)
+        if stat is None:  # a zombie
+            return None
+        start_ticks, cpu_ticks, rss_pages, threads = stat
+        rss = rss_pages * _PAGE
+        cpu = _cpu_pct(s, start_ticks, cpu_ticks, now)
+        if s is None or s.start_ticks != start_ticks:
+            s = _Seen(start_ticks, cpu_ticks, now, Usage(rss, 0.0), text, threads)
+        else:
+            s.quiet = s.quiet + 1 if cpu_ticks == s.cpu_ticks else 0
+            s.cpu_ticks, s.at, s.stat_text, s.threads = cpu_ticks, now, text, threads
+            if s.idle.rss_bytes != rss:
+                s.idle = Usage(rss, 0.0)
+        seen[pid] = s
+        return Usage(rss, cpu)
+
+    def _probe(self, pid: int, s: _Seen) -> None:
+        """Watch a quiet single-threaded process through its schedstat from now on."""
+        if not self._probing or (
+            pid not in self._stat_files and len(self._stat_files) + len(self._probes) >= self._max_files
+        ):
+            return
+        try:
+            fd = os.open(f"{PROC_ROOT}/{pid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            s.probe_text = os.pread(fd, 256, 0)
+        except OSError:
+            os.close(fd)
+            return
+        self._close_stat(pid)  # the probe takes its handle's place
+        self._probes[pid] = fd
+        s.stat_text = None
 
     def walked_info(self, pid: int) -> ProcessInfo | None:
         """info(pid) for a pid of the latest walk(): read once for each process (the walk's
         start time says it is still the same one) instead of through psutil at every walk."""
-        mark, known = self._cpu_marks.get(pid), self._walked_info.get(pid)
-        if mark is not None and known is not None and known[0] == mark[0]:
+        s, known = self._seen.get(pid), self._walked_info.get(pid)
+        if s is not None and known is not None and known[0] == s.start_ticks:
             return known[1]
         info = self.info(pid)
-        if info is not None and mark is not None:
-            self._walked_info[pid] = (mark[0], info)
+        if info is not None and s is not None:
+            self._walked_info[pid] = (s.start_ticks, info)
         return info
 
-    def usage(self, pids) -> dict[int, tuple[int, float | None]]:
-        """{pid: (rss_bytes, cpu_pct)} for the pids still alive; cpu_pct is None on first sight.
+    def usage(self, pids: Iterable[int]) -> dict[int, Usage]:
+        """{pid: Usage} for the pids still alive; cpu_pct is None on first sight.
 
         One read of /proc/PID/stat per pid gives RSS, CPU time and the start time (psutil
         would read several files per pid; this runs for every GPU process, periodically).
-        cpu_pct is the whole-percent share of one core since the previous call for that pid.
+        cpu_pct is the whole-percent share of one core since the previous look at that pid.
         """
-        out: dict[int, tuple[int, float | None]] = {}
+        out: dict[int, Usage] = {}
         now = time.monotonic()
         for pid in pids:
-            stat = self._stat(pid)
-            if stat is None:
-                self._cpu_marks.pop(pid, None)
+            self._close_probe(pid)  # read in full now: the probe's text is no baseline after it
+            text = self._stat_text(pid)
+            usage = None if text is None else self._look(pid, self._seen.get(pid), text, now, self._seen)
+            if usage is None:
+                self._seen.pop(pid, None)
                 continue
-            start_ticks, cpu_ticks, rss_pages = stat
-            cpu = _cpu_pct(self._cpu_marks.get(pid), start_ticks, cpu_ticks, now)
-            self._cpu_marks[pid] = (start_ticks, cpu_ticks, now, rss_pages * _PAGE)
-            out[pid] = (rss_pages * _PAGE, cpu)
+            out[pid] = usage
         return out
 
     def forget_gone(self) -> list[int]:
         """Drop cached processes that exited (or whose pid was reused); returns their pids."""
         gone = [pid for pid, p in self._procs.items() if not p.is_running()]
-        # (walk() forgets the CPU marks of every process that left; usage()'s pids have files)
-        gone += [pid for pid in self._stat_files.keys() - self._procs.keys() if self._stat(pid) is None]
+        # (walk() forgets the processes that left; usage()'s pids have files)
+        gone += [pid for pid in self._stat_files.keys() - self._procs.keys() if self._stat_text(pid) is None]
         for pid in gone:
             self._drop(pid)
         return gone
@@ -264,9 +354,11 @@ class ProcessCollector:
     def close(self) -> None:
         for pid in list(self._stat_files):
             self._close_stat(pid)
+        for pid in list(self._probes):
+            self._close_probe(pid)
 
-    def _stat(self, pid: int) -> tuple[int, int, int] | None:
-        """/proc/PID/stat parsed; None if the pid is gone, a zombie or not in our namespace.
+    def _stat_text(self, pid: int) -> bytes | None:
+        """/proc/PID/stat's text; None if the pid is gone or not in our namespace.
 
         The file stays open while the process lives. An open handle outlives its process:
         reads fail then (ESRCH), even once the pid is reused, so a failed read reopens.
@@ -274,40 +366,44 @@ class ProcessCollector:
         f = self._stat_files.get(pid)
         if f is not None:
             try:
-                stat = _parse_stat(os.pread(f.fileno(), 4096, 0))
-                if stat is not None:
-                    return stat
+                return os.pread(f.fileno(), 4096, 0)
             except OSError:
-                pass
-            self._close_stat(pid)
+                self._close_stat(pid)
+        return self._open_stat(pid)
+
+    def _open_stat(self, pid: int) -> bytes | None:
+        """Open /proc/PID/stat, keep it open and return its text; None if gone."""
         try:
             f = open(f"{PROC_ROOT}/{pid}/stat", "rb", buffering=0)
         except OSError:
             return None
         try:
-            stat = _parse_stat(os.pread(f.fileno(), 4096, 0))
+            text = os.pread(f.fileno(), 4096, 0)
         except OSError:
-            stat = None
-        if stat is None:
             f.close()
-        else:
-            self._stat_files[pid] = f
-        return stat
+            return None
+        self._stat_files[pid] = f
+        return text
 
     def _close_stat(self, pid: int) -> None:
         f = self._stat_files.pop(pid, None)
         if f is not None:
             f.close()
 
+    def _close_probe(self, pid: int) -> None:
+        fd = self._probes.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
 
-def _read_stat(pid: int) -> tuple[int, int, int] | None:
-    """/proc/PID/stat parsed, the file opened and closed again; None if gone or a zombie."""
+
+def _read(pid: int) -> bytes | None:
+    """/proc/PID/stat's text, the file opened and closed again; None if gone."""
     try:
         fd = os.open(f"{PROC_ROOT}/{pid}/stat", os.O_RDONLY)
     except OSError:
         return None
     try:
-        return _parse_stat(os.read(fd, 4096))
+        return os.read(fd, 4096)
     except OSError:
         return None
     finally:

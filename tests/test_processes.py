@@ -220,7 +220,7 @@ def test_walk_reads_every_process_and_a_sleeper_that_wakes_gets_its_cpu_of_the_l
         child.kill()
         child.wait()
         assert child.pid not in c.walk()
-        assert child.pid not in c._stat_files  # its handle was closed
+        assert child.pid not in c._stat_files and child.pid not in c._probes  # its handles were closed
     finally:
         child.kill()
         child.wait()

@@ -35,21 +35,29 @@ import logging
 import operator
 import os
 import socket
-import sqlite3
 import time
-from typing import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import psutil
 
 from collectors.host import HostCollector
-from collectors.nvml import NvmlCollector, NvmlUnavailable
-from collectors.processes import ProcessCollector
+from collectors.nvml import GpuProcessSample, MigStatic, NvmlCollector, NvmlUnavailable
+from collectors.processes import ProcessCollector, ProcessInfo, Usage
 from gpuwatch.alerts.rules import CHECK_INTERVAL_S, AlertRules
 from gpuwatch.base.clock import SteadyWall
 from gpuwatch.base.config import Config
 from gpuwatch.monitor.scheduler import Scheduler
 from gpuwatch.store import Writer, insert_rows, now_ms
-from gpuwatch.store.writer import Job, insert_sql
+from gpuwatch.store import samples as store_samples
+from gpuwatch.store.running import running_runs
+from gpuwatch.store.samples import TopProcess
+from gpuwatch.store.writer import Job
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from collectors.nvml import GpuTick
 
 log = logging.getLogger(__name__)
 
@@ -59,51 +67,45 @@ GPU_ROW_REFRESH_MS = 60_000  # gpus.last_seen_ms is refreshed this often, or whe
 PROCESS_ROW_REFRESH_MS = 10_000  # processes.last_seen_ms likewise, or when its run link changes
 DAEMON_STATS_INTERVAL_MS = 30_000
 TOP_PROCESS_MIN_CPU_PCT = 1.0  # a process under 1 % of a core is nobody's slowdown
-_TOP_PROCESS_COLUMNS = ("ts_ms", "pid", "start_ms", "uid", "user", "cmdline", "cpu_pct", "rss_bytes")
 NVML_DEADLINE_SHARE = 0.5  # of the GPU interval: longer, and a GPU's reads are called hung
 NVML_DEADLINE_MIN_S = 0.05  # but never less: a busy host's thread switches are not a hung GPU
-_PROCESS_SAMPLE_COLUMNS = (
-    "gpu_index",
-    "pid",
-    "ts_ms",
-    "kind",
-    "used_mem_bytes",
-    "sm_util_pct",
-    "mem_util_pct",
-    "rss_bytes",
-    "cpu_pct",
-    "gpu_instance_id",
-    "compute_instance_id",
-)
-
-_UPSERT_GPU = """
-INSERT INTO gpus ({cols}) VALUES ({marks})
-ON CONFLICT(gpu_index) DO UPDATE SET
-  first_seen_ms = CASE WHEN gpus.uuid = excluded.uuid THEN gpus.first_seen_ms
-                       ELSE excluded.first_seen_ms END,
-  {updates}
-"""
-
-_UPSERT_MIG = """
-INSERT INTO mig_devices ({cols}) VALUES ({marks})
-ON CONFLICT(gpu_index, gpu_instance_id, compute_instance_id) DO UPDATE SET
-  first_seen_ms = CASE WHEN mig_devices.uuid = excluded.uuid THEN mig_devices.first_seen_ms
-                       ELSE excluded.first_seen_ms END,
-  {updates}
-"""
-
-# Keep the first sighting; a run link found now wins, else keep one set earlier (e.g. by ingest).
-_UPSERT_PROCESS = """
-INSERT INTO processes ({cols}) VALUES ({marks})
-ON CONFLICT(pid, start_ms) DO UPDATE SET
-  last_seen_ms = excluded.last_seen_ms,
-  run_id = COALESCE(excluded.run_id, processes.run_id)
-"""
 
 
-def _upsert_sql(template: str, columns: list[str], keep: set[str]) -> str:
-    updates = ",\n  ".join(f"{c} = excluded.{c}" for c in columns if c not in keep)
-    return template.format(cols=", ".join(columns), marks=", ".join("?" * len(columns)), updates=updates)
+class _GpuRow(NamedTuple):
+    """What a GPU's `gpus` row says, as last written."""
+
+    state: str
+    written_ms: int
+    since_ms: int  # when it entered that state
+
+
+class _KnownPid(NamedTuple):
+    """A GPU process as its `processes` row was last written (the alert rules read info and
+    run_id of it too)."""
+
+    info: ProcessInfo
+    run_id: str | None
+    written_ms: int
+
+
+class _MigRows(NamedTuple):
+    """The MIG devices last upserted, and when."""
+
+    static: list[MigStatic]
+    written_ms: int
+
+
+class _CpuMark(NamedTuple):
+    at: float  # monotonic s
+    cpu_s: float  # our own CPU time then
+
+
+class _MeanUtil(NamedTuple):
+    sm_pct: int | None
+    mem_pct: int | None
+
+
+_NO_UTIL = _MeanUtil(None, None)
 
 
 class Sampler:
@@ -148,21 +150,21 @@ class Sampler:
             log.warning("no GPUs to sample, host only: %s", self.nvml_error)
         self.host = HostCollector()
         self.procs = ProcessCollector()
-        self._cpu_mark = (time.monotonic(), _own_cpu_s())
-        self._gpu_rows: dict[int, tuple[str, int, int]] = {}  # gpu_index -> (state, written, since)
+        self._cpu_mark = _CpuMark(time.monotonic(), _own_cpu_s())
+        self._gpu_rows: dict[int, _GpuRow] = {}  # by gpu_index
         self._run_by_pid: dict[int, str] = {}  # pid of a running run on this host -> run_id
         self._lineage: dict[tuple[int, int], tuple[int, ...]] = {}  # (pid, start_ms) -> pid + ancestors
         # GPU pids of the previous tick -> (info, run_id written, when written). A pid still on
         # a GPU one tick later is taken to be the same process, so its facts are not re-read.
-        self._gpu_pids: dict[int, tuple] = {}
+        self._gpu_pids: dict[int, _KnownPid] = {}
         self._runs_checked: dict | None = None  # the run map _gpu_pids was last checked against
         self._gpu_pids_checked_ms = self._gpu_pids_next_ms = 0
         # RSS and CPU % of every host process, from one walk of /proc every
         # cfg.process_interval (each tick would be most of the daemon's CPU): the GPU pids'
         # are taken from it (new GPU pids are read at once), the busiest go to host_top_processes.
-        self._host_usage: dict[int, tuple[int, float | None]] = {}
+        self._host_usage: dict[int, Usage] = {}
         self._walk_ms: int | None = None  # when the latest walk was
-        self._usage: dict[int, tuple[int, float | None]] = {}  # the GPU pids'
+        self._usage: dict[int, Usage] = {}  # the GPU pids'
         self._usage_walk_ms: int | None = None  # the walk _usage was taken from
         self._top_walk_ms: int | None = None  # the walk whose top processes were written
         # Each tick's process samples since the last gpu_process_samples write (util is
@@ -170,7 +172,7 @@ class Sampler:
         self._proc_window: list[list] = []
         self._proc_keys: list[tuple] = []
         self._mig_keys: list[tuple] = []  # the MIG devices the last process write covered
-        self._mig_rows: tuple[list, int] | None = None  # mig_static last upserted, and when
+        self._mig_rows: _MigRows | None = None
         self._proc_written_ms: int | None = None
         self._stats_written_ms: int | None = None
         self.dropped_samples = 0  # ticks whose samples the database could not take
@@ -252,24 +254,31 @@ class Sampler:
             self._submit(self._host_writes(ts))
 
     def _gpu_writes(self, ts: int) -> list[Job]:
-        samples, proc_samples, prof_samples, xids = self.nvml.sample_tick(ts)
-        mig_samples = self.nvml.sample_mig(ts)
+        tick = self.nvml.sample_tick(ts)
         writes: list[Job] = []
-        if prof_samples:
-            writes.append(_inserter("gpu_prof_samples", prof_samples))
-        self._write_gpus(ts, samples, writes)
-        if samples:
-            writes.append(_inserter("gpu_samples", samples, keep_on_clash=True))
+        if tick.prof:
+            writes.append(partial(store_samples.insert_records, table="gpu_prof_samples", records=tick.prof))
+        self._write_gpus(ts, tick, writes)
+        if tick.samples:
+            writes.append(
+                partial(store_samples.insert_records, table="gpu_samples", records=tick.samples, keep_on_clash=True)
+            )
         self._write_mig_devices(ts, writes)
-        self._write_process_samples(ts, proc_samples, mig_samples, writes)
-        self._write_processes(ts, {p.pid for p in proc_samples}, writes)
-        if xids:
-            writes.append(_inserter("xid_events", xids))
-        writes.append(self.rules.gpu_job(ts, self.nvml.static, samples, proc_samples, self._gpu_pids, xids))
+        self._write_process_samples(ts, tick, writes)
+        self._write_processes(ts, {p.pid for p in tick.processes}, writes)
+        if tick.xids:
+            writes.append(partial(store_samples.insert_records, table="xid_events", records=tick.xids))
+        writes.append(
+            self.rules.gpu_job(ts, self.nvml.static, tick.samples, tick.processes, self._gpu_pids, tick.xids)
+        )
         return writes
 
     def _host_writes(self, ts: int) -> list[Job]:
-        writes = [_inserter("host_samples", [self.host.sample(ts)], keep_on_clash=True)]
+        writes: list[Job] = [
+            partial(
+                store_samples.insert_records, table="host_samples", records=[self.host.sample(ts)], keep_on_clash=True
+            )
+        ]
         if self.cfg.top_processes <= 0:
             return writes
         self._walk(ts)
@@ -277,25 +286,26 @@ class Sampler:
             self._top_walk_ms = self._walk_ms
             rows = self._top_processes(self._walk_ms)
             if rows:
-                sql = insert_sql("host_top_processes", _TOP_PROCESS_COLUMNS, "IGNORE")
-                writes.append(lambda conn: conn.executemany(sql, rows))
+                writes.append(partial(store_samples.insert_top_processes, rows=rows))
         return writes
 
-    def _walk(self, ts: int, gpu_pids: set[int] = frozenset()) -> None:
+    def _walk(self, ts: int, gpu_pids: set[int] | None = None) -> None:
         """Every host process's RSS and CPU %, read once per cfg.process_interval (only the
-        GPU processes' when no top processes are kept)."""
+        GPU processes' when no top processes are kept). The GPU processes (these, or the
+        previous tick's) are read in full: their RSS is stored even while they sleep."""
         if _due(ts, self._walk_ms, int(self.cfg.process_interval * 1000)):
-            self._host_usage = self.procs.walk() if self.cfg.top_processes > 0 else self.procs.usage(gpu_pids)
+            pids = self._gpu_pids.keys() if gpu_pids is None else gpu_pids
+            self._host_usage = self.procs.walk(pids) if self.cfg.top_processes > 0 else self.procs.usage(pids)
             self._walk_ms = ts
 
-    def _top_processes(self, ts: int) -> list[tuple]:
+    def _top_processes(self, ts: int) -> list[TopProcess]:
         """host_top_processes rows: the busiest processes of the latest walk, who and how busy."""
         busiest = heapq.nlargest(
             self.cfg.top_processes,
             (
-                (cpu, pid)
-                for pid, (_, cpu) in self._host_usage.items()
-                if cpu is not None and cpu >= TOP_PROCESS_MIN_CPU_PCT
+                (usage.cpu_pct, pid)
+                for pid, usage in self._host_usage.items()
+                if usage.cpu_pct and usage.cpu_pct >= TOP_PROCESS_MIN_CPU_PCT
             ),
         )
         rows = []
@@ -303,7 +313,9 @@ class Sampler:
             info = self.procs.walked_info(pid)
             if info is not None:  # else gone since, or a zombie
                 rows.append(
-                    (ts, pid, info.start_ms, info.uid, info.user, info.cmdline, cpu, self._host_usage[pid][0])
+                    TopProcess(
+                        ts, pid, info.start_ms, info.uid, info.user, info.cmdline, cpu, self._host_usage[pid].rss_bytes
+                    )
                 )
         return rows
 
@@ -311,11 +323,11 @@ class Sampler:
         """The monitor's own cost since the previous call, for daemon_stats."""
         now = time.monotonic()
         cpu = _own_cpu_s()
-        then, cpu_then = self._cpu_mark
-        self._cpu_mark = (now, cpu)
+        then = self._cpu_mark
+        self._cpu_mark = _CpuMark(now, cpu)
         row = {
             "ts_ms": ts,
-            "cpu_pct": round(100.0 * (cpu - cpu_then) / max(now - then, 1e-6), 3),
+            "cpu_pct": round(100.0 * (cpu - then.cpu_s) / max(now - then.at, 1e-6), 3),
             "rss_bytes": _own_rss_bytes(),
             "tick_ms": round(self.last_tick_s * 1000.0, 3),
             "queue_depth": self.writer.depth(),
@@ -329,12 +341,7 @@ class Sampler:
         host = self.host_name
 
         def read(conn: sqlite3.Connection) -> None:
-            rows = conn.execute(
-                "SELECT pid, run_id FROM runs WHERE status = 'running' AND pid IS NOT NULL "
-                "AND (host = ? OR host IS NULL)",
-                (host,),
-            ).fetchall()
-            self._run_by_pid = dict(rows)
+            self._run_by_pid = {r.pid: r.run_id for r in running_runs(conn, host) if r.pid is not None}
 
         self.writer.submit(read, block=False)
 
@@ -392,19 +399,19 @@ class Sampler:
             writes.append(lambda conn: insert_rows(conn, "daemon_stats", [row], "REPLACE"))
         self._submit(writes)
 
-    def _write_gpus(self, ts: int, samples, writes: list[Job]) -> None:
+    def _write_gpus(self, ts: int, tick: GpuTick, writes: list[Job]) -> None:
         """Upsert `gpus` rows when a GPU is new or its state changed, and once a minute."""
-        state_by_index = {s.gpu_index: (s.state or "ok") for s in samples}
+        state_by_index = {s.gpu_index: (s.state or "ok") for s in tick.samples}
         rows = []
         for static in self.nvml.static:
             state = state_by_index.get(static.gpu_index)
             if state is None:  # late this tick (our process was busy): its row stays as it was
                 continue
             last = self._gpu_rows.get(static.gpu_index)
-            if last is not None and last[0] == state and ts - last[1] < GPU_ROW_REFRESH_MS:
+            if last is not None and last.state == state and ts - last.written_ms < GPU_ROW_REFRESH_MS:
                 continue
-            since = last[2] if last is not None and last[0] == state else ts
-            self._gpu_rows[static.gpu_index] = (state, ts, since)
+            since = last.since_ms if last is not None and last.state == state else ts
+            self._gpu_rows[static.gpu_index] = _GpuRow(state, ts, since)
             rows.append(
                 {
                     **_row(static),
@@ -415,33 +422,24 @@ class Sampler:
                 }
             )
         if rows:
-            columns = list(rows[0])
-            sql = _upsert_sql(_UPSERT_GPU, columns, keep={"gpu_index", "first_seen_ms"})
-            values = [tuple(r[c] for c in columns) for r in rows]
-            writes.append(lambda conn: conn.executemany(sql, values))
+            writes.append(partial(store_samples.upsert_gpus, rows=rows))
 
     def _write_mig_devices(self, ts: int, writes: list[Job]) -> None:
         """Upsert `mig_devices` rows when the MIG devices changed, and once a minute."""
         static = self.nvml.mig_static
         if not static or (
             self._mig_rows is not None
-            and self._mig_rows[0] == static
-            and not _due(ts, self._mig_rows[1], GPU_ROW_REFRESH_MS)
+            and self._mig_rows.static == static
+            and not _due(ts, self._mig_rows.written_ms, GPU_ROW_REFRESH_MS)
         ):
             return
-        self._mig_rows = (static, ts)
+        self._mig_rows = _MigRows(static, ts)
         rows = [{**_row(m), "first_seen_ms": ts, "last_seen_ms": ts} for m in static]
-        columns = list(rows[0])
-        sql = _upsert_sql(
-            _UPSERT_MIG,
-            columns,
-            keep={"gpu_index", "gpu_instance_id", "compute_instance_id", "first_seen_ms"},
-        )
-        values = [tuple(r[c] for c in columns) for r in rows]
-        writes.append(lambda conn: conn.executemany(sql, values))
+        writes.append(partial(store_samples.upsert_mig_devices, rows=rows))
 
-    def _write_process_samples(self, ts: int, proc_samples, mig_samples, writes: list[Job]) -> None:
+    def _write_process_samples(self, ts: int, tick: GpuTick, writes: list[Job]) -> None:
         """Keep this tick's samples; write the window when due or when the set changed."""
+        proc_samples, mig_samples = tick.processes, tick.migs
         self._proc_window.append(proc_samples)
         keys = list(map(_PROCESS_KEY, proc_samples))  # sorted by GPU, then pid, by the collector
         mig_keys = list(map(_MIG_KEY, mig_samples))
@@ -454,31 +452,30 @@ class Sampler:
             return
         self._proc_keys, self._mig_keys, self._proc_written_ms = keys, mig_keys, ts
         if mig_samples:
-            writes.append(_inserter("mig_samples", mig_samples))
+            writes.append(partial(store_samples.insert_records, table="mig_samples", records=mig_samples))
         util = _mean_util(self._proc_window)
         self._proc_window = []
         usage = self._process_usage(ts, {p.pid for p in proc_samples})
-        values = []
+        rows = []
         for p in proc_samples:
-            rss, cpu = usage.get(p.pid, (None, None))
-            sm, mem = util.get((p.gpu_index, p.pid), (None, None))
-            values.append(
-                (
+            used, mean = usage.get(p.pid), util.get((p.gpu_index, p.pid), _NO_UTIL)
+            rows.append(
+                GpuProcessSample(
                     p.gpu_index,
                     p.pid,
                     ts,
-                    None if p.kind == "compute" else p.kind,
+                    p.kind,
                     p.used_mem_bytes,
-                    sm,
-                    mem,
-                    rss,
-                    cpu,
+                    mean.sm_pct,
+                    mean.mem_pct,
+                    used.rss_bytes if used else None,
+                    used.cpu_pct if used else None,
                     p.gpu_instance_id,
                     p.compute_instance_id,
                 )
             )
-        if values:
-            writes.append(_process_inserter(ts, values))
+        if rows:
+            writes.append(partial(store_samples.insert_process_samples, ts_ms=ts, samples=rows))
 
     def _write_processes(self, ts: int, pids: set[int], writes: list[Job]) -> None:
         """Upsert `processes` rows for GPU pids: new ones, changed run links, and every so often."""
@@ -492,25 +489,22 @@ class Sampler:
         current = {}
         for pid in sorted(pids):
             known = self._gpu_pids.get(pid)
-            info = known[0] if known else self.procs.info(pid)
+            info = known.info if known else self.procs.info(pid)
             if info is None:  # gone already, or in another pid namespace
                 continue
             run_id = self._run_of(pid, info.start_ms)
-            if known and known[1] == run_id and not _due(ts, known[2], PROCESS_ROW_REFRESH_MS):
+            if known and known.run_id == run_id and not _due(ts, known.written_ms, PROCESS_ROW_REFRESH_MS):
                 current[pid] = known
                 continue
-            current[pid] = (info, run_id, ts)
+            current[pid] = _KnownPid(info, run_id, ts)
             rows.append({**_row(info), "run_id": run_id, "first_seen_ms": ts, "last_seen_ms": ts})
         self._gpu_pids = current
         self._runs_checked, self._gpu_pids_checked_ms = self._run_by_pid, ts
-        self._gpu_pids_next_ms = min((k[2] for k in current.values()), default=ts) + PROCESS_ROW_REFRESH_MS
+        self._gpu_pids_next_ms = min((k.written_ms for k in current.values()), default=ts) + PROCESS_ROW_REFRESH_MS
         if rows:
-            columns = list(rows[0])
-            sql = _upsert_sql(_UPSERT_PROCESS, columns, keep=set())
-            values = [tuple(r[c] for c in columns) for r in rows]
-            writes.append(lambda conn: conn.executemany(sql, values))
+            writes.append(partial(store_samples.upsert_processes, rows=rows))
 
-    def _process_usage(self, ts: int, pids: set[int]) -> dict[int, tuple[int, float | None]]:
+    def _process_usage(self, ts: int, pids: set[int]) -> dict[int, Usage]:
         self._walk(ts, pids)
         if self._usage_walk_ms != self._walk_ms:  # a walk since: the GPU pids' figures from it
             self._usage_walk_ms = self._walk_ms
@@ -547,7 +541,7 @@ _PROCESS_KEY = operator.attrgetter("gpu_index", "pid", "kind")
 _MIG_KEY = operator.attrgetter("gpu_index", "gpu_instance_id", "compute_instance_id")
 
 
-def _mean_util(ticks: list[list]) -> dict[tuple[int, int], tuple[int | None, int | None]]:
+def _mean_util(ticks: list[list[GpuProcessSample]]) -> dict[tuple[int, int], _MeanUtil]:
     """(gpu, pid) -> mean sm and mem util % over the ticks' samples that had a value."""
     sums: dict[tuple[int, int], list[int]] = {}
     for samples in ticks:
@@ -562,7 +556,7 @@ def _mean_util(ticks: list[list]) -> dict[tuple[int, int], tuple[int | None, int
                 acc[2] += p.mem_util_pct
                 acc[3] += 1
     return {
-        key: (round(sm / sm_n) if sm_n else None, round(mem / mem_n) if mem_n else None)
+        key: _MeanUtil(round(sm / sm_n) if sm_n else None, round(mem / mem_n) if mem_n else None)
         for key, (sm, sm_n, mem, mem_n) in sums.items()
     }
 
@@ -579,54 +573,6 @@ def _columns(record) -> tuple[tuple[str, ...], Callable]:
         names = tuple(f.name for f in dataclasses.fields(record))
         found = _COLUMNS[type(record)] = (names, operator.attrgetter(*names))
     return found
-
-
-def _inserter(table: str, records: list, keep_on_clash: bool = False) -> Job:
-    """Insert collector records of one type, at least one, as tuples (asdict is too slow a tick).
-
-    keep_on_clash (tables keyed by key and ts_ms, one row per key a tick): a row whose key and
-    ts_ms are taken by another sample (the wall clock stepped back onto an earlier sample's very
-    millisecond, which at a steady tick phase is every tick for the hour after) goes in at the
-    next free millisecond instead of being ignored."""
-    names, values_of = _columns(records[0])
-    sql = insert_sql(table, names, "IGNORE")
-    values = [values_of(r) for r in records]
-    if not keep_on_clash:
-        return lambda conn: conn.executemany(sql, values)
-    ts_at = names.index("ts_ms")
-    same = f"SELECT 1 FROM {table} WHERE " + " AND ".join(f"{n} IS ?" for n in names)
-
-    def job(conn: sqlite3.Connection) -> None:
-        before = conn.total_changes
-        conn.executemany(sql, values)
-        if conn.total_changes - before == len(values):
-            return
-        for row in values:  # rare: find the rows that were ignored
-            row = list(row)
-            while conn.execute(same, row).fetchone() is None and conn.execute(sql, row).rowcount == 0:
-                row[ts_at] += 1
-
-    return job
-
-
-def _process_inserter(ts: int, values: list[tuple]) -> Job:
-    """Insert one tick of process samples (gpu_index, pid, ts_ms, ...). A GPU whose rows at ts
-    are taken by an earlier tick (the wall clock stepped back onto its very millisecond) has
-    this tick's rows moved together to its next free millisecond: its processes stay one tick,
-    and none is dropped."""
-    sql = insert_sql("gpu_process_samples", _PROCESS_SAMPLE_COLUMNS, "IGNORE")
-    taken = "SELECT 1 FROM gpu_process_samples WHERE gpu_index = ? AND ts_ms = ? LIMIT 1"
-
-    def job(conn: sqlite3.Connection) -> None:
-        moved = {}
-        for gpu in {v[0] for v in values}:
-            at = ts
-            while conn.execute(taken, (gpu, at)).fetchone() is not None:
-                at += 1
-            moved[gpu] = at
-        conn.executemany(sql, [v if moved[v[0]] == ts else (v[0], v[1], moved[v[0]], *v[3:]) for v in values])
-
-    return job
 
 
 def _row(record) -> dict:
