@@ -111,3 +111,28 @@ def test_real_thread_stops_promptly_during_a_long_sleep():
     sched.stop()
     assert time.monotonic() - t0 < 1.0
     assert not sched._thread.is_alive()
+
+
+def test_periodic_runs_its_job_at_start_and_on_after_a_failure_in_its_own_thread_until_stopped(caplog):
+    from systools import wait_for
+
+    from gpuwatch.monitor.periodic import Periodic
+
+    runs, threads = [], []
+
+    def job():
+        runs.append(threading.current_thread().name)
+        if len(runs) == 2:
+            raise OSError("a full disk, say")
+
+    periodic = Periodic("test job", 0.05, job, setup=lambda: threads.append(threading.current_thread().name))
+    periodic.start()
+    try:
+        wait_for(lambda: len(runs) >= 4, timeout=30)  # the failing second run did not end it
+    finally:
+        periodic.stop()
+    stopped_at = len(runs)
+    time.sleep(0.2)
+    assert len(runs) == stopped_at  # stopped for good
+    assert set(runs) == {"gpuwatch-test-job"} and threads == ["gpuwatch-test-job"]  # setup ran first, there
+    assert periodic.job.errors == 1 and "test job failed" in caplog.text

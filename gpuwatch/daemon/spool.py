@@ -16,7 +16,7 @@ A spool can hold millions of events (a long run while the daemon was down). Repl
 not starve the GPU readers, which are Python threads of this process: the events are decoded,
 validated and written by a process of its own at a lower CPU priority (daemon/replay.py), a
 batch per short transaction; this process only checks the file and waits. The scans run in a
-low-priority thread of their own.
+low-priority thread of their own (gpuwatch/monitor/periodic.py).
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ import os
 import stat
 import subprocess
 import sys
-import threading
 from pathlib import Path
+from typing import IO
 
 from gpuwatch.base import priority, spool
 from gpuwatch.base.config import Config
 from gpuwatch.daemon.ingest import user_name
+from gpuwatch.monitor.periodic import Periodic
 from gpuwatch.store import Writer
 
 log = logging.getLogger(__name__)
@@ -47,9 +48,8 @@ class SpoolAdopter:
         self.system = cfg.system
         self.writer = writer
         self._refused: set[tuple[int, int]] = set()  # (st_dev, st_ino) already logged
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._proc: subprocess.Popen | None = None  # a replay under way
+        self._periodic = Periodic("adopting orphaned spool files", self.interval, self.scan, priority.lower_thread)
+        self._proc: subprocess.Popen[str] | None = None  # a replay under way
 
     def prepare(self) -> None:
         """System mode: the shared spool directory, which every user may add files to."""
@@ -67,27 +67,17 @@ class SpoolAdopter:
             )
 
     def start(self) -> None:
-        """Adopt now, then every interval, in a low-priority thread of its own."""
+        """Adopt now, then every interval, in a low-priority thread of its own (a scan that
+        fails, one bad file or a full disk, is logged and the next one goes ahead)."""
         self.prepare()
-        self._thread = threading.Thread(target=self._loop, name="gpuwatch-spool", daemon=True)
-        self._thread.start()
+        self._periodic.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._periodic.stop(0)
         proc = self._proc
         if proc is not None:  # what it stored is committed; the file stays for the next start
             proc.terminate()
-        if self._thread is not None:
-            self._thread.join(STOP_WAIT_S)
-
-    def _loop(self) -> None:
-        priority.lower_thread()
-        while not self._stop.is_set():
-            try:
-                self.scan()
-            except Exception:  # one bad file or a full disk must not end adoption for good
-                log.exception("spool: adopting orphaned spool files failed")
-            self._stop.wait(self.interval)
+        self._periodic.stop(STOP_WAIT_S)
 
     def scan(self) -> int:
         """Replay every spool file whose writer has exited; returns the events stored."""
@@ -136,7 +126,7 @@ class SpoolAdopter:
             self._refused.add(key)
             log.warning("spool file %s refused: %s", path, why)
 
-    def _replay(self, path: Path, uid: int, pid: int, f) -> int:
+    def _replay(self, path: Path, uid: int, pid: int, f: IO[bytes]) -> int:
         """Store the file's events through a process of its own (daemon/replay.py), handing it
         the file already opened and checked here; delete the file once all are stored."""
         try:
@@ -171,7 +161,7 @@ class SpoolAdopter:
                 "spool file %s: its replay ended with status %s; tried again later", path, proc.returncode
             )
             return 0
-        stored = result.get("stored", 0)
+        stored: int = result.get("stored", 0)
         if not result.get("complete"):
             log.warning(
                 "spool file %s: stored %d events, then %s; the rest is tried again later",

@@ -1,28 +1,37 @@
 """Stall stacks: a running run that stopped stepping gets its Python stacks dumped, once.
 
 A run is stalled when no step arrived for max(stall_factor x its median step time, stall_floor)
-seconds while its process is alive. The py-spy dump runs in a worker thread (it takes a second
-or more), never on the asyncio loop; the row goes through the writer like everything else.
-One dump per stall episode: a run is dumped again only after it stepped again and re-stalled.
+seconds while its process is alive. The watch runs in a thread of its own (a py-spy dump takes
+a second or more, never on the asyncio loop); the row goes through the writer like everything
+else. One dump per stall episode: a run is dumped again only after it stepped again and
+re-stalled.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import socket
-from typing import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING, Any, Callable
 
 from collectors import pyspy
 from gpuwatch.base.config import Config
-from gpuwatch.monitor.stalled_runs import Stalled, find_stalled, stepping_pid  # noqa: F401 (stepping_pid: ingest's)
+from gpuwatch.monitor.periodic import Periodic
+from gpuwatch.monitor.stalled_runs import Stalled, find_stalled
+from gpuwatch.monitor.stalled_runs import stepping_pid as stepping_pid  # for ingest and `gpuwatch stacks`
 from gpuwatch.store import Writer, now_ms
+
+if TYPE_CHECKING:
+    import sqlite3
 
 log = logging.getLogger(__name__)
 
+ANSWER_WAIT_S = 60.0  # how long a check waits for the writer to run its query
 
-def dump_row(run_id: str | None, pid: int, reason: str) -> dict:
+
+def dump_row(run_id: str | None, pid: int, reason: str) -> dict[str, Any]:
     """Dump `pid`'s stacks now (blocking: call from a worker thread) as a stack_dumps row."""
     dump = pyspy.dump(pid, now_ms())
     return {
@@ -36,7 +45,7 @@ def dump_row(run_id: str | None, pid: int, reason: str) -> dict:
 
 
 class StallWatch:
-    """Checks every `interval` seconds on the running asyncio loop; dumps in worker threads."""
+    """Checks every `interval` seconds in a thread of its own, where it also dumps."""
 
     def __init__(
         self,
@@ -44,7 +53,7 @@ class StallWatch:
         cfg: Config,
         interval: float | None = None,
         host: str | None = None,
-        on_stall: Callable[[Stalled, dict], object] | None = None,
+        on_stall: Callable[[Stalled, dict[str, Any]], object] | None = None,
     ):
         """`on_stall(stalled, stack_dumps row)`: called once per episode, after its dump (the
         alert rules raise run.stalled with its frames)."""
@@ -54,41 +63,36 @@ class StallWatch:
         self.interval = interval if interval is not None else min(max(cfg.stall_floor / 4, 0.2), 10.0)
         self.host = host or socket.gethostname()
         self.dumped: dict[str, int] = {}  # run_id -> last_step_ms of the episode already dumped
-        self._task: asyncio.Task | None = None
+        self._periodic = Periodic("stall watch", self.interval, self.check_once)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._periodic.start()
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        self._periodic.stop()
 
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.check_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the watcher must outlive a bad pass
-                log.exception("stall watch: check failed")
-            await asyncio.sleep(self.interval)
+    def _stalled(self) -> list[Stalled]:
+        """The stalled runs, found in the writer's thread; none if the writer cannot say."""
+        found: Future[list[Stalled]] = Future()
 
-    async def check_once(self) -> list[str]:
-        """One pass; returns the run ids dumped."""
-        loop = asyncio.get_running_loop()
-        found: asyncio.Future = loop.create_future()
+        def job(conn: sqlite3.Connection) -> None:
+            found.set_result(find_stalled(conn, self.cfg, self.host, now_ms()))
 
-        def job(conn):
-            stalled = find_stalled(conn, self.cfg, self.host, now_ms())
-            loop.call_soon_threadsafe(lambda: found.done() or found.set_result(stalled))
+        def written(ok: bool) -> None:
+            if not found.done():  # the job failed, or its transaction did
+                found.set_result([])
 
-        if not self.writer.submit(
-            job,
-            lambda ok: ok or loop.call_soon_threadsafe(lambda: found.done() or found.set_result([])),
-            block=False,
-        ):
+        if not self.writer.submit(job, written, block=False):
             return []
-        stalled = await found
+        try:
+            return found.result(ANSWER_WAIT_S)
+        except FutureTimeout:
+            log.warning("stall watch: no answer from the database writer within %.0f s", ANSWER_WAIT_S)
+            return []
+
+    def check_once(self) -> list[str]:
+        """One pass; returns the run ids dumped."""
+        stalled = self._stalled()
         # Forget runs that stepped again or ended: the map holds only current episodes.
         self.dumped = {s.run_id: self.dumped[s.run_id] for s in stalled if s.run_id in self.dumped}
         dumped = []
@@ -103,7 +107,7 @@ class StallWatch:
                 s.threshold_s,
                 s.pid,
             )
-            row = await asyncio.to_thread(dump_row, s.run_id, s.pid, "stall")
+            row = dump_row(s.run_id, s.pid, "stall")
             if not self.writer.insert("stack_dumps", [row], block=False):
                 log.warning("stall watch: write queue full; stacks of run %s not stored", s.run_id)
             if self.on_stall is not None:

@@ -12,17 +12,20 @@ an error message that says so and the run's last memory figures.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
-import sqlite3
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import psutil
 
 from collectors.kmsg import oom_killed
 from gpuwatch.base.fmt import size
-from gpuwatch.store import Writer, now_ms
+from gpuwatch.monitor.periodic import Periodic
+from gpuwatch.store import Writer, now_ms, queries, runs_lost
+from gpuwatch.store.running import running_runs
+
+if TYPE_CHECKING:
+    import sqlite3
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +46,16 @@ def process_alive(pid: int, started_ms: int) -> bool:
 
 def _oom_killed_message(conn: sqlite3.Connection, run_id: str, kernel_line: str) -> str:
     """'killed by the kernel OOM killer' with its log line and the run's last memory sample."""
-    last = conn.execute(
-        "SELECT step, rss_bytes, mem_allocated_bytes FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1",
-        (run_id,),
-    ).fetchone()
     memory = ""
-    if last is not None:
-        memory = f"; at step {last[0]}: RSS {size(last[1])}, GPU allocated {size(last[2])}"
+    for last in queries.steps(conn, run_id, limit=1):
+        memory = f"; at step {last.step}: RSS {size(last.rss_bytes)}, GPU allocated {size(last.mem_allocated_bytes)}"
     return f"killed by the kernel OOM killer (SIGKILL){memory}; kernel: {kernel_line}"[:2000]
+
+
+class _Gone(NamedTuple):
+    run_id: str
+    pid: int
+    ended_ms: int  # the last time the run was known alive
 
 
 class RunsWatch:
@@ -70,50 +75,38 @@ class RunsWatch:
         self.killed_by_oom = killed_by_oom
         self.host = host or socket.gethostname()
         self.last_alive_ms: dict[str, int] = {}  # touched only on the writer thread
-        self._task: asyncio.Task | None = None
+        self._periodic = Periodic("lost-run watch", interval, lambda: self.writer.submit(self.check, block=False))
 
     def check(self, conn: sqlite3.Connection) -> list[str]:
         """One pass on the writer's connection; returns the run ids marked lost."""
         now = now_ms()
         lost, gone = [], []
-        rows = conn.execute(
-            "SELECT run_id, pid, started_ms, last_step_ms FROM runs "
-            "WHERE status = 'running' AND pid IS NOT NULL AND host = ?",
-            (self.host,),
-        ).fetchall()
-        for run_id, pid, started_ms, last_step_ms in rows:
-            if self.alive(pid, started_ms):
-                self.last_alive_ms[run_id] = now
+        for run in running_runs(conn, self.host):
+            if run.host != self.host or run.pid is None:  # only this host's processes can be looked at
                 continue
-            gone.append((run_id, pid, max(self.last_alive_ms.pop(run_id, 0), last_step_ms or 0, started_ms)))
-        killed = self.killed_by_oom({pid for _, pid, _ in gone}) if gone else {}
-        for run_id, pid, ended in gone:
-            if pid in killed:
-                conn.execute(
-                    "UPDATE runs SET status = 'killed', signal = 9, error_type = 'OOMKilled', "
-                    "error_message = ?, ended_ms = ? WHERE run_id = ? AND status = 'running'",
-                    (_oom_killed_message(conn, run_id, killed[pid]), ended, run_id),
+            if self.alive(run.pid, run.started_ms):
+                self.last_alive_ms[run.run_id] = now
+                continue
+            ended = max(self.last_alive_ms.pop(run.run_id, 0), run.last_step_ms or 0, run.started_ms)
+            gone.append(_Gone(run.run_id, run.pid, ended))
+        killed = self.killed_by_oom({g.pid for g in gone}) if gone else {}
+        for g in gone:
+            if g.pid in killed:
+                runs_lost.mark_oom_killed(
+                    conn, g.run_id, g.ended_ms, _oom_killed_message(conn, g.run_id, killed[g.pid])
                 )
-                log.warning("run %s: pid %d was killed by the kernel OOM killer", run_id, pid)
+                log.warning("run %s: pid %d was killed by the kernel OOM killer", g.run_id, g.pid)
                 continue
-            conn.execute(
-                "UPDATE runs SET status = 'lost', ended_ms = ? WHERE run_id = ? AND status = 'running'",
-                (ended, run_id),
-            )
-            lost.append(run_id)
+            runs_lost.mark_lost(conn, g.run_id, g.ended_ms)
+            lost.append(g.run_id)
         if lost:
             log.warning("runs lost (process gone without run_end): %s", ", ".join(lost))
         return lost
 
     def start(self) -> None:
-        """Start checking on the running asyncio loop."""
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        """Check now, then every interval, in a thread of its own (each check runs in the
+        writer's thread, on its connection)."""
+        self._periodic.start()
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    async def _loop(self) -> None:
-        while True:
-            self.writer.submit(self.check, block=False)
-            await asyncio.sleep(self.interval)
+        self._periodic.stop()

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 class Job:
     name: str
     interval: float  # seconds
-    func: Callable[[], None]
+    func: Callable[[], object]
     next_deadline: float = 0.0
     runs: int = 0
     skipped: int = 0  # deadlines missed because the previous run was still going
@@ -44,7 +44,7 @@ class Scheduler:
         self.jobs: list[Job] = []
         self._thread: threading.Thread | None = None
 
-    def add(self, name: str, interval: float, func: Callable[[], None], first_delay: float = 0.0) -> Job:
+    def add(self, name: str, interval: float, func: Callable[[], object], first_delay: float = 0.0) -> Job:
         if interval <= 0:
             raise ValueError(f"{name}: interval must be > 0, got {interval}")
         job = Job(name, interval, func, next_deadline=self._clock() + first_delay)
@@ -78,8 +78,15 @@ class Scheduler:
             job.skipped += 1
             job.next_deadline += job.interval
 
-    def start(self, name: str = "gpuwatch-scheduler") -> None:
-        self._thread = threading.Thread(target=self.run, name=name, daemon=True)
+    def start(self, name: str = "gpuwatch-scheduler", setup: Callable[[], object] | None = None) -> None:
+        """Run the jobs in a thread of its own; `setup` is called first in that thread."""
+
+        def thread() -> None:
+            if setup is not None:
+                setup()
+            self.run()
+
+        self._thread = threading.Thread(target=thread, name=name, daemon=True)
         self._thread.start()
 
     def alive(self) -> bool:
