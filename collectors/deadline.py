@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["Worker", "TimeoutError", "call_with_deadline", "gather", "HUNG", "LATE"]
+__all__ = ["Worker", "TimeoutError", "call_with_deadline", "gather", "running_worker", "HUNG", "LATE"]
 
 HUNG = "hung"  # gather's answer for a worker whose call blocked past the deadline
 LATE = "late"  # no answer within the round, but no call of its shown to block (a busy process)
@@ -32,6 +32,14 @@ QUIET_STEP_S = 0.005  # the caller's sleeps in the quiet window...
 QUIET_SLACK_S = 0.010  # ...one that wakes later than this (the process was busy) does not count
 QUIET_MAX_S = 0.05  # the window of on-time sleeps: this long, or the deadline if shorter
 QUIET_GIVE_UP = 4  # a window not found quiet within this many windows: the process is busy
+
+_thread = threading.local()
+
+
+def running_worker() -> Worker | None:
+    """The Worker whose thread this is (None outside any): the one a call that may block is
+    timed on."""
+    return getattr(_thread, "worker", None)
 
 
 class Worker:
@@ -43,6 +51,9 @@ class Worker:
         # Monotonic start of the call it is in, set by the code it runs around each call that
         # may block (NvmlCollector._call); None between calls.
         self.call_since: float | None = None
+        # What it works on, set by the code it runs (a worker that reads several GPUs one after
+        # another names the one it is reading): whose call it is when one is found blocked.
+        self.current: object = None
         self._outcome: tuple[bool, object] = (True, None)  # (ok, result or exception)
         # (call_since of the call in flight, seconds of quiet seen while it was): gather's
         # evidence that the call blocked, kept across rounds.
@@ -99,6 +110,7 @@ class Worker:
             self._thread = None
 
     def _run(self) -> None:
+        _thread.worker = self
         while True:
             item = self._jobs.get()
             if item is None:

@@ -82,14 +82,19 @@ def _busy_and_total(proc_stat: bytes) -> tuple[int, int]:
     return total - idle - iowait, total
 
 
+_MEMINFO_KEYS = (b"MemTotal:", b"MemAvailable:", b"SwapTotal:", b"SwapFree:", b"Cached:", b"SReclaimable:")
+
+
 def _meminfo(text: bytes) -> dict[bytes, int]:
-    """The /proc/meminfo lines we use, in bytes."""
-    wanted = (b"MemTotal:", b"MemAvailable:", b"SwapTotal:", b"SwapFree:", b"Cached:", b"SReclaimable:")
+    """The /proc/meminfo lines we use, in bytes (found, not every line split: a tick's work)."""
+    text = b"\n" + text
     out = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(b" ")
-        if key in wanted:
-            out[key] = int(rest.split()[0]) * 1024
+    for key in _MEMINFO_KEYS:
+        at = text.find(b"\n" + key)  # at a line's start: "Cached:" is not "SwapCached:"
+        if at >= 0:
+            start = at + 1 + len(key)
+            end = text.find(b"\n", start)
+            out[key] = int((text[start:end] if end >= 0 else text[start:]).split()[0]) * 1024
     return out
 
 
@@ -158,17 +163,21 @@ class HostCollector:
         read = written = 0
         found = False
         for line in (text or b"").splitlines():
-            fields = line.split()
-            if len(fields) < 14:  # a partition line of old kernels
+            head = line.split(None, 3)  # major, minor, name, the counters: split them for disks only
+            if len(head) < 4:
                 continue
-            name = fields[2]
+            name = head[2]
             is_disk = self._is_disk.get(name)
             if is_disk is None:
                 is_disk = self._is_disk[name] = os.path.exists(b"/sys/block/" + name.replace(b"/", b"!"))
-            if is_disk:
-                found = True
-                read += int(fields[5]) * 512
-                written += int(fields[9]) * 512
+            if not is_disk:
+                continue
+            fields = line.split()
+            if len(fields) < 14:  # a partition line of old kernels
+                continue
+            found = True
+            read += int(fields[5]) * 512
+            written += int(fields[9]) * 512
         return (read, written) if found else (None, None)
 
     def _net_bytes(self) -> tuple[int | None, int | None]:
@@ -180,7 +189,7 @@ class HostCollector:
             # Loopback traffic never leaves the machine; leave it out of network totals.
             if name.strip() == b"lo":
                 continue
-            fields = counters.split()
+            fields = counters.split(None, 9)  # rx bytes, ..., tx bytes: the rest unsplit
             found = True
             rx += int(fields[0])
             tx += int(fields[8])

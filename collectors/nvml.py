@@ -11,15 +11,21 @@ works without root, the parent's aggregate list may not) and carry its GPU / com
 ids. The parent GPU keeps its own sample: temperature, power and clocks are the whole GPU's.
 
 A GPU in a bad state can make every NVML call on it block (the "nvidia-smi hangs" of real
-servers). So each GPU's reads run in its own worker thread (collectors/deadline.py), all GPUs
-side by side in one round a tick (sample, processes, MIG devices and GPM together; the XID
-events in the system worker of the same round). A GPU is sampled as state 'hung' ("not
-responding") only when one of ITS NVML calls has been in flight past the deadline, timed from
-that call's start, and stays so through a window in which our own process was seen free (so a
-busy process - a replay, an ingest flood holding the GIL - is never taken for a hung GPU); the
-others go on, and it is not asked again until its blocked call returns. A GPU that is merely
-late (our process busy) gets no sample that tick rather than a false 'hung'. NVML's
-system-wide calls (init, XID events, shutdown) get a worker and the same deadline.
+servers). So the GPUs' reads run in worker threads (collectors/deadline.py), never in the
+caller's, in one round a tick (each GPU's sample, processes, MIG devices and GPM together; the
+XID events in the system worker of the same round). The GPUs that answer share one worker, the
+pool, which reads them one after another: one hand-over a tick instead of one per GPU, which
+is most of what the isolation costs (the threads' wake-ups and their turns at the GIL). A GPU
+is sampled as state 'hung' ("not responding") only when one of ITS NVML calls has been in
+flight past the deadline, timed from that call's start, and stays so through a window in which
+our own process was seen free (so a busy process - a replay, an ingest flood holding the GIL -
+is never taken for a hung GPU). The pool's worker then stays with the hung GPU, as its own,
+until its call returns and it answers again; the GPUs the pool had not read yet are read by a
+new pool in the same round, so the others lose no tick. A GPU that is merely late (our process
+busy) gets no sample that tick rather than a false 'hung'. Should the pool's round ever take
+more than POOL_MAX_SHARE of the deadline (slow reads), every GPU gets a worker of its own, side
+by side, from then on. NVML's system-wide calls (init, XID events, shutdown) get a worker and
+the same deadline; at start each GPU has its own, so one hung at start holds no other back.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
 
-from collectors.deadline import HUNG, LATE, TimeoutError, Worker, gather
+from collectors.deadline import HUNG, LATE, TimeoutError, Worker, gather, running_worker
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +53,7 @@ PCIE_MAX_SHARE = 0.25
 PCIE_MIN_MS = 5.0
 PCIE_SLOW_EVERY = 10
 DEADLINE_S = 1.0  # a GPU's reads of one tick, when the caller names no deadline
+POOL_MAX_SHARE = 0.5  # of the deadline: a pool round longer than this, and the GPUs go side by side
 # NVML's start (nvmlInit, each GPU's facts) is given at least this long: without persistence
 # mode the driver initialises every GPU on the first nvmlInit, which can take seconds.
 INIT_DEADLINE_S = 10.0
@@ -269,12 +276,24 @@ class _Gpu:
     migs_read_ms: int | None = None  # when they were last looked for
     pcie: _Pcie = _Pcie(None, None)  # last PCIe KB/s read
     pcie_s: float = 0.0  # what the PCIe reads took this tick
-    worker: Worker | None = None  # where its NVML calls run (a MIG device's: its GPU's)
+    # Its own worker while it has one (it did not answer: hung, or late at start; or every GPU
+    # once the pool proved slow); None: read by the pool. Unused for a MIG device.
+    worker: Worker | None = None
     hung_since_ms: int | None = None  # when its calls first missed the deadline; None = answering
     static_pending: bool = False  # its facts are still to be read (it hung at start)
     gpm: list | None = None  # GPM sample buffers [previous, next], allocated while GPM works
     gpm_request: object = None  # its nvmlGpmMetricsGet request, made once (477 metric slots)
     gpm_primed: bool = False  # the previous buffer holds a sample: the next tick gives figures
+
+
+@dataclass(slots=True)
+class _PoolRound:
+    """The pool's job of one round: the GPUs it reads in turn and what each answered so far."""
+
+    gpus: list[_Gpu]
+    answers: dict[int, object] = field(default_factory=dict)
+    cancelled: bool = False  # the rest is given up on (or read by a new pool): stop
+    took_s: float | None = None  # the whole round's reads, once done
 
 
 @dataclass
@@ -329,6 +348,8 @@ class NvmlCollector:
         self.deadline_s = deadline_s
         init_deadline = max(deadline_s, INIT_DEADLINE_S)
         self._system = Worker("gpuwatch-nvml")
+        self._pool = Worker("gpuwatch-nvml-gpus")
+        self.pooled = True  # the answering GPUs are read one after another by the pool
         n = self._nvml
         self._not_available = {
             n.NVML_ERROR_NOT_SUPPORTED,
@@ -374,10 +395,13 @@ class NvmlCollector:
             2 * init_deadline,
         )
         for gpu in self._gpus:
-            if started[gpu.worker] in (HUNG, LATE):  # read once it answers
-                gpu.static_pending = True
-            if started[gpu.worker] is HUNG:
+            answer = started[gpu.worker]
+            if answer is HUNG:
                 self._not_responding(gpu, int(time.time() * 1000))
+            if answer is HUNG or answer is LATE:  # read once it answers, in its worker till then
+                gpu.static_pending = True
+            else:
+                self._to_pool(gpu)
         try:
             self._events = self._system.call(self._register_xid_events, self.deadline_s)
         except TimeoutError:
@@ -434,9 +458,10 @@ class NvmlCollector:
                 gpu.unsupported.add(key or (name, args[1:]))
             return None
         # The call's start, on the worker that runs it: how a call that blocks is told from a
-        # busy process (collectors/deadline.py). Inline: this runs ~300 times a tick.
-        worker = gpu.worker if gpu is not None else self._system
-        worker.call_since = _monotonic()
+        # busy process (collectors/deadline.py). Inline: this runs ~150 times a tick.
+        worker = running_worker()
+        if worker is not None:
+            worker.call_since = _monotonic()
         try:
             return fn(*args)
         except self._nvml.NVMLError as e:
@@ -449,7 +474,8 @@ class NvmlCollector:
                 log.warning("NVML %s failed: %s (reading it as not available)", name, e)
             return None
         finally:
-            worker.call_since = None
+            if worker is not None:
+                worker.call_since = None
 
     # -- static ---------------------------------------------------------------------------------
     def _read_static(self, gpu: _Gpu, driver: str | None, cuda: str | None) -> GpuStatic:
@@ -496,8 +522,12 @@ class NvmlCollector:
         return self._gpus[index].hung_since_ms
 
     def _time_tick(self, tick_s: float) -> None:
-        # GPUs are read side by side: the slowest GPU's PCIe reads are what hold a tick back.
-        pcie_s = max((gpu.pcie_s for gpu in self._gpus), default=0.0)
+        # What holds a tick back: the pool's PCIe reads, one after another, or the slowest of
+        # the GPUs read side by side in workers of their own.
+        pcie_s = max(
+            [sum(gpu.pcie_s for gpu in self._gpus if gpu.worker is None)]
+            + [gpu.pcie_s for gpu in self._gpus if gpu.worker is not None]
+        )
         self.last_tick_ms, self.last_pcie_ms = tick_s * 1000, pcie_s * 1000
         if self.pcie_every == 1 and self.last_pcie_ms > max(PCIE_MIN_MS, PCIE_MAX_SHARE * self.last_tick_ms):
             self.pcie_every = PCIE_SLOW_EVERY
@@ -510,23 +540,98 @@ class NvmlCollector:
             )
 
     def _ask_every_gpu(self, job, system_job=None) -> _Round:
-        """One round: each GPU's job(gpu) in its own worker, side by side, system_job in the
-        system worker. A GPU whose worker is still in an earlier call is not asked again: HUNG
-        once shown blocked, else watched for blocking this round."""
-        jobs: list = []
-        for gpu in self._gpus:
+        """One round: job(gpu) for every GPU, system_job in the system worker, side by side:
+        the pool reads its GPUs in turn, a GPU with a worker of its own is read there. A worker
+        still in an earlier call is not asked again: HUNG once shown blocked, else watched for
+        blocking this round."""
+        pooled = [gpu for gpu in self._gpus if gpu.worker is None]
+        own = [gpu for gpu in self._gpus if gpu.worker is not None]
+        pool, pool_round, jobs = self._pool, None, []
+        if pooled:
+            if not pool.busy:
+                pool_round = _PoolRound(pooled)
+            jobs.append((pool, partial(self._read_pool, pool, pool_round, job) if pool_round else None))
+        for gpu in own:
             if not gpu.worker.busy:
                 jobs.append((gpu.worker, partial(job, gpu)))
             elif gpu.hung_since_ms is None:
                 jobs.append((gpu.worker, None))
         if system_job is not None and not self._system.busy:
             jobs.append((self._system, system_job))
-        answers = gather(jobs, self.deadline_s, 2 * self.deadline_s)
-        system = answers.get(self._system)
-        return _Round(
-            {gpu.index: answers.get(gpu.worker, HUNG) for gpu in self._gpus},
-            None if system is HUNG or system is LATE else system,
+        got = gather(jobs, self.deadline_s, 2 * self.deadline_s)
+        answers: dict[int, object] = {}
+        for gpu in own:
+            answer = answers[gpu.index] = got.get(gpu.worker, HUNG)
+            if self.pooled and answer is not HUNG and answer is not LATE:
+                self._to_pool(gpu)  # it answers again
+        if pooled:
+            answers.update(self._pool_answers(pooled, pool, pool_round, got[pool], job))
+        system = got.get(self._system)
+        return _Round(answers, None if system is HUNG or system is LATE else system)
+
+    def _read_pool(self, pool: Worker, pool_round: _PoolRound, job) -> None:
+        """job(gpu) for each GPU of the round in turn, in the pool's worker."""
+        started = time.perf_counter()
+        try:
+            for gpu in pool_round.gpus:
+                if pool_round.cancelled:
+                    return
+                pool.current = gpu  # whose call it is, should one block
+                pool_round.answers[gpu.index] = job(gpu)
+        finally:
+            pool.current = None
+        pool_round.took_s = time.perf_counter() - started
+
+    def _pool_answers(self, pooled: list[_Gpu], pool: Worker, pool_round: _PoolRound | None, outcome, job) -> dict:
+        """The pooled GPUs' answers, from what the pool did in a round (`outcome`: gather's)."""
+        read = dict(pool_round.answers) if pool_round is not None else {}
+        if outcome is not HUNG and outcome is not LATE:
+            if pool_round is not None and pool_round.took_s is not None:
+                self._check_pool(pool_round.took_s)
+            return read
+        if pool_round is not None:
+            pool_round.cancelled = True  # what it has not read yet: given up on, or read below
+        if outcome is LATE:  # our process was busy: what was read, and no sample for the rest
+            return {gpu.index: read.get(gpu.index, LATE) for gpu in pooled}
+        # Blocked in a GPU's call: the worker stays with that GPU as its own; a new pool reads
+        # the GPUs not read yet, now, in this round.
+        stuck = pool.current
+        self._pool = Worker("gpuwatch-nvml-gpus")
+        if isinstance(stuck, _Gpu):
+            stuck.worker = pool
+            read[stuck.index] = HUNG
+        else:
+            pool.close()
+        rest = [gpu for gpu in pooled if gpu.index not in read]
+        if not rest:
+            return read
+        rest_round = _PoolRound(rest)
+        got = gather(
+            [(self._pool, partial(self._read_pool, self._pool, rest_round, job))], self.deadline_s, 2 * self.deadline_s
         )
+        read.update(self._pool_answers(rest, self._pool, rest_round, got[self._pool], job))
+        return read
+
+    def _to_pool(self, gpu: _Gpu) -> None:
+        """The GPU answers: the pool reads it from the next round on (its worker ends)."""
+        if gpu.worker is not None:
+            gpu.worker.close()
+            gpu.worker = None
+
+    def _check_pool(self, took_s: float) -> None:
+        """Reads one after another too slow for the deadline: side by side from now on."""
+        if not self.pooled or took_s <= POOL_MAX_SHARE * self.deadline_s:
+            return
+        self.pooled = False
+        log.warning(
+            "reading the GPUs one after another took %.0f ms (deadline %.0f ms): each is read in "
+            "a thread of its own from now on",
+            took_s * 1000,
+            self.deadline_s * 1000,
+        )
+        for gpu in self._gpus:
+            if gpu.worker is None:
+                gpu.worker = Worker(f"gpuwatch-nvml-gpu{gpu.index}")
 
     def _sample_all(self, ts_ms: int, gpm: bool, xids: bool) -> GpuTick:
         round_ = self._ask_every_gpu(
@@ -646,12 +751,19 @@ class NvmlCollector:
     def persistence_mode(self, index: int) -> int | None:
         """1 when the driver stays loaded with no client (nvidia-smi's persistence_mode), else 0."""
         gpu = self._gpus[index]
-        if gpu.lost or gpu.worker.busy:
+        worker = gpu.worker or self._pool
+        if gpu.lost or worker.busy:
             return None
+
+        def read() -> int | None:
+            worker.current = gpu  # whose call it is, should it block
+            try:
+                return self._call(gpu, "nvmlDeviceGetPersistenceMode", gpu.handle)
+            finally:
+                worker.current = None
+
         try:
-            return gpu.worker.call(
-                partial(self._call, gpu, "nvmlDeviceGetPersistenceMode", gpu.handle), self.deadline_s
-            )
+            return worker.call(read, self.deadline_s)
         except (TimeoutError, _GpuLost):
             return None
 
@@ -749,7 +861,7 @@ class NvmlCollector:
             handle = self._call(gpu, "nvmlDeviceGetMigDeviceHandleByIndex", gpu.handle, index)
             if handle is None:
                 continue
-            device = _Gpu(gpu.index, handle, worker=gpu.worker)
+            device = _Gpu(gpu.index, handle)
             gi = self._call(device, "nvmlDeviceGetGpuInstanceId", handle)
             ci = self._call(device, "nvmlDeviceGetComputeInstanceId", handle)
             if gi is None or ci is None:
@@ -933,12 +1045,12 @@ class NvmlCollector:
                 self._system.call(self._shutdown, self.deadline_s)
             except TimeoutError:
                 log.warning("nvmlShutdown did not return within %.2g s; leaving it", self.deadline_s)
-        for worker in [self._system] + [gpu.worker for gpu in self._gpus]:
+        for worker in [self._system, self._pool] + [gpu.worker for gpu in self._gpus if gpu.worker]:
             worker.close()
 
     def _shutdown(self) -> None:
         for gpu in self._gpus:
-            if not gpu.worker.busy:  # a hung GPU's buffers are left to the process's end
+            if not (gpu.worker or self._pool).busy:  # a hung GPU's buffers are left to the process's end
                 self._free_gpm(gpu)
         if self._events is not None:
             try:

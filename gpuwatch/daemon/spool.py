@@ -48,7 +48,7 @@ class SpoolAdopter:
         self.system = cfg.system
         self.writer = writer
         self._refused: set[tuple[int, int]] = set()  # (st_dev, st_ino) already logged
-        self._periodic = Periodic("adopting orphaned spool files", self.interval, self.scan, priority.lower_thread)
+        self._periodic = Periodic("spool adoption", self.interval, self.scan, priority.lower_thread)
         self._proc: subprocess.Popen[str] | None = None  # a replay under way
 
     def prepare(self) -> None:
