@@ -632,6 +632,7 @@ class NvmlCollector:
         for gpu in self._gpus:
             if gpu.worker is None:
                 gpu.worker = Worker(f"gpuwatch-nvml-gpu{gpu.index}")
+        self._pool.close()  # its thread ends (after the round it may still be in)
 
     def _sample_all(self, ts_ms: int, gpm: bool, xids: bool) -> GpuTick:
         round_ = self._ask_every_gpu(

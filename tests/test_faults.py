@@ -243,3 +243,68 @@ def test_a_gpu_hung_from_the_start_is_read_once_it_answers(monkeypatch, caplog):
         and "GPU 1 is not responding" in messages[0]
         and "GPU 1 answers again" in messages[1]
     )
+
+
+def _nvml_threads() -> list[str]:
+    import threading
+
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("gpuwatch-nvml-gpu"))
+
+
+def test_the_answering_gpus_share_one_thread_and_a_hung_one_costs_them_no_tick(caplog):
+    import logging
+
+    import fake_pynvml
+
+    from collectors import nvml as nvml_mod
+
+    caplog.set_level(logging.WARNING, logger="collectors.nvml")
+    fake = fake_pynvml.FakeNvml(gpus=4, procs_per_gpu=1)
+    collector = nvml_mod.NvmlCollector(fake, deadline_s=0.1)
+    try:
+        collector.sample(1000)
+        # One thread reads the four GPUs in turn (the per-GPU threads of the start have ended).
+        wait_for(lambda: _nvml_threads() == ["gpuwatch-nvml-gpus"], timeout=10)
+        fake.set_hung(1)
+        samples, procs = collector.sample(2000)
+        # The round that found GPU 1 blocked still read the GPUs after it, at this tick's time.
+        assert [(s.gpu_index, s.ts_ms, s.state) for s in samples] == [
+            (0, 2000, None),
+            (1, 2000, "hung"),
+            (2, 2000, None),
+            (3, 2000, None),
+        ]
+        assert sorted(p.gpu_index for p in procs) == [0, 2, 3]
+        assert [s.state for s in collector.sample(3000)[0]] == [None, "hung", None, None]
+        fake.set_hung(1, False)
+        deadline = time.monotonic() + 10
+        while collector.sample(4000)[0][1].state == "hung":  # its call returns, then it is read again
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        collector.sample(5000)
+        wait_for(lambda: _nvml_threads() == ["gpuwatch-nvml-gpus"], timeout=10)  # back in the pool
+    finally:
+        fake.set_hung(1, False)
+        collector.close()
+    about = [r.getMessage() for r in caplog.records]
+    assert len(about) == 2 and "GPU 1 is not responding" in about[0] and "GPU 1 answers again" in about[1]
+
+
+def test_gpus_too_slow_to_read_in_turn_are_read_side_by_side(monkeypatch, caplog):
+    import logging
+
+    import fake_pynvml
+
+    from collectors import nvml as nvml_mod
+
+    caplog.set_level(logging.WARNING, logger="collectors.nvml")
+    monkeypatch.setattr(nvml_mod, "POOL_MAX_SHARE", 0.0)  # any round in turn is too slow
+    collector = nvml_mod.NvmlCollector(fake_pynvml.FakeNvml(gpus=3), deadline_s=0.1)
+    try:
+        assert [s.state for s in collector.sample(1000)[0]] == [None, None, None]
+        assert not collector.pooled and "each is read in a thread of its own" in caplog.text
+        samples, _ = collector.sample(2000)
+        assert [(s.gpu_index, s.state) for s in samples] == [(0, None), (1, None), (2, None)]
+        wait_for(lambda: _nvml_threads() == [f"gpuwatch-nvml-gpu{i}" for i in range(3)], timeout=10)
+    finally:
+        collector.close()

@@ -225,3 +225,38 @@ def test_walk_reads_every_process_and_a_sleeper_that_wakes_gets_its_cpu_of_the_l
         child.kill()
         child.wait()
         c.close()
+
+
+def _spin_later(threaded: bool) -> subprocess.Popen:
+    """A child that sleeps 1.5 s, then spins for 30 s: in its only thread, or (threaded) in a
+    second thread started at once while its main thread only sleeps."""
+    spin = "end = time.monotonic() + 30\n    while time.monotonic() < end: pass"
+    code = (
+        f"import threading, time\ndef spin():\n    time.sleep(1.5)\n    {spin}\n"
+        + ("threading.Thread(target=spin).start()\ntime.sleep(60)\n" if threaded else "spin()\n")
+    )
+    return subprocess.Popen([sys.executable, "-c", "print('up', flush=True)\n" + code], stdout=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_a_process_quiet_for_walks_then_busy_gets_its_cpu(threaded):
+    """A quiet single-threaded process is then only probed (/proc/PID/schedstat); its CPU
+    still counts once it runs. A quiet process with threads is read in full every walk: the
+    probe sees its main thread only, and here only the other thread works."""
+    child = _spin_later(threaded)
+    c = ProcessCollector()
+    try:
+        child.stdout.readline()
+        time.sleep(0.1)
+        for _ in range(4):  # asleep through these walks
+            assert c.walk()[child.pid][1] in (None, 0.0)
+            time.sleep(0.05)
+        assert (child.pid in c._probes) is (not threaded) and c._probing
+        time.sleep(2.0)  # it spins from 1.5 s on
+        rss, cpu = c.walk()[child.pid]
+        assert cpu >= 10 and rss > 1_000_000
+        assert child.pid not in c._probes  # it ran: read in full again
+    finally:
+        child.kill()
+        child.wait()
+        c.close()
