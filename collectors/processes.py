@@ -27,8 +27,7 @@ _CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 _UNIT = re.compile(r"\.(?:scope|service|slice)$")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-MAX_STAT_FILES = 4096  # /proc files walk() keeps open, at most (a quarter of the limit)
-QUIET_LOOKS = 2  # walks in a row without CPU used before a process is only probed
+MAX_STAT_FILES = 4096  # /proc/PID/stat files kept open, at most (a quarter of the limit)
 
 
 @dataclass(frozen=True)
@@ -77,22 +76,20 @@ class _Seen:
     cpu_ticks: int  # utime + stime
     at: float  # monotonic s of the look
     idle: Usage  # its usage while it does not run: the same RSS, no CPU
-    stat_text: bytes | None  # its /proc/PID/stat text, while read in full
-    threads: int
-    probe_text: bytes | None = None  # its /proc/PID/schedstat text, while probed instead
-    quiet: int = 0  # looks in a row that found no CPU used
+    cpu_ns: int  # its process CPU clock when its stat was read (-1: not read)
 
 
-def _parse_stat(text: bytes) -> tuple[int, int, int, int] | None:
-    """(start time, utime + stime, both in clock ticks; RSS in pages; threads) from
-    /proc/PID/stat. None for a zombie (exited, not yet reaped).
+def _parse_stat(text: bytes) -> tuple[int, int, int] | None:
+    """(start time, utime + stime, both in clock ticks; RSS in pages) from /proc/PID/stat.
+
+    None for a zombie (exited, not yet reaped).
     """
     # The command name (field 2) is in parentheses and may hold spaces or ')': split after it.
     fields = text[text.rfind(b")") + 2 :].split(None, 22)  # up to rss; the rest left unsplit
     if len(fields) < 22 or fields[0] == b"Z":
         return None
-    # fields[i] is field i + 3 of proc(5): utime 14, stime 15, num_threads 20, starttime 22, rss 24.
-    return int(fields[19]), int(fields[11]) + int(fields[12]), int(fields[21]), int(fields[17])
+    # fields[i] is field i + 3 of proc(5): utime 14, stime 15, starttime 22, rss 24.
+    return int(fields[19]), int(fields[11]) + int(fields[12]), int(fields[21])
 
 
 def _cpu_pct(seen: _Seen | None, start_ticks: int, cpu_ticks: int, now: float) -> float | None:
@@ -103,14 +100,14 @@ def _cpu_pct(seen: _Seen | None, start_ticks: int, cpu_ticks: int, now: float) -
     return float(round(100.0 * (cpu_ticks - seen.cpu_ticks) / _CLK_TCK / (now - seen.at)))
 
 
-def _schedstat_counts_cpu() -> bool:
-    """True if /proc/PID/schedstat gives CPU time here (a kernel without scheduler info prints
-    "0 0 0"): then a single-threaded process's CPU use shows in it."""
+def _cpu_clock_ns(pid: int) -> int:
+    """The CPU time of process `pid`, every thread's, in ns: clock_gettime of its process CPU
+    clock (MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED), what clock_getcpuclockid(3) gives; any
+    process may read another's). -1 if it cannot be read (gone, not a process's leader)."""
     try:
-        with open("/proc/thread-self/schedstat", "rb") as f:
-            return int(f.read().split()[0]) > 0  # this thread has run, surely
-    except (OSError, ValueError, IndexError):
-        return False
+        return time.clock_gettime_ns(((~pid) << 3) | 2)
+    except OSError:
+        return -1
 
 
 def _int(value: str | None) -> int | None:
@@ -128,14 +125,12 @@ class ProcessCollector:
         self._procs: dict[int, psutil.Process] = {}
         self._seen: dict[int, _Seen] = {}  # pid -> its latest look: the CPU % baseline
         self._walked_info: dict[int, tuple[int, ProcessInfo]] = {}  # pid -> (start ticks, info)
-        # Handles kept open (one pread a look instead of open, read and close), at most
-        # _max_files of both kinds together: pid -> /proc/PID/stat, and pid -> the fd of
-        # /proc/PID/schedstat for the quiet single-threaded processes walk() probes.
+        # pid -> /proc/PID/stat kept open: one pread a read instead of open, read and close.
         self._stat_files: dict[int, BinaryIO] = {}
-        self._probes: dict[int, int] = {}
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         self._max_files = min(MAX_STAT_FILES, max(0, soft // 4))  # the rest is the program's
-        self._probing = _schedstat_counts_cpu()
+        self._clocks = _cpu_clock_ns(os.getppid() or os.getpid()) > 0  # another process's CPU clock readable
+        self.stat_reads = 0  # /proc/PID/stat files read in full by walk(): what it costs
 
     def _process(self, pid: int) -> psutil.Process | None:
         """The cached Process for pid, replaced if the pid now names another process."""
@@ -155,7 +150,6 @@ class ProcessCollector:
         p = self._procs.pop(pid, None)
         self._seen.pop(pid, None)
         self._close_stat(pid)
-        self._close_probe(pid)
         if p is not None:
             self._info = {k: v for k, v in self._info.items() if k[0] != pid}
 
@@ -209,108 +203,68 @@ class ProcessCollector:
     def walk(self, exact: Collection[int] = ()) -> dict[int, Usage]:
         """usage() of every process of the host (of our pid namespace), for its top consumers.
 
-        One listing of /proc and one read per process, through a handle kept open up to a
-        share of our file limit (past it the files are opened and closed again: a host may
-        run thousands). Most of a host sleeps, and this loop is most of what the daemon costs a
-        process tick, so a process that used no CPU costs as little as the kernel allows:
-        - a stat text byte for byte what it was at the previous walk means no CPU used and
-          the same RSS: it is not parsed again;
-        - a single-threaded process found quiet QUIET_LOOKS walks in a row is probed through
-          /proc/PID/schedstat instead (its CPU time in ns: a quarter of the kernel's work of
-          /proc/PID/stat); while that text stays the same the process has not run, so its CPU
-          time and RSS are as they were; once it changes, stat is read in full again. It would
-          have to run to start a thread, to exit or to be replaced (a reused pid fails the
-          read), so nothing is missed. `exact`: pids always read in full (the GPU processes,
-          whose RSS is stored even when asleep: the kernel may reclaim pages of a sleeper).
+        One listing of /proc, and for each process one system call when it has not run since
+        the previous look: most of a host sleeps, and this loop is most of what the daemon
+        costs a process tick. That call reads its process CPU clock (every thread's CPU time;
+        no text for the kernel to write nor for us to parse, no file to keep open): the same
+        value means it has not run, so its CPU time and RSS are as they were (a process must
+        run to use CPU, start a thread, exec or exit; a reused pid is a new process with its
+        own clock). Any other value, and /proc/PID/stat is read in full, through a handle kept
+        open up to a share of our file limit (past it the file is opened and closed again: a
+        host may run thousands). `exact`: pids always read in full (the GPU processes, whose
+        RSS is stored even while they sleep: the kernel may reclaim a sleeper's pages).
         """
         now = time.monotonic()
         out: dict[int, Usage] = {}
-        old, seen = self._seen, {}
-        files, probes, pread = self._stat_files, self._probes, os.pread
+        old, seen, files = self._seen, {}, self._stat_files
+        clocks, clock_ns = self._clocks, time.clock_gettime_ns
         for name in os.listdir(PROC_ROOT):
             if not name.isdigit():
                 continue
-            pid = int(name)
-            fd = probes.get(pid)
+            pid, cpu_ns = int(name), -1
             s = old.get(pid)
-            if fd is not None and s is not None:
+            if clocks:
                 try:
-                    text = pread(fd, 256, 0)
-                except OSError:  # gone, or the pid now names another process
-                    text = None
-                if text == s.probe_text and pid not in exact:
+                    cpu_ns = clock_ns(((~pid) << 3) | 2)  # _cpu_clock_ns, inline: 500 a walk
+                except OSError:  # gone (the read below says so)
+                    cpu_ns = -1
+                if s is not None and cpu_ns == s.cpu_ns >= 0 and pid not in exact:  # not run since
                     s.at = now
                     seen[pid] = s
                     out[pid] = s.idle
                     continue
-                self._close_probe(pid)  # it ran: read in full from now on
-                s.probe_text = s.stat_text = None
-            elif fd is not None:
-                self._close_probe(pid)
-            f, text = files.get(pid), None
-            if f is not None:
-                try:
-                    text = pread(f.fileno(), 4096, 0)
-                except OSError:  # gone; a reused pid needs a fresh handle (below)
-                    self._close_stat(pid)
+            text = self._stat_text(pid) if pid in files or len(files) < self._max_files else _read(pid)
             if text is None:
-                text = self._open_stat(pid) if len(files) + len(probes) < self._max_files else _read(pid)
-                if text is None:
-                    continue
-            if s is not None and text == s.stat_text:  # asleep all along
-                s.at, s.quiet = now, s.quiet + 1
-                seen[pid] = s
-                out[pid] = s.idle
-                if s.quiet >= QUIET_LOOKS and s.threads == 1 and pid not in exact:
-                    self._probe(pid, s)
                 continue
-            usage = self._look(pid, s, text, now, seen)
+            self.stat_reads += 1
+            usage = self._look(pid, s, text, now, seen, cpu_ns)
             if usage is not None:
                 out[pid] = usage
         self._seen = seen  # the pids that left are forgotten
         for pid in files.keys() - seen.keys():
             self._close_stat(pid)
-        for pid in probes.keys() - seen.keys():
-            self._close_probe(pid)
         self._walked_info = {pid: v for pid, v in self._walked_info.items() if pid in seen}
         return out
 
-    def _look(self, pid: int, s: _Seen | None, text: bytes, now: float, seen: dict[int, _Seen]) -> Usage | None:
-        """Usage from a stat text just read, and the process's new baseline in `seen`."""
+    def _look(
+        self, pid: int, s: _Seen | None, text: bytes, now: float, seen: dict[int, _Seen], cpu_ns: int = -1
+    ) -> Usage | None:
+        """Usage from a stat text just read, and the process's new baseline in `seen`
+        (`cpu_ns`: its CPU clock, read just before the text)."""
         stat = _parse_stat(text)
         if stat is None:  # a zombie
             return None
-        start_ticks, cpu_ticks, rss_pages, threads = stat
+        start_ticks, cpu_ticks, rss_pages = stat
         rss = rss_pages * _PAGE
         cpu = _cpu_pct(s, start_ticks, cpu_ticks, now)
         if s is None or s.start_ticks != start_ticks:
-            s = _Seen(start_ticks, cpu_ticks, now, Usage(rss, 0.0), text, threads)
+            s = _Seen(start_ticks, cpu_ticks, now, Usage(rss, 0.0), cpu_ns)
         else:
-            s.quiet = s.quiet + 1 if cpu_ticks == s.cpu_ticks else 0
-            s.cpu_ticks, s.at, s.stat_text, s.threads = cpu_ticks, now, text, threads
+            s.cpu_ticks, s.at, s.cpu_ns = cpu_ticks, now, cpu_ns
             if s.idle.rss_bytes != rss:
                 s.idle = Usage(rss, 0.0)
         seen[pid] = s
         return Usage(rss, cpu)
-
-    def _probe(self, pid: int, s: _Seen) -> None:
-        """Watch a quiet single-threaded process through its schedstat from now on."""
-        if not self._probing or (
-            pid not in self._stat_files and len(self._stat_files) + len(self._probes) >= self._max_files
-        ):
-            return
-        try:
-            fd = os.open(f"{PROC_ROOT}/{pid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            s.probe_text = os.pread(fd, 256, 0)
-        except OSError:
-            os.close(fd)
-            return
-        self._close_stat(pid)  # the probe takes its handle's place
-        self._probes[pid] = fd
-        s.stat_text = None
 
     def walked_info(self, pid: int) -> ProcessInfo | None:
         """info(pid) for a pid of the latest walk(): read once for each process (the walk's
@@ -333,7 +287,6 @@ class ProcessCollector:
         out: dict[int, Usage] = {}
         now = time.monotonic()
         for pid in pids:
-            self._close_probe(pid)  # read in full now: the probe's text is no baseline after it
             text = self._stat_text(pid)
             usage = None if text is None else self._look(pid, self._seen.get(pid), text, now, self._seen)
             if usage is None:
@@ -354,8 +307,6 @@ class ProcessCollector:
     def close(self) -> None:
         for pid in list(self._stat_files):
             self._close_stat(pid)
-        for pid in list(self._probes):
-            self._close_probe(pid)
 
     def _stat_text(self, pid: int) -> bytes | None:
         """/proc/PID/stat's text; None if the pid is gone or not in our namespace.
@@ -389,11 +340,6 @@ class ProcessCollector:
         f = self._stat_files.pop(pid, None)
         if f is not None:
             f.close()
-
-    def _close_probe(self, pid: int) -> None:
-        fd = self._probes.pop(pid, None)
-        if fd is not None:
-            os.close(fd)
 
 
 def _read(pid: int) -> bytes | None:

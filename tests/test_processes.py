@@ -220,43 +220,55 @@ def test_walk_reads_every_process_and_a_sleeper_that_wakes_gets_its_cpu_of_the_l
         child.kill()
         child.wait()
         assert child.pid not in c.walk()
-        assert child.pid not in c._stat_files and child.pid not in c._probes  # its handles were closed
+        assert child.pid not in c._stat_files  # its handle was closed
     finally:
         child.kill()
         child.wait()
         c.close()
 
 
-def _spin_later(threaded: bool) -> subprocess.Popen:
-    """A child that sleeps 1.5 s, then spins for 30 s: in its only thread, or (threaded) in a
-    second thread started at once while its main thread only sleeps."""
-    spin = "end = time.monotonic() + 30\n    while time.monotonic() < end: pass"
+def _spinner(threaded: bool) -> subprocess.Popen:
+    """A child that sleeps until a line comes on its stdin, then spins for 30 s: in its only
+    thread, or (threaded) in a second thread while its main thread goes on sleeping."""
+    spin = "sys.stdin.readline()\n    end = time.monotonic() + 30\n    while time.monotonic() < end: pass"
     code = (
-        f"import threading, time\ndef spin():\n    time.sleep(1.5)\n    {spin}\n"
+        f"import sys, threading, time\ndef spin():\n    {spin}\n"
         + ("threading.Thread(target=spin).start()\ntime.sleep(60)\n" if threaded else "spin()\n")
     )
-    return subprocess.Popen([sys.executable, "-c", "print('up', flush=True)\n" + code], stdout=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", "print('up', flush=True)\n" + code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize("threaded", [False, True])
 def test_a_process_quiet_for_walks_then_busy_gets_its_cpu(threaded):
-    """A quiet single-threaded process is then only probed (/proc/PID/schedstat); its CPU
-    still counts once it runs. A quiet process with threads is read in full every walk: the
-    probe sees its main thread only, and here only the other thread works."""
-    child = _spin_later(threaded)
+    """A process that has not run since the previous walk costs the walk no read of its stat
+    file (its CPU clock says it did not run); once it runs, its CPU counts, whichever of its
+    threads ran (with threads, only the second one runs here: the main thread sleeps)."""
+    child = _spinner(threaded)
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(20)]
     c = ProcessCollector()
     try:
         child.stdout.readline()
         time.sleep(0.1)
-        for _ in range(4):  # asleep through these walks
-            assert c.walk()[child.pid][1] in (None, 0.0)
+        first = c.walk()
+        assert child.pid in first and all(p.pid in first for p in sleepers)
+        reads = c.stat_reads
+        for _ in range(3):  # asleep through these walks
+            assert c.walk()[child.pid][1] == 0.0
             time.sleep(0.05)
-        assert (child.pid in c._probes) is (not threaded) and c._probing
-        time.sleep(2.0)  # it spins from 1.5 s on
+        # Whatever else runs on this machine is read again; the 21 that sleep are not.
+        assert c.stat_reads - reads <= 3 * (len(first) - 21)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        time.sleep(1.0)
         rss, cpu = c.walk()[child.pid]
         assert cpu >= 10 and rss > 1_000_000
-        assert child.pid not in c._probes  # it ran: read in full again
     finally:
-        child.kill()
-        child.wait()
+        for p in (child, *sleepers):
+            p.kill()
+            p.wait()
         c.close()
