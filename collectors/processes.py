@@ -28,6 +28,8 @@ _UNIT = re.compile(r"\.(?:scope|service|slice)$")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 MAX_STAT_FILES = 4096  # /proc/PID/stat files kept open, at most (a quarter of the limit)
+NEW_PIDS_PROBED = 256  # pids handed out since the last walk probed one by one, at most...
+LIST_EVERY = 12  # ...and /proc listed at least every this many walks all the same
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,15 @@ def _cpu_clock_ns(pid: int) -> int:
         return -1
 
 
+def _last_pid() -> int | None:
+    """The pid the kernel handed out last in our pid namespace (processes and threads alike)."""
+    try:
+        with open(PROC_ROOT / "loadavg", "rb") as f:
+            return int(f.read().split()[4])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _int(value: str | None) -> int | None:
     try:
         return int(value) if value is not None else None
@@ -130,7 +141,16 @@ class ProcessCollector:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         self._max_files = min(MAX_STAT_FILES, max(0, soft // 4))  # the rest is the program's
         self._clocks = _cpu_clock_ns(os.getppid() or os.getpid()) > 0  # another process's CPU clock readable
+        # /proc is our pid namespace's (not a host's bind-mounted into a container): the pids
+        # handed out in ours (loadavg's last pid) are the new ones it lists.
+        try:
+            self._own_proc = self._clocks and os.readlink(PROC_ROOT / "self") == str(os.getpid())
+        except OSError:
+            self._own_proc = False
+        self._last_pid: int | None = None  # as of the latest walk
+        self._unlisted = 0  # walks since /proc was last listed
         self.stat_reads = 0  # /proc/PID/stat files read in full by walk(): what it costs
+        self.listings = 0  # walks that listed /proc
 
     def _process(self, pid: int) -> psutil.Process | None:
         """The cached Process for pid, replaced if the pid now names another process."""
@@ -203,37 +223,40 @@ class ProcessCollector:
     def walk(self, exact: Collection[int] = ()) -> dict[int, Usage]:
         """usage() of every process of the host (of our pid namespace), for its top consumers.
 
-        One listing of /proc, and for each process one system call when it has not run since
-        the previous look: most of a host sleeps, and this loop is most of what the daemon
-        costs a process tick. That call reads its process CPU clock (every thread's CPU time;
+        Most of a host sleeps, and this loop is most of what the daemon costs a process tick,
+        so each process costs one system call when it has not run since the previous look. That
+        call reads its process CPU clock (every thread's CPU time;
         no text for the kernel to write nor for us to parse, no file to keep open): the same
         value means it has not run, so its CPU time and RSS are as they were (a process must
         run to use CPU, start a thread, exec or exit; a reused pid is a new process with its
         own clock). Any other value, and /proc/PID/stat is read in full, through a handle kept
-        open up to a share of our file limit (past it the file is opened and closed again: a
-        host may run thousands). `exact`: pids always read in full (the GPU processes, whose
-        RSS is stored even while they sleep: the kernel may reclaim a sleeper's pages).
+        open for a process that runs now and then, up to a share of our file limit (else the
+        file is opened and closed again: a host may run thousands). `exact`: pids always read
+        in full (the GPU processes, whose RSS is stored even while they sleep: the kernel may
+        reclaim a sleeper's pages). Which processes there are: see _pids().
         """
         now = time.monotonic()
         out: dict[int, Usage] = {}
         old, seen, files = self._seen, {}, self._stat_files
         clocks, clock_ns = self._clocks, time.clock_gettime_ns
-        for name in os.listdir(PROC_ROOT):
-            if not name.isdigit():
-                continue
-            pid, cpu_ns = int(name), -1
-            s = old.get(pid)
+        pids, listed = self._pids(old)
+        for pid in pids:
+            s, cpu_ns = old.get(pid), -1
             if clocks:
                 try:
                     cpu_ns = clock_ns(((~pid) << 3) | 2)  # _cpu_clock_ns, inline: 500 a walk
-                except OSError:  # gone (the read below says so)
-                    cpu_ns = -1
+                except OSError:  # gone: a listed one's read below says so
+                    if not listed:
+                        continue  # (unlisted, its pid may name a thread now)
                 if s is not None and cpu_ns == s.cpu_ns >= 0 and pid not in exact:  # not run since
                     s.at = now
                     seen[pid] = s
                     out[pid] = s.idle
                     continue
-            text = self._stat_text(pid) if pid in files or len(files) < self._max_files else _read(pid)
+            # A handle is kept for a process read in full again (it ran since): one that runs now
+            # and then; a sleeper's would only hold kernel memory and a share of our file limit.
+            keep = pid in files or (s is not None and len(files) < self._max_files)
+            text = self._stat_text(pid) if keep else _read(pid)
             if text is None:
                 continue
             self.stat_reads += 1
@@ -245,6 +268,27 @@ class ProcessCollector:
             self._close_stat(pid)
         self._walked_info = {pid: v for pid, v in self._walked_info.items() if pid in seen}
         return out
+
+    def _pids(self, old: dict[int, _Seen]) -> tuple[list[int], bool]:
+        """The pids a walk looks at, and whether they are /proc's listing. Listing /proc is
+        most of a quiet walk's cost, and pids are handed out in turn: when few were since the
+        previous walk, the processes are the known ones (a gone one's clock cannot be read)
+        and those of the new pids that are processes (a pid is handed out for each thread too,
+        whose pid names no process clock). Else, and every LIST_EVERY walks, the listing."""
+        last = _last_pid() if self._own_proc else None  # before the listing: a later one is next walk's
+        prev, self._last_pid = self._last_pid, last
+        if (
+            prev is None
+            or last is None
+            or not 0 <= last - prev <= max(NEW_PIDS_PROBED, len(old))  # many, or they wrapped round
+            or self._unlisted >= LIST_EVERY
+        ):
+            self._unlisted = 0
+            self.listings += 1
+            return [int(name) for name in os.listdir(PROC_ROOT) if name.isdigit()], True
+        self._unlisted += 1
+        new = [pid for pid in range(prev + 1, last + 1) if pid not in old and _cpu_clock_ns(pid) >= 0]
+        return [*old, *new], False
 
     def _look(
         self, pid: int, s: _Seen | None, text: bytes, now: float, seen: dict[int, _Seen], cpu_ns: int = -1
@@ -298,8 +342,13 @@ class ProcessCollector:
     def forget_gone(self) -> list[int]:
         """Drop cached processes that exited (or whose pid was reused); returns their pids."""
         gone = [pid for pid, p in self._procs.items() if not p.is_running()]
-        # (walk() forgets the processes that left; usage()'s pids have files)
-        gone += [pid for pid in self._stat_files.keys() - self._procs.keys() if self._stat_text(pid) is None]
+        # (walk() forgets the processes that left; usage()'s pids have files: the gone ones'
+        # CPU clocks cannot be read, a cheaper test than a read of their stat)
+        gone += [
+            pid
+            for pid in self._stat_files.keys() - self._procs.keys()
+            if (_cpu_clock_ns(pid) < 0 if self._clocks else self._stat_text(pid) is None)
+        ]
         for pid in gone:
             self._drop(pid)
         return gone

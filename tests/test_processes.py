@@ -272,3 +272,30 @@ def test_a_process_quiet_for_walks_then_busy_gets_its_cpu(threaded):
             p.kill()
             p.wait()
         c.close()
+
+
+def test_a_walk_without_listing_proc_finds_a_new_process_and_takes_none_of_its_threads_for_one():
+    """After the first walk, /proc is not listed while few pids were handed out: the known
+    processes and the new pids that are processes are looked at."""
+    c = ProcessCollector()
+    try:
+        first = c.walk()
+        assert os.getpid() in first and c.listings == 1
+        code = "import threading, time\nfor _ in range(3): threading.Thread(target=time.sleep, args=(60,)).start()\nprint('up', flush=True)\ntime.sleep(60)"
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+        try:
+            child.stdout.readline()
+            threads = {int(t) for t in os.listdir(f"/proc/{child.pid}/task")} - {child.pid}
+            assert len(threads) == 3
+            found = c.walk()
+            assert c.listings == 1  # this walk did not list /proc
+            assert child.pid in found and not threads & found.keys()
+            assert os.getpid() in found
+            child.kill()
+            child.wait()
+            assert child.pid not in c.walk()
+        finally:
+            child.kill()
+            child.wait()
+    finally:
+        c.close()
