@@ -245,14 +245,18 @@ def test_a_gpu_hung_from_the_start_is_read_once_it_answers(monkeypatch, caplog):
     )
 
 
-def _nvml_threads() -> list[str]:
+def _nvml_threads(before: set) -> list[str]:
+    """The names of the GPU reading threads started since `before` (other tests' may linger)."""
     import threading
 
-    return sorted(t.name for t in threading.enumerate() if t.name.startswith("gpuwatch-nvml-gpu"))
+    return sorted(
+        t.name for t in set(threading.enumerate()) - before if t.name.startswith("gpuwatch-nvml-gpu")
+    )
 
 
 def test_the_answering_gpus_share_one_thread_and_a_hung_one_costs_them_no_tick(caplog):
     import logging
+    import threading
 
     import fake_pynvml
 
@@ -260,11 +264,12 @@ def test_the_answering_gpus_share_one_thread_and_a_hung_one_costs_them_no_tick(c
 
     caplog.set_level(logging.WARNING, logger="collectors.nvml")
     fake = fake_pynvml.FakeNvml(gpus=4, procs_per_gpu=1)
+    before = set(threading.enumerate())
     collector = nvml_mod.NvmlCollector(fake, deadline_s=0.1)
     try:
         collector.sample(1000)
         # One thread reads the four GPUs in turn (the per-GPU threads of the start have ended).
-        wait_for(lambda: _nvml_threads() == ["gpuwatch-nvml-gpus"], timeout=10)
+        wait_for(lambda: _nvml_threads(before) == ["gpuwatch-nvml-gpus"], timeout=10)
         fake.set_hung(1)
         samples, procs = collector.sample(2000)
         # The round that found GPU 1 blocked still read the GPUs after it, at this tick's time.
@@ -282,7 +287,7 @@ def test_the_answering_gpus_share_one_thread_and_a_hung_one_costs_them_no_tick(c
             assert time.monotonic() < deadline
             time.sleep(0.05)
         collector.sample(5000)
-        wait_for(lambda: _nvml_threads() == ["gpuwatch-nvml-gpus"], timeout=10)  # back in the pool
+        wait_for(lambda: _nvml_threads(before) == ["gpuwatch-nvml-gpus"], timeout=10)  # back in the pool
     finally:
         fake.set_hung(1, False)
         collector.close()
@@ -292,6 +297,7 @@ def test_the_answering_gpus_share_one_thread_and_a_hung_one_costs_them_no_tick(c
 
 def test_gpus_too_slow_to_read_in_turn_are_read_side_by_side(monkeypatch, caplog):
     import logging
+    import threading
 
     import fake_pynvml
 
@@ -299,12 +305,13 @@ def test_gpus_too_slow_to_read_in_turn_are_read_side_by_side(monkeypatch, caplog
 
     caplog.set_level(logging.WARNING, logger="collectors.nvml")
     monkeypatch.setattr(nvml_mod, "POOL_MAX_SHARE", 0.0)  # any round in turn is too slow
+    before = set(threading.enumerate())
     collector = nvml_mod.NvmlCollector(fake_pynvml.FakeNvml(gpus=3), deadline_s=0.1)
     try:
         assert [s.state for s in collector.sample(1000)[0]] == [None, None, None]
         assert not collector.pooled and "each is read in a thread of its own" in caplog.text
         samples, _ = collector.sample(2000)
         assert [(s.gpu_index, s.state) for s in samples] == [(0, None), (1, None), (2, None)]
-        wait_for(lambda: _nvml_threads() == [f"gpuwatch-nvml-gpu{i}" for i in range(3)], timeout=10)
+        wait_for(lambda: _nvml_threads(before) == [f"gpuwatch-nvml-gpu{i}" for i in range(3)], timeout=10)
     finally:
         collector.close()
