@@ -12,10 +12,10 @@ ids. The parent GPU keeps its own sample: temperature, power and clocks are the 
 
 A GPU in a bad state can make every NVML call on it block (the "nvidia-smi hangs" of real
 servers). So the GPUs' reads run in worker threads (collectors/deadline.py), never in the
-caller's, in one round a tick (each GPU's sample, processes, MIG devices and GPM together; the
-XID events in the system worker of the same round). The GPUs that answer share one worker, the
-pool, which reads them one after another: one hand-over a tick instead of one per GPU, which
-is most of what the isolation costs (the threads' wake-ups and their turns at the GIL). A GPU
+caller's, in one round a tick (each GPU's sample, processes, MIG devices and GPM together, and
+the XID events). The GPUs that answer share one worker, the pool, which reads them one after
+another and then the XID events: one hand-over a tick instead of one per GPU, which is most of
+what the isolation costs (the threads' wake-ups and their turns at the GIL). A GPU
 is sampled as state 'hung' ("not responding") only when one of ITS NVML calls has been in
 flight past the deadline, timed from that call's start, and stays so through a window in which
 our own process was seen free (so a busy process - a replay, an ingest flood holding the GIL -
@@ -25,7 +25,9 @@ new pool in the same round, so the others lose no tick. A GPU that is merely lat
 busy) gets no sample that tick rather than a false 'hung'. Should the pool's round ever take
 more than POOL_MAX_SHARE of the deadline (slow reads), every GPU gets a worker of its own, side
 by side, from then on. NVML's system-wide calls (init, XID events, shutdown) get a worker and
-the same deadline; at start each GPU has its own, so one hung at start holds no other back.
+the same deadline (the XID events are read by the pool while the system worker is free; should
+that read block, the pool's worker becomes the system worker); at start each GPU has its own
+worker, so one hung at start holds no other back.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from collectors.deadline import HUNG, LATE, TimeoutError, Worker, gather, running_worker
 
@@ -288,12 +290,18 @@ class _Gpu:
 
 @dataclass(slots=True)
 class _PoolRound:
-    """The pool's job of one round: the GPUs it reads in turn and what each answered so far."""
+    """The pool's job of one round: the GPUs it reads in turn and what each answered so far,
+    then the system job (NVML's system-wide reads: the XID events), if it has one."""
 
     gpus: list[_Gpu]
+    system_job: Callable[[], object] | None = None
     answers: dict[int, object] = field(default_factory=dict)
+    system: object = None  # the system job's result
     cancelled: bool = False  # the rest is given up on (or read by a new pool): stop
-    took_s: float | None = None  # the whole round's reads, once done
+    took_s: float | None = None  # the GPUs' reads, once done
+
+
+_SYSTEM = "system"  # the pool's `current` while it runs the system job
 
 
 @dataclass
@@ -540,23 +548,26 @@ class NvmlCollector:
             )
 
     def _ask_every_gpu(self, job, system_job=None) -> _Round:
-        """One round: job(gpu) for every GPU, system_job in the system worker, side by side:
-        the pool reads its GPUs in turn, a GPU with a worker of its own is read there. A worker
-        still in an earlier call is not asked again: HUNG once shown blocked, else watched for
-        blocking this round."""
+        """One round: job(gpu) for every GPU and system_job, side by side: the pool reads its
+        GPUs in turn (and then runs system_job, while the system worker is free), a GPU with a
+        worker of its own is read there. A worker still in an earlier call is not asked again:
+        HUNG once shown blocked, else watched for blocking this round. system_job's result is
+        None when it did not run to the end in this round."""
         pooled = [gpu for gpu in self._gpus if gpu.worker is None]
         own = [gpu for gpu in self._gpus if gpu.worker is not None]
+        if system_job is not None and self._system.busy:
+            system_job = None  # its worker is still in an earlier call
         pool, pool_round, jobs = self._pool, None, []
         if pooled:
             if not pool.busy:
-                pool_round = _PoolRound(pooled)
+                pool_round, system_job = _PoolRound(pooled, system_job), None
             jobs.append((pool, partial(self._read_pool, pool, pool_round, job) if pool_round else None))
         for gpu in own:
             if not gpu.worker.busy:
                 jobs.append((gpu.worker, partial(job, gpu)))
             elif gpu.hung_since_ms is None:
                 jobs.append((gpu.worker, None))
-        if system_job is not None and not self._system.busy:
+        if system_job is not None:
             jobs.append((self._system, system_job))
         got = gather(jobs, self.deadline_s, 2 * self.deadline_s)
         answers: dict[int, object] = {}
@@ -566,7 +577,7 @@ class NvmlCollector:
                 self._to_pool(gpu)  # it answers again
         if pooled:
             answers.update(self._pool_answers(pooled, pool, pool_round, got[pool], job))
-        system = got.get(self._system)
+        system = pool_round.system if pool_round is not None else got.get(self._system)
         return _Round(answers, None if system is HUNG or system is LATE else system)
 
     def _read_pool(self, pool: Worker, pool_round: _PoolRound, job) -> None:
@@ -578,9 +589,12 @@ class NvmlCollector:
                     return
                 pool.current = gpu  # whose call it is, should one block
                 pool_round.answers[gpu.index] = job(gpu)
+            pool_round.took_s = time.perf_counter() - started
+            if pool_round.system_job is not None and not pool_round.cancelled:
+                pool.current = _SYSTEM
+                pool_round.system = pool_round.system_job()
         finally:
             pool.current = None
-        pool_round.took_s = time.perf_counter() - started
 
     def _pool_answers(self, pooled: list[_Gpu], pool: Worker, pool_round: _PoolRound | None, outcome, job) -> dict:
         """The pooled GPUs' answers, from what the pool did in a round (`outcome`: gather's)."""
@@ -593,13 +607,16 @@ class NvmlCollector:
             pool_round.cancelled = True  # what it has not read yet: given up on, or read below
         if outcome is LATE:  # our process was busy: what was read, and no sample for the rest
             return {gpu.index: read.get(gpu.index, LATE) for gpu in pooled}
-        # Blocked in a GPU's call: the worker stays with that GPU as its own; a new pool reads
-        # the GPUs not read yet, now, in this round.
+        # Blocked in a GPU's call: the worker stays with that GPU as its own (in a system-wide
+        # call: it is the system worker now); a new pool reads the GPUs not read yet, now.
         stuck = pool.current
         self._pool = Worker("gpuwatch-nvml-gpus")
         if isinstance(stuck, _Gpu):
             stuck.worker = pool
             read[stuck.index] = HUNG
+        elif stuck is _SYSTEM:
+            self._system.close()  # free (the pool ran the system job only then)
+            self._system = pool
         else:
             pool.close()
         rest = [gpu for gpu in pooled if gpu.index not in read]
