@@ -596,7 +596,9 @@ class NvmlCollector:
         finally:
             pool.current = None
 
-    def _pool_answers(self, pooled: list[_Gpu], pool: Worker, pool_round: _PoolRound | None, outcome, job) -> dict:
+    def _pool_answers(
+        self, pooled: list[_Gpu], pool: Worker, pool_round: _PoolRound | None, outcome, job
+    ) -> dict:
         """The pooled GPUs' answers, from what the pool did in a round (`outcome`: gather's)."""
         read = dict(pool_round.answers) if pool_round is not None else {}
         if outcome is not HUNG and outcome is not LATE:
@@ -624,7 +626,9 @@ class NvmlCollector:
             return read
         rest_round = _PoolRound(rest)
         got = gather(
-            [(self._pool, partial(self._read_pool, self._pool, rest_round, job))], self.deadline_s, 2 * self.deadline_s
+            [(self._pool, partial(self._read_pool, self._pool, rest_round, job))],
+            self.deadline_s,
+            2 * self.deadline_s,
         )
         read.update(self._pool_answers(rest, self._pool, rest_round, got[self._pool], job))
         return read
@@ -860,7 +864,9 @@ class NvmlCollector:
         for s in fresh:
             by_pid[s.pid].append(s)
         return {
-            pid: _Util(round(sum(s.smUtil for s in ss) / len(ss)), round(sum(s.memUtil for s in ss) / len(ss)))
+            pid: _Util(
+                round(sum(s.smUtil for s in ss) / len(ss)), round(sum(s.memUtil for s in ss) / len(ss))
+            )
             for pid, ss in by_pid.items()
         }
 

@@ -231,9 +231,8 @@ def _spinner(threaded: bool) -> subprocess.Popen:
     """A child that sleeps until a line comes on its stdin, then spins for 30 s: in its only
     thread, or (threaded) in a second thread while its main thread goes on sleeping."""
     spin = "sys.stdin.readline()\n    end = time.monotonic() + 30\n    while time.monotonic() < end: pass"
-    code = (
-        f"import sys, threading, time\ndef spin():\n    {spin}\n"
-        + ("threading.Thread(target=spin).start()\ntime.sleep(60)\n" if threaded else "spin()\n")
+    code = f"import sys, threading, time\ndef spin():\n    {spin}\n" + (
+        "threading.Thread(target=spin).start()\ntime.sleep(60)\n" if threaded else "spin()\n"
     )
     return subprocess.Popen(
         [sys.executable, "-c", "print('up', flush=True)\n" + code],

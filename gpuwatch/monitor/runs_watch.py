@@ -75,7 +75,9 @@ class RunsWatch:
         self.killed_by_oom = killed_by_oom
         self.host = host or socket.gethostname()
         self.last_alive_ms: dict[str, int] = {}  # touched only on the writer thread
-        self._periodic = Periodic("lost-run watch", interval, lambda: self.writer.submit(self.check, block=False))
+        self._periodic = Periodic(
+            "lost-run watch", interval, lambda: self.writer.submit(self.check, block=False)
+        )
 
     def check(self, conn: sqlite3.Connection) -> list[str]:
         """One pass on the writer's connection; returns the run ids marked lost."""

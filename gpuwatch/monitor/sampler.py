@@ -261,7 +261,12 @@ class Sampler:
         self._write_gpus(ts, tick, writes)
         if tick.samples:
             writes.append(
-                partial(store_samples.insert_records, table="gpu_samples", records=tick.samples, keep_on_clash=True)
+                partial(
+                    store_samples.insert_records,
+                    table="gpu_samples",
+                    records=tick.samples,
+                    keep_on_clash=True,
+                )
             )
         self._write_mig_devices(ts, writes)
         self._write_process_samples(ts, tick, writes)
@@ -276,7 +281,10 @@ class Sampler:
     def _host_writes(self, ts: int) -> list[Job]:
         writes: list[Job] = [
             partial(
-                store_samples.insert_records, table="host_samples", records=[self.host.sample(ts)], keep_on_clash=True
+                store_samples.insert_records,
+                table="host_samples",
+                records=[self.host.sample(ts)],
+                keep_on_clash=True,
             )
         ]
         if self.cfg.top_processes <= 0:
@@ -314,7 +322,14 @@ class Sampler:
             if info is not None:  # else gone since, or a zombie
                 rows.append(
                     TopProcess(
-                        ts, pid, info.start_ms, info.uid, info.user, info.cmdline, cpu, self._host_usage[pid].rss_bytes
+                        ts,
+                        pid,
+                        info.start_ms,
+                        info.uid,
+                        info.user,
+                        info.cmdline,
+                        cpu,
+                        self._host_usage[pid].rss_bytes,
                     )
                 )
         return rows
@@ -500,7 +515,9 @@ class Sampler:
             rows.append({**_row(info), "run_id": run_id, "first_seen_ms": ts, "last_seen_ms": ts})
         self._gpu_pids = current
         self._runs_checked, self._gpu_pids_checked_ms = self._run_by_pid, ts
-        self._gpu_pids_next_ms = min((k.written_ms for k in current.values()), default=ts) + PROCESS_ROW_REFRESH_MS
+        self._gpu_pids_next_ms = (
+            min((k.written_ms for k in current.values()), default=ts) + PROCESS_ROW_REFRESH_MS
+        )
         if rows:
             writes.append(partial(store_samples.upsert_processes, rows=rows))
 
