@@ -11,6 +11,8 @@ from pathlib import Path
 from gpuwatch.alerts import KINDS
 from gpuwatch.alerts import subscriptions as subs
 from gpuwatch.alerts.deliver import check_url, max_alert_id, send
+from gpuwatch.base import paths
+from gpuwatch.base.config import Config
 from gpuwatch.store import StoreError, open_ro
 
 MAX_REQUEST = 64 * 1024
@@ -198,3 +200,10 @@ class Remote:
 
     def deliveries(self, uid: int, alert_ids: list[int]) -> dict[str, list[dict]]:
         return self._ask("deliveries", alert_ids=alert_ids)
+
+
+def backend(cfg: Config) -> Local | Remote:
+    """The notify service when one listens (system install), else the user's private store."""
+    if cfg.notify_socket or paths.SYSTEM_NOTIFY_SOCKET.exists():
+        return Remote(cfg.notify_socket_path)
+    return Local(cfg.notify_db_path, paths.reader_db_path(cfg.db))

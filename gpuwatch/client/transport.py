@@ -26,9 +26,7 @@ import json
 import logging
 import os
 import queue
-import select
 import shutil
-import socket
 import threading
 import time
 import uuid
@@ -39,11 +37,11 @@ from gpuwatch import protocol
 from gpuwatch.base import paths, spool
 from gpuwatch.base.config import Config
 from gpuwatch.base.diskfull import FullDisk, no_space
-from gpuwatch.base.version import __version__
+from gpuwatch.client.link import Link as _Link
+from gpuwatch.client.link import TransportClosed, socket_candidates
 
 log = logging.getLogger(__name__)
 
-HELLO = {"type": "hello", "client": f"gpuwatch/{__version__}"}
 # Embedded mode: events waiting for the writer; past this (a stuck disk) they are dropped and
 # counted rather than growing the training process without bound.
 PENDING_MAX = 100_000
@@ -55,10 +53,6 @@ SEND_LINGER_S = 0.05
 
 
 _WAKE = object()  # put on the queue to wake the sender: for an urgent event, or close()
-
-
-class TransportClosed(RuntimeError):
-    pass
 
 
 class Transport(abc.ABC):
@@ -91,14 +85,6 @@ class Transport(abc.ABC):
         self.rejected += n
 
 
-def socket_candidates(cfg: Config) -> list[Path]:
-    """The configured socket; with no explicit choice, also a system daemon's."""
-    found = [cfg.socket_path]
-    if not cfg.socket and not cfg.system:
-        found.append(paths.default_socket_path(system=True))
-    return found
-
-
 def _daemon_link(cfg: Config) -> tuple[Path, _Link] | None:
     for path in socket_candidates(cfg):
         try:
@@ -121,54 +107,6 @@ def connect(cfg: Config, **options) -> Transport:
     if found is not None:
         return DaemonTransport(cfg, *found, **options)
     return EmbeddedTransport(cfg)
-
-
-class _Link:
-    """One greeted connection: frames out, reply frames in, pushed control frames aside."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self.buf = bytearray()
-
-    @classmethod
-    def open(cls, path: Path, timeout: float) -> _Link:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect(str(path))
-            link = cls(sock)
-            link.sock.sendall(protocol.encode(HELLO))
-            welcome = link.read_frame(timeout)
-        except BaseException:
-            sock.close()
-            raise
-        if welcome.get("type") != "welcome":
-            sock.close()
-            raise TransportClosed(f"{path}: {welcome.get('error', welcome)}")
-        return link
-
-    def read_frame(self, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TransportClosed("no reply from the daemon in time")
-            self.sock.settimeout(left)
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise TransportClosed("the daemon closed the connection")
-            self.buf += chunk
-        end = self.buf.index(b"\n") + 1
-        line = bytes(self.buf[:end])
-        del self.buf[:end]
-        return protocol.decode(line)
-
-    def pending(self) -> bool:
-        """True if a frame (or the end of the stream) can be read now without waiting."""
-        return b"\n" in self.buf or bool(select.select([self.sock], [], [], 0)[0])
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _frames(encoded: list[bytes]) -> list[list[int]]:
