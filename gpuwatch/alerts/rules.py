@@ -16,15 +16,18 @@ The daemon's stall watch hands its stalls (with their stacks) to `stall_job`.
 from __future__ import annotations
 
 import logging
-import sqlite3
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from gpuwatch.alerts import gpu_rules, host_rules, run_rules
 from gpuwatch.alerts.episodes import Episodes
 from gpuwatch.base.config import Config
 from gpuwatch.monitor.stalled_runs import Stalled, find_stalled
+from gpuwatch.store import SQLiteError
 from gpuwatch.store import alerts as stored
 from gpuwatch.store.alerts import Alert
+
+if TYPE_CHECKING:
+    import sqlite3
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +67,7 @@ class AlertRules:
         try:
             for alert in rule():
                 self._record(conn, alert)
-        except sqlite3.Error:
+        except SQLiteError:
             raise  # the file's trouble, not the rule's: the writer reports it
         except Exception:
             if name not in self._failed_rules:

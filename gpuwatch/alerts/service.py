@@ -11,19 +11,20 @@ from pathlib import Path
 from gpuwatch.alerts import KINDS
 from gpuwatch.alerts import subscriptions as subs
 from gpuwatch.alerts.deliver import check_url, max_alert_id, send
-from gpuwatch.store import StoreError, open_ro
+from gpuwatch.store import StoreError, alert_runs, open_ro
+from gpuwatch.store import subscriptions as stored_subs
 
 MAX_REQUEST = 64 * 1024
 TEST_TITLE = "gpuwatch: test message"
 
 
-def _owners(db_path: Path, column: str, value: str) -> set[int]:
+def _owners(db_path: Path, name: str | None = None, run_id: str | None = None) -> set[int]:
     try:
         conn = open_ro(db_path)
     except StoreError:
         return set()
     try:
-        return {r[0] for r in conn.execute(f"SELECT DISTINCT uid FROM runs WHERE {column} = ?", (value,))}
+        return alert_runs.owners(conn, name=name, run_id=run_id)
     finally:
         conn.close()
 
@@ -35,7 +36,7 @@ class Local:
         self.host = host or socket.gethostname()
 
     def _conn(self):
-        return subs.open_store(self.store_path)
+        return stored_subs.open_store(self.store_path)
 
     @staticmethod
     def _scope(uid: int) -> int | None:
@@ -52,15 +53,17 @@ class Local:
     ) -> dict:
         check_url(url)
         kinds = subs.parse_kinds(on, KINDS)
-        for column, value in (("name", run), ("run_id", run_id)):
-            owners = _owners(self.db_path, column, value) if value else set()
+        for value, owners in (
+            (run, _owners(self.db_path, name=run) if run else set()),
+            (run_id, _owners(self.db_path, run_id=run_id) if run_id else set()),
+        ):
             if owners and uid not in owners:
                 raise subs.SubscriptionError(
                     f"run {value!r} is another user's: you can only subscribe to your own runs"
                 )
         conn = self._conn()
         try:
-            sub = subs.add(
+            sub = stored_subs.add(
                 conn,
                 uid,
                 url,
@@ -70,21 +73,21 @@ class Local:
                 transient=transient,
                 after_alert_id=max_alert_id(self.db_path),
             )
-            return sub.public()
+            return subs.public(sub)
         finally:
             conn.close()
 
     def list_subscriptions(self, uid: int) -> list[dict]:
         conn = self._conn()
         try:
-            return [s.public() for s in subs.listing(conn, self._scope(uid))]
+            return [subs.public(s) for s in stored_subs.listing(conn, self._scope(uid))]
         finally:
             conn.close()
 
     def remove(self, uid: int, sub_id: int) -> dict:
         conn = self._conn()
         try:
-            return subs.remove(conn, int(sub_id), self._scope(uid)).public()
+            return subs.public(subs.remove(conn, int(sub_id), self._scope(uid)))
         finally:
             conn.close()
 
@@ -95,11 +98,11 @@ class Local:
             chosen = (
                 [subs.mine(conn, int(sub_id), self._scope(uid))]
                 if sub_id is not None
-                else subs.listing(conn, uid)
+                else stored_subs.listing(conn, uid)
             )
         finally:
             conn.close()
-        return [dict(s.public(), error=send(s.url, TEST_TITLE, test_body(self.host))) for s in chosen]
+        return [dict(subs.public(s), error=send(s.url, TEST_TITLE, test_body(self.host))) for s in chosen]
 
     def deliveries(self, uid: int, alert_ids: list[int]) -> dict[str, list[dict]]:
         if len(alert_ids) > 1000:
