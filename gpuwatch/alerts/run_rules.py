@@ -255,9 +255,8 @@ def slow_alerts(
         if run.last_step_ms is None or run.last_step_ms < now - window_ms:
             continue  # no step in the window to judge
         run_id, name, uid, user = run.run_id, run.name, run.uid, run.user
-        rows = alert_runs.step_rates(conn, run_id, SLOW_ROWS)
-        window = [r.tokens_per_s for r in rows if r.ts_ms >= now - window_ms and r.tokens_per_s is not None]
-        before = [r.tokens_per_s for r in rows if r.ts_ms < now - window_ms and r.tokens_per_s is not None]
+        rates = alert_runs.recent_rates(conn, run_id, now - window_ms, SLOW_ROWS)
+        window, before = rates.since, rates.before
         if not window or len(before) < SLOW_MIN_BASELINE:
             continue
         median = statistics.median(before)

@@ -41,21 +41,23 @@ def rank_run_ids(conn: sqlite3.Connection, run_id: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class StepRate:
-    ts_ms: int
-    tokens_per_s: float | None
+class RecentRates:
+    """The tokens/s of a run's newest step rows (those that have one), split at a moment."""
+
+    since: list[float]  # rows at or after it, newest first
+    before: list[float]  # the older rows, newest first
 
 
-def step_rates(conn: sqlite3.Connection, run_id: str, limit: int) -> list[StepRate]:
-    """A run's newest `limit` step rows, newest first: two columns, for a rule that reads
-    thousands of rows every few seconds."""
-    return [
-        StepRate(ts, rate)
-        for ts, rate in conn.execute(
-            "SELECT ts_ms, tokens_per_s FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT ?",
-            (run_id, limit),
-        )
-    ]
+def recent_rates(conn: sqlite3.Connection, run_id: str, split_ms: int, rows: int) -> RecentRates:
+    """Of the run's newest `rows` step rows, the rates since split_ms and before it: two lists,
+    not a record a row, for a rule that reads thousands of rows a run every few seconds."""
+    found = conn.execute(
+        "SELECT ts_ms, tokens_per_s FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT ?", (run_id, rows)
+    ).fetchall()
+    return RecentRates(
+        since=[rate for ts, rate in found if ts >= split_ms and rate is not None],
+        before=[rate for ts, rate in found if ts < split_ms and rate is not None],
+    )
 
 
 def owners(conn: sqlite3.Connection, *, name: str | None = None, run_id: str | None = None) -> set[int]:
