@@ -17,7 +17,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable
 
 from gpuwatch.alerts import subscriptions as subs
 from gpuwatch.alerts.redact import redact
@@ -41,7 +42,7 @@ def backoff_s(attempts: int) -> float:
     return min(MAX_BACKOFF_S, 2.0 ** max(0, attempts - 1))
 
 
-def _quiet_apprise():
+def _quiet_apprise() -> ModuleType:
     import apprise
 
     # apprise logs failures with the target in them: our logs never show a URL.
@@ -104,7 +105,7 @@ class Deliverer:
         store_path: Path,
         db_path: Path,
         group_s: float = 5.0,
-        sender=send,
+        sender: Callable[[str, str, str], str | None] = send,
         workers: int = 8,
         terminals_uid: int | None = None,
     ):

@@ -18,6 +18,8 @@ from gpuwatch.store.alerts import Alert
 if TYPE_CHECKING:
     import sqlite3
 
+    from gpuwatch.fleet.pick import Candidate
+
 
 def disk_low_alert(
     conn: sqlite3.Connection, cfg: Config, host: str, now: int, episodes: Episodes
@@ -65,8 +67,8 @@ def granted_alerts(conn: sqlite3.Connection, host: str, now: int) -> list[Alert]
     pending = alert_wishes.wishes(conn, host)
     if not pending:
         return []
-    found = []
-    candidates: dict[float, list] = {}  # by window: one read of the samples per window length
+    found: list[Alert] = []
+    candidates: dict[float, list[Candidate]] = {}  # by window: one read of the samples per window length
     for w in pending:
         if w.window_min not in candidates:
             candidates[w.window_min] = local_candidates(conn, now - int(w.window_min * 60_000))

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpuwatch.alerts import KINDS
 from gpuwatch.alerts import subscriptions as subs
 from gpuwatch.alerts.deliver import check_url, max_alert_id, send
 from gpuwatch.store import StoreError, alert_runs, open_ro
 from gpuwatch.store import subscriptions as stored_subs
+
+if TYPE_CHECKING:
+    import sqlite3
 
 MAX_REQUEST = 64 * 1024
 TEST_TITLE = "gpuwatch: test message"
@@ -35,7 +39,7 @@ class Local:
         self.db_path = Path(db_path)
         self.host = host or socket.gethostname()
 
-    def _conn(self):
+    def _conn(self) -> sqlite3.Connection:
         return stored_subs.open_store(self.store_path)
 
     @staticmethod
@@ -50,7 +54,7 @@ class Local:
         run: str | None = None,
         run_id: str | None = None,
         transient: bool = False,
-    ) -> dict:
+    ) -> dict[str, Any]:
         check_url(url)
         kinds = subs.parse_kinds(on, KINDS)
         for value, owners in (
@@ -77,21 +81,21 @@ class Local:
         finally:
             conn.close()
 
-    def list_subscriptions(self, uid: int) -> list[dict]:
+    def list_subscriptions(self, uid: int) -> list[dict[str, Any]]:
         conn = self._conn()
         try:
             return [subs.public(s) for s in stored_subs.listing(conn, self._scope(uid))]
         finally:
             conn.close()
 
-    def remove(self, uid: int, sub_id: int) -> dict:
+    def remove(self, uid: int, sub_id: int) -> dict[str, Any]:
         conn = self._conn()
         try:
             return subs.public(subs.remove(conn, int(sub_id), self._scope(uid)))
         finally:
             conn.close()
 
-    def test(self, uid: int, sub_id: int | None = None) -> list[dict]:
+    def test(self, uid: int, sub_id: int | None = None) -> list[dict[str, Any]]:
         """Send a test message to one of the caller's subscriptions, or to each of them."""
         conn = self._conn()
         try:
@@ -104,7 +108,7 @@ class Local:
             conn.close()
         return [dict(subs.public(s), error=send(s.url, TEST_TITLE, test_body(self.host))) for s in chosen]
 
-    def deliveries(self, uid: int, alert_ids: list[int]) -> dict[str, list[dict]]:
+    def deliveries(self, uid: int, alert_ids: list[int]) -> dict[str, list[dict[str, Any]]]:
         if len(alert_ids) > 1000:
             raise subs.SubscriptionError("at most 1000 alert ids per request")
         conn = self._conn()
@@ -133,7 +137,7 @@ OPS = {
 _METHODS = {"list": "list_subscriptions"}
 
 
-def answer(api: Local, uid: int, line: bytes) -> dict:
+def answer(api: Local, uid: int, line: bytes) -> dict[str, Any]:
     """One request line from a client whose uid the socket vouched for -> one reply dict."""
     try:
         request = json.loads(line)
@@ -155,7 +159,7 @@ class Remote:
         self.socket_path = Path(socket_path)
         self.timeout = timeout
 
-    def _ask(self, op: str, **args):
+    def _ask(self, op: str, **args: object) -> Any:  # the service's JSON reply
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(self.timeout)
             try:
@@ -187,17 +191,22 @@ class Remote:
         run: str | None = None,
         run_id: str | None = None,
         transient: bool = False,
-    ) -> dict:
-        return self._ask("add", url=url, on=on, run=run, run_id=run_id, transient=transient)
+    ) -> dict[str, Any]:
+        reply: dict[str, Any] = self._ask("add", url=url, on=on, run=run, run_id=run_id, transient=transient)
+        return reply
 
-    def list_subscriptions(self, uid: int) -> list[dict]:
-        return self._ask("list")
+    def list_subscriptions(self, uid: int) -> list[dict[str, Any]]:
+        reply: list[dict[str, Any]] = self._ask("list")
+        return reply
 
-    def remove(self, uid: int, sub_id: int) -> dict:
-        return self._ask("remove", sub_id=sub_id)
+    def remove(self, uid: int, sub_id: int) -> dict[str, Any]:
+        reply: dict[str, Any] = self._ask("remove", sub_id=sub_id)
+        return reply
 
-    def test(self, uid: int, sub_id: int | None = None) -> list[dict]:
-        return self._ask("test", sub_id=sub_id)
+    def test(self, uid: int, sub_id: int | None = None) -> list[dict[str, Any]]:
+        reply: list[dict[str, Any]] = self._ask("test", sub_id=sub_id)
+        return reply
 
-    def deliveries(self, uid: int, alert_ids: list[int]) -> dict[str, list[dict]]:
-        return self._ask("deliveries", alert_ids=alert_ids)
+    def deliveries(self, uid: int, alert_ids: list[int]) -> dict[str, list[dict[str, Any]]]:
+        reply: dict[str, list[dict[str, Any]]] = self._ask("deliveries", alert_ids=alert_ids)
+        return reply

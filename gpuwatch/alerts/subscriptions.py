@@ -57,7 +57,9 @@ def matches(sub: Subscription, alert: Alert, run_name: str | None) -> bool:
     return not sub.run_name or run_name == sub.run_name
 
 
-def parse_kinds(text: str | None, allowed=KINDS, default=DEFAULT_KINDS) -> tuple[str, ...]:
+def parse_kinds(
+    text: str | None, allowed: tuple[str, ...] = KINDS, default: tuple[str, ...] = DEFAULT_KINDS
+) -> tuple[str, ...]:
     """'run.failed,run.oom' or 'run.*' -> the kinds; an unknown one is an error naming it."""
     if not text:
         return tuple(default)
