@@ -465,10 +465,10 @@ def test_a_bad_wish_frame_gets_one_line_naming_the_field(change, complaint):
 def test_when_free_with_no_daemon_keeps_the_wish_in_my_database_for_an_embedded_sampler(
     tmp_path, monkeypatch
 ):
-    from gpuwatch.alerts.host_rules import wishes
     from gpuwatch.cli.when_free_cmd import when_free
     from gpuwatch.monitor.sampler import Sampler
     from gpuwatch.store import Writer, open_ro
+    from gpuwatch.store.alert_wishes import wishes
 
     db = tmp_path / "mine.db"
     monkeypatch.setenv("GPUWATCH_DB", str(db))

@@ -27,6 +27,11 @@ class StoreError(RuntimeError):
     """The database cannot be used as asked; the message is one line saying why."""
 
 
+# sqlite3's own base error (a locked, full or corrupt file), for the parts above the store that
+# must tell the database's trouble from their own without importing sqlite3.
+SQLiteError = sqlite3.Error
+
+
 class ReadConnection(sqlite3.Connection):
     """A read-only connection; `frozen` is True when opened as an immutable snapshot."""
 
