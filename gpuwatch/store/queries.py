@@ -616,6 +616,12 @@ def run_tokens(conn: sqlite3.Connection, run_id: str, since_ms: int, until_ms: i
     return None
 
 
+def run_owner(conn: sqlite3.Connection, run_id: str) -> int | None:
+    """The uid that created run `run_id` (who may control it), None if there is no such run."""
+    row = conn.execute("SELECT uid FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else int(row[0])
+
+
 def run_count(conn: sqlite3.Connection) -> int:
     """Every run in the database (runs() returns at most its limit of them)."""
     count: int = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
