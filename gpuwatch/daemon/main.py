@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import os
 import signal
-import sqlite3
 import threading
 from functools import partial
 from typing import Callable
@@ -24,7 +23,7 @@ from gpuwatch.daemon.spool import SpoolAdopter
 from gpuwatch.daemon.stalls import StallWatch
 from gpuwatch.monitor.runs_watch import RunsWatch
 from gpuwatch.monitor.sampler import Sampler
-from gpuwatch.store import StoreError, Writer, health
+from gpuwatch.store import SQLiteError, StoreError, Writer, health
 
 log = logging.getLogger("gpuwatch.daemon")
 
@@ -127,7 +126,7 @@ class Daemon:
                         self.cfg.notify_group_seconds,
                         terminals_uid=os.getuid() if self.cfg.notify_terminals else None,
                     )
-                except (SubscriptionError, OSError, sqlite3.Error) as e:  # sampling matters more
+                except (SubscriptionError, OSError, SQLiteError) as e:  # sampling matters more
                     log.error("alerts will not be delivered: %s", e)
                 else:
                     deliverer.start()

@@ -319,6 +319,27 @@ def latest_host_sample(conn: sqlite3.Connection, now: int | None = None) -> Host
     return HostSample(*row) if row else None
 
 
+@dataclass(frozen=True)
+class DaemonStats:
+    """The monitor's own cost (a daemon_stats row)."""
+
+    ts_ms: int
+    cpu_pct: float | None
+    rss_bytes: int | None
+    tick_ms: float | None
+    queue_depth: int | None
+    dropped_events: int | None
+    db_bytes: int | None
+
+
+def latest_daemon_stats(conn: sqlite3.Connection, now: int | None = None) -> DaemonStats | None:
+    row = conn.execute(
+        f"SELECT {columns_of(DaemonStats)} FROM daemon_stats WHERE ts_ms <= :upto ORDER BY ts_ms DESC LIMIT 1",
+        _upto(now),
+    ).fetchone()
+    return DaemonStats(*row) if row else None
+
+
 def gpu_series(
     conn: sqlite3.Connection,
     gpu_index: int,

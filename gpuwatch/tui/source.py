@@ -7,15 +7,25 @@ cannot write the database, while the daemon writes it and after it stopped.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from gpuwatch.analysis.step_split import PARTS, named_losses, split_of
 from gpuwatch.base import fmt, spool
-from gpuwatch.store import StoreError, health, now_ms, open_ro, postmortems, profiles, queries
+from gpuwatch.store import (
+    SQLiteError,
+    StoreError,
+    alerts,
+    health,
+    now_ms,
+    open_ro,
+    postmortems,
+    profiles,
+    queries,
+)
+from gpuwatch.store.db import data_version
 from gpuwatch.store.energy import EnergyLedger, RunEnergy
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
 from gpuwatch.tui.snapshot import (
@@ -37,6 +47,9 @@ from gpuwatch.tui.snapshot import (
     View,
 )
 from gpuwatch.tui.sparks import SPARK_SLOT_MS, SparkHistory, window_start
+
+if TYPE_CHECKING:
+    from sqlite3 import Connection
 
 CHART_POINTS = 240  # per series; charts are at most ~160 columns x 2 dots
 PROF_FRESH_MS = 60_000  # an older GPM sample says nothing of now: "n/a"
@@ -91,7 +104,7 @@ def end_state(run: queries.Run) -> str:
     return " · ".join(parts)
 
 
-def oom_rows(conn: sqlite3.Connection, run_ref: str) -> tuple[OomRow, ...]:
+def oom_rows(conn: Connection, run_ref: str) -> tuple[OomRow, ...]:
     """A run's OOM postmortems as the OOM screen shows them; none for an unknown run."""
     try:
         run = queries.run(conn, run_ref)
@@ -137,35 +150,27 @@ def oom_rows(conn: sqlite3.Connection, run_ref: str) -> tuple[OomRow, ...]:
     return tuple(rows)
 
 
-def alert_rows(conn: sqlite3.Connection, limit: int = ALERTS_SHOWN) -> tuple[AlertRow, ...]:
-    from gpuwatch.store import alerts
-
+def alert_rows(conn: Connection, limit: int = ALERTS_SHOWN) -> tuple[AlertRow, ...]:
     return tuple(
         AlertRow(a.id, a.ts_ms, a.kind, a.title, a.body, a.run_id, a.gpu_index)
         for a in alerts.recent(conn, limit)
     )
 
 
-def alert_line(conn: sqlite3.Connection, now: int) -> str | None:
+def alert_line(conn: Connection, now: int) -> str | None:
     """'2 alerts in the last hour · newest 21:40 run.failed: …', or None when there were none."""
-    try:
-        newest = conn.execute(
-            "SELECT ts_ms, kind, title FROM alerts ORDER BY id DESC LIMIT ?", (ALERT_LINE_LOOK,)
-        ).fetchall()
-    except sqlite3.OperationalError:  # a database from before alerts existed
-        return None
-    recent = [row for row in newest if row[0] >= now - ALERT_LINE_MS]
+    recent = [a for a in alerts.recent(conn, ALERT_LINE_LOOK) if a.ts_ms >= now - ALERT_LINE_MS]
     if not recent:
         return None
     n = f"{len(recent)}+" if len(recent) == ALERT_LINE_LOOK else str(len(recent))
-    ts, kind, title = recent[0]
+    newest = recent[0]
     return (
         f"{n} alert{'s' if len(recent) > 1 else ''} in the last hour (a) · "
-        f"{fmt.local_time(ts, with_date=False)} {kind}: {title}"
+        f"{fmt.local_time(newest.ts_ms, with_date=False)} {newest.kind}: {newest.title}"
     )
 
 
-def stacks_row(conn: sqlite3.Connection, run_id: str) -> StacksRow | None:
+def stacks_row(conn: Connection, run_id: str) -> StacksRow | None:
     """The newest stack dump, one line per thread: its innermost frames, innermost first."""
     dumps = profiles.stack_dumps(conn, run_id, limit=1)
     if not dumps:
@@ -184,7 +189,7 @@ def stacks_row(conn: sqlite3.Connection, run_id: str) -> StacksRow | None:
     return StacksRow(d.ts_ms, d.pid, d.reason, "\n".join(lines), d.error)
 
 
-def profile_row(conn: sqlite3.Connection, run_ref: str) -> ProfileRow | None:
+def profile_row(conn: Connection, run_ref: str) -> ProfileRow | None:
     """A run's newest profile with its top operators; None for an unknown run or no profile."""
     try:
         run = queries.run(conn, run_ref)
@@ -223,7 +228,7 @@ def profile_row(conn: sqlite3.Connection, run_ref: str) -> ProfileRow | None:
     )
 
 
-def capacity_row(conn: sqlite3.Connection) -> CapacityRow | None:
+def capacity_row(conn: Connection) -> CapacityRow | None:
     found = profiles.latest_capacity_study(conn)
     if found is None:
         return None
@@ -291,7 +296,7 @@ class StoreSource:
         self.clock = clock
         self.stale_after_ms = stale_after_ms
         self.notice = notice
-        self.conn: sqlite3.Connection | None = None
+        self.conn: Connection | None = None
         self.sparks = SparkHistory()
         self.last: tuple[tuple, Snapshot] | None = None  # (what it was read for, the snapshot)
         self.energy: tuple[str, EnergyLedger] | None = None  # the Run screen's run, folded so far
@@ -320,24 +325,23 @@ class StoreSource:
         now = self.clock()
         try:
             if self.conn is None:
-                self.conn = open_ro(self.db_path)
                 # Each poll reads the newest pages of a few tables, which the OS caches anyway;
                 # SQLite's default 2 MB page cache only let a TUI left open grow as the file did.
-                self.conn.execute(f"PRAGMA cache_size = -{READ_CACHE_KIB}")
+                self.conn = open_ro(self.db_path, cache_kib=READ_CACHE_KIB)
             conn = self.conn
             # Nothing committed since the last read of this view, and the sparklines' slot is the
             # same: that read stands (an idle store costs one pragma a poll, not a dozen queries).
-            key = (view, conn.execute("PRAGMA data_version").fetchone()[0], now // SPARK_SLOT_MS)
+            key = (view, data_version(conn), now // SPARK_SLOT_MS)
             if self.last is not None and self.last[0] == key:
                 return replace(self.last[1], now_ms=now)
             snap = self._read(conn, view, now)
             self.last = key, snap
             return snap
-        except (StoreError, sqlite3.Error) as e:
+        except (StoreError, SQLiteError) as e:
             self.close()  # reopen next poll: the file may appear or be replaced
             return Snapshot(now_ms=now, problem=str(e))
 
-    def _read(self, conn: sqlite3.Connection, view: View, now: int) -> Snapshot:
+    def _read(self, conn: Connection, view: View, now: int) -> Snapshot:
         """`view` as the store has it now."""
         latest = queries.latest_gpu_samples(conn, now)
         base = self._freshness(conn, now, latest)
@@ -359,14 +363,12 @@ class StoreSource:
             return replace(base, alerts=alert_rows(conn))
         raise ValueError(f"unknown view {view.kind!r}")
 
-    def _freshness(
-        self, conn: sqlite3.Connection, now: int, latest: dict[int, queries.GpuSample]
-    ) -> Snapshot:
+    def _freshness(self, conn: Connection, now: int, latest: dict[int, queries.GpuSample]) -> Snapshot:
         newest = [s.ts_ms for s in latest.values()]
         host = queries.latest_host_sample(conn, now)
         if host:
             newest.append(host.ts_ms)
-        driver = conn.execute("SELECT 1 FROM gpus LIMIT 1").fetchone() is not None
+        driver = bool(queries.gpus(conn))
         return Snapshot(
             now_ms=now,
             data_ms=max(newest) if newest else None,
@@ -384,9 +386,7 @@ class StoreSource:
             ),
         )
 
-    def _overview(
-        self, conn: sqlite3.Connection, base: Snapshot, latest: dict[int, queries.GpuSample]
-    ) -> Snapshot:
+    def _overview(self, conn: Connection, base: Snapshot, latest: dict[int, queries.GpuSample]) -> Snapshot:
         infos = queries.gpus(conn)
         histories = self.sparks.update(conn, [info.gpu_index for info in infos], base.now_ms)
         first_slot = window_start(base.now_ms) // SPARK_SLOT_MS
@@ -440,7 +440,7 @@ class StoreSource:
             base, gpus=with_migs(gpus, queries.mig_devices(conn, base.now_ms), procs), processes=procs
         )
 
-    def _detail(self, conn: sqlite3.Connection, view: View, now: int) -> RunDetail | None:
+    def _detail(self, conn: Connection, view: View, now: int) -> RunDetail | None:
         try:
             run = queries.run(conn, view.run_id)
         except StoreError:
@@ -546,7 +546,7 @@ class StoreSource:
             slowdowns=slow,
         )
 
-    def _slowdowns(self, conn: sqlite3.Connection, run_id: str, newest_ms: int | None) -> tuple[SlowRow, ...]:
+    def _slowdowns(self, conn: Connection, run_id: str, newest_ms: int | None) -> tuple[SlowRow, ...]:
         """The run's slow phases (gpuwatch why), worked out again only when its newest step
         moved on by WHY_EVERY_MS: the analysis reads every step, a poll should not."""
         if newest_ms is None:
@@ -573,7 +573,7 @@ class StoreSource:
             )
         return self.why[1]
 
-    def _energy(self, conn: sqlite3.Connection, run: queries.Run, until_ms: int) -> RunEnergy | None:
+    def _energy(self, conn: Connection, run: queries.Run, until_ms: int) -> RunEnergy | None:
         """The run's energy so far: the first poll folds its lifetime, later ones only what is new."""
         if self.energy is None or self.energy[0] != run.run_id:
             self.energy = run.run_id, EnergyLedger(run.started_ms - PROCESS_TICK_SLACK_MS)
