@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from gpuwatch import __version__, protocol
 from gpuwatch.base.config import Config
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Frame = dict[str, Any]  # a frame as protocol.decode gives it, or a reply
+Decoded = protocol.Message | protocol.ProtocolError  # what a frame's bytes turn out to be
 
 MAX_INFLIGHT_EVENTS = 50_000
 READ_CHUNK = 64 * 1024
@@ -186,13 +188,13 @@ class Connection:
     gid: int
     writer: asyncio.StreamWriter
     greeted: bool = False
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
     buf: bytearray = field(default_factory=bytearray)  # received, not yet a whole frame
     scanned: int = 0  # bytes of buf known to hold no newline
     held: int = 0  # bytes counted against the uid's UID_PENDING_BYTES
     deadline: float = 0.0  # when the frame being received must be complete
 
-    def send(self, frame: dict) -> None:
+    def send(self, frame: Frame) -> None:
         try:
             data = protocol.encode(frame)
         except protocol.ProtocolError as e:  # a reply over the cap (huge warnings): say so instead
@@ -203,10 +205,11 @@ class Connection:
 class _Uid:
     """Per-uid state shared by that uid's connections."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.connections = 0
         self.pending_bytes = 0
-        self.frames: collections.deque = collections.deque()  # (line, future) to decode, in order
+        # (line, future of its decoding) to decode, in order
+        self.frames: collections.deque[tuple[bytes, asyncio.Future[Decoded]]] = collections.deque()
         self.writer_slots = asyncio.Semaphore(UID_WRITER_FRAMES)
 
 
@@ -238,7 +241,7 @@ class IngestServer:
         self.run_connections: dict[str, Connection] = {}  # run_id -> connection feeding it
         self.uids: dict[int, _Uid] = {}
         self._turns: collections.deque[int] = collections.deque()  # uids with frames to decode
-        self._decoder: asyncio.Task | None = None
+        self._decoder: asyncio.Task[None] | None = None
         self.client_log = Throttle(log)
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
@@ -276,7 +279,7 @@ class IngestServer:
 
     # --- the daemon side of the control channel ---
 
-    def push_control(self, run_id: str, action: str, **fields) -> bool:
+    def push_control(self, run_id: str, action: str, **fields: object) -> bool:
         """Send a control message to the connection feeding `run_id`; False if none is."""
         conn = self.run_connections.get(run_id)
         if conn is None or conn.writer.is_closing():
@@ -398,7 +401,7 @@ class IngestServer:
             message,
         )
 
-    async def _answer(self, conn: Connection, state: _Uid, line: bytes) -> dict:
+    async def _answer(self, conn: Connection, state: _Uid, line: bytes) -> Frame:
         """The reply to one frame, whatever its bytes: never raises for a client's input."""
         try:
             msg = await self._decoded(state, conn.peer.uid, line)
@@ -423,10 +426,10 @@ class IngestServer:
             self._refused(conn, reply["code"], reply["error"])
         return reply
 
-    async def _decoded(self, state: _Uid, uid: int, line: bytes):
+    async def _decoded(self, state: _Uid, uid: int, line: bytes) -> Decoded:
         """Decode and validate `line` in this uid's turn: uids with frames waiting are served
         round-robin, one frame each, so one uid's flood cannot hold the loop."""
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Decoded] = asyncio.get_running_loop().create_future()
         if not state.frames:
             self._turns.append(uid)
         state.frames.append((line, future))
@@ -452,7 +455,7 @@ class IngestServer:
                     future.set_exception(e)
             await asyncio.sleep(0)  # let replies go out and other frames arrive
 
-    async def _handle(self, conn: Connection, msg: protocol.Message, line: bytes) -> dict:
+    async def _handle(self, conn: Connection, msg: protocol.Message, line: bytes) -> Frame:
         if msg.type == "hello":
             conn.greeted = True
             return {
@@ -470,7 +473,7 @@ class IngestServer:
             return await self._wish(conn, msg.frame)
         return await self._control_request(conn, msg.frame)
 
-    async def _wish(self, conn: Connection, frame: dict) -> dict:
+    async def _wish(self, conn: Connection, frame: Frame) -> Frame:
         """Store a when-free wish owned by the peer's uid (SO_PEERCRED, never the message)."""
         from gpuwatch.alerts.host_rules import add_wish
 
@@ -494,7 +497,7 @@ class IngestServer:
         log.info("when-free wish %d stored for uid %d", wish_id, peer.uid)
         return {"type": "wish_added", "id": wish_id, "host": host}
 
-    async def _events(self, conn: Connection, msg: protocol.Message, line: bytes) -> dict:
+    async def _events(self, conn: Connection, msg: protocol.Message, line: bytes) -> Frame:
         n = len(msg.events)
         if self.cfg.rate_limit_events > 0:
             rate = self.cfg.rate_limit_events
@@ -551,7 +554,7 @@ class IngestServer:
             self.run_connections[run_id] = conn  # where control for this run goes
         return outcome.reply(msg.warnings)
 
-    async def _control_request(self, conn: Connection, frame: dict) -> dict:
+    async def _control_request(self, conn: Connection, frame: Frame) -> Frame:
         run_id, action = frame["run_id"], frame["action"]
         try:
             owner = await self._on_writer(lambda db: run_owner(db, run_id))
@@ -578,7 +581,7 @@ class IngestServer:
         log.info("control %s for run %s sent on behalf of uid %d", action, run_id, peer.uid)
         return {"type": "control_result", "run_id": run_id, "action": action, "delivered": True}
 
-    async def _stacks(self, run_id: str) -> dict:
+    async def _stacks(self, run_id: str) -> Frame:
         """Dump the run's stacks from here (the daemon holds CAP_SYS_PTRACE), store and return them."""
         try:
             pid = await self._on_writer(lambda db: stepping_pid(db, run_id))

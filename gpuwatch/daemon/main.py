@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 from functools import partial
-from typing import Callable
+from typing import Callable, Mapping
 
 from gpuwatch.base.config import Config, ConfigError
 from gpuwatch.daemon.ingest import IngestServer
@@ -28,7 +28,7 @@ from gpuwatch.store import SQLiteError, StoreError, Writer, health
 log = logging.getLogger("gpuwatch.daemon")
 
 
-def default_system_mode(environ=None) -> bool:
+def default_system_mode(environ: Mapping[str, str] | None = None) -> bool:
     """System mode when started by systemd with a StateDirectory, or by root; else per-user."""
     env = os.environ if environ is None else environ
     return bool(env.get("STATE_DIRECTORY")) or os.geteuid() == 0
@@ -42,7 +42,10 @@ def resolve_mode(cfg: Config) -> Config:
 
 
 class Daemon:
-    def __init__(self, cfg: Config, nvml_module=None, notifier: Notifier | None = None):
+    def __init__(
+        self, cfg: Config, nvml_module: object | None = None, notifier: Notifier | None = None
+    ) -> None:
+        """`nvml_module`: pynvml, or a stand-in with its functions (tests)."""
         self.cfg = cfg
         self.notifier = notifier or Notifier()
         self.writer = Writer(cfg.db_path)
@@ -172,7 +175,7 @@ class Daemon:
                 reported_stall = True
 
 
-def run_daemon(cfg: Config, nvml_module=None) -> int:
+def run_daemon(cfg: Config, nvml_module: object | None = None) -> int:
     """Run until SIGTERM/SIGINT; returns the exit status. `nvml_module` is for tests only."""
     try:
         daemon = Daemon(cfg, nvml_module=nvml_module)

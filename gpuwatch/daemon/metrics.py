@@ -26,6 +26,9 @@ from gpuwatch.store.running import running_runs
 
 if TYPE_CHECKING:
     from sqlite3 import Connection
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.core import GaugeMetricFamily, Metric, UnknownMetricFamily
 
 DEFAULT_HOST = "127.0.0.1"
 MIB = 1024 * 1024
@@ -139,7 +142,9 @@ DAEMON_FIELDS = (
 ENERGY_CATCH_UP_MS = 15 * 60_000
 
 
-def _family(name: str, doc: str, labels: tuple[str, ...], kind: str = "gauge"):
+def _family(
+    name: str, doc: str, labels: tuple[str, ...], kind: str = "gauge"
+) -> GaugeMetricFamily | UnknownMetricFamily:
     from prometheus_client.core import GaugeMetricFamily, UnknownMetricFamily
 
     cls = UnknownMetricFamily if kind == "counter" else GaugeMetricFamily
@@ -156,7 +161,7 @@ class StoreCollector:
 
     def __init__(
         self,
-        db_path: str | os.PathLike,
+        db_path: str | os.PathLike[str],
         extra: Callable[[], Mapping[str, float]] | None = None,
         stale_after_s: float = 60.0,
         hostname: str | None = None,
@@ -173,10 +178,10 @@ class StoreCollector:
         self._catch_up: threading.Thread | None = None  # folds a fresh ledger's history
         self._closing = threading.Event()
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []  # built per scrape; stops the registry calling collect() at register time
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Metric]:
         start = time.perf_counter()
         with self._lock:
             conn = self._connection()
@@ -209,7 +214,7 @@ class StoreCollector:
                 return None  # not created yet: exporter stays up, gpuwatch_store_up says 0
         return self._conn
 
-    def _from_store(self, conn: Connection) -> list:
+    def _from_store(self, conn: Connection) -> list[Metric]:
         try:
             gpus, newest_gpu_ms = self._gpu_families(conn)
             return (
@@ -223,7 +228,7 @@ class StoreCollector:
             conn.close()
             return []
 
-    def _gpu_families(self, conn: Connection) -> tuple[list, int | None]:
+    def _gpu_families(self, conn: Connection) -> tuple[list[Metric], int | None]:
         """The GPU families, and the time of the newest GPU sample (None: none stored)."""
         now = now_ms()
         fresh_after = now - self.stale_after_ms
@@ -250,7 +255,7 @@ class StoreCollector:
             for g, _ in rows
         ]
         values = [dict(vars(sample), age_ms=now - sample.ts_ms) for _, sample in rows]
-        families = []
+        families: list[Metric] = []
         for name, column, scale, kind, doc in DCGM_FIELDS:
             fam = _family(name, doc, GPU_LABELS, kind)
             for labels, v in zip(gpu_labels, values):
@@ -285,7 +290,12 @@ class StoreCollector:
         families += _prof_families(conn, labels_by_gpu, fresh_after)
         return families, max((s.ts_ms for s in latest.values()), default=None)
 
-    def _gpu_up(self, infos: list, fresh: list, latest: dict) -> object:
+    def _gpu_up(
+        self,
+        infos: list[queries.GpuInfo],
+        fresh: list[tuple[queries.GpuInfo, queries.GpuSample]],
+        latest: dict[int, queries.GpuSample],
+    ) -> Metric:
         """Every GPU the host ever had: 0 when lost, not responding or no longer sampled (the
         `reason` label says which), so an alert can fire."""
         ok = {gpu.gpu_index for gpu, _ in fresh}
@@ -321,7 +331,7 @@ class StoreCollector:
             )
         return up
 
-    def _users(self, conn: Connection, fresh: list) -> object:
+    def _users(self, conn: Connection, fresh: list[tuple[queries.GpuInfo, queries.GpuSample]]) -> Metric:
         """GPU memory per user per GPU, from the newest process tick; a GPU's users beyond
         MAX_USERS_PER_GPU are summed as "(others)"."""
         uuids = {gpu.gpu_index: gpu.uuid or "" for gpu, _ in fresh}
@@ -341,7 +351,7 @@ class StoreCollector:
                 fam.add_metric([str(index), uuids[index], self.hostname, user], used)
         return fam
 
-    def _run_families(self, conn: Connection, newest_gpu_ms: int | None) -> list:
+    def _run_families(self, conn: Connection, newest_gpu_ms: int | None) -> list[Metric]:
         """Only running runs: finished ones would grow the series count without bound."""
         tps = _family(
             "gpuwatch_run_tokens_per_second", "Tokens per second of the run's last step.", RUN_LABELS
@@ -378,7 +388,7 @@ class StoreCollector:
 
     def _energy_family(
         self, conn: Connection, active: dict[str, tuple[list[str], int]], newest_gpu_ms: int | None
-    ) -> object:
+    ) -> Metric:
         """Joules of each running run's share of its GPUs (store/energy.py), folded from the
         samples stored since the last scrape up to the newest GPU sample."""
         from prometheus_client.core import CounterMetricFamily
@@ -443,7 +453,7 @@ class StoreCollector:
             self._peaks[run_id] = (new.last_step, best)
         return best
 
-    def _host_families(self, conn: Connection, newest_gpu_ms: int | None) -> list:
+    def _host_families(self, conn: Connection, newest_gpu_ms: int | None) -> list[Metric]:
         # The newest up to now: samples stamped before the wall clock stepped back are not.
         host = queries.latest_host_sample(conn)
         families = [self._last_sample(newest_gpu_ms, None if host is None else host.ts_ms)]
@@ -457,7 +467,7 @@ class StoreCollector:
         families.append(size)
         return families
 
-    def _alerts_family(self, conn: Connection) -> object:
+    def _alerts_family(self, conn: Connection) -> Metric:
         """gpuwatch_alerts_total{kind}: alerts written (one per incident), every kind present."""
         from prometheus_client.core import CounterMetricFamily
 
@@ -472,7 +482,7 @@ class StoreCollector:
             fam.add_metric([kind, self.hostname], n)
         return fam
 
-    def _last_sample(self, newest_gpu_ms: int | None, host_ms: int | None) -> object:
+    def _last_sample(self, newest_gpu_ms: int | None, host_ms: int | None) -> Metric:
         """When this host last stored a sample: with `up`, a fleet view says since when a host
         is unreachable or its daemon stopped sampling."""
         newest = max((t for t in (newest_gpu_ms, host_ms) if t is not None), default=None)
@@ -485,10 +495,10 @@ class StoreCollector:
             fam.add_metric([self.hostname], newest / 1000)
         return fam
 
-    def _extra_families(self) -> list:
+    def _extra_families(self) -> list[Metric]:
         if self.extra is None:
             return []
-        families = []
+        families: list[Metric] = []
         for key, value in sorted(self.extra().items()):
             kind = "counter" if key.endswith("_total") else "gauge"
             fam = _family(f"gpuwatch_daemon_{key}", f"Daemon figure '{key}'.", (), kind)
@@ -497,7 +507,7 @@ class StoreCollector:
         return families
 
 
-def _add_mig_series(conn: Connection, families: list, labels_by_gpu: dict[int, list[str]]) -> None:
+def _add_mig_series(conn: Connection, families: list[Metric], labels_by_gpu: dict[int, list[str]]) -> None:
     """A series per GPU instance of each GPU in labels_by_gpu (the fresh ones) on MIG_FIELDS'
     families. The compute instances of one GPU instance share its memory: its first one's is
     taken, and utilisation only when there is one (most drivers give none on MIG anyway)."""
@@ -515,11 +525,11 @@ def _add_mig_series(conn: Connection, families: list, labels_by_gpu: dict[int, l
                 by_name[name].add_sample(name, labels, value * scale)
 
 
-def _prof_families(conn: Connection, labels_by_gpu: dict[int, list[str]], fresh_after: int) -> list:
+def _prof_families(conn: Connection, labels_by_gpu: dict[int, list[str]], fresh_after: int) -> list[Metric]:
     """PROF_FIELDS' families: a series per fresh GPU with a recent GPM sample; none elsewhere
     (a GPU without GPM has no such series, as under dcgm-exporter)."""
     latest = queries.latest_gpu_prof_samples(conn, fresh_after)
-    families = []
+    families: list[Metric] = []
     for name, column, doc in PROF_FIELDS:
         fam = _family(name, doc, GPU_LABELS)
         for gpu, sample in latest.items():
@@ -530,11 +540,15 @@ def _prof_families(conn: Connection, labels_by_gpu: dict[int, list[str]], fresh_
     return families
 
 
-def _row_families(row: queries.HostSample | queries.DaemonStats | None, fields, min_ts_ms: int) -> list:
+def _row_families(
+    row: queries.HostSample | queries.DaemonStats | None,
+    fields: tuple[tuple[str, str, float, str], ...],
+    min_ts_ms: int,
+) -> list[Metric]:
     """A family for each of `fields` the row has a value of; none for a stale row."""
     if row is None or row.ts_ms < min_ts_ms:
         return []
-    families = []
+    families: list[Metric] = []
     for name, column, scale, doc in fields:
         value = getattr(row, column)
         if value is not None:
@@ -568,7 +582,7 @@ class MetricsServer:
     host: str
     port: int  # the bound port (useful when asked for port 0)
     collector: StoreCollector
-    _httpd: object
+    _httpd: WSGIServer
     _thread: threading.Thread
 
     @property
@@ -585,7 +599,7 @@ class MetricsServer:
 
 def start_metrics_server(
     listen: str,
-    db_path,
+    db_path: str | os.PathLike[str],
     extra: Callable[[], Mapping[str, float]] | None = None,
     stale_after_s: float = 60.0,
     hostname: str | None = None,

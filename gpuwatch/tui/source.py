@@ -10,7 +10,7 @@ import json
 from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from gpuwatch.analysis.step_split import PARTS, named_losses, split_of
 from gpuwatch.base import fmt, spool
@@ -104,11 +104,20 @@ def end_state(run: queries.Run) -> str:
     return " · ".join(parts)
 
 
-def oom_rows(conn: Connection, run_ref: str) -> tuple[OomRow, ...]:
-    """A run's OOM postmortems as the OOM screen shows them; none for an unknown run."""
+def find_run(conn: Connection, run_ref: str | None) -> queries.Run | None:
+    """The run a view names (queries.run), None if it names none or no such run."""
+    if run_ref is None:
+        return None
     try:
-        run = queries.run(conn, run_ref)
+        return queries.run(conn, run_ref)
     except StoreError:
+        return None
+
+
+def oom_rows(conn: Connection, run_ref: str | None) -> tuple[OomRow, ...]:
+    """A run's OOM postmortems as the OOM screen shows them; none for an unknown run."""
+    run = find_run(conn, run_ref)
+    if run is None:
         return ()
     rows = []
     for pm in postmortems.for_run(conn, run.run_id):
@@ -151,10 +160,11 @@ def oom_rows(conn: Connection, run_ref: str) -> tuple[OomRow, ...]:
 
 
 def alert_rows(conn: Connection, limit: int = ALERTS_SHOWN) -> tuple[AlertRow, ...]:
-    return tuple(
-        AlertRow(a.id, a.ts_ms, a.kind, a.title, a.body, a.run_id, a.gpu_index)
-        for a in alerts.recent(conn, limit)
-    )
+    rows = []
+    for a in alerts.recent(conn, limit):
+        assert a.id is not None  # read back from the table: stored, so numbered
+        rows.append(AlertRow(a.id, a.ts_ms, a.kind, a.title, a.body, a.run_id, a.gpu_index))
+    return tuple(rows)
 
 
 def alert_line(conn: Connection, now: int) -> str | None:
@@ -189,11 +199,10 @@ def stacks_row(conn: Connection, run_id: str) -> StacksRow | None:
     return StacksRow(d.ts_ms, d.pid, d.reason, "\n".join(lines), d.error)
 
 
-def profile_row(conn: Connection, run_ref: str) -> ProfileRow | None:
+def profile_row(conn: Connection, run_ref: str | None) -> ProfileRow | None:
     """A run's newest profile with its top operators; None for an unknown run or no profile."""
-    try:
-        run = queries.run(conn, run_ref)
-    except StoreError:
+    run = find_run(conn, run_ref)
+    if run is None:
         return None
     found = profiles.profiles(conn, run.run_id)
     if not found:
@@ -286,7 +295,7 @@ class StoreSource:
         clock: Callable[[], int] = now_ms,
         stale_after_ms: int = 15_000,
         notice: str | None = None,
-        spool_dirs: list[Path] = (),
+        spool_dirs: Sequence[Path] = (),
     ) -> None:
         """`stale_after_ms`: data older than this is shown as "daemon not running" (a few of
         its intervals); `notice`: a line shown while the data is live (no daemon: who samples);
@@ -298,9 +307,12 @@ class StoreSource:
         self.notice = notice
         self.conn: Connection | None = None
         self.sparks = SparkHistory()
-        self.last: tuple[tuple, Snapshot] | None = None  # (what it was read for, the snapshot)
+        # (what it was read for: view, data version, sparkline slot; the snapshot)
+        self.last: tuple[tuple[View, int, int], Snapshot] | None = None
         self.energy: tuple[str, EnergyLedger] | None = None  # the Run screen's run, folded so far
-        self.why: tuple[tuple, tuple[SlowRow, ...]] | None = None  # (run, step period) -> slow phases
+        self.why: tuple[tuple[str, int], tuple[SlowRow, ...]] | None = (
+            None  # (run, step period) -> slow phases
+        )
 
     def close(self) -> None:
         if self.conn is not None:
@@ -404,20 +416,20 @@ class StoreSource:
                     name=info.name or info.uuid,
                     state="lost" if lost else "hung" if hung else "ok",
                     state_since_ms=info.state_since_ms if hung else None,
-                    util_pct=s and s.gpu_util_pct,
+                    util_pct=s.gpu_util_pct if s else None,
                     util_history=history,
                     util_history_slot=first_slot,
-                    mem_used_bytes=s and s.mem_used_bytes,
+                    mem_used_bytes=s.mem_used_bytes if s else None,
                     mem_total_bytes=info.mem_total_bytes,
-                    temp_c=s and s.temp_c,
-                    power_mw=s and s.power_mw,
+                    temp_c=s.temp_c if s else None,
+                    power_mw=s.power_mw if s else None,
                     power_limit_mw=info.power_limit_mw,
-                    throttle_reasons=s and s.throttle_reasons,
-                    ecc_uncorrected=s and s.ecc_uncorrected,
-                    sm_active_pct=p and p.sm_active_pct,
-                    sm_occupancy_pct=p and p.sm_occupancy_pct,
-                    tensor_active_pct=p and p.tensor_active_pct,
-                    dram_active_pct=p and p.dram_active_pct,
+                    throttle_reasons=s.throttle_reasons if s else None,
+                    ecc_uncorrected=s.ecc_uncorrected if s else None,
+                    sm_active_pct=p.sm_active_pct if p else None,
+                    sm_occupancy_pct=p.sm_occupancy_pct if p else None,
+                    tensor_active_pct=p.tensor_active_pct if p else None,
+                    dram_active_pct=p.dram_active_pct if p else None,
                 )
             )
         procs = tuple(
@@ -441,9 +453,8 @@ class StoreSource:
         )
 
     def _detail(self, conn: Connection, view: View, now: int) -> RunDetail | None:
-        try:
-            run = queries.run(conn, view.run_id)
-        except StoreError:
+        run = find_run(conn, view.run_id)
+        if run is None:
             return None
         until = run.ended_ms or now
         since = run.started_ms if view.range_s is None else max(run.started_ms, until - view.range_s * 1000)
@@ -526,7 +537,7 @@ class StoreSource:
             else RunRow(run.run_id, run.name, run.user, run.status, run.started_ms, run.ended_ms)
         )
         energy = self._energy(conn, run, until)
-        tokens = energy and queries.run_tokens(conn, run.run_id, energy.from_ms, until)
+        tokens = None if energy is None else queries.run_tokens(conn, run.run_id, energy.from_ms, until)
         return RunDetail(
             run=row,
             host=run.host,
@@ -540,9 +551,9 @@ class StoreSource:
             since_ms=since,
             stacks=stacks_row(conn, run.run_id),
             profiles=len(profiles.profiles(conn, run.run_id)),
-            energy_j=energy and energy.joules,
+            energy_j=None if energy is None else energy.joules,
             energy_complete=energy is None or energy.complete,
-            joules_per_token=energy.joules / tokens if tokens else None,
+            joules_per_token=energy.joules / tokens if energy is not None and tokens else None,
             slowdowns=slow,
         )
 
