@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from gpuwatch.base.config import Config
-from gpuwatch.daemon.ingest import IngestError, IngestServer
+from gpuwatch.base.unix_socket import SocketError
+from gpuwatch.daemon.ingest import IngestServer
 from gpuwatch.monitor.runs_watch import RunsWatch, process_alive
 from gpuwatch.store import Writer
 
@@ -324,7 +325,7 @@ def test_socket_modes_stale_socket_and_a_second_daemon(shared_dir):
     try:
         assert stat.S_IMODE(os.stat(cfg.socket_path).st_mode) == 0o600  # user mode: only me
         assert os.listdir(cfg.socket_path.parent) == ["gw.sock"]  # no bind leftovers
-        with pytest.raises(IngestError, match="another daemon is already listening on"):
+        with pytest.raises(SocketError, match="another daemon is already listening on"):
             Server(cfg)
     finally:
         srv.close()

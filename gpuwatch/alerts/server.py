@@ -17,7 +17,7 @@ from gpuwatch.alerts import subscriptions as subs
 from gpuwatch.alerts.deliver import Deliverer, max_alert_id
 from gpuwatch.alerts.service import MAX_REQUEST, Local, answer
 from gpuwatch.base.config import Config
-from gpuwatch.daemon.ingest import bind_socket, peer_credentials
+from gpuwatch.base.unix_socket import bind_socket, peer_credentials
 
 log = logging.getLogger("gpuwatch.notify")
 

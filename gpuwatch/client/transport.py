@@ -36,10 +36,11 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from gpuwatch import __version__, protocol
+from gpuwatch import protocol
 from gpuwatch.base import paths, spool
 from gpuwatch.base.config import Config
 from gpuwatch.base.diskfull import FullDisk, no_space
+from gpuwatch.base.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -22,22 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import grp
 import logging
 import os
-import pwd
 import resource
 import socket
-import struct
-import tempfile
 import time
 from dataclasses import dataclass, field
 from operator import itemgetter
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from gpuwatch import __version__, protocol
+from gpuwatch import protocol
 from gpuwatch.base.config import Config
+from gpuwatch.base.unix_socket import bind_socket, in_group, peer_credentials, user_name
+from gpuwatch.base.version import __version__
 from gpuwatch.daemon.logging import Throttle
 from gpuwatch.daemon.stalls import dump_row, stepping_pid
 from gpuwatch.store import Writer, now_ms
@@ -65,35 +62,6 @@ BUSY = protocol.error("daemon busy: write queue full; retry later", "busy")
 
 class _WriterBusy(Exception):
     """The writer's queue is full: the frame is answered BUSY."""
-
-
-class IngestError(OSError):
-    """The server cannot start (socket taken or unusable); one line saying why."""
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end of a connected Unix socket."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)
-
-
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def in_group(uid: int, gid: int, group: str) -> bool:
-    """True if the user `uid` (primary group `gid`) is a member of `group`."""
-    if not group:
-        return False
-    try:
-        group_gid = grp.getgrnam(group).gr_gid
-        name = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return False
-    return group_gid in os.getgrouplist(name, gid)
 
 
 class TokenBucket:
@@ -135,45 +103,6 @@ class FramingError(Exception):
     def __init__(self, message: str, code: str):
         super().__init__(message)
         self.code = code
-
-
-def bind_socket(path: Path, mode: int, group: str = "") -> socket.socket:
-    """Listen at `path` with `mode` from the first instant: bind in a private directory, set
-    mode and group there, then rename into place (no bind->chmod window, no umask games)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755 if mode & 0o077 else 0o700)
-    if path.exists() or path.is_symlink():
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            path.unlink(missing_ok=True)  # stale: nothing answers
-        except OSError as e:
-            raise IngestError(f"{path} exists and cannot be probed: {e.strerror}") from None
-        else:
-            raise IngestError(f"another daemon is already listening on {path}")
-        finally:
-            probe.close()
-    private = tempfile.mkdtemp(prefix=".bind-", dir=path.parent)
-    tmp = os.path.join(private, "s")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(tmp)
-        os.chmod(tmp, mode)
-        if group:
-            try:
-                os.chown(tmp, -1, grp.getgrnam(group).gr_gid)
-            except KeyError:
-                raise IngestError(f"socket_group {group!r} does not exist") from None
-        sock.listen(128)
-        os.rename(tmp, path)
-    except BaseException:
-        sock.close()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    finally:
-        os.rmdir(private)
-    return sock
 
 
 def socket_mode(cfg: Config) -> int:

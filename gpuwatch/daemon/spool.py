@@ -32,7 +32,7 @@ from pathlib import Path
 
 from gpuwatch.base import priority, spool
 from gpuwatch.base.config import Config
-from gpuwatch.daemon.ingest import user_name
+from gpuwatch.base.unix_socket import user_name
 from gpuwatch.store import Writer
 
 log = logging.getLogger(__name__)
