@@ -26,8 +26,8 @@ def alerts_cmd(db: str | None, fmt: str, limit: int) -> None:
     from gpuwatch.alerts.service import backend
     from gpuwatch.alerts.subscriptions import SubscriptionError
     from gpuwatch.base.fmt import clip, local_time
+    from gpuwatch.base.unix_socket import user_name
     from gpuwatch.cli.options import load_config
-    from gpuwatch.daemon.ingest import user_name
     from gpuwatch.store import alerts as store_alerts
     from gpuwatch.store import open_ro
 

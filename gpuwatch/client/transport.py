@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import concurrent.futures
 import json
 import logging
 import os
@@ -549,7 +550,7 @@ class EmbeddedTransport(Transport):
             self._pending.append(event)
             if len(self._pending) > 1:
                 return  # the job queued for the first event takes this one too
-        if not self.writer.submit(self._apply_pending, block=False):
+        if self.writer.submit(self._apply_pending, block=False) is None:
             with self._pending_lock:
                 self.dropped += len(self._pending)
                 self._pending.clear()
@@ -582,15 +583,17 @@ class EmbeddedTransport(Transport):
             events = protocol.validate(dict(msg, v=protocol.VERSION)).events
         except protocol.ProtocolError as e:
             return protocol.error(str(e), "invalid")
-        done = threading.Event()
-        result = []
-        if not self.writer.submit(
-            lambda conn: result.append(self._apply(conn, events)), lambda ok: done.set(), timeout=timeout
-        ) or not done.wait(timeout):
-            return protocol.error("database busy; try again", "busy")
-        if not result:
+        busy = protocol.error("database busy; try again", "busy")
+        applied = self.writer.submit(lambda conn: self._apply(conn, events), timeout=timeout)
+        if applied is None:
+            return busy
+        try:
+            outcome = applied.result(timeout)
+        except concurrent.futures.TimeoutError:
+            return busy
+        except Exception:  # rolled back (and a job's own error logged) by the writer
             return protocol.error("database write failed", "store")
-        return {"v": protocol.VERSION, **result[0].reply()}
+        return {"v": protocol.VERSION, **outcome.reply()}
 
     def flush(self, timeout: float = 10.0) -> bool:
         return self.writer.flush(timeout)

@@ -319,6 +319,27 @@ def latest_host_sample(conn: sqlite3.Connection, now: int | None = None) -> Host
     return HostSample(*row) if row else None
 
 
+@dataclass(frozen=True)
+class DaemonStats:
+    """The monitor's own cost (a daemon_stats row)."""
+
+    ts_ms: int
+    cpu_pct: float | None
+    rss_bytes: int | None
+    tick_ms: float | None
+    queue_depth: int | None
+    dropped_events: int | None
+    db_bytes: int | None
+
+
+def latest_daemon_stats(conn: sqlite3.Connection, now: int | None = None) -> DaemonStats | None:
+    row = conn.execute(
+        f"SELECT {columns_of(DaemonStats)} FROM daemon_stats WHERE ts_ms <= :upto ORDER BY ts_ms DESC LIMIT 1",
+        _upto(now),
+    ).fetchone()
+    return DaemonStats(*row) if row else None
+
+
 def gpu_series(
     conn: sqlite3.Connection,
     gpu_index: int,
@@ -615,6 +636,12 @@ def run_tokens(conn: sqlite3.Connection, run_id: str, since_ms: int, until_ms: i
         if tokens:
             return tokens
     return None
+
+
+def run_owner(conn: sqlite3.Connection, run_id: str) -> int | None:
+    """The uid that created run `run_id` (who may control it), None if there is no such run."""
+    row = conn.execute("SELECT uid FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else int(row[0])
 
 
 def run_count(conn: sqlite3.Connection) -> int:
