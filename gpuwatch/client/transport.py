@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 from gpuwatch import protocol
 from gpuwatch.base import paths, spool
@@ -40,6 +40,12 @@ from gpuwatch.base.config import Config
 from gpuwatch.base.diskfull import FullDisk, no_space
 from gpuwatch.client.link import Link as _Link
 from gpuwatch.client.link import TransportClosed, socket_candidates
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from gpuwatch.monitor.sampler import Sampler
+    from gpuwatch.store.events import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +66,16 @@ class Transport(abc.ABC):
     """What gpuwatch.client uses; see the module docstring."""
 
     mode: str = ""
-    control_handler: Callable[[dict], None] | None = None
+    control_handler: Callable[[dict[str, Any]], None] | None = None
     dropped = 0  # events lost because the queue was full
     rejected = 0  # events the protocol or the daemon refused (bugs, other users' runs)
 
     @abc.abstractmethod
-    def send(self, event: dict, urgent: bool = False) -> None:
+    def send(self, event: dict[str, Any], urgent: bool = False) -> None:
         """Queue one event; never blocks the caller. Urgent: ahead of everything queued."""
 
     @abc.abstractmethod
-    def request(self, msg: dict, timeout: float = 5.0) -> dict:
+    def request(self, msg: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
         """One synchronous request and its reply."""
 
     @abc.abstractmethod
@@ -103,7 +109,7 @@ def daemon_answers(cfg: Config) -> bool:
     return found is not None
 
 
-def connect(cfg: Config, **options) -> Transport:
+def connect(cfg: Config, **options: Any) -> Transport:
     found = _daemon_link(cfg)
     if found is not None:
         return DaemonTransport(cfg, *found, **options)
@@ -152,8 +158,8 @@ class DaemonTransport(Transport):
         self._spool_full = FullDisk(log, "gpuwatch: spool")
         self.spool_path = self.spool_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}{spool.SUFFIX}"
         self._link = link
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
-        self._urgent: collections.deque = collections.deque()  # taken before the queue
+        self._queue: queue.Queue[dict[str, Any] | object] = queue.Queue(maxsize=queue_size)
+        self._urgent: collections.deque[dict[str, Any]] = collections.deque()  # taken before the queue
         self._backoff = 0.0
         self._retry_at = 0.0
         self._enqueued = 0
@@ -166,7 +172,7 @@ class DaemonTransport(Transport):
 
     # --- caller side ---
 
-    def send(self, event: dict, urgent: bool = False) -> None:
+    def send(self, event: dict[str, Any], urgent: bool = False) -> None:
         with self._progress:
             if self._closing:
                 return
@@ -209,7 +215,7 @@ class DaemonTransport(Transport):
         if self._spool_exists():
             log.warning("gpuwatch: daemon unreachable; events kept in %s for replay", self.spool_path)
 
-    def request(self, msg: dict, timeout: float = 5.0) -> dict:
+    def request(self, msg: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
         """One frame on a connection of its own; returns the daemon's reply. If the daemon
         cannot take an events frame now, its events are queued (spooled) like send()."""
         try:
@@ -256,8 +262,8 @@ class DaemonTransport(Transport):
         if self._link is not None:
             self._link.close()
 
-    def _collect(self) -> list[dict]:
-        queued = []
+    def _collect(self) -> list[dict[str, Any]]:
+        queued: list[Any] = []  # events, and _WAKE
         if not self._urgent:
             try:
                 queued.append(self._queue.get(timeout=0.2))
@@ -280,13 +286,13 @@ class DaemonTransport(Transport):
         steps = [event for event in queued if event.get("kind") == "step"]
         return [event for event in queued if event.get("kind") != "step"] + urgent + steps
 
-    def _take_urgent(self) -> list[dict]:
+    def _take_urgent(self) -> list[dict[str, Any]]:
         taken = []
         while self._urgent:
             taken.append(self._urgent.popleft())
         return taken
 
-    def _dispatch(self, batch: list[dict]) -> None:
+    def _dispatch(self, batch: list[dict[str, Any]]) -> None:
         encoded = []
         for event in batch:
             try:
@@ -339,7 +345,7 @@ class DaemonTransport(Transport):
         for n, group in enumerate(_frames(encoded)):
             parts = [encoded[i] for i in group]
             try:
-                self._link.sock.sendall(_events_frame(parts))
+                self._live_link().sock.sendall(_events_frame(parts))
                 reply = self._reply()
             except (OSError, TransportClosed, protocol.ProtocolError) as e:
                 self._disconnect(str(e))
@@ -360,24 +366,30 @@ class DaemonTransport(Transport):
             self._reject(len(left), reply.get("error", str(reply)))
         return []
 
-    def _reply(self) -> dict:
+    def _live_link(self) -> _Link:
+        if self._link is None:
+            raise TransportClosed("not connected")
+        return self._link
+
+    def _reply(self) -> dict[str, Any]:
         """The reply to the frame just sent; pushed control frames on the way are handled."""
         while True:
-            frame = self._link.read_frame(self.ack_timeout)
+            frame = self._live_link().read_frame(self.ack_timeout)
             if frame.get("type") != "control":
                 return frame
             self._on_control(frame)
 
     def _poll_control(self) -> None:
         try:
-            while self._link.pending():
-                frame = self._link.read_frame(self.ack_timeout)
+            link = self._live_link()
+            while link.pending():
+                frame = link.read_frame(self.ack_timeout)
                 if frame.get("type") == "control":
                     self._on_control(frame)
         except (OSError, TransportClosed, protocol.ProtocolError) as e:
             self._disconnect(str(e))
 
-    def _on_control(self, frame: dict) -> None:
+    def _on_control(self, frame: dict[str, Any]) -> None:
         handler = self.control_handler
         if handler is None:
             log.info("gpuwatch: control %s ignored (no handler)", frame.get("action"))
@@ -435,7 +447,7 @@ class DaemonTransport(Transport):
         log.info("gpuwatch: replayed %d spooled events from %s", sent, path)
         return True
 
-    def _keep_rest(self, path: Path, left: list[bytes], rest) -> None:
+    def _keep_rest(self, path: Path, left: list[bytes], rest: IO[bytes]) -> None:
         """Rewrite the spool as the undelivered events of this chunk and the file's rest."""
         tmp = path.with_suffix(".tmp")
         try:
@@ -506,12 +518,12 @@ class EmbeddedTransport(Transport):
             user = str(uid)
         self.cfg = cfg
         self.peer = Peer(uid, user, os.getpid(), "embedded")
-        self._pending: list[dict] = []
+        self._pending: list[dict[str, Any]] = []
         self._pending_lock = threading.Lock()
         # The writer runs in the training process here: waking it at most ten times a second
         # keeps it from taking the GIL while the loop's torch ops want it back.
         self.writer = Writer(cfg.db_path, linger_s=EMBEDDED_LINGER_S)
-        self.sampler = None
+        self.sampler: Sampler | None = None
         # The sampler's set-up (NVML, psutil) and the lost-run check happen on a thread of their
         # own: `gpuwatch run` spawns its program meanwhile instead of after them.
         self._starting = threading.Thread(
@@ -538,7 +550,7 @@ class EmbeddedTransport(Transport):
             return
         self.sampler = sampler
 
-    def send(self, event: dict, urgent: bool = False) -> None:
+    def send(self, event: dict[str, Any], urgent: bool = False) -> None:
         # The writer applies what is pending in order, in one transaction: an urgent event needs
         # no lane of its own. One writer job per burst of events, not one per event: step() pays a list append, and
         # the writer applies whatever piled up in one transaction, taking the GIL from the
@@ -555,12 +567,12 @@ class EmbeddedTransport(Transport):
                 self.dropped += len(self._pending)
                 self._pending.clear()
 
-    def _apply_pending(self, conn) -> None:
+    def _apply_pending(self, conn: sqlite3.Connection) -> None:
         with self._pending_lock:
             events, self._pending = self._pending, []
         self._apply(conn, events)
 
-    def _apply(self, conn, events: list[dict]):
+    def _apply(self, conn: sqlite3.Connection, events: list[dict[str, Any]]) -> Outcome:
         from gpuwatch.store.events import apply_events
 
         valid = []
@@ -574,7 +586,7 @@ class EmbeddedTransport(Transport):
             self._reject(1, message)
         return outcome
 
-    def request(self, msg: dict, timeout: float = 5.0) -> dict:
+    def request(self, msg: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
         if msg.get("type") != "events":
             return protocol.error(
                 f"{msg.get('type')}: needs the gpuwatch daemon (this run is in embedded mode)", "unavailable"
