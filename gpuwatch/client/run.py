@@ -20,10 +20,9 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from gpuwatch.base import config as config_mod
 from gpuwatch.base import paths
-from gpuwatch.base.clock import elapsed_end_ms
+from gpuwatch.base.clock import elapsed_end_ms, now_ms
 from gpuwatch.base.diskfull import free_bytes, show_bytes
 from gpuwatch.client import flops, fold, metadata, oom, profiling, torch_stats
-from gpuwatch.store import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,6 @@ _OOM_MESSAGES = (
 
 _PLAIN_COUNTS = {int, type(None)}
 _PLAIN_LOSSES = {float, int, type(None)}
-_NO_MFU = {"mfu": None}  # (merged into events, never changed)
 
 
 class Recorded(NamedTuple):
@@ -434,6 +432,7 @@ class Run:
         size = fold.group_size(len(raw), max(DRAIN_EVERY_MS, raw[-1].ts_ms - since))
         g = self._read(raw)  # one pass per column for the whole drain
         send, prefix, ids, run_id = self._transport.send, self._id_prefix, self._id_count, self.run_id
+        peak = self._peak_flops  # none (no GPU): no MFU, and no call to work it out
         if size > 1:
             for start in range(0, len(raw), size):
                 part = fold.Steps(*(column[start : start + size] for column in g))
@@ -479,7 +478,7 @@ class Run:
                     "step_time_ms": step_ms,
                     "data_wait_pct": wait_pct,
                     "tokens_per_s": tps,
-                    **self._mfu(tps, seq_len),
+                    "mfu": self._mfu(tps, seq_len) if peak else None,
                     "mem_allocated_bytes": alloc,
                     "mem_reserved_bytes": reserved,
                     "mem_peak_bytes": peak,
@@ -529,13 +528,13 @@ class Run:
             columns.split,
         )
 
-    def _mfu(self, tps: float | None, seq_len: int | None) -> dict:
+    def _mfu(self, tps: float | None, seq_len: int | None) -> float | None:
         if not tps or not self._peak_flops:  # (no GPU peak to weigh against: no call of fpt)
-            return _NO_MFU
+            return None
         fpt = self._flops_per_token
         if callable(fpt):
             fpt = fpt(seq_len) if seq_len else None
-        return {"mfu": flops.mfu(tps, fpt, self._peak_flops)}
+        return flops.mfu(tps, fpt, self._peak_flops)
 
     # ---- generations --------------------------------------------------------------------
     def generation(

@@ -49,7 +49,6 @@ from gpuwatch.integrations.iteration import OptimizerCycle, StepSplit, name_opti
 
 # "0" (or false/no/off): the bootstrap leaves the program alone; `gpuwatch run --no-instrument`.
 ENV_INSTRUMENT = "GPUWATCH_INSTRUMENT"
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 
 _active: "AutoInstrument | None" = None
 # Iterations in a row whose every backward() ran through the model's output, once per forward of
@@ -493,7 +492,8 @@ class AutoInstrument:
         def recorded_backward(tensors, *args, **kwargs):
             if self._backward_depth:  # a reentrant checkpoint's inner backward: not an iteration
                 return backward(tensors, *args, **kwargs)
-            self._unstrand()
+            if self._open is not None:
+                self._unstrand()
             self._through_model = False
             self._backwards += 1
             self._backward_depth = 1
@@ -678,7 +678,8 @@ class AutoInstrument:
         return (args[0], counted_closure, *args[2:]), kwargs
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        self._unstrand()
+        if self._open is not None:
+            self._unstrand()
         if self._framework is not None or not self._ours():
             return
         try:
