@@ -9,9 +9,7 @@ import itertools
 import json
 import logging
 import os
-import secrets
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -78,7 +76,7 @@ class Started(NamedTuple):
 
 
 def new_run_id() -> str:
-    return secrets.token_hex(6)
+    return os.urandom(6).hex()  # (secrets.token_hex's own bytes, without importing hmac)
 
 
 def end_state_path(run_id: str) -> Path:
@@ -164,6 +162,8 @@ def _percentile(values: list[float], q: float) -> float | None:
         return None
     if len(values) == 1:
         return values[0]
+    import statistics  # generations only: not at every client's start
+
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
@@ -235,7 +235,7 @@ class Run:
         self._cfg = cfg
         self._flops_per_token = flops_per_token
         self._precision = flops.normalize_dtype(precision)
-        self._id_prefix = f"{secrets.token_hex(4)}-"  # event ids: unique per Run, cheap to make
+        self._id_prefix = f"{os.urandom(4).hex()}-"  # event ids: unique per Run, cheap to make
         self._id_count = itertools.count()
         self._last_seq = 0
         self._step = 0
