@@ -6,13 +6,15 @@
    with and without the hooks, in blocks alternated in one process. `--clock cpu` times the
    hooks in the CPU time of the thread that runs them (time.thread_time, its own cost taken out):
    on a loaded host, preemption and waits for the GIL are left out, as wall time cannot.
+   `--bytecodes` counts instead the Python bytecodes our code executes a step, on the training
+   thread and gpuwatch's drainer thread (a figure no load changes; a torch call counts as one).
    Goals: <= 40 µs per step and <= 1 % of a 10 ms step.
 2. `gpuwatch run -- true`'s wall time: what the wrapper alone adds to a program's.
 3. Tokens/s of an unmodified Hugging Face Trainer and Lightning script under `gpuwatch run` vs the
    framework's own figure over the same steps (the test scripts in tests/autorun_scripts).
    Goal: within 2 %.
 
-    .venv/bin/python bench/bench_autohook.py [--steps 400] [--clock wall|cpu] [--skip-frameworks]
+    .venv/bin/python bench/bench_autohook.py [--steps 400] [--clock wall|cpu] [--bytecodes] [--skip-frameworks]
 """
 
 from __future__ import annotations
@@ -173,6 +175,49 @@ def hook_cost(steps: int, whole_loop: bool = True) -> None:
     )
 
 
+def bytecodes(steps: int) -> None:
+    """Bytecodes executed in gpuwatch's own code per step (sys.settrace, opcode events)."""
+    import torch
+
+    from gpuwatch.integrations import autohook
+
+    ours = os.sep + "gpuwatch" + os.sep
+    counts = {"training thread": 0, "drainer thread": 0}
+    where = ["training thread"]
+
+    def tracer(frame, event, arg):
+        if ours not in frame.f_code.co_filename:
+            return None
+        frame.f_trace_opcodes = True
+
+        def local(frame, event, arg):
+            if event == "opcode":
+                counts[where[0]] += 1
+            return local
+
+        return local
+
+    model, opt = model_and_optimizer(torch)
+    hooks = autohook.AutoInstrument(torch)
+    hooks.install()
+    step_times_us(torch, model, opt, 20)  # the model found, the checks of the first iterations done
+    hooks.run._drain(wait=True)
+    # The drainer thread's work is done here, in one drain once the steps are taken: the same
+    # events (one per step below 1000 steps a second, see fold.py), counted on this thread.
+    hooks.run._drainer.stop()
+    sys.settrace(tracer)
+    step_times_us(torch, model, opt, steps)
+    where[0] = "drainer thread"
+    hooks.run._drain(wait=True)
+    sys.settrace(None)
+    hooks.switch_off()
+    hooks.run.finish()
+    print(
+        f"bytecodes in gpuwatch's code per step, over {steps} steps: "
+        + ", ".join(f"{name} {n / steps:.0f}" for name, n in counts.items())
+    )
+
+
 BLOCK, TIMED_FROM = 40, 15  # steps per block; the first ones (the hooks' first iterations) untimed
 
 
@@ -269,10 +314,14 @@ def main() -> None:
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="how hooks are timed")
     parser.add_argument("--skip-frameworks", action="store_true")
     parser.add_argument("--hooks-only", action="store_true", help="only the time inside the hooks")
+    parser.add_argument("--bytecodes", action="store_true", help="count our bytecodes a step, and stop")
     args = parser.parse_args()
     use_clock(args.clock)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.update(XDG_DATA_HOME=tmp, GPUWATCH_SOCKET=os.devnull)  # embedded mode, a fresh db
+        if args.bytecodes:
+            bytecodes(args.steps)
+            return
         hook_cost(args.steps, whole_loop=not args.hooks_only)
         if not args.hooks_only:
             wrapper_start()
