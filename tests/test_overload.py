@@ -278,7 +278,7 @@ def test_a_folded_event_sums_counts_and_averages_what_is_averaged():
         rss=(7,) * 3,
         split=(None, {"compute_pct": 50.0, "closure_evals": 20}, {"compute_pct": 80.0, "closure_evals": 19}),
     )
-    event = fold.folded(group, lambda tps, seq_len: {"mfu": None})
+    event = fold.folded(group, lambda tps, seq_len: None)
     # the hooks' shares weighted by their steps' time, a closure's evaluations summed
     assert event["compute_pct"] == (50.0 * 30 + 80.0 * 20) / 50 and event["closure_evals"] == 39
     assert (event["step"], event["n_steps"], event["tokens"], event["samples"]) == (3, 3, 400, 6)

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_autoinstrument import GPUWATCH, PY, SCRIPTS, gw_run, query, steps_of, the_run
+from test_autoinstrument import GPUWATCH, PY, SCRIPTS, gw_run, plain, query, steps_of, the_run
 
 pytest.importorskip("torch")
 
@@ -159,3 +159,19 @@ def test_torchrun_ranks_are_named_after_the_job_and_last_as_long_as_their_proces
         assert ages[rank["rank"]] * 1000 - 50 <= lived_ms <= ages[rank["rank"]] * 1000 + 5000, dict(rank)
     listed = subprocess.run([GPUWATCH, "runs"], capture_output=True, text=True, timeout=60).stdout
     assert "ddp2/rank0" in listed and "ddp2/rank1" in listed
+
+
+@pytest.mark.parametrize("how", ["gpuwatch run", "callback"])
+def test_a_lightning_validation_loop_is_the_next_steps_evaluation_time(how):
+    script = str(SCRIPTS / "lightning_validation.py")
+    done = gw_run(PY, script) if how == "gpuwatch run" else plain(PY, script, "--callback")
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = [int(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("validated")]
+    assert after == [3, 6, 9]
+    (run,) = query("SELECT * FROM runs WHERE parent_run_id IS NULL")
+    steps = {s["step"]: s for s in steps_of(run["run_id"])}
+    assert sorted(steps) == list(range(1, 10))
+    # 0.3 s of validation after steps 3 and 6 (the last one follows the last step: no step has it)
+    for n in (4, 7):
+        assert steps[n]["eval_pct"] > 50, dict(steps[n])
+    assert all(steps[n]["eval_pct"] == 0 for n in steps if n not in (4, 7))

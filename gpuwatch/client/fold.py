@@ -104,9 +104,9 @@ def _split(g: Steps) -> dict:
     return out
 
 
-def folded(g: Steps, fields: Callable[[float | None, int | None], dict]) -> dict:
-    """One event's fields (without the envelope) for consecutive steps; `fields(tps, seq_len)`
-    adds what only the run knows (its MFU)."""
+def folded(g: Steps, mfu: Callable[[float | None, int | None], float | None]) -> dict:
+    """One event's fields (without the envelope) for consecutive steps; `mfu(tps, seq_len)`:
+    what only the run knows."""
     times = _present(g.step_ms)
     tokens = _sum(g.tokens)
     if None in g.tokens or None in g.step_ms:  # the time of the steps that counted tokens
@@ -133,7 +133,7 @@ def folded(g: Steps, fields: Callable[[float | None, int | None], dict]) -> dict
         "step_time_max_ms": max(times) if times else None,
         "data_wait_pct": wait_pct,
         "tokens_per_s": tps,
-        **fields(tps, seq_len),
+        "mfu": mfu(tps, seq_len),
         "mem_allocated_bytes": g.alloc[-1],
         "mem_reserved_bytes": g.reserved[-1],
         "mem_peak_bytes": _max(g.peak),

@@ -74,11 +74,12 @@ def connect(cfg: Config) -> Transport:
     """The transport for a run of this process: the daemon's (or the `gpuwatch run` wrapper's)
     when one answers, else the recorder helper's, started on first use. If the helper cannot
     start, the run records from inside this process (EmbeddedTransport), with one warning."""
+    from gpuwatch.client.transport import DaemonTransport, _daemon_link
     from gpuwatch.client.transport import connect as connect_to
-    from gpuwatch.client.transport import daemon_answers
 
-    if daemon_answers(cfg):
-        return connect_to(cfg)
+    found = _daemon_link(cfg)  # one greeting: the link that answered is the run's
+    if found is not None:
+        return DaemonTransport(cfg, *found)
     try:
         path = recorder_socket(cfg)
     except (OSError, RecorderFailed) as e:

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from collectors import torch_profiler
+from gpuwatch.base.clock import now_ms
 from gpuwatch.base.config import Config
 from gpuwatch.base.diskfull import FullDisk, no_space
 from gpuwatch.client import helpers
-from gpuwatch.store import now_ms
 
 log = logging.getLogger(__name__)
 

@@ -9,21 +9,18 @@ import itertools
 import json
 import logging
 import os
-import secrets
 import signal
-import statistics
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from gpuwatch.base import config as config_mod
 from gpuwatch.base import paths
-from gpuwatch.base.clock import elapsed_end_ms
+from gpuwatch.base.clock import elapsed_end_ms, now_ms
 from gpuwatch.base.diskfull import free_bytes, show_bytes
 from gpuwatch.client import flops, fold, metadata, oom, profiling, torch_stats
-from gpuwatch.store import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +49,34 @@ _PLAIN_COUNTS = {int, type(None)}
 _PLAIN_LOSSES = {float, int, type(None)}
 
 
+class Recorded(NamedTuple):
+    """One step as step() recorded it, for the drainer thread to read once the GPU passed it."""
+
+    step: int
+    ts_ms: int
+    mark: Any  # the step clock's mark: ms on the CPU, a pair of CUDA events
+    compute: Any  # where the iteration's compute began (mark_compute), or None
+    tokens: Any  # an int, or a tensor count summed on the GPU
+    samples: int | None
+    seq_len: int | None
+    loss: Any  # captured (see torch_stats.capture_loss)
+    losses: dict | None
+    alloc: int | None
+    reserved: int | None
+    peak: int | None
+    rss: int | None
+    split: Mapping[str, Any] | None
+
+
+class Started(NamedTuple):
+    """When a run started, on the wall clock and the monotonic one (its end is timed from both)."""
+
+    ms: int
+    monotonic: float
+
+
 def new_run_id() -> str:
-    return secrets.token_hex(6)
+    return os.urandom(6).hex()  # (secrets.token_hex's own bytes, without importing hmac)
 
 
 def end_state_path(run_id: str) -> Path:
@@ -139,6 +162,8 @@ def _percentile(values: list[float], q: float) -> float | None:
         return None
     if len(values) == 1:
         return values[0]
+    import statistics  # generations only: not at every client's start
+
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
@@ -210,7 +235,7 @@ class Run:
         self._cfg = cfg
         self._flops_per_token = flops_per_token
         self._precision = flops.normalize_dtype(precision)
-        self._id_prefix = f"{secrets.token_hex(4)}-"  # event ids: unique per Run, cheap to make
+        self._id_prefix = f"{os.urandom(4).hex()}-"  # event ids: unique per Run, cheap to make
         self._id_count = itertools.count()
         self._last_seq = 0
         self._step = 0
@@ -242,13 +267,13 @@ class Run:
                 {"pid": os.getpid(), "name": name, "config": plain, "flops_per_token": fixed_flops, **fields},
             )
         else:
-            self._started = (now_ms(), time.monotonic())  # the run's end is timed from here too
+            self._started = Started(now_ms(), time.monotonic())  # the run's end is timed from here too
             if started_s is not None:  # a rank's run lasts as long as its process
-                ago_s = max(0.0, self._started[0] / 1000.0 - started_s)
-                self._started = (int(started_s * 1000), self._started[1] - ago_s)
+                ago_s = max(0.0, self._started.ms / 1000.0 - started_s)
+                self._started = Started(int(started_s * 1000), self._started.monotonic - ago_s)
             self._send(
                 "run_start",
-                ts_ms=self._started[0],
+                ts_ms=self._started.ms,
                 name=name,
                 config=plain,
                 flops_per_token=fixed_flops,
@@ -314,7 +339,7 @@ class Run:
     ) -> None:
         """Record one optimiser step. Never synchronises the GPU: timings and a tensor loss are
         read by a thread of ours once the GPU has passed this point, within DRAIN_EVERY_MS or at
-        the end of the run. Costs a tuple appended to a deque: the events are built (and folded)
+        the end of the run. Costs a record appended to a deque: the events are built (and folded)
         off this thread.
         losses: each optimiser's loss by name (tensors or floats), with several optimisers.
         split: step fields measured by the caller (data_wait_pct, compute_pct, eval_pct,
@@ -339,7 +364,7 @@ class Run:
             alloc = reserved = peak = None
         pending = self._pending
         pending.append(
-            (
+            Recorded(
                 self._step,
                 now_ms(),
                 mark,
@@ -398,84 +423,30 @@ class Run:
             raw = [take() for _ in range(len(pending))]
         else:
             raw = []
-            while pending and clock.ready(pending[0][2], wait):
+            while pending and clock.ready(pending[0].mark, wait):
                 raw.append(pending.popleft())
         if not raw:
             return
-        since = raw[0][1] if self._drained_ts is None else self._drained_ts
-        self._drained_ts = raw[-1][1]
-        size = fold.group_size(len(raw), max(DRAIN_EVERY_MS, raw[-1][1] - since))
-        send, envelope = self._transport.send, {"kind": "step", "run_id": self.run_id}
-        for start in range(0, len(raw), size):
-            g = self._read(raw[start : start + size])
-            if len(g.step) > 1:
+        since = raw[0].ts_ms if self._drained_ts is None else self._drained_ts
+        self._drained_ts = raw[-1].ts_ms
+        size = fold.group_size(len(raw), max(DRAIN_EVERY_MS, raw[-1].ts_ms - since))
+        g = self._read(raw)  # one pass per column for the whole drain
+        send, prefix, ids, run_id = self._transport.send, self._id_prefix, self._id_count, self.run_id
+        peak = self._peak_flops  # none (no GPU): no MFU, and no call to work it out
+        if size > 1:
+            for start in range(0, len(raw), size):
+                part = fold.Steps(*(column[start : start + size] for column in g))
                 send(
                     {
-                        "id": self._id_prefix + str(next(self._id_count)),
-                        **envelope,
-                        "ts_ms": g.ts_ms[-1],
-                        **fold.folded(g, self._mfu),
+                        "id": prefix + str(next(ids)),
+                        "kind": "step",
+                        "run_id": run_id,
+                        "ts_ms": part.ts_ms[-1],
+                        **fold.folded(part, self._mfu),
                     }
                 )
-                continue
-            tokens, step_ms = g.tokens[0], g.step_ms[0]
-            tps = tokens / (step_ms / 1000.0) if tokens and step_ms else None
-            send(
-                {
-                    "id": self._id_prefix + str(next(self._id_count)),
-                    **envelope,
-                    "ts_ms": g.ts_ms[0],
-                    "step": g.step[0],
-                    "tokens": tokens,
-                    "samples": g.samples[0],
-                    "seq_len": g.seq_len[0],
-                    "loss": g.loss[0],
-                    "losses": fold.finite_losses(g.losses[0]),
-                    "step_time_ms": step_ms,
-                    "data_wait_pct": g.wait_pct[0],
-                    "tokens_per_s": tps,
-                    **self._mfu(tps, g.seq_len[0]),
-                    "mem_allocated_bytes": g.alloc[0],
-                    "mem_reserved_bytes": g.reserved[0],
-                    "mem_peak_bytes": g.peak[0],
-                    "rss_bytes": g.rss[0],
-                    **(g.split[0] or {}),
-                }
-            )
-
-    def _read(self, group: list[tuple]) -> fold.Steps:
-        """Recorded steps a column at a time, their timings and tensors read (the GPU passed
-        them): a few C-level passes over a column, not work per step, when steps come fast."""
-        clock, resolve = self._clock, torch_stats.resolve_loss
-        (
-            step,
-            ts,
-            marks,
-            computes,
-            tokens,
-            samples,
-            seq_len,
-            loss,
-            losses,
-            alloc,
-            reserved,
-            peak,
-            rss,
-            split,
-        ) = zip(*group)
-        step_ms = marks if type(clock) is torch_stats.CpuClock else [clock.elapsed_ms(m) for m in marks]
-        wait_pct = computes
-        if computes.count(None) != len(computes):
-            wait_pct = [
-                None if c is None else clock.wait_pct(m, c, ms) for m, c, ms in zip(marks, computes, step_ms)
-            ]
-        if not set(map(type, tokens)) <= _PLAIN_COUNTS:  # tensor counts (summed on the GPU)
-            tokens = [t if t is None or type(t) is int else round(resolve(t)) for t in tokens]
-        if not set(map(type, loss)) <= _PLAIN_LOSSES:
-            loss = [resolve(v) for v in loss]
-        if any(losses):
-            losses = [None if d is None else {name: resolve(v) for name, v in d.items()} for d in losses]
-        return fold.Steps(
+            return
+        for (
             step,
             ts,
             step_ms,
@@ -490,13 +461,80 @@ class Run:
             peak,
             rss,
             split,
+        ) in zip(*g):
+            tps = tokens / (step_ms / 1000.0) if tokens and step_ms else None
+            send(
+                {
+                    "id": prefix + str(next(ids)),
+                    "kind": "step",
+                    "run_id": run_id,
+                    "ts_ms": ts,
+                    "step": step,
+                    "tokens": tokens,
+                    "samples": samples,
+                    "seq_len": seq_len,
+                    "loss": loss,
+                    "losses": fold.finite_losses(losses),
+                    "step_time_ms": step_ms,
+                    "data_wait_pct": wait_pct,
+                    "tokens_per_s": tps,
+                    "mfu": self._mfu(tps, seq_len) if peak else None,
+                    "mem_allocated_bytes": alloc,
+                    "mem_reserved_bytes": reserved,
+                    "mem_peak_bytes": peak,
+                    "rss_bytes": rss,
+                    **(split or {}),
+                }
+            )
+
+    def _read(self, group: list[Recorded]) -> fold.Steps:
+        """Recorded steps a column at a time, their timings and tensors read (the GPU passed
+        them): a few C-level passes over a column, not work per step, when steps come fast."""
+        clock, resolve = self._clock, torch_stats.resolve_loss
+        columns = Recorded(*zip(*group))
+        marks, computes, tokens, loss, losses = (
+            columns.mark,
+            columns.compute,
+            columns.tokens,
+            columns.loss,
+            columns.losses,
+        )
+        step_ms = marks if type(clock) is torch_stats.CpuClock else [clock.elapsed_ms(m) for m in marks]
+        wait_pct = computes
+        if computes.count(None) != len(computes):
+            wait_pct = [
+                None if c is None else clock.wait_pct(m, c, ms) for m, c, ms in zip(marks, computes, step_ms)
+            ]
+        if not set(map(type, tokens)) <= _PLAIN_COUNTS:  # tensor counts (summed on the GPU)
+            tokens = [t if t is None or type(t) is int else round(resolve(t)) for t in tokens]
+        if not set(map(type, loss)) <= _PLAIN_LOSSES:
+            loss = [resolve(v) for v in loss]
+        if any(losses):
+            losses = [None if d is None else {name: resolve(v) for name, v in d.items()} for d in losses]
+        return fold.Steps(
+            columns.step,
+            columns.ts_ms,
+            step_ms,
+            wait_pct,
+            tokens,
+            columns.samples,
+            columns.seq_len,
+            loss,
+            losses,
+            columns.alloc,
+            columns.reserved,
+            columns.peak,
+            columns.rss,
+            columns.split,
         )
 
-    def _mfu(self, tps: float | None, seq_len: int | None) -> dict:
+    def _mfu(self, tps: float | None, seq_len: int | None) -> float | None:
+        if not tps or not self._peak_flops:  # (no GPU peak to weigh against: no call of fpt)
+            return None
         fpt = self._flops_per_token
         if callable(fpt):
             fpt = fpt(seq_len) if seq_len else None
-        return {"mfu": flops.mfu(tps, fpt, self._peak_flops)}
+        return flops.mfu(tps, fpt, self._peak_flops)
 
     # ---- generations --------------------------------------------------------------------
     def generation(
@@ -618,7 +656,7 @@ class Run:
         else:
             self._send(
                 "run_end",
-                ts_ms=elapsed_end_ms(*self._started, now_ms(), time.monotonic()),
+                ts_ms=elapsed_end_ms(self._started.ms, self._started.monotonic, now_ms(), time.monotonic()),
                 status=status,
                 urgent=True,
                 **fields,
