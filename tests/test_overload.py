@@ -289,6 +289,19 @@ def test_a_folded_event_sums_counts_and_averages_what_is_averaged():
     assert (event["mem_allocated_bytes"], event["mem_peak_bytes"]) == (30, 15)
 
 
+def test_the_drainer_reads_recorded_steps_by_column_and_tensor_counts_as_ints():
+    from gpuwatch.client import run, torch_stats
+
+    assert run.RecordedColumns._fields == run.Recorded._fields  # RecordedColumns(*zip(*steps))
+
+    class Copied:  # a count summed on the GPU, copied to the host (see capture_loss)
+        def item(self) -> float:
+            return 4096.0
+
+    assert torch_stats.resolve_count(Copied()) == 4096 and type(torch_stats.resolve_count(Copied())) is int
+    assert torch_stats.resolve_count(2.6) == 3
+
+
 def test_the_wire_takes_folded_steps_and_refuses_bad_losses_in_one_line():
     from gpuwatch import protocol
 

@@ -14,13 +14,17 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple
+from types import FrameType, ModuleType, TracebackType
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
 
 from gpuwatch.base import config as config_mod
 from gpuwatch.base import paths
 from gpuwatch.base.clock import elapsed_end_ms, now_ms
 from gpuwatch.base.diskfull import free_bytes, show_bytes
 from gpuwatch.client import flops, fold, metadata, oom, profiling, torch_stats
+
+if TYPE_CHECKING:
+    from gpuwatch.client.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +64,32 @@ class Recorded(NamedTuple):
     samples: int | None
     seq_len: int | None
     loss: Any  # captured (see torch_stats.capture_loss)
-    losses: dict | None
+    losses: dict[str, Any] | None  # each captured
     alloc: int | None
     reserved: int | None
     peak: int | None
     rss: int | None
     split: Mapping[str, Any] | None
+
+
+class RecordedColumns(NamedTuple):
+    """Recorded steps a column at a time (`RecordedColumns(*zip(*steps))`): Recorded's fields,
+    in its order."""
+
+    step: Sequence[int]
+    ts_ms: Sequence[int]
+    mark: Sequence[Any]
+    compute: Sequence[Any]
+    tokens: Sequence[Any]
+    samples: Sequence[int | None]
+    seq_len: Sequence[int | None]
+    loss: Sequence[Any]
+    losses: Sequence[dict[str, Any] | None]
+    alloc: Sequence[int | None]
+    reserved: Sequence[int | None]
+    peak: Sequence[int | None]
+    rss: Sequence[int | None]
+    split: Sequence[Mapping[str, Any] | None]
 
 
 class Started(NamedTuple):
@@ -101,12 +125,12 @@ def error_type(exc: BaseException) -> str:
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
-def _whole(value) -> int | None:
+def _whole(value: Any) -> int | None:
     """Counts as plain ints: numpy / torch integers would be refused by the wire's type checks."""
     return value if value is None or type(value) is int else int(value)
 
 
-def _plain_config(config: Any) -> dict | None:
+def _plain_config(config: Any) -> dict[str, Any] | None:
     """A JSON object from a dict, dataclass or argparse Namespace; odd values become strings."""
     if config is None:
         return None
@@ -116,7 +140,8 @@ def _plain_config(config: Any) -> dict | None:
         config = vars(config)
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a dict, dataclass or Namespace, got {type(config).__name__}")
-    return json.loads(json.dumps(dict(config), default=str))
+    plain: dict[str, Any] = json.loads(json.dumps(dict(config), default=str))
+    return plain
 
 
 class Generation:
@@ -144,7 +169,7 @@ class Generation:
     def __enter__(self) -> "Generation":
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc: object) -> None:
         total_ms = None if self._last is None else (self._last - self._start) * 1000.0
         self._run.generation(
             prompt_tokens=self._prompt_tokens,
@@ -153,7 +178,6 @@ class Generation:
             itl_ms=self._itl_ms,
             total_ms=total_ms,
         )
-        return False
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -217,7 +241,7 @@ class Run:
 
     def __init__(
         self,
-        transport,
+        transport: Transport,
         cfg: config_mod.Config,
         *,
         run_id: str,
@@ -243,18 +267,16 @@ class Run:
         self._batch: int | None = None
         self._gen = 0
         self._ended = False
-        self._pending: collections.deque = collections.deque()
-        self._drained_ts = None  # ts_ms of the last step made an event: the next drain's window
+        self._pending: collections.deque[Recorded] = collections.deque()
+        self._drained_ts: int | None = None  # ts_ms of the last step made an event: the next drain's window
         self._draining = threading.RLock()  # the drainer and the run's end take turns (RLock: a
         # signal handler that ends the run may interrupt a drain)
         self._drainer = _Drainer(self)
-        self._compute_mark = None  # where this iteration's compute began (mark_compute), until step()
+        self._compute_mark: Any = None  # where this iteration's compute began (mark_compute), until step()
         self._rss = torch_stats.RssReader()
-        self._torch = None  # set at the first step if the workload runs on CUDA
-        self._clock = None
+        self._torch: ModuleType | None = None  # set at the first step if the workload runs on CUDA
         self._peak_flops: float | None = None
         self._saved_handlers: dict[int, Any] = {}
-        self._saved_excepthook = None
 
         fields = metadata.collect(wrapper_run_id=parent_run_id)
         plain = _plain_config(config)
@@ -291,9 +313,12 @@ class Run:
         cuda = torch_stats.cuda_torch()
         self._start_event = torch_stats.CudaClock.start_event(cuda) if cuda else None
         self._cpu_start = torch_stats.CpuClock()
+        # The step clock: the CPU's until the first step finds the workload on CUDA (and while
+        # no step came, which `_step` tells).
+        self._clock: torch_stats.CpuClock | torch_stats.CudaClock = self._cpu_start
 
     # ---- events -------------------------------------------------------------------------
-    def _send(self, kind: str, ts_ms: int | None = None, *, urgent: bool = False, **fields) -> None:
+    def _send(self, kind: str, ts_ms: int | None = None, *, urgent: bool = False, **fields: Any) -> None:
         """Queue an event; an urgent one (the run's end) goes ahead of every event queued."""
         self._transport.send(
             {
@@ -306,7 +331,7 @@ class Run:
             urgent=urgent,
         )
 
-    def event(self, kind: str, payload: Mapping | None = None, *, urgent: bool = False) -> None:
+    def event(self, kind: str, payload: Mapping[str, Any] | None = None, *, urgent: bool = False) -> None:
         """A free-form run event (e.g. 'checkpoint_saved'); seq is unique across processes of a run."""
         # Microseconds keep the wrapper's and an attached child's sequence numbers apart.
         self._last_seq = max(self._last_seq + 1, time.time_ns() // 1000)
@@ -325,7 +350,7 @@ class Run:
         step). Later calls before the next step() are ignored, so calling it before every
         micro-batch is fine; before the first step() it does nothing (that step includes the
         set-up). Costs one CUDA event record (no synchronize) or one clock read."""
-        if self._compute_mark is None and self._clock is not None:
+        if self._compute_mark is None and self._step:
             self._compute_mark = self._clock.compute_mark()
 
     def step(
@@ -344,8 +369,8 @@ class Run:
         losses: each optimiser's loss by name (tensors or floats), with several optimisers.
         split: step fields measured by the caller (data_wait_pct, compute_pct, eval_pct,
         closure_evals: the zero-code hooks'); a data_wait_pct there replaces mark_compute()'s."""
-        if self._clock is None:
-            self._choose_clock()
+        if not self._step:
+            self._clock = self._choose_clock()
         self._step += 1
         if type(samples) is not int or type(seq_len) is not int:  # _whole() only when needed: every step
             samples, seq_len = _whole(samples), _whole(seq_len)
@@ -358,6 +383,9 @@ class Run:
             losses = {str(name): torch_stats.capture_loss(value) for name, value in losses.items()}
         compute, self._compute_mark = self._compute_mark, None
         mark = self._clock.mark()
+        alloc: int | None  # (annotations of locals: no work at run time)
+        reserved: int | None
+        peak: int | None
         if self._torch is not None:
             alloc, reserved, peak = torch_stats.cuda_memory(self._torch)
         else:
@@ -397,7 +425,7 @@ class Run:
         if self._profiling.active:
             self._profiling.step(self._step)
 
-    def note_shape(self, batch: int | None = None, seq_len: int | None = None, **advice) -> None:
+    def note_shape(self, batch: int | None = None, seq_len: int | None = None, **advice: Any) -> None:
         """The shape of the step under way (the zero-code hooks see it as the forward begins), so
         an OOM before the step ends gets it in its postmortem; `advice`: what else its advice
         weighs (heads, attn, precision), kept where the run's config does not say."""
@@ -406,14 +434,14 @@ class Run:
             if value is not None:
                 self._config.setdefault(key, value)
 
-    def _choose_clock(self) -> None:
+    def _choose_clock(self) -> torch_stats.CpuClock | torch_stats.CudaClock:
         torch = torch_stats.cuda_torch()
         if torch is None:
-            self._clock = self._cpu_start
-            return
+            return self._cpu_start
         self._torch = torch
-        self._clock = torch_stats.CudaClock(torch, self._start_event)
+        clock = torch_stats.CudaClock(torch, self._start_event)
         self._peak_flops = flops.peak_flops(torch.cuda.get_device_name(), self._precision)
+        return clock
 
     def _drain(self, wait: bool) -> None:
         """Steps the GPU has passed (all of them with wait) -> events, folded past the budget."""
@@ -430,7 +458,9 @@ class Run:
         since = raw[0].ts_ms if self._drained_ts is None else self._drained_ts
         self._drained_ts = raw[-1].ts_ms
         size = fold.group_size(len(raw), max(DRAIN_EVERY_MS, raw[-1].ts_ms - since))
-        g = self._read(raw)  # one pass per column for the whole drain
+        # One pass per column for the whole drain; below, its columns are read by position (a
+        # fold's slices of each, a step's row), whatever each column holds.
+        g: tuple[Sequence[Any], ...] = self._read(raw)
         send, prefix, ids, run_id = self._transport.send, self._id_prefix, self._id_count, self.run_id
         peak = self._peak_flops  # none (no GPU): no MFU, and no call to work it out
         if size > 1:
@@ -491,7 +521,7 @@ class Run:
         """Recorded steps a column at a time, their timings and tensors read (the GPU passed
         them): a few C-level passes over a column, not work per step, when steps come fast."""
         clock, resolve = self._clock, torch_stats.resolve_loss
-        columns = Recorded(*zip(*group))
+        columns = RecordedColumns(*zip(*group))
         marks, computes, tokens, loss, losses = (
             columns.mark,
             columns.compute,
@@ -506,7 +536,7 @@ class Run:
                 None if c is None else clock.wait_pct(m, c, ms) for m, c, ms in zip(marks, computes, step_ms)
             ]
         if not set(map(type, tokens)) <= _PLAIN_COUNTS:  # tensor counts (summed on the GPU)
-            tokens = [t if t is None or type(t) is int else round(resolve(t)) for t in tokens]
+            tokens = [t if t is None or type(t) is int else torch_stats.resolve_count(t) for t in tokens]
         if not set(map(type, loss)) <= _PLAIN_LOSSES:
             loss = [resolve(v) for v in loss]
         if any(losses):
@@ -579,12 +609,13 @@ class Run:
     def __enter__(self) -> "Run":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:  # (returns None: never swallows the user's exception)
         if exc is None:
             self.finish()
         else:
             self.end_from_exception(exc)
-        return False  # never swallow the user's exception
 
     def finish(self, status: str = "finished") -> None:
         self._end(status)
@@ -636,7 +667,7 @@ class Run:
             self._transport.close()
             self._rss.close()
 
-    def _end(self, status: str, *, drain: bool = True, **fields) -> None:
+    def _end(self, status: str, *, drain: bool = True, **fields: Any) -> None:
         if self._ended:
             return
         self._ended = True
@@ -666,7 +697,7 @@ class Run:
         self._transport.close(timeout=max(0.1, deadline - time.monotonic()))
         self._rss.close()
 
-    def _leave_end_state(self, status: str, fields: dict) -> None:
+    def _leave_end_state(self, status: str, fields: dict[str, Any]) -> None:
         path = end_state_path(self.run_id)
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -690,14 +721,16 @@ class Run:
         if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
             self._saved_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
 
-    def _on_signal(self, signum, frame) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._end("killed", drain=False, signal=int(signum))
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
-    def _excepthook(self, exc_type, exc, tb) -> None:
+    def _excepthook(
+        self, exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
         """For runs used without `with`: an uncaught exception ends the run before Python exits."""
-        previous = self._saved_excepthook or sys.__excepthook__
+        previous = self._saved_excepthook
         self.end_from_exception(exc)
         previous(exc_type, exc, tb)
 
@@ -764,7 +797,7 @@ def start_run(
     return Run(
         transport,
         cfg,
-        run_id=wrapper_id if attached else (run_id or new_run_id()),
+        run_id=(wrapper_id if attached else run_id) or new_run_id(),  # (attached: wrapper_id is set)
         name=name,
         config=config,
         flops_per_token=flops_per_token,

@@ -134,6 +134,12 @@ def resolve_loss(captured: Any) -> float | None:
     return float(value)
 
 
+def resolve_count(captured: Any) -> int:
+    """A count captured as a loss is (a tensor summed on the GPU, or a number), read as an int."""
+    value = captured.item() if hasattr(captured, "item") else captured
+    return round(float(value))
+
+
 class RssReader:
     """Resident set size of this process from /proc/self/statm: one pread, at most once per
     `every_s` (a /proc read costs tens of µs in a sandbox's kernel; steps can be milliseconds)."""
