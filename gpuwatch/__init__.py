@@ -1,6 +1,8 @@
 """gpuwatch: GPU monitoring and profiling for long-sequence PyTorch work on shared servers."""
 
-__version__ = "0.1.0"
+from gpuwatch.base.version import __version__
+
+__all__ = ["__version__", "autolog", "track"]
 
 
 def track(*args, **kwargs):

@@ -17,6 +17,7 @@ class Hook:
     def __init__(self):
         self.received: list[tuple[float, dict]] = []
         self.refused = 0
+        self.refused_bodies: list[dict] = []
         self.down = False
         hook = self
 
@@ -25,6 +26,7 @@ class Hook:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if hook.down:
                     hook.refused += 1
+                    hook.refused_bodies.append(json.loads(body))
                     self.send_response(503)
                 else:
                     hook.received.append((time.monotonic(), json.loads(body)))
@@ -47,6 +49,9 @@ class Hook:
 
     def count(self, needle: str) -> int:
         return sum(text.count(needle) for text in self.texts())
+
+    def refused_count(self, needle: str) -> int:
+        return sum((m["title"] + "\n" + m["message"]).count(needle) for m in self.refused_bodies)
 
     def close(self):
         self.server.shutdown()

@@ -22,8 +22,10 @@ import pytest
 from click.testing import CliRunner
 from systools import wait_for
 
+from gpuwatch.alerts import rules as rules_mod
 from gpuwatch.base.config import Config
 from gpuwatch.daemon.main import Daemon
+from gpuwatch.monitor import sampler as sampler_mod
 from gpuwatch.store import alerts as stored
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +74,15 @@ class DaemonThread:
         self.thread.start()
         wait_for(lambda: self.daemon.loop is not None and cfg.socket_path.exists())
 
+    def passes(self, ticks: int, checks: int) -> None:
+        """Wait for this many more GPU ticks and alert checks, and for what they wrote to be
+        committed: how long "nothing more is written" has to be watched, and no longer."""
+        jobs = {job.name: job for job in self.daemon.sampler.sched.jobs}
+        tick, check = jobs.get("gpu+host") or jobs["gpu"], jobs["alerts"]
+        want = (tick.runs + ticks, check.runs + checks)
+        wait_for(lambda: tick.runs >= want[0] and check.runs >= want[1], timeout=60)
+        assert self.daemon.writer.flush(30)
+
     def stop(self):
         self.daemon.request_stop()
         self.thread.join(30)
@@ -87,7 +98,11 @@ def make_nvml() -> fake_pynvml.FakeNvml:
 
 
 @pytest.fixture
-def cfg(tmp_path):
+def cfg(tmp_path, monkeypatch):
+    # Alert checks every 0.25 s instead of 2 s, wish checks every 0.5 s instead of 5 s (the daemon
+    # runs in this process): the waits below for "no second alert" take a few ticks, not seconds.
+    monkeypatch.setattr(sampler_mod, "CHECK_INTERVAL_S", 0.25)
+    monkeypatch.setattr(rules_mod, "WISH_CHECK_MS", 500)
     return Config(
         db=str(tmp_path / "gw.db"),
         system=False,
@@ -150,7 +165,7 @@ def test_every_kind_once_per_incident_and_a_restart_repeats_none(cfg, tmp_path):
             "disk.low",
         }
         wait_for(lambda: expected <= kinds(db).keys(), timeout=60)
-        time.sleep(3)  # the conditions still hold for many more ticks and checks
+        running.passes(ticks=10, checks=4)  # the conditions still hold for more ticks and checks
         nvml.set_hung(HUNG_GPU, False)
     finally:
         running.stop()
@@ -190,7 +205,8 @@ def test_every_kind_once_per_incident_and_a_restart_repeats_none(cfg, tmp_path):
     running = DaemonThread(cfg, make_nvml())
     try:
         wait_for(lambda: rows(db, "SELECT count(*) FROM gpu_samples")[0][0] > 0)
-        time.sleep(4)  # two alert checks and twenty ticks
+        # ten ticks (2 s, longer than every hold time: 1.2 s) and three alert checks
+        running.passes(ticks=10, checks=3)
     finally:
         running.stop()
     assert kinds(db) == first
@@ -225,7 +241,7 @@ def test_when_free_wish_fires_once_through_the_daemon_then_is_forgotten(cfg, mon
             lambda: rows(cfg.db, "SELECT uid, title, detail_json FROM alerts WHERE kind = 'gpus.free'")
         )
         assert rows(cfg.db, "SELECT count(*) FROM alert_wishes") == [(0,)]  # forgotten
-        time.sleep(6)  # another wish check
+        running.passes(ticks=1, checks=6)  # at least two more wish checks
         assert kinds(cfg.db)["gpus.free"] == 1
     finally:
         running.stop()
@@ -465,10 +481,10 @@ def test_a_bad_wish_frame_gets_one_line_naming_the_field(change, complaint):
 def test_when_free_with_no_daemon_keeps_the_wish_in_my_database_for_an_embedded_sampler(
     tmp_path, monkeypatch
 ):
-    from gpuwatch.alerts.host_rules import wishes
     from gpuwatch.cli.when_free_cmd import when_free
     from gpuwatch.monitor.sampler import Sampler
     from gpuwatch.store import Writer, open_ro
+    from gpuwatch.store.alert_wishes import wishes
 
     db = tmp_path / "mine.db"
     monkeypatch.setenv("GPUWATCH_DB", str(db))

@@ -383,7 +383,7 @@ def sampled():
     conn = sqlite3.connect(paths.default_db_path(system=False))
     try:
         return all(conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-                   for t in ("gpu_samples", "host_samples"))
+                   for t in ("gpu_samples", "host_samples", "runs"))  # runs: our start is stored
     except sqlite3.OperationalError:  # the tables are not there yet
         return False
     finally:

@@ -32,6 +32,8 @@ HEADLESS = [
     "gpuwatch.cli.charts",
     "gpuwatch.protocol",
     "gpuwatch.client",
+    "gpuwatch.client.profile_request",  # what the TUI loads to ask for a profile
+    "gpuwatch.client.supervise",
     "gpuwatch.integrations.autohook",  # loaded only once the program imported torch, but imports none itself
     "gpuwatch.integrations.accounting",
     "gpuwatch.cli",

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from gpuwatch.base.config import Config
-from gpuwatch.daemon.ingest import IngestError, IngestServer
+from gpuwatch.base.unix_socket import SocketError
+from gpuwatch.daemon.ingest import IngestServer
 from gpuwatch.monitor.runs_watch import RunsWatch, process_alive
 from gpuwatch.store import Writer
 
@@ -167,6 +168,36 @@ def test_replayed_events_are_not_counted_twice(server):
         assert conn.execute("SELECT count(*), status, ended_ms FROM runs").fetchone() == (1, "finished", 9000)
 
 
+def test_a_frame_our_code_fails_on_is_internal_one_the_disk_refuses_is_store(server, monkeypatch, caplog):
+    import gpuwatch.daemon.ingest as ingest
+
+    real = ingest.apply_events
+
+    def apply_events(db, evs, peer):
+        if evs[0]["run_id"] == "ours":
+            raise KeyError("a bug of ours")
+        if evs[0]["run_id"] == "disk":
+            raise sqlite3.OperationalError("disk I/O error")  # what SQLite says when the disk fails
+        return real(db, evs, peer)
+
+    monkeypatch.setattr(ingest, "apply_events", apply_events)
+    c = Client(server.cfg.socket_path)
+    bug = c.rt(events(run_start("ours")))
+    assert bug["code"] == "internal" and "(KeyError, logged); do not resend it" in bug["error"]
+    disk = c.rt(events(run_start("disk")))
+    assert disk["code"] == "store"
+    assert disk["error"] == "database write failed (disk I/O error); keep the events and retry later"
+    assert c.rt(events(run_start("fine")))["type"] == "ack"
+    with db(server.cfg) as conn:
+        assert conn.execute("SELECT run_id FROM runs").fetchall() == [("fine",)]
+    # Our bug is logged once, by ingest, with the frame's first bytes; the writer adds nothing.
+    bugs = [r for r in caplog.records if r.exc_info and r.exc_info[0] is KeyError]
+    assert [r.getMessage().split(", first bytes")[0] for r in bugs] == [
+        f"ingest: storing a frame from uid {os.getuid()} pid {os.getpid()} failed"
+    ]
+    c.close()
+
+
 def test_bad_frames_get_clear_errors_and_the_server_keeps_serving(server):
     path = server.cfg.socket_path
     c = Client(path)
@@ -294,7 +325,7 @@ def test_socket_modes_stale_socket_and_a_second_daemon(shared_dir):
     try:
         assert stat.S_IMODE(os.stat(cfg.socket_path).st_mode) == 0o600  # user mode: only me
         assert os.listdir(cfg.socket_path.parent) == ["gw.sock"]  # no bind leftovers
-        with pytest.raises(IngestError, match="another daemon is already listening on"):
+        with pytest.raises(SocketError, match="another daemon is already listening on"):
             Server(cfg)
     finally:
         srv.close()

@@ -278,7 +278,7 @@ def test_a_folded_event_sums_counts_and_averages_what_is_averaged():
         rss=(7,) * 3,
         split=(None, {"compute_pct": 50.0, "closure_evals": 20}, {"compute_pct": 80.0, "closure_evals": 19}),
     )
-    event = fold.folded(group, lambda tps, seq_len: {"mfu": None})
+    event = fold.folded(group, lambda tps, seq_len: None)
     # the hooks' shares weighted by their steps' time, a closure's evaluations summed
     assert event["compute_pct"] == (50.0 * 30 + 80.0 * 20) / 50 and event["closure_evals"] == 39
     assert (event["step"], event["n_steps"], event["tokens"], event["samples"]) == (3, 3, 400, 6)
@@ -287,6 +287,19 @@ def test_a_folded_event_sums_counts_and_averages_what_is_averaged():
     assert event["tokens_per_s"] == 400 / 0.040  # the steps with tokens: 400 tokens in 40 ms
     assert event["data_wait_pct"] == 100 * (5.0 + 0.0) / 30.0  # 5 ms of the 30 ms whose wait is known
     assert (event["mem_allocated_bytes"], event["mem_peak_bytes"]) == (30, 15)
+
+
+def test_the_drainer_reads_recorded_steps_by_column_and_tensor_counts_as_ints():
+    from gpuwatch.client import run, torch_stats
+
+    assert run.RecordedColumns._fields == run.Recorded._fields  # RecordedColumns(*zip(*steps))
+
+    class Copied:  # a count summed on the GPU, copied to the host (see capture_loss)
+        def item(self) -> float:
+            return 4096.0
+
+    assert torch_stats.resolve_count(Copied()) == 4096 and type(torch_stats.resolve_count(Copied())) is int
+    assert torch_stats.resolve_count(2.6) == 3
 
 
 def test_the_wire_takes_folded_steps_and_refuses_bad_losses_in_one_line():

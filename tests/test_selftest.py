@@ -14,7 +14,8 @@ import pytest
 
 from collectors import nvml as nvml_mod
 from collectors.nvml import GpuSample, GpuStatic, NvmlCollector
-from gpuwatch.selftest import FAIL, OK, SKIPPED, cuda, smi
+from gpuwatch.selftest import cuda, smi
+from gpuwatch.selftest.result import FAIL, OK, SKIPPED
 
 DATA = Path(__file__).parent / "data"
 GPUWATCH = str(Path(sys.executable).with_name("gpuwatch"))

@@ -18,6 +18,7 @@ import pytest
 
 from gpuwatch.store import StoreError, Writer, insert_rows, open_ro, open_rw, queries
 from gpuwatch.store.schema import SCHEMA_VERSION
+from gpuwatch.store.writer import JobRefused, StoreFailed
 
 NOBODY = 65534
 
@@ -191,7 +192,74 @@ def test_writer_batches_jobs_and_rolls_back_only_a_failing_one(tmp_path):
     # the duplicate key rolled back the whole of job b, including its good row ts_ms=2
     assert [r[0] for r in writer.conn.execute("SELECT ts_ms FROM host_samples")] == [1, 3]
     writer.close()
-    assert writer.submit(lambda conn: None) is False  # closed: refused, not blocked
+    assert writer.submit(lambda conn: None) is None  # closed: refused, not blocked
+
+
+def test_a_jobs_future_gives_its_value_or_its_exception_once_committed(tmp_path):
+    writer = Writer(tmp_path / "gw.db")
+    seen_by_reader = []
+
+    def add(conn):
+        conn.execute("INSERT INTO host_samples (ts_ms) VALUES (7)")
+        return conn.execute("SELECT count(*) FROM host_samples").fetchone()[0]
+
+    def refuse(conn):
+        conn.execute("INSERT INTO host_samples (ts_ms) VALUES (8)")
+        raise JobRefused("not this one") from KeyError("why")
+
+    def read_when_resolved(future):
+        seen_by_reader.extend(open_ro(tmp_path / "gw.db").execute("SELECT ts_ms FROM host_samples"))
+        looked.set()
+
+    looked = threading.Event()
+    added = writer.submit(add)
+    added.add_done_callback(read_when_resolved)
+    refused = writer.submit(refuse)
+    broken = writer.submit(lambda conn: conn.execute("INSERT INTO no_such_table VALUES (1)"))
+    assert added.result(10) == 1
+    assert looked.wait(10)
+    assert seen_by_reader == [(7,)]  # resolved after COMMIT: another connection sees the row
+    with pytest.raises(JobRefused, match="not this one") as refusal:
+        refused.result(10)
+    assert isinstance(refusal.value.__cause__, KeyError)
+    with pytest.raises(sqlite3.OperationalError, match="no_such_table"):
+        broken.result(10)
+    assert [r[0] for r in writer.conn.execute("SELECT ts_ms FROM host_samples")] == [7]
+    writer.close()
+
+
+def test_a_batch_that_cannot_commit_fails_every_future_in_it(tmp_path, caplog):
+    writer = Writer(tmp_path / "gw.db")
+    started, release = threading.Event(), threading.Event()
+    writer.submit(lambda conn: (started.set(), release.wait(10)))
+    assert started.wait(10)
+    good = writer.insert("host_samples", [{"ts_ms": 1}])
+
+    def disk_error(conn):
+        raise sqlite3.OperationalError("disk I/O error")  # what SQLite says when the disk fails
+
+    bad = writer.submit(disk_error)
+    release.set()  # both queued: one batch
+    for future in (good, bad):
+        with pytest.raises(StoreFailed, match=r"cannot write .*gw\.db: disk I/O error") as failed:
+            future.result(10)
+        assert isinstance(failed.value.__cause__, sqlite3.OperationalError)
+    assert writer.conn.execute("SELECT count(*) FROM host_samples").fetchone()[0] == 0
+    writer.close()
+
+
+def test_a_future_cancelled_while_queued_is_not_run(tmp_path):
+    writer = Writer(tmp_path / "gw.db")
+    started, release = threading.Event(), threading.Event()
+    writer.submit(lambda conn: (started.set(), release.wait(10)))
+    assert started.wait(10)
+    taken_back = writer.insert("host_samples", [{"ts_ms": 1}])
+    kept = writer.insert("host_samples", [{"ts_ms": 2}])
+    assert taken_back.cancel()
+    release.set()
+    assert kept.result(10) is None
+    assert [r[0] for r in writer.conn.execute("SELECT ts_ms FROM host_samples")] == [2]
+    writer.close()
 
 
 def test_full_queue_refuses_without_blocking_and_counts_drops(tmp_path):
@@ -201,8 +269,8 @@ def test_full_queue_refuses_without_blocking_and_counts_drops(tmp_path):
     assert started.wait(10)  # the writer thread is busy with the first job
     assert writer.insert("host_samples", [{"ts_ms": 1}])
     assert writer.insert("host_samples", [{"ts_ms": 2}])
-    assert writer.insert("host_samples", [{"ts_ms": 3}], block=False) is False
-    assert writer.submit(lambda conn: None, timeout=0.05) is False
+    assert writer.insert("host_samples", [{"ts_ms": 3}], block=False) is None
+    assert writer.submit(lambda conn: None, timeout=0.05) is None
     assert writer.dropped_jobs == 2
     release.set()
     assert writer.flush(10)

@@ -377,7 +377,8 @@ def test_bad_requests_get_one_line_errors(tmp_path):
 
 def test_nothing_of_tensorboard_is_imported_unless_asked():
     probe = (
-        "import sys, gpuwatch.cli.analysis_cmd, gpuwatch.cli.run_cmd, gpuwatch.integrations.autolog; "
+        "import sys, gpuwatch.cli.analysis_cmd, gpuwatch.cli.run_cmd, gpuwatch.client.supervise, "
+        "gpuwatch.integrations.autolog; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'tensorflow'))))"
     )
     out = subprocess.run([PY, "-c", "import json; " + probe], capture_output=True, text=True, timeout=60)

@@ -91,6 +91,17 @@ def rows(cfg, sql, *args):
         return conn.execute(sql, args).fetchall()
 
 
+def test_an_embedded_request_is_answered_once_its_events_are_committed(cfg):
+    t = connect(cfg)
+    assert t.mode == "embedded"
+    reply = t.request({"type": "events", "events": [run_start(), step(0)]})
+    assert reply == {"v": 1, "type": "ack", "ids": ["r1-start", "r1-0"]}
+    assert rows(cfg, "SELECT run_id, step FROM steps") == [("r1", 0)]  # acknowledged: committed
+    t.writer.close()
+    assert t.request({"type": "events", "events": [step(1)]})["code"] == "busy"  # refused, not waited on
+    t.close()
+
+
 def test_embedded_mode_without_a_daemon_writes_the_same_tables(cfg):
     t = connect(cfg)
     assert t.mode == "embedded"

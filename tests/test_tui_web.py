@@ -185,3 +185,36 @@ def test_a_reachable_or_bad_address_is_refused(tmp_path, address, refusal):
     )
     assert result.returncode == 1 and refusal in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_each_tab_starts_the_tui_module_with_every_option_the_server_gives_it():
+    import shlex
+
+    from gpuwatch.tui.__main__ import parser
+    from gpuwatch.tui.web import tui_command
+
+    argv = shlex.split(
+        tui_command("/data/gw.db", 2.5, "ana", "http://prom:9090", "no daemon: history starts now")
+    )
+    assert argv[:3] == [sys.executable, "-m", "gpuwatch.tui"]  # the TUI itself, not the CLI
+    args = parser().parse_args(argv[3:])
+    assert (args.db, args.refresh, args.user, args.prometheus, args.notice) == (
+        "/data/gw.db",
+        2.5,
+        "ana",
+        "http://prom:9090",
+        "no daemon: history starts now",
+    )
+
+
+def test_the_tui_module_says_in_one_line_when_the_database_is_missing(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuwatch.tui", "--db", str(tmp_path / "none.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr == f"gpuwatch tui: {tmp_path / 'none.db'}: no such database " + (
+        "(is the daemon running, or has a run been tracked?)\n"
+    )

@@ -207,7 +207,11 @@ def test_cli_table_lists_phases_and_causes_and_names_a_bad_run(tmp_path):
     assert bad.exit_code == 1 and "nope" in bad.output and len(bad.output.strip().splitlines()) == 1
 
 
-HOGGED_RUN = """
+# Seconds of steady steps, of steps beside the hogs, and of steady steps again. The hogged
+# phase is twice MIN_SLOW_MS (the shortest slowdown `why` reports), the steady ones long enough
+# for a warm-up (at most a fifth of the run) and a base to compare with.
+STEADY_S, HOGGED_S, AFTER_S = 12, 20, 8
+HOGGED_RUN = f"""
 import json, os, subprocess, sys, time
 import gpuwatch
 
@@ -224,23 +228,23 @@ def steps_for(run, seconds):
         run.step(tokens=1024)
 
 with gpuwatch.track(name="hogged") as run:
-    steps_for(run, 25)
+    steps_for(run, {STEADY_S})
     hog_from = time.time()
     # Enough busy processes to saturate any host: every core, and four more.
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() + 4)]
-    steps_for(run, 40)
+    steps_for(run, {HOGGED_S})
     for h in hogs:
         h.kill()
         h.wait()
     hog_to = time.time()
-    steps_for(run, 20)
-print(json.dumps({"run": run.run_id, "from": int(hog_from * 1000), "to": int(hog_to * 1000)}))
+    steps_for(run, {AFTER_S})
+print(json.dumps({{"run": run.run_id, "from": int(hog_from * 1000), "to": int(hog_to * 1000)}}))
 """
 
 
 def test_a_real_tracked_run_slowed_by_cpu_hogs(tmp_path):
     """gpuwatch.track + step in embedded mode (its sampler writes the host's samples), while
-    busy processes (one per core, and four more) compete for the CPU for 40 s: the slowdown is
+    busy processes (one per core, and four more) compete for the CPU for 20 s: the slowdown is
     found over their window and the host's CPU is its first cause."""
     import subprocess
     import sys

@@ -5,25 +5,66 @@ the data loader apart from evaluation and checkpoints, named torchrun ranks, our
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import sqlite3
 import subprocess
 from pathlib import Path
 
 import pytest
-from test_autoinstrument import GPUWATCH, PY, SCRIPTS, gw_run, query, steps_of, the_run
+from test_autoinstrument import GPUWATCH, PY, SCRIPTS, gw_run, plain, query, steps_of, the_run
 
 pytest.importorskip("torch")
 
 
-def test_a_gan_records_one_step_per_iteration_with_each_optimisers_loss_named_after_its_module():
-    done = gw_run(PY, str(SCRIPTS / "gan.py"))
+class Gan:
+    """One `gpuwatch run` of gan.py (a torch process and its wrapper), which three tests read."""
+
+    def __init__(self, done: subprocess.CompletedProcess, env: dict, db: Path):
+        self.done, self.env, self.db = done, env, db
+
+    def query(self, sql: str, *params) -> list[sqlite3.Row]:
+        conn = sqlite3.connect(self.db)
+        conn.row_factory = sqlite3.Row
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def run(self) -> sqlite3.Row:
+        (run,) = self.query("SELECT * FROM runs WHERE parent_run_id IS NULL")
+        return run
+
+
+@pytest.fixture(scope="module")
+def gan(tmp_path_factory):
+    """Its own private dirs, as conftest's isolated_env gives each test (which runs after this)."""
+    home = tmp_path_factory.mktemp("gan")
+    runtime = Path(f"/tmp/gw-rt-gan-{os.getpid()}")  # short: Unix socket paths are at most 107 bytes
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
+    env.update(
+        XDG_RUNTIME_DIR=str(runtime),
+        XDG_DATA_HOME=str(home / "data"),
+        XDG_CONFIG_HOME=str(home / "config"),
+        GPUWATCH_CONFIG=str(home / "config" / "gpuwatch.toml"),
+    )
+    done = gw_run(PY, str(SCRIPTS / "gan.py"), env=env)
+    (db,) = (home / "data").rglob("*.db")
+    yield Gan(done, env, db)
+    shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_a_gan_records_one_step_per_iteration_with_each_optimisers_loss_named_after_its_module(gan):
+    done = gan.done
     assert done.returncode == 0, done.stderr[-3000:]
     printed = [
         tuple(map(float, re.findall(r"Loss_[DG]: (\S+)", line)))
         for line in done.stdout.splitlines()
         if line.startswith("[")
     ]
-    steps = steps_of(the_run()["run_id"])
+    steps = gan.query("SELECT * FROM steps WHERE run_id = ? ORDER BY step", gan.run()["run_id"])
     assert [s["step"] for s in steps] == list(range(1, len(printed) + 1))  # steps = iterations
     for step, (loss_d, loss_g) in zip(steps, printed):  # step k carries iteration k's losses
         losses = json.loads(step["losses_json"])
@@ -34,20 +75,19 @@ def test_a_gan_records_one_step_per_iteration_with_each_optimisers_loss_named_af
     assert all(s["eval_pct"] > 0 for s in steps[2::2]) and all(s["eval_pct"] == 0 for s in steps[1::2])
     # show prints each optimiser's loss by name.
     shown = subprocess.run(
-        [GPUWATCH, "show", the_run()["run_id"]], capture_output=True, text=True, timeout=60
+        [GPUWATCH, "show", gan.run()["run_id"]], capture_output=True, text=True, timeout=60, env=gan.env
     )
     assert re.search(r"losses\s+netD .*netG", shown.stdout), shown.stdout
 
 
-def test_the_run_of_a_gan_counts_the_parameters_of_both_modules():
+def test_the_run_of_a_gan_counts_the_parameters_of_both_modules(gan):
     import torch.nn as nn  # the script's two modules, built alike
 
     netG = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16))
     netD = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1), nn.Sigmoid())
-    done = gw_run(PY, str(SCRIPTS / "gan.py"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    (attached,) = query(
-        "SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'", the_run()["run_id"]
+    assert gan.done.returncode == 0, gan.done.stderr[-3000:]
+    (attached,) = gan.query(
+        "SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'", gan.run()["run_id"]
     )
     config = json.loads(attached["payload_json"])["config"]
     assert config["n_params"] == sum(p.numel() for m in (netG, netD) for p in m.parameters())
@@ -95,8 +135,8 @@ def test_data_wait_is_the_time_inside_the_loader_and_evaluation_and_checkpoints_
     assert all(word in split for word in ("data", "compute", "eval/checkpoint", "other")), split
 
 
-def test_our_stderr_lines_say_they_are_ours_and_there_is_at_most_one():
-    done = gw_run(PY, str(SCRIPTS / "gan.py"))
+def test_our_stderr_lines_say_they_are_ours_and_there_is_at_most_one(gan):
+    done = gan.done
     assert done.returncode == 0
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) <= 1 and all(line.startswith("gpuwatch: ") for line in lines), done.stderr
@@ -119,3 +159,19 @@ def test_torchrun_ranks_are_named_after_the_job_and_last_as_long_as_their_proces
         assert ages[rank["rank"]] * 1000 - 50 <= lived_ms <= ages[rank["rank"]] * 1000 + 5000, dict(rank)
     listed = subprocess.run([GPUWATCH, "runs"], capture_output=True, text=True, timeout=60).stdout
     assert "ddp2/rank0" in listed and "ddp2/rank1" in listed
+
+
+@pytest.mark.parametrize("how", ["gpuwatch run", "callback"])
+def test_a_lightning_validation_loop_is_the_next_steps_evaluation_time(how):
+    script = str(SCRIPTS / "lightning_validation.py")
+    done = gw_run(PY, script) if how == "gpuwatch run" else plain(PY, script, "--callback")
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = [int(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("validated")]
+    assert after == [3, 6, 9]
+    (run,) = query("SELECT * FROM runs WHERE parent_run_id IS NULL")
+    steps = {s["step"]: s for s in steps_of(run["run_id"])}
+    assert sorted(steps) == list(range(1, 10))
+    # 0.3 s of validation after steps 3 and 6 (the last one follows the last step: no step has it)
+    for n in (4, 7):
+        assert steps[n]["eval_pct"] > 50, dict(steps[n])
+    assert all(steps[n]["eval_pct"] == 0 for n in steps if n not in (4, 7))

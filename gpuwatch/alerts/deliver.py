@@ -14,15 +14,23 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable
 
 from gpuwatch.alerts import subscriptions as subs
-from gpuwatch.store import StoreError, now_ms, open_ro
+from gpuwatch.alerts.redact import redact
+from gpuwatch.store import SQLiteError, StoreError, deliveries, now_ms, open_ro
 from gpuwatch.store import alerts as store_alerts
+from gpuwatch.store import subscriptions as stored_subs
 from gpuwatch.store.alerts import Alert
+from gpuwatch.store.queries import run_names
+from gpuwatch.store.subscriptions import Subscription
+
+if TYPE_CHECKING:
+    import sqlite3
 
 log = logging.getLogger("gpuwatch.alerts")
 MAX_BACKOFF_S = 60.0
@@ -34,7 +42,7 @@ def backoff_s(attempts: int) -> float:
     return min(MAX_BACKOFF_S, 2.0 ** max(0, attempts - 1))
 
 
-def _quiet_apprise():
+def _quiet_apprise() -> ModuleType:
     import apprise
 
     # apprise logs failures with the target in them: our logs never show a URL.
@@ -84,7 +92,7 @@ def max_alert_id(db_path: Path) -> int:
     except StoreError:
         return 0
     try:
-        return conn.execute("SELECT COALESCE(MAX(id), 0) FROM alerts").fetchone()[0]
+        return store_alerts.max_id(conn)
     finally:
         conn.close()
 
@@ -97,7 +105,7 @@ class Deliverer:
         store_path: Path,
         db_path: Path,
         group_s: float = 5.0,
-        sender=send,
+        sender: Callable[[str, str, str], str | None] = send,
         workers: int = 8,
         terminals_uid: int | None = None,
     ):
@@ -107,7 +115,7 @@ class Deliverer:
         self.sender = sender
         self.workers = workers
         self.terminals_uid = terminals_uid  # also a line on this user's terminals (their own deliverer)
-        self.conn = subs.open_store(self.store_path)
+        self.conn = stored_subs.open_store(self.store_path)
         self._main: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         self._thread: threading.Thread | None = None
@@ -148,43 +156,27 @@ class Deliverer:
         sent = self._send_due(main)
         if now_ms() - self._pruned_ms > 3600_000:
             self._pruned_ms = now_ms()
-            with self.conn:
-                self.conn.execute(
-                    "DELETE FROM deliveries WHERE state = 'sent' AND sent_ms < ?",
-                    (self._pruned_ms - KEEP_SENT_MS,),
-                )
+            deliveries.prune_sent(self.conn, self._pruned_ms - KEEP_SENT_MS)
         return sent
 
     def _match(self, main: sqlite3.Connection) -> None:
-        row = self.conn.execute("SELECT alert_id FROM cursor WHERE id = 1").fetchone()
-        all_subs = subs.listing(self.conn, None)
-        if row is None:  # a new store: start at its subscriptions, or now
-            start = min(
-                (s.after_alert_id for s in all_subs),
-                default=main.execute("SELECT COALESCE(MAX(id), 0) FROM alerts").fetchone()[0],
-            )
-            self.conn.execute("INSERT INTO cursor (id, alert_id) VALUES (1, ?)", (start,))
-            cursor = start
-        else:
-            cursor = row[0]
+        cursor = deliveries.cursor(self.conn)
+        all_subs = stored_subs.listing(self.conn, None)
+        if cursor is None:  # a new store: start at its subscriptions, or now
+            cursor = min((s.after_alert_id for s in all_subs), default=store_alerts.max_id(main))
+            deliveries.start_cursor(self.conn, cursor)
         new = store_alerts.since(main, cursor)
         if not new:
             return
-        names: dict[str, str | None] = {}
-        for alert in new:
-            if alert.run_id and alert.run_id not in names:
-                found = main.execute("SELECT name FROM runs WHERE run_id = ?", (alert.run_id,)).fetchone()
-                names[alert.run_id] = found[0] if found else None
-        with self.conn:
-            self.conn.execute("BEGIN IMMEDIATE")
-            for alert in new:
-                for sub in all_subs:
-                    if sub.matches(alert, names.get(alert.run_id or "")):
-                        self.conn.execute(
-                            "INSERT OR IGNORE INTO deliveries (alert_id, sub_id, kind) VALUES (?, ?, ?)",
-                            (alert.id, sub.id, alert.kind),
-                        )
-            self.conn.execute("UPDATE cursor SET alert_id = ? WHERE id = 1", (new[-1].id,))
+        names = run_names(main, {a.run_id for a in new if a.run_id})
+        matched = [
+            (alert.id, sub.id, alert.kind)
+            for alert in new
+            if alert.id is not None  # stored alerts have one
+            for sub in all_subs
+            if subs.matches(sub, alert, names.get(alert.run_id or ""))
+        ]
+        deliveries.queue(self.conn, matched, new[-1].id or cursor)
         if self.terminals_uid is not None:
             from gpuwatch.alerts.terminals import write_line
 
@@ -193,96 +185,50 @@ class Deliverer:
                     write_line(alert.title, alert.uid)
 
     def _send_due(self, main: sqlite3.Connection) -> int:
-        now = now_ms()
-        due: dict[int, list[int]] = {}
-        for sub_id, alert_id in self.conn.execute(
-            "SELECT d.sub_id, d.alert_id FROM deliveries d JOIN subscriptions s ON s.id = d.sub_id "
-            "WHERE d.state = 'pending' AND d.next_try_ms <= ? AND s.last_sent_ms + ? <= ? "
-            "ORDER BY d.sub_id, d.alert_id",
-            (now, self.group_ms, now),
-        ):
-            due.setdefault(sub_id, []).append(alert_id)
+        due = deliveries.due(self.conn, now_ms(), self.group_ms)
         if not due:
             return 0
         wanted = sorted({a for ids in due.values() for a in ids})
         texts = {a.id: a for a in store_alerts.by_ids(main, wanted)}
-        jobs = []
-        for sub_id, alert_ids in due.items():
-            sub = subs.get(self.conn, sub_id)
-            present = [texts[a] for a in alert_ids if a in texts]
-            jobs.append((sub, alert_ids, present))
+        by_id = {s.id: s for s in stored_subs.listing(self.conn, None)}
+        jobs = [
+            (by_id[sub_id], alert_ids, [texts[a] for a in alert_ids if a in texts])
+            for sub_id, alert_ids in due.items()
+            if sub_id in by_id  # else removed since: its pending rows went with it
+        ]
+        if not jobs:
+            return 0
         with ThreadPoolExecutor(max_workers=min(self.workers, len(jobs))) as pool:
             results = list(pool.map(self._send_job, jobs))
-        sent = 0
-        with self.conn:
-            self.conn.execute("BEGIN IMMEDIATE")
-            done = now_ms()
-            for (sub, alert_ids, _), error in zip(jobs, results):
-                marks = ",".join("?" * len(alert_ids))
-                if error is None:
-                    sent += 1
-                    self.conn.execute(
-                        f"UPDATE deliveries SET state = 'sent', sent_ms = ?, attempts = "
-                        f"attempts + 1, last_error = NULL WHERE sub_id = ? AND alert_id "
-                        f"IN ({marks})",
-                        (done, sub.id, *alert_ids),
-                    )
-                    self.conn.execute(
-                        "UPDATE subscriptions SET last_sent_ms = ? WHERE id = ?", (done, sub.id)
-                    )
-                else:
-                    for alert_id, attempts in self.conn.execute(
-                        f"SELECT alert_id, attempts FROM deliveries WHERE sub_id = ? AND alert_id "
-                        f"IN ({marks})",
-                        (sub.id, *alert_ids),
-                    ).fetchall():
-                        self.conn.execute(
-                            "UPDATE deliveries SET attempts = ?, next_try_ms = ?, last_error = ? "
-                            "WHERE sub_id = ? AND alert_id = ?",
-                            (
-                                attempts + 1,
-                                done + int(backoff_s(attempts + 1) * 1000),
-                                error,
-                                sub.id,
-                                alert_id,
-                            ),
-                        )
-                    log.warning(
-                        "alert delivery to subscription %d (%s) failed, will retry: %s",
-                        sub.id,
-                        sub.redacted,
-                        error,
-                    )
+        deliveries.record_tries(
+            self.conn,
+            [(sub.id, alert_ids, error) for (sub, alert_ids, _), error in zip(jobs, results)],
+            now_ms(),
+            backoff_s,
+        )
+        for (sub, _, _), error in zip(jobs, results):
+            if error is not None:
+                log.warning(
+                    "alert delivery to subscription %d (%s) failed, will retry: %s",
+                    sub.id,
+                    redact(sub.url),
+                    error,
+                )
+        sent = results.count(None)
         self.messages_sent += sent
         if sent:
-            self._forget_finished_transients()
+            stored_subs.forget_delivered_transients(self.conn, subs.END_KINDS)
         return sent
 
-    def _send_job(self, job) -> str | None:
+    def _send_job(self, job: tuple[Subscription, list[int], list[Alert]]) -> str | None:
         sub, _, alerts = job
         if not alerts:  # the shared database lost them (replaced or pruned): nothing to send
             return None
         return self.sender(sub.url, *compose(alerts))
 
-    def _forget_finished_transients(self) -> None:
-        ends = ",".join("?" * len(subs.END_KINDS))
-        with self.conn:
-            self.conn.execute(
-                f"DELETE FROM subscriptions WHERE transient = 1 AND id IN (SELECT sub_id FROM deliveries "
-                f"WHERE state = 'sent' AND kind IN ({ends})) AND id NOT IN "
-                f"(SELECT sub_id FROM deliveries WHERE state = 'pending')",
-                subs.END_KINDS,
-            )
-
     def pending(self, run_id: str | None = None) -> int:
         """Deliveries still waiting (for one run's `--notify` subscription, or all)."""
-        if run_id is None:
-            return self.conn.execute("SELECT count(*) FROM deliveries WHERE state = 'pending'").fetchone()[0]
-        return self.conn.execute(
-            "SELECT count(*) FROM deliveries d JOIN subscriptions s ON s.id = d.sub_id "
-            "WHERE d.state = 'pending' AND s.run_id = ?",
-            (run_id,),
-        ).fetchone()[0]
+        return deliveries.pending(self.conn, run_id)
 
     # -- as a thread -----------------------------------------------------------------------
     def start(self, interval_s: float = 0.5) -> None:
@@ -296,7 +242,7 @@ class Deliverer:
         while not self._stop.is_set():
             try:
                 self.deliver_once()
-            except (sqlite3.Error, OSError) as e:
+            except (SQLiteError, OSError) as e:
                 log.error("alert delivery pass failed (will retry): %s", e)
                 self._close_main()
             self._stop.wait(interval_s)

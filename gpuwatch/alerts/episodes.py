@@ -8,19 +8,23 @@ Writer thread only: every method takes the writer's connection.
 
 from __future__ import annotations
 
-import sqlite3
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from gpuwatch.store import alert_episodes as stored
+from gpuwatch.store.alert_episodes import Episode
+
+if TYPE_CHECKING:
+    import sqlite3
 
 
 class Episodes:
     def __init__(self) -> None:
-        self._open: dict[str, list] | None = None  # key -> [since_ms, fired]; None until loaded
+        self._open: dict[str, Episode] | None = None  # None until loaded
 
-    def _state(self, conn: sqlite3.Connection) -> dict[str, list]:
+    def _state(self, conn: sqlite3.Connection) -> dict[str, Episode]:
         if self._open is None:
-            self._open = {
-                key: [since, bool(fired)]
-                for key, since, fired in conn.execute("SELECT key, since_ms, fired FROM alert_episodes")
-            }
+            self._open = {e.key: e for e in stored.episodes(conn)}
         return self._open
 
     def hold(self, conn: sqlite3.Connection, key: str, ts_ms: int, hold_ms: int) -> int | None:
@@ -29,16 +33,13 @@ class Episodes:
         state = self._state(conn)
         episode = state.get(key)
         if episode is None:
-            episode = state[key] = [ts_ms, False]
-            conn.execute(
-                "INSERT OR REPLACE INTO alert_episodes (key, since_ms, fired) VALUES (?, ?, 0)", (key, ts_ms)
-            )
-        since, fired = episode
-        if fired or ts_ms - since < hold_ms:
+            episode = state[key] = Episode(key, ts_ms, False)
+            stored.begin(conn, key, ts_ms)
+        if episode.fired or ts_ms - episode.since_ms < hold_ms:
             return None
-        episode[1] = True
-        conn.execute("UPDATE alert_episodes SET fired = 1 WHERE key = ?", (key,))
-        return since
+        state[key] = replace(episode, fired=True)
+        stored.fired(conn, key)
+        return episode.since_ms
 
     def release_others(self, conn: sqlite3.Connection, prefix: str, holding: set[str]) -> None:
         """Every open episode whose key starts with `prefix` and is not in `holding` ended."""
@@ -47,12 +48,12 @@ class Episodes:
         for key in ended:
             del state[key]
         if ended:
-            conn.executemany("DELETE FROM alert_episodes WHERE key = ?", [(k,) for k in ended])
+            stored.end(conn, ended)
 
     def release(self, conn: sqlite3.Connection, key: str) -> None:
         """The condition `key` no longer holds: its next episode may alert again."""
         if self._state(conn).pop(key, None) is not None:
-            conn.execute("DELETE FROM alert_episodes WHERE key = ?", (key,))
+            stored.end(conn, [key])
 
 
 def incident(key: str, since_ms: int) -> str:

@@ -5,12 +5,16 @@ on an idle GPU, a GPU lost or not responding, throttled for long (episodes), XID
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from gpuwatch.alerts import texts
 from gpuwatch.base import fmt
 from gpuwatch.base.config import Config
 from gpuwatch.store.alerts import Alert
+
+if TYPE_CHECKING:
+    from collectors.nvml import GpuProcessSample, GpuSample, GpuStatic, XidEvent
+    from collectors.processes import ProcessInfo
 
 MIB = 1024 * 1024
 # NVML clock-event reason bits (nvml.h; their words in fmt.THROTTLE_REASONS): what counts as
@@ -28,16 +32,24 @@ class Fact:
     alert: Callable[[int, int], Alert]
 
 
-def _gpu_name(static) -> str:
+def _gpu_name(static: GpuStatic) -> str:
     known = ", ".join(filter(None, (static.name, static.uuid)))  # a GPU lost from the start has neither
     return f"GPU {static.gpu_index} ({known})" if known else f"GPU {static.gpu_index}"
 
 
-def _gpu_key(static) -> str:
+def _gpu_key(static: GpuStatic) -> str:
     return static.uuid or f"index{static.gpu_index}"
 
 
-def _idle_held(host: str, cfg: Config, static, util: int, proc, info, run_id: str | None) -> Fact:
+def _idle_held(
+    host: str,
+    cfg: Config,
+    static: GpuStatic,
+    util: int,
+    proc: GpuProcessSample,
+    info: ProcessInfo,
+    run_id: str | None,
+) -> Fact:
     key = f"gpu.idle_held:{_gpu_key(static)}:{proc.pid}:{info.start_ms}"
     used = proc.used_mem_bytes
     whose = texts.whose(info.user, info.uid)
@@ -78,7 +90,7 @@ def _idle_held(host: str, cfg: Config, static, util: int, proc, info, run_id: st
     return Fact(key, int(cfg.idle_gpu_minutes * 60_000), alert)
 
 
-def _state_fact(host: str, cfg: Config, static, state: str) -> Fact:
+def _state_fact(host: str, cfg: Config, static: GpuStatic, state: str) -> Fact:
     kind = "gpu.lost" if state == "lost" else "gpu.not_responding"
     key = f"{kind}:{_gpu_key(static)}"
     what = (
@@ -107,7 +119,9 @@ def _state_fact(host: str, cfg: Config, static, state: str) -> Fact:
     return Fact(key, hold, alert)
 
 
-def _throttle_fact(host: str, cfg: Config, static, family: str, words: list[str], sample) -> Fact:
+def _throttle_fact(
+    host: str, cfg: Config, static: GpuStatic, family: str, words: list[str], sample: GpuSample
+) -> Fact:
     key = f"gpu.throttled:{_gpu_key(static)}:{family}"
 
     def alert(since: int, now: int) -> Alert:
@@ -140,15 +154,22 @@ def _throttle_fact(host: str, cfg: Config, static, family: str, words: list[str]
     return Fact(key, int(cfg.throttle_alert_minutes * 60_000), alert)
 
 
-def gpu_facts(host: str, cfg: Config, statics, samples, procs, pid_facts) -> list[Fact]:
-    """The conditions that hold this tick. `pid_facts`: pid -> (ProcessInfo, run_id) of the
+def gpu_facts(
+    host: str,
+    cfg: Config,
+    statics: Sequence[GpuStatic],
+    samples: Sequence[GpuSample],
+    procs: Sequence[GpuProcessSample],
+    pid_facts: Mapping[int, tuple[Any, ...]],
+) -> list[Fact]:
+    """The conditions that hold this tick. `pid_facts`: pid -> (ProcessInfo, run_id, ...) of the
     GPU processes the sampler knows (the sampler's own cache)."""
     by_index = {s.gpu_index: s for s in samples}
     facts = []
     for static in statics:
         s = by_index.get(static.gpu_index)
-        if s is None or s.state:
-            facts.append(_state_fact(host, cfg, static, "lost" if s is None else s.state))
+        if s is None or s.state:  # a GPU with no sample this tick is lost
+            facts.append(_state_fact(host, cfg, static, s.state if s and s.state else "lost"))
             continue
         for family, bits in THROTTLE_FAMILIES:
             words = fmt.throttle_words((s.throttle_reasons or 0) & bits)
@@ -170,7 +191,8 @@ def gpu_facts(host: str, cfg: Config, statics, samples, procs, pid_facts) -> lis
         known = pid_facts.get(p.pid)
         if known is None or p.gpu_index not in statics_by_index:
             continue
-        info, run_id = known[0], known[1]
+        info: ProcessInfo = known[0]
+        run_id: str | None = known[1]
         facts.append(_idle_held(host, cfg, statics_by_index[p.gpu_index], s.gpu_util_pct, p, info, run_id))
     return facts
 
@@ -181,7 +203,14 @@ class ErrorCounts:
     def __init__(self) -> None:
         self.ecc: dict[str, int] = {}  # uuid -> uncorrected errors seen at the last tick
 
-    def alerts(self, host: str, ts: int, statics, samples, xids) -> list[Alert]:
+    def alerts(
+        self,
+        host: str,
+        ts: int,
+        statics: Sequence[GpuStatic],
+        samples: Sequence[GpuSample],
+        xids: Sequence[XidEvent],
+    ) -> list[Alert]:
         by_index = {st.gpu_index: st for st in statics}
         found = []
         for x in xids:

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuwatch.alerts import texts
 from gpuwatch.alerts.episodes import Episodes, incident
 from gpuwatch.base import fmt
 from gpuwatch.base.config import Config
+from gpuwatch.store import alert_wishes
+from gpuwatch.store.alert_wishes import add_wish as add_wish  # where ingest and the CLI look for it
 from gpuwatch.store.alerts import Alert
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from gpuwatch.fleet.pick import Candidate
 
 
 def disk_low_alert(
@@ -54,60 +60,15 @@ def disk_low_alert(
     )
 
 
-@dataclass(frozen=True)
-class Wish:
-    id: int
-    uid: int
-    user: str | None
-    host: str
-    created_ms: int
-    gpus: int
-    min_free_bytes: int
-    max_util_pct: float
-    window_min: float
-
-
-_WISH_COLUMNS = "id, uid, user, host, created_ms, gpus, min_free_bytes, max_util_pct, window_min"
-
-
-def add_wish(
-    conn: sqlite3.Connection,
-    uid: int,
-    user: str | None,
-    host: str,
-    now: int,
-    gpus: int,
-    min_free_bytes: int,
-    max_util_pct: float = 10.0,
-    window_min: float = 5.0,
-) -> int:
-    """Store a wish (in a writer job, or a connection of its own in embedded mode); its id."""
-    cur = conn.execute(
-        "INSERT INTO alert_wishes (uid, user, host, created_ms, gpus, min_free_bytes, max_util_pct, "
-        "window_min) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (uid, user, host, now, gpus, min_free_bytes, max_util_pct, window_min),
-    )
-    return int(cur.lastrowid or 0)  # an INSERT into a rowid table always sets it
-
-
-def wishes(conn: sqlite3.Connection, host: str) -> list[Wish]:
-    return [
-        Wish(*row)
-        for row in conn.execute(
-            f"SELECT {_WISH_COLUMNS} FROM alert_wishes WHERE host = ? ORDER BY id", (host,)
-        )
-    ]
-
-
 def granted_alerts(conn: sqlite3.Connection, host: str, now: int) -> list[Alert]:
     """gpus.free for each wish `gpuwatch pick` would grant now; a granted wish is forgotten."""
     from gpuwatch.fleet.pick import NothingFits, choose, local_candidates
 
-    pending = wishes(conn, host)
+    pending = alert_wishes.wishes(conn, host)
     if not pending:
         return []
-    found = []
-    candidates: dict[float, list] = {}  # by window: one read of the samples per window length
+    found: list[Alert] = []
+    candidates: dict[float, list[Candidate]] = {}  # by window: one read of the samples per window length
     for w in pending:
         if w.window_min not in candidates:
             candidates[w.window_min] = local_candidates(conn, now - int(w.window_min * 60_000))
@@ -118,7 +79,7 @@ def granted_alerts(conn: sqlite3.Connection, host: str, now: int) -> list[Alert]
         except NothingFits:
             continue
         indices = ",".join(str(c.index) for c in best)
-        conn.execute("DELETE FROM alert_wishes WHERE id = ?", (w.id,))
+        alert_wishes.forget(conn, w.id)
         found.append(
             Alert(
                 kind="gpus.free",

@@ -16,15 +16,20 @@ The daemon's stall watch hands its stalls (with their stacks) to `stall_job`.
 from __future__ import annotations
 
 import logging
-import sqlite3
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from gpuwatch.alerts import gpu_rules, host_rules, run_rules
 from gpuwatch.alerts.episodes import Episodes
 from gpuwatch.base.config import Config
 from gpuwatch.monitor.stalled_runs import Stalled, find_stalled
+from gpuwatch.store import SQLiteError
 from gpuwatch.store import alerts as stored
 from gpuwatch.store.alerts import Alert
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from collectors.nvml import GpuProcessSample, GpuSample, GpuStatic, XidEvent
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +64,14 @@ class AlertRules:
             # own warnings (a GPU hung, then answering again) as its only lines about a GPU
             log.debug("alert %s: %s", alert.kind, alert.title)
 
-    def _guarded(self, name: str, conn: sqlite3.Connection, rule: Callable[[], list]) -> None:
+    def _guarded(
+        self, name: str, conn: sqlite3.Connection, rule: Callable[[], Sequence[Alert | None]]
+    ) -> None:
         """Run one rule and record its alerts; a rule's bug is logged once and spares the others."""
         try:
             for alert in rule():
                 self._record(conn, alert)
-        except sqlite3.Error:
+        except SQLiteError:
             raise  # the file's trouble, not the rule's: the writer reports it
         except Exception:
             if name not in self._failed_rules:
@@ -74,13 +81,20 @@ class AlertRules:
     # --- each GPU tick (sampler thread builds, writer thread runs) ---
 
     def gpu_job(
-        self, ts: int, statics, samples, procs, pid_facts, xids
+        self,
+        ts: int,
+        statics: Sequence[GpuStatic],
+        samples: Sequence[GpuSample],
+        procs: Sequence[GpuProcessSample],
+        pid_facts: Mapping[int, tuple[Any, ...]],
+        xids: Sequence[XidEvent],
     ) -> Callable[[sqlite3.Connection], None]:
         facts = gpu_rules.gpu_facts(self.host, self.cfg, statics, samples, procs, pid_facts)
         instant = self.errors.alerts(self.host, ts, statics, samples, xids)
 
         def held(conn: sqlite3.Connection) -> list[Alert]:
-            found, holding = [], set()
+            found: list[Alert] = []
+            holding: set[str] = set()
             for fact in facts:
                 holding.add(fact.key)
                 since = self.episodes.hold(conn, fact.key, ts, fact.hold_ms)
@@ -128,7 +142,7 @@ class AlertRules:
             self._next_wish = now + WISH_CHECK_MS
             self._guarded("wishes", conn, lambda: host_rules.granted_alerts(conn, self.host, now))
 
-    def stall_job(self, stalled: Stalled, dump_row: dict) -> Callable[[sqlite3.Connection], None]:
+    def stall_job(self, stalled: Stalled, dump_row: dict[str, Any]) -> Callable[[sqlite3.Connection], None]:
         """run.stalled for a stall the daemon's stall watch found and dumped."""
         return lambda conn: self._guarded(
             "stalls",

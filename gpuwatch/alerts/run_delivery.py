@@ -10,6 +10,7 @@ from pathlib import Path
 from gpuwatch.alerts.deliver import Deliverer
 from gpuwatch.alerts.subscriptions import END_KINDS
 from gpuwatch.store import StoreError, open_ro
+from gpuwatch.store.alerts import any_for_run
 
 END_ALERT_WAIT_S = 10.0  # for the rules to turn the run's end into its alert
 DELIVERY_WAIT_S = 75.0  # a few retries, the last after the 60 s back-off cap
@@ -21,13 +22,7 @@ def _end_alerted(db_path: Path, run_id: str) -> bool:
     except StoreError:
         return False
     try:
-        marks = ",".join("?" * len(END_KINDS))
-        return (
-            conn.execute(
-                f"SELECT 1 FROM alerts WHERE run_id = ? AND kind IN ({marks}) LIMIT 1", (run_id, *END_KINDS)
-            ).fetchone()
-            is not None
-        )
+        return any_for_run(conn, run_id, END_KINDS)
     finally:
         conn.close()
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import sqlite3
 import statistics
+from typing import TYPE_CHECKING
 
 from gpuwatch.alerts import texts
 from gpuwatch.alerts.episodes import Episodes, incident
@@ -15,35 +15,21 @@ from gpuwatch.analysis.postmortem_text import figure_lines
 from gpuwatch.base import fmt
 from gpuwatch.base.config import Config
 from gpuwatch.monitor.stalled_runs import Stalled
-from gpuwatch.store import postmortems
-from gpuwatch.store.alerts import Alert
+from gpuwatch.store import alert_runs, postmortems
+from gpuwatch.store.alerts import Alert, recoveries
+from gpuwatch.store.queries import run_by_id
+from gpuwatch.store.running import running_runs
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from gpuwatch.store.postmortems import Postmortem
 
 log = logging.getLogger(__name__)
 
 STACK_FRAMES = 3  # innermost frames of the stalled thread an alert quotes
 SLOW_ROWS = 2000  # newest step rows a slowness check reads: its window, then the median's
 SLOW_MIN_BASELINE = 10  # rows before the window needed to call a median the run's own
-
-_RUN_COLUMNS = (
-    "run_id",
-    "name",
-    "uid",
-    "user",
-    "host",
-    "status",
-    "exit_code",
-    "signal",
-    "error_type",
-    "error_message",
-    "started_ms",
-    "ended_ms",
-    "last_step_ms",
-)
-
-
-def _run(conn: sqlite3.Connection, run_id: str) -> dict | None:
-    row = conn.execute(f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    return None if row is None else dict(zip(_RUN_COLUMNS, row))
 
 
 def _signal_name(signum: int) -> str:
@@ -53,33 +39,33 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _oom_postmortem(conn: sqlite3.Connection, run_id: str):
+def _oom_postmortem(conn: sqlite3.Connection, run_id: str) -> Postmortem | None:
     """The run's newest OOM postmortem, or its ranks' (`gpuwatch run` children) when it has none."""
     found = postmortems.for_run(conn, run_id)
     if not found:
-        for (child,) in conn.execute("SELECT run_id FROM runs WHERE parent_run_id = ?", (run_id,)):
+        for child in alert_runs.rank_run_ids(conn, run_id):
             found += postmortems.for_run(conn, child)
     return max(found, key=lambda pm: pm.ts_ms) if found else None
 
 
 def ended_alert(conn: sqlite3.Connection, run_id: str) -> Alert | None:
     """The alert for a run that ended (finished, failed, oom, killed, lost); None while running."""
-    r = _run(conn, run_id)
-    if r is None or r["status"] == "running":
+    r = run_by_id(conn, run_id)
+    if r is None or r.status == "running":
         return None
-    label = texts.run_label(r["name"], run_id)
-    ended = r["ended_ms"] or r["started_ms"]
-    whose = texts.whose(r["user"], r["uid"])
-    took = f"after {texts.lasted(r['started_ms'], ended)}"
-    error = ": ".join(filter(None, (r["error_type"], r["error_message"]))) or None
-    status = r["status"]
-    detail = {
-        k: r[k]
+    label = texts.run_label(r.name, run_id)
+    ended = r.ended_ms or r.started_ms
+    whose = texts.whose(r.user, r.uid)
+    took = f"after {texts.lasted(r.started_ms, ended)}"
+    error = ": ".join(filter(None, (r.error_type, r.error_message))) or None
+    status = r.status
+    detail: dict[str, object] = {
+        k: getattr(r, k)
         for k in ("status", "exit_code", "signal", "error_type", "started_ms", "ended_ms")
-        if r[k] is not None
+        if getattr(r, k) is not None
     }
     more = f"gpuwatch show {run_id}"
-    oom_killed = status == "killed" and r["error_type"] == "OOMKilled"
+    oom_killed = status == "killed" and r.error_type == "OOMKilled"
     if status == "finished":
         kind, what, headline = "run.finished", "finished", f"finished {took}"
     elif status == "oom" or oom_killed:
@@ -104,28 +90,28 @@ def ended_alert(conn: sqlite3.Connection, run_id: str) -> Alert | None:
         headline = "was lost: its process is gone and it never reported an end (killed, or its host rebooted)"
     else:  # failed, or killed by a signal
         kind = "run.failed"
-        if r["signal"]:
-            what = f"was killed by {_signal_name(r['signal'])}"
-        elif r["exit_code"] is not None:
-            what = f"failed with exit status {r['exit_code']}"
+        if r.signal:
+            what = f"was killed by {_signal_name(r.signal)}"
+        elif r.exit_code is not None:
+            what = f"failed with exit status {r.exit_code}"
         else:
             what = "failed"
         headline = f"{what} {took}"
-    title = f"{label} {what} on {r['host']} ({whose})"
+    title = f"{label} {what} on {r.host} ({whose})"
     body = texts.body(
-        f"{label} of {whose} on {r['host']} {headline}.",
+        f"{label} of {whose} on {r.host} {headline}.",
         error,
-        f"Started {texts.when(r['started_ms'])}, ended {texts.when(ended)} ({texts.lasted(r['started_ms'], ended)}).",
+        f"Started {texts.when(r.started_ms)}, ended {texts.when(ended)} ({texts.lasted(r.started_ms, ended)}).",
         more=more,
     )
     return Alert(
         kind=kind,
         incident=run_id,
         ts_ms=ended,
-        host=r["host"] or "",
+        host=r.host or "",
         title=title,
         body=body,
-        uid=r["uid"],
+        uid=r.uid,
         run_id=run_id,
         detail=detail,
     )
@@ -144,31 +130,13 @@ class RunEnds:
         self.last_ms = 0
 
     def ended(self, conn: sqlite3.Connection, now: int) -> list[str]:
-        mine = "(host = ? OR host IS NULL) AND parent_run_id IS NULL"  # a wrapper's ranks: its alert
-        running = {
-            r
-            for (r,) in conn.execute(
-                f"SELECT run_id FROM runs WHERE status = 'running' AND {mine}", (self.host,)
-            )
-        }
+        # a wrapper's ranks: its own run's end speaks for them
+        running = {r.run_id for r in running_runs(conn, self.host) if r.parent_run_id is None}
         if self.running is None:
-            ended = {
-                r
-                for (r,) in conn.execute(
-                    f"SELECT run_id FROM runs WHERE status != 'running' AND ended_ms >= ? AND {mine}",
-                    (now - self.lookback_ms, self.host),
-                )
-            }
+            ended = set(alert_runs.ended_since(conn, self.host, now - self.lookback_ms))
             quick: set[str] = set()
         else:
-            # runs_started: the index makes this a look at the last few seconds' runs
-            quick = {
-                r
-                for (r,) in conn.execute(
-                    f"SELECT run_id FROM runs WHERE started_ms >= ? AND status != 'running' AND {mine}",
-                    (self.last_ms - 60_000, self.host),
-                )
-            }
+            quick = set(alert_runs.started_and_ended_since(conn, self.host, self.last_ms - 60_000))
             ended = (self.running - running) | (quick - self.quick_seen)
         self.running, self.quick_seen, self.last_ms = running, quick, now
         return sorted(ended)
@@ -195,11 +163,11 @@ def _top_frames(stacks_json: str | None) -> list[str]:
 def stalled_alert(
     conn: sqlite3.Connection, stalled: Stalled, stacks_json: str | None = None, dump_error: str | None = None
 ) -> Alert | None:
-    r = _run(conn, stalled.run_id)
+    r = run_by_id(conn, stalled.run_id)
     if r is None:
         return None
-    label = texts.run_label(r["name"], stalled.run_id)
-    whose = texts.whose(r["user"], r["uid"])
+    label = texts.run_label(r.name, stalled.run_id)
+    whose = texts.whose(r.user, r.uid)
     frames = _top_frames(stacks_json)
     silent = fmt.duration(stalled.silent_s * 1000)
     stack = (
@@ -212,13 +180,13 @@ def stalled_alert(
         kind="run.stalled",
         incident=incident(stalled.run_id, stalled.last_step_ms),
         ts_ms=ts,
-        host=r["host"] or "",
-        uid=r["uid"],
+        host=r.host or "",
+        uid=r.uid,
         run_id=stalled.run_id,
         pid=stalled.pid,
-        title=f"{label} stalled on {r['host']} ({whose}): no step for {silent}",
+        title=f"{label} stalled on {r.host} ({whose}): no step for {silent}",
         body=texts.body(
-            f"{label} of {whose} on {r['host']} has not stepped since {texts.when(stalled.last_step_ms)} "
+            f"{label} of {whose} on {r.host} has not stepped since {texts.when(stalled.last_step_ms)} "
             f"({silent}; its threshold is {fmt.duration(stalled.threshold_s * 1000)}); pid {stalled.pid} is alive.",
             stack,
             more=f"gpuwatch stacks {stalled.run_id}",
@@ -235,32 +203,25 @@ def stalled_alert(
 def recovered_alerts(conn: sqlite3.Connection, host: str) -> list[Alert]:
     """run.recovered for each stalled run that stepped again: the pair of its run.stalled."""
     found = []
-    for inc, run_id, stalled_ms, last_step_ms, name, uid, user in conn.execute(
-        "SELECT a.incident, a.run_id, json_extract(a.detail_json, '$.last_step_ms'), r.last_step_ms, "
-        "r.name, r.uid, r.user FROM alerts a JOIN runs r ON r.run_id = a.run_id "
-        "WHERE a.kind = 'run.stalled' AND a.host = ? AND r.last_step_ms > json_extract(a.detail_json, "
-        "'$.last_step_ms') AND NOT EXISTS (SELECT 1 FROM alerts b WHERE b.kind = 'run.recovered' "
-        "AND b.incident = a.incident)",
-        (host,),
-    ):
-        label = texts.run_label(name, run_id)
-        whose = texts.whose(user, uid)
-        gap = fmt.duration(last_step_ms - stalled_ms)
+    for r in recoveries(conn, host):
+        label = texts.run_label(r.name, r.run_id)
+        whose = texts.whose(r.user, r.uid)
+        gap = fmt.duration(r.last_step_ms - r.stalled_ms)
         found.append(
             Alert(
                 kind="run.recovered",
-                incident=inc,
-                ts_ms=last_step_ms,
+                incident=r.incident,
+                ts_ms=r.last_step_ms,
                 host=host,
-                uid=uid,
-                run_id=run_id,
+                uid=r.uid,
+                run_id=r.run_id,
                 title=f"{label} recovered on {host} ({whose}): stepping again after {gap}",
                 body=texts.body(
-                    f"{label} of {whose} on {host} stepped again at {texts.when(last_step_ms)}, "
+                    f"{label} of {whose} on {host} stepped again at {texts.when(r.last_step_ms)}, "
                     f"{gap} after the step before its stall.",
-                    more=f"gpuwatch show {run_id}",
+                    more=f"gpuwatch show {r.run_id}",
                 ),
-                detail={"stalled_since_ms": stalled_ms, "stepped_ms": last_step_ms},
+                detail={"stalled_since_ms": r.stalled_ms, "stepped_ms": r.last_step_ms},
             )
         )
     return found
@@ -288,18 +249,14 @@ def slow_alerts(
     """run.slow: every step row of the last slow_alert_minutes below slow_alert_pct % of the
     median tokens/s of the run's rows before that window (up to SLOW_ROWS rows in all)."""
     window_ms = int(cfg.slow_alert_minutes * 60_000)
-    found, holding = [], set()
-    for run_id, name, uid, user in conn.execute(
-        "SELECT run_id, name, uid, user FROM runs WHERE status = 'running' AND (host = ? OR host IS NULL) "
-        "AND last_step_ms >= ?",
-        (host, now - window_ms),
-    ).fetchall():
-        rows = conn.execute(
-            "SELECT ts_ms, tokens_per_s FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT ?",
-            (run_id, SLOW_ROWS),
-        ).fetchall()
-        window = [rate for ts, rate in rows if ts >= now - window_ms and rate is not None]
-        before = [rate for ts, rate in rows if ts < now - window_ms and rate is not None]
+    found: list[Alert] = []
+    holding: set[str] = set()
+    for run in running_runs(conn, host):
+        if run.last_step_ms is None or run.last_step_ms < now - window_ms:
+            continue  # no step in the window to judge
+        run_id, name, uid, user = run.run_id, run.name, run.uid, run.user
+        rates = alert_runs.recent_rates(conn, run_id, now - window_ms, SLOW_ROWS)
+        window, before = rates.since, rates.before
         if not window or len(before) < SLOW_MIN_BASELINE:
             continue
         median = statistics.median(before)

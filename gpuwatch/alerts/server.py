@@ -17,7 +17,8 @@ from gpuwatch.alerts import subscriptions as subs
 from gpuwatch.alerts.deliver import Deliverer, max_alert_id
 from gpuwatch.alerts.service import MAX_REQUEST, Local, answer
 from gpuwatch.base.config import Config
-from gpuwatch.daemon.ingest import bind_socket, peer_credentials
+from gpuwatch.base.unix_socket import bind_socket, peer_credentials
+from gpuwatch.store import subscriptions as stored_subs
 
 log = logging.getLogger("gpuwatch.notify")
 
@@ -42,7 +43,7 @@ class NotifyService:
         except subs.SubscriptionError as e:
             log.error("admin-wide subscriptions not loaded: %s", e)
         else:
-            subs.sync_admin(self.deliverer.conn, entries, max_alert_id(cfg.db_path))
+            stored_subs.sync_admin(self.deliverer.conn, entries, max_alert_id(cfg.db_path))
             log.info("%d admin-wide subscription(s)", len(entries))
         self.sock = bind_socket(cfg.notify_socket_path, 0o666)
         self._stop = threading.Event()

@@ -7,23 +7,30 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpuwatch.alerts import KINDS
 from gpuwatch.alerts import subscriptions as subs
 from gpuwatch.alerts.deliver import check_url, max_alert_id, send
-from gpuwatch.store import StoreError, open_ro
+from gpuwatch.base import paths
+from gpuwatch.base.config import Config
+from gpuwatch.store import StoreError, alert_runs, open_ro
+from gpuwatch.store import subscriptions as stored_subs
+
+if TYPE_CHECKING:
+    import sqlite3
 
 MAX_REQUEST = 64 * 1024
 TEST_TITLE = "gpuwatch: test message"
 
 
-def _owners(db_path: Path, column: str, value: str) -> set[int]:
+def _owners(db_path: Path, name: str | None = None, run_id: str | None = None) -> set[int]:
     try:
         conn = open_ro(db_path)
     except StoreError:
         return set()
     try:
-        return {r[0] for r in conn.execute(f"SELECT DISTINCT uid FROM runs WHERE {column} = ?", (value,))}
+        return alert_runs.owners(conn, name=name, run_id=run_id)
     finally:
         conn.close()
 
@@ -34,8 +41,8 @@ class Local:
         self.db_path = Path(db_path)
         self.host = host or socket.gethostname()
 
-    def _conn(self):
-        return subs.open_store(self.store_path)
+    def _conn(self) -> sqlite3.Connection:
+        return stored_subs.open_store(self.store_path)
 
     @staticmethod
     def _scope(uid: int) -> int | None:
@@ -49,18 +56,20 @@ class Local:
         run: str | None = None,
         run_id: str | None = None,
         transient: bool = False,
-    ) -> dict:
+    ) -> dict[str, Any]:
         check_url(url)
         kinds = subs.parse_kinds(on, KINDS)
-        for column, value in (("name", run), ("run_id", run_id)):
-            owners = _owners(self.db_path, column, value) if value else set()
+        for value, owners in (
+            (run, _owners(self.db_path, name=run) if run else set()),
+            (run_id, _owners(self.db_path, run_id=run_id) if run_id else set()),
+        ):
             if owners and uid not in owners:
                 raise subs.SubscriptionError(
                     f"run {value!r} is another user's: you can only subscribe to your own runs"
                 )
         conn = self._conn()
         try:
-            sub = subs.add(
+            sub = stored_subs.add(
                 conn,
                 uid,
                 url,
@@ -70,38 +79,38 @@ class Local:
                 transient=transient,
                 after_alert_id=max_alert_id(self.db_path),
             )
-            return sub.public()
+            return subs.public(sub)
         finally:
             conn.close()
 
-    def list_subscriptions(self, uid: int) -> list[dict]:
+    def list_subscriptions(self, uid: int) -> list[dict[str, Any]]:
         conn = self._conn()
         try:
-            return [s.public() for s in subs.listing(conn, self._scope(uid))]
+            return [subs.public(s) for s in stored_subs.listing(conn, self._scope(uid))]
         finally:
             conn.close()
 
-    def remove(self, uid: int, sub_id: int) -> dict:
+    def remove(self, uid: int, sub_id: int) -> dict[str, Any]:
         conn = self._conn()
         try:
-            return subs.remove(conn, int(sub_id), self._scope(uid)).public()
+            return subs.public(subs.remove(conn, int(sub_id), self._scope(uid)))
         finally:
             conn.close()
 
-    def test(self, uid: int, sub_id: int | None = None) -> list[dict]:
+    def test(self, uid: int, sub_id: int | None = None) -> list[dict[str, Any]]:
         """Send a test message to one of the caller's subscriptions, or to each of them."""
         conn = self._conn()
         try:
             chosen = (
                 [subs.mine(conn, int(sub_id), self._scope(uid))]
                 if sub_id is not None
-                else subs.listing(conn, uid)
+                else stored_subs.listing(conn, uid)
             )
         finally:
             conn.close()
-        return [dict(s.public(), error=send(s.url, TEST_TITLE, test_body(self.host))) for s in chosen]
+        return [dict(subs.public(s), error=send(s.url, TEST_TITLE, test_body(self.host))) for s in chosen]
 
-    def deliveries(self, uid: int, alert_ids: list[int]) -> dict[str, list[dict]]:
+    def deliveries(self, uid: int, alert_ids: list[int]) -> dict[str, list[dict[str, Any]]]:
         if len(alert_ids) > 1000:
             raise subs.SubscriptionError("at most 1000 alert ids per request")
         conn = self._conn()
@@ -130,7 +139,7 @@ OPS = {
 _METHODS = {"list": "list_subscriptions"}
 
 
-def answer(api: Local, uid: int, line: bytes) -> dict:
+def answer(api: Local, uid: int, line: bytes) -> dict[str, Any]:
     """One request line from a client whose uid the socket vouched for -> one reply dict."""
     try:
         request = json.loads(line)
@@ -152,7 +161,7 @@ class Remote:
         self.socket_path = Path(socket_path)
         self.timeout = timeout
 
-    def _ask(self, op: str, **args):
+    def _ask(self, op: str, **args: object) -> Any:  # the service's JSON reply
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(self.timeout)
             try:
@@ -184,17 +193,29 @@ class Remote:
         run: str | None = None,
         run_id: str | None = None,
         transient: bool = False,
-    ) -> dict:
-        return self._ask("add", url=url, on=on, run=run, run_id=run_id, transient=transient)
+    ) -> dict[str, Any]:
+        reply: dict[str, Any] = self._ask("add", url=url, on=on, run=run, run_id=run_id, transient=transient)
+        return reply
 
-    def list_subscriptions(self, uid: int) -> list[dict]:
-        return self._ask("list")
+    def list_subscriptions(self, uid: int) -> list[dict[str, Any]]:
+        reply: list[dict[str, Any]] = self._ask("list")
+        return reply
 
-    def remove(self, uid: int, sub_id: int) -> dict:
-        return self._ask("remove", sub_id=sub_id)
+    def remove(self, uid: int, sub_id: int) -> dict[str, Any]:
+        reply: dict[str, Any] = self._ask("remove", sub_id=sub_id)
+        return reply
 
-    def test(self, uid: int, sub_id: int | None = None) -> list[dict]:
-        return self._ask("test", sub_id=sub_id)
+    def test(self, uid: int, sub_id: int | None = None) -> list[dict[str, Any]]:
+        reply: list[dict[str, Any]] = self._ask("test", sub_id=sub_id)
+        return reply
 
-    def deliveries(self, uid: int, alert_ids: list[int]) -> dict[str, list[dict]]:
-        return self._ask("deliveries", alert_ids=alert_ids)
+    def deliveries(self, uid: int, alert_ids: list[int]) -> dict[str, list[dict[str, Any]]]:
+        reply: dict[str, list[dict[str, Any]]] = self._ask("deliveries", alert_ids=alert_ids)
+        return reply
+
+
+def backend(cfg: Config) -> Local | Remote:
+    """The notify service when one listens (system install), else the user's private store."""
+    if cfg.notify_socket or paths.SYSTEM_NOTIFY_SOCKET.exists():
+        return Remote(cfg.notify_socket_path)
+    return Local(cfg.notify_db_path, paths.reader_db_path(cfg.db))

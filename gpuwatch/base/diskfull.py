@@ -22,7 +22,7 @@ def no_space(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in NO_SPACE
 
 
-def free_bytes(path) -> int | None:
+def free_bytes(path: str | os.PathLike[str]) -> int | None:
     """Bytes free to this process on the filesystem holding `path` (its directory if it is gone)."""
     for where in (path, os.path.dirname(os.path.abspath(path))):
         try:
@@ -45,7 +45,7 @@ class FullDisk:
         self.since: float | None = None
         self.failures = 0
 
-    def failed(self, path, error: OSError, consequence: str = "") -> None:
+    def failed(self, path: str | os.PathLike[str], error: OSError, consequence: str = "") -> None:
         self.failures += 1
         if self.since is None:
             self.since = time.monotonic()
@@ -59,7 +59,7 @@ class FullDisk:
                 f"; {consequence}" if consequence else "",
             )
 
-    def ok(self, path) -> None:
+    def ok(self, path: str | os.PathLike[str]) -> None:
         if self.since is not None:
             self.log.log(
                 self.level,

@@ -58,7 +58,8 @@ def writer_gone(pid: int, mtime_s: float) -> bool:
     if not pid_alive(pid):
         return True
     try:
-        return psutil.Process(pid).create_time() > mtime_s + 1.0
+        started: float = psutil.Process(pid).create_time()
+        return started > mtime_s + 1.0
     except psutil.NoSuchProcess:
         return True
     except psutil.Error:

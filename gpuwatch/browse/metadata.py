@@ -9,6 +9,7 @@ after it): the comment on a column's line, plus its unit read from its name (`_m
 from __future__ import annotations
 
 import re
+from typing import Any
 from urllib.parse import urlencode
 
 from gpuwatch.store import search
@@ -122,7 +123,7 @@ def column_description(table: str, column: str, comments: dict[str, dict[str, st
 
 # Canned queries: title, SQL, description, chart (datasette-vega's settings, in the page's URL
 # fragment). The first six are docs/database.md's worked queries, word for word.
-QUERIES: dict[str, dict] = {
+QUERIES: dict[str, dict[str, Any]] = {
     "tokens_per_s_per_run": {
         "title": "Tokens/s and peak memory per run, last 24 h",
         "sql": """-- tokens/s and peak memory per run, runs started in the last 24 h
@@ -296,16 +297,16 @@ GROUP BY day, kind ORDER BY day, kind""",
 }
 
 
-def chart_fragment(chart: dict) -> str:
+def chart_fragment(chart: dict[str, str]) -> str:
     """datasette-vega's settings as it keeps them in the URL fragment: g.mark=...&g.x_column=..."""
     return urlencode({f"g.{k}": v for k, v in chart.items()})
 
 
-def metadata(db_name: str, table_columns: dict[str, list[str]]) -> dict:
+def metadata(db_name: str, table_columns: dict[str, list[str]]) -> dict[str, Any]:
     """Datasette metadata for database `db_name` whose tables/views have `table_columns`;
     tables not for people (storage internals, FTS shadows, bookkeeping) are hidden."""
     comments = schema_comments()
-    tables = {}
+    tables: dict[str, dict[str, Any]] = {}
     for table, columns in table_columns.items():
         if table not in TABLES:
             tables[table] = {"hidden": True}

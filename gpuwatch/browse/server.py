@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from http.cookies import SimpleCookie
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from datasette import hookimpl
@@ -26,13 +28,19 @@ HOST = "127.0.0.1"
 COMMAND = "gpuwatch browse"
 PLUGIN = "gpuwatch-charts"
 
+# ASGI's shapes, written out: Datasette and uvicorn ship no types.
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-def require_token(app, token: str, port: int):
+
+def require_token(app: ASGIApp, token: str, port: int) -> ASGIApp:
     """ASGI middleware: a request needs the token (?token= once, then the cookie); the URL
     carrying it is answered by a redirect to the same URL without it, the cookie set."""
     cookie = cookie_name(port)
 
-    async def guarded(scope, receive, send):
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await app(scope, receive, send)
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
@@ -44,15 +52,17 @@ def require_token(app, token: str, port: int):
                     jar.load(value.decode("latin-1"))
             given = jar[cookie].value if cookie in jar else None
         if not token_ok(given, token):
-            return await asgi_send(send, refusal(COMMAND), 403, content_type="text/plain; charset=utf-8")
+            await asgi_send(send, refusal(COMMAND), 403, content_type="text/plain; charset=utf-8")
+            return
         if scope["method"] not in ("GET", "HEAD"):
-            return await asgi_send(
+            await asgi_send(
                 send, "gpuwatch browse is read-only\n", 405, content_type="text/plain; charset=utf-8"
             )
+            return
         if dict(query).get("token") is not None:
             rest = urlencode([(k, v) for k, v in query if k != "token"])
             location = scope["path"] + (f"?{rest}" if rest else "")
-            return await asgi_send(
+            await asgi_send(
                 send,
                 "",
                 302,
@@ -61,13 +71,14 @@ def require_token(app, token: str, port: int):
                     "set-cookie": f"{cookie}={token}; Path=/; HttpOnly; SameSite=Strict",
                 },
             )
+            return
         return await app(scope, receive, send)
 
     return guarded
 
 
-@hookimpl
-def extra_body_script(datasette):
+@hookimpl  # type: ignore[untyped-decorator]  # datasette ships no types; the marker returns the function
+def extra_body_script(datasette: Datasette) -> str:
     """This module is also a Datasette plugin: a canned query's page opens with its chart
     (datasette-vega reads its settings from the URL fragment; one already there is kept)."""
     charts = {
@@ -81,7 +92,7 @@ def extra_body_script(datasette):
     )
 
 
-def make_app(db_path: str | Path, token: str, port: int):
+def make_app(db_path: str | Path, token: str, port: int) -> tuple[Datasette, ASGIApp]:
     """The ASGI app: Datasette over `db_path` with gpuwatch's metadata and charts, guarded."""
     from datasette.plugins import pm
 

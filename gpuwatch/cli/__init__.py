@@ -10,7 +10,7 @@ import importlib
 
 import click
 
-from gpuwatch import __version__
+from gpuwatch.base.version import __version__
 
 COMMANDS: dict[str, str] = {
     # name: "gpuwatch.cli.<module>:<click command>"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from typing import Any
 
 import click
 
@@ -22,11 +23,11 @@ def alerts_cmd(db: str | None, fmt: str, limit: int) -> None:
 
     Example: gpuwatch alerts --format json
     """
+    from gpuwatch.alerts.service import backend
     from gpuwatch.alerts.subscriptions import SubscriptionError
     from gpuwatch.base.fmt import clip, local_time
-    from gpuwatch.cli.notify_cmd import backend
+    from gpuwatch.base.unix_socket import user_name
     from gpuwatch.cli.options import load_config
-    from gpuwatch.daemon.ingest import user_name
     from gpuwatch.store import alerts as store_alerts
     from gpuwatch.store import open_ro
 
@@ -36,11 +37,11 @@ def alerts_cmd(db: str | None, fmt: str, limit: int) -> None:
     finally:
         conn.close()
     try:
-        sent = backend(load_config()).deliveries(os.getuid(), [a.id for a in found])
+        sent = backend(load_config()).deliveries(os.getuid(), [a.id for a in found if a.id is not None])
         note = None
     except SubscriptionError as e:
         sent, note = {}, f"delivery state unknown: {e}"
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "id": a.id,
             "ts_ms": a.ts_ms,

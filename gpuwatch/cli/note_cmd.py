@@ -7,7 +7,7 @@ import uuid
 
 import click
 
-from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
+from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader_db_path
 
 
 def _write_here(db_path: str, event: dict) -> dict:
@@ -47,7 +47,8 @@ def note_cmd(run, text, db) -> None:
     Example: gpuwatch note gpt-4k "diverged after warmup: lr too high"
     """
     from gpuwatch import protocol
-    from gpuwatch.cli.profile_cmd import daemon_request, resolve_run
+    from gpuwatch.cli.profile_cmd import resolve_run
+    from gpuwatch.client.link import daemon_request
     from gpuwatch.store import now_ms
 
     conn, find = resolve_run(db)
@@ -70,7 +71,9 @@ def note_cmd(run, text, db) -> None:
     if os.access(db_path, os.W_OK):
         reply = _write_here(db_path, event)
     else:
-        reply = daemon_request({"type": "events", "events": [event]}, "notes on the daemon's runs")
+        reply = daemon_request(
+            load_config(), {"type": "events", "events": [event]}, "notes on the daemon's runs"
+        )
     if reply.get("type") != "ack":
         raise click.ClickException(reply.get("error", str(reply)))
     click.echo(f"noted on run {target.run_id}")

@@ -8,18 +8,8 @@ import os
 
 import click
 
-from gpuwatch.cli.options import load_config, reader_db_path
+from gpuwatch.cli.options import load_config
 from gpuwatch.cli.when_free_cmd import when_free
-
-
-def backend(cfg):
-    """The notify service when one listens (system install), else the user's private store."""
-    from gpuwatch.alerts.service import Local, Remote
-    from gpuwatch.base import paths
-
-    if cfg.notify_socket or paths.SYSTEM_NOTIFY_SOCKET.exists():
-        return Remote(cfg.notify_socket_path)
-    return Local(cfg.notify_db_path, reader_db_path(None))
 
 
 def subscription_errors(f):
@@ -70,6 +60,8 @@ def add(url: str, on: str | None, run: str | None) -> None:
 
     Example: gpuwatch notify add 'slack://T000/B000/XXXX' --on run.failed,run.oom
     """
+    from gpuwatch.alerts.service import backend
+
     sub = backend(load_config()).add(os.getuid(), url, on=on, run=run)
     click.echo(
         f"subscribed {sub['id']}: {sub['url']} to {', '.join(sub['on'])}{' of run ' + run if run else ''}"
@@ -83,6 +75,8 @@ def list_cmd() -> None:
 
     Example: gpuwatch notify list
     """
+    from gpuwatch.alerts.service import backend
+
     found = backend(load_config()).list_subscriptions(os.getuid())
     if not found:
         click.echo("no subscriptions (add one: gpuwatch notify add URL)")
@@ -100,7 +94,7 @@ def test(target: str | None) -> None:
     """
     from gpuwatch.alerts.deliver import check_url, send
     from gpuwatch.alerts.redact import redact
-    from gpuwatch.alerts.service import TEST_TITLE, test_body
+    from gpuwatch.alerts.service import TEST_TITLE, backend, test_body
 
     if target and not target.isdigit():
         check_url(target)
@@ -123,6 +117,8 @@ def remove(sub_id: int) -> None:
 
     Example: gpuwatch notify remove 3
     """
+    from gpuwatch.alerts.service import backend
+
     sub = backend(load_config()).remove(os.getuid(), sub_id)
     click.echo(f"removed {sub['id']}: {sub['url']}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 
 import click
 
@@ -28,6 +29,13 @@ def friendly_errors(f):
             return f(*args, **kwargs)
         except (config_mod.ConfigError, StoreError) as e:
             raise click.ClickException(str(e)) from None
+        except Exception as e:
+            # A request the daemon refused or could not take (client/link.py). Looked up, not
+            # imported: importing the client would cost every command 30 ms; raised, it is loaded.
+            link = sys.modules.get("gpuwatch.client.link")
+            if link is not None and isinstance(e, link.RequestError):
+                raise click.ClickException(str(e)) from None
+            raise
 
     return wrapper
 

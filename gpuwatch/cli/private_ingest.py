@@ -22,7 +22,8 @@ import threading
 from pathlib import Path
 
 from gpuwatch.base.config import Config
-from gpuwatch.daemon.ingest import IngestServer, bind_socket
+from gpuwatch.base.unix_socket import bind_socket
+from gpuwatch.daemon.ingest import IngestServer
 from gpuwatch.store import Writer
 
 

@@ -2,40 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import click
 
 from gpuwatch.base import fmt
 from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader_db_path
-
-NO_DAEMON = (
-    "on-demand {what} needs the gpuwatch daemon, and none answers on {sockets} "
-    "(start one with `gpuwatch daemon`)"
-)
-
-
-def daemon_request(frame: dict, what: str) -> dict:
-    """Send one control frame to the daemon on its own connection; its reply. The transport's
-    link does the greeting and framing: a DaemonTransport would also start a sender thread."""
-    from gpuwatch import protocol
-    from gpuwatch.client.transport import TransportClosed, _Link, socket_candidates
-
-    cfg = load_config()
-    paths = socket_candidates(cfg)
-    for path in paths:
-        try:
-            link = _Link.open(path, timeout=5.0)
-        except (OSError, TransportClosed, protocol.ProtocolError):
-            continue
-        try:
-            link.sock.sendall(protocol.encode(frame))
-            return link.read_frame(timeout=60.0)
-        except (OSError, TransportClosed, protocol.ProtocolError) as e:
-            raise click.ClickException(f"the daemon at {path} did not answer: {e}") from None
-        finally:
-            link.close()
-    raise click.ClickException(NO_DAEMON.format(what=what, sockets=" or ".join(map(str, paths))))
 
 
 def resolve_run(db: str | None):
@@ -125,40 +95,32 @@ def profile_cmd(run, steps, wait, show, db) -> None:
 
     Example: gpuwatch profile my-run --steps 10
     """
-    from gpuwatch.store import now_ms, profiles
+    from gpuwatch.client import profile_request
+    from gpuwatch.store import profiles
 
     conn, find = resolve_run(db)
     try:
-        target = find(run)
-        if not show:
-            if target.status != "running":
-                raise click.ClickException(f"run {target.run_id} is {target.status}, not running")
-            asked = now_ms()
-            reply = daemon_request(
-                {"type": "control_request", "run_id": target.run_id, "action": "profile", "steps": steps},
-                "profiling",
-            )
-            if reply.get("type") != "control_result":
-                raise click.ClickException(reply.get("error", str(reply)))
-            click.echo(f"asked run {target.run_id} to profile its next {steps} steps", err=True)
+        if show:
+            target = find(run)
+            found = profiles.profiles(conn, target.run_id)
+            if not found:
+                raise click.ClickException(f"run {target.run_id} has no profiles yet")
+            shown = found[0]
+        else:
+            asked = profile_request.ask(load_config(), reader_db_path(db), run, steps)
+            click.echo(asked.line, err=True)
             if not wait:
                 return
-            deadline = time.monotonic() + wait
-            while not profiles.profiles(conn, target.run_id, since_ms=asked):
-                if time.monotonic() > deadline:
-                    raise click.ClickException(
-                        f"no profile from run {target.run_id} within {wait:g}s "
-                        f"(slow steps? it will still land; see --show)"
-                    )
-                time.sleep(0.5)
-        found = profiles.profiles(conn, target.run_id)
-        if not found:
-            raise click.ClickException(f"run {target.run_id} has no profiles yet")
+            landed = profile_request.wait(reader_db_path(db), asked, wait)
+            if landed is None:
+                raise click.ClickException(
+                    f"no profile from run {asked.run_id} within {wait:g}s "
+                    f"(slow steps? it will still land; see --show)"
+                )
+            shown = landed
         click.echo(
             profile_text(
-                found[0],
-                profiles.profile_ops(conn, found[0].id),
-                profiles.profile_breakdown(conn, found[0].id),
+                shown, profiles.profile_ops(conn, shown.id), profiles.profile_breakdown(conn, shown.id)
             )
         )
     finally:

@@ -24,7 +24,8 @@ def selftest_cmd(quick: bool, as_json: bool) -> None:
 
     Run it after installing gpuwatch on a GPU server: whole run <= 5 min, --quick <= 1 min.
     """
-    from gpuwatch.selftest import FAIL, run
+    from gpuwatch.selftest import run
+    from gpuwatch.selftest.result import FAIL
 
     def progress(name: str) -> None:
         click.echo(f"checking {name} ...", err=True)

@@ -7,8 +7,8 @@ import json
 import click
 
 from gpuwatch.base import fmt
-from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
-from gpuwatch.cli.profile_cmd import daemon_request, resolve_run
+from gpuwatch.cli.options import db_option, friendly_errors, load_config, reader_db_path
+from gpuwatch.cli.profile_cmd import resolve_run
 
 
 def dump_text(
@@ -70,13 +70,15 @@ def stacks_cmd(run, last, db) -> None:
             f"run {target.run_id} is {target.status}: no process to dump "
             f"(--last shows the newest stored dump)"
         )
+    from gpuwatch.client.link import NoDaemon, daemon_request
+
     try:
         reply = daemon_request(
-            {"type": "control_request", "run_id": target.run_id, "action": "stacks"}, "stack dumps"
+            load_config(),
+            {"type": "control_request", "run_id": target.run_id, "action": "stacks"},
+            "stack dumps",
         )
-    except click.ClickException as e:
-        if "needs the gpuwatch daemon" not in e.message:
-            raise
+    except NoDaemon:
         reply = {"type": "control_result", **_dump_here(reader_db_path(db), target.run_id)}
     if reply.get("type") != "control_result":
         raise click.ClickException(reply.get("error", str(reply)))

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 import socket
 import sys
 import time
-from typing import Callable
+from typing import Any
 
 import click
 
@@ -71,10 +70,12 @@ def tui(
                 local.first_tick()
             serve_web(reader_db_path(db), refresh, user, web, web_allow_remote, prometheus, notice)
             return
+        from gpuwatch.tui.launch import stale_after_ms
+
         run_tui(
             reader_db_path(db),
-            refresh,
-            user,
+            refresh=refresh,
+            user=user,
             start_mode="fleet" if prometheus else "overview",
             prometheus_url=prometheus or cfg.prometheus_url or None,
             prometheus_timeout=cfg.prometheus_timeout,
@@ -85,11 +86,6 @@ def tui(
     finally:
         if local:
             local.close()
-
-
-def stale_after_ms(cfg: Config, refresh: float) -> int:
-    """Data older than three sampling intervals (or refreshes): the daemon is away."""
-    return int(3000 * max(cfg.interval, cfg.host_interval, refresh))
 
 
 def daemon_answers(cfg: Config) -> bool:
@@ -210,59 +206,14 @@ def serve_web(
         raise click.ClickException(f"--web {address}: cannot listen there: {e.strerror or e}") from None
 
 
-def run_tui(
-    path: str,
-    refresh: float = 1.0,
-    user: str | None = None,
-    start_mode: str = "overview",
-    prometheus_url: str | None = None,
-    prometheus_timeout: float = 3.0,
-    notice: str | None = None,
-    stale_after_ms: int = 15_000,
-    before_run: Callable[[], None] | None = None,
-) -> None:
-    """Open the TUI on the database at `path`; `start_mode` is "overview", "runs" or "fleet"
-    (the Fleet screen reads `prometheus_url`)."""
-    from gpuwatch.store import open_ro
+def run_tui(path: str, **options: Any) -> None:
+    """Open the TUI on the database at `path` (see gpuwatch.tui.launch.run for the options)."""
+    from gpuwatch.tui import launch
 
     require_terminal()
-    if start_mode != "fleet":  # a login node may have no store of its own, only the fleet
-        open_ro(path).close()  # a wrong path or schema is one clear line, not a screen of errors
-
-    if not (prometheus_url or "").startswith("https:"):
-        # asyncio loads TLS support if it can: 4 MB of a TUI that opens no TLS connection, on
-        # a server where twenty people may keep one open.
-        sys.modules.setdefault("ssl", None)
-    from gpuwatch.tui.app import GpuwatchApp
-    from gpuwatch.tui.source import StoreSource
-
-    fleet = None
-    if prometheus_url:  # an HTTP client only for a fleet to read
-        from gpuwatch.fleet.prometheus import PrometheusError
-        from gpuwatch.tui.fleet_source import PrometheusSource
-
-        try:
-            fleet = PrometheusSource(prometheus_url, prometheus_timeout)
-        except PrometheusError as e:
-            raise click.ClickException(str(e)) from None
-    from gpuwatch.base import spool
-
-    source = StoreSource(
-        path,
-        stale_after_ms=stale_after_ms,
-        notice=notice,
-        spool_dirs=spool.reader_dirs(load_config().spool_path),
-    )
-    app = GpuwatchApp(source, refresh_s=refresh, user=user, start_mode=start_mode, fleet=fleet)
-    # Textual's rendered lines (Strips) keep themselves in their own caches, so each repaint
-    # leaves cycles that only a full collection frees, and Python runs one only every ~70,000
-    # allocations: a TUI left open swung 5-8 MB above its need. What the imports built is never
-    # garbage: freeze it, and collect the rest fully every ~7,000 allocations (a few ms).
-    if before_run is not None:
-        before_run()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(700, 10, 1)
-    app.run()
-    if app.return_code:
-        sys.exit(app.return_code)
+    try:
+        code = launch.run(path, **options)
+    except launch.LaunchError as e:
+        raise click.ClickException(str(e)) from None
+    if code:
+        sys.exit(code)

@@ -17,7 +17,7 @@ REACHES = "it reaches your subscriptions that include gpus.free (gpuwatch notify
 def ask(gpus: int, min_free_bytes: int, max_util_pct: float = 10.0, window_min: float = 5.0) -> str:
     """Store the wish with the daemon (which owns it to my uid by SO_PEERCRED) or, with no daemon,
     in my own database; the line to tell the user."""
-    from gpuwatch.cli.profile_cmd import daemon_request
+    from gpuwatch.client.link import NoDaemon, daemon_request
 
     frame = {
         "type": "wish",
@@ -27,10 +27,8 @@ def ask(gpus: int, min_free_bytes: int, max_util_pct: float = 10.0, window_min: 
         "window_min": window_min,
     }
     try:
-        reply = daemon_request(frame, "when-free")
-    except click.ClickException as e:
-        if "needs the gpuwatch daemon" not in e.message:
-            raise
+        reply = daemon_request(load_config(), frame, "when-free")
+    except NoDaemon:
         return _ask_embedded(gpus, min_free_bytes, max_util_pct, window_min)
     if reply.get("type") != "wish_added":
         raise click.ClickException(reply.get("error", str(reply)))

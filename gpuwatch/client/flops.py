@@ -48,7 +48,7 @@ _DTYPE_ALIASES = {
 }
 
 
-def normalize_dtype(dtype) -> str:
+def normalize_dtype(dtype: object) -> str:
     """'bf16', 'bfloat16' or torch.bfloat16 -> 'bf16'; ValueError naming the dtype otherwise."""
     text = str(dtype).lower().removeprefix("torch.")
     try:
@@ -57,7 +57,7 @@ def normalize_dtype(dtype) -> str:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of bf16, fp16, tf32, fp32") from None
 
 
-def peak_flops(gpu_name: str | None, dtype="bf16") -> float | None:
+def peak_flops(gpu_name: str | None, dtype: object = "bf16") -> float | None:
     """Dense peak FLOP/s of one GPU for `dtype`, or None for an unknown GPU or unsupported dtype."""
     if not gpu_name:
         return None

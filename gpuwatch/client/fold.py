@@ -14,14 +14,17 @@ bounded, so the transport's queue, the daemon's rate limit and the database neve
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
 
 STEP_EVENTS_PER_S = 1000  # a run below this rate gets one event (row) per step
 FOLDED_EVENTS_PER_S = 100  # past it, about this many folded events a second
 
+_T = TypeVar("_T", int, float)
+
 
 class Steps(NamedTuple):
-    """Consecutive steps a column at a time (read off the training thread): what a fold sums."""
+    """Consecutive steps a column at a time (read off the training thread): what a fold sums.
+    Each column holds the values its steps recorded, timings and tensors already read."""
 
     step: Sequence[int]
     ts_ms: Sequence[int]
@@ -31,12 +34,12 @@ class Steps(NamedTuple):
     samples: Sequence[int | None]
     seq_len: Sequence[int | None]
     loss: Sequence[float | None]
-    losses: Sequence[dict | None]
+    losses: Sequence[Mapping[str, float | None] | None]
     alloc: Sequence[int | None]
     reserved: Sequence[int | None]
     peak: Sequence[int | None]
     rss: Sequence[int | None]
-    split: Sequence[dict | None]  # what the zero-code hooks measured of each step (or None)
+    split: Sequence[Mapping[str, Any] | None]  # what the zero-code hooks measured of each step (or None)
 
 
 def group_size(n: int, span_ms: float) -> int:
@@ -47,7 +50,7 @@ def group_size(n: int, span_ms: float) -> int:
     return -(-n // events)
 
 
-def finite_losses(losses: dict | None) -> dict | None:
+def finite_losses(losses: Mapping[str, float | None] | None) -> dict[str, float] | None:
     """The per-optimiser losses the wire accepts (finite numbers), None if none are left."""
     if not losses:
         return None
@@ -55,26 +58,28 @@ def finite_losses(losses: dict | None) -> dict | None:
     return kept or None
 
 
-def _present(values: Sequence) -> Sequence:
-    return values if None not in values else [v for v in values if v is not None]
+def _present(values: Sequence[_T | None]) -> Sequence[_T]:
+    if None not in values:
+        return values  # type: ignore[return-value]  # (none missing: the column itself, not a copy)
+    return [v for v in values if v is not None]
 
 
-def _sum(values: Sequence) -> int | None:
+def _sum(values: Sequence[int | None]) -> int | None:
     present = _present(values)
     return sum(present) if present else None
 
 
-def _mean(values: Sequence) -> float | None:
+def _mean(values: Sequence[float | None]) -> float | None:
     present = _present(values)
     return math.fsum(present) / len(present) if present else None
 
 
-def _max(values: Sequence):
+def _max(values: Sequence[int | None]) -> int | None:
     present = _present(values)
     return max(present) if present else None
 
 
-def _losses_mean(losses: Sequence[dict | None]) -> dict | None:
+def _losses_mean(losses: Sequence[Mapping[str, float | None] | None]) -> dict[str, float] | None:
     if not any(losses):
         return None
     sums: dict[str, list[float]] = {}
@@ -85,11 +90,11 @@ def _losses_mean(losses: Sequence[dict | None]) -> dict | None:
     return {name: math.fsum(values) / len(values) for name, values in sums.items()} or None
 
 
-def _split(g: Steps) -> dict:
+def _split(g: Steps) -> dict[str, Any]:
     """The hooks' split of folded steps: each share weighted by its step's time, evaluations summed."""
     if not any(g.split):
         return {}
-    out: dict = {}
+    out: dict[str, Any] = {}
     for key in ("data_wait_pct", "compute_pct", "eval_pct"):
         weighted = [
             (one[key] * ms, ms)
@@ -104,9 +109,9 @@ def _split(g: Steps) -> dict:
     return out
 
 
-def folded(g: Steps, fields: Callable[[float | None, int | None], dict]) -> dict:
-    """One event's fields (without the envelope) for consecutive steps; `fields(tps, seq_len)`
-    adds what only the run knows (its MFU)."""
+def folded(g: Steps, mfu: Callable[[float | None, int | None], float | None]) -> dict[str, Any]:
+    """One event's fields (without the envelope) for consecutive steps; `mfu(tps, seq_len)`:
+    what only the run knows."""
     times = _present(g.step_ms)
     tokens = _sum(g.tokens)
     if None in g.tokens or None in g.step_ms:  # the time of the steps that counted tokens
@@ -133,7 +138,7 @@ def folded(g: Steps, fields: Callable[[float | None, int | None], dict]) -> dict
         "step_time_max_ms": max(times) if times else None,
         "data_wait_pct": wait_pct,
         "tokens_per_s": tps,
-        **fields(tps, seq_len),
+        "mfu": mfu(tps, seq_len),
         "mem_allocated_bytes": g.alloc[-1],
         "mem_reserved_bytes": g.reserved[-1],
         "mem_peak_bytes": _max(g.peak),

@@ -20,8 +20,12 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuwatch.base.config import Config
+
+if TYPE_CHECKING:
+    from gpuwatch.client.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +34,7 @@ PARENT_CHECK_S = 1.0  # how soon a helper notices its parent is gone when a pipe
 STOP_TIMEOUT_S = 10.0
 
 _lock = threading.Lock()
-_recorder: tuple[Path, Path, subprocess.Popen] | None = None  # (database, socket, process)
+_recorder: tuple[Path, Path, subprocess.Popen[bytes]] | None = None  # (database, socket, process)
 
 
 def lower_priority() -> None:
@@ -66,15 +70,16 @@ class RecorderFailed(RuntimeError):
     pass
 
 
-def connect(cfg: Config):
+def connect(cfg: Config) -> Transport:
     """The transport for a run of this process: the daemon's (or the `gpuwatch run` wrapper's)
     when one answers, else the recorder helper's, started on first use. If the helper cannot
     start, the run records from inside this process (EmbeddedTransport), with one warning."""
+    from gpuwatch.client.transport import DaemonTransport, _daemon_link
     from gpuwatch.client.transport import connect as connect_to
-    from gpuwatch.client.transport import daemon_answers
 
-    if daemon_answers(cfg):
-        return connect_to(cfg)
+    found = _daemon_link(cfg)  # one greeting: the link that answered is the run's
+    if found is not None:
+        return DaemonTransport(cfg, *found)
     try:
         path = recorder_socket(cfg)
     except (OSError, RecorderFailed) as e:
@@ -103,6 +108,7 @@ def recorder_socket(cfg: Config) -> Path:
             start_new_session=True,
             env=environment(),
         )
+        assert process.stdout is not None  # stdout=PIPE
         if process.stdout.readline().strip() != b"ready":
             process.wait()
             raise RecorderFailed(
@@ -120,9 +126,10 @@ def recorder_pid() -> int | None:
     return recorder[2].pid if recorder is not None and recorder[2].poll() is None else None
 
 
-def _stop(process: subprocess.Popen) -> None:
+def _stop(process: subprocess.Popen[bytes]) -> None:
     try:
-        process.stdin.close()
+        if process.stdin is not None:
+            process.stdin.close()
         process.wait(STOP_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         process.kill()

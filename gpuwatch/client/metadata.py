@@ -10,7 +10,7 @@ import shlex
 import socket
 import subprocess
 import sys
-from typing import Mapping
+from typing import Any, Mapping
 
 GIT_TIMEOUT_S = 1.0
 
@@ -71,7 +71,8 @@ def process_start_s() -> float | None:
     try:
         import psutil
 
-        return psutil.Process().create_time()
+        started: float = psutil.Process().create_time()
+        return started
     except Exception:  # psutil missing or /proc hidden: the run is timed from its start instead
         return None
 
@@ -143,7 +144,7 @@ def gpu_uuids(env: Mapping[str, str]) -> str | None:
         return ",".join(entries)
 
 
-def collect(env: Mapping[str, str] | None = None, wrapper_run_id: str | None = None) -> dict:
+def collect(env: Mapping[str, str] | None = None, wrapper_run_id: str | None = None) -> dict[str, Any]:
     """The run_start fields that describe the process (not the user's name/config)."""
     env = os.environ if env is None else env
     rank, local_rank, world_size = ranks(env)

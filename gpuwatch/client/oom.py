@@ -19,8 +19,10 @@ import resource
 import sys
 import traceback as traceback_mod
 from pathlib import Path
+from types import ModuleType, TracebackType
 from typing import Any
 
+from gpuwatch.base.config import Config
 from gpuwatch.base.diskfull import free_bytes, no_space, show_bytes
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ def requested_bytes_from_message(message: str) -> int | None:
     return None
 
 
-def phase_of(tb) -> str:
+def phase_of(tb: TracebackType | None) -> str:
     """forward | backward | optimizer, from the frames the exception passed through."""
     frames = [(f.filename.replace(os.sep, "/"), f.name) for f in traceback_mod.extract_tb(tb)]
     if any("torch/autograd" in path and "backward" in name for path, name in frames):
@@ -81,13 +83,13 @@ def _tail(text: str, limit: int) -> str:
 # ---- GPU --------------------------------------------------------------------------------------
 
 
-def attach_observer(torch) -> None:
+def attach_observer(torch: ModuleType) -> None:
     """Record the allocator's own figures when it gives up (once per process; it cannot detach)."""
     global _observer_attached
     if _observer_attached:
         return
 
-    def observe(device, alloc, device_allocated, device_free):
+    def observe(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
         # Called inside the allocator: only remember numbers, never call back into torch.
         _observed[int(device)] = (int(alloc), int(device_allocated), int(device_free))
 
@@ -95,12 +97,12 @@ def attach_observer(torch) -> None:
     _observer_attached = True
 
 
-def start_history(cuda, entries: int) -> None:
+def start_history(cuda: Any, entries: int) -> None:
     """Keep the last `entries` allocations with Python stacks (config record_memory_history)."""
     cuda.memory._record_memory_history(max_entries=entries, stacks="python")
 
 
-def _largest_blocks(snapshot: dict) -> list[dict]:
+def _largest_blocks(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
     """The biggest live blocks and the Python stacks that allocated them (if history was on)."""
     blocks = [
         b
@@ -122,8 +124,8 @@ def _largest_blocks(snapshot: dict) -> list[dict]:
 
 
 def gpu_figures(
-    exc: BaseException, cuda, device: int | None = None, snapshot_dir: Path | None = None
-) -> dict:
+    exc: BaseException, cuda: Any, device: int | None = None, snapshot_dir: Path | None = None
+) -> dict[str, Any]:
     """Postmortem fields for a CUDA OOM, read from `cuda` (torch.cuda or a fake with its API)."""
     device = cuda.current_device() if device is None else device
     requested, _, observed_free = _observed.pop(device, (None, None, None))
@@ -156,7 +158,7 @@ def gpu_figures(
     return fields
 
 
-def _save_snapshot(snapshot: dict, directory: Path) -> str | None:
+def _save_snapshot(snapshot: dict[str, Any], directory: Path) -> str | None:
     """The snapshot as pytorch.org/memory_viz opens it (what torch's _dump_snapshot writes)."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -177,7 +179,9 @@ def _save_snapshot(snapshot: dict, directory: Path) -> str | None:
         return None
 
 
-def nvml_view(nvml_index: int, own_pid: int, nvml=None) -> tuple[list[dict], dict[str, int]] | None:
+def nvml_view(
+    nvml_index: int, own_pid: int, nvml: Any = None
+) -> tuple[list[dict[str, Any]], dict[str, int]] | None:
     """(every other process holding memory on that GPU, free bytes per GPU) from NVML; None if
     NVML can't be read here (the daemon then fills the neighbours from its own samples)."""
     from collectors.nvml import NvmlCollector, NvmlUnavailable
@@ -211,7 +215,8 @@ def _user_of(pid: int) -> str | None:
     import psutil
 
     try:
-        return psutil.Process(pid).username()
+        user: str = psutil.Process(pid).username()
+        return user
     except (psutil.Error, KeyError):  # gone, hidden by the pid namespace, or a uid without a name
         return None
 
@@ -219,7 +224,7 @@ def _user_of(pid: int) -> str | None:
 # ---- host -------------------------------------------------------------------------------------
 
 
-def host_figures(exc: BaseException) -> dict:
+def host_figures(exc: BaseException) -> dict[str, Any]:
     """Postmortem fields for a host OOM (MemoryError or torch's DefaultCPUAllocator failure)."""
     import psutil
 
@@ -259,10 +264,10 @@ def postmortem(
     step: int | None,
     seq_len: int | None,
     batch: int | None,
-    config: dict | None,
-    cuda=None,
-    nvml=None,
-) -> dict:
+    config: dict[str, Any] | None,
+    cuda: Any = None,
+    nvml: Any = None,
+) -> dict[str, Any]:
     """All fields of one oom_postmortem event (advice included). `cuda`: torch.cuda or a fake."""
     from gpuwatch.client import oom_advice
 
@@ -290,15 +295,15 @@ def postmortem(
 # ---- the run's side ---------------------------------------------------------------------------
 
 
-def _cuda_module():
-    """torch.cuda if this workload uses CUDA (without importing torch ourselves), else None."""
+def _cuda_module() -> ModuleType | None:
+    """torch if this workload uses CUDA (without importing torch ourselves), else None."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available():
         return None
     return torch
 
 
-def prepare(cfg) -> None:
+def prepare(cfg: Config) -> None:
     """At track() start: catch the allocator's figures at the moment of failure, and record the
     allocation history if configured (record_memory_history; costs step time, gives the stacks)."""
     torch = _cuda_module()
@@ -312,7 +317,7 @@ def prepare(cfg) -> None:
         log.warning("gpuwatch: OOM observer / memory history unavailable", exc_info=True)
 
 
-def capture(exc: BaseException, cfg, run_id: str, **context) -> dict:
+def capture(exc: BaseException, cfg: Config, run_id: str, **context: Any) -> dict[str, Any]:
     """The postmortem of `exc` in this process (step, seq_len, batch, config in `context`)."""
     torch = _cuda_module()
     cuda = torch.cuda if torch is not None and torch.cuda.is_initialized() else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from gpuwatch.base.fmt import size
 from gpuwatch.store.postmortems import headroom_bytes
@@ -26,11 +27,11 @@ class Advice:
     title: str
     detail: str
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def advise(pm: dict, config: dict) -> list[Advice]:
+def advise(pm: dict[str, Any], config: dict[str, Any]) -> list[Advice]:
     """Advice for one postmortem `pm` (captured fields or a stored row) of a run with `config`."""
     items = [
         _attention(pm, config),
@@ -43,7 +44,7 @@ def advise(pm: dict, config: dict) -> list[Advice]:
     return [a for a in items if a is not None]
 
 
-def _attention(pm: dict, config: dict) -> Advice | None:
+def _attention(pm: dict[str, Any], config: dict[str, Any]) -> Advice | None:
     batch = pm.get("batch") or config.get("batch")
     seq_len = pm.get("seq_len") or config.get("seq_len")
     heads = config.get("heads")
@@ -63,7 +64,7 @@ def _attention(pm: dict, config: dict) -> Advice | None:
     return Advice("Attention scores are B·H·L²", detail)
 
 
-def _fragmentation(pm: dict) -> Advice | None:
+def _fragmentation(pm: dict[str, Any]) -> Advice | None:
     reserved, allocated = pm.get("reserved_bytes"), pm.get("allocated_bytes")
     if pm.get("oom_kind", pm.get("kind")) != "gpu" or reserved is None or allocated is None:
         return None
@@ -79,7 +80,7 @@ def _fragmentation(pm: dict) -> Advice | None:
     )
 
 
-def _neighbour(pm: dict) -> Advice | None:
+def _neighbour(pm: dict[str, Any]) -> Advice | None:
     others = pm.get("neighbours") or []
     total = pm.get("total_bytes")
     used = sum(n.get("used_mem_bytes") or 0 for n in others)
@@ -106,7 +107,7 @@ def _neighbour(pm: dict) -> Advice | None:
     return Advice("Another process holds memory on this GPU", detail)
 
 
-def _precision(pm: dict, config: dict) -> Advice | None:
+def _precision(pm: dict[str, Any], config: dict[str, Any]) -> Advice | None:
     requested = pm.get("requested_bytes")
     if str(config.get("precision", "")) not in ("fp32", "float32") or not requested:
         return None
@@ -117,7 +118,7 @@ def _precision(pm: dict, config: dict) -> Advice | None:
     )
 
 
-def _checkpointing(pm: dict, config: dict) -> Advice | None:
+def _checkpointing(pm: dict[str, Any], config: dict[str, Any]) -> Advice | None:
     n_params = config.get("n_params")
     allocated = pm.get("allocated_bytes")
     if not n_params or not allocated or config.get("checkpointing"):
@@ -133,7 +134,7 @@ def _checkpointing(pm: dict, config: dict) -> Advice | None:
     )
 
 
-def _host(pm: dict, config: dict) -> list[Advice]:
+def _host(pm: dict[str, Any], config: dict[str, Any]) -> list[Advice]:
     if pm.get("oom_kind", pm.get("kind")) != "host":
         return []
     items = []

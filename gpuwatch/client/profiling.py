@@ -16,13 +16,13 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from collectors import torch_profiler
+from gpuwatch.base.clock import now_ms
 from gpuwatch.base.config import Config
 from gpuwatch.base.diskfull import FullDisk, no_space
 from gpuwatch.client import helpers
-from gpuwatch.store import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Profiling:
         self._rank = rank
         self._lock = threading.Lock()
         self._requested = 0  # on-demand steps asked for, not yet started
-        self._prof = None
+        self._prof: Any = None  # torch.profiler.profile while a window is recorded
         self._trigger = ""
         self._windows_left = 0  # 0 with a running profiler = repeat forever
         self._recorded: list[int] = []  # run steps inside the current window
@@ -59,7 +59,7 @@ class Profiling:
             )
 
     # ---- requests (any thread) ----------------------------------------------------------
-    def on_control(self, frame: dict) -> None:
+    def on_control(self, frame: dict[str, Any]) -> None:
         if frame.get("action") != "profile":
             log.info("gpuwatch: control %r not understood by this client", frame.get("action"))
             return
@@ -115,7 +115,7 @@ class Profiling:
             return
         self.active = True
 
-    def _on_ready(self, prof) -> None:
+    def _on_ready(self, prof: Any) -> None:
         recorded, self._recorded = self._recorded, []
         if not recorded:
             return
@@ -131,7 +131,7 @@ class Profiling:
                 with self._lock:
                     self.active = bool(self._requested)
 
-    def _save(self, prof, recorded: list[int]) -> None:
+    def _save(self, prof: Any, recorded: list[int]) -> None:
         ts = now_ms()
         ops = torch_profiler.top_ops(prof)
         rank = "" if self._rank is None else f"-rank{self._rank}"
@@ -171,12 +171,12 @@ class _Analysis(threading.Thread):
     """Waits, off the training thread, for the trace worker's breakdown of one window, then sends
     the profile event with it (without it if the worker failed: the profile is still stored)."""
 
-    def __init__(self, path: Path, fields: dict, send: Callable[..., None]):
+    def __init__(self, path: Path, fields: dict[str, Any], send: Callable[..., None]):
         super().__init__(name="gpuwatch-trace-analysis", daemon=True)
         self._path = path
         self._fields = fields
         self._send = send
-        self._worker: subprocess.Popen | None = None
+        self._worker: subprocess.Popen[bytes] | None = None
         self.start()
 
     def run(self) -> None:
@@ -217,7 +217,7 @@ class _Analysis(threading.Thread):
             self.join(5.0)
 
 
-def _recording() -> tuple:
+def _recording() -> tuple[Any, ...]:
     from torch.profiler import ProfilerAction
 
     return (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)

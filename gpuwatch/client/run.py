@@ -9,21 +9,22 @@ import itertools
 import json
 import logging
 import os
-import secrets
 import signal
-import statistics
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from types import FrameType, ModuleType, TracebackType
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
 
 from gpuwatch.base import config as config_mod
 from gpuwatch.base import paths
-from gpuwatch.base.clock import elapsed_end_ms
+from gpuwatch.base.clock import elapsed_end_ms, now_ms
 from gpuwatch.base.diskfull import free_bytes, show_bytes
 from gpuwatch.client import flops, fold, metadata, oom, profiling, torch_stats
-from gpuwatch.store import now_ms
+
+if TYPE_CHECKING:
+    from gpuwatch.client.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,54 @@ _PLAIN_COUNTS = {int, type(None)}
 _PLAIN_LOSSES = {float, int, type(None)}
 
 
+class Recorded(NamedTuple):
+    """One step as step() recorded it, for the drainer thread to read once the GPU passed it."""
+
+    step: int
+    ts_ms: int
+    mark: Any  # the step clock's mark: ms on the CPU, a pair of CUDA events
+    compute: Any  # where the iteration's compute began (mark_compute), or None
+    tokens: Any  # an int, or a tensor count summed on the GPU
+    samples: int | None
+    seq_len: int | None
+    loss: Any  # captured (see torch_stats.capture_loss)
+    losses: dict[str, Any] | None  # each captured
+    alloc: int | None
+    reserved: int | None
+    peak: int | None
+    rss: int | None
+    split: Mapping[str, Any] | None
+
+
+class RecordedColumns(NamedTuple):
+    """Recorded steps a column at a time (`RecordedColumns(*zip(*steps))`): Recorded's fields,
+    in its order."""
+
+    step: Sequence[int]
+    ts_ms: Sequence[int]
+    mark: Sequence[Any]
+    compute: Sequence[Any]
+    tokens: Sequence[Any]
+    samples: Sequence[int | None]
+    seq_len: Sequence[int | None]
+    loss: Sequence[Any]
+    losses: Sequence[dict[str, Any] | None]
+    alloc: Sequence[int | None]
+    reserved: Sequence[int | None]
+    peak: Sequence[int | None]
+    rss: Sequence[int | None]
+    split: Sequence[Mapping[str, Any] | None]
+
+
+class Started(NamedTuple):
+    """When a run started, on the wall clock and the monotonic one (its end is timed from both)."""
+
+    ms: int
+    monotonic: float
+
+
 def new_run_id() -> str:
-    return secrets.token_hex(6)
+    return os.urandom(6).hex()  # (secrets.token_hex's own bytes, without importing hmac)
 
 
 def end_state_path(run_id: str) -> Path:
@@ -78,12 +125,12 @@ def error_type(exc: BaseException) -> str:
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
-def _whole(value) -> int | None:
+def _whole(value: Any) -> int | None:
     """Counts as plain ints: numpy / torch integers would be refused by the wire's type checks."""
     return value if value is None or type(value) is int else int(value)
 
 
-def _plain_config(config: Any) -> dict | None:
+def _plain_config(config: Any) -> dict[str, Any] | None:
     """A JSON object from a dict, dataclass or argparse Namespace; odd values become strings."""
     if config is None:
         return None
@@ -93,7 +140,8 @@ def _plain_config(config: Any) -> dict | None:
         config = vars(config)
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a dict, dataclass or Namespace, got {type(config).__name__}")
-    return json.loads(json.dumps(dict(config), default=str))
+    plain: dict[str, Any] = json.loads(json.dumps(dict(config), default=str))
+    return plain
 
 
 class Generation:
@@ -121,7 +169,7 @@ class Generation:
     def __enter__(self) -> "Generation":
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc: object) -> None:
         total_ms = None if self._last is None else (self._last - self._start) * 1000.0
         self._run.generation(
             prompt_tokens=self._prompt_tokens,
@@ -130,7 +178,6 @@ class Generation:
             itl_ms=self._itl_ms,
             total_ms=total_ms,
         )
-        return False
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -139,6 +186,8 @@ def _percentile(values: list[float], q: float) -> float | None:
         return None
     if len(values) == 1:
         return values[0]
+    import statistics  # generations only: not at every client's start
+
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
@@ -192,7 +241,7 @@ class Run:
 
     def __init__(
         self,
-        transport,
+        transport: Transport,
         cfg: config_mod.Config,
         *,
         run_id: str,
@@ -210,7 +259,7 @@ class Run:
         self._cfg = cfg
         self._flops_per_token = flops_per_token
         self._precision = flops.normalize_dtype(precision)
-        self._id_prefix = f"{secrets.token_hex(4)}-"  # event ids: unique per Run, cheap to make
+        self._id_prefix = f"{os.urandom(4).hex()}-"  # event ids: unique per Run, cheap to make
         self._id_count = itertools.count()
         self._last_seq = 0
         self._step = 0
@@ -218,18 +267,16 @@ class Run:
         self._batch: int | None = None
         self._gen = 0
         self._ended = False
-        self._pending: collections.deque = collections.deque()
-        self._drained_ts = None  # ts_ms of the last step made an event: the next drain's window
+        self._pending: collections.deque[Recorded] = collections.deque()
+        self._drained_ts: int | None = None  # ts_ms of the last step made an event: the next drain's window
         self._draining = threading.RLock()  # the drainer and the run's end take turns (RLock: a
         # signal handler that ends the run may interrupt a drain)
         self._drainer = _Drainer(self)
-        self._compute_mark = None  # where this iteration's compute began (mark_compute), until step()
+        self._compute_mark: Any = None  # where this iteration's compute began (mark_compute), until step()
         self._rss = torch_stats.RssReader()
-        self._torch = None  # set at the first step if the workload runs on CUDA
-        self._clock = None
+        self._torch: ModuleType | None = None  # set at the first step if the workload runs on CUDA
         self._peak_flops: float | None = None
         self._saved_handlers: dict[int, Any] = {}
-        self._saved_excepthook = None
 
         fields = metadata.collect(wrapper_run_id=parent_run_id)
         plain = _plain_config(config)
@@ -242,13 +289,13 @@ class Run:
                 {"pid": os.getpid(), "name": name, "config": plain, "flops_per_token": fixed_flops, **fields},
             )
         else:
-            self._started = (now_ms(), time.monotonic())  # the run's end is timed from here too
+            self._started = Started(now_ms(), time.monotonic())  # the run's end is timed from here too
             if started_s is not None:  # a rank's run lasts as long as its process
-                ago_s = max(0.0, self._started[0] / 1000.0 - started_s)
-                self._started = (int(started_s * 1000), self._started[1] - ago_s)
+                ago_s = max(0.0, self._started.ms / 1000.0 - started_s)
+                self._started = Started(int(started_s * 1000), self._started.monotonic - ago_s)
             self._send(
                 "run_start",
-                ts_ms=self._started[0],
+                ts_ms=self._started.ms,
                 name=name,
                 config=plain,
                 flops_per_token=fixed_flops,
@@ -266,9 +313,12 @@ class Run:
         cuda = torch_stats.cuda_torch()
         self._start_event = torch_stats.CudaClock.start_event(cuda) if cuda else None
         self._cpu_start = torch_stats.CpuClock()
+        # The step clock: the CPU's until the first step finds the workload on CUDA (and while
+        # no step came, which `_step` tells).
+        self._clock: torch_stats.CpuClock | torch_stats.CudaClock = self._cpu_start
 
     # ---- events -------------------------------------------------------------------------
-    def _send(self, kind: str, ts_ms: int | None = None, *, urgent: bool = False, **fields) -> None:
+    def _send(self, kind: str, ts_ms: int | None = None, *, urgent: bool = False, **fields: Any) -> None:
         """Queue an event; an urgent one (the run's end) goes ahead of every event queued."""
         self._transport.send(
             {
@@ -281,7 +331,7 @@ class Run:
             urgent=urgent,
         )
 
-    def event(self, kind: str, payload: Mapping | None = None, *, urgent: bool = False) -> None:
+    def event(self, kind: str, payload: Mapping[str, Any] | None = None, *, urgent: bool = False) -> None:
         """A free-form run event (e.g. 'checkpoint_saved'); seq is unique across processes of a run."""
         # Microseconds keep the wrapper's and an attached child's sequence numbers apart.
         self._last_seq = max(self._last_seq + 1, time.time_ns() // 1000)
@@ -300,7 +350,7 @@ class Run:
         step). Later calls before the next step() are ignored, so calling it before every
         micro-batch is fine; before the first step() it does nothing (that step includes the
         set-up). Costs one CUDA event record (no synchronize) or one clock read."""
-        if self._compute_mark is None and self._clock is not None:
+        if self._compute_mark is None and self._step:
             self._compute_mark = self._clock.compute_mark()
 
     def step(
@@ -314,13 +364,13 @@ class Run:
     ) -> None:
         """Record one optimiser step. Never synchronises the GPU: timings and a tensor loss are
         read by a thread of ours once the GPU has passed this point, within DRAIN_EVERY_MS or at
-        the end of the run. Costs a tuple appended to a deque: the events are built (and folded)
+        the end of the run. Costs a record appended to a deque: the events are built (and folded)
         off this thread.
         losses: each optimiser's loss by name (tensors or floats), with several optimisers.
         split: step fields measured by the caller (data_wait_pct, compute_pct, eval_pct,
         closure_evals: the zero-code hooks'); a data_wait_pct there replaces mark_compute()'s."""
-        if self._clock is None:
-            self._choose_clock()
+        if not self._step:
+            self._clock = self._choose_clock()
         self._step += 1
         if type(samples) is not int or type(seq_len) is not int:  # _whole() only when needed: every step
             samples, seq_len = _whole(samples), _whole(seq_len)
@@ -333,13 +383,16 @@ class Run:
             losses = {str(name): torch_stats.capture_loss(value) for name, value in losses.items()}
         compute, self._compute_mark = self._compute_mark, None
         mark = self._clock.mark()
+        alloc: int | None  # (annotations of locals: no work at run time)
+        reserved: int | None
+        peak: int | None
         if self._torch is not None:
             alloc, reserved, peak = torch_stats.cuda_memory(self._torch)
         else:
             alloc = reserved = peak = None
         pending = self._pending
         pending.append(
-            (
+            Recorded(
                 self._step,
                 now_ms(),
                 mark,
@@ -372,7 +425,7 @@ class Run:
         if self._profiling.active:
             self._profiling.step(self._step)
 
-    def note_shape(self, batch: int | None = None, seq_len: int | None = None, **advice) -> None:
+    def note_shape(self, batch: int | None = None, seq_len: int | None = None, **advice: Any) -> None:
         """The shape of the step under way (the zero-code hooks see it as the forward begins), so
         an OOM before the step ends gets it in its postmortem; `advice`: what else its advice
         weighs (heads, attn, precision), kept where the run's config does not say."""
@@ -381,14 +434,14 @@ class Run:
             if value is not None:
                 self._config.setdefault(key, value)
 
-    def _choose_clock(self) -> None:
+    def _choose_clock(self) -> torch_stats.CpuClock | torch_stats.CudaClock:
         torch = torch_stats.cuda_torch()
         if torch is None:
-            self._clock = self._cpu_start
-            return
+            return self._cpu_start
         self._torch = torch
-        self._clock = torch_stats.CudaClock(torch, self._start_event)
+        clock = torch_stats.CudaClock(torch, self._start_event)
         self._peak_flops = flops.peak_flops(torch.cuda.get_device_name(), self._precision)
+        return clock
 
     def _drain(self, wait: bool) -> None:
         """Steps the GPU has passed (all of them with wait) -> events, folded past the budget."""
@@ -398,84 +451,32 @@ class Run:
             raw = [take() for _ in range(len(pending))]
         else:
             raw = []
-            while pending and clock.ready(pending[0][2], wait):
+            while pending and clock.ready(pending[0].mark, wait):
                 raw.append(pending.popleft())
         if not raw:
             return
-        since = raw[0][1] if self._drained_ts is None else self._drained_ts
-        self._drained_ts = raw[-1][1]
-        size = fold.group_size(len(raw), max(DRAIN_EVERY_MS, raw[-1][1] - since))
-        send, envelope = self._transport.send, {"kind": "step", "run_id": self.run_id}
-        for start in range(0, len(raw), size):
-            g = self._read(raw[start : start + size])
-            if len(g.step) > 1:
+        since = raw[0].ts_ms if self._drained_ts is None else self._drained_ts
+        self._drained_ts = raw[-1].ts_ms
+        size = fold.group_size(len(raw), max(DRAIN_EVERY_MS, raw[-1].ts_ms - since))
+        # One pass per column for the whole drain; below, its columns are read by position (a
+        # fold's slices of each, a step's row), whatever each column holds.
+        g: tuple[Sequence[Any], ...] = self._read(raw)
+        send, prefix, ids, run_id = self._transport.send, self._id_prefix, self._id_count, self.run_id
+        peak = self._peak_flops  # none (no GPU): no MFU, and no call to work it out
+        if size > 1:
+            for start in range(0, len(raw), size):
+                part = fold.Steps(*(column[start : start + size] for column in g))
                 send(
                     {
-                        "id": self._id_prefix + str(next(self._id_count)),
-                        **envelope,
-                        "ts_ms": g.ts_ms[-1],
-                        **fold.folded(g, self._mfu),
+                        "id": prefix + str(next(ids)),
+                        "kind": "step",
+                        "run_id": run_id,
+                        "ts_ms": part.ts_ms[-1],
+                        **fold.folded(part, self._mfu),
                     }
                 )
-                continue
-            tokens, step_ms = g.tokens[0], g.step_ms[0]
-            tps = tokens / (step_ms / 1000.0) if tokens and step_ms else None
-            send(
-                {
-                    "id": self._id_prefix + str(next(self._id_count)),
-                    **envelope,
-                    "ts_ms": g.ts_ms[0],
-                    "step": g.step[0],
-                    "tokens": tokens,
-                    "samples": g.samples[0],
-                    "seq_len": g.seq_len[0],
-                    "loss": g.loss[0],
-                    "losses": fold.finite_losses(g.losses[0]),
-                    "step_time_ms": step_ms,
-                    "data_wait_pct": g.wait_pct[0],
-                    "tokens_per_s": tps,
-                    **self._mfu(tps, g.seq_len[0]),
-                    "mem_allocated_bytes": g.alloc[0],
-                    "mem_reserved_bytes": g.reserved[0],
-                    "mem_peak_bytes": g.peak[0],
-                    "rss_bytes": g.rss[0],
-                    **(g.split[0] or {}),
-                }
-            )
-
-    def _read(self, group: list[tuple]) -> fold.Steps:
-        """Recorded steps a column at a time, their timings and tensors read (the GPU passed
-        them): a few C-level passes over a column, not work per step, when steps come fast."""
-        clock, resolve = self._clock, torch_stats.resolve_loss
-        (
-            step,
-            ts,
-            marks,
-            computes,
-            tokens,
-            samples,
-            seq_len,
-            loss,
-            losses,
-            alloc,
-            reserved,
-            peak,
-            rss,
-            split,
-        ) = zip(*group)
-        step_ms = marks if type(clock) is torch_stats.CpuClock else [clock.elapsed_ms(m) for m in marks]
-        wait_pct = computes
-        if computes.count(None) != len(computes):
-            wait_pct = [
-                None if c is None else clock.wait_pct(m, c, ms) for m, c, ms in zip(marks, computes, step_ms)
-            ]
-        if not set(map(type, tokens)) <= _PLAIN_COUNTS:  # tensor counts (summed on the GPU)
-            tokens = [t if t is None or type(t) is int else round(resolve(t)) for t in tokens]
-        if not set(map(type, loss)) <= _PLAIN_LOSSES:
-            loss = [resolve(v) for v in loss]
-        if any(losses):
-            losses = [None if d is None else {name: resolve(v) for name, v in d.items()} for d in losses]
-        return fold.Steps(
+            return
+        for (
             step,
             ts,
             step_ms,
@@ -490,13 +491,80 @@ class Run:
             peak,
             rss,
             split,
+        ) in zip(*g):
+            tps = tokens / (step_ms / 1000.0) if tokens and step_ms else None
+            send(
+                {
+                    "id": prefix + str(next(ids)),
+                    "kind": "step",
+                    "run_id": run_id,
+                    "ts_ms": ts,
+                    "step": step,
+                    "tokens": tokens,
+                    "samples": samples,
+                    "seq_len": seq_len,
+                    "loss": loss,
+                    "losses": fold.finite_losses(losses),
+                    "step_time_ms": step_ms,
+                    "data_wait_pct": wait_pct,
+                    "tokens_per_s": tps,
+                    "mfu": self._mfu(tps, seq_len) if peak else None,
+                    "mem_allocated_bytes": alloc,
+                    "mem_reserved_bytes": reserved,
+                    "mem_peak_bytes": peak,
+                    "rss_bytes": rss,
+                    **(split or {}),
+                }
+            )
+
+    def _read(self, group: list[Recorded]) -> fold.Steps:
+        """Recorded steps a column at a time, their timings and tensors read (the GPU passed
+        them): a few C-level passes over a column, not work per step, when steps come fast."""
+        clock, resolve = self._clock, torch_stats.resolve_loss
+        columns = RecordedColumns(*zip(*group))
+        marks, computes, tokens, loss, losses = (
+            columns.mark,
+            columns.compute,
+            columns.tokens,
+            columns.loss,
+            columns.losses,
+        )
+        step_ms = marks if type(clock) is torch_stats.CpuClock else [clock.elapsed_ms(m) for m in marks]
+        wait_pct = computes
+        if computes.count(None) != len(computes):
+            wait_pct = [
+                None if c is None else clock.wait_pct(m, c, ms) for m, c, ms in zip(marks, computes, step_ms)
+            ]
+        if not set(map(type, tokens)) <= _PLAIN_COUNTS:  # tensor counts (summed on the GPU)
+            tokens = [t if t is None or type(t) is int else torch_stats.resolve_count(t) for t in tokens]
+        if not set(map(type, loss)) <= _PLAIN_LOSSES:
+            loss = [resolve(v) for v in loss]
+        if any(losses):
+            losses = [None if d is None else {name: resolve(v) for name, v in d.items()} for d in losses]
+        return fold.Steps(
+            columns.step,
+            columns.ts_ms,
+            step_ms,
+            wait_pct,
+            tokens,
+            columns.samples,
+            columns.seq_len,
+            loss,
+            losses,
+            columns.alloc,
+            columns.reserved,
+            columns.peak,
+            columns.rss,
+            columns.split,
         )
 
-    def _mfu(self, tps: float | None, seq_len: int | None) -> dict:
+    def _mfu(self, tps: float | None, seq_len: int | None) -> float | None:
+        if not tps or not self._peak_flops:  # (no GPU peak to weigh against: no call of fpt)
+            return None
         fpt = self._flops_per_token
         if callable(fpt):
             fpt = fpt(seq_len) if seq_len else None
-        return {"mfu": flops.mfu(tps, fpt, self._peak_flops)}
+        return flops.mfu(tps, fpt, self._peak_flops)
 
     # ---- generations --------------------------------------------------------------------
     def generation(
@@ -541,12 +609,13 @@ class Run:
     def __enter__(self) -> "Run":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:  # (returns None: never swallows the user's exception)
         if exc is None:
             self.finish()
         else:
             self.end_from_exception(exc)
-        return False  # never swallow the user's exception
 
     def finish(self, status: str = "finished") -> None:
         self._end(status)
@@ -598,7 +667,7 @@ class Run:
             self._transport.close()
             self._rss.close()
 
-    def _end(self, status: str, *, drain: bool = True, **fields) -> None:
+    def _end(self, status: str, *, drain: bool = True, **fields: Any) -> None:
         if self._ended:
             return
         self._ended = True
@@ -618,7 +687,7 @@ class Run:
         else:
             self._send(
                 "run_end",
-                ts_ms=elapsed_end_ms(*self._started, now_ms(), time.monotonic()),
+                ts_ms=elapsed_end_ms(self._started.ms, self._started.monotonic, now_ms(), time.monotonic()),
                 status=status,
                 urgent=True,
                 **fields,
@@ -628,7 +697,7 @@ class Run:
         self._transport.close(timeout=max(0.1, deadline - time.monotonic()))
         self._rss.close()
 
-    def _leave_end_state(self, status: str, fields: dict) -> None:
+    def _leave_end_state(self, status: str, fields: dict[str, Any]) -> None:
         path = end_state_path(self.run_id)
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -652,14 +721,16 @@ class Run:
         if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
             self._saved_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
 
-    def _on_signal(self, signum, frame) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._end("killed", drain=False, signal=int(signum))
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
-    def _excepthook(self, exc_type, exc, tb) -> None:
+    def _excepthook(
+        self, exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
         """For runs used without `with`: an uncaught exception ends the run before Python exits."""
-        previous = self._saved_excepthook or sys.__excepthook__
+        previous = self._saved_excepthook
         self.end_from_exception(exc)
         previous(exc_type, exc, tb)
 
@@ -726,7 +797,7 @@ def start_run(
     return Run(
         transport,
         cfg,
-        run_id=wrapper_id if attached else (run_id or new_run_id()),
+        run_id=(wrapper_id if attached else run_id) or new_run_id(),  # (attached: wrapper_id is set)
         name=name,
         config=config,
         flops_per_token=flops_per_token,

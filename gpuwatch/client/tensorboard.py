@@ -13,7 +13,7 @@ import sys
 
 def start_mirror(
     target: str, *, since_ms: int, watch_pid: int, wrapper_run_id: str | None = None, pid: int | None = None
-) -> subprocess.Popen:
+) -> subprocess.Popen[bytes]:
     """target: a directory (files go to TARGET/gpuwatch/) or "auto" (beside the program's own
     TensorBoard logs, once it writes some)."""
     who = ["--wrapper", wrapper_run_id] if wrapper_run_id else ["--pid", str(pid)]

@@ -9,9 +9,14 @@ from __future__ import annotations
 import os
 import sys
 import time
+from types import ModuleType
+from typing import Any
+
+# A CUDA event pair: (previous step's end or None on the first step, this step's end).
+EventPair = tuple[Any, Any]
 
 
-def cuda_torch():
+def cuda_torch() -> ModuleType | None:
     """The torch module if the workload imported it and initialised CUDA, else None."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
@@ -55,41 +60,42 @@ class CudaClock:
     event.query() says the GPU got there, so the training loop never gains a synchronize.
     """
 
-    def __init__(self, torch, start_event=None) -> None:
+    def __init__(self, torch: ModuleType, start_event: Any = None) -> None:
         self._torch = torch
         self._last = start_event
 
     @staticmethod
-    def start_event(torch):
+    def start_event(torch: ModuleType) -> Any:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
-    def mark(self) -> tuple:
+    def mark(self) -> EventPair:
         event = self.start_event(self._torch)
         pair = (self._last, event)
         self._last = event
         return pair
 
-    def compute_mark(self):
+    def compute_mark(self) -> Any:
         """An event where this iteration's compute begins: the GPU reaches it once it finished the
         last step and the host queued the new batch, so the gap is time the GPU waited for data."""
         return self.start_event(self._torch)
 
     @staticmethod
-    def ready(mark: tuple, wait: bool = False) -> bool:
+    def ready(mark: EventPair, wait: bool = False) -> bool:
         if wait:
             mark[1].synchronize()
             return True
-        return mark[1].query()
+        done: bool = mark[1].query()  # annotated, not bool(): this runs for every step
+        return done
 
     @staticmethod
-    def elapsed_ms(mark: tuple) -> float | None:
+    def elapsed_ms(mark: EventPair) -> float | None:
         start, end = mark
         return None if start is None else start.elapsed_time(end)  # first step: no start event
 
     @staticmethod
-    def wait_pct(mark: tuple, compute, step_ms: float | None) -> float | None:
+    def wait_pct(mark: EventPair, compute: Any, step_ms: float | None) -> float | None:
         start = mark[0]
         if start is None or not compute.query():  # recorded on another stream, not reached yet
             return None
@@ -103,7 +109,7 @@ def _share_pct(wait_ms: float, step_ms: float | None) -> float | None:
     return min(100.0, max(0.0, 100.0 * wait_ms / step_ms))
 
 
-def capture_loss(loss):
+def capture_loss(loss: Any) -> Any:
     """Keep a loss without reading it now: a CUDA tensor starts an async copy to host memory.
 
     The copy is queued before the step's CUDA event, so once that event completed the host copy
@@ -121,11 +127,17 @@ def capture_loss(loss):
     return detach()
 
 
-def resolve_loss(captured) -> float | None:
+def resolve_loss(captured: Any) -> float | None:
     if captured is None:
         return None
     value = captured.item() if hasattr(captured, "item") else captured
     return float(value)
+
+
+def resolve_count(captured: Any) -> int:
+    """A count captured as a loss is (a tensor summed on the GPU, or a number), read as an int."""
+    value = captured.item() if hasattr(captured, "item") else captured
+    return round(float(value))
 
 
 class RssReader:
@@ -159,13 +171,13 @@ class RssReader:
             self._fd = None
 
 
-def cuda_memory(torch) -> tuple[int, int, int]:
+def cuda_memory(torch: ModuleType) -> tuple[int, int, int]:
     """(allocated, reserved, peak allocated) bytes of the current device: host-side counters, no sync."""
     cuda = torch.cuda
     return cuda.memory_allocated(), cuda.memory_reserved(), cuda.max_memory_allocated()
 
 
-def memory_stats_fields(stats: dict) -> dict:
+def memory_stats_fields(stats: dict[str, Any]) -> dict[str, Any]:
     """Columns of `memory_stats` from torch.cuda.memory_stats(); keys vary by version, so .get()."""
     return {
         "num_alloc_retries": stats.get("num_alloc_retries"),

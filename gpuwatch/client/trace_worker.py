@@ -13,11 +13,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 MAX_STORED_STEPS = 200  # per-step figures kept with a breakdown
 
 
-def breakdown_of(path: Path) -> dict:
+def breakdown_of(path: Path) -> dict[str, Any]:
     """The stored breakdown of one profile window: its rank of `gpuwatch trace`, with the advice."""
     from gpuwatch.analysis.trace import analyse_files
 

@@ -22,27 +22,33 @@ from __future__ import annotations
 
 import abc
 import collections
+import concurrent.futures
 import json
 import logging
 import os
 import queue
-import select
 import shutil
-import socket
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import IO, TYPE_CHECKING, Any, Callable
 
-from gpuwatch import __version__, protocol
+from gpuwatch import protocol
 from gpuwatch.base import paths, spool
 from gpuwatch.base.config import Config
 from gpuwatch.base.diskfull import FullDisk, no_space
+from gpuwatch.client.link import Link as _Link
+from gpuwatch.client.link import TransportClosed, socket_candidates
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from gpuwatch.monitor.sampler import Sampler
+    from gpuwatch.store.events import Outcome
 
 log = logging.getLogger(__name__)
 
-HELLO = {"type": "hello", "client": f"gpuwatch/{__version__}"}
 # Embedded mode: events waiting for the writer; past this (a stuck disk) they are dropped and
 # counted rather than growing the training process without bound.
 PENDING_MAX = 100_000
@@ -56,24 +62,20 @@ SEND_LINGER_S = 0.05
 _WAKE = object()  # put on the queue to wake the sender: for an urgent event, or close()
 
 
-class TransportClosed(RuntimeError):
-    pass
-
-
 class Transport(abc.ABC):
     """What gpuwatch.client uses; see the module docstring."""
 
     mode: str = ""
-    control_handler: Callable[[dict], None] | None = None
+    control_handler: Callable[[dict[str, Any]], None] | None = None
     dropped = 0  # events lost because the queue was full
     rejected = 0  # events the protocol or the daemon refused (bugs, other users' runs)
 
     @abc.abstractmethod
-    def send(self, event: dict, urgent: bool = False) -> None:
+    def send(self, event: dict[str, Any], urgent: bool = False) -> None:
         """Queue one event; never blocks the caller. Urgent: ahead of everything queued."""
 
     @abc.abstractmethod
-    def request(self, msg: dict, timeout: float = 5.0) -> dict:
+    def request(self, msg: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
         """One synchronous request and its reply."""
 
     @abc.abstractmethod
@@ -88,14 +90,6 @@ class Transport(abc.ABC):
         if not self.rejected:
             log.warning("gpuwatch: events refused: %s", why)
         self.rejected += n
-
-
-def socket_candidates(cfg: Config) -> list[Path]:
-    """The configured socket; with no explicit choice, also a system daemon's."""
-    found = [cfg.socket_path]
-    if not cfg.socket and not cfg.system:
-        found.append(paths.default_socket_path(system=True))
-    return found
 
 
 def _daemon_link(cfg: Config) -> tuple[Path, _Link] | None:
@@ -115,59 +109,11 @@ def daemon_answers(cfg: Config) -> bool:
     return found is not None
 
 
-def connect(cfg: Config, **options) -> Transport:
+def connect(cfg: Config, **options: Any) -> Transport:
     found = _daemon_link(cfg)
     if found is not None:
         return DaemonTransport(cfg, *found, **options)
     return EmbeddedTransport(cfg)
-
-
-class _Link:
-    """One greeted connection: frames out, reply frames in, pushed control frames aside."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self.buf = bytearray()
-
-    @classmethod
-    def open(cls, path: Path, timeout: float) -> _Link:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect(str(path))
-            link = cls(sock)
-            link.sock.sendall(protocol.encode(HELLO))
-            welcome = link.read_frame(timeout)
-        except BaseException:
-            sock.close()
-            raise
-        if welcome.get("type") != "welcome":
-            sock.close()
-            raise TransportClosed(f"{path}: {welcome.get('error', welcome)}")
-        return link
-
-    def read_frame(self, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TransportClosed("no reply from the daemon in time")
-            self.sock.settimeout(left)
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise TransportClosed("the daemon closed the connection")
-            self.buf += chunk
-        end = self.buf.index(b"\n") + 1
-        line = bytes(self.buf[:end])
-        del self.buf[:end]
-        return protocol.decode(line)
-
-    def pending(self) -> bool:
-        """True if a frame (or the end of the stream) can be read now without waiting."""
-        return b"\n" in self.buf or bool(select.select([self.sock], [], [], 0)[0])
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _frames(encoded: list[bytes]) -> list[list[int]]:
@@ -212,8 +158,8 @@ class DaemonTransport(Transport):
         self._spool_full = FullDisk(log, "gpuwatch: spool")
         self.spool_path = self.spool_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}{spool.SUFFIX}"
         self._link = link
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
-        self._urgent: collections.deque = collections.deque()  # taken before the queue
+        self._queue: queue.Queue[dict[str, Any] | object] = queue.Queue(maxsize=queue_size)
+        self._urgent: collections.deque[dict[str, Any]] = collections.deque()  # taken before the queue
         self._backoff = 0.0
         self._retry_at = 0.0
         self._enqueued = 0
@@ -226,7 +172,7 @@ class DaemonTransport(Transport):
 
     # --- caller side ---
 
-    def send(self, event: dict, urgent: bool = False) -> None:
+    def send(self, event: dict[str, Any], urgent: bool = False) -> None:
         with self._progress:
             if self._closing:
                 return
@@ -269,7 +215,7 @@ class DaemonTransport(Transport):
         if self._spool_exists():
             log.warning("gpuwatch: daemon unreachable; events kept in %s for replay", self.spool_path)
 
-    def request(self, msg: dict, timeout: float = 5.0) -> dict:
+    def request(self, msg: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
         """One frame on a connection of its own; returns the daemon's reply. If the daemon
         cannot take an events frame now, its events are queued (spooled) like send()."""
         try:
@@ -316,8 +262,8 @@ class DaemonTransport(Transport):
         if self._link is not None:
             self._link.close()
 
-    def _collect(self) -> list[dict]:
-        queued = []
+    def _collect(self) -> list[dict[str, Any]]:
+        queued: list[Any] = []  # events, and _WAKE
         if not self._urgent:
             try:
                 queued.append(self._queue.get(timeout=0.2))
@@ -340,13 +286,13 @@ class DaemonTransport(Transport):
         steps = [event for event in queued if event.get("kind") == "step"]
         return [event for event in queued if event.get("kind") != "step"] + urgent + steps
 
-    def _take_urgent(self) -> list[dict]:
+    def _take_urgent(self) -> list[dict[str, Any]]:
         taken = []
         while self._urgent:
             taken.append(self._urgent.popleft())
         return taken
 
-    def _dispatch(self, batch: list[dict]) -> None:
+    def _dispatch(self, batch: list[dict[str, Any]]) -> None:
         encoded = []
         for event in batch:
             try:
@@ -399,7 +345,7 @@ class DaemonTransport(Transport):
         for n, group in enumerate(_frames(encoded)):
             parts = [encoded[i] for i in group]
             try:
-                self._link.sock.sendall(_events_frame(parts))
+                self._live_link().sock.sendall(_events_frame(parts))
                 reply = self._reply()
             except (OSError, TransportClosed, protocol.ProtocolError) as e:
                 self._disconnect(str(e))
@@ -420,24 +366,30 @@ class DaemonTransport(Transport):
             self._reject(len(left), reply.get("error", str(reply)))
         return []
 
-    def _reply(self) -> dict:
+    def _live_link(self) -> _Link:
+        if self._link is None:
+            raise TransportClosed("not connected")
+        return self._link
+
+    def _reply(self) -> dict[str, Any]:
         """The reply to the frame just sent; pushed control frames on the way are handled."""
         while True:
-            frame = self._link.read_frame(self.ack_timeout)
+            frame = self._live_link().read_frame(self.ack_timeout)
             if frame.get("type") != "control":
                 return frame
             self._on_control(frame)
 
     def _poll_control(self) -> None:
         try:
-            while self._link.pending():
-                frame = self._link.read_frame(self.ack_timeout)
+            link = self._live_link()
+            while link.pending():
+                frame = link.read_frame(self.ack_timeout)
                 if frame.get("type") == "control":
                     self._on_control(frame)
         except (OSError, TransportClosed, protocol.ProtocolError) as e:
             self._disconnect(str(e))
 
-    def _on_control(self, frame: dict) -> None:
+    def _on_control(self, frame: dict[str, Any]) -> None:
         handler = self.control_handler
         if handler is None:
             log.info("gpuwatch: control %s ignored (no handler)", frame.get("action"))
@@ -495,7 +447,7 @@ class DaemonTransport(Transport):
         log.info("gpuwatch: replayed %d spooled events from %s", sent, path)
         return True
 
-    def _keep_rest(self, path: Path, left: list[bytes], rest) -> None:
+    def _keep_rest(self, path: Path, left: list[bytes], rest: IO[bytes]) -> None:
         """Rewrite the spool as the undelivered events of this chunk and the file's rest."""
         tmp = path.with_suffix(".tmp")
         try:
@@ -566,12 +518,12 @@ class EmbeddedTransport(Transport):
             user = str(uid)
         self.cfg = cfg
         self.peer = Peer(uid, user, os.getpid(), "embedded")
-        self._pending: list[dict] = []
+        self._pending: list[dict[str, Any]] = []
         self._pending_lock = threading.Lock()
         # The writer runs in the training process here: waking it at most ten times a second
         # keeps it from taking the GIL while the loop's torch ops want it back.
         self.writer = Writer(cfg.db_path, linger_s=EMBEDDED_LINGER_S)
-        self.sampler = None
+        self.sampler: Sampler | None = None
         # The sampler's set-up (NVML, psutil) and the lost-run check happen on a thread of their
         # own: `gpuwatch run` spawns its program meanwhile instead of after them.
         self._starting = threading.Thread(
@@ -598,7 +550,7 @@ class EmbeddedTransport(Transport):
             return
         self.sampler = sampler
 
-    def send(self, event: dict, urgent: bool = False) -> None:
+    def send(self, event: dict[str, Any], urgent: bool = False) -> None:
         # The writer applies what is pending in order, in one transaction: an urgent event needs
         # no lane of its own. One writer job per burst of events, not one per event: step() pays a list append, and
         # the writer applies whatever piled up in one transaction, taking the GIL from the
@@ -610,17 +562,17 @@ class EmbeddedTransport(Transport):
             self._pending.append(event)
             if len(self._pending) > 1:
                 return  # the job queued for the first event takes this one too
-        if not self.writer.submit(self._apply_pending, block=False):
+        if self.writer.submit(self._apply_pending, block=False) is None:
             with self._pending_lock:
                 self.dropped += len(self._pending)
                 self._pending.clear()
 
-    def _apply_pending(self, conn) -> None:
+    def _apply_pending(self, conn: sqlite3.Connection) -> None:
         with self._pending_lock:
             events, self._pending = self._pending, []
         self._apply(conn, events)
 
-    def _apply(self, conn, events: list[dict]):
+    def _apply(self, conn: sqlite3.Connection, events: list[dict[str, Any]]) -> Outcome:
         from gpuwatch.store.events import apply_events
 
         valid = []
@@ -634,7 +586,7 @@ class EmbeddedTransport(Transport):
             self._reject(1, message)
         return outcome
 
-    def request(self, msg: dict, timeout: float = 5.0) -> dict:
+    def request(self, msg: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
         if msg.get("type") != "events":
             return protocol.error(
                 f"{msg.get('type')}: needs the gpuwatch daemon (this run is in embedded mode)", "unavailable"
@@ -643,15 +595,17 @@ class EmbeddedTransport(Transport):
             events = protocol.validate(dict(msg, v=protocol.VERSION)).events
         except protocol.ProtocolError as e:
             return protocol.error(str(e), "invalid")
-        done = threading.Event()
-        result = []
-        if not self.writer.submit(
-            lambda conn: result.append(self._apply(conn, events)), lambda ok: done.set(), timeout=timeout
-        ) or not done.wait(timeout):
-            return protocol.error("database busy; try again", "busy")
-        if not result:
+        busy = protocol.error("database busy; try again", "busy")
+        applied = self.writer.submit(lambda conn: self._apply(conn, events), timeout=timeout)
+        if applied is None:
+            return busy
+        try:
+            outcome = applied.result(timeout)
+        except concurrent.futures.TimeoutError:
+            return busy
+        except Exception:  # rolled back (and a job's own error logged) by the writer
             return protocol.error("database write failed", "store")
-        return {"v": protocol.VERSION, **result[0].reply()}
+        return {"v": protocol.VERSION, **outcome.reply()}
 
     def flush(self, timeout: float = 10.0) -> bool:
         return self.writer.flush(timeout)

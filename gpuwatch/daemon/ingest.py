@@ -22,29 +22,33 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import grp
 import logging
 import os
-import pwd
 import resource
 import socket
-import sqlite3
-import struct
-import tempfile
 import time
 from dataclasses import dataclass, field
 from operator import itemgetter
-from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from gpuwatch import __version__, protocol
+from gpuwatch import protocol
 from gpuwatch.base.config import Config
+from gpuwatch.base.unix_socket import bind_socket, in_group, peer_credentials, user_name
+from gpuwatch.base.version import __version__
 from gpuwatch.daemon.logging import Throttle
 from gpuwatch.daemon.stalls import dump_row, stepping_pid
 from gpuwatch.store import Writer, now_ms
 from gpuwatch.store.events import Outcome, Peer, apply_events
-from gpuwatch.store.writer import JobRefused, storage_problem
+from gpuwatch.store.queries import run_owner
+from gpuwatch.store.writer import JobRefused, StoreFailed, storage_problem
+
+if TYPE_CHECKING:
+    from sqlite3 import Connection as Db
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+Frame = dict[str, Any]  # a frame as protocol.decode gives it, or a reply
+Decoded = protocol.Message | protocol.ProtocolError  # what a frame's bytes turn out to be
 
 MAX_INFLIGHT_EVENTS = 50_000
 READ_CHUNK = 64 * 1024
@@ -56,33 +60,8 @@ _run_id_of = itemgetter("run_id")
 BUSY = protocol.error("daemon busy: write queue full; retry later", "busy")
 
 
-class IngestError(OSError):
-    """The server cannot start (socket taken or unusable); one line saying why."""
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end of a connected Unix socket."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)
-
-
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def in_group(uid: int, gid: int, group: str) -> bool:
-    """True if the user `uid` (primary group `gid`) is a member of `group`."""
-    if not group:
-        return False
-    try:
-        group_gid = grp.getgrnam(group).gr_gid
-        name = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return False
-    return group_gid in os.getgrouplist(name, gid)
+class _WriterBusy(Exception):
+    """The writer's queue is full: the frame is answered BUSY."""
 
 
 class TokenBucket:
@@ -126,45 +105,6 @@ class FramingError(Exception):
         self.code = code
 
 
-def bind_socket(path: Path, mode: int, group: str = "") -> socket.socket:
-    """Listen at `path` with `mode` from the first instant: bind in a private directory, set
-    mode and group there, then rename into place (no bind->chmod window, no umask games)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755 if mode & 0o077 else 0o700)
-    if path.exists() or path.is_symlink():
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            path.unlink(missing_ok=True)  # stale: nothing answers
-        except OSError as e:
-            raise IngestError(f"{path} exists and cannot be probed: {e.strerror}") from None
-        else:
-            raise IngestError(f"another daemon is already listening on {path}")
-        finally:
-            probe.close()
-    private = tempfile.mkdtemp(prefix=".bind-", dir=path.parent)
-    tmp = os.path.join(private, "s")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(tmp)
-        os.chmod(tmp, mode)
-        if group:
-            try:
-                os.chown(tmp, -1, grp.getgrnam(group).gr_gid)
-            except KeyError:
-                raise IngestError(f"socket_group {group!r} does not exist") from None
-        sock.listen(128)
-        os.rename(tmp, path)
-    except BaseException:
-        sock.close()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    finally:
-        os.rmdir(private)
-    return sock
-
-
 def socket_mode(cfg: Config) -> int:
     if not cfg.system:
         return 0o600
@@ -177,13 +117,13 @@ class Connection:
     gid: int
     writer: asyncio.StreamWriter
     greeted: bool = False
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
     buf: bytearray = field(default_factory=bytearray)  # received, not yet a whole frame
     scanned: int = 0  # bytes of buf known to hold no newline
     held: int = 0  # bytes counted against the uid's UID_PENDING_BYTES
     deadline: float = 0.0  # when the frame being received must be complete
 
-    def send(self, frame: dict) -> None:
+    def send(self, frame: Frame) -> None:
         try:
             data = protocol.encode(frame)
         except protocol.ProtocolError as e:  # a reply over the cap (huge warnings): say so instead
@@ -194,10 +134,11 @@ class Connection:
 class _Uid:
     """Per-uid state shared by that uid's connections."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.connections = 0
         self.pending_bytes = 0
-        self.frames: collections.deque = collections.deque()  # (line, future) to decode, in order
+        # (line, future of its decoding) to decode, in order
+        self.frames: collections.deque[tuple[bytes, asyncio.Future[Decoded]]] = collections.deque()
         self.writer_slots = asyncio.Semaphore(UID_WRITER_FRAMES)
 
 
@@ -229,7 +170,7 @@ class IngestServer:
         self.run_connections: dict[str, Connection] = {}  # run_id -> connection feeding it
         self.uids: dict[int, _Uid] = {}
         self._turns: collections.deque[int] = collections.deque()  # uids with frames to decode
-        self._decoder: asyncio.Task | None = None
+        self._decoder: asyncio.Task[None] | None = None
         self.client_log = Throttle(log)
         self._server: asyncio.AbstractServer | None = None
         self._inode: int | None = None
@@ -267,7 +208,7 @@ class IngestServer:
 
     # --- the daemon side of the control channel ---
 
-    def push_control(self, run_id: str, action: str, **fields) -> bool:
+    def push_control(self, run_id: str, action: str, **fields: object) -> bool:
         """Send a control message to the connection feeding `run_id`; False if none is."""
         conn = self.run_connections.get(run_id)
         if conn is None or conn.writer.is_closing():
@@ -389,7 +330,7 @@ class IngestServer:
             message,
         )
 
-    async def _answer(self, conn: Connection, state: _Uid, line: bytes) -> dict:
+    async def _answer(self, conn: Connection, state: _Uid, line: bytes) -> Frame:
         """The reply to one frame, whatever its bytes: never raises for a client's input."""
         try:
             msg = await self._decoded(state, conn.peer.uid, line)
@@ -397,6 +338,8 @@ class IngestServer:
                 reply = protocol.error(str(msg), msg.code)
             else:
                 reply = await self._handle(conn, msg, line)
+        except _WriterBusy:
+            reply = BUSY
         except Exception:  # a bug of ours: answered, logged once with the frame's first bytes
             self.client_log.log(
                 ("internal", conn.peer.uid),
@@ -412,10 +355,10 @@ class IngestServer:
             self._refused(conn, reply["code"], reply["error"])
         return reply
 
-    async def _decoded(self, state: _Uid, uid: int, line: bytes):
+    async def _decoded(self, state: _Uid, uid: int, line: bytes) -> Decoded:
         """Decode and validate `line` in this uid's turn: uids with frames waiting are served
         round-robin, one frame each, so one uid's flood cannot hold the loop."""
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Decoded] = asyncio.get_running_loop().create_future()
         if not state.frames:
             self._turns.append(uid)
         state.frames.append((line, future))
@@ -441,7 +384,7 @@ class IngestServer:
                     future.set_exception(e)
             await asyncio.sleep(0)  # let replies go out and other frames arrive
 
-    async def _handle(self, conn: Connection, msg: protocol.Message, line: bytes) -> dict:
+    async def _handle(self, conn: Connection, msg: protocol.Message, line: bytes) -> Frame:
         if msg.type == "hello":
             conn.greeted = True
             return {
@@ -459,14 +402,14 @@ class IngestServer:
             return await self._wish(conn, msg.frame)
         return await self._control_request(conn, msg.frame)
 
-    async def _wish(self, conn: Connection, frame: dict) -> dict:
+    async def _wish(self, conn: Connection, frame: Frame) -> Frame:
         """Store a when-free wish owned by the peer's uid (SO_PEERCRED, never the message)."""
         from gpuwatch.alerts.host_rules import add_wish
 
-        peer, host, added = conn.peer, socket.gethostname(), []
-        ok = await self._on_writer(
-            lambda db: added.append(
-                add_wish(
+        peer, host = conn.peer, socket.gethostname()
+        try:
+            wish_id = await self._on_writer(
+                lambda db: add_wish(
                     db,
                     peer.uid,
                     peer.user,
@@ -478,15 +421,12 @@ class IngestServer:
                     frame["window_min"],
                 )
             )
-        )
-        if ok is None:
-            return BUSY
-        if not ok or not added:
+        except Exception:  # rolled back (and a job's own error logged) by the writer
             return protocol.error("database write failed; try again", "store")
-        log.info("when-free wish %d stored for uid %d", added[0], peer.uid)
-        return {"type": "wish_added", "id": added[0], "host": host}
+        log.info("when-free wish %d stored for uid %d", wish_id, peer.uid)
+        return {"type": "wish_added", "id": wish_id, "host": host}
 
-    async def _events(self, conn: Connection, msg: protocol.Message, line: bytes) -> dict:
+    async def _events(self, conn: Connection, msg: protocol.Message, line: bytes) -> Frame:
         n = len(msg.events)
         if self.cfg.rate_limit_events > 0:
             rate = self.cfg.rate_limit_events
@@ -500,27 +440,21 @@ class IngestServer:
                 )
         if self.inflight_events + n > MAX_INFLIGHT_EVENTS:
             return BUSY
-        result: list[Outcome] = []
-        failed: list[BaseException] = []
 
-        def job(db: sqlite3.Connection) -> None:
+        def job(db: Db) -> Outcome:
             try:
-                result.append(apply_events(db, msg.events, conn.peer))
+                return apply_events(db, msg.events, conn.peer)
             except Exception as e:
                 if storage_problem(e):
                     raise  # the disk's fault: `store`, and the client retries
-                failed.append(e)  # ours: rolled back, answered `internal`, never retried
-                raise JobRefused from e
+                raise JobRefused from e  # ours: rolled back, answered `internal`, never retried
 
         self.inflight_events += n
         try:
-            ok = await self._on_writer(job)
-        finally:
-            self.inflight_events -= n
-        if ok is None:
-            return BUSY
-        if failed:
-            e = failed[0]
+            outcome = await self._on_writer(job)
+        except JobRefused as refused:
+            e = refused.__cause__
+            assert e is not None  # job() sets it
             self.client_log.log(
                 ("internal", conn.peer.uid),
                 logging.ERROR,
@@ -534,11 +468,12 @@ class IngestServer:
                 f"the daemon failed to store this frame ({type(e).__name__}, logged); do not resend it",
                 "internal",
             )
-        if not ok or not result:
+        except StoreFailed:
             health = self.writer.health
             why = f" ({health.problem})" if health is not None else ""
             return protocol.error(f"database write failed{why}; keep the events and retry later", "store")
-        outcome = result[0]
+        finally:
+            self.inflight_events -= n
         if outcome.rejected:
             applied = set(outcome.applied)
             run_ids = {e["run_id"] for e in msg.events if e["id"] in applied}
@@ -548,15 +483,12 @@ class IngestServer:
             self.run_connections[run_id] = conn  # where control for this run goes
         return outcome.reply(msg.warnings)
 
-    async def _control_request(self, conn: Connection, frame: dict) -> dict:
+    async def _control_request(self, conn: Connection, frame: Frame) -> Frame:
         run_id, action = frame["run_id"], frame["action"]
-        found: list = []
-        ok = await self._on_writer(
-            lambda db: found.extend(db.execute("SELECT uid FROM runs WHERE run_id = ?", (run_id,)).fetchall())
-        )
-        if ok is None:
-            return BUSY
-        owner = found[0][0] if found else None
+        try:
+            owner = await self._on_writer(lambda db: run_owner(db, run_id))
+        except StoreFailed as e:
+            return protocol.error(f"{e}; try again", "store")
         if owner is None:
             return protocol.error(f"no run {run_id!r}", "unknown_run")
         peer = conn.peer
@@ -578,15 +510,16 @@ class IngestServer:
         log.info("control %s for run %s sent on behalf of uid %d", action, run_id, peer.uid)
         return {"type": "control_result", "run_id": run_id, "action": action, "delivered": True}
 
-    async def _stacks(self, run_id: str) -> dict:
+    async def _stacks(self, run_id: str) -> Frame:
         """Dump the run's stacks from here (the daemon holds CAP_SYS_PTRACE), store and return them."""
-        pids: list = []
-        if await self._on_writer(lambda db: pids.append(stepping_pid(db, run_id))) is None:
-            return BUSY
-        if not pids or pids[0] is None:
+        try:
+            pid = await self._on_writer(lambda db: stepping_pid(db, run_id))
+        except StoreFailed as e:
+            return protocol.error(f"{e}; try again", "store")
+        if pid is None:
             return protocol.error(f"run {run_id!r} has no process id", "unknown_run")
-        row = await asyncio.to_thread(dump_row, run_id, pids[0], "on_demand")
-        if not self.writer.insert("stack_dumps", [row], block=False):
+        row = await asyncio.to_thread(dump_row, run_id, pid, "on_demand")
+        if self.writer.insert("stack_dumps", [row], block=False) is None:
             log.warning("stacks of run %s not stored: write queue full", run_id)
         reply = {
             "type": "control_result",
@@ -599,15 +532,11 @@ class IngestServer:
             reply.update(stacks_json=None, error="stacks stored but too large to send; see the database")
         return reply
 
-    async def _on_writer(self, job) -> bool | None:
-        """Run `job` on the writer thread; True once committed, False if it failed, None if the
-        writer's queue is full (never waits for room: the loop serves everyone)."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
-
-        def committed(ok: bool) -> None:
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(ok))
-
-        if not self.writer.submit(job, committed, block=False):
-            return None
-        return await done
+    async def _on_writer(self, job: Callable[[Db], T]) -> T:
+        """Run `job` on the writer thread; its value once committed, or the writer's exception
+        (Writer.submit). _WriterBusy if the writer's queue is full: the loop serves everyone,
+        it never waits for room."""
+        future = self.writer.submit(job, block=False)
+        if future is None:
+            raise _WriterBusy
+        return await asyncio.wrap_future(future)

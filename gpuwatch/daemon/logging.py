@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import Any, Callable, Hashable, TextIO
 
 _PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
 
@@ -23,7 +24,7 @@ class JournalFormatter(logging.Formatter):
         return f"<{priority}>{record.name}: {text}".replace("\n", " ")
 
 
-def setup(level: int = logging.INFO, stream=None) -> None:
+def setup(level: int = logging.INFO, stream: TextIO | None = None) -> None:
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JournalFormatter())
     root = logging.getLogger()
@@ -43,15 +44,15 @@ class Throttle:
         logger: logging.Logger,
         period_s: float = 60.0,
         max_period_s: float = 600.0,
-        clock=time.monotonic,
-    ):
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.logger = logger
         self.period_s = period_s
         self.max_period_s = max_period_s
         self.clock = clock
-        self._keys: dict = {}  # key -> [last logged, current period, held back since]
+        self._keys: dict[Hashable, list[float]] = {}  # key -> [last logged, current period, held back since]
 
-    def log(self, key, level: int, msg: str, *args, exc_info=None) -> bool:
+    def log(self, key: Hashable, level: int, msg: str, *args: object, exc_info: Any = None) -> bool:
         """Log now, or count it for the next line of this key; True if it was logged."""
         now = self.clock()
         state = self._keys.get(key)

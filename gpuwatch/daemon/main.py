@@ -12,10 +12,9 @@ import dataclasses
 import logging
 import os
 import signal
-import sqlite3
 import threading
 from functools import partial
-from typing import Callable
+from typing import Callable, Mapping
 
 from gpuwatch.base.config import Config, ConfigError
 from gpuwatch.daemon.ingest import IngestServer
@@ -24,12 +23,12 @@ from gpuwatch.daemon.spool import SpoolAdopter
 from gpuwatch.daemon.stalls import StallWatch
 from gpuwatch.monitor.runs_watch import RunsWatch
 from gpuwatch.monitor.sampler import Sampler
-from gpuwatch.store import StoreError, Writer, health
+from gpuwatch.store import SQLiteError, StoreError, Writer, health
 
 log = logging.getLogger("gpuwatch.daemon")
 
 
-def default_system_mode(environ=None) -> bool:
+def default_system_mode(environ: Mapping[str, str] | None = None) -> bool:
     """System mode when started by systemd with a StateDirectory, or by root; else per-user."""
     env = os.environ if environ is None else environ
     return bool(env.get("STATE_DIRECTORY")) or os.geteuid() == 0
@@ -43,7 +42,10 @@ def resolve_mode(cfg: Config) -> Config:
 
 
 class Daemon:
-    def __init__(self, cfg: Config, nvml_module=None, notifier: Notifier | None = None):
+    def __init__(
+        self, cfg: Config, nvml_module: object | None = None, notifier: Notifier | None = None
+    ) -> None:
+        """`nvml_module`: pynvml, or a stand-in with its functions (tests)."""
         self.cfg = cfg
         self.notifier = notifier or Notifier()
         self.writer = Writer(cfg.db_path)
@@ -127,7 +129,7 @@ class Daemon:
                         self.cfg.notify_group_seconds,
                         terminals_uid=os.getuid() if self.cfg.notify_terminals else None,
                     )
-                except (SubscriptionError, OSError, sqlite3.Error) as e:  # sampling matters more
+                except (SubscriptionError, OSError, SQLiteError) as e:  # sampling matters more
                     log.error("alerts will not be delivered: %s", e)
                 else:
                     deliverer.start()
@@ -173,7 +175,7 @@ class Daemon:
                 reported_stall = True
 
 
-def run_daemon(cfg: Config, nvml_module=None) -> int:
+def run_daemon(cfg: Config, nvml_module: object | None = None) -> int:
     """Run until SIGTERM/SIGINT; returns the exit status. `nvml_module` is for tests only."""
     try:
         daemon = Daemon(cfg, nvml_module=nvml_module)

@@ -11,19 +11,24 @@ from __future__ import annotations
 import os
 import re
 import socket
-import sqlite3
 import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
-from gpuwatch.base.clock import STEP_TOLERANCE_MS
 from gpuwatch.base.config import ConfigError
-from gpuwatch.store import StoreError, now_ms, open_ro, queries
+from gpuwatch.store import SQLiteError, StoreError, now_ms, open_ro, queries, scrape
 from gpuwatch.store.energy import EnergyLedger
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
+from gpuwatch.store.running import running_runs
+
+if TYPE_CHECKING:
+    from sqlite3 import Connection
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.core import GaugeMetricFamily, Metric, UnknownMetricFamily
 
 DEFAULT_HOST = "127.0.0.1"
 MIB = 1024 * 1024
@@ -131,18 +136,15 @@ DAEMON_FIELDS = (
     ("gpuwatch_daemon_dropped_events", "dropped_events", 1, "Events the daemon had to drop."),
 )
 
-# SQLite returns the xid of the row holding MAX(ts_ms): the last XID per GPU.
-_XID_SQL = "SELECT gpu_index, xid, MAX(ts_ms) FROM xid_events GROUP BY gpu_index"
-_RUNS_SQL = "SELECT run_id, name, user, job_id, rank, started_ms FROM runs WHERE status = 'running'"
 # A fresh energy ledger (first scrape, or the daemon restarted) catches up on the running runs'
 # history in a thread of its own, this much at a time, so no scrape waits for it; their energy
 # is exported once it has caught up.
 ENERGY_CATCH_UP_MS = 15 * 60_000
-_LAST_STEP_SQL = "SELECT step, tokens_per_s FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1"
-_PEAK_SINCE_SQL = "SELECT MAX(step), MAX(mem_peak_bytes) FROM steps WHERE run_id = ? AND step > ?"
 
 
-def _family(name: str, doc: str, labels: tuple[str, ...], kind: str = "gauge"):
+def _family(
+    name: str, doc: str, labels: tuple[str, ...], kind: str = "gauge"
+) -> GaugeMetricFamily | UnknownMetricFamily:
     from prometheus_client.core import GaugeMetricFamily, UnknownMetricFamily
 
     cls = UnknownMetricFamily if kind == "counter" else GaugeMetricFamily
@@ -159,7 +161,7 @@ class StoreCollector:
 
     def __init__(
         self,
-        db_path: str | os.PathLike,
+        db_path: str | os.PathLike[str],
         extra: Callable[[], Mapping[str, float]] | None = None,
         stale_after_s: float = 60.0,
         hostname: str | None = None,
@@ -168,7 +170,7 @@ class StoreCollector:
         self.extra = extra
         self.stale_after_ms = int(stale_after_s * 1000)
         self.hostname = hostname or socket.gethostname()
-        self._conn: sqlite3.Connection | None = None
+        self._conn: Connection | None = None
         self._lock = threading.Lock()  # the HTTP server is threaded; one scrape reads at a time
         # run_id -> (last step folded in, peak bytes so far): each scrape reads only new steps.
         self._peaks: dict[str, tuple[int, int | None]] = {}
@@ -176,10 +178,10 @@ class StoreCollector:
         self._catch_up: threading.Thread | None = None  # folds a fresh ledger's history
         self._closing = threading.Event()
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []  # built per scrape; stops the registry calling collect() at register time
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Metric]:
         start = time.perf_counter()
         with self._lock:
             conn = self._connection()
@@ -204,7 +206,7 @@ class StoreCollector:
                 self._conn.close()
                 self._conn = None
 
-    def _connection(self) -> sqlite3.Connection | None:
+    def _connection(self) -> Connection | None:
         if self._conn is None:
             try:
                 self._conn = open_ro(self.db_path)
@@ -212,7 +214,7 @@ class StoreCollector:
                 return None  # not created yet: exporter stays up, gpuwatch_store_up says 0
         return self._conn
 
-    def _from_store(self, conn: sqlite3.Connection) -> list:
+    def _from_store(self, conn: Connection) -> list[Metric]:
         try:
             gpus, newest_gpu_ms = self._gpu_families(conn)
             return (
@@ -221,12 +223,12 @@ class StoreCollector:
                 + self._host_families(conn, newest_gpu_ms)
                 + [self._alerts_family(conn)]
             )
-        except sqlite3.Error:
+        except SQLiteError:
             self._conn = None  # reopen next time (e.g. the file was replaced)
             conn.close()
             return []
 
-    def _gpu_families(self, conn: sqlite3.Connection) -> tuple[list, int | None]:
+    def _gpu_families(self, conn: Connection) -> tuple[list[Metric], int | None]:
         """The GPU families, and the time of the newest GPU sample (None: none stored)."""
         now = now_ms()
         fresh_after = now - self.stale_after_ms
@@ -240,7 +242,7 @@ class StoreCollector:
             and latest[gpu.gpu_index].state is None
             and latest[gpu.gpu_index].ts_ms >= fresh_after
         ]
-        xids = {idx: xid for idx, xid, _ in conn.execute(_XID_SQL)}
+        xids = scrape.last_xids(conn)
         gpu_labels = [
             [
                 str(g.gpu_index),
@@ -253,7 +255,7 @@ class StoreCollector:
             for g, _ in rows
         ]
         values = [dict(vars(sample), age_ms=now - sample.ts_ms) for _, sample in rows]
-        families = []
+        families: list[Metric] = []
         for name, column, scale, kind, doc in DCGM_FIELDS:
             fam = _family(name, doc, GPU_LABELS, kind)
             for labels, v in zip(gpu_labels, values):
@@ -288,7 +290,12 @@ class StoreCollector:
         families += _prof_families(conn, labels_by_gpu, fresh_after)
         return families, max((s.ts_ms for s in latest.values()), default=None)
 
-    def _gpu_up(self, infos: list, fresh: list, latest: dict) -> object:
+    def _gpu_up(
+        self,
+        infos: list[queries.GpuInfo],
+        fresh: list[tuple[queries.GpuInfo, queries.GpuSample]],
+        latest: dict[int, queries.GpuSample],
+    ) -> Metric:
         """Every GPU the host ever had: 0 when lost, not responding or no longer sampled (the
         `reason` label says which), so an alert can fire."""
         ok = {gpu.gpu_index for gpu, _ in fresh}
@@ -324,7 +331,7 @@ class StoreCollector:
             )
         return up
 
-    def _users(self, conn: sqlite3.Connection, fresh: list) -> object:
+    def _users(self, conn: Connection, fresh: list[tuple[queries.GpuInfo, queries.GpuSample]]) -> Metric:
         """GPU memory per user per GPU, from the newest process tick; a GPU's users beyond
         MAX_USERS_PER_GPU are summed as "(others)"."""
         uuids = {gpu.gpu_index: gpu.uuid or "" for gpu, _ in fresh}
@@ -344,7 +351,7 @@ class StoreCollector:
                 fam.add_metric([str(index), uuids[index], self.hostname, user], used)
         return fam
 
-    def _run_families(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> list:
+    def _run_families(self, conn: Connection, newest_gpu_ms: int | None) -> list[Metric]:
         """Only running runs: finished ones would grow the series count without bound."""
         tps = _family(
             "gpuwatch_run_tokens_per_second", "Tokens per second of the run's last step.", RUN_LABELS
@@ -352,35 +359,36 @@ class StoreCollector:
         peak = _family("gpuwatch_run_peak_memory_bytes", "Peak CUDA memory of the run so far.", RUN_LABELS)
         step = _family("gpuwatch_run_step", "Last step the run reported.", RUN_LABELS)
         active: dict[str, tuple[list[str], int]] = {}
-        for run_id, name, user, job_id, rank, started_ms in conn.execute(_RUNS_SQL).fetchall():
+        for run in running_runs(conn):
+            run_id = run.run_id
             labels = [
                 run_id,
-                name or "",
-                user or "",
-                job_id or run_id,
-                "" if rank is None else str(rank),
+                run.name or "",
+                run.user or "",
+                run.job_id or run_id,
+                "" if run.rank is None else str(run.rank),
                 self.hostname,
             ]
-            active[run_id] = labels, started_ms
-            last = conn.execute(_LAST_STEP_SQL, (run_id,)).fetchone()
+            active[run_id] = labels, run.started_ms
+            last = scrape.last_step(conn, run_id)
             if last is None:
                 continue
-            step.add_metric(labels, last[0])
-            if last[1] is not None:
-                tps.add_metric(labels, last[1])
+            step.add_metric(labels, last.step)
+            if last.tokens_per_s is not None:
+                tps.add_metric(labels, last.tokens_per_s)
             peak_bytes = self._peak(conn, run_id)
             if peak_bytes is not None:
                 peak.add_metric(labels, peak_bytes)
         for gone in set(self._peaks) - active.keys():
             del self._peaks[gone]
         counts = _family("gpuwatch_runs", "Runs in the database by status.", ("status",))
-        for status, n in conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status"):
+        for status, n in scrape.runs_by_status(conn).items():
             counts.add_metric([status], n)
         return [tps, peak, step, counts, self._energy_family(conn, active, newest_gpu_ms)]
 
     def _energy_family(
-        self, conn: sqlite3.Connection, active: dict[str, tuple[list[str], int]], newest_gpu_ms: int | None
-    ) -> object:
+        self, conn: Connection, active: dict[str, tuple[list[str], int]], newest_gpu_ms: int | None
+    ) -> Metric:
         """Joules of each running run's share of its GPUs (store/energy.py), folded from the
         samples stored since the last scrape up to the newest GPU sample."""
         from prometheus_client.core import CounterMetricFamily
@@ -406,7 +414,7 @@ class StoreCollector:
             return fam  # still catching up: no partial figure that would later jump
         try:
             ledger.fold(conn, newest_gpu_ms + 1)
-        except sqlite3.Error:
+        except SQLiteError:
             self._energy = self._catch_up = None  # half folded: start again from the runs' starts
             raise
         for gone in set(ledger.joules) - active.keys():
@@ -429,30 +437,28 @@ class StoreCollector:
         try:
             while ledger.until_ms < until_ms and not self._closing.is_set():
                 ledger.fold(conn, min(until_ms, ledger.until_ms + ENERGY_CATCH_UP_MS))
-        except sqlite3.Error:
+        except SQLiteError:
             self._catch_up = None
             return
         finally:
             conn.close()
         self._energy = ledger
 
-    def _peak(self, conn: sqlite3.Connection, run_id: str) -> int | None:
+    def _peak(self, conn: Connection, run_id: str) -> int | None:
         seen, best = self._peaks.get(run_id, (-1, None))
-        new_last, new_peak = conn.execute(_PEAK_SINCE_SQL, (run_id, seen)).fetchone()
-        if new_last is not None:
-            if new_peak is not None and (best is None or new_peak > best):
-                best = new_peak
-            self._peaks[run_id] = (new_last, best)
+        new = scrape.steps_after(conn, run_id, seen)
+        if new.last_step is not None:
+            if new.peak_bytes is not None and (best is None or new.peak_bytes > best):
+                best = new.peak_bytes
+            self._peaks[run_id] = (new.last_step, best)
         return best
 
-    def _host_families(self, conn: sqlite3.Connection, newest_gpu_ms: int | None) -> list:
-        # Not past now: samples stamped before the wall clock stepped back are not the newest.
-        upto = now_ms() + STEP_TOLERANCE_MS
-        families = [self._last_sample(conn, newest_gpu_ms, upto)]
-        newest = "WHERE ts_ms <= ? ORDER BY ts_ms DESC LIMIT 1"
-        host = conn.execute(f"SELECT * FROM host_samples {newest}", (upto,))
+    def _host_families(self, conn: Connection, newest_gpu_ms: int | None) -> list[Metric]:
+        # The newest up to now: samples stamped before the wall clock stepped back are not.
+        host = queries.latest_host_sample(conn)
+        families = [self._last_sample(newest_gpu_ms, None if host is None else host.ts_ms)]
         families += _row_families(host, HOST_FIELDS, now_ms() - self.stale_after_ms)
-        stats = conn.execute(f"SELECT * FROM daemon_stats {newest}", (upto,))
+        stats = queries.latest_daemon_stats(conn)
         families += _row_families(stats, DAEMON_FIELDS, now_ms() - self.stale_after_ms)
         size = _family("gpuwatch_database_size_bytes", "Database file plus its write-ahead log.", ())
         size.add_metric(
@@ -461,16 +467,14 @@ class StoreCollector:
         families.append(size)
         return families
 
-    def _alerts_family(self, conn: sqlite3.Connection) -> object:
+    def _alerts_family(self, conn: Connection) -> Metric:
         """gpuwatch_alerts_total{kind}: alerts written (one per incident), every kind present."""
         from prometheus_client.core import CounterMetricFamily
 
         from gpuwatch.alerts import KINDS
 
         counts = dict.fromkeys(KINDS, 0)
-        counts.update(
-            conn.execute("SELECT kind, count(*) FROM alerts GROUP BY kind")
-        )  # (kind, incident) index
+        counts.update(scrape.alerts_by_kind(conn))
         fam = CounterMetricFamily(
             "gpuwatch_alerts", "Alerts written, one per incident, by kind.", labels=["kind", "Hostname"]
         )
@@ -478,12 +482,9 @@ class StoreCollector:
             fam.add_metric([kind, self.hostname], n)
         return fam
 
-    def _last_sample(self, conn: sqlite3.Connection, newest_gpu_ms: int | None, upto: int) -> object:
+    def _last_sample(self, newest_gpu_ms: int | None, host_ms: int | None) -> Metric:
         """When this host last stored a sample: with `up`, a fleet view says since when a host
         is unreachable or its daemon stopped sampling."""
-        host_ms = conn.execute("SELECT max(ts_ms) FROM host_samples WHERE ts_ms <= ?", (upto,)).fetchone()[
-            0
-        ]  # one seek
         newest = max((t for t in (newest_gpu_ms, host_ms) if t is not None), default=None)
         fam = _family(
             "gpuwatch_host_last_sample_timestamp_seconds",
@@ -494,10 +495,10 @@ class StoreCollector:
             fam.add_metric([self.hostname], newest / 1000)
         return fam
 
-    def _extra_families(self) -> list:
+    def _extra_families(self) -> list[Metric]:
         if self.extra is None:
             return []
-        families = []
+        families: list[Metric] = []
         for key, value in sorted(self.extra().items()):
             kind = "counter" if key.endswith("_total") else "gauge"
             fam = _family(f"gpuwatch_daemon_{key}", f"Daemon figure '{key}'.", (), kind)
@@ -506,7 +507,7 @@ class StoreCollector:
         return families
 
 
-def _add_mig_series(conn: sqlite3.Connection, families: list, labels_by_gpu: dict[int, list[str]]) -> None:
+def _add_mig_series(conn: Connection, families: list[Metric], labels_by_gpu: dict[int, list[str]]) -> None:
     """A series per GPU instance of each GPU in labels_by_gpu (the fresh ones) on MIG_FIELDS'
     families. The compute instances of one GPU instance share its memory: its first one's is
     taken, and utilisation only when there is one (most drivers give none on MIG anyway)."""
@@ -524,11 +525,11 @@ def _add_mig_series(conn: sqlite3.Connection, families: list, labels_by_gpu: dic
                 by_name[name].add_sample(name, labels, value * scale)
 
 
-def _prof_families(conn: sqlite3.Connection, labels_by_gpu: dict[int, list[str]], fresh_after: int) -> list:
+def _prof_families(conn: Connection, labels_by_gpu: dict[int, list[str]], fresh_after: int) -> list[Metric]:
     """PROF_FIELDS' families: a series per fresh GPU with a recent GPM sample; none elsewhere
     (a GPU without GPM has no such series, as under dcgm-exporter)."""
     latest = queries.latest_gpu_prof_samples(conn, fresh_after)
-    families = []
+    families: list[Metric] = []
     for name, column, doc in PROF_FIELDS:
         fam = _family(name, doc, GPU_LABELS)
         for gpu, sample in latest.items():
@@ -539,18 +540,20 @@ def _prof_families(conn: sqlite3.Connection, labels_by_gpu: dict[int, list[str]]
     return families
 
 
-def _row_families(cur: sqlite3.Cursor, fields, min_ts_ms: int) -> list:
-    row = cur.fetchone()
-    if row is None:
+def _row_families(
+    row: queries.HostSample | queries.DaemonStats | None,
+    fields: tuple[tuple[str, str, float, str], ...],
+    min_ts_ms: int,
+) -> list[Metric]:
+    """A family for each of `fields` the row has a value of; none for a stale row."""
+    if row is None or row.ts_ms < min_ts_ms:
         return []
-    data = dict(zip([d[0] for d in cur.description], row))
-    if data["ts_ms"] < min_ts_ms:
-        return []
-    families = []
+    families: list[Metric] = []
     for name, column, scale, doc in fields:
-        if data.get(column) is not None:
+        value = getattr(row, column)
+        if value is not None:
             fam = _family(name, doc, ())
-            fam.add_metric([], data[column] * scale)
+            fam.add_metric([], value * scale)
             families.append(fam)
     return families
 
@@ -579,7 +582,7 @@ class MetricsServer:
     host: str
     port: int  # the bound port (useful when asked for port 0)
     collector: StoreCollector
-    _httpd: object
+    _httpd: WSGIServer
     _thread: threading.Thread
 
     @property
@@ -596,7 +599,7 @@ class MetricsServer:
 
 def start_metrics_server(
     listen: str,
-    db_path,
+    db_path: str | os.PathLike[str],
     extra: Callable[[], Mapping[str, float]] | None = None,
     stale_after_s: float = 60.0,
     hostname: str | None = None,

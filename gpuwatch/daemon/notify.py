@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from typing import Mapping
 
 log = logging.getLogger(__name__)
 
 
 class Notifier:
-    def __init__(self, environ=None):
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         env = os.environ if environ is None else environ
         name = env.get("NOTIFY_SOCKET", "")
         self.address: str | bytes | None = None
@@ -37,7 +38,7 @@ class Notifier:
 
     def send(self, *fields: str) -> bool:
         """Send 'KEY=value' fields in one datagram; True if it went out."""
-        if self._sock is None:
+        if self._sock is None or self.address is None:  # the socket exists only with an address
             return False
         message = "\n".join(f.replace("\n", " ") for f in fields).encode()
         try:

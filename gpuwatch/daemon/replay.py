@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from gpuwatch import protocol
 from gpuwatch.store import StoreError, open_rw
@@ -30,7 +30,7 @@ BUSY_SHARE = 0.5  # at most this share of the time writing, the rest paused
 NICE = 19  # the lowest: a replay can wait, the GPU readers cannot
 
 
-def replay(f, conn: Connection, peer: Peer) -> dict:
+def replay(f: IO[bytes], conn: Connection, peer: Peer) -> dict[str, Any]:
     """Store the events of the open file `f` a batch at a time; `complete` False if the
     database refused a batch (the file stays and is replayed whole later: idempotent)."""
     stored = unreadable = refused = 0

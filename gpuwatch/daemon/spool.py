@@ -32,7 +32,7 @@ from typing import IO
 
 from gpuwatch.base import priority, spool
 from gpuwatch.base.config import Config
-from gpuwatch.daemon.ingest import user_name
+from gpuwatch.base.unix_socket import user_name
 from gpuwatch.monitor.periodic import Periodic
 from gpuwatch.store import Writer
 

@@ -8,7 +8,7 @@ job is its job id: its ranks' series from every host sum to the job's tokens/s.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the TUI's Fleet screen imports these values; HTTP only where it is used
     from gpuwatch.fleet.prometheus import Prometheus
@@ -110,7 +110,7 @@ class Fleet:
     jobs: tuple[FleetJob, ...] = ()
 
 
-def _target(metric: dict) -> tuple[str, str]:
+def _target(metric: dict[str, str]) -> tuple[str, str]:
     return metric.get("job", ""), metric.get("instance", "")
 
 
@@ -150,8 +150,10 @@ def read_fleet(prom: Prometheus, jobs: bool = False) -> Fleet:
     return Fleet(prom.url, at_s, tuple(hosts), tuple(gpus), _jobs(run_series, names, set(targets)))
 
 
-def _gpus(series: list[dict], names: dict, targets: set) -> list[FleetGpu]:
-    values: dict[tuple[str, str], dict] = {}
+def _gpus(
+    series: list[dict[str, Any]], names: dict[tuple[str, str], str], targets: set[tuple[str, str]]
+) -> list[FleetGpu]:
+    values: dict[tuple[str, str], dict[str, Any]] = {}
     for r in series:
         m = r["metric"]
         if _target(m) not in targets or "gpu" not in m:
@@ -197,8 +199,10 @@ def _gpus(series: list[dict], names: dict, targets: set) -> list[FleetGpu]:
     return gpus
 
 
-def _jobs(series: list[dict], names: dict, targets: set) -> tuple[FleetJob, ...]:
-    ranks: dict[tuple[str, str], dict] = {}  # (host, run_id) -> its values and labels
+def _jobs(
+    series: list[dict[str, Any]], names: dict[tuple[str, str], str], targets: set[tuple[str, str]]
+) -> tuple[FleetJob, ...]:
+    ranks: dict[tuple[str, str], dict[str, Any]] = {}  # (host, run_id) -> its values and labels
     for r in series:
         m = r["metric"]
         if _target(m) not in targets or "run_id" not in m:

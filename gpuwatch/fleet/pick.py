@@ -9,7 +9,7 @@ from the store; fleet-wide from Prometheus (`*_over_time` over the same window).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuwatch.fleet.prometheus import Prometheus
 from gpuwatch.store.gpu_windows import gpu_windows
@@ -61,7 +61,10 @@ def choose(
             misfits[why] = misfits.get(why, 0) + 1
         else:
             fitting.setdefault(c.host, []).append(c)
-    best = lambda c: (-(c.free_bytes or 0), c.util_pct or 0.0, c.index)  # noqa: E731
+
+    def best(c: Candidate) -> tuple[int, float, int]:
+        return -(c.free_bytes or 0), c.util_pct or 0.0, c.index
+
     groups = [sorted(gs, key=best)[:count] for gs in fitting.values() if len(gs) >= count]
     if not groups:
         why = ", ".join(f"{n} {reason}" for reason, n in sorted(misfits.items(), key=lambda kv: -kv[1]))
@@ -95,13 +98,13 @@ def fleet_candidates(prom: Prometheus, window_s: int) -> list[Candidate]:
         ]
     )
 
-    def key(r: dict) -> tuple[str, str, str]:
+    def key(r: dict[str, Any]) -> tuple[str, str, str]:
         m = r["metric"]
         return m.get("instance", ""), m.get("Hostname", ""), m.get("gpu", "")
 
     free_by = {key(r): r["value"][1] for r in free}
     util_by = {key(r): r["value"][1] for r in util}
-    users_by: dict[tuple, set[str]] = {}
+    users_by: dict[tuple[str, str, str], set[str]] = {}
     for r in users:
         users_by.setdefault(key(r), set()).add(r["metric"].get("user", "?"))
     out = []

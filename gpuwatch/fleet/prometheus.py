@@ -14,6 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any
 
 DEFAULT_TIMEOUT_S = 3.0
 
@@ -41,11 +42,11 @@ class Prometheus:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def query(self, promql: str, at_s: float | None = None) -> list[dict]:
+    def query(self, promql: str, at_s: float | None = None) -> list[dict[str, Any]]:
         """One instant query: the result vector, each item {"metric": {...}, "value": [t, "v"]}."""
         return self.query_many([promql], at_s)[0]
 
-    def query_many(self, promqls: list[str], at_s: float | None = None) -> list[list[dict]]:
+    def query_many(self, promqls: list[str], at_s: float | None = None) -> list[list[dict[str, Any]]]:
         """Instant queries evaluated at one time (now, or `at_s`), concurrently, in one deadline."""
         futures = [self._pool.submit(self._get, q, at_s) for q in promqls]
         done, late = wait(futures, timeout=self.timeout_s)
@@ -55,7 +56,7 @@ class Prometheus:
             raise PrometheusError(f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s")
         return [f.result() for f in futures]
 
-    def _get(self, promql: str, at_s: float | None) -> list[dict]:
+    def _get(self, promql: str, at_s: float | None) -> list[dict[str, Any]]:
         params = {"query": promql}
         if at_s is not None:
             params["time"] = f"{at_s:.3f}"

@@ -4,3 +4,9 @@ bootstrap that `gpuwatch run` puts on a child's import path (`bootstrap/`, `auto
 Each turns a framework's own events into `gpuwatch.client.Run` calls; nothing here imports a
 framework until the user's program has.
 """
+
+import os
+
+# What `gpuwatch run` links into a Python child's import path; here, not in autohook, so that the
+# wrapper finds it without importing the client before it spawns the program.
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")

@@ -89,6 +89,15 @@ def _is_scalar_float(value) -> bool:
     return getattr(dtype, "is_floating_point", False) and getattr(value, "ndim", None) == 0
 
 
+def sum_losses(losses: list):
+    """The sum of a non-empty list of losses (tensors or floats), as it is in the list when alone:
+    not sum(), whose int start costs a tensor op."""
+    total = losses[0]
+    for loss in losses[1:]:
+        total = total + loss
+    return total
+
+
 class StepTally:
     """Tokens, samples and losses of the micro-batches since the last optimiser step. A loss is
     the one the model returned or, when it returned none, the scalar the program called
@@ -136,9 +145,7 @@ class StepTally:
         losses = self._losses or self._roots
         if not losses:
             return None
-        total = losses[0]  # not sum(): its int start costs a tensor op, as a division by 1 would
-        for loss in losses[1:]:
-            total = total + loss
+        total = sum_losses(losses)  # (not divided by 1: a tensor op)
         if self._summed or not self._losses or len(losses) == 1:
             return total
         return total / len(losses)

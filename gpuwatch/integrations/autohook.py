@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 import weakref
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from gpuwatch.client import run as run_mod
 from gpuwatch.integrations.accounting import (
@@ -41,12 +43,12 @@ from gpuwatch.integrations.accounting import (
     plain_config,
     precision_of,
     sequence_first,
+    sum_losses,
 )
 from gpuwatch.integrations.iteration import OptimizerCycle, StepSplit, name_optimizers
 
 # "0" (or false/no/off): the bootstrap leaves the program alone; `gpuwatch run --no-instrument`.
 ENV_INSTRUMENT = "GPUWATCH_INSTRUMENT"
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 
 _active: "AutoInstrument | None" = None
 # Iterations in a row whose every backward() ran through the model's output, once per forward of
@@ -61,6 +63,44 @@ def _note_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_note_fork)  # DataLoader workers: cheaper than getpid() per call
+
+
+class Candidate(NamedTuple):
+    """A top-level training module of the first iteration, until the model is chosen."""
+
+    module: Any
+    tally: StepTally
+    seq_first: bool  # it takes (seq_len, batch) inputs
+
+
+class Framework(NamedTuple):
+    """The model a framework callback records (see stand_aside), and the tally it reads."""
+
+    model: Any
+    tally: StepTally | None
+
+
+class Scaled(NamedTuple):
+    """GradScaler.scale's latest scalar output (weakly) and the scale it applied."""
+
+    output: weakref.ref
+    scale: Any
+
+
+class Patch(NamedTuple):
+    """A torch function we wrapped, to put back at switch-off."""
+
+    owner: Any
+    name: str
+    original: Any
+
+
+@dataclass(slots=True)
+class Closure:
+    """This step's closure (LBFGS): how often it was evaluated, and its first result."""
+
+    evals: int = 0
+    first: Any = None
 
 
 def install(torch) -> "AutoInstrument | None":
@@ -94,13 +134,13 @@ class AutoInstrument:
         self.name: str | None = None  # of the runs these hooks start (gpuwatch.autolog's name=)
         self.model = None  # the outermost module, once found
         self.tally = StepTally()
-        self._candidates: dict[int, tuple] = {}  # id(module) -> (module, its tally), until found
+        self._candidates: dict[int, Candidate] = {}  # by id(module), until the model is found
         self._pre_id = self._post_id = None
         self._seq_first = False  # the model takes (seq_len, batch) inputs
         self._handles: list = []
         self._fpt = None
         self._off = False
-        self._framework = None  # (model, tally): a framework callback records this training
+        self._framework: Framework | None = None  # a framework callback records this training
         self._optimizer_made: bool | None = None  # decided at the first backward through the model
         self._through_model = False  # the running backward reached the model's output
         self._backward_depth = 0  # reentrant checkpointing runs backward() inside a backward
@@ -108,15 +148,15 @@ class AutoInstrument:
         self._unreached = False  # one of them did not run through the model's output
         self._clean = 0  # iterations in a row like TRUSTED_AFTER says; -1: one broke the pattern since
         self._open = None  # the module whose top-level forward is under way
-        self._scaled = None  # (weakref to GradScaler.scale's output, the scale it applied)
-        self._patched: list = []  # (owner, name, original): torch functions we wrapped
+        self._scaled: Scaled | None = None
+        self._patched: list[Patch] = []
         self._out_of_dynamo = False  # our hooks run eagerly even when called from compiled code
         self._forks = _forks
         self._optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimiser made since install
         self._cycle = OptimizerCycle()
         self._trained: list = []  # weakrefs to the top-level modules trained in the first iteration
         self._segment: list = []  # backward() roots since the last optimiser step (unscaled)
-        self._closure: list | None = None  # [evaluations, first result] of this step's closure
+        self._closure: Closure | None = None
         self._reevaluating = False  # a closure optimiser's second or later evaluation runs
         self.split = StepSplit()
         self._aside_open = False  # an evaluation forward or a save is timed as such
@@ -131,9 +171,13 @@ class AutoInstrument:
         from torch.optim import optimizer as optim_module
 
         self._nn = nn_module
-        self._compiling = self.torch.compiler.is_compiling  # looked up once: every forward asks
-        pre = nn_module.register_module_forward_pre_hook(self._enter)
-        post = nn_module.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True)
+        # Looked up once: every top-level forward asks (and a bound method is a new object each time).
+        self._compiling = self.torch.compiler.is_compiling
+        self._tracing = self.torch._C._get_tracing_state
+        self._grad_enabled = self.torch.is_grad_enabled
+        self._enter_hook, self._leave_hook = self._enter, self._leave
+        pre = nn_module.register_module_forward_pre_hook(self._enter_hook)
+        post = nn_module.register_module_forward_hook(self._leave_hook, with_kwargs=True, always_call=True)
         self._pre_id, self._post_id = pre.id, post.id
         self._handles = [
             pre,
@@ -156,7 +200,7 @@ class AutoInstrument:
     def _patch(self, owner, name: str, wrap) -> None:
         original = getattr(owner, name, None)
         if original is not None:
-            self._patched.append((owner, name, original))
+            self._patched.append(Patch(owner, name, original))
             setattr(owner, name, wrap(original))
 
     def switch_off(self, error: BaseException | None = None) -> None:
@@ -194,7 +238,7 @@ class AutoInstrument:
         no steps of ours, only count that model's training forwards into `tally` when given (the
         callback then puts no hook on the model), and tell `run` the first one's shape (for an
         OOM postmortem). stand_aside() again when the training ends."""
-        self._framework = None if model is None else (model, tally)
+        self._framework = None if model is None else Framework(model, tally)
         self._framework_run = run
         self.split.restart()
         self._candidates.clear()
@@ -239,25 +283,24 @@ class AutoInstrument:
     # While a top-level forward runs, our global hooks are out of torch's tables and a one-shot
     # hook on the called module (under the same id) brings them back when it returns or raises.
     def _enter(self, module, args) -> None:
-        torch = self.torch
-        if self._compiling() or torch._C._get_tracing_state() or not self._ours():
+        if self._compiling() or self._tracing() or not self._ours():
             return  # traced by dynamo, jit or export: a no-op, leaving nothing in the graph
         nn = self._nn
         post_id = self._post_id
         nn._global_forward_pre_hooks.pop(self._pre_id, None)
         nn._global_forward_hooks.pop(post_id, None)
-        module._forward_hooks[post_id] = self._leave
+        module._forward_hooks[post_id] = self._leave_hook
         module._forward_hooks_with_kwargs[post_id] = True
         module._forward_hooks_always_called[post_id] = True
         self._open = module
         try:
-            if not (module.training and torch.is_grad_enabled()):
+            if not (module.training and self._grad_enabled()):
                 # An evaluation forward of a trained model, between two steps: time of its own.
                 if self._trains(module) and self.split.aside_begin():
                     self._aside_open = True
                 return
             if self._framework is not None:
-                if module is self._framework[0]:
+                if module is self._framework.model:
                     self._training_began()
                 return
             if self.model is None or module is self.model:
@@ -282,7 +325,7 @@ class AutoInstrument:
     def _trains(self, module) -> bool:
         """Whether `module` is one the program trains (its model, a GAN's other module, the
         framework's model)."""
-        if module is self.model or (self._framework is not None and module is self._framework[0]):
+        if module is self.model or (self._framework is not None and module is self._framework.model):
             return True
         return any(ref() is module for ref in self._trained)
 
@@ -302,7 +345,7 @@ class AutoInstrument:
         if self._aside_open:
             self._aside_open = False
             self.split.aside_end()
-        if not (module.training and self.torch.is_grad_enabled()) or self._reevaluating:
+        if not (module.training and self._grad_enabled()) or self._reevaluating:
             return  # (a closure's re-evaluations: the step's inputs were counted at the first)
         try:
             if self._framework is not None:  # the framework's steps: its callback reads this tally
@@ -336,11 +379,11 @@ class AutoInstrument:
         except Exception as e:  # noqa: BLE001 — never the user's problem
             self.switch_off(e)
 
-    def _candidate(self, module, args, kwargs) -> tuple:
+    def _candidate(self, module, args, kwargs) -> Candidate:
         """A top-level training module of the first iteration; the first one also completes the
         run's shape (inputs given by keyword are seen only here, before an OOM reaches the run)."""
         inner = getattr(module, "_orig_mod", module)
-        candidate = self._candidates[id(module)] = (module, StepTally(), sequence_first(inner))
+        candidate = self._candidates[id(module)] = Candidate(module, StepTally(), sequence_first(inner))
         if self.run is not None and len(self._candidates) == 1:
             shape = model_shape(inner, *find_tokens(args, kwargs))
             self.run.note_shape(shape.get("batch"), shape.get("seq_len"))
@@ -364,8 +407,8 @@ class AutoInstrument:
         if nn is None or self._off:
             return
         # (Setting a key that is there keeps its place: no need to look first.)
-        nn._global_forward_pre_hooks[self._pre_id] = self._enter
-        nn._global_forward_hooks[self._post_id] = self._leave
+        nn._global_forward_pre_hooks[self._pre_id] = self._enter_hook
+        nn._global_forward_hooks[self._post_id] = self._leave_hook
 
     def _wrap_has_any_global_hook(self, original):
         """torch.compile(module) warns about global hooks firing for its wrapper: ours know it."""
@@ -432,8 +475,10 @@ class AutoInstrument:
         not a loss module called beside it)."""
         if not self._candidates:
             return False
-        module, tally, seq_first = max(self._candidates.values(), key=lambda c: _n_params(c[0].parameters()))
-        self._trained = [weakref.ref(c[0]) for c in self._candidates.values()]
+        module, tally, seq_first = max(
+            self._candidates.values(), key=lambda c: _n_params(c.module.parameters())
+        )
+        self._trained = [weakref.ref(c.module) for c in self._candidates.values()]
         self._candidates.clear()
         self.model, self.tally, self._seq_first = module, tally, seq_first
         self._fpt = flops_per_token(getattr(module, "_orig_mod", module))
@@ -447,7 +492,8 @@ class AutoInstrument:
         def recorded_backward(tensors, *args, **kwargs):
             if self._backward_depth:  # a reentrant checkpoint's inner backward: not an iteration
                 return backward(tensors, *args, **kwargs)
-            self._unstrand()
+            if self._open is not None:
+                self._unstrand()
             self._through_model = False
             self._backwards += 1
             self._backward_depth = 1
@@ -455,8 +501,11 @@ class AutoInstrument:
                 result = backward(tensors, *args, **kwargs)
             finally:
                 self._backward_depth = 0
-            if (self._optimizer_made or self._optimizers) and self._framework is None and _is_scalar(tensors):
-                self._add_segment_root(tensors)
+            loss = None  # the root, detached and unscaled once: the segment's and the tally's
+            if self._framework is None and _is_scalar(tensors):
+                loss = self._unscaled(tensors)
+                if self._optimizer_made or self._optimizers:
+                    self._add_segment_root(loss)
             if self._clean >= TRUSTED_AFTER:  # unchecked: the root counts when a forward awaits it
                 self._through_model = self._backwards <= self.tally.forwards
             elif not self._through_model:
@@ -465,7 +514,7 @@ class AutoInstrument:
                 self._through_model = True  # no training forward seen at all: see _step_unseen
             if self._through_model and self._framework is None and self._ours():
                 try:
-                    self._after_backward(tensors)
+                    self._after_backward(loss)
                 except Exception as e:  # noqa: BLE001
                     self.switch_off(e)
             return result
@@ -473,17 +522,17 @@ class AutoInstrument:
         recorded_backward.__wrapped__ = backward
         return recorded_backward
 
-    def _after_backward(self, root) -> None:
-        """A backward through the model ended: its root is the loss (when the model returned
-        none); without any optimiser in the program, this ends the iteration."""
+    def _after_backward(self, loss) -> None:
+        """A backward through the model ended: its root (`loss`, unscaled, None when not a
+        scalar) is the loss when the model returned none; without any optimiser in the program,
+        this ends the iteration."""
         self._through_model = False
-        if _is_scalar(root):
-            loss = self._unscaled(root)
+        if loss is not None:
             if self.model is not None or not self._candidates:  # (none: see _step_unseen)
                 self.tally.add_root(loss)
             else:
-                for _, tally, _ in self._candidates.values():
-                    tally.add_root(loss)
+                for candidate in self._candidates.values():
+                    candidate.tally.add_root(loss)
         if self._optimizer_made is None:
             self._optimizer_made = _any_optimizer_made(self.torch)
         if (
@@ -497,33 +546,26 @@ class AutoInstrument:
         """A scalar backward() root, detached, with GradScaler's scale undone."""
         loss = root.detach()
         scaled = self._scaled
-        if scaled is not None and scaled[0]() is root:
-            loss = loss / scaled[1]
+        if scaled is not None and scaled.output() is root:
+            loss = loss / scaled.scale
         return loss
 
-    def _add_segment_root(self, root) -> None:
+    def _add_segment_root(self, loss) -> None:
         segment = self._segment
-        segment.append(self._unscaled(root))
+        segment.append(loss)
         if len(segment) > 64:  # a long accumulation: keep the sum, not every root
-            segment[:] = [self._sum(segment)]
+            segment[:] = [sum_losses(segment)]
 
-    @staticmethod
-    def _sum(losses):
-        total = losses[0]  # not sum(): its int start costs a tensor op
-        for loss in losses[1:]:
-            total = total + loss
-        return total
-
-    def _segment_loss(self):
-        """(the loss of the optimiser step that just ran, closure evaluations or None): a closure's
-        first evaluation (what step(closure) returned), else the sum of the backward() roots since
-        the previous optimiser step (a GAN's errD_real + errD_fake)."""
+    def _segment_loss(self, closure: Closure | None):
+        """The loss of the optimiser step that just ran: its closure's first evaluation (what
+        step(closure) returned), else the backward() roots since the previous optimiser step (a
+        GAN's errD_real + errD_fake), a list the cycle sums only when it reads it: with one
+        optimiser, nobody does, and a gradient accumulation's roots cost no tensor op."""
         roots, self._segment = self._segment, []
-        closure, self._closure = self._closure, None
-        if closure is not None and closure[0]:
-            first = closure[1]
-            return (first.detach() if hasattr(first, "detach") else first), closure[0]
-        return (self._sum(roots) if roots else None), None
+        if closure is not None and closure.evals:
+            first = closure.first
+            return first.detach() if hasattr(first, "detach") else first
+        return roots or None
 
     def _expected(self) -> bool:
         """Whether an optimiser over a module trained so far has not stepped yet (the first
@@ -570,14 +612,14 @@ class AutoInstrument:
             if losses:  # `loss` is the first optimiser's of the cycle (a GAN's D)
                 fields["loss"] = next(iter(losses.values()))
         else:
-            self._cycle.take()
+            self._cycle.next_iteration()
         self.run.step(**fields, losses=losses, split=split)
 
     def _step_unseen(self, optimizer, loss, evals) -> None:
         """An optimiser step after a backward, with no training forward of any module seen: the
         model runs inside a function compiled whole (`torch.compile(train_step)`), or there is no
         module. A step all the same, with the loss backward() was called on, without tokens."""
-        if not self._cycle.stepped(optimizer, loss, lambda: False):
+        if not self._cycle.stepped(optimizer, loss, _never):
             return
         if not self._backwards:
             return  # no backward since the last step: nothing trained
@@ -603,7 +645,7 @@ class AutoInstrument:
             scaled = scale(scaler, outputs)
             try:
                 if _is_scalar(scaled) and getattr(scaler, "_scale", None) is not None:
-                    self._scaled = (weakref.ref(scaled), scaler._scale.detach().clone())
+                    self._scaled = Scaled(weakref.ref(scaled), scaler._scale.detach().clone())
             except Exception as e:  # noqa: BLE001
                 self.switch_off(e)
             return scaled
@@ -617,18 +659,18 @@ class AutoInstrument:
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: the optimiser
         if not callable(closure) or self._framework is not None or not self._ours():
             return None
-        evals = self._closure = [0, None]
+        counted = self._closure = Closure()
 
         def counted_closure(*c_args, **c_kwargs):
-            first = not evals[0]
-            evals[0] += 1
+            first = not counted.evals
+            counted.evals += 1
             self._reevaluating = not first
             try:
                 result = closure(*c_args, **c_kwargs)
             finally:
                 self._reevaluating = False
             if first:
-                evals[1] = result
+                counted.first = result
             return result
 
         if "closure" in kwargs:
@@ -636,12 +678,15 @@ class AutoInstrument:
         return (args[0], counted_closure, *args[2:]), kwargs
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        self._unstrand()
+        if self._open is not None:
+            self._unstrand()
         if self._framework is not None or not self._ours():
             return
         try:
             self._optimizer_made = True
-            loss, evals = self._segment_loss()
+            closure, self._closure = self._closure, None
+            loss = self._segment_loss(closure)
+            evals = closure.evals if closure is not None and closure.evals else None
             if self.model is None and not self._choose_model():
                 self._step_unseen(optimizer, loss, evals)
                 return
@@ -729,6 +774,10 @@ class AutoInstrument:
         recorded_generate.__wrapped__ = generate
         recorded_generate.__doc__ = generate.__doc__
         return recorded_generate
+
+
+def _never() -> bool:
+    return False
 
 
 def _n_params(params) -> int:

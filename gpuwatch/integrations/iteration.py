@@ -11,6 +11,8 @@ import time
 from types import FrameType
 from typing import Any, Callable, Iterable
 
+from gpuwatch.integrations.accounting import sum_losses
+
 # Optimiser steps past a cycle's length with no end of it: the program changed its optimisers
 # (a new one replaces an old one still alive); the cycle is learnt again from those steps.
 RELEARN_AFTER = 16
@@ -31,8 +33,9 @@ class OptimizerCycle:
         self._losses: dict[int, Any] = {}  # id -> the loss of its latest step in that iteration
 
     def stepped(self, optimizer, loss, expected: Callable[[], bool]) -> bool:
-        """`optimizer` stepped after backward() roots summing to `loss` (None: none); whether the
-        iteration ends here. `expected()`: an optimiser still to step before a first cycle ends."""
+        """`optimizer` stepped with `loss` (None: none; a list: backward() roots, summed when
+        read); whether the iteration ends here. `expected()`: an optimiser still to step before a
+        first cycle ends."""
         key = id(optimizer)
         if key not in self.order:
             self.order.append(key)
@@ -56,13 +59,21 @@ class OptimizerCycle:
     def take(self) -> dict[str, Any]:
         """The ended iteration's loss of each optimiser that had one, by name, in cycle order."""
         losses = {
-            self.names.get(key) or f"opt{i}": self._losses[key]
+            self.names.get(key) or f"opt{i}": _summed(self._losses[key])
             for i, key in enumerate(self.order)
             if key in self._losses
         }
+        self.next_iteration()
+        return losses
+
+    def next_iteration(self) -> None:
+        """The iteration ended and its losses are not wanted (one optimiser: the step's own)."""
         self._open.clear()
         self._losses.clear()
-        return losses
+
+
+def _summed(loss):
+    return sum_losses(loss) if type(loss) is list else loss
 
 
 def program_name(obj, skip: tuple[str, ...] = ("torch", "gpuwatch")) -> str | None:
@@ -114,9 +125,9 @@ class StepSplit:
         self.loader_seen = False  # a DataLoader was iterated: data wait is the time inside it
         self.restart()
 
-    def restart(self) -> None:
-        """The interval of the next step begins now."""
-        self._since = self._clock()
+    def restart(self, now: float | None = None) -> None:
+        """The interval of the next step begins now (`now`: a clock reading just taken)."""
+        self._since = self._clock() if now is None else now
         self._loader = 0.0
         self._aside: list[float] | None = None  # [start, end, loader time at start, at end]
         self._compute: float | None = None
@@ -146,19 +157,21 @@ class StepSplit:
         """The shares (%) of the interval now ended, as step fields; and a new interval."""
         now = self._clock()
         total = now - self._since
-        aside = loader_aside = 0.0
-        if self._aside is not None and self._aside[1]:
-            aside, loader_aside = self._aside[1] - self._aside[0], self._aside[3] - self._aside[2]
         fields: dict[str, float] = {}
         if total > 0:
-
-            def share(seconds: float) -> float:
-                return min(100.0, max(0.0, 100.0 * seconds / total))
-
+            to_pct = 100.0 / total
+            aside = self._aside
+            aside_s = loader_aside = 0.0
+            if aside is not None and aside[1]:
+                aside_s, loader_aside = aside[1] - aside[0], aside[3] - aside[2]
             if self.loader_seen:
-                fields["data_wait_pct"] = share(self._loader - loader_aside)
-            fields["eval_pct"] = share(aside)
+                fields["data_wait_pct"] = _pct((self._loader - loader_aside) * to_pct)
+            fields["eval_pct"] = _pct(aside_s * to_pct)
             if self._compute is not None:
-                fields["compute_pct"] = share(now - self._compute)
-        self.restart()
+                fields["compute_pct"] = _pct((now - self._compute) * to_pct)
+        self.restart(now)
         return fields
+
+
+def _pct(value: float) -> float:
+    return 0.0 if value < 0.0 else 100.0 if value > 100.0 else value

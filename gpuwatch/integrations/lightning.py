@@ -2,6 +2,7 @@
 
 Steps are Lightning's optimiser steps (gradient accumulation counted once), tokens come from the
 batches, the loss is what training_step returned, the config is the module's hyperparameters.
+A validation loop run between two steps is the next step's evaluation time (its eval_pct).
 Under `gpuwatch run` the bootstrap adds this callback to every Trainer (`add_to_trainers`) and
 the zero-code hooks stand aside while it records the fit (Fabric loops go through the hooks).
 """
@@ -20,6 +21,7 @@ from gpuwatch.integrations.accounting import (
     plain_config,
     precision_of,
 )
+from gpuwatch.integrations.iteration import StepSplit
 
 
 class GpuwatchCallback(pl.Callback):
@@ -29,6 +31,7 @@ class GpuwatchCallback(pl.Callback):
         self._tally = StepTally()
         self._global_step = 0
         self._shaped = False  # the first batch's shape went to the run (for an OOM postmortem)
+        self._own_split = StepSplit()  # where a step's time went, with no zero-code hooks to say
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         config = dict(
@@ -47,13 +50,18 @@ class GpuwatchCallback(pl.Callback):
         self._global_step = trainer.global_step
         if autohook.active() is not None:
             autohook.active().stand_aside(pl_module)
+        self._split().restart()  # the first step is timed from here, as the run times it
+
+    def _split(self) -> StepSplit:
+        """The hooks' split under `gpuwatch run` (they also time the data loader), else our own."""
+        hooks = autohook.active()
+        return hooks.split if hooks is not None else self._own_split
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.run is None:
             return
         self.run.mark_compute()  # the batch is loaded: the time since the last step was data wait
-        if autohook.active() is not None:
-            autohook.active().split.compute_began()
+        self._split().compute_began()
         if not self._shaped:  # before the first forward: an OOM in it gets the full advice
             self._shaped = True
             self.run.note_shape(
@@ -71,8 +79,17 @@ class GpuwatchCallback(pl.Callback):
         )
         if trainer.global_step != self._global_step:  # an optimiser step ended this batch
             self._global_step = trainer.global_step
-            hooks = autohook.active()
-            self.run.step(**self._tally.take(), split=hooks.split.take() if hooks is not None else None)
+            self.run.step(**self._tally.take(), split=self._split().take())
+
+    # Lightning runs validation inside fit, after a step's batch: the next step's evaluation time
+    # (unless the step's compute began already: mid-accumulation, it is that compute's).
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if self.run is not None and not trainer.sanity_checking:
+            self._split().aside_begin()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.run is not None and not trainer.sanity_checking:
+            self._split().aside_end()
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self.run is not None:

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpuwatch.selftest import FAIL, OK, SKIPPED, Progress, Result, within
+from gpuwatch.selftest.result import FAIL, OK, SKIPPED, Progress, Result, within
 
 MiB = 2**20
 TIMING_TOLERANCE = 0.02  # CUDA-event step times vs synchronised wall time, and tracked vs untracked

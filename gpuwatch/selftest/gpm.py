@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from gpuwatch.selftest import FAIL, OK, SKIPPED, Result
+from gpuwatch.selftest.result import FAIL, OK, SKIPPED, Result
 
 CHECK = "GPM SM activity under a known load"
 BUSY_SM_ACTIVE_MIN = 70.0  # % of SMs busy during back-to-back 8192² bf16 matmuls

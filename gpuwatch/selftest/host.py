@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuwatch.selftest import FAIL, OK, SKIPPED, Result, within
+from gpuwatch.selftest.result import FAIL, OK, SKIPPED, Result, within
 
 MiB = 2**20
 

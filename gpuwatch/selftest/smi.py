@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import time
 
-from gpuwatch.selftest import FAIL, OK, SKIPPED, Result, within
+from gpuwatch.selftest.result import FAIL, OK, SKIPPED, Result, within
 
 MiB = 2**20
 # nvidia-smi field -> (our figure from a GpuSample / GpuStatic / persistence, converted to

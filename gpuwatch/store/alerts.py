@@ -111,3 +111,44 @@ def by_ids(conn: sqlite3.Connection, ids: list[int]) -> list[Alert]:
             for r in conn.execute(f"{_SELECT} WHERE id IN ({','.join('?' * len(chunk))}) ORDER BY id", chunk)
         ]
     return out
+
+
+def max_id(conn: sqlite3.Connection) -> int:
+    """The newest alert's id; 0 when there is none."""
+    newest: int = conn.execute("SELECT COALESCE(MAX(id), 0) FROM alerts").fetchone()[0]
+    return newest
+
+
+def any_for_run(conn: sqlite3.Connection, run_id: str, kinds: tuple[str, ...]) -> bool:
+    """Whether an alert of one of these kinds is stored for the run."""
+    marks = ",".join("?" * len(kinds))
+    sql = f"SELECT 1 FROM alerts WHERE run_id = ? AND kind IN ({marks}) LIMIT 1"
+    return conn.execute(sql, (run_id, *kinds)).fetchone() is not None
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """A run.stalled alert whose run stepped again since, with no run.recovered for it yet."""
+
+    incident: str
+    run_id: str
+    stalled_ms: int  # the run's last step before the stall
+    last_step_ms: int  # its newest step now
+    name: str | None
+    uid: int
+    user: str | None
+
+
+def recoveries(conn: sqlite3.Connection, host: str) -> list[Recovery]:
+    """The host's stalled runs that stepped again and have no run.recovered alert yet."""
+    return [
+        Recovery(*row)
+        for row in conn.execute(
+            "SELECT a.incident, a.run_id, json_extract(a.detail_json, '$.last_step_ms'), r.last_step_ms, "
+            "r.name, r.uid, r.user FROM alerts a JOIN runs r ON r.run_id = a.run_id "
+            "WHERE a.kind = 'run.stalled' AND a.host = ? AND r.last_step_ms > json_extract(a.detail_json, "
+            "'$.last_step_ms') AND NOT EXISTS (SELECT 1 FROM alerts b WHERE b.kind = 'run.recovered' "
+            "AND b.incident = a.incident)",
+            (host,),
+        )
+    ]

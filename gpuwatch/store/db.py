@@ -27,6 +27,11 @@ class StoreError(RuntimeError):
     """The database cannot be used as asked; the message is one line saying why."""
 
 
+# sqlite3's own base error (a locked, full or corrupt file), for the parts above the store that
+# must tell the database's trouble from their own without importing sqlite3.
+SQLiteError = sqlite3.Error
+
+
 class ReadConnection(sqlite3.Connection):
     """A read-only connection; `frozen` is True when opened as an immutable snapshot."""
 
@@ -169,8 +174,9 @@ def _connect_ro(path: Path, immutable: bool) -> ReadConnection:
     return conn
 
 
-def open_ro(path: str | os.PathLike[str]) -> ReadConnection:
-    """Open for reading only; works for users who cannot write the file or its directory."""
+def open_ro(path: str | os.PathLike[str], *, cache_kib: int | None = None) -> ReadConnection:
+    """Open for reading only; works for users who cannot write the file or its directory.
+    cache_kib: SQLite's page cache for this connection, if not its default (2 MB)."""
     path = Path(path)
     if not path.exists():
         raise StoreError(f"{path}: no such database (is the daemon running, or has a run been tracked?)")
@@ -198,4 +204,13 @@ def open_ro(path: str | os.PathLike[str]) -> ReadConnection:
             f"{path} has schema version {version}; open it once with the daemon "
             f"or a tracked run to upgrade it to {SCHEMA_VERSION}"
         )
+    if cache_kib is not None:
+        conn.execute(f"PRAGMA cache_size = -{int(cache_kib)}")
     return conn
+
+
+def data_version(conn: sqlite3.Connection) -> int:
+    """A number that changes whenever another connection commits to the file: a reader that
+    finds it unchanged may keep what it read last."""
+    version: int = conn.execute("PRAGMA data_version").fetchone()[0]
+    return version

@@ -319,6 +319,27 @@ def latest_host_sample(conn: sqlite3.Connection, now: int | None = None) -> Host
     return HostSample(*row) if row else None
 
 
+@dataclass(frozen=True)
+class DaemonStats:
+    """The monitor's own cost (a daemon_stats row)."""
+
+    ts_ms: int
+    cpu_pct: float | None
+    rss_bytes: int | None
+    tick_ms: float | None
+    queue_depth: int | None
+    dropped_events: int | None
+    db_bytes: int | None
+
+
+def latest_daemon_stats(conn: sqlite3.Connection, now: int | None = None) -> DaemonStats | None:
+    row = conn.execute(
+        f"SELECT {columns_of(DaemonStats)} FROM daemon_stats WHERE ts_ms <= :upto ORDER BY ts_ms DESC LIMIT 1",
+        _upto(now),
+    ).fetchone()
+    return DaemonStats(*row) if row else None
+
+
 def gpu_series(
     conn: sqlite3.Connection,
     gpu_index: int,
@@ -442,7 +463,7 @@ def gpu_processes(conn: sqlite3.Connection, now: int | None = None) -> list[GpuP
         "ORDER BY s.gpu_index, s.used_mem_bytes DESC, s.pid",
         _upto(now),
     ).fetchall()
-    names = _run_names(conn, {row[12] for row in rows if row[12]})
+    names = run_names(conn, {row[12] for row in rows if row[12]})
     return [GpuProcess(*[*row[:13], names.get(row[12]), *row[14:]]) for row in rows]
 
 
@@ -470,7 +491,8 @@ def mig_devices(conn: sqlite3.Connection, now: int | None = None) -> list[MigDev
     return _build(MigDevice, rows)
 
 
-def _run_names(conn: sqlite3.Connection, run_ids: set[str]) -> dict[str, str | None]:
+def run_names(conn: sqlite3.Connection, run_ids: set[str]) -> dict[str, str | None]:
+    """{run id: its name} for those of `run_ids` that are stored."""
     if not run_ids:
         return {}
     marks = ", ".join("?" * len(run_ids))
@@ -616,6 +638,12 @@ def run_tokens(conn: sqlite3.Connection, run_id: str, since_ms: int, until_ms: i
     return None
 
 
+def run_owner(conn: sqlite3.Connection, run_id: str) -> int | None:
+    """The uid that created run `run_id` (who may control it), None if there is no such run."""
+    row = conn.execute("SELECT uid FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else int(row[0])
+
+
 def run_count(conn: sqlite3.Connection) -> int:
     """Every run in the database (runs() returns at most its limit of them)."""
     count: int = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
@@ -650,14 +678,21 @@ def run_event_payload(conn: sqlite3.Connection, run_id: str, kind: str = "attach
     return payload if isinstance(payload, dict) else {}
 
 
+def run_by_id(conn: sqlite3.Connection, run_id: str) -> Run | None:
+    """The run with exactly this id, or None."""
+    row = conn.execute(f"SELECT {columns_of(Run)} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else _run_from_row(row)
+
+
 def run(conn: sqlite3.Connection, run_ref: str) -> Run:
     """The run named by its full id, the newest run with that exact name, or a unique id prefix."""
+    by_id = run_by_id(conn, run_ref)
+    if by_id is not None:
+        return by_id
     cols = columns_of(Run)
-    row = conn.execute(f"SELECT {cols} FROM runs WHERE run_id = ?", (run_ref,)).fetchone()
-    if row is None:
-        row = conn.execute(
-            f"SELECT {cols} FROM runs WHERE name = ? ORDER BY started_ms DESC LIMIT 1", (run_ref,)
-        ).fetchone()
+    row = conn.execute(
+        f"SELECT {cols} FROM runs WHERE name = ? ORDER BY started_ms DESC LIMIT 1", (run_ref,)
+    ).fetchone()
     if row is None and run_ref:
         # A range on the primary key instead of LIKE, so '_' and '%' in a ref mean themselves.
         found = conn.execute(
@@ -734,6 +769,8 @@ __all__ = [
     "run_count",
     "run_tokens",
     "run",
+    "run_by_id",
+    "run_names",
     "steps",
     "series_tier",
 ]

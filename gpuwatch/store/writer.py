@@ -3,7 +3,7 @@
 A storage failure (disk full, read-only filesystem, I/O error, the file deleted or replaced
 under it) is a state, not a stream of tracebacks: one warning when it starts, naming the path
 and the bytes free, one line when writing works again. Meanwhile every job is answered
-ok=False (ingest tells workloads `store`, so they keep their events spooled), retention runs
+with StoreFailed (ingest tells workloads `store`, so they keep their events spooled), retention runs
 early to win space, and `health` says what is wrong for status, doctor, the TUI and /metrics.
 
 The WAL is kept small: every HOUSEKEEPING_S a TRUNCATE checkpoint that never waits for a
@@ -19,7 +19,8 @@ import queue
 import sqlite3
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, wait
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from gpuwatch.base.diskfull import free_bytes
 from gpuwatch.base.diskfull import show_bytes as _bytes
@@ -28,6 +29,7 @@ from gpuwatch.store.health import StoreHealth
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Job = Callable[[sqlite3.Connection], None]
 OnCommit = Callable[[bool], None]
 _STOP = object()
@@ -54,6 +56,11 @@ _SQLITE_FULL = 13
 class JobRefused(Exception):
     """Raised by a job that rolled itself back on purpose: its owner reports why, the writer
     logs nothing (ingest uses it for a frame our own code failed on)."""
+
+
+class StoreFailed(StoreError):
+    """A job's transaction could not be committed (disk full, read-only, locked, the file
+    gone): nothing of its batch is durable. The cause is the SQLite error."""
 
 
 def storage_problem(e: BaseException) -> str | None:
@@ -91,9 +98,10 @@ def insert_rows(
 class Writer:
     """Bounded queue of jobs; the thread drains up to `batch` jobs per transaction.
 
-    A job is a callable taking the connection. `on_commit(ok)` callbacks run after the
-    transaction holding their job committed (ok=True) or after the job or its transaction
-    failed (ok=False), so ingest can acknowledge only durable events.
+    A job is a callable taking the connection. `submit` hands back a Future that resolves,
+    once the transaction holding the job committed, to the job's return value; or to the job's
+    own exception (the job alone was rolled back), or StoreFailed (its whole batch was). So
+    ingest acknowledges only durable events.
     """
 
     def __init__(
@@ -126,18 +134,30 @@ class Writer:
         self._thread.start()
 
     def submit(
-        self, job: Job, on_commit: OnCommit | None = None, *, block: bool = True, timeout: float | None = None
-    ) -> bool:
-        """Queue a job; False (and counted in dropped_jobs) if the queue stayed full or the
-        writer is closed. block=False never waits: what ingest and samplers should use."""
+        self,
+        job: Callable[[sqlite3.Connection], T],
+        on_commit: OnCommit | None = None,
+        *,
+        block: bool = True,
+        timeout: float | None = None,
+    ) -> Future[T] | None:
+        """Queue a job; its Future, or None (counted in dropped_jobs) if the queue stayed full
+        or the writer is closed. block=False never waits: what ingest and samplers should use.
+        A refusal is a None, not an exception, so a sampler that drops a tick pays nothing.
+        on_commit(ok), for a caller that only needs to know whether the job is durable, runs
+        on this writer's thread when the Future resolves. A Future cancelled before the
+        writer reached it is skipped."""
         if self._closed:
-            return False
+            return None
+        future: Future[T] = Future()
+        if on_commit is not None:
+            future.add_done_callback(lambda f: on_commit(not f.cancelled() and f.exception() is None))
         try:
-            self._queue.put((job, on_commit), block=block, timeout=timeout)
+            self._queue.put((job, future), block=block, timeout=timeout)
         except queue.Full:
             self.dropped_jobs += 1
-            return False
-        return True
+            return None
+        return future
 
     def insert(
         self,
@@ -148,10 +168,13 @@ class Writer:
         *,
         block: bool = True,
         timeout: float | None = None,
-    ) -> bool:
+    ) -> Future[None] | None:
+        """Insert dict rows in a job of their own (see submit); no rows, no job."""
         rows = list(rows)
         if not rows:
-            return True
+            nothing: Future[None] = Future()
+            nothing.set_result(None)
+            return nothing
         return self.submit(
             lambda conn: insert_rows(conn, table, rows, conflict), on_commit, block=block, timeout=timeout
         )
@@ -160,12 +183,12 @@ class Writer:
         return self._queue.qsize()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Block until every job submitted before this call is committed (False on timeout)."""
-        done = threading.Event()
-        if not self.submit(lambda conn: None, lambda ok: done.set(), timeout=timeout):
+        """Block until every job submitted before this call is done (False on timeout)."""
+        done = self.submit(_nothing, timeout=timeout)
+        if done is None:
             return False
         self._hurry.set()
-        return done.wait(timeout)
+        return not wait([done], timeout).not_done
 
     def close(self) -> None:
         """Commit what is queued, stop the thread and close the connection."""
@@ -207,20 +230,22 @@ class Writer:
             if stop:
                 return
 
-    def _commit(self, jobs: list[Any]) -> None:
-        results = []
+    def _commit(self, jobs: list[tuple[Callable[[sqlite3.Connection], Any], Future[Any]]]) -> None:
+        # Executor's rule: a Future cancelled while queued is not run (and cannot be resolved).
+        jobs = [(job, future) for job, future in jobs if future.set_running_or_notify_cancel()]
+        results: list[tuple[Future[Any], Any, BaseException | None]] = []
         conn = self.conn
         try:
             if conn is None:
                 conn = self._reopen()
             conn.execute("BEGIN IMMEDIATE")
-            for job, on_commit in jobs:
+            for job, future in jobs:
                 # A savepoint per job: one bad job is rolled back alone, the batch still commits.
                 conn.execute("SAVEPOINT job")
                 try:
-                    job(conn)
+                    value = job(conn)
                     conn.execute("RELEASE job")
-                    results.append((on_commit, True))
+                    results.append((future, value, None))
                 except Exception as e:  # a buggy job must not kill the thread callers wait on
                     if storage_problem(e):
                         raise  # the file, not the job: the whole batch fails below
@@ -229,7 +254,7 @@ class Writer:
                     self.failed_jobs += 1
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
-                    results.append((on_commit, False))
+                    results.append((future, None, e))
             conn.execute("COMMIT")
         except (sqlite3.Error, StoreError) as e:
             # BEGIN, COMMIT or a write failed (disk full, read-only, database locked past
@@ -240,17 +265,18 @@ class Writer:
                 except sqlite3.Error:
                     pass  # SQLite may have rolled back by itself
             self.failed_jobs += len(jobs)
-            self._failing(storage_problem(e) or "cannot write", str(e), len(jobs))
-            results = [(on_commit, False) for _, on_commit in jobs]
+            problem = storage_problem(e) or "cannot write"
+            self._failing(problem, str(e), len(jobs))
+            results = [(future, None, _batch_failed(self.path, problem, e)) for _, future in jobs]
         else:
             if self.health is not None:
                 self._maybe_recovered()
-        for on_commit, ok in results:
-            if on_commit is not None:
-                try:
-                    on_commit(ok)
-                except Exception:
-                    log.exception("store: on_commit callback failed")
+        for future, value, error in results:
+            # Callbacks (on_commit) run in here; concurrent.futures logs any that fail.
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
 
     # --- storage failures and housekeeping (this thread only) ---
 
@@ -408,6 +434,17 @@ class Writer:
         elif not busy and self.wal_pinned_bytes:
             log.info("store: %s-wal checkpointed and cut back to %s bytes", self.path, _bytes(wal))
             self.wal_pinned_bytes = 0
+
+
+def _nothing(conn: sqlite3.Connection) -> None:
+    """flush()'s job: its Future resolves once everything queued before it is done."""
+
+
+def _batch_failed(path: str | os.PathLike[str], problem: str, cause: BaseException) -> StoreFailed:
+    """One exception per Future: each caller that raises it gets a traceback of its own."""
+    failed = StoreFailed(f"cannot write {path}: {problem} ({cause})")
+    failed.__cause__ = cause
+    return failed
 
 
 def wal_bytes(path: str | os.PathLike[str]) -> int:

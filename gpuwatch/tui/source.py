@@ -7,15 +7,25 @@ cannot write the database, while the daemon writes it and after it stopped.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from gpuwatch.analysis.step_split import PARTS, named_losses, split_of
 from gpuwatch.base import fmt, spool
-from gpuwatch.store import StoreError, health, now_ms, open_ro, postmortems, profiles, queries
+from gpuwatch.store import (
+    SQLiteError,
+    StoreError,
+    alerts,
+    health,
+    now_ms,
+    open_ro,
+    postmortems,
+    profiles,
+    queries,
+)
+from gpuwatch.store.db import data_version
 from gpuwatch.store.energy import EnergyLedger, RunEnergy
 from gpuwatch.store.queries import PROCESS_TICK_SLACK_MS
 from gpuwatch.tui.snapshot import (
@@ -37,6 +47,9 @@ from gpuwatch.tui.snapshot import (
     View,
 )
 from gpuwatch.tui.sparks import SPARK_SLOT_MS, SparkHistory, window_start
+
+if TYPE_CHECKING:
+    from sqlite3 import Connection
 
 CHART_POINTS = 240  # per series; charts are at most ~160 columns x 2 dots
 PROF_FRESH_MS = 60_000  # an older GPM sample says nothing of now: "n/a"
@@ -91,11 +104,20 @@ def end_state(run: queries.Run) -> str:
     return " · ".join(parts)
 
 
-def oom_rows(conn: sqlite3.Connection, run_ref: str) -> tuple[OomRow, ...]:
-    """A run's OOM postmortems as the OOM screen shows them; none for an unknown run."""
+def find_run(conn: Connection, run_ref: str | None) -> queries.Run | None:
+    """The run a view names (queries.run), None if it names none or no such run."""
+    if run_ref is None:
+        return None
     try:
-        run = queries.run(conn, run_ref)
+        return queries.run(conn, run_ref)
     except StoreError:
+        return None
+
+
+def oom_rows(conn: Connection, run_ref: str | None) -> tuple[OomRow, ...]:
+    """A run's OOM postmortems as the OOM screen shows them; none for an unknown run."""
+    run = find_run(conn, run_ref)
+    if run is None:
         return ()
     rows = []
     for pm in postmortems.for_run(conn, run.run_id):
@@ -137,35 +159,28 @@ def oom_rows(conn: sqlite3.Connection, run_ref: str) -> tuple[OomRow, ...]:
     return tuple(rows)
 
 
-def alert_rows(conn: sqlite3.Connection, limit: int = ALERTS_SHOWN) -> tuple[AlertRow, ...]:
-    from gpuwatch.store import alerts
+def alert_rows(conn: Connection, limit: int = ALERTS_SHOWN) -> tuple[AlertRow, ...]:
+    rows = []
+    for a in alerts.recent(conn, limit):
+        assert a.id is not None  # read back from the table: stored, so numbered
+        rows.append(AlertRow(a.id, a.ts_ms, a.kind, a.title, a.body, a.run_id, a.gpu_index))
+    return tuple(rows)
 
-    return tuple(
-        AlertRow(a.id, a.ts_ms, a.kind, a.title, a.body, a.run_id, a.gpu_index)
-        for a in alerts.recent(conn, limit)
-    )
 
-
-def alert_line(conn: sqlite3.Connection, now: int) -> str | None:
+def alert_line(conn: Connection, now: int) -> str | None:
     """'2 alerts in the last hour · newest 21:40 run.failed: …', or None when there were none."""
-    try:
-        newest = conn.execute(
-            "SELECT ts_ms, kind, title FROM alerts ORDER BY id DESC LIMIT ?", (ALERT_LINE_LOOK,)
-        ).fetchall()
-    except sqlite3.OperationalError:  # a database from before alerts existed
-        return None
-    recent = [row for row in newest if row[0] >= now - ALERT_LINE_MS]
+    recent = [a for a in alerts.recent(conn, ALERT_LINE_LOOK) if a.ts_ms >= now - ALERT_LINE_MS]
     if not recent:
         return None
     n = f"{len(recent)}+" if len(recent) == ALERT_LINE_LOOK else str(len(recent))
-    ts, kind, title = recent[0]
+    newest = recent[0]
     return (
         f"{n} alert{'s' if len(recent) > 1 else ''} in the last hour (a) · "
-        f"{fmt.local_time(ts, with_date=False)} {kind}: {title}"
+        f"{fmt.local_time(newest.ts_ms, with_date=False)} {newest.kind}: {newest.title}"
     )
 
 
-def stacks_row(conn: sqlite3.Connection, run_id: str) -> StacksRow | None:
+def stacks_row(conn: Connection, run_id: str) -> StacksRow | None:
     """The newest stack dump, one line per thread: its innermost frames, innermost first."""
     dumps = profiles.stack_dumps(conn, run_id, limit=1)
     if not dumps:
@@ -184,11 +199,10 @@ def stacks_row(conn: sqlite3.Connection, run_id: str) -> StacksRow | None:
     return StacksRow(d.ts_ms, d.pid, d.reason, "\n".join(lines), d.error)
 
 
-def profile_row(conn: sqlite3.Connection, run_ref: str) -> ProfileRow | None:
+def profile_row(conn: Connection, run_ref: str | None) -> ProfileRow | None:
     """A run's newest profile with its top operators; None for an unknown run or no profile."""
-    try:
-        run = queries.run(conn, run_ref)
-    except StoreError:
+    run = find_run(conn, run_ref)
+    if run is None:
         return None
     found = profiles.profiles(conn, run.run_id)
     if not found:
@@ -223,7 +237,7 @@ def profile_row(conn: sqlite3.Connection, run_ref: str) -> ProfileRow | None:
     )
 
 
-def capacity_row(conn: sqlite3.Connection) -> CapacityRow | None:
+def capacity_row(conn: Connection) -> CapacityRow | None:
     found = profiles.latest_capacity_study(conn)
     if found is None:
         return None
@@ -281,7 +295,7 @@ class StoreSource:
         clock: Callable[[], int] = now_ms,
         stale_after_ms: int = 15_000,
         notice: str | None = None,
-        spool_dirs: list[Path] = (),
+        spool_dirs: Sequence[Path] = (),
     ) -> None:
         """`stale_after_ms`: data older than this is shown as "daemon not running" (a few of
         its intervals); `notice`: a line shown while the data is live (no daemon: who samples);
@@ -291,11 +305,14 @@ class StoreSource:
         self.clock = clock
         self.stale_after_ms = stale_after_ms
         self.notice = notice
-        self.conn: sqlite3.Connection | None = None
+        self.conn: Connection | None = None
         self.sparks = SparkHistory()
-        self.last: tuple[tuple, Snapshot] | None = None  # (what it was read for, the snapshot)
+        # (what it was read for: view, data version, sparkline slot; the snapshot)
+        self.last: tuple[tuple[View, int, int], Snapshot] | None = None
         self.energy: tuple[str, EnergyLedger] | None = None  # the Run screen's run, folded so far
-        self.why: tuple[tuple, tuple[SlowRow, ...]] | None = None  # (run, step period) -> slow phases
+        self.why: tuple[tuple[str, int], tuple[SlowRow, ...]] | None = (
+            None  # (run, step period) -> slow phases
+        )
 
     def close(self) -> None:
         if self.conn is not None:
@@ -320,24 +337,23 @@ class StoreSource:
         now = self.clock()
         try:
             if self.conn is None:
-                self.conn = open_ro(self.db_path)
                 # Each poll reads the newest pages of a few tables, which the OS caches anyway;
                 # SQLite's default 2 MB page cache only let a TUI left open grow as the file did.
-                self.conn.execute(f"PRAGMA cache_size = -{READ_CACHE_KIB}")
+                self.conn = open_ro(self.db_path, cache_kib=READ_CACHE_KIB)
             conn = self.conn
             # Nothing committed since the last read of this view, and the sparklines' slot is the
             # same: that read stands (an idle store costs one pragma a poll, not a dozen queries).
-            key = (view, conn.execute("PRAGMA data_version").fetchone()[0], now // SPARK_SLOT_MS)
+            key = (view, data_version(conn), now // SPARK_SLOT_MS)
             if self.last is not None and self.last[0] == key:
                 return replace(self.last[1], now_ms=now)
             snap = self._read(conn, view, now)
             self.last = key, snap
             return snap
-        except (StoreError, sqlite3.Error) as e:
+        except (StoreError, SQLiteError) as e:
             self.close()  # reopen next poll: the file may appear or be replaced
             return Snapshot(now_ms=now, problem=str(e))
 
-    def _read(self, conn: sqlite3.Connection, view: View, now: int) -> Snapshot:
+    def _read(self, conn: Connection, view: View, now: int) -> Snapshot:
         """`view` as the store has it now."""
         latest = queries.latest_gpu_samples(conn, now)
         base = self._freshness(conn, now, latest)
@@ -359,14 +375,12 @@ class StoreSource:
             return replace(base, alerts=alert_rows(conn))
         raise ValueError(f"unknown view {view.kind!r}")
 
-    def _freshness(
-        self, conn: sqlite3.Connection, now: int, latest: dict[int, queries.GpuSample]
-    ) -> Snapshot:
+    def _freshness(self, conn: Connection, now: int, latest: dict[int, queries.GpuSample]) -> Snapshot:
         newest = [s.ts_ms for s in latest.values()]
         host = queries.latest_host_sample(conn, now)
         if host:
             newest.append(host.ts_ms)
-        driver = conn.execute("SELECT 1 FROM gpus LIMIT 1").fetchone() is not None
+        driver = bool(queries.gpus(conn))
         return Snapshot(
             now_ms=now,
             data_ms=max(newest) if newest else None,
@@ -384,9 +398,7 @@ class StoreSource:
             ),
         )
 
-    def _overview(
-        self, conn: sqlite3.Connection, base: Snapshot, latest: dict[int, queries.GpuSample]
-    ) -> Snapshot:
+    def _overview(self, conn: Connection, base: Snapshot, latest: dict[int, queries.GpuSample]) -> Snapshot:
         infos = queries.gpus(conn)
         histories = self.sparks.update(conn, [info.gpu_index for info in infos], base.now_ms)
         first_slot = window_start(base.now_ms) // SPARK_SLOT_MS
@@ -404,20 +416,20 @@ class StoreSource:
                     name=info.name or info.uuid,
                     state="lost" if lost else "hung" if hung else "ok",
                     state_since_ms=info.state_since_ms if hung else None,
-                    util_pct=s and s.gpu_util_pct,
+                    util_pct=s.gpu_util_pct if s else None,
                     util_history=history,
                     util_history_slot=first_slot,
-                    mem_used_bytes=s and s.mem_used_bytes,
+                    mem_used_bytes=s.mem_used_bytes if s else None,
                     mem_total_bytes=info.mem_total_bytes,
-                    temp_c=s and s.temp_c,
-                    power_mw=s and s.power_mw,
+                    temp_c=s.temp_c if s else None,
+                    power_mw=s.power_mw if s else None,
                     power_limit_mw=info.power_limit_mw,
-                    throttle_reasons=s and s.throttle_reasons,
-                    ecc_uncorrected=s and s.ecc_uncorrected,
-                    sm_active_pct=p and p.sm_active_pct,
-                    sm_occupancy_pct=p and p.sm_occupancy_pct,
-                    tensor_active_pct=p and p.tensor_active_pct,
-                    dram_active_pct=p and p.dram_active_pct,
+                    throttle_reasons=s.throttle_reasons if s else None,
+                    ecc_uncorrected=s.ecc_uncorrected if s else None,
+                    sm_active_pct=p.sm_active_pct if p else None,
+                    sm_occupancy_pct=p.sm_occupancy_pct if p else None,
+                    tensor_active_pct=p.tensor_active_pct if p else None,
+                    dram_active_pct=p.dram_active_pct if p else None,
                 )
             )
         procs = tuple(
@@ -440,10 +452,9 @@ class StoreSource:
             base, gpus=with_migs(gpus, queries.mig_devices(conn, base.now_ms), procs), processes=procs
         )
 
-    def _detail(self, conn: sqlite3.Connection, view: View, now: int) -> RunDetail | None:
-        try:
-            run = queries.run(conn, view.run_id)
-        except StoreError:
+    def _detail(self, conn: Connection, view: View, now: int) -> RunDetail | None:
+        run = find_run(conn, view.run_id)
+        if run is None:
             return None
         until = run.ended_ms or now
         since = run.started_ms if view.range_s is None else max(run.started_ms, until - view.range_s * 1000)
@@ -526,7 +537,7 @@ class StoreSource:
             else RunRow(run.run_id, run.name, run.user, run.status, run.started_ms, run.ended_ms)
         )
         energy = self._energy(conn, run, until)
-        tokens = energy and queries.run_tokens(conn, run.run_id, energy.from_ms, until)
+        tokens = None if energy is None else queries.run_tokens(conn, run.run_id, energy.from_ms, until)
         return RunDetail(
             run=row,
             host=run.host,
@@ -540,13 +551,13 @@ class StoreSource:
             since_ms=since,
             stacks=stacks_row(conn, run.run_id),
             profiles=len(profiles.profiles(conn, run.run_id)),
-            energy_j=energy and energy.joules,
+            energy_j=None if energy is None else energy.joules,
             energy_complete=energy is None or energy.complete,
-            joules_per_token=energy.joules / tokens if tokens else None,
+            joules_per_token=energy.joules / tokens if energy is not None and tokens else None,
             slowdowns=slow,
         )
 
-    def _slowdowns(self, conn: sqlite3.Connection, run_id: str, newest_ms: int | None) -> tuple[SlowRow, ...]:
+    def _slowdowns(self, conn: Connection, run_id: str, newest_ms: int | None) -> tuple[SlowRow, ...]:
         """The run's slow phases (gpuwatch why), worked out again only when its newest step
         moved on by WHY_EVERY_MS: the analysis reads every step, a poll should not."""
         if newest_ms is None:
@@ -573,7 +584,7 @@ class StoreSource:
             )
         return self.why[1]
 
-    def _energy(self, conn: sqlite3.Connection, run: queries.Run, until_ms: int) -> RunEnergy | None:
+    def _energy(self, conn: Connection, run: queries.Run, until_ms: int) -> RunEnergy | None:
         """The run's energy so far: the first poll folds its lifetime, later ones only what is new."""
         if self.energy is None or self.energy[0] != run.run_id:
             self.energy = run.run_id, EnergyLedger(run.started_ms - PROCESS_TICK_SLACK_MS)

@@ -1,8 +1,8 @@
 """`gpuwatch tui --web`: the same TUI in a browser, served by textual-serve behind a token.
 
-textual-serve starts one `gpuwatch tui` process per browser tab and drives it over a websocket.
-Every request needs the random token printed at start: the printed URL carries it, and the page
-then holds it in a cookie for its scripts and websocket. It binds loopback unless told otherwise;
+textual-serve starts one TUI process (`python -m gpuwatch.tui`, not the CLI) per browser tab
+and drives it over a websocket. Every request needs the random token printed at start: the
+printed URL carries it, and the page then holds it in a cookie for its scripts and websocket. It binds loopback unless told otherwise;
 from another machine, reach it through an SSH tunnel.
 """
 
@@ -47,12 +47,11 @@ def is_loopback(host: str) -> bool:
 def tui_command(
     db_path: str, refresh: float, user: str | None, prometheus: str | None = None, notice: str | None = None
 ) -> str:
-    """The shell command textual-serve runs for each browser tab: this gpuwatch's own `tui`."""
+    """The shell command textual-serve runs for each browser tab: this gpuwatch's TUI, alone."""
     args = [
         sys.executable,
-        "-c",
-        "import sys; from gpuwatch.cli import main; sys.exit(main())",
-        "tui",
+        "-m",
+        "gpuwatch.tui",
         "--db",
         db_path,
         "--refresh",

@@ -77,38 +77,26 @@ class RunScreen(LiveScreen):
         self.app.push_screen(ProfileScreen(self.run_id))
 
     def action_request_profile(self) -> None:
-        """Ask the live run to profile its next steps: `gpuwatch profile` in a worker thread
-        (the daemon checks that this user may; its answer becomes a notification)."""
+        """Ask the live run to profile its next steps, in a worker thread (the daemon checks
+        that this user may; its answer becomes a notification)."""
         self.notify(f"asking run {self.run_id} to profile its next {PROFILE_STEPS} steps…")
         self.run_worker(self._request_profile, thread=True, group="profile-request", exit_on_error=False)
 
     def _request_profile(self) -> None:
-        import subprocess
-        import sys
+        from gpuwatch.base import config, paths
+        from gpuwatch.client import profile_request
+        from gpuwatch.client.link import RequestError
+        from gpuwatch.store import StoreError
 
-        argv = [
-            sys.executable,
-            "-c",
-            "import sys; from gpuwatch.cli import main; sys.exit(main())",
-            "profile",
-            self.run_id,
-            "--steps",
-            str(PROFILE_STEPS),
-            "--wait",
-            "0",
-        ]
-        db_path = getattr(self.app.source, "db_path", None)  # the run is looked up where we read it
-        if db_path:
-            argv += ["--db", str(db_path)]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-        answer = (proc.stderr or proc.stdout).strip().splitlines()
-        text = answer[-1] if answer else f"gpuwatch profile exited with {proc.returncode}"
-        self.app.call_from_thread(
-            self.notify,
-            text + ("; p shows it when it lands" if proc.returncode == 0 else ""),
-            severity="information" if proc.returncode == 0 else "error",
-            timeout=8,
-        )
+        try:
+            cfg = config.load()
+            # the run is looked up where we read it
+            db_path = getattr(self.app.source, "db_path", None) or str(paths.reader_db_path(cfg.db))
+            text = profile_request.ask(cfg, db_path, self.run_id, PROFILE_STEPS).line
+        except (config.ConfigError, StoreError, RequestError) as e:
+            self.app.call_from_thread(self.notify, str(e), severity="error", timeout=8)
+            return
+        self.app.call_from_thread(self.notify, text + "; p shows it when it lands", timeout=8)
 
     def action_range(self, key: str) -> None:
         self.range_key = key

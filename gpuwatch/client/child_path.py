@@ -15,7 +15,7 @@ from pathlib import Path
 
 import collectors
 import gpuwatch
-from gpuwatch.integrations.autohook import BOOTSTRAP_DIR
+from gpuwatch.integrations import BOOTSTRAP_DIR
 
 # Set in the child's environment: where the bootstrap leaves one line when it cannot
 # instrument this interpreter (too old a Python, our package failing to load in it).
