@@ -138,6 +138,7 @@ class ProcessCollector:
         self._walked_info: dict[int, tuple[int, ProcessInfo]] = {}  # pid -> (start ticks, info)
         # pid -> /proc/PID/stat kept open: one pread a read instead of open, read and close.
         self._stat_files: dict[int, BinaryIO] = {}
+        self._statm_files: dict[int, int] = {}  # pid -> fd of /proc/PID/statm, for walk's `exact`
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         self._max_files = min(MAX_STAT_FILES, max(0, soft // 4))  # the rest is the program's
         self._clocks = _cpu_clock_ns(os.getppid() or os.getpid()) > 0  # another process's CPU clock readable
@@ -170,6 +171,9 @@ class ProcessCollector:
         p = self._procs.pop(pid, None)
         self._seen.pop(pid, None)
         self._close_stat(pid)
+        fd = self._statm_files.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
         if p is not None:
             self._info = {k: v for k, v in self._info.items() if k[0] != pid}
 
@@ -231,9 +235,9 @@ class ProcessCollector:
         run to use CPU, start a thread, exec or exit; a reused pid is a new process with its
         own clock). Any other value, and /proc/PID/stat is read in full, through a handle kept
         open for a process that runs now and then, up to a share of our file limit (else the
-        file is opened and closed again: a host may run thousands). `exact`: pids always read
-        in full (the GPU processes, whose RSS is stored even while they sleep: the kernel may
-        reclaim a sleeper's pages). Which processes there are: see _pids().
+        file is opened and closed again: a host may run thousands). `exact`: pids whose RSS is
+        read even while they sleep (the GPU processes, whose RSS is stored: the kernel may
+        reclaim a sleeper's pages), from /proc/PID/statm. Which processes there are: _pids().
         """
         now = time.monotonic()
         out: dict[int, Usage] = {}
@@ -248,7 +252,13 @@ class ProcessCollector:
                 except OSError:  # gone: a listed one's read below says so
                     if not listed:
                         continue  # (unlisted, its pid may name a thread now)
-                if s is not None and cpu_ns == s.cpu_ns >= 0 and pid not in exact:  # not run since
+                if s is not None and cpu_ns == s.cpu_ns >= 0:  # not run since
+                    if pid in exact:  # its RSS is stored: /proc/PID/statm, a smaller read, has it
+                        rss = self._statm_rss(pid)
+                        if rss is None:
+                            continue  # gone
+                        if rss != s.idle.rss_bytes:
+                            s.idle = Usage(rss, 0.0)
                     s.at = now
                     seen[pid] = s
                     out[pid] = s.idle
@@ -266,6 +276,8 @@ class ProcessCollector:
         self._seen = seen  # the pids that left are forgotten
         for pid in files.keys() - seen.keys():
             self._close_stat(pid)
+        for pid in self._statm_files.keys() - seen.keys():
+            os.close(self._statm_files.pop(pid))
         self._walked_info = {pid: v for pid, v in self._walked_info.items() if pid in seen}
         return out
 
@@ -356,6 +368,27 @@ class ProcessCollector:
     def close(self) -> None:
         for pid in list(self._stat_files):
             self._close_stat(pid)
+        for fd in self._statm_files.values():
+            os.close(fd)
+        self._statm_files.clear()
+
+    def _statm_rss(self, pid: int) -> int | None:
+        """pid's RSS from /proc/PID/statm (kept open), bytes; None if it is gone."""
+        fd = self._statm_files.get(pid)
+        for _ in range(2):  # a handle of a process that left fails: one fresh open
+            if fd is None:
+                try:
+                    fd = self._statm_files[pid] = os.open(
+                        f"{PROC_ROOT}/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC
+                    )
+                except OSError:
+                    return None
+            try:
+                return int(os.pread(fd, 128, 0).split()[1]) * _PAGE
+            except (OSError, IndexError, ValueError):
+                os.close(self._statm_files.pop(pid))
+                fd = None
+        return None
 
     def _stat_text(self, pid: int) -> bytes | None:
         """/proc/PID/stat's text; None if the pid is gone or not in our namespace.

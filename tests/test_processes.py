@@ -261,6 +261,11 @@ def test_a_process_quiet_for_walks_then_busy_gets_its_cpu(threaded):
             time.sleep(0.05)
         # Whatever else runs on this machine is read again; the 21 that sleep are not.
         assert c.stat_reads - reads <= 3 * (len(first) - 21)
+        # A GPU process's RSS is stored even while it sleeps: read for it (from statm) all the same.
+        sleeper = sleepers[0].pid
+        rss = c.walk(exact={sleeper})[sleeper][0]
+        assert abs(rss - psutil.Process(sleeper).memory_info().rss) < 2**20 and rss > 0
+        assert sleeper in c._statm_files
         child.stdin.write("go\n")
         child.stdin.flush()
         time.sleep(1.0)
