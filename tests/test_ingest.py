@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from gpuwatch.base.config import Config
+from gpuwatch.base.pids import process_alive
 from gpuwatch.base.unix_socket import SocketError
 from gpuwatch.daemon.ingest import IngestServer
-from gpuwatch.monitor.runs_watch import RunsWatch, process_alive
+from gpuwatch.monitor.runs_watch import RunsWatch
 from gpuwatch.store import Writer
 
 NOBODY = 65534

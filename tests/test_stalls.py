@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from collectors import pyspy
+from gpuwatch.alerts.stalled_runs import stall_threshold_s
 from gpuwatch.base.config import Config
 from gpuwatch.cli import main
 from gpuwatch.daemon.stalls import StallWatch
-from gpuwatch.monitor.stalled_runs import stall_threshold_s
 from gpuwatch.store import Writer, open_ro, profiles
 
 pytestmark = pytest.mark.skipif(pyspy.find_py_spy() is None, reason="py-spy is not installed")

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from gpuwatch.alerts import gpu_rules, host_rules, run_rules
 from gpuwatch.alerts.episodes import Episodes
+from gpuwatch.alerts.stalled_runs import Stalled, find_stalled
 from gpuwatch.base.config import Config
-from gpuwatch.monitor.stalled_runs import Stalled, find_stalled
 from gpuwatch.store import SQLiteError
 from gpuwatch.store import alerts as stored
 from gpuwatch.store.alerts import Alert

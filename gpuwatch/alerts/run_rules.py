@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from gpuwatch.alerts import texts
 from gpuwatch.alerts.episodes import Episodes, incident
+from gpuwatch.alerts.stalled_runs import Stalled
 from gpuwatch.analysis.postmortem_text import figure_lines
 from gpuwatch.base import fmt
 from gpuwatch.base.config import Config
-from gpuwatch.monitor.stalled_runs import Stalled
 from gpuwatch.store import alert_runs, postmortems
 from gpuwatch.store.alerts import Alert, recoveries
 from gpuwatch.store.queries import run_by_id

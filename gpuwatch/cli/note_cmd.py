@@ -16,7 +16,7 @@ def _write_here(db_path: str, event: dict) -> dict:
     import pwd
 
     from gpuwatch.store import open_rw
-    from gpuwatch.store.events import Peer, apply_events
+    from gpuwatch.store.events import Peer, apply_events_committed
 
     uid = os.getuid()
     try:
@@ -25,9 +25,7 @@ def _write_here(db_path: str, event: dict) -> dict:
         user = str(uid)
     conn = open_rw(db_path)
     try:
-        with conn:
-            conn.execute("BEGIN IMMEDIATE")
-            return apply_events(conn, [event], Peer(uid, user, os.getpid(), "embedded")).reply()
+        return apply_events_committed(conn, [event], Peer(uid, user, os.getpid(), "embedded")).reply()
     finally:
         conn.close()
 

@@ -104,6 +104,7 @@ def run_cmd(
 
         gpu_env["CUDA_VISIBLE_DEVICES"] = visible_devices(pick_n)
     from gpuwatch.client.supervise import CannotRun, supervise
+    from gpuwatch.integrations import child_path
 
     cfg = load_config()
     prefix_our_log_lines()
@@ -113,6 +114,7 @@ def run_cmd(
             command,
             name or default_name(command),
             _private_ingest,
+            child_path.prepare,
             gpu_env,
             instrument=not no_instrument,
             notify=notify,

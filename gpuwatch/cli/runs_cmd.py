@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,9 @@ from gpuwatch.base import fmt
 from gpuwatch.base.clock import run_duration_ms
 from gpuwatch.cli.options import db_option, friendly_errors, reader_db_path
 from gpuwatch.cli.query_cmd import echo_data
+
+if TYPE_CHECKING:
+    from gpuwatch.store.queries import RankRun
 
 STATUSES = ("running", "finished", "failed", "oom", "killed", "lost")
 _AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -190,15 +194,6 @@ def _end_line(run) -> str:
     return text
 
 
-def _ranks(conn, run) -> list[tuple]:
-    """Other runs of the same distributed job, or rank runs under this wrapper."""
-    return conn.execute(
-        "SELECT run_id, rank, local_rank, status, host FROM runs WHERE run_id != ? AND "
-        "((job_id IS NOT NULL AND job_id = ?) OR parent_run_id = ?) ORDER BY rank, started_ms",
-        (run.run_id, run.job_id, run.run_id),
-    ).fetchall()
-
-
 def energy_line(energy, tokens: int | None) -> str:
     """kWh of the run's share of its GPUs, and per token it processed while counted; '≥' when
     the raw samples of the run's start had expired."""
@@ -252,7 +247,7 @@ def show_text(
     run,
     steps,
     attached: dict,
-    ranks: list[tuple],
+    ranks: list[RankRun],
     now_ms: int,
     energy=None,
     energy_tokens: int | None = None,
@@ -356,10 +351,10 @@ def show_text(
     if ranks:
         add("")
         add("ranks")
-        for run_id, rank, local_rank, status, host in ranks:
+        for r in ranks:
             add(
-                f"  {run_id}  rank {'-' if rank is None else rank}"
-                f" (local {'-' if local_rank is None else local_rank})  {status}  {host or '-'}"
+                f"  {r.run_id}  rank {'-' if r.rank is None else r.rank}"
+                f" (local {'-' if r.local_rank is None else r.local_rank})  {r.status}  {r.host or '-'}"
             )
     if notes:
         add("")
@@ -401,7 +396,7 @@ def show_cmd(run_ref, db) -> None:
             run,
             steps,
             queries.run_event_payload(conn, run.run_id),
-            _ranks(conn, run),
+            queries.job_ranks(conn, run),
             now_ms(),
             energy=energy,
             energy_tokens=tokens,

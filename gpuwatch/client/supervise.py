@@ -186,6 +186,7 @@ def supervise(
     command: tuple[str, ...],
     name: str,
     child_ingest: Callable[[], ChildIngest],
+    prepare_child: Callable[[dict[str, str], Path, Path, bool], None],
     gpu_env: dict[str, str] | None = None,
     instrument: bool = True,
     notify: tuple[str, ...] = (),
@@ -197,9 +198,11 @@ def supervise(
     `notify` URL (checked) gets this run's alerts, delivered from here when no daemon runs; with
     `tensorboard` (a directory or "auto"), a process beside it mirrors the run's figures there.
     With no daemon, `child_ingest()` (called only then: its import is heavy) serves the child's
-    events. Raises CannotRun."""
+    events. `prepare_child(env, private_dir, note_path, instrument)` readies the child's
+    environment (gpuwatch.integrations.child_path.prepare: the bootstrap is the integrations'
+    part, above the client). Raises CannotRun."""
     from gpuwatch.base.clock import elapsed_end_ms
-    from gpuwatch.client import child_path, metadata
+    from gpuwatch.client import metadata
     from gpuwatch.client.run import ENV_RUN_ID, ENV_RUN_NAME, new_run_id
     from gpuwatch.client.transport import EmbeddedTransport, Transport, connect, daemon_answers
     from gpuwatch.store import now_ms
@@ -258,14 +261,7 @@ def supervise(
             serving = child_ingest()
             listening = serving.listen(private / "sock")
             env["GPUWATCH_SOCKET"] = str(private / "sock")
-        if instrument:
-            path = child_path.make(private / "path")
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(path), env.get("PYTHONPATH")) if p)
-            env[child_path.ENV_NOTE] = str(note)
-        else:
-            from gpuwatch.integrations.autohook import ENV_INSTRUMENT
-
-            env[ENV_INSTRUMENT] = "0"
+        prepare_child(env, private, note, instrument)
         try:
             pid = os.posix_spawnp(command[0], list(command), env, setsigmask=(), setsigdef=tuple(FORWARDED))
         except OSError as e:

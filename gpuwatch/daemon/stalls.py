@@ -17,10 +17,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any, Callable
 
 from collectors import pyspy
+from gpuwatch.alerts.stalled_runs import Stalled, find_stalled
+from gpuwatch.alerts.stalled_runs import stepping_pid as stepping_pid  # for ingest and `gpuwatch stacks`
 from gpuwatch.base.config import Config
 from gpuwatch.monitor.periodic import Periodic
-from gpuwatch.monitor.stalled_runs import Stalled, find_stalled
-from gpuwatch.monitor.stalled_runs import stepping_pid as stepping_pid  # for ingest and `gpuwatch stacks`
 from gpuwatch.store import Writer, now_ms
 
 if TYPE_CHECKING:

@@ -10,3 +10,5 @@ import os
 # What `gpuwatch run` links into a Python child's import path; here, not in autohook, so that the
 # wrapper finds it without importing the client before it spawns the program.
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+# Set to "0" in a child's environment: our hooks stay off (`gpuwatch run --no-instrument`).
+ENV_INSTRUMENT = "GPUWATCH_INSTRUMENT"

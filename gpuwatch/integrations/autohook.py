@@ -48,7 +48,6 @@ from gpuwatch.integrations.accounting import (
 from gpuwatch.integrations.iteration import OptimizerCycle, StepSplit, name_optimizers
 
 # "0" (or false/no/off): the bootstrap leaves the program alone; `gpuwatch run --no-instrument`.
-ENV_INSTRUMENT = "GPUWATCH_INSTRUMENT"
 
 _active: "AutoInstrument | None" = None
 # Iterations in a row whose every backward() ran through the model's output, once per forward of

@@ -1,2 +1,2 @@
 """What watches a machine, shared by the daemon and the embedded client: the sampler and its
-scheduler, the lost-run watch and the stalled-run watch."""
+scheduler and the lost-run watch (which runs are stalled is the alert rules': alerts/stalled_runs.py)."""

@@ -16,10 +16,9 @@ import logging
 import socket
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-import psutil
-
 from collectors.kmsg import oom_killed
 from gpuwatch.base.fmt import size
+from gpuwatch.base.pids import process_alive
 from gpuwatch.monitor.periodic import Periodic
 from gpuwatch.store import Writer, now_ms, queries, runs_lost
 from gpuwatch.store.running import running_runs
@@ -29,21 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 # A process's start time and the run's started_ms come from different clocks' roundings.
-START_SLACK_MS = 2000
-
-
-def process_alive(pid: int, started_ms: int) -> bool:
-    """True if `pid` is still the process that started the run at `started_ms`."""
-    try:
-        created_ms = int(psutil.Process(pid).create_time() * 1000)
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return False
-    except psutil.Error:
-        return True  # exists but unreadable (e.g. hidepid): not evidence that it is gone
-    return created_ms <= started_ms + START_SLACK_MS
-
-
 def _oom_killed_message(conn: sqlite3.Connection, run_id: str, kernel_line: str) -> str:
     """'killed by the kernel OOM killer' with its log line and the run's last memory sample."""
     memory = ""

@@ -678,6 +678,25 @@ def run_event_payload(conn: sqlite3.Connection, run_id: str, kind: str = "attach
     return payload if isinstance(payload, dict) else {}
 
 
+@dataclass(frozen=True)
+class RankRun:
+    run_id: str
+    rank: int | None
+    local_rank: int | None
+    status: str
+    host: str | None
+
+
+def job_ranks(conn: sqlite3.Connection, run: Run) -> list[RankRun]:
+    """The other runs of `run`'s distributed job, or the rank runs under this wrapper."""
+    rows = conn.execute(
+        f"SELECT {columns_of(RankRun)} FROM runs WHERE run_id != ? AND "
+        "((job_id IS NOT NULL AND job_id = ?) OR parent_run_id = ?) ORDER BY rank, started_ms",
+        (run.run_id, run.job_id, run.run_id),
+    ).fetchall()
+    return _build(RankRun, rows)
+
+
 def run_by_id(conn: sqlite3.Connection, run_id: str) -> Run | None:
     """The run with exactly this id, or None."""
     row = conn.execute(f"SELECT {columns_of(Run)} FROM runs WHERE run_id = ?", (run_id,)).fetchone()

@@ -1,4 +1,4 @@
-"""What the stalled-run watch reads of a run (gpuwatch/monitor/stalled_runs.py decides): its
+"""What the stalled-run watch reads of a run (gpuwatch/alerts/stalled_runs.py decides): its
 newest step times, and which process steps it."""
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 def _not_instrumented(why: str) -> None:
     """One stderr line, and the same line left where `gpuwatch run` reads it for `gpuwatch show`."""
     print("gpuwatch: this run is not instrumented: " + why, file=sys.stderr, flush=True)
-    note = os.environ.get("GPUWATCH_BOOTSTRAP_NOTE")  # child_path.ENV_NOTE
+    note = os.environ.get("GPUWATCH_BOOTSTRAP_NOTE")  # integrations.child_path.ENV_NOTE
     if note:
         try:
             with open(note, "x") as f:  # the first process to fail explains; its children don't repeat
@@ -130,7 +130,7 @@ def _on_generation_utils(module) -> None:
 
 
 _run_users_sitecustomize()
-# autohook.ENV_INSTRUMENT, read without importing gpuwatch at every Python start-up.
+# integrations.ENV_INSTRUMENT, read without importing gpuwatch at every Python start-up.
 if os.environ.get("GPUWATCH_INSTRUMENT", "1").strip().lower() not in ("0", "false", "no", "off"):
     sys.meta_path.insert(
         0,

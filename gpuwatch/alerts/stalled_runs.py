@@ -1,9 +1,9 @@
 """Which running runs are stalled: no step for max(stall_factor x median step time, stall_floor)
 seconds while their process is alive.
 
-The daemon's stall watch (gpuwatch/daemon/stalls.py) dumps their stacks; the alert rules
-(gpuwatch/alerts) raise run.stalled from it where no daemon runs (the client may not import
-gpuwatch.daemon, hence this module's place, as runs_watch.py's).
+The alert rules raise run.stalled from it wherever the sampler runs (the daemon, or the
+embedded client, which may not import gpuwatch.daemon, hence this module's place); the daemon's
+stall watch (gpuwatch/daemon/stalls.py) dumps the stalled runs' stacks.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from gpuwatch.base.config import Config
-from gpuwatch.monitor.runs_watch import process_alive
+from gpuwatch.base.pids import process_alive
 from gpuwatch.store import stall_facts
 from gpuwatch.store.running import running_runs
 

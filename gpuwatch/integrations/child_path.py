@@ -15,7 +15,7 @@ from pathlib import Path
 
 import collectors
 import gpuwatch
-from gpuwatch.integrations import BOOTSTRAP_DIR
+from gpuwatch.integrations import BOOTSTRAP_DIR, ENV_INSTRUMENT
 
 # Set in the child's environment: where the bootstrap leaves one line when it cannot
 # instrument this interpreter (too old a Python, our package failing to load in it).
@@ -33,3 +33,15 @@ def make(directory: Path) -> Path:
     for name, target in links.items():
         os.symlink(target, directory / name)
     return directory
+
+
+def prepare(env: dict[str, str], private: Path, note: Path, instrument: bool) -> None:
+    """Ready a child's environment `env` in place: with `instrument`, our bootstrap first on its
+    import path and `note` where it leaves its one line if it cannot run; without, our hooks are
+    told to stay off (the child may still import gpuwatch itself)."""
+    if instrument:
+        path = make(private / "path")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(path), env.get("PYTHONPATH")) if p)
+        env[ENV_NOTE] = str(note)
+    else:
+        env[ENV_INSTRUMENT] = "0"
