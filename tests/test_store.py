@@ -79,7 +79,9 @@ def test_processes_creating_one_database_at_once_all_open_it(tmp_path):
     path = tmp_path / "gw.db"
     code = (
         "import sys, time\nfrom gpuwatch.store import open_rw\n"
-        "while time.time() < float(sys.argv[2]): pass\n"  # start together
+        "start = float(sys.argv[2])\n"
+        "time.sleep(max(start - time.time() - 0.05, 0))\n"
+        "while time.time() < start: pass\n"  # start together: the last 50 ms spun
         "conn = open_rw(sys.argv[1])\n"
         "print(conn.execute('PRAGMA user_version').fetchone()[0])"
     )

@@ -221,7 +221,7 @@ def test_the_live_mirror_grows_while_the_run_runs_and_ends_with_it(tmp_path):
             PY,
             str(SCRIPTS / "tb_steps.py"),
             "40",
-            "0.5",
+            "0.25",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

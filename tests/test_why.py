@@ -208,17 +208,18 @@ def test_cli_table_lists_phases_and_causes_and_names_a_bad_run(tmp_path):
 
 
 # Seconds of steady steps, of steps beside the hogs, and of steady steps again. The hogged
-# phase is twice MIN_SLOW_MS (the shortest slowdown `why` reports), the steady ones long enough
-# for a warm-up (at most a fifth of the run) and a base to compare with.
-STEADY_S, HOGGED_S, AFTER_S = 12, 20, 8
+# phase is MIN_SLOW_MS (the shortest slowdown `why` reports) and a few 1 s bins to spare, the
+# steady ones long enough for a warm-up (at most a fifth of the run) and a base to compare with.
+STEADY_S, HOGGED_S, AFTER_S = 8, 14, 4
 HOGGED_RUN = f"""
 import json, os, subprocess, sys, time
 import gpuwatch
 
-def work():  # a fixed amount of CPU work per step
+def work():  # a fixed amount of CPU work per step (~2.5 ms), then as long waiting for data
     x = 0
-    for i in range(150_000):
+    for i in range(60_000):
         x += i * i
+    time.sleep(0.0025)
     return x
 
 def steps_for(run, seconds):
@@ -230,8 +231,8 @@ def steps_for(run, seconds):
 with gpuwatch.track(name="hogged") as run:
     steps_for(run, {STEADY_S})
     hog_from = time.time()
-    # Enough busy processes to saturate any host: every core, and four more.
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() + 4)]
+    # Enough busy processes to saturate any host: every core, and one more.
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() + 1)]
     steps_for(run, {HOGGED_S})
     for h in hogs:
         h.kill()
@@ -244,7 +245,7 @@ print(json.dumps({{"run": run.run_id, "from": int(hog_from * 1000), "to": int(ho
 
 def test_a_real_tracked_run_slowed_by_cpu_hogs(tmp_path):
     """gpuwatch.track + step in embedded mode (its sampler writes the host's samples), while
-    busy processes (one per core, and four more) compete for the CPU for 20 s: the slowdown is
+    busy processes (one per core, and one more) compete for the CPU for 14 s: the slowdown is
     found over their window and the host's CPU is its first cause."""
     import subprocess
     import sys

@@ -118,7 +118,11 @@ def test_data_wait_is_the_time_inside_the_loader_and_evaluation_and_checkpoints_
     }
     steps = {s["step"]: s for s in steps_of(the_run()["run_id"])}
     assert len(steps) == 12 and set(in_loader) == set(range(2, 13))
-    for n, pct in in_loader.items():  # within 5 points of what the program measured in its loader
+    # Within 5 points of what the program measured in its loader, as a share of the same step:
+    # where a step ends (inside optimizer.step, or after zero_grad as the program reads its
+    # clock) moves a preempted ms between neighbouring steps on a busy host, not data wait.
+    for n, ms in in_loader.items():
+        pct = 100 * ms / steps[n]["step_time_ms"]
         assert abs(steps[n]["data_wait_pct"] - pct) <= 5, (n, dict(steps[n]), pct)
     # Steps 5 and 9 follow an epoch's evaluation pass and checkpoint: that time is named, not data.
     for n in (5, 9):

@@ -35,7 +35,6 @@ from gpuwatch.base import fmt
 from gpuwatch.store import energy as energy_mod
 from gpuwatch.store import postmortems, profiles, queries
 
-FLUSH_S = 10.0  # a live mirror's files are flushed at least this often
 MIB = 1 << 20
 BATCH_ROWS = 5000  # rows read per query, so a long run's first pass stays small in memory
 
@@ -197,7 +196,6 @@ class RunMirror:
     started: bool = False
     closed: bool = False
     _writer: object = None
-    _flushed: float = 0.0
 
     def _add(self, wall_ms: int, step: int, values: list) -> None:
         if not values:
@@ -209,7 +207,7 @@ class RunMirror:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._writer = EventFileWriter(str(self.directory), flush_secs=FLUSH_S)
+            self._writer = EventFileWriter(str(self.directory))
         self._writer.add_event(Event(wall_time=wall_ms / 1000, step=step, summary=Summary(value=values)))
 
     def update(self, conn: sqlite3.Connection) -> int:
@@ -224,9 +222,10 @@ class RunMirror:
         written += self._generations(conn)
         written += self._gpus(conn, run)
         written += self._profiles(conn)
-        if self._writer is not None and time.monotonic() - self._flushed >= FLUSH_S / 2:
+        if (
+            written and self._writer is not None
+        ):  # on disk at each poll: TensorBoard sees it at its next reload
             self._writer.flush()
-            self._flushed = time.monotonic()
         return written
 
     def _steps(self, conn: sqlite3.Connection) -> int:
