@@ -167,6 +167,9 @@ class DaemonTransport(Transport):
         self._progress = threading.Condition()
         self._closing = False
         self._hurry = False  # closing and out of time: spool what is left instead of sending
+        # Set by an urgent event, flush() or close(): someone waits, so the sender stops
+        # gathering a burst.
+        self._waited_for = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpuwatch-sender", daemon=True)
         self._thread.start()
 
@@ -179,6 +182,7 @@ class DaemonTransport(Transport):
             if urgent:
                 self._urgent.append(event)
                 self._enqueued += 1
+                self._waited_for.set()
                 try:
                     self._queue.put_nowait(_WAKE)  # a full queue: the sender is awake anyway
                 except queue.Full:
@@ -195,6 +199,7 @@ class DaemonTransport(Transport):
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything sent so far is acknowledged by the daemon or spooled."""
+        self._waited_for.set()
         with self._progress:
             target = self._enqueued
             return self._progress.wait_for(lambda: self._finished >= target, timeout)
@@ -270,8 +275,10 @@ class DaemonTransport(Transport):
             except queue.Empty:
                 return []
             # Let a burst gather before encoding it: one wake-up (and one GIL grab in the
-            # training process) per burst rather than per step.
-            time.sleep(SEND_LINGER_S)
+            # training process) per burst rather than per step; not when woken, nor while
+            # someone waits (a program's exit waits for its run's end).
+            if queued[0] is not _WAKE:
+                self._waited_for.wait(SEND_LINGER_S)
         while len(queued) < protocol.MAX_EVENTS_PER_BATCH:
             try:
                 queued.append(self._queue.get_nowait())
@@ -287,6 +294,7 @@ class DaemonTransport(Transport):
         return [event for event in queued if event.get("kind") != "step"] + urgent + steps
 
     def _take_urgent(self) -> list[dict[str, Any]]:
+        self._waited_for.clear()  # before taking: an urgent event sent from now on sets it again
         taken = []
         while self._urgent:
             taken.append(self._urgent.popleft())
