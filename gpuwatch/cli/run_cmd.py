@@ -41,8 +41,8 @@ def _notify_url(value: str) -> str:
 
 
 def _private_ingest() -> ChildIngest:
-    """What serves the child's events when no daemon does; imported only then (it loads asyncio
-    and the daemon's ingest: 0.1 s of a start that has a daemon to talk to)."""
+    """What serves the child's events when no daemon does; imported only then, once the child
+    is started (it loads asyncio, the store and the daemon's ingest: 0.05-0.1 s)."""
     from gpuwatch.cli.private_ingest import PrivateIngest
 
     return PrivateIngest

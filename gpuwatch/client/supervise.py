@@ -41,17 +41,15 @@ class Served(Protocol):
 
 class ChildIngest(Protocol):
     """Serves the child's events with no daemon: gpuwatch.cli.private_ingest.PrivateIngest, the
-    daemon's own ingest code, which the client may not import. `listen` binds the socket at once
-    (the child may connect from its first instant); calling it serves that socket."""
-
-    def listen(self, path: Path) -> socket.socket: ...
+    daemon's own ingest code, which the client may not import. It serves the socket `listening`,
+    bound at `path` before the child started (the child may connect from its first instant)."""
 
     def __call__(self, cfg: Config, writer: Writer, path: Path, listening: socket.socket) -> Served: ...
 
 
 def _end_state(run_id: str) -> dict[str, Any]:
     """What an instrumented child said about its end (OOM, exception), if it said anything."""
-    from gpuwatch.client.run import end_state_path
+    from gpuwatch.client.attach import end_state_path
 
     path = end_state_path(run_id)
     try:
@@ -148,6 +146,8 @@ def _subscribe(cfg: Config, urls: tuple[str, ...], run_id: str) -> bool:
     """Each --notify URL becomes a subscription to this run's alerts alone. True when they (or
     saved ones) live in the user's private store, which this wrapper delivers from when no
     daemon does; a notify service delivers its own."""
+    if not urls and not cfg.notify_db_path.exists():
+        return False  # no subscription anywhere of ours (the alerts' modules stay unloaded)
     from gpuwatch.alerts.service import Local, backend
     from gpuwatch.alerts.subscriptions import SubscriptionError
 
@@ -197,15 +197,18 @@ def supervise(
     `instrument`, a Python child gets the bootstrap that hooks torch when it imports it; each
     `notify` URL (checked) gets this run's alerts, delivered from here when no daemon runs; with
     `tensorboard` (a directory or "auto"), a process beside it mirrors the run's figures there.
-    With no daemon, `child_ingest()` (called only then: its import is heavy) serves the child's
-    events. `prepare_child(env, private_dir, note_path, instrument)` readies the child's
-    environment (gpuwatch.integrations.child_path.prepare: the bootstrap is the integrations'
-    part, above the client). Raises CannotRun."""
-    from gpuwatch.base.clock import elapsed_end_ms
+    With no daemon, `child_ingest()` (called only then, once the child is started: its import
+    is heavy) serves the child's events. `prepare_child(env, private_dir, note_path, instrument)`
+    readies the child's environment (gpuwatch.integrations.child_path.prepare: the bootstrap is
+    the integrations' part, above the client). Raises CannotRun.
+
+    Before the spawn this imports only what the spawn needs: the program starts while the
+    database, the ingest and the sampler are set up, not after."""
+    from gpuwatch.base.clock import elapsed_end_ms, now_ms
+    from gpuwatch.base.unix_socket import bind_socket
     from gpuwatch.client import metadata
-    from gpuwatch.client.run import ENV_RUN_ID, ENV_RUN_NAME, new_run_id
-    from gpuwatch.client.transport import EmbeddedTransport, Transport, connect, daemon_answers
-    from gpuwatch.store import now_ms
+    from gpuwatch.client.attach import ENV_RUN_ID, ENV_RUN_NAME, new_run_id
+    from gpuwatch.client.transport import Transport, connect, daemon_answers
 
     gpu_env = gpu_env or {}
     # Block before any thread starts (the transport's threads inherit the mask), so every
@@ -213,7 +216,6 @@ def supervise(
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
     transport: Transport | None = None
     ingest: Served | None = None
-    serving: ChildIngest | None = None
     listening: socket.socket | None = None
     mirror: subprocess.Popen[bytes] | None = None
     deliver_here = False
@@ -255,17 +257,17 @@ def supervise(
         if daemon_answers(cfg):
             begin(connect(cfg), embedded=False)
         else:
-            # This process serves the child's events. Its socket listens from now on, and is
-            # served once the run is stored, after the spawn: the program starts while we open
-            # the database and set up the sampler, not after.
-            serving = child_ingest()
-            listening = serving.listen(private / "sock")
+            # This process serves the child's events. Its socket listens from now on (this user
+            # only), and is served once the run is stored, after the spawn.
+            listening = bind_socket(private / "sock", 0o600)
             env["GPUWATCH_SOCKET"] = str(private / "sock")
         prepare_child(env, private, note, instrument)
         try:
             pid = os.posix_spawnp(command[0], list(command), env, setsigmask=(), setsigdef=tuple(FORWARDED))
         except OSError as e:
             if transport is None:
+                from gpuwatch.client.transport import EmbeddedTransport
+
                 begin(EmbeddedTransport(cfg), embedded=True)
             send(
                 "run_end",
@@ -278,10 +280,12 @@ def supervise(
         from collectors.host import cgroup_oom_kills
 
         oom_kills_before = cgroup_oom_kills()
-        if serving is not None and listening is not None:
+        if listening is not None:
+            from gpuwatch.client.transport import EmbeddedTransport
+
             local = EmbeddedTransport(cfg)
             begin(local, embedded=True)
-            ingest = serving(cfg, local.writer, private / "sock", listening)
+            ingest = child_ingest()(cfg, local.writer, private / "sock", listening)
         deliver_here = _subscribe(cfg, notify, run_id)
         if tensorboard:
             from gpuwatch.client.tensorboard import start_mirror

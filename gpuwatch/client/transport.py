@@ -38,6 +38,7 @@ from gpuwatch import protocol
 from gpuwatch.base import paths, spool
 from gpuwatch.base.config import Config
 from gpuwatch.base.diskfull import FullDisk, no_space
+from gpuwatch.client.attach import ENV_RUN_ID
 from gpuwatch.client.link import Link as _Link
 from gpuwatch.client.link import TransportClosed, socket_candidates
 
@@ -548,7 +549,7 @@ class EmbeddedTransport(Transport):
         self.writer.submit(RunsWatch(self.writer).check, block=False)
         # Under `gpuwatch run` (its run id in our environment) the wrapper already samples this
         # host into the same database: a second sampler would double the rows and the warnings.
-        if os.environ.get("GPUWATCH_RUN_ID"):  # client.run.ENV_RUN_ID (run imports us)
+        if os.environ.get(ENV_RUN_ID):
             return
         try:
             sampler = Sampler(self.writer, self.cfg)
