@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import TYPE_CHECKING
 
@@ -122,4 +123,8 @@ def run_cmd(
         )
     except CannotRun as e:
         raise click.ClickException(str(e)) from None
+    # Our exit follows the program's, and all that is left is tearing down the modules we loaded:
+    # their objects are left out of the interpreter's last collections (the OS frees them), which
+    # took 20-30 ms after every program's end.
+    gc.freeze()
     raise SystemExit(code)
