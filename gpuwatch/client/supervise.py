@@ -208,7 +208,7 @@ def supervise(
     from gpuwatch.base.unix_socket import bind_socket
     from gpuwatch.client import metadata
     from gpuwatch.client.attach import ENV_RUN_ID, ENV_RUN_NAME, new_run_id
-    from gpuwatch.client.transport import Transport, connect, daemon_answers
+    from gpuwatch.client.transport import EmbeddedTransport, Transport, connect, daemon_answers
 
     gpu_env = gpu_env or {}
     # Block before any thread starts (the transport's threads inherit the mask), so every
@@ -217,6 +217,7 @@ def supervise(
     transport: Transport | None = None
     ingest: Served | None = None
     listening: socket.socket | None = None
+    local: EmbeddedTransport | None = None  # ours, with no daemon: its sampler starts late
     mirror: subprocess.Popen[bytes] | None = None
     deliver_here = False
     # Short, private and ours alone: the child's import directory, its note, and (with no
@@ -266,8 +267,6 @@ def supervise(
             pid = os.posix_spawnp(command[0], list(command), env, setsigmask=(), setsigdef=tuple(FORWARDED))
         except OSError as e:
             if transport is None:
-                from gpuwatch.client.transport import EmbeddedTransport
-
                 begin(EmbeddedTransport(cfg), embedded=True)
             send(
                 "run_end",
@@ -281,9 +280,7 @@ def supervise(
 
         oom_kills_before = cgroup_oom_kills()
         if listening is not None:
-            from gpuwatch.client.transport import EmbeddedTransport
-
-            local = EmbeddedTransport(cfg)
+            local = EmbeddedTransport(cfg, sample_now=False)
             begin(local, embedded=True)
             ingest = child_ingest()(cfg, local.writer, private / "sock", listening)
         deliver_here = _subscribe(cfg, notify, run_id)
@@ -294,6 +291,8 @@ def supervise(
                 tensorboard, since_ms=started[0], watch_pid=os.getpid(), wrapper_run_id=run_id
             )
         _yield_cpu()
+        if local is not None:
+            local.start_sampler()  # at the lower priority: its set-up yields to the program's start
         status = os.waitstatus_to_exitcode(_wait_forwarding(pid))
         state = _end_state(run_id)
         why = _bootstrap_note(note)

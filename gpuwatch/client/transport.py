@@ -514,7 +514,9 @@ class EmbeddedTransport(Transport):
 
     mode = "embedded"
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, sample_now: bool = True):
+        """`sample_now`: start the sampler (and the lost-run check) at once; else at
+        start_sampler()."""
         import pwd
 
         from gpuwatch.store import Writer
@@ -538,6 +540,12 @@ class EmbeddedTransport(Transport):
         self._starting = threading.Thread(
             target=self._start_sampler, name="gpuwatch-sampler-start", daemon=True
         )
+        if sample_now:
+            self._starting.start()
+
+    def start_sampler(self) -> None:
+        """Start what sample_now=False held back: `gpuwatch run` does once its threads yield the
+        CPU to its program, so the sampler's set-up does not slow the program's start."""
         self._starting.start()
 
     def _start_sampler(self) -> None:
@@ -623,7 +631,8 @@ class EmbeddedTransport(Transport):
         # The local disk: every event is written whatever the time it takes (folded steps keep
         # it short); the run's end is in the same transaction as the last steps. The sampler's
         # start (and the lost-run check) may still be under way: it ends before the writer does.
-        self._starting.join()
+        if self._starting.ident is not None:
+            self._starting.join()
         if self.sampler is not None:
             self.sampler.stop()
         self.writer.close()
