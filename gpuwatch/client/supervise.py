@@ -204,9 +204,11 @@ def supervise(
 
     Before the spawn this imports only what the spawn needs: the program starts while the
     database, the ingest and the sampler are set up, not after."""
+    from gpuwatch.client import metadata
+
+    head = metadata.GitHead(os.getcwd())  # git runs while the rest gets ready for the spawn
     from gpuwatch.base.clock import elapsed_end_ms, now_ms
     from gpuwatch.base.unix_socket import bind_socket
-    from gpuwatch.client import metadata
     from gpuwatch.client.attach import ENV_RUN_ID, ENV_RUN_NAME, new_run_id
     from gpuwatch.client.transport import EmbeddedTransport, Transport, connect, daemon_answers
 
@@ -241,13 +243,14 @@ def supervise(
         assert transport is not None  # begin() came first
         transport.send({"id": next(ids), "kind": kind, "run_id": run_id, "ts_ms": ts, **fields})
 
-    def begin(chosen: Transport, embedded: bool) -> None:
-        """The run's transport, and its run_start: through the daemon, stored before the child
-        can add steps to the run; or into the database this process writes itself, whose writer
-        stores it before any event of the child's."""
+    def begin(chosen: Transport, embedded: bool, env: dict[str, str]) -> None:
+        """The run's transport, and its run_start (which describes the command's environment
+        `env`): through the daemon, stored before the child can add steps to the run; or into
+        the database this process writes itself, whose writer stores it before any event of the
+        child's."""
         nonlocal transport
         transport = chosen
-        fields = metadata.collect(dict(os.environ, **gpu_env))
+        fields = metadata.collect(env)
         fields["command"] = shlex.join(command)
         send("run_start", name=name, **fields)
         if not embedded:
@@ -255,8 +258,9 @@ def supervise(
 
     try:
         env = dict(os.environ, **{ENV_RUN_ID: run_id, ENV_RUN_NAME: name}, **gpu_env)
+        env[metadata.ENV_GIT_HEAD] = head.env_value()
         if daemon_answers(cfg):
-            begin(connect(cfg), embedded=False)
+            begin(connect(cfg), embedded=False, env=env)
         else:
             # This process serves the child's events. Its socket listens from now on (this user
             # only), and is served once the run is stored, after the spawn.
@@ -267,7 +271,7 @@ def supervise(
             pid = os.posix_spawnp(command[0], list(command), env, setsigmask=(), setsigdef=tuple(FORWARDED))
         except OSError as e:
             if transport is None:
-                begin(EmbeddedTransport(cfg), embedded=True)
+                begin(EmbeddedTransport(cfg), embedded=True, env=env)
             send(
                 "run_end",
                 status="failed",
@@ -281,7 +285,7 @@ def supervise(
         oom_kills_before = cgroup_oom_kills()
         if listening is not None:
             local = EmbeddedTransport(cfg, sample_now=False)
-            begin(local, embedded=True)
+            begin(local, embedded=True, env=env)
             ingest = child_ingest()(cfg, local.writer, private / "sock", listening)
         deliver_here = _subscribe(cfg, notify, run_id)
         if tensorboard:
