@@ -11,7 +11,8 @@ Goal: gpuwatch run's median within 0.3 s of plain's. Byte-compiled files are wri
 (as in any installed package), whatever PYTHONDONTWRITEBYTECODE says here. Beside each wall time
 the CPU time (user + system) of the whole process tree: a steadier figure on a loaded host.
 With --before DIR (a checkout of an earlier commit, e.g. `git archive REV | tar -x -C DIR`),
-that version's `gpuwatch run` is timed in the same rounds.
+that version's `gpuwatch run` is timed in the same rounds. "paired" is the median of each
+round's own difference from plain: a host whose load drifts between rounds moves both alike.
 
     .venv/bin/python bench/bench_start.py [--rounds 7] [--before DIR]
 """
@@ -100,11 +101,15 @@ def main() -> None:
     wall = {way: statistics.median(t[0] for t in ts) for way, ts in times.items()}
     cpu = {way: statistics.median(t[1] for t in ts) for way, ts in times.items()}
     print(f"median of {args.rounds} alternated rounds; load average {min(loads):.1f}-{max(loads):.1f}")
-    print(f"{'way':<22} {'wall s':>7} {'over plain':>11} {'CPU s':>7} {'over plain':>11}")
+    print(
+        f"{'way':<22} {'wall s':>7} {'over plain':>11} {'paired':>7} "
+        f"{'CPU s':>7} {'over plain':>11} {'paired':>7}"
+    )
     for way in ways:
+        paired = [statistics.median(t[k] - p[k] for t, p in zip(times[way], times["plain"])) for k in (0, 1)]
         print(
-            f"{way:<22} {wall[way]:>7.2f} {wall[way] - wall['plain']:>+11.2f} "
-            f"{cpu[way]:>7.2f} {cpu[way] - cpu['plain']:>+11.2f}"
+            f"{way:<22} {wall[way]:>7.2f} {wall[way] - wall['plain']:>+11.2f} {paired[0]:>+7.2f} "
+            f"{cpu[way]:>7.2f} {cpu[way] - cpu['plain']:>+11.2f} {paired[1]:>+7.2f}"
         )
     over = wall["gpuwatch run"] - wall["plain"]
     plain_walls = [t[0] for t in times["plain"]]

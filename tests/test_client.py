@@ -342,6 +342,22 @@ def test_git_commit_inside_and_outside_a_repository(tmp_path):
     assert metadata.git_commit(str(outside)) is None
 
 
+def test_git_commit_is_taken_from_the_wrappers_finding_for_the_same_directory(tmp_path, monkeypatch):
+    """`gpuwatch run` passes the HEAD it found (GitHead.env_value) to its command: a child in the
+    same directory records it without running git; one elsewhere asks git."""
+    outside = str(tmp_path)
+    found = metadata.GitHead(outside)
+    assert found.commit() is None and found.env_value() == f"- {outside}"
+    env = {metadata.ENV_GIT_HEAD: f"0123abc {outside}"}
+    assert metadata.git_commit(outside, env) == "0123abc"
+    assert metadata.git_commit(outside, {metadata.ENV_GIT_HEAD: found.env_value()}) is None
+    monkeypatch.chdir(tmp_path)
+    assert metadata.collect(env)["git_commit"] == "0123abc"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert metadata.git_commit(str(elsewhere), env) is None  # git's own answer there
+
+
 def test_memory_stats_fields_tolerate_missing_keys():
     full = {"num_alloc_retries": 2, "num_ooms": 1, "inactive_split_bytes.all.current": 4096}
     assert torch_stats.memory_stats_fields(full) == {

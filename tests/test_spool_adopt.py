@@ -46,7 +46,7 @@ sys.exit(run_daemon(cfg, nvml_module=fake_pynvml.FakeNvml(gpus=1)))
 # meanwhile), then the rest and a clean end: with the daemon away, all of that is spooled.
 CLIENT = f"""
 import os, sys, time
-import gpuwatch, gpuwatch.client, gpuwatch.client.transport  # before setuid: root's Python is 0700
+import gpuwatch, gpuwatch.client.run, gpuwatch.client.transport  # before setuid: root's Python is 0700
 uid = int(sys.argv[1])
 if uid != os.getuid():
     os.setgid(uid); os.setgroups([]); os.setuid(uid)

@@ -62,11 +62,11 @@ def disk_low_alert(
 
 def granted_alerts(conn: sqlite3.Connection, host: str, now: int) -> list[Alert]:
     """gpus.free for each wish `gpuwatch pick` would grant now; a granted wish is forgotten."""
-    from gpuwatch.fleet.pick import NothingFits, choose, local_candidates
-
     pending = alert_wishes.wishes(conn, host)
     if not pending:
         return []
+    from gpuwatch.fleet.pick import NothingFits, choose, local_candidates  # (urllib: only when wished)
+
     found: list[Alert] = []
     candidates: dict[float, list[Candidate]] = {}  # by window: one read of the samples per window length
     for w in pending:

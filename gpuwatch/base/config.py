@@ -28,13 +28,15 @@ ENV_PREFIX = "GPUWATCH_"
 # GPUWATCH_* variables that are not config keys: the config file's path, and the run id that
 # `gpuwatch run` hands its child so an instrumented child joins the wrapper's run, and the
 # switch for its zero-code hooks (read by the bootstrap).
-# The bootstrap's note path says where a child that cannot be instrumented explains why.
+# The bootstrap's note path says where a child that cannot be instrumented explains why; the
+# git HEAD is the one the wrapper found (client/metadata.py).
 NOT_CONFIG_ENV = {
     "GPUWATCH_CONFIG",
     "GPUWATCH_RUN_ID",
     "GPUWATCH_INSTRUMENT",
     "GPUWATCH_BOOTSTRAP_NOTE",
     "GPUWATCH_RUN_NAME",
+    "GPUWATCH_GIT_HEAD",
 }
 
 

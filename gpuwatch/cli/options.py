@@ -8,7 +8,14 @@ import sys
 import click
 
 from gpuwatch.base import config as config_mod
-from gpuwatch.store import StoreError
+
+# The library's failures that are one line for the user, as (module, class). Looked up, not
+# imported: importing the store or the client would cost every command (and the start of
+# `gpuwatch run`'s program) tens of ms; a module whose error was raised is loaded.
+_KNOWN_ERRORS = (
+    ("gpuwatch.store.db", "StoreError"),
+    ("gpuwatch.client.link", "RequestError"),  # a request the daemon refused or could not take
+)
 
 
 def db_option(f):
@@ -27,14 +34,13 @@ def friendly_errors(f):
     def wrapper(*args, **kwargs):
         try:
             return f(*args, **kwargs)
-        except (config_mod.ConfigError, StoreError) as e:
+        except config_mod.ConfigError as e:
             raise click.ClickException(str(e)) from None
         except Exception as e:
-            # A request the daemon refused or could not take (client/link.py). Looked up, not
-            # imported: importing the client would cost every command 30 ms; raised, it is loaded.
-            link = sys.modules.get("gpuwatch.client.link")
-            if link is not None and isinstance(e, link.RequestError):
-                raise click.ClickException(str(e)) from None
+            for module, name in _KNOWN_ERRORS:
+                loaded = sys.modules.get(module)
+                if loaded is not None and isinstance(e, getattr(loaded, name)):
+                    raise click.ClickException(str(e)) from None
             raise
 
     return wrapper

@@ -22,14 +22,13 @@ import threading
 from pathlib import Path
 
 from gpuwatch.base.config import Config
-from gpuwatch.base.unix_socket import bind_socket
 from gpuwatch.daemon.ingest import IngestServer
 from gpuwatch.store import Writer
 
 
 class PrivateIngest:
     """The daemon's IngestServer on `path`, on an event loop in a thread of its own. `listening`:
-    the socket already bound there (see `listen`), whose waiting connections it then serves."""
+    the socket already bound there, whose waiting connections it then serves."""
 
     def __init__(self, cfg: Config, writer: Writer, path: Path, listening: socket.socket | None = None):
         self.path = path
@@ -65,12 +64,6 @@ class PrivateIngest:
         started.wait()
         if self._error is not None:
             raise self._error
-
-    @staticmethod
-    def listen(path: Path) -> socket.socket:
-        """Bind `path` now (this user only) and serve it later: a client may connect at once,
-        and its connection waits until PrivateIngest takes the socket."""
-        return bind_socket(path, 0o600)
 
     def close(self) -> None:
         """Stop serving once every connection had its chance to deliver (the child has exited)."""

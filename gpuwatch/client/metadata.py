@@ -13,6 +13,10 @@ import sys
 from typing import Any, Mapping
 
 GIT_TIMEOUT_S = 1.0
+# Set by `gpuwatch run` in its command's environment: "COMMIT CWD" (COMMIT "-" outside a
+# repository), the HEAD it found for CWD, so that a Python child there (each rank of a torchrun)
+# records it without running git again at its first step.
+ENV_GIT_HEAD = "GPUWATCH_GIT_HEAD"
 
 
 def command_line() -> str:
@@ -20,21 +24,49 @@ def command_line() -> str:
     return shlex.join(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
 
 
-def git_commit(cwd: str | None = None) -> str | None:
-    """HEAD of the repository holding cwd, or None outside a repository (or without git)."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=GIT_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    commit = out.stdout.strip()
-    return commit if out.returncode == 0 and commit else None
+class GitHead:
+    """`git rev-parse HEAD` in `cwd`, started at once and read by commit(): the caller works
+    meanwhile."""
+
+    def __init__(self, cwd: str):
+        self.cwd = cwd
+        self._commit: str | None = None
+        try:
+            self._git: subprocess.Popen[str] | None = subprocess.Popen(
+                ["git", "rev-parse", "HEAD"],
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        except OSError:
+            self._git = None
+
+    def commit(self) -> str | None:
+        """HEAD of the repository holding cwd, or None outside a repository (or without git)."""
+        if self._git is not None:
+            git, self._git = self._git, None
+            try:
+                out, _ = git.communicate(timeout=GIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                git.kill()
+                git.wait()
+                return None
+            self._commit = out.strip() if git.returncode == 0 and out.strip() else None
+        return self._commit
+
+    def env_value(self) -> str:
+        """ENV_GIT_HEAD's value."""
+        return f"{self.commit() or '-'} {self.cwd}"
+
+
+def git_commit(cwd: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """HEAD of the repository holding cwd, or None outside a repository (or without git): as
+    env's ENV_GIT_HEAD says when `gpuwatch run` found it for the same directory."""
+    commit, _, where = (env or {}).get(ENV_GIT_HEAD, "").partition(" ")
+    if commit and where == cwd:
+        return None if commit == "-" else commit
+    return GitHead(cwd or os.getcwd()).commit()
 
 
 def torch_versions() -> tuple[str | None, str | None]:
@@ -153,7 +185,7 @@ def collect(env: Mapping[str, str] | None = None, wrapper_run_id: str | None = N
     return {
         "command": command_line(),
         "cwd": cwd,
-        "git_commit": git_commit(cwd),
+        "git_commit": git_commit(cwd, env),
         "host": socket.gethostname(),
         "torch_version": torch_version,
         "cuda_version": cuda_version,

@@ -13,25 +13,20 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
 
 from gpuwatch.base import config as config_mod
-from gpuwatch.base import paths
 from gpuwatch.base.clock import elapsed_end_ms, now_ms
 from gpuwatch.base.diskfull import free_bytes, show_bytes
 from gpuwatch.client import flops, fold, metadata, oom, profiling, torch_stats
+from gpuwatch.client.attach import ENV_RUN_ID, ENV_RUN_NAME, end_state_path, new_run_id
 
 if TYPE_CHECKING:
     from gpuwatch.client.transport import Transport
 
 log = logging.getLogger(__name__)
 
-# Set by `gpuwatch run` for its child: an instrumented child adds its steps to that run.
-ENV_RUN_ID = "GPUWATCH_RUN_ID"
-# ... and the wrapper's run name: a rank run of that job is named NAME/rankN.
-ENV_RUN_NAME = "GPUWATCH_RUN_NAME"
 END_FLUSH_TIMEOUT_S = 10.0
 # finish() returns within this: the end goes ahead of queued steps; what is still queued then
 # is spooled for the daemon to replay.
@@ -97,15 +92,6 @@ class Started(NamedTuple):
 
     ms: int
     monotonic: float
-
-
-def new_run_id() -> str:
-    return os.urandom(6).hex()  # (secrets.token_hex's own bytes, without importing hmac)
-
-
-def end_state_path(run_id: str) -> Path:
-    """Where an attached child leaves its end state (status, error) for the `gpuwatch run` wrapper."""
-    return paths.user_runtime_dir() / "runs" / f"{run_id}.end.json"
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -41,17 +41,15 @@ class Served(Protocol):
 
 class ChildIngest(Protocol):
     """Serves the child's events with no daemon: gpuwatch.cli.private_ingest.PrivateIngest, the
-    daemon's own ingest code, which the client may not import. `listen` binds the socket at once
-    (the child may connect from its first instant); calling it serves that socket."""
-
-    def listen(self, path: Path) -> socket.socket: ...
+    daemon's own ingest code, which the client may not import. It serves the socket `listening`,
+    bound at `path` before the child started (the child may connect from its first instant)."""
 
     def __call__(self, cfg: Config, writer: Writer, path: Path, listening: socket.socket) -> Served: ...
 
 
 def _end_state(run_id: str) -> dict[str, Any]:
     """What an instrumented child said about its end (OOM, exception), if it said anything."""
-    from gpuwatch.client.run import end_state_path
+    from gpuwatch.client.attach import end_state_path
 
     path = end_state_path(run_id)
     try:
@@ -148,6 +146,8 @@ def _subscribe(cfg: Config, urls: tuple[str, ...], run_id: str) -> bool:
     """Each --notify URL becomes a subscription to this run's alerts alone. True when they (or
     saved ones) live in the user's private store, which this wrapper delivers from when no
     daemon does; a notify service delivers its own."""
+    if not urls and not cfg.notify_db_path.exists():
+        return False  # no subscription anywhere of ours (the alerts' modules stay unloaded)
     from gpuwatch.alerts.service import Local, backend
     from gpuwatch.alerts.subscriptions import SubscriptionError
 
@@ -197,15 +197,20 @@ def supervise(
     `instrument`, a Python child gets the bootstrap that hooks torch when it imports it; each
     `notify` URL (checked) gets this run's alerts, delivered from here when no daemon runs; with
     `tensorboard` (a directory or "auto"), a process beside it mirrors the run's figures there.
-    With no daemon, `child_ingest()` (called only then: its import is heavy) serves the child's
-    events. `prepare_child(env, private_dir, note_path, instrument)` readies the child's
-    environment (gpuwatch.integrations.child_path.prepare: the bootstrap is the integrations'
-    part, above the client). Raises CannotRun."""
-    from gpuwatch.base.clock import elapsed_end_ms
+    With no daemon, `child_ingest()` (called only then, once the child is started: its import
+    is heavy) serves the child's events. `prepare_child(env, private_dir, note_path, instrument)`
+    readies the child's environment (gpuwatch.integrations.child_path.prepare: the bootstrap is
+    the integrations' part, above the client). Raises CannotRun.
+
+    Before the spawn this imports only what the spawn needs: the program starts while the
+    database, the ingest and the sampler are set up, not after."""
     from gpuwatch.client import metadata
-    from gpuwatch.client.run import ENV_RUN_ID, ENV_RUN_NAME, new_run_id
+
+    head = metadata.GitHead(os.getcwd())  # git runs while the rest gets ready for the spawn
+    from gpuwatch.base.clock import elapsed_end_ms, now_ms
+    from gpuwatch.base.unix_socket import bind_socket
+    from gpuwatch.client.attach import ENV_RUN_ID, ENV_RUN_NAME, new_run_id
     from gpuwatch.client.transport import EmbeddedTransport, Transport, connect, daemon_answers
-    from gpuwatch.store import now_ms
 
     gpu_env = gpu_env or {}
     # Block before any thread starts (the transport's threads inherit the mask), so every
@@ -213,8 +218,8 @@ def supervise(
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
     transport: Transport | None = None
     ingest: Served | None = None
-    serving: ChildIngest | None = None
     listening: socket.socket | None = None
+    local: EmbeddedTransport | None = None  # ours, with no daemon: its sampler starts late
     mirror: subprocess.Popen[bytes] | None = None
     deliver_here = False
     # Short, private and ours alone: the child's import directory, its note, and (with no
@@ -238,13 +243,14 @@ def supervise(
         assert transport is not None  # begin() came first
         transport.send({"id": next(ids), "kind": kind, "run_id": run_id, "ts_ms": ts, **fields})
 
-    def begin(chosen: Transport, embedded: bool) -> None:
-        """The run's transport, and its run_start: through the daemon, stored before the child
-        can add steps to the run; or into the database this process writes itself, whose writer
-        stores it before any event of the child's."""
+    def begin(chosen: Transport, embedded: bool, env: dict[str, str]) -> None:
+        """The run's transport, and its run_start (which describes the command's environment
+        `env`): through the daemon, stored before the child can add steps to the run; or into
+        the database this process writes itself, whose writer stores it before any event of the
+        child's."""
         nonlocal transport
         transport = chosen
-        fields = metadata.collect(dict(os.environ, **gpu_env))
+        fields = metadata.collect(env)
         fields["command"] = shlex.join(command)
         send("run_start", name=name, **fields)
         if not embedded:
@@ -252,21 +258,20 @@ def supervise(
 
     try:
         env = dict(os.environ, **{ENV_RUN_ID: run_id, ENV_RUN_NAME: name}, **gpu_env)
+        env[metadata.ENV_GIT_HEAD] = head.env_value()
         if daemon_answers(cfg):
-            begin(connect(cfg), embedded=False)
+            begin(connect(cfg), embedded=False, env=env)
         else:
-            # This process serves the child's events. Its socket listens from now on, and is
-            # served once the run is stored, after the spawn: the program starts while we open
-            # the database and set up the sampler, not after.
-            serving = child_ingest()
-            listening = serving.listen(private / "sock")
+            # This process serves the child's events. Its socket listens from now on (this user
+            # only), and is served once the run is stored, after the spawn.
+            listening = bind_socket(private / "sock", 0o600)
             env["GPUWATCH_SOCKET"] = str(private / "sock")
         prepare_child(env, private, note, instrument)
         try:
             pid = os.posix_spawnp(command[0], list(command), env, setsigmask=(), setsigdef=tuple(FORWARDED))
         except OSError as e:
             if transport is None:
-                begin(EmbeddedTransport(cfg), embedded=True)
+                begin(EmbeddedTransport(cfg), embedded=True, env=env)
             send(
                 "run_end",
                 status="failed",
@@ -278,10 +283,10 @@ def supervise(
         from collectors.host import cgroup_oom_kills
 
         oom_kills_before = cgroup_oom_kills()
-        if serving is not None and listening is not None:
-            local = EmbeddedTransport(cfg)
-            begin(local, embedded=True)
-            ingest = serving(cfg, local.writer, private / "sock", listening)
+        if listening is not None:
+            local = EmbeddedTransport(cfg, sample_now=False)
+            begin(local, embedded=True, env=env)
+            ingest = child_ingest()(cfg, local.writer, private / "sock", listening)
         deliver_here = _subscribe(cfg, notify, run_id)
         if tensorboard:
             from gpuwatch.client.tensorboard import start_mirror
@@ -290,6 +295,8 @@ def supervise(
                 tensorboard, since_ms=started[0], watch_pid=os.getpid(), wrapper_run_id=run_id
             )
         _yield_cpu()
+        if local is not None:
+            local.start_sampler()  # at the lower priority: its set-up yields to the program's start
         status = os.waitstatus_to_exitcode(_wait_forwarding(pid))
         state = _end_state(run_id)
         why = _bootstrap_note(note)

@@ -38,6 +38,7 @@ from gpuwatch import protocol
 from gpuwatch.base import paths, spool
 from gpuwatch.base.config import Config
 from gpuwatch.base.diskfull import FullDisk, no_space
+from gpuwatch.client.attach import ENV_RUN_ID
 from gpuwatch.client.link import Link as _Link
 from gpuwatch.client.link import TransportClosed, socket_candidates
 
@@ -167,6 +168,9 @@ class DaemonTransport(Transport):
         self._progress = threading.Condition()
         self._closing = False
         self._hurry = False  # closing and out of time: spool what is left instead of sending
+        # Set by an urgent event, flush() or close(): someone waits, so the sender stops
+        # gathering a burst.
+        self._waited_for = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpuwatch-sender", daemon=True)
         self._thread.start()
 
@@ -179,6 +183,7 @@ class DaemonTransport(Transport):
             if urgent:
                 self._urgent.append(event)
                 self._enqueued += 1
+                self._waited_for.set()
                 try:
                     self._queue.put_nowait(_WAKE)  # a full queue: the sender is awake anyway
                 except queue.Full:
@@ -195,6 +200,7 @@ class DaemonTransport(Transport):
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything sent so far is acknowledged by the daemon or spooled."""
+        self._waited_for.set()
         with self._progress:
             target = self._enqueued
             return self._progress.wait_for(lambda: self._finished >= target, timeout)
@@ -270,8 +276,10 @@ class DaemonTransport(Transport):
             except queue.Empty:
                 return []
             # Let a burst gather before encoding it: one wake-up (and one GIL grab in the
-            # training process) per burst rather than per step.
-            time.sleep(SEND_LINGER_S)
+            # training process) per burst rather than per step; not when woken, nor while
+            # someone waits (a program's exit waits for its run's end).
+            if queued[0] is not _WAKE:
+                self._waited_for.wait(SEND_LINGER_S)
         while len(queued) < protocol.MAX_EVENTS_PER_BATCH:
             try:
                 queued.append(self._queue.get_nowait())
@@ -287,6 +295,7 @@ class DaemonTransport(Transport):
         return [event for event in queued if event.get("kind") != "step"] + urgent + steps
 
     def _take_urgent(self) -> list[dict[str, Any]]:
+        self._waited_for.clear()  # before taking: an urgent event sent from now on sets it again
         taken = []
         while self._urgent:
             taken.append(self._urgent.popleft())
@@ -505,7 +514,9 @@ class EmbeddedTransport(Transport):
 
     mode = "embedded"
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, sample_now: bool = True):
+        """`sample_now`: start the sampler (and the lost-run check) at once; else at
+        start_sampler()."""
         import pwd
 
         from gpuwatch.store import Writer
@@ -529,6 +540,12 @@ class EmbeddedTransport(Transport):
         self._starting = threading.Thread(
             target=self._start_sampler, name="gpuwatch-sampler-start", daemon=True
         )
+        if sample_now:
+            self._starting.start()
+
+    def start_sampler(self) -> None:
+        """Start what sample_now=False held back: `gpuwatch run` does once its threads yield the
+        CPU to its program, so the sampler's set-up does not slow the program's start."""
         self._starting.start()
 
     def _start_sampler(self) -> None:
@@ -540,7 +557,7 @@ class EmbeddedTransport(Transport):
         self.writer.submit(RunsWatch(self.writer).check, block=False)
         # Under `gpuwatch run` (its run id in our environment) the wrapper already samples this
         # host into the same database: a second sampler would double the rows and the warnings.
-        if os.environ.get("GPUWATCH_RUN_ID"):  # client.run.ENV_RUN_ID (run imports us)
+        if os.environ.get(ENV_RUN_ID):
             return
         try:
             sampler = Sampler(self.writer, self.cfg)
@@ -614,7 +631,8 @@ class EmbeddedTransport(Transport):
         # The local disk: every event is written whatever the time it takes (folded steps keep
         # it short); the run's end is in the same transaction as the last steps. The sampler's
         # start (and the lost-run check) may still be under way: it ends before the writer does.
-        self._starting.join()
+        if self._starting.ident is not None:
+            self._starting.join()
         if self.sampler is not None:
             self.sampler.stop()
         self.writer.close()
