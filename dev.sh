@@ -19,9 +19,13 @@ what=${1:-demo}
 shift || true
 case "$what" in
   demo) exec .venv/bin/gpuwatch demo "$@" ;;
-  # One worker per core; a worker that runs out of tests takes some of another's queue, which
-  # keeps the long torch tests from leaving one core idle at the end. `-n 0`: one process.
-  test) exec .venv/bin/python -m pytest -q -n auto --dist worksteal "$@" ;;
+  # One worker per core, each handed a whole test file at a time, the longest files first
+  # (tests/conftest.py orders them by their `slow` marks). `-n 0`: one process. Byte-code is
+  # written (whatever PYTHONDONTWRITEBYTECODE says): the hundreds of gpuwatch processes the
+  # tests start would otherwise each compile our modules again.
+  test)
+    unset PYTHONDONTWRITEBYTECODE
+    exec .venv/bin/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder "$@" ;;
   lint)
     export PATH="$PWD/.venv/bin:$PATH"
     ruff check .

@@ -129,6 +129,7 @@ def test_alerts_close_together_go_out_as_one_message_per_window(tmp_path, shared
         deliverer.close()
 
 
+@pytest.mark.slow
 def test_an_endpoint_down_then_back_gets_every_alert_once_and_no_url_is_logged(
     tmp_path, shared_db, hook, caplog
 ):

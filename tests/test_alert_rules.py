@@ -118,6 +118,7 @@ def cfg(tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.slow
 def test_every_kind_once_per_incident_and_a_restart_repeats_none(cfg, tmp_path):
     db = cfg.db
     env = dict(os.environ, PYTHONPATH=str(ROOT))

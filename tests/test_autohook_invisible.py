@@ -20,6 +20,7 @@ print(type(model).__name__, sum(p.numel() for p in model.parameters()))
 """
 
 
+@pytest.mark.slow
 def test_copies_pickles_saves_script_trace_export_and_checkpoints_are_the_same(tmp_path):
     wrapped_dir, bare_dir = tmp_path / "wrapped", tmp_path / "bare"
     wrapped_dir.mkdir()
@@ -47,6 +48,7 @@ def test_copies_pickles_saves_script_trace_export_and_checkpoints_are_the_same(t
     assert [s["step"] for s in steps_of(the_run()["run_id"])] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["module", "inplace", "step", "optimizer"])
 def test_torch_compile_compiles_as_often_and_warns_as_little_as_without_gpuwatch(how):
     """torch.compile(model), model.compile(), a training step compiled whole (the forward inside
@@ -69,6 +71,7 @@ def test_torch_compile_compiles_as_often_and_warns_as_little_as_without_gpuwatch
     assert [s["loss"] for s in steps] == pytest.approx(logged, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_a_forward_interrupted_by_ctrl_c_leaves_nothing_behind_once_training_goes_on():
     done = gw_run(PY, str(SCRIPTS / "interrupted.py"))
     assert done.returncode == 0, done.stderr[-3000:]

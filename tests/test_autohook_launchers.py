@@ -61,6 +61,7 @@ def test_python_dash_m_runs_a_package_and_its_steps_are_recorded(tmp_path, monke
     assert [s["loss"] for s in steps] == pytest.approx(_logged_losses(done.stdout), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_accelerate_launch_records_the_script_and_not_its_launcher(tmp_path):
     accelerate = str(Path(PY).with_name("accelerate"))
     script = str(SCRIPTS / "fabric_accelerate.py")  # Accelerator(), prepare, accelerator.backward, step

@@ -34,6 +34,7 @@ def test_sequence_first_inputs_count_samples_and_seq_len_the_right_way_round(bod
     assert [(s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [(64, 4, 16)] * 3
 
 
+@pytest.mark.slow
 def test_an_oom_in_the_first_forward_of_a_hugging_face_model_gets_the_full_advice():
     """Eager attention at L=8192, batch 8, 8 heads (16 GiB of scores) under a 4 GiB address space:
     the inputs (given by keyword) and the model's config reach the postmortem."""
@@ -87,6 +88,7 @@ def test_a_loss_outside_forward_stays_right_when_the_loop_changes_its_backward_p
     assert [s["loss"] for s in steps[13:]] == pytest.approx(logged[13:], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_an_oom_in_the_first_forward_under_the_hugging_face_trainer_gets_the_full_advice(tmp_path):
     """The Trainer's callback owns the steps; the hooks still give the run the first training
     forward's batch, seq_len, heads and attention implementation before it runs out of memory."""

@@ -78,6 +78,7 @@ def test_a_hand_written_loop_with_grad_accumulation_two_optimisers_and_eval():
     assert [s["loss"] for s in steps] == pytest.approx(logged, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_the_real_hugging_face_trainer_unchanged(tmp_path):
     done = gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "out"), "--pad")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -125,6 +126,7 @@ def test_a_script_that_tracks_itself_is_counted_once_by_its_own_calls():
     assert [(s["step"], s["tokens"], s["samples"]) for s in steps] == [(1, 100, 4), (2, 100, 4), (3, 100, 4)]
 
 
+@pytest.mark.slow
 def test_no_instrument_flag_and_variable_leave_the_program_alone():
     assert gw_run(PY, str(SCRIPTS / "loop.py"), flags=("--no-instrument",)).returncode == 0
     assert gw_run(PY, str(SCRIPTS / "loop.py"), env=dict(os.environ, GPUWATCH_INSTRUMENT="0")).returncode == 0
@@ -151,6 +153,7 @@ def test_a_program_without_torch_and_the_users_own_sitecustomize_run_as_without_
     assert len(query("SELECT * FROM steps")) == 5
 
 
+@pytest.mark.slow
 def test_a_failing_hook_switches_itself_off_with_one_line_and_the_program_runs_on():
     script = [PY, str(SCRIPTS / "hook_fault.py")]
     wrapped = gw_run(*script)
@@ -201,6 +204,7 @@ def _assert_lightning_run(steps, lightning: dict) -> None:
     assert ours == pytest.approx(theirs, rel=0.05)
 
 
+@pytest.mark.slow
 def test_the_real_lightning_trainer_unchanged():
     lightning = _trainer_figures(gw_run(PY, str(SCRIPTS / "lightning_trainer.py")))
     assert lightning["callbacks"].count("gpuwatch.integrations.lightning") == 1  # added by the bootstrap
@@ -209,6 +213,7 @@ def test_the_real_lightning_trainer_unchanged():
     _assert_lightning_run(steps_of(run["run_id"]), lightning)
 
 
+@pytest.mark.slow
 def test_the_lightning_callback_without_gpuwatch_run():
     lightning = _trainer_figures(plain(PY, str(SCRIPTS / "lightning_trainer.py"), "--callback"))
     (run,) = query("SELECT * FROM runs")
@@ -219,6 +224,7 @@ def test_the_lightning_callback_without_gpuwatch_run():
     assert all(0 <= s["data_wait_pct"] <= 100 for s in steps_of(run["run_id"])[1:])
 
 
+@pytest.mark.slow
 def test_the_hugging_face_callback_without_gpuwatch_run(tmp_path):
     trainer = _trainer_figures(plain(PY, str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "out"), "--callback"))
     logs = [entry for entry in trainer["logged"] if "loss" in entry]
@@ -234,6 +240,7 @@ def test_the_hugging_face_callback_without_gpuwatch_run(tmp_path):
     assert all(0 <= s["data_wait_pct"] <= 100 for s in steps[1:])  # on_step_begin marks compute
 
 
+@pytest.mark.slow
 def test_an_unmodified_ddp_script_under_torchrun_is_one_job_with_two_ranks():
     torchrun = str(Path(PY).with_name("torchrun"))
     done = gw_run(torchrun, "--standalone", "--nproc_per_node=2", str(SCRIPTS / "ddp.py"))

@@ -71,6 +71,7 @@ def _runs() -> list[tuple]:
         conn.close()
 
 
+@pytest.mark.slow
 def test_runs_in_a_notebook_end_at_a_new_autolog_after_idle_time_and_at_kernel_exit(kernel):
     run_cell, manager = kernel
     run_cell("%load_ext gpuwatch")

@@ -48,6 +48,7 @@ def test_import_leaves_torch_and_textual_out():
     assert out.stdout.split() == ["False", "False"], out.stderr
 
 
+@pytest.mark.slow
 def test_training_steps_are_recorded_with_rates_losses_and_memory():
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)

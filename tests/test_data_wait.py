@@ -79,6 +79,7 @@ print("done")
 """
 
 
+@pytest.mark.slow
 def test_an_unmodified_script_under_gpuwatch_run_gets_its_data_wait(tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "slow_loader.py"

@@ -21,6 +21,7 @@ def gpuwatch(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow(15)
 def test_demo_records_a_training_and_a_generation_run(tmp_path):
     db = tmp_path / "demo.db"
     done = gpuwatch("demo", "--no-tui", "--db", str(db))
@@ -73,6 +74,7 @@ def test_demo_db_must_be_a_file_path(tmp_path):
     assert "is a directory" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_demo_stops_at_a_failed_stage_with_one_line(tmp_path):
     (tmp_path / "a-file").write_text("not a directory")
     done = gpuwatch("demo", "--no-tui", "--db", str(tmp_path / "a-file" / "demo.db"))

@@ -189,6 +189,7 @@ def test_service_state(good_env, active, enabled, status):
     assert check.status == status and check.fix
 
 
+@pytest.mark.slow
 def test_doctor_on_this_host_reports_the_missing_driver(tmp_path):
     """This machine has no NVIDIA driver: doctor must say so and exit non-zero."""
     exe = Path(sys.executable).with_name("gpuwatch")

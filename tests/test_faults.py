@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from systools import wait_for
 
 from gpuwatch.selftest.doctor import Env, check_daemon
@@ -152,6 +153,7 @@ def test_a_hung_gpu_is_shown_not_responding_while_the_others_and_the_host_keep_t
     assert "Traceback" not in stderr
 
 
+@pytest.mark.slow(10)
 def test_the_watchdog_is_fed_while_a_gpu_hangs(tmp_path):
     import asyncio
     import socket

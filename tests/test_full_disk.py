@@ -21,6 +21,7 @@ from gpuwatch.store import health
 from gpuwatch.store import writer as writer_mod
 
 
+@pytest.mark.slow
 def test_database_socket_and_health_file_on_one_full_disk_log_three_lines_and_no_traceback(
     small_disk,  # noqa: F811 (the fixture)
     monkeypatch,

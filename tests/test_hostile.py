@@ -185,6 +185,7 @@ def _check_reply(reply: dict) -> None:
         assert "\n" not in reply["error"] and len(reply["error"]) < 1000, reply
 
 
+@pytest.mark.slow(12)
 def test_fuzzing_the_socket_answers_every_frame_and_logs_no_traceback(open_server, records):
     srv = open_server
     honest = Client(srv.cfg.socket_path)
@@ -310,6 +311,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_warning_a_visible_state_and_no_lost_event(
     small_disk,
     shared_dir,  # noqa: F811
@@ -476,6 +478,7 @@ VICTIM = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_one_uid_flooding_does_not_hold_up_another_uids_acks(open_server):
     from bench_hostile import FLOOD  # the bench's flooding process: 1000-event frames, many connections
 

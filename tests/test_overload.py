@@ -195,6 +195,7 @@ def test_a_tight_step_loop_under_gpuwatch_run_is_counted_exactly(place):
     check_exact(run_row(place / "gw.db", result["run_id"]), result["steps"])
 
 
+@pytest.mark.slow
 def test_eight_processes_of_one_user_at_1000_to_2000_steps_a_second_are_all_stored_unspooled(place):
     daemon = start_daemon(place, interval=1.0)
     try:

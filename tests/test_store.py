@@ -73,6 +73,7 @@ def test_reopening_does_not_reapply_migrations(tmp_path):
     conn.close()
 
 
+@pytest.mark.slow
 def test_processes_creating_one_database_at_once_all_open_it(tmp_path):
     """The ranks of a torchrun job with no daemon open the same new embedded database at the
     same moment: each must find it created once, not fail on a table another one just made."""

@@ -116,6 +116,7 @@ def hparams_of(events: EventAccumulator) -> dict:
     return {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
 
 
+@pytest.mark.slow
 def test_a_finished_run_exports_every_figure_as_the_database_holds_it(tmp_path):
     done = subprocess.run(
         [GPUWATCH, "run", "--name", "tb-steps", "--", PY, str(SCRIPTS / "tb_steps.py"), "10", "0.25"],
@@ -207,6 +208,7 @@ def test_an_oom_postmortem_is_exported_as_text(tmp_path):
     assert "requested 16.0 GiB" in postmortem
 
 
+@pytest.mark.slow(15)
 def test_the_live_mirror_grows_while_the_run_runs_and_ends_with_it(tmp_path):
     logs = tmp_path / "logs"
     proc = subprocess.Popen(
@@ -264,6 +266,7 @@ def _trainer_logs(root: Path, pattern: str) -> Path:
     return theirs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer", ["hf", "lightning"])
 def test_auto_writes_beside_a_real_trainers_own_tensorboard_logs(tmp_path, trainer):
     if trainer == "hf":

@@ -3,6 +3,7 @@ and the sparklines are kept between polls (each poll reads only the newest sampl
 
 from __future__ import annotations
 
+import pytest
 from rich.text import Text
 
 from gpuwatch.store import Writer, open_ro, queries
@@ -280,6 +281,7 @@ def test_a_new_second_repaints_the_clock_alone(monkeypatch):
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_a_process_table_left_open_does_not_grow():
     """Each process tick changes SM% and CPU% of every row; DataTable keeps every tick's
     rendered cells under a new key, so a TUI left open for hours must keep only what the

@@ -141,6 +141,7 @@ def launch_chromium(playwright):
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
 
 
+@pytest.mark.slow
 @needs_tools("chromium")
 def test_overview_in_chromium_and_keys_work(served):
     from playwright.sync_api import sync_playwright

@@ -243,6 +243,7 @@ print(json.dumps({{"run": run.run_id, "from": int(hog_from * 1000), "to": int(ho
 """
 
 
+@pytest.mark.slow(28)
 def test_a_real_tracked_run_slowed_by_cpu_hogs(tmp_path):
     """gpuwatch.track + step in embedded mode (its sampler writes the host's samples), while
     busy processes (one per core, and one more) compete for the CPU for 14 s: the slowdown is

@@ -59,6 +59,7 @@ def args_for(module, *argv: str):
 # ---- recorded through the client, in a child process ----------------------------------------
 
 
+@pytest.mark.slow
 def test_gpt_train_records_every_step_with_plausible_rates():
     out, wall_s = run_workload("gpt_train", "--tiny", "--steps", "5", "--device", "cpu")
     result = common.parse_result(out)
@@ -80,6 +81,7 @@ def test_gpt_train_records_every_step_with_plausible_rates():
         assert 3 < s["loss"] < 9  # ln(512) = 6.24 for random tokens from an untrained model
 
 
+@pytest.mark.slow
 def test_lstm_counts_only_real_tokens():
     run_workload("lstm_context", "--tiny", "--steps", "4", "--device", "cpu")
     (run,) = query("SELECT run_id, name, status FROM runs")
@@ -164,6 +166,7 @@ def test_running_out_of_memory_ends_the_run_as_oom_with_a_result_line():
     shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
     reason="torchrun is installed with torch next to the interpreter",
 )
+@pytest.mark.slow
 def test_ddp_under_torchrun_is_one_job_with_two_ranks():
     torchrun = str(Path(sys.executable).parent / "torchrun")
     out, _ = run_workload(

@@ -56,6 +56,7 @@ def gan(tmp_path_factory):
     shutil.rmtree(runtime, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_gan_records_one_step_per_iteration_with_each_optimisers_loss_named_after_its_module(gan):
     done = gan.done
     assert done.returncode == 0, done.stderr[-3000:]
@@ -93,6 +94,7 @@ def test_the_run_of_a_gan_counts_the_parameters_of_both_modules(gan):
     assert config["n_params"] == sum(p.numel() for m in (netG, netD) for p in m.parameters())
 
 
+@pytest.mark.slow
 def test_an_lbfgs_step_carries_the_closures_first_evaluation_and_the_evaluation_count():
     done = gw_run(PY, str(SCRIPTS / "lbfgs.py"))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -108,6 +110,7 @@ def test_an_lbfgs_step_carries_the_closures_first_evaluation_and_the_evaluation_
     assert printed[0][1] > 1  # LBFGS did evaluate its closure several times a step
 
 
+@pytest.mark.slow
 def test_data_wait_is_the_time_inside_the_loader_and_evaluation_and_checkpoints_are_named(tmp_path):
     done = gw_run(PY, str(SCRIPTS / "eval_checkpoint.py"), str(tmp_path / "ckpt.pt"))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -139,6 +142,7 @@ def test_data_wait_is_the_time_inside_the_loader_and_evaluation_and_checkpoints_
     assert all(word in split for word in ("data", "compute", "eval/checkpoint", "other")), split
 
 
+@pytest.mark.slow
 def test_our_stderr_lines_say_they_are_ours_and_there_is_at_most_one(gan):
     done = gan.done
     assert done.returncode == 0
@@ -148,6 +152,7 @@ def test_our_stderr_lines_say_they_are_ours_and_there_is_at_most_one(gan):
     assert plain.stdout == done.stdout  # and nothing else changed for the program
 
 
+@pytest.mark.slow
 def test_torchrun_ranks_are_named_after_the_job_and_last_as_long_as_their_process():
     torchrun = str(Path(PY).with_name("torchrun"))
     done = gw_run(
@@ -165,6 +170,7 @@ def test_torchrun_ranks_are_named_after_the_job_and_last_as_long_as_their_proces
     assert "ddp2/rank0" in listed and "ddp2/rank1" in listed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["gpuwatch run", "callback"])
 def test_a_lightning_validation_loop_is_the_next_steps_evaluation_time(how):
     script = str(SCRIPTS / "lightning_validation.py")
