@@ -22,11 +22,13 @@ import pytest
 from click.testing import CliRunner
 from systools import wait_for
 
+from collectors.nvml import GpuSample, GpuStatic
 from gpuwatch.alerts import rules as rules_mod
 from gpuwatch.base.config import Config
 from gpuwatch.daemon.main import Daemon
 from gpuwatch.monitor import sampler as sampler_mod
 from gpuwatch.store import alerts as stored
+from gpuwatch.store import open_rw
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -211,6 +213,27 @@ def test_every_kind_once_per_incident_and_a_restart_repeats_none(cfg, tmp_path):
     finally:
         running.stop()
     assert kinds(db) == first
+
+
+def test_a_gpu_read_late_is_neither_lost_nor_released(cfg):
+    """A tick where our busy process read a GPU too late (no sample, the GPU not shown to block)
+    says nothing of that GPU: no gpu.lost alert, and its throttle episode goes on, so the alert
+    still comes when the throttling has lasted, not from the late tick on."""
+    rules = rules_mod.AlertRules(cfg, "node1", clock=lambda: 0)
+    statics = [
+        GpuStatic(i, f"GPU-{i}", "H100 (simulated)", None, None, None, None, None, None) for i in (0, 1)
+    ]
+    hot = [GpuSample(i, 0, gpu_util_pct=90, throttle_reasons=0x40) for i in (0, 1)]
+    hold_ms = int(cfg.throttle_alert_minutes * 60_000)
+    conn = open_rw(cfg.db)
+    try:
+        for ts, samples in ((0, hot), (hold_ms // 2, hot[1:]), (hold_ms + 1, hot)):
+            with conn:
+                rules.gpu_job(ts, statics, samples, [], {}, [])(conn)
+        alerts = conn.execute("SELECT kind, gpu_index FROM alerts ORDER BY gpu_index").fetchall()
+    finally:
+        conn.close()
+    assert alerts == [("gpu.throttled", 0), ("gpu.throttled", 1)]
 
 
 def test_idle_held_re_arms_only_after_release(cfg):

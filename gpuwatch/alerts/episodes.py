@@ -41,6 +41,9 @@ class Episodes:
         stored.fired(conn, key)
         return episode.since_ms
 
+    def open_keys(self, conn: sqlite3.Connection, prefix: str) -> list[str]:
+        return [k for k in self._state(conn) if k.startswith(prefix)]
+
     def release_others(self, conn: sqlite3.Connection, prefix: str, holding: set[str]) -> None:
         """Every open episode whose key starts with `prefix` and is not in `holding` ended."""
         state = self._state(conn)

@@ -168,8 +168,10 @@ def gpu_facts(
     facts = []
     for static in statics:
         s = by_index.get(static.gpu_index)
-        if s is None or s.state:  # a GPU with no sample this tick is lost
-            facts.append(_state_fact(host, cfg, static, s.state if s and s.state else "lost"))
+        if s is None:  # read late while our process was busy: unknown this tick (unsampled())
+            continue
+        if s.state:
+            facts.append(_state_fact(host, cfg, static, s.state))
             continue
         for family, bits in THROTTLE_FAMILIES:
             words = fmt.throttle_words((s.throttle_reasons or 0) & bits)
@@ -195,6 +197,17 @@ def gpu_facts(
         run_id: str | None = known[1]
         facts.append(_idle_held(host, cfg, statics_by_index[p.gpu_index], s.gpu_util_pct, p, info, run_id))
     return facts
+
+
+def unsampled(statics: Sequence[GpuStatic], samples: Sequence[GpuSample]) -> set[str]:
+    """The GPUs (as in episode keys) with no sample this tick: what held for them still holds."""
+    sampled = {s.gpu_index for s in samples}
+    return {_gpu_key(static) for static in statics if static.gpu_index not in sampled}
+
+
+def key_gpu(key: str) -> str:
+    """The GPU of a GPU episode's key ("gpu.throttled:UUID:thermal" -> "UUID")."""
+    return key.split(":")[1]
 
 
 class ErrorCounts:

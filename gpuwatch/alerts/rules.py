@@ -90,11 +90,12 @@ class AlertRules:
         xids: Sequence[XidEvent],
     ) -> Callable[[sqlite3.Connection], None]:
         facts = gpu_rules.gpu_facts(self.host, self.cfg, statics, samples, procs, pid_facts)
+        unsampled = gpu_rules.unsampled(statics, samples)
         instant = self.errors.alerts(self.host, ts, statics, samples, xids)
 
         def held(conn: sqlite3.Connection) -> list[Alert]:
             found: list[Alert] = []
-            holding: set[str] = set()
+            holding = {k for k in self.episodes.open_keys(conn, "gpu.") if gpu_rules.key_gpu(k) in unsampled}
             for fact in facts:
                 holding.add(fact.key)
                 since = self.episodes.hold(conn, fact.key, ts, fact.hold_ms)
