@@ -179,7 +179,8 @@ class Direct:
                     g.mem_total_bytes,
                     s and s.temp_c,
                     s and s.power_mw,
-                    fmt.gpu_state(s.state if s else "lost", self.nvml.not_responding_since(g.gpu_index)),
+                    # no sample: read too late this once (our process was busy), not lost
+                    fmt.gpu_state(s.state if s else "no sample", self.nvml.not_responding_since(g.gpu_index)),
                 )
             )
             if s is not None and s.state is None:
