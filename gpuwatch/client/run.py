@@ -51,6 +51,7 @@ _OOM_MESSAGES = (
 
 _PLAIN_COUNTS = {int, type(None)}
 _PLAIN_LOSSES = {float, int, type(None)}
+_record = tuple.__new__
 
 
 class Recorded(NamedTuple):
@@ -378,7 +379,8 @@ class Run:
             # A tensor count (unmasked tokens summed on the GPU) is read later, like the loss.
             tokens = torch_stats.capture_loss(tokens) if hasattr(tokens, "detach") else _whole(tokens)
         self._seq_len, self._batch = seq_len, samples
-        captured = torch_stats.capture_loss(loss)  # queued before the event: ready with it
+        if loss is not None and type(loss) is not float:
+            loss = torch_stats.capture_loss(loss)  # queued before the event: ready with it
         if losses is not None:
             losses = {str(name): torch_stats.capture_loss(value) for name, value in losses.items()}
         compute, self._compute_mark = self._compute_mark, None
@@ -386,27 +388,32 @@ class Run:
         alloc: int | None  # (annotations of locals: no work at run time)
         reserved: int | None
         peak: int | None
-        if self._torch is not None:
-            alloc, reserved, peak = torch_stats.cuda_memory(self._torch)
-        else:
+        torch = self._torch
+        if torch is None:
             alloc = reserved = peak = None
+        else:
+            alloc, reserved, peak = torch_stats.cuda_memory(torch)
         pending = self._pending
+        # (tuple.__new__: Recorded's own __new__ costs three times as much, and this is every step)
         pending.append(
-            Recorded(
-                self._step,
-                now_ms(),
-                mark,
-                compute,
-                tokens,
-                samples,
-                seq_len,
-                captured,
-                losses,
-                alloc,
-                reserved,
-                peak,
-                self._rss.read(),
-                split,
+            _record(
+                Recorded,
+                (
+                    self._step,
+                    now_ms(),
+                    mark,
+                    compute,
+                    tokens,
+                    samples,
+                    seq_len,
+                    loss,
+                    losses,
+                    alloc,
+                    reserved,
+                    peak,
+                    self._rss.read(),
+                    split,
+                ),
             )
         )
         if len(pending) < PENDING_STEPS_MAX:
@@ -414,14 +421,15 @@ class Run:
         else:  # the drainer fell behind (starved of the CPU): catch up here rather than grow
             with self._draining:
                 self._drain(wait=False)
-        every = self._cfg.memory_stats_every
-        if self._torch is not None and every > 0 and self._step % every == 0:
-            self._send(
-                "memory_stats",
-                step=self._step,
-                device=self._torch.cuda.current_device(),
-                **torch_stats.memory_stats_fields(self._torch.cuda.memory_stats()),
-            )
+        if torch is not None:
+            every = self._cfg.memory_stats_every
+            if every > 0 and self._step % every == 0:
+                self._send(
+                    "memory_stats",
+                    step=self._step,
+                    device=torch.cuda.current_device(),
+                    **torch_stats.memory_stats_fields(torch.cuda.memory_stats()),
+                )
         if self._profiling.active:
             self._profiling.step(self._step)
 
