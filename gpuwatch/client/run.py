@@ -204,7 +204,8 @@ class _Drainer:
         self._due = False  # steps wait for this thread
 
     def wake(self) -> None:
-        """A step waits: drain within DRAIN_EVERY_MS (one wake-up per burst, not per step)."""
+        """A step waits: drain within DRAIN_EVERY_MS (one wake-up per burst, not per step: while
+        steps keep coming, this thread drains them every DRAIN_EVERY_MS unasked)."""
         if self._due:
             return
         self._due = True
@@ -224,7 +225,10 @@ class _Drainer:
             self._wake.clear()
             while not self._stopped:
                 time.sleep(DRAIN_EVERY_MS / 1000)
-                self._due = False  # before draining: a step appended after this wakes us again
+                if not run._pending:  # no step since the last drain: the burst ended
+                    self._due = False  # from here a step wakes this thread
+                    if not run._pending:  # (one appended just before that did not)
+                        break
                 with run._draining:
                     if run._ended:
                         return
@@ -233,8 +237,6 @@ class _Drainer:
                     except Exception:  # a broken CUDA context: the training thread's end says so
                         log.debug("gpuwatch: background drain failed", exc_info=True)
                         return
-                if not run._pending:  # else a step the GPU has not reached yet: look again
-                    break
 
 
 class Run:

@@ -160,7 +160,8 @@ class StepTally:
 
     def take(self) -> dict:
         """The step's fields for Run.step(), and a fresh tally for the next step."""
-        return dict(zip(("tokens", "samples", "seq_len", "loss"), self.take_args()))
+        tokens, samples, seq_len, loss = self.take_args()
+        return {"tokens": tokens, "samples": samples, "seq_len": seq_len, "loss": loss}
 
 
 def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = False):

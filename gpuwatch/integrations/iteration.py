@@ -76,8 +76,9 @@ class OptimizerCycle:
 
     def next_iteration(self) -> None:
         """The iteration ended and its losses are not wanted (one optimiser: the step's own)."""
-        self._open.clear()
-        self._losses.clear()
+        if self._open:  # (the only optimiser's steps leave nothing open: see sole)
+            self._open.clear()
+            self._losses.clear()
 
 
 def _summed(loss):
