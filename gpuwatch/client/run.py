@@ -514,7 +514,7 @@ class Run:
                     "samples": samples,
                     "seq_len": seq_len,
                     "loss": loss,
-                    "losses": fold.finite_losses(losses),
+                    "losses": fold.finite_losses(losses) if losses else None,
                     "step_time_ms": step_ms,
                     "data_wait_pct": wait_pct,
                     "tokens_per_s": tps,

@@ -129,22 +129,20 @@ def capture_loss(loss: Any) -> Any:
     return detach()
 
 
-def _read(captured: Any) -> Any:
+def resolve_loss(captured: Any) -> float | None:
+    """A loss capture_loss kept, read."""
     if type(captured) is tuple:  # a CPU tensor and its version when captured
         tensor, version = captured
-        return tensor.item() if tensor._version == version else None
-    return captured.item() if hasattr(captured, "item") else captured
-
-
-def resolve_loss(captured: Any) -> float | None:
-    value = None if captured is None else _read(captured)
-    return None if value is None else float(value)
+        return float(tensor.item()) if tensor._version == version else None
+    if captured is None:
+        return None
+    return float(captured.item() if hasattr(captured, "item") else captured)
 
 
 def resolve_count(captured: Any) -> int | None:
     """A count captured as a loss is (a tensor summed on the GPU, or a number), read as an int."""
-    value = _read(captured)
-    return None if value is None else round(float(value))
+    value = resolve_loss(captured)
+    return None if value is None else round(value)
 
 
 class RssReader:

@@ -138,23 +138,21 @@ class StepTally:
     def forget_roots(self) -> None:
         self._roots.clear()
 
-    def loss(self):
-        """The step's loss over its micro-batches (a tensor: read later, without a sync). Roots
-        are summed: a loop that divides by its accumulation count before backward() (nanoGPT,
-        accelerate) gets the mean micro-batch loss."""
-        losses = self._losses or self._roots
-        if len(losses) < 2:
-            return losses[0] if losses else None  # (not summed, not divided by 1: a tensor op each)
-        total = sum_losses(losses)
-        if self._summed or not self._losses:
-            return total
-        return total / len(losses)
-
     def take_args(self) -> tuple:
         """(tokens, samples, seq_len, loss): the step's first arguments of Run.step() in order
         (positional: unpacking a dict into keywords costs more than the rest of a step's
-        bookkeeping), and a fresh tally for the next step."""
-        fields = self.tokens, self.samples or None, self.seq_len, self.loss()
+        bookkeeping), and a fresh tally for the next step. The loss is the mean of the
+        micro-batches' (a tensor: read later, without a sync); roots are summed: a loop that
+        divides by its accumulation count before backward() (nanoGPT, accelerate) gets the mean
+        micro-batch loss."""
+        losses = self._losses or self._roots
+        if len(losses) < 2:
+            loss = losses[0] if losses else None  # (not summed, not divided by 1: a tensor op each)
+        else:
+            loss = sum_losses(losses)
+            if self._losses and not self._summed:
+                loss = loss / len(losses)
+        fields = self.tokens, self.samples or None, self.seq_len, loss
         self.reset()
         return fields
 
