@@ -530,7 +530,7 @@ class Run:
     def _read(self, group: list[Recorded]) -> fold.Steps:
         """Recorded steps a column at a time, their timings and tensors read (the GPU passed
         them): a few C-level passes over a column, not work per step, when steps come fast."""
-        clock, resolve = self._clock, torch_stats.resolve_loss
+        clock, resolve = self._clock, torch_stats.resolve_losses
         columns = RecordedColumns(*zip(*group))
         marks, computes, tokens, loss, losses = (
             columns.mark,
@@ -546,11 +546,12 @@ class Run:
                 None if c is None else clock.wait_pct(m, c, ms) for m, c, ms in zip(marks, computes, step_ms)
             ]
         if not set(map(type, tokens)) <= _PLAIN_COUNTS:  # tensor counts (summed on the GPU)
-            tokens = [t if t is None or type(t) is int else torch_stats.resolve_count(t) for t in tokens]
+            tokens = torch_stats.resolve_counts(tokens)
         if not set(map(type, loss)) <= _PLAIN_LOSSES:
-            loss = [resolve(v) for v in loss]
-        if any(losses):
-            losses = [None if d is None else {name: resolve(v) for name, v in d.items()} for d in losses]
+            loss = resolve(loss)
+        if any(losses):  # every step's, read together
+            read = iter(resolve([v for d in losses if d is not None for v in d.values()]))
+            losses = [None if d is None else {name: next(read) for name in d} for d in losses]
         return fold.Steps(
             columns.step,
             columns.ts_ms,

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from types import ModuleType
-from typing import Any
+from typing import Any, Sequence
 
 # A CUDA event pair: (previous step's end or None on the first step, this step's end).
 EventPair = tuple[Any, Any]
@@ -139,10 +139,35 @@ def resolve_loss(captured: Any) -> float | None:
     return float(captured.item() if hasattr(captured, "item") else captured)
 
 
-def resolve_count(captured: Any) -> int | None:
-    """A count captured as a loss is (a tensor summed on the GPU, or a number), read as an int."""
-    value = resolve_loss(captured)
-    return None if value is None else round(value)
+def resolve_losses(captured: Sequence[Any]) -> list[float | None]:
+    """Losses capture_loss kept, read; the CPU tensors among them in one tensor op (an .item()
+    each would hand the GIL to the training thread, and wait to get it back, once a step)."""
+    values: list[float | None] = []
+    kept, where = [], []
+    for i, one in enumerate(captured):
+        if type(one) is tuple:
+            tensor, version = one
+            if tensor._version == version:
+                kept.append(tensor)
+                where.append(i)
+            values.append(None)
+        else:
+            values.append(resolve_loss(one))
+    if len(kept) > 1:
+        try:
+            read = sys.modules["torch"].stack(kept).tolist()  # (a tensor exists: torch is imported)
+        except (RuntimeError, TypeError):  # tensors stack cannot join: one at a time
+            read = [t.item() for t in kept]
+    else:
+        read = [t.item() for t in kept]
+    for i, value in zip(where, read):
+        values[i] = float(value)
+    return values
+
+
+def resolve_counts(captured: Sequence[Any]) -> list[int | None]:
+    """Counts captured as losses are (tensors summed on the GPU, or numbers), read as ints."""
+    return [None if value is None else round(value) for value in resolve_losses(captured)]
 
 
 class RssReader:
