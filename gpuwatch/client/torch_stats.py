@@ -113,9 +113,7 @@ def capture_loss(loss: Any) -> Any:
     """Keep a loss without reading it now: a CUDA tensor starts an async copy to host memory.
 
     The copy is queued before the step's CUDA event, so once that event completed the host copy
-    holds the value and `.item()` no longer waits for the GPU. A CPU tensor that holds no graph
-    is kept with its version counter and read off the training thread (an `.item()` right after
-    a step, the caches cold, costs ~10 µs there): changed in place before that, it reads None.
+    holds the value and `.item()` no longer waits for the GPU.
     """
     if loss is None or isinstance(loss, (int, float)):
         return loss
@@ -125,41 +123,32 @@ def capture_loss(loss: Any) -> Any:
     if loss.is_cuda:
         return detach().to("cpu", non_blocking=True)
     if loss.is_cpu:
-        return loss.item() if loss.requires_grad else (loss, loss._version)
+        # Read now: on gpuwatch's drainer thread it would hand the GIL to the training thread and
+        # wait to get it back, which costs more than this.
+        return loss.item()
     return detach()
 
 
-def resolve_loss(captured: Any) -> float | None:
-    """A loss capture_loss kept, read."""
-    if type(captured) is tuple:  # a CPU tensor and its version when captured
-        tensor, version = captured
-        return float(tensor.item()) if tensor._version == version else None
-    if captured is None:
-        return None
-    return float(captured.item() if hasattr(captured, "item") else captured)
-
-
 def resolve_losses(captured: Sequence[Any]) -> list[float | None]:
-    """Losses capture_loss kept, read; the CPU tensors among them in one tensor op (an .item()
-    each would hand the GIL to the training thread, and wait to get it back, once a step)."""
+    """Losses capture_loss kept, read; the tensors among them (CUDA losses' host copies) in one
+    tensor op: each torch op of the drainer thread hands the GIL to the training thread and
+    waits to get it back."""
     values: list[float | None] = []
-    kept, where = [], []
+    tensors, where = [], []
     for i, one in enumerate(captured):
-        if type(one) is tuple:
-            tensor, version = one
-            if tensor._version == version:
-                kept.append(tensor)
-                where.append(i)
+        if hasattr(one, "item"):
+            tensors.append(one)
+            where.append(i)
             values.append(None)
         else:
-            values.append(resolve_loss(one))
-    if len(kept) > 1:
+            values.append(None if one is None else float(one))
+    if len(tensors) > 1:
         try:
-            read = sys.modules["torch"].stack(kept).tolist()  # (a tensor exists: torch is imported)
-        except (RuntimeError, TypeError):  # tensors stack cannot join: one at a time
-            read = [t.item() for t in kept]
+            read = sys.modules["torch"].stack(tensors).tolist()  # (a tensor exists: torch is imported)
+        except (KeyError, RuntimeError, TypeError):  # what stack cannot join: one at a time
+            read = [t.item() for t in tensors]
     else:
-        read = [t.item() for t in kept]
+        read = [t.item() for t in tensors]
     for i, value in zip(where, read):
         values[i] = float(value)
     return values
