@@ -299,8 +299,8 @@ def test_the_drainer_reads_recorded_steps_by_column_and_tensor_counts_as_ints():
         def item(self) -> float:
             return 4096.0
 
-    assert torch_stats.resolve_count(Copied()) == 4096 and type(torch_stats.resolve_count(Copied())) is int
-    assert torch_stats.resolve_count(2.6) == 3
+    counts = torch_stats.resolve_counts([Copied(), 2.6, None])
+    assert counts == [4096, 3, None] and type(counts[0]) is int
 
 
 def test_the_wire_takes_folded_steps_and_refuses_bad_losses_in_one_line():

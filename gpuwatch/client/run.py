@@ -46,6 +46,7 @@ _OOM_MESSAGES = (
 
 _PLAIN_COUNTS = {int, type(None)}
 _PLAIN_LOSSES = {float, int, type(None)}
+_record = tuple.__new__
 
 
 class Recorded(NamedTuple):
@@ -189,7 +190,8 @@ class _Drainer:
         self._due = False  # steps wait for this thread
 
     def wake(self) -> None:
-        """A step waits: drain within DRAIN_EVERY_MS (one wake-up per burst, not per step)."""
+        """A step waits: drain within DRAIN_EVERY_MS (one wake-up per burst, not per step: while
+        steps keep coming, this thread drains them every DRAIN_EVERY_MS unasked)."""
         if self._due:
             return
         self._due = True
@@ -209,7 +211,10 @@ class _Drainer:
             self._wake.clear()
             while not self._stopped:
                 time.sleep(DRAIN_EVERY_MS / 1000)
-                self._due = False  # before draining: a step appended after this wakes us again
+                if not run._pending:  # no step since the last drain: the burst ended
+                    self._due = False  # from here a step wakes this thread
+                    if not run._pending:  # (one appended just before that did not)
+                        break
                 with run._draining:
                     if run._ended:
                         return
@@ -218,8 +223,6 @@ class _Drainer:
                     except Exception:  # a broken CUDA context: the training thread's end says so
                         log.debug("gpuwatch: background drain failed", exc_info=True)
                         return
-                if not run._pending:  # else a step the GPU has not reached yet: look again
-                    break
 
 
 class Run:
@@ -364,7 +367,8 @@ class Run:
             # A tensor count (unmasked tokens summed on the GPU) is read later, like the loss.
             tokens = torch_stats.capture_loss(tokens) if hasattr(tokens, "detach") else _whole(tokens)
         self._seq_len, self._batch = seq_len, samples
-        captured = torch_stats.capture_loss(loss)  # queued before the event: ready with it
+        if loss is not None and type(loss) is not float:
+            loss = torch_stats.capture_loss(loss)  # queued before the event: ready with it
         if losses is not None:
             losses = {str(name): torch_stats.capture_loss(value) for name, value in losses.items()}
         compute, self._compute_mark = self._compute_mark, None
@@ -372,27 +376,32 @@ class Run:
         alloc: int | None  # (annotations of locals: no work at run time)
         reserved: int | None
         peak: int | None
-        if self._torch is not None:
-            alloc, reserved, peak = torch_stats.cuda_memory(self._torch)
-        else:
+        torch = self._torch
+        if torch is None:
             alloc = reserved = peak = None
+        else:
+            alloc, reserved, peak = torch_stats.cuda_memory(torch)
         pending = self._pending
+        # (tuple.__new__: Recorded's own __new__ costs three times as much, and this is every step)
         pending.append(
-            Recorded(
-                self._step,
-                now_ms(),
-                mark,
-                compute,
-                tokens,
-                samples,
-                seq_len,
-                captured,
-                losses,
-                alloc,
-                reserved,
-                peak,
-                self._rss.read(),
-                split,
+            _record(
+                Recorded,
+                (
+                    self._step,
+                    now_ms(),
+                    mark,
+                    compute,
+                    tokens,
+                    samples,
+                    seq_len,
+                    loss,
+                    losses,
+                    alloc,
+                    reserved,
+                    peak,
+                    self._rss.read(),
+                    split,
+                ),
             )
         )
         if len(pending) < PENDING_STEPS_MAX:
@@ -400,14 +409,15 @@ class Run:
         else:  # the drainer fell behind (starved of the CPU): catch up here rather than grow
             with self._draining:
                 self._drain(wait=False)
-        every = self._cfg.memory_stats_every
-        if self._torch is not None and every > 0 and self._step % every == 0:
-            self._send(
-                "memory_stats",
-                step=self._step,
-                device=self._torch.cuda.current_device(),
-                **torch_stats.memory_stats_fields(self._torch.cuda.memory_stats()),
-            )
+        if torch is not None:
+            every = self._cfg.memory_stats_every
+            if every > 0 and self._step % every == 0:
+                self._send(
+                    "memory_stats",
+                    step=self._step,
+                    device=torch.cuda.current_device(),
+                    **torch_stats.memory_stats_fields(torch.cuda.memory_stats()),
+                )
         if self._profiling.active:
             self._profiling.step(self._step)
 
@@ -490,7 +500,7 @@ class Run:
                     "samples": samples,
                     "seq_len": seq_len,
                     "loss": loss,
-                    "losses": fold.finite_losses(losses),
+                    "losses": fold.finite_losses(losses) if losses else None,
                     "step_time_ms": step_ms,
                     "data_wait_pct": wait_pct,
                     "tokens_per_s": tps,
@@ -506,7 +516,7 @@ class Run:
     def _read(self, group: list[Recorded]) -> fold.Steps:
         """Recorded steps a column at a time, their timings and tensors read (the GPU passed
         them): a few C-level passes over a column, not work per step, when steps come fast."""
-        clock, resolve = self._clock, torch_stats.resolve_loss
+        clock, resolve = self._clock, torch_stats.resolve_losses
         columns = RecordedColumns(*zip(*group))
         marks, computes, tokens, loss, losses = (
             columns.mark,
@@ -522,11 +532,12 @@ class Run:
                 None if c is None else clock.wait_pct(m, c, ms) for m, c, ms in zip(marks, computes, step_ms)
             ]
         if not set(map(type, tokens)) <= _PLAIN_COUNTS:  # tensor counts (summed on the GPU)
-            tokens = [t if t is None or type(t) is int else torch_stats.resolve_count(t) for t in tokens]
+            tokens = torch_stats.resolve_counts(tokens)
         if not set(map(type, loss)) <= _PLAIN_LOSSES:
-            loss = [resolve(v) for v in loss]
-        if any(losses):
-            losses = [None if d is None else {name: resolve(v) for name, v in d.items()} for d in losses]
+            loss = resolve(loss)
+        if any(losses):  # every step's, read together
+            read = iter(resolve([v for d in losses if d is not None for v in d.values()]))
+            losses = [None if d is None else {name: next(read) for name in d} for d in losses]
         return fold.Steps(
             columns.step,
             columns.ts_ms,

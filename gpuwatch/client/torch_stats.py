@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from types import ModuleType
-from typing import Any
+from typing import Any, Sequence
 
 # A CUDA event pair: (previous step's end or None on the first step, this step's end).
 EventPair = tuple[Any, Any]
@@ -123,21 +123,40 @@ def capture_loss(loss: Any) -> Any:
     if loss.is_cuda:
         return detach().to("cpu", non_blocking=True)
     if loss.is_cpu:
-        return loss.item()  # reading a CPU tensor costs no more than keeping it
+        # Read now: on gpuwatch's drainer thread it would hand the GIL to the training thread and
+        # wait to get it back, which costs more than this.
+        return loss.item()
     return detach()
 
 
-def resolve_loss(captured: Any) -> float | None:
-    if captured is None:
-        return None
-    value = captured.item() if hasattr(captured, "item") else captured
-    return float(value)
+def resolve_losses(captured: Sequence[Any]) -> list[float | None]:
+    """Losses capture_loss kept, read; the tensors among them (CUDA losses' host copies) in one
+    tensor op: each torch op of the drainer thread hands the GIL to the training thread and
+    waits to get it back."""
+    values: list[float | None] = []
+    tensors, where = [], []
+    for i, one in enumerate(captured):
+        if hasattr(one, "item"):
+            tensors.append(one)
+            where.append(i)
+            values.append(None)
+        else:
+            values.append(None if one is None else float(one))
+    if len(tensors) > 1:
+        try:
+            read = sys.modules["torch"].stack(tensors).tolist()  # (a tensor exists: torch is imported)
+        except (KeyError, RuntimeError, TypeError):  # what stack cannot join: one at a time
+            read = [t.item() for t in tensors]
+    else:
+        read = [t.item() for t in tensors]
+    for i, value in zip(where, read):
+        values[i] = float(value)
+    return values
 
 
-def resolve_count(captured: Any) -> int:
-    """A count captured as a loss is (a tensor summed on the GPU, or a number), read as an int."""
-    value = captured.item() if hasattr(captured, "item") else captured
-    return round(float(value))
+def resolve_counts(captured: Sequence[Any]) -> list[int | None]:
+    """Counts captured as losses are (tensors summed on the GPU, or numbers), read as ints."""
+    return [None if value is None else round(value) for value in resolve_losses(captured)]
 
 
 class RssReader:

@@ -138,28 +138,28 @@ class StepTally:
     def forget_roots(self) -> None:
         self._roots.clear()
 
-    def loss(self):
-        """The step's loss over its micro-batches (a tensor: read later, without a sync). Roots
-        are summed: a loop that divides by its accumulation count before backward() (nanoGPT,
-        accelerate) gets the mean micro-batch loss."""
+    def take_args(self) -> tuple:
+        """(tokens, samples, seq_len, loss): the step's first arguments of Run.step() in order
+        (positional: unpacking a dict into keywords costs more than the rest of a step's
+        bookkeeping), and a fresh tally for the next step. The loss is the mean of the
+        micro-batches' (a tensor: read later, without a sync); roots are summed: a loop that
+        divides by its accumulation count before backward() (nanoGPT, accelerate) gets the mean
+        micro-batch loss."""
         losses = self._losses or self._roots
-        if not losses:
-            return None
-        total = sum_losses(losses)  # (not divided by 1: a tensor op)
-        if self._summed or not self._losses or len(losses) == 1:
-            return total
-        return total / len(losses)
+        if len(losses) < 2:
+            loss = losses[0] if losses else None  # (not summed, not divided by 1: a tensor op each)
+        else:
+            loss = sum_losses(losses)
+            if self._losses and not self._summed:
+                loss = loss / len(losses)
+        fields = self.tokens, self.samples or None, self.seq_len, loss
+        self.reset()
+        return fields
 
     def take(self) -> dict:
         """The step's fields for Run.step(), and a fresh tally for the next step."""
-        fields = {
-            "tokens": self.tokens,
-            "samples": self.samples or None,
-            "seq_len": self.seq_len,
-            "loss": self.loss(),
-        }
-        self.reset()
-        return fields
+        tokens, samples, seq_len, loss = self.take_args()
+        return {"tokens": tokens, "samples": samples, "seq_len": seq_len, "loss": loss}
 
 
 def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = False):
@@ -168,8 +168,9 @@ def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = Fals
     ids, mask = find_tokens(args, kwargs)
     tally.add(ids, mask, seq_first)
     loss = loss_of(output)
-    # Hugging Face passes num_items_in_batch when the model divides by the whole step's count.
-    tally.add_loss(loss, normalised_over_step=kwargs.get("num_items_in_batch") is not None)
+    if loss is not None:
+        # Hugging Face passes num_items_in_batch when the model divides by the whole step's count.
+        tally.add_loss(loss, normalised_over_step=kwargs.get("num_items_in_batch") is not None)
     return loss
 
 

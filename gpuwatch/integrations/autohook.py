@@ -302,13 +302,14 @@ class AutoInstrument:
                 if module is self._framework.model:
                     self._training_began()
                 return
-            if self.model is None or module is self.model:
-                if self.run is None:  # opened before the first forward: an OOM in it gets its postmortem
-                    self.ensure_run(module, args)
+            run = self.run
+            if run is None and (self.model is None or module is self.model):
+                # opened before the first forward: an OOM in it gets its postmortem
+                run = self.ensure_run(module, args)
             # A training forward of any module (a GAN's D first) begins the iteration's compute
             # (the run keeps the first mark of an iteration).
-            if self.run is not None:
-                self.run.mark_compute()
+            if run is not None:
+                run.mark_compute()
             self._training_began()
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
@@ -360,12 +361,12 @@ class AutoInstrument:
                     if tally is not None:
                         count_forward(tally, args, kwargs, output)
                 return
-            if self.model is None:
+            if module is self.model:
+                tally, seq_first = self.tally, self._seq_first
+            elif self.model is None:
                 _, tally, seq_first = self._candidates.get(id(module)) or self._candidate(
                     module, args, kwargs
                 )
-            elif module is self.model:
-                tally, seq_first = self.tally, self._seq_first
             else:
                 return
             if count_forward(tally, args, kwargs, output, seq_first) is not None and self._optimizer_made:
@@ -502,9 +503,15 @@ class AutoInstrument:
                 self._backward_depth = 0
             loss = None  # the root, detached and unscaled once: the segment's and the tally's
             if self._framework is None and _is_scalar(tensors):
-                loss = self._unscaled(tensors)
+                loss = tensors.detach()
+                scaled = self._scaled
+                if scaled is not None and scaled.output() is tensors:
+                    loss = loss / scaled.scale  # GradScaler's scale undone
                 if self._optimizer_made or self._optimizers:
-                    self._add_segment_root(loss)
+                    segment = self._segment
+                    segment.append(loss)
+                    if len(segment) > 64:  # a long accumulation: keep the sum, not every root
+                        segment[:] = [sum_losses(segment)]
             if self._clean >= TRUSTED_AFTER:  # unchecked: the root counts when a forward awaits it
                 self._through_model = self._backwards <= self.tally.forwards
             elif not self._through_model:
@@ -539,21 +546,7 @@ class AutoInstrument:
             and (self.model is not None or self._choose_model())
             and self.tally.forwards
         ):
-            self.run.step(**self.tally.take(), split=self.split.take())
-
-    def _unscaled(self, root):
-        """A scalar backward() root, detached, with GradScaler's scale undone."""
-        loss = root.detach()
-        scaled = self._scaled
-        if scaled is not None and scaled.output() is root:
-            loss = loss / scaled.scale
-        return loss
-
-    def _add_segment_root(self, loss) -> None:
-        segment = self._segment
-        segment.append(loss)
-        if len(segment) > 64:  # a long accumulation: keep the sum, not every root
-            segment[:] = [sum_losses(segment)]
+            self.run.step(*self.tally.take_args(), None, self.split.take())
 
     def _segment_loss(self, closure: Closure | None):
         """The loss of the optimiser step that just ran: its closure's first evaluation (what
@@ -597,22 +590,24 @@ class AutoInstrument:
 
         self._cycle.names = name_optimizers([known[k] for k in self._cycle.order if k in known], module_of)
 
-    def _close_step(self, optimizer, fields: dict, loss, evals) -> None:
-        """The iteration ended at this optimiser step: its step, with each optimiser's loss."""
+    def _close_step(self, optimizer, loss, evals) -> None:
+        """The iteration ended at this optimiser step: its step, with each optimiser's loss
+        (`loss`: the closure's, with `evals` evaluations of it)."""
+        tokens, samples, seq_len, step_loss = self.tally.take_args()
         split = self.split.take()
         if evals:
             split["closure_evals"] = evals
-            fields["loss"] = loss
+            step_loss = loss
         losses = None
         if self._cycle.several():
             if len(self._cycle.names) < len(self._cycle.order):
                 self._name_optimizers(optimizer)
             losses = self._cycle.take() or None
-            if losses:  # `loss` is the first optimiser's of the cycle (a GAN's D)
-                fields["loss"] = next(iter(losses.values()))
+            if losses:  # the step's loss is the first optimiser's of the cycle (a GAN's D)
+                step_loss = next(iter(losses.values()))
         else:
             self._cycle.next_iteration()
-        self.run.step(**fields, losses=losses, split=split)
+        self.run.step(tokens, samples, seq_len, step_loss, losses, split)
 
     def _step_unseen(self, optimizer, loss, evals) -> None:
         """An optimiser step after a backward, with no training forward of any module seen: the
@@ -624,7 +619,7 @@ class AutoInstrument:
             return  # no backward since the last step: nothing trained
         self._backwards = 0
         self.ensure_run(None, params=[p for group in optimizer.param_groups for p in group["params"]])
-        self._close_step(optimizer, self.tally.take(), loss, evals)
+        self._close_step(optimizer, loss, evals)
 
     def _judge_iteration(self) -> None:
         """At an optimiser step: was each backward() of this iteration one through the model's
@@ -655,8 +650,8 @@ class AutoInstrument:
     # ---- every step ---------------------------------------------------------------------
     def _before_optimizer_step(self, optimizer, args, kwargs):
         """step(closure) (LBFGS): count the closure's evaluations and keep its first result."""
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: the optimiser
-        if not callable(closure) or self._framework is not None or not self._ours():
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")  # args[0]: the optimiser
+        if closure is None or not callable(closure) or self._framework is not None or not self._ours():
             return None
         counted = self._closure = Closure()
 
@@ -684,6 +679,20 @@ class AutoInstrument:
         try:
             self._optimizer_made = True
             closure, self._closure = self._closure, None
+            if (
+                closure is None
+                and self._cycle.sole == id(optimizer)
+                and self.tally.forwards
+                and self.model is not None
+            ):
+                # The usual step (one optimiser, after forwards of the model) ends the iteration, as
+                # the cycle would say after its bookkeeping; no closure: the segment's roots are not
+                # the step's loss (the tally's are).
+                if self._segment:
+                    self._segment = []
+                self._judge_iteration()
+                self._close_step(optimizer, None, None)
+                return
             loss = self._segment_loss(closure)
             evals = closure.evals if closure is not None and closure.evals else None
             if self.model is None and not self._choose_model():
@@ -693,7 +702,7 @@ class AutoInstrument:
                 return  # the iteration goes on: another optimiser of the cycle steps next
             if self.tally.forwards or self._cycle.several():
                 self._judge_iteration()
-                self._close_step(optimizer, self.tally.take(), loss, evals)
+                self._close_step(optimizer, loss, evals)
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
 

@@ -29,6 +29,8 @@ class OptimizerCycle:
         self.order: list[int] = []  # ids, in the order of their first step
         self.names: dict[int, str] = {}
         self.learnt = False
+        # The id of the only optimiser, once learnt: each step of it ends an iteration.
+        self.sole: int | None = None
         self._open: list[int] = []  # ids stepped in the iteration under way
         self._losses: dict[int, Any] = {}  # id -> the loss of its latest step in that iteration
 
@@ -39,11 +41,13 @@ class OptimizerCycle:
         key = id(optimizer)
         if key not in self.order:
             self.order.append(key)
+            self.sole = None
         self._open.append(key)
         if loss is not None:
             self._losses[key] = loss
         if len(self._open) > len(self.order) + RELEARN_AFTER:
             self.order = list(dict.fromkeys(self._open))
+            self._note_sole()
             return True
         if key != self.order[-1]:
             return False
@@ -51,7 +55,11 @@ class OptimizerCycle:
             if expected():
                 return False
             self.learnt = True
+            self._note_sole()
         return True
+
+    def _note_sole(self) -> None:
+        self.sole = self.order[0] if self.learnt and len(self.order) == 1 else None
 
     def several(self) -> bool:
         return len(self.order) > 1
@@ -68,8 +76,9 @@ class OptimizerCycle:
 
     def next_iteration(self) -> None:
         """The iteration ended and its losses are not wanted (one optimiser: the step's own)."""
-        self._open.clear()
-        self._losses.clear()
+        if self._open:  # (the only optimiser's steps leave nothing open: see sole)
+            self._open.clear()
+            self._losses.clear()
 
 
 def _summed(loss):
@@ -160,13 +169,13 @@ class StepSplit:
         fields: dict[str, float] = {}
         if total > 0:
             to_pct = 100.0 / total
-            aside = self._aside
-            aside_s = loader_aside = 0.0
+            aside, loader, eval_pct = self._aside, self._loader, 0.0
             if aside is not None and aside[1]:
-                aside_s, loader_aside = aside[1] - aside[0], aside[3] - aside[2]
+                eval_pct = _pct((aside[1] - aside[0]) * to_pct)
+                loader -= aside[3] - aside[2]  # the evaluation's own loader time
             if self.loader_seen:
-                fields["data_wait_pct"] = _pct((self._loader - loader_aside) * to_pct)
-            fields["eval_pct"] = _pct(aside_s * to_pct)
+                fields["data_wait_pct"] = _pct(loader * to_pct)
+            fields["eval_pct"] = eval_pct
             if self._compute is not None:
                 fields["compute_pct"] = _pct((now - self._compute) * to_pct)
         self.restart(now)
