@@ -180,12 +180,12 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 class _Drainer:
     """The thread that turns the steps step() recorded into events within DRAIN_EVERY_MS
-    (started at the first step)."""
+    (started with the run, idle until its first step: starting a thread inside a step would
+    charge the wait for it to the next step's time)."""
 
     def __init__(self, run: "Run") -> None:
         self._run = run
         self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
         self._stopped = False
         self._due = False  # steps wait for this thread
 
@@ -195,10 +195,10 @@ class _Drainer:
         if self._due:
             return
         self._due = True
-        if self._thread is None and not self._stopped:
-            self._thread = threading.Thread(target=self._loop, name="gpuwatch-steps", daemon=True)
-            self._thread.start()
         self._wake.set()
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="gpuwatch-steps", daemon=True).start()
 
     def stop(self) -> None:
         self._stopped = True
@@ -296,6 +296,7 @@ class Run:
         sys.excepthook = self._excepthook
         atexit.register(self._at_exit)
         oom.prepare(cfg)
+        self._drainer.start()
         self._profiling = profiling.Profiling(self.run_id, cfg, self._send, metadata.ranks(os.environ)[0])
         transport.control_handler = self._profiling.on_control
         # The first step is timed from here: after our own set-up, not including it.
