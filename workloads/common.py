@@ -115,8 +115,17 @@ def peak_bytes(device: torch.device) -> int:
     """Peak memory of this process: CUDA allocator peak on a GPU, peak RSS on a CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    # ru_maxrss is KiB on Linux.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM, this program's own high-water mark. Not ru_maxrss: Linux carries the launching
+    # process's peak across exec into it, so a workload started by a big process (a test
+    # runner, a notebook) would report that process's peak at every sequence length.
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def peak_label(device: torch.device) -> str:
