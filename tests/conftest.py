@@ -11,6 +11,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # lets tests and bench/ import fake_pynvml
+# One torch thread per process, as torchrun gives each rank: the suite runs torch programs side
+# by side on few cores, where each one's OpenMP pool would spin waiting for cores the others hold
+# (about a tenth of the suite's CPU). Programs run plain and under gpuwatch get the same.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def _nvidia_driver_present() -> bool:

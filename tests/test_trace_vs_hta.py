@@ -193,7 +193,6 @@ def test_a_reference_workloads_profile_is_stored_with_htas_step_times(tmp_path, 
     root = Path(__file__).resolve().parent.parent
     env = {
         **os.environ,
-        "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(root),
         "GPUWATCH_DB": str(tmp_path / "gw.db"),
         "GPUWATCH_RUNS_DIR": str(tmp_path / "runs"),
@@ -241,7 +240,6 @@ def test_a_ddp_jobs_rank_traces_read_as_one_job(tmp_path, hta):
     root = Path(__file__).resolve().parent.parent
     env = {
         **os.environ,
-        "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(root),
         "GPUWATCH_DB": str(tmp_path / "gw.db"),
         "GPUWATCH_RUNS_DIR": str(tmp_path / "runs"),

@@ -33,10 +33,8 @@ def run_workload(module: str, *args: str, launcher: list[str] | None = None) -> 
 
 def run_child(module: str, *args: str, launcher: list[str] | None = None):
     cmd = (launcher or [sys.executable, "-m"]) + [f"workloads.{module}", *args]
-    # One thread per process: on a 2-core CI box, OpenMP threads of parallel tests fight.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     started = time.monotonic()
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
     return done, time.monotonic() - started
 
 
