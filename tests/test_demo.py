@@ -29,6 +29,9 @@ def test_demo_records_a_training_and_a_generation_run(tmp_path):
     out = done.stdout
     assert "[1/3] training" in out and "[2/3] generation" in out and "[3/3] OOM" in out
     assert "tokens/s" in out and "TTFT" in out  # each workload's own summary is passed on
+    # Each stage's gpuwatch says the same of a host without NVIDIA's library: the demo says it once.
+    ours = [line.strip() for line in out.splitlines() if line.strip().startswith("warning: gpuwatch:")]
+    assert len(ours) == len(set(ours)), ours
 
     conn = sqlite3.connect(db)
     runs = dict(conn.execute("SELECT name, run_id FROM runs WHERE status = 'finished'").fetchall())

@@ -136,6 +136,7 @@ def demo_cmd(db, no_tui) -> None:
         db = str(Path(db).expanduser().resolve())
         env.update(GPUWATCH_DB=db, GPUWATCH_SOCKET=NO_DAEMON_SOCKET)
     started_ms = int(time.time() * 1000)
+    warned: set[str] = set()  # each stage's gpuwatch says the same of this host: shown once
     for number, stage in enumerate(STAGES, 1):
         click.echo(
             f"[{number}/{len(STAGES)}] {stage.title} (python -m workloads.{stage.module} "
@@ -151,7 +152,9 @@ def demo_cmd(db, no_tui) -> None:
         for line in shown:
             click.echo(f"      {line.strip()}")
         for line in _client_warnings(done.stderr):
-            click.echo(f"      warning: {line}")
+            if line not in warned:
+                warned.add(line)
+                click.echo(f"      warning: {line}")
         click.echo(f"      done in {seconds:.1f}s")
     show_runs(db, started_ms)
     if not no_tui and on_a_terminal():
