@@ -140,21 +140,21 @@ class SplitReading(NamedTuple):
 
     def fields(self) -> dict[str, float]:
         """The shares (%) of the interval, as step fields."""
-        total = self.now - self.since
+        since, now, loader, aside, compute, loader_seen, closure_evals = self
         fields: dict[str, float] = {}
-        if total > 0:
-            to_pct = 100.0 / total
-            aside, loader, eval_pct = self.aside, self.loader, 0.0
+        if now > since:
+            to_pct = 100.0 / (now - since)
+            eval_pct = 0.0
             if aside is not None and aside[1]:
                 eval_pct = _pct((aside[1] - aside[0]) * to_pct)
                 loader -= aside[3] - aside[2]  # the evaluation's own loader time
-            if self.loader_seen:
+            if loader_seen:
                 fields["data_wait_pct"] = _pct(loader * to_pct)
             fields["eval_pct"] = eval_pct
-            if self.compute is not None:
-                fields["compute_pct"] = _pct((self.now - self.compute) * to_pct)
-        if self.closure_evals:
-            fields["closure_evals"] = self.closure_evals
+            if compute is not None:
+                fields["compute_pct"] = _pct((now - compute) * to_pct)
+        if closure_evals:
+            fields["closure_evals"] = closure_evals
         return fields
 
 
