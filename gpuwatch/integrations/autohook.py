@@ -549,11 +549,7 @@ class AutoInstrument:
             and (self.model is not None or self._choose_model())
             and self.tally.forwards
         ):
-            self._step()
-
-    def _step(self) -> None:
-        """The iteration ended: its step, with the tally's loss (one optimiser, or none)."""
-        self.run.step(*self.tally.take_args(), None, self.split.take())
+            self.run.step(*self.tally.take_args(), None, self.split.take())
 
     def _segment_loss(self, closure: Closure | None):
         """The loss of the optimiser step that just ran: its closure's first evaluation (what
@@ -701,7 +697,8 @@ class AutoInstrument:
                 if self._segment:
                     self._segment = []
                 self._judge_iteration()
-                self._step()  # (nothing of the cycle's to close: it learnt the sole optimiser)
+                # (nothing of the cycle's to close: it learnt the sole optimiser)
+                self.run.step(*self.tally.take_args(), None, self.split.take())
                 return
             loss = self._segment_loss(closure)
             evals = closure.evals if closure is not None and closure.evals else None
