@@ -319,12 +319,17 @@ def main() -> None:
     use_clock(args.clock)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.update(XDG_DATA_HOME=tmp, GPUWATCH_SOCKET=os.devnull)  # embedded mode, a fresh db
-        if args.bytecodes:
-            bytecodes(args.steps)
-            return
-        hook_cost(args.steps, whole_loop=not args.hooks_only)
-        if not args.hooks_only:
-            wrapper_start()
+        try:
+            if args.bytecodes:
+                bytecodes(args.steps)
+                return
+            hook_cost(args.steps, whole_loop=not args.hooks_only)
+            if not args.hooks_only:
+                wrapper_start()
+        finally:  # the runs' recorder helper ends before its database's directory is removed
+            from gpuwatch.client import helpers
+
+            helpers.stop_recorder()
     if not (args.skip_frameworks or args.hooks_only):
         framework_agreement()
 

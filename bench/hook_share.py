@@ -4,9 +4,9 @@ take of its steps; for bench_realworld.py, under `gpuwatch run`:
     gpuwatch run -- python bench/hook_share.py SCRIPT ARGS...
 
 Between the WARM_UP-th and the last recorded step, the time inside the hooks (outermost calls only:
-the module-call enter/leave, our backward wrapper less the torch backward inside it, the
-optimiser-step pre- and post-hooks, Run.step and mark_compute, and the events built from steps on
-gpuwatch's own drainer thread)
+the module-call enter/leave, our wrappers of backward, of DataLoader iterators' __next__ and of
+torch.save less the torch call inside each, the optimiser-step pre- and post-hooks, Run.step and
+mark_compute, and the events built from steps on gpuwatch's own drainer thread)
 over the wall time. Timing a step in two separate processes cannot resolve a few per cent on a
 shared machine (two plain runs of one script differ more than that); this share can. A framework
 callback's own code (HF, Lightning) is not timed, only the Run.step it calls. Writes
@@ -49,21 +49,22 @@ def _timed(fn):
     return timed
 
 
-def _timed_backward(wrap_backward):
-    """Our backward wrapper, timed less the torch backward it calls (whose hooks are timed
+def _timed_wrapper(wrap):
+    """One of our wrappers of a torch function (`wrap(hooks, original)`: backward, a DataLoader
+    iterator's __next__, torch.save), timed less the torch call inside it (whose hooks are timed
     on their own)."""
 
-    def wrapping(hooks, backward):
-        def torch_backward(*args, **kwargs):
-            _depth.in_hook = False  # torch's backward is not ours: hooks inside it count
+    def wrapping(hooks, original):
+        def torch_call(*args, **kwargs):
+            _depth.in_hook = False  # torch's code is not ours: hooks inside it count
             started = _clock()
             try:
-                return backward(*args, **kwargs)
+                return original(*args, **kwargs)
             finally:
                 _spent[0] -= _clock() - started
                 _depth.in_hook = True
 
-        return _timed(wrap_backward(hooks, torch_backward))
+        return _timed(wrap(hooks, torch_call))
 
     return wrapping
 
@@ -88,7 +89,8 @@ def _report() -> None:
 
 for _name in ("_enter", "_leave", "_reached_model", "_before_optimizer_step", "_on_optimizer_step"):
     setattr(AutoInstrument, _name, _timed(getattr(AutoInstrument, _name)))
-AutoInstrument._wrap_backward = _timed_backward(AutoInstrument._wrap_backward)
+for _name in ("_wrap_backward", "_wrap_next", "_wrap_save"):
+    setattr(AutoInstrument, _name, _timed_wrapper(getattr(AutoInstrument, _name)))
 Run.mark_compute = _timed(Run.mark_compute)
 Run._drain = _timed(Run._drain)  # also where gpuwatch's drainer thread turns steps into events
 Run.step = _timed(_marking_steps(Run.step))

@@ -126,6 +126,16 @@ def recorder_pid() -> int | None:
     return recorder[2].pid if recorder is not None and recorder[2].poll() is None else None
 
 
+def stop_recorder() -> None:
+    """Stop the recorder helper, if it runs, once it recorded what it was sent: before its
+    database goes away (a benchmark's temporary directory), not at this process's exit."""
+    global _recorder
+    with _lock:
+        recorder, _recorder = _recorder, None
+    if recorder is not None:
+        _stop(recorder[2])
+
+
 def _stop(process: subprocess.Popen[bytes]) -> None:
     try:
         if process.stdin is not None:

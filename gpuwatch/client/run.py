@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from types import FrameType, ModuleType, TracebackType
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 from gpuwatch.base import config as config_mod
 from gpuwatch.base.clock import elapsed_end_ms, now_ms
@@ -49,6 +49,13 @@ _PLAIN_LOSSES = {float, int, type(None)}
 _record = tuple.__new__
 
 
+class Readings(Protocol):
+    """A step's split as the caller's raw readings, worked out into step fields by the drainer
+    thread: off the training loop."""
+
+    def fields(self) -> Mapping[str, Any]: ...
+
+
 class Recorded(NamedTuple):
     """One step as step() recorded it, for the drainer thread to read once the GPU passed it."""
 
@@ -64,8 +71,7 @@ class Recorded(NamedTuple):
     alloc: int | None
     reserved: int | None
     peak: int | None
-    rss: int | None
-    split: Mapping[str, Any] | None
+    split: Mapping[str, Any] | Readings | None
 
 
 class RecordedColumns(NamedTuple):
@@ -84,8 +90,7 @@ class RecordedColumns(NamedTuple):
     alloc: Sequence[int | None]
     reserved: Sequence[int | None]
     peak: Sequence[int | None]
-    rss: Sequence[int | None]
-    split: Sequence[Mapping[str, Any] | None]
+    split: Sequence[Mapping[str, Any] | Readings | None]
 
 
 class Started(NamedTuple):
@@ -350,7 +355,7 @@ class Run:
         seq_len: int | None = None,
         loss: Any = None,
         losses: Mapping[str, Any] | None = None,
-        split: Mapping[str, Any] | None = None,
+        split: Mapping[str, Any] | Readings | None = None,
     ) -> None:
         """Record one optimiser step. Never synchronises the GPU: timings and a tensor loss are
         read by a thread of ours once the GPU has passed this point, within DRAIN_EVERY_MS or at
@@ -358,7 +363,8 @@ class Run:
         off this thread.
         losses: each optimiser's loss by name (tensors or floats), with several optimisers.
         split: step fields measured by the caller (data_wait_pct, compute_pct, eval_pct,
-        closure_evals: the zero-code hooks'); a data_wait_pct there replaces mark_compute()'s."""
+        closure_evals: the zero-code hooks'), or readings whose fields() works them out on our
+        thread (see iteration.StepSplit); a data_wait_pct there replaces mark_compute()'s."""
         if not self._step:
             self._clock = self._choose_clock()
         self._step += 1
@@ -400,7 +406,6 @@ class Run:
                     alloc,
                     reserved,
                     peak,
-                    self._rss.read(),
                     split,
                 ),
             )
@@ -539,6 +544,10 @@ class Run:
         if any(losses):  # every step's, read together
             read = iter(resolve([v for d in losses if d is not None for v in d.values()]))
             losses = [None if d is None else {name: next(read) for name in d} for d in losses]
+        # RSS once a drain (a /proc read; the reader reads at most every 0.25 s anyway), and each
+        # step's split worked out from its readings: both off the training thread.
+        rss = [self._rss.read()] * len(group)
+        split = [s if s is None or isinstance(s, Mapping) else s.fields() for s in columns.split]
         return fold.Steps(
             columns.step,
             columns.ts_ms,
@@ -552,8 +561,8 @@ class Run:
             columns.alloc,
             columns.reserved,
             columns.peak,
-            columns.rss,
-            columns.split,
+            rss,
+            split,
         )
 
     def _mfu(self, tps: float | None, seq_len: int | None) -> float | None:

@@ -117,16 +117,16 @@ def capture_loss(loss: Any) -> Any:
     """
     if loss is None or isinstance(loss, (int, float)):
         return loss
-    detach = getattr(loss, "detach", None)
-    if detach is None:
+    is_cuda = getattr(loss, "is_cuda", None)
+    if is_cuda is None:  # not a tensor (a numpy scalar)
         return float(loss)
-    if loss.is_cuda:
-        return detach().to("cpu", non_blocking=True)
+    if is_cuda:
+        return loss.detach().to("cpu", non_blocking=True)
     if loss.is_cpu:
         # Read now: on gpuwatch's drainer thread it would hand the GIL to the training thread and
         # wait to get it back, which costs more than this.
         return loss.item()
-    return detach()
+    return loss.detach()
 
 
 def resolve_losses(captured: Sequence[Any]) -> list[float | None]:

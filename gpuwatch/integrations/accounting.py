@@ -33,8 +33,11 @@ def _is_int_tensor(value) -> bool:
 def find_tokens(args: tuple = (), kwargs: Mapping | None = None):
     """(token ids, attention mask or None) from a forward's arguments or a batch; (None, None)
     when no integer tensor is there. A batch may be a tensor, a mapping or a tuple/list."""
-    kwargs = kwargs or {}
-    if kwargs:  # (the usual model(ids) has none to look through)
+    if not kwargs:  # the usual model(ids): its first argument, else the others
+        if args and _is_int_tensor(args[0]):
+            return args[0], None
+        kwargs = {}
+    else:
         for key in _TOKEN_KEYS:
             if _is_int_tensor(kwargs.get(key)):
                 return kwargs[key], kwargs.get(_MASK_KEY)
@@ -72,21 +75,23 @@ def loss_of(output):
     if output is None:
         return None
     if hasattr(output, "dtype"):  # a bare tensor: the loss itself, or logits
-        return output if _is_scalar_float(output) else None
+        return output if is_scalar_float(output) else None
     if isinstance(output, Mapping):
         loss = output.get("loss")
     else:
         loss = getattr(output, "loss", None)
         if loss is None and isinstance(output, (tuple, list)):
-            loss = next((v for v in output if _is_scalar_float(v)), None)
-        elif loss is None and _is_scalar_float(output):
+            loss = next((v for v in output if is_scalar_float(v)), None)
+        elif loss is None and is_scalar_float(output):
             loss = output
-    return loss if _is_scalar_float(loss) else None
+    return loss if is_scalar_float(loss) else None
 
 
-def _is_scalar_float(value) -> bool:
-    dtype = getattr(value, "dtype", None)
-    return getattr(dtype, "is_floating_point", False) and getattr(value, "ndim", None) == 0
+def is_scalar_float(value) -> bool:
+    """A 0-dim float tensor: a loss. (0-dim first: a model's usual output, its logits, is not; and it is one attribute.)"""
+    return getattr(value, "ndim", None) == 0 and getattr(
+        getattr(value, "dtype", None), "is_floating_point", False
+    )
 
 
 def sum_losses(losses: list):
@@ -120,9 +125,13 @@ class StepTally:
         if ids is None:
             return
         tokens, samples, seq_len = count(ids, mask, seq_first)
-        self.tokens = tokens if self.tokens is None else self.tokens + tokens
+        if self.tokens is None:  # the step's first forward with token ids
+            self.tokens, self.samples, self.seq_len = tokens, samples, seq_len
+            return
+        self.tokens += tokens
         self.samples += samples
-        self.seq_len = max(seq_len, self.seq_len or 0)
+        if seq_len > self.seq_len:
+            self.seq_len = seq_len
 
     def add_loss(self, loss, normalised_over_step: bool = False) -> None:
         """normalised_over_step: the model already divided its loss by the whole step's item count
@@ -153,7 +162,9 @@ class StepTally:
             if self._losses and not self._summed:
                 loss = loss / len(losses)
         fields = self.tokens, self.samples or None, self.seq_len, loss
-        self.reset()
+        # reset(), inlined: a call costs a µs or more with the caches a training step left cold
+        self.forwards, self.tokens, self.samples, self.seq_len = 0, None, 0, None
+        self._losses, self._roots, self._summed = [], [], False
         return fields
 
     def take(self) -> dict:

@@ -39,6 +39,7 @@ from gpuwatch.integrations.accounting import (
     count_forward,
     find_tokens,
     flops_per_token,
+    is_scalar_float,
     model_shape,
     plain_config,
     precision_of,
@@ -129,6 +130,7 @@ def uninstall() -> "AutoInstrument | None":
 class AutoInstrument:
     def __init__(self, torch) -> None:
         self.torch = torch
+        self._nn: Any = None  # torch.nn.modules.module, once installed
         self.run: run_mod.Run | None = None
         self.name: str | None = None  # of the runs these hooks start (gpuwatch.autolog's name=)
         self.model = None  # the outermost module, once found
@@ -341,7 +343,10 @@ class AutoInstrument:
         self._open = None
         if self._off:
             return
-        self._restore_globals()
+        # _restore_globals(), inlined (a call of ours costs about a µs with the caches cold here)
+        nn = self._nn
+        nn._global_forward_pre_hooks[self._pre_id] = self._enter_hook
+        nn._global_forward_hooks[post_id] = self._leave_hook
         if self._aside_open:
             self._aside_open = False
             self.split.aside_end()
@@ -403,7 +408,7 @@ class AutoInstrument:
             self._restore_globals()
 
     def _restore_globals(self) -> None:
-        nn = getattr(self, "_nn", None)
+        nn = self._nn
         if nn is None or self._off:
             return
         # (Setting a key that is there keeps its place: no need to look first.)
@@ -502,7 +507,7 @@ class AutoInstrument:
             finally:
                 self._backward_depth = 0
             loss = None  # the root, detached and unscaled once: the segment's and the tally's
-            if self._framework is None and _is_scalar(tensors):
+            if self._framework is None and is_scalar_float(tensors):
                 loss = tensors.detach()
                 scaled = self._scaled
                 if scaled is not None and scaled.output() is tensors:
@@ -513,12 +518,14 @@ class AutoInstrument:
                     if len(segment) > 64:  # a long accumulation: keep the sum, not every root
                         segment[:] = [sum_losses(segment)]
             if self._clean >= TRUSTED_AFTER:  # unchecked: the root counts when a forward awaits it
-                self._through_model = self._backwards <= self.tally.forwards
-            elif not self._through_model:
-                self._unreached = True
-            if not (self._through_model or self.model is not None or self._candidates):
-                self._through_model = True  # no training forward seen at all: see _step_unseen
-            if self._through_model and self._framework is None and self._ours():
+                through = self._backwards <= self.tally.forwards
+            else:
+                through = self._through_model
+                if not through:
+                    self._unreached = True
+            if not (through or self.model is not None or self._candidates):
+                through = True  # no training forward seen at all: see _step_unseen
+            if through and self._framework is None and self._ours():
                 try:
                     self._after_backward(loss)
                 except Exception as e:  # noqa: BLE001
@@ -532,7 +539,6 @@ class AutoInstrument:
         """A backward through the model ended: its root (`loss`, unscaled, None when not a
         scalar) is the loss when the model returned none; without any optimiser in the program,
         this ends the iteration."""
-        self._through_model = False
         if loss is not None:
             if self.model is not None or not self._candidates:  # (none: see _step_unseen)
                 self.tally.add_root(loss)
@@ -596,7 +602,7 @@ class AutoInstrument:
         tokens, samples, seq_len, step_loss = self.tally.take_args()
         split = self.split.take()
         if evals:
-            split["closure_evals"] = evals
+            split = split._replace(closure_evals=evals)
             step_loss = loss
         losses = None
         if self._cycle.several():
@@ -625,20 +631,21 @@ class AutoInstrument:
         """At an optimiser step: was each backward() of this iteration one through the model's
         output, one per forward of it? TRUSTED_AFTER such iterations in a row, and the check is
         left off; once an unchecked iteration breaks the pattern, it is checked for good."""
-        clean = self._backwards == self.tally.forwards and not self._unreached
-        if self._clean >= TRUSTED_AFTER:
-            self._clean = TRUSTED_AFTER if clean else -1
-            if not clean:  # which root was the loss is unknown: better none than a wrong one
-                self.tally.forget_roots()
-        elif self._clean >= 0:
-            self._clean = self._clean + 1 if clean else 0
+        if self._backwards == self.tally.forwards and not self._unreached:
+            if 0 <= self._clean < TRUSTED_AFTER:
+                self._clean += 1
+        elif self._clean >= TRUSTED_AFTER:
+            self._clean = -1
+            self.tally.forget_roots()  # which root was the loss is unknown: better none than a wrong one
+        elif self._clean > 0:
+            self._clean = 0
         self._backwards, self._unreached = 0, False
 
     def _wrap_scale(self, scale):
         def recorded_scale(scaler, outputs):
             scaled = scale(scaler, outputs)
             try:
-                if _is_scalar(scaled) and getattr(scaler, "_scale", None) is not None:
+                if is_scalar_float(scaled) and getattr(scaler, "_scale", None) is not None:
                     self._scaled = Scaled(weakref.ref(scaled), scaler._scale.detach().clone())
             except Exception as e:  # noqa: BLE001
                 self.switch_off(e)
@@ -650,7 +657,9 @@ class AutoInstrument:
     # ---- every step ---------------------------------------------------------------------
     def _before_optimizer_step(self, optimizer, args, kwargs):
         """step(closure) (LBFGS): count the closure's evaluations and keep its first result."""
-        closure = args[1] if len(args) > 1 else kwargs.get("closure")  # args[0]: the optimiser
+        if len(args) < 2 and not kwargs:  # the usual step() (args[0]: the optimiser)
+            return None
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
         if closure is None or not callable(closure) or self._framework is not None or not self._ours():
             return None
         counted = self._closure = Closure()
@@ -691,7 +700,8 @@ class AutoInstrument:
                 if self._segment:
                     self._segment = []
                 self._judge_iteration()
-                self._close_step(optimizer, None, None)
+                # (nothing of the cycle's to close: it learnt the sole optimiser)
+                self.run.step(*self.tally.take_args(), None, self.split.take())
                 return
             loss = self._segment_loss(closure)
             evals = closure.evals if closure is not None and closure.evals else None
@@ -790,12 +800,6 @@ def _never() -> bool:
 
 def _n_params(params) -> int:
     return sum(p.numel() for p in params)
-
-
-def _is_scalar(value) -> bool:
-    return getattr(value, "ndim", None) == 0 and getattr(
-        getattr(value, "dtype", None), "is_floating_point", False
-    )
 
 
 def _first_grad_fn(output):
