@@ -16,6 +16,7 @@ from pathlib import Path
 
 from systools import wait_for
 
+from collectors import nvml as nvml_collector
 from gpuwatch.selftest.doctor import Env, check_daemon
 from gpuwatch.tui.snapshot import View
 from gpuwatch.tui.source import StoreSource
@@ -141,8 +142,10 @@ def test_a_hung_gpu_is_shown_not_responding_while_the_others_and_the_host_keep_t
             )
         ]
         assert ticks == host
+    # No tick waited for GPU 3: that one would come a read deadline (1 s) late. A loaded machine
+    # may starve the sampler of a tick now and then (skipped, not bunched), hung GPU or not.
     gaps = [b - a for a, b in zip(host, host[1:])]
-    assert max(gaps) < 2 * INTERVAL * 1000, gaps  # no tick skipped while GPU 3 hung
+    assert max(gaps) < nvml_collector.DEADLINE_S * 1000, gaps
     assert len(host) >= (host[-1] - host[0]) / (INTERVAL * 1000)
 
     # One warning when it starts, one when it ends; nothing else about it, no traceback.
