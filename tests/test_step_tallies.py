@@ -1,0 +1,45 @@
+"""The zero-code hooks' per-step tallies start each step afresh: take_args() and StepSplit.take()
+reset their state in place (a call to reset() or restart() costs a µs on a training step's cold
+caches), so they must leave exactly what a new tally holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwatch.integrations.accounting import StepTally
+from gpuwatch.integrations.iteration import StepSplit
+
+torch = pytest.importorskip("torch")
+
+
+def test_taking_a_steps_tally_leaves_a_fresh_one():
+    tally = StepTally()
+    ids = torch.ones(4, 16, dtype=torch.long)
+    tally.add(ids)
+    tally.add(ids)
+    tally.add_loss(torch.tensor(2.0), normalised_over_step=True)
+    tally.add_root(torch.tensor(1.0))
+    tokens, samples, seq_len, loss = tally.take_args()
+    assert (tokens, samples, seq_len, float(loss)) == (128, 8, 16, 2.0)
+    assert vars(tally) == vars(StepTally())
+
+
+def test_taking_a_steps_split_leaves_a_fresh_interval_from_that_moment():
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    split = StepSplit(clock=clock)
+    split.loader(0.25)
+    now[0] = 0.5
+    assert split.aside_begin()
+    now[0] = 1.0
+    split.aside_end()
+    split.compute_began()
+    now[0] = 2.0
+    reading = split.take()
+    assert reading.fields() == {"data_wait_pct": 12.5, "eval_pct": 25.0, "compute_pct": 50.0}
+    fresh = StepSplit(clock=clock)
+    fresh.loader_seen = True  # a loader seen once stays seen
+    assert vars(split) == vars(fresh)
