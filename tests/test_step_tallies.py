@@ -43,3 +43,20 @@ def test_taking_a_steps_split_leaves_a_fresh_interval_from_that_moment():
     fresh = StepSplit(clock=clock)
     fresh.loader_seen = True  # a loader seen once stays seen
     assert vars(split) == vars(fresh)
+
+
+def test_with_no_data_loader_the_data_wait_is_the_time_before_compute_less_evaluations():
+    """A loop that builds its own batches: what came before its first training forward, but an
+    evaluation or a checkpoint between steps, is the batch's making."""
+    now = [0.0]
+    split = StepSplit(clock=lambda: now[0])
+    now[0] = 0.25
+    assert split.aside_begin()  # an evaluation, then a checkpoint: 0.25 s … 0.75 s
+    now[0] = 0.75
+    split.aside_end()
+    now[0] = 1.0
+    split.compute_began()
+    now[0] = 2.0
+    assert split.take().fields() == {"data_wait_pct": 25.0, "eval_pct": 25.0, "compute_pct": 50.0}
+    now[0] = 3.0
+    assert split.take().fields() == {"eval_pct": 0.0}  # no training forward: nothing known

@@ -192,14 +192,15 @@ class _Drainer:
         self._run = run
         self._wake = threading.Event()
         self._stopped = False
-        self._due = False  # steps wait for this thread
+        # Steps wait for this thread: while they keep coming, it drains them every DRAIN_EVERY_MS
+        # unasked (step() reads this, to wake it once per burst and not call wake() every step).
+        self.due = False
 
     def wake(self) -> None:
-        """A step waits: drain within DRAIN_EVERY_MS (one wake-up per burst, not per step: while
-        steps keep coming, this thread drains them every DRAIN_EVERY_MS unasked)."""
-        if self._due:
+        """A step waits: drain within DRAIN_EVERY_MS."""
+        if self.due:
             return
-        self._due = True
+        self.due = True
         self._wake.set()
 
     def start(self) -> None:
@@ -217,7 +218,7 @@ class _Drainer:
             while not self._stopped:
                 time.sleep(DRAIN_EVERY_MS / 1000)
                 if not run._pending:  # no step since the last drain: the burst ended
-                    self._due = False  # from here a step wakes this thread
+                    self.due = False  # from here a step wakes this thread
                     if not run._pending:  # (one appended just before that did not)
                         break
                 with run._draining:
@@ -411,7 +412,8 @@ class Run:
             )
         )
         if len(pending) < PENDING_STEPS_MAX:
-            self._drainer.wake()
+            if not self._drainer.due:
+                self._drainer.wake()
         else:  # the drainer fell behind (starved of the CPU): catch up here rather than grow
             with self._draining:
                 self._drain(wait=False)
@@ -758,6 +760,15 @@ class Run:
 # Set by the first track() call: the zero-code hooks of `gpuwatch run` then stand down, so a
 # script that tracks itself is counted once, by its own calls.
 explicit_track_started = False
+_explicit_track_listeners: list[Callable[[], None]] = []
+
+
+def on_explicit_track(listener: Callable[[], None]) -> None:
+    """Call `listener` at the first track(): now, when that already happened."""
+    if explicit_track_started:
+        listener()
+    else:
+        _explicit_track_listeners.append(listener)
 
 
 def track(
@@ -776,6 +787,8 @@ def track(
     """
     global explicit_track_started
     explicit_track_started = True
+    while _explicit_track_listeners:
+        _explicit_track_listeners.pop(0)()
     return start_run(
         name=name, config=config, flops_per_token=flops_per_token, run_id=run_id, precision=precision
     )

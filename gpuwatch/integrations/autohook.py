@@ -54,15 +54,16 @@ _active: "AutoInstrument | None" = None
 # Iterations in a row whose every backward() ran through the model's output, once per forward of
 # it, after which the hook that checks this (the costliest part of a step) is no longer put on.
 TRUSTED_AFTER = 8
-_forks = 0  # how many forks deep this process is: the hooks' own process knows its depth
 
 
 def _note_fork() -> None:
-    global _forks
-    _forks += 1
+    """Forked DataLoader workers inherit the hooks, not the run (a flag: cheaper than getpid()
+    at every call)."""
+    if _active is not None:
+        _active._mine = False
 
 
-os.register_at_fork(after_in_child=_note_fork)  # DataLoader workers: cheaper than getpid() per call
+os.register_at_fork(after_in_child=_note_fork)
 
 
 class Candidate(NamedTuple):
@@ -141,6 +142,9 @@ class AutoInstrument:
         self._handles: list = []
         self._fpt = None
         self._off = False
+        # The hooks record this process's training: not after switch-off, in a forked child, or
+        # once the script tracks itself. An attribute, read at every hook: a call costs more.
+        self._mine = True
         self._framework: Framework | None = None  # a framework callback records this training
         self._optimizer_made: bool | None = None  # decided at the first backward through the model
         self._through_model = False  # the running backward reached the model's output
@@ -152,7 +156,6 @@ class AutoInstrument:
         self._scaled: Scaled | None = None
         self._patched: list[Patch] = []
         self._out_of_dynamo = False  # our hooks run eagerly even when called from compiled code
-        self._forks = _forks
         self._optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimiser made since install
         self._cycle = OptimizerCycle()
         self._trained: list = []  # weakrefs to the top-level modules trained in the first iteration
@@ -197,6 +200,7 @@ class AutoInstrument:
         scaler = getattr(getattr(self.torch, "amp", None), "GradScaler", None)
         if scaler is not None:
             self._patch(scaler, "scale", self._wrap_scale)
+        run_mod.on_explicit_track(self._script_tracks_itself)
 
     def _patch(self, owner, name: str, wrap) -> None:
         original = getattr(owner, name, None)
@@ -209,6 +213,7 @@ class AutoInstrument:
         if self._off:
             return
         self._off = True
+        self._mine = False
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -223,16 +228,13 @@ class AutoInstrument:
                 flush=True,
             )
 
-    def _ours(self) -> bool:
-        """False in a forked child, after switch-off, or once the script tracks itself."""
-        if self._off or _forks != self._forks:  # forked DataLoader workers inherit the hooks, not the run
-            return False
-        if run_mod.explicit_track_started:
-            if self.run is not None:
-                self.run.abandon()
-            self.switch_off()
-            return False
-        return True
+    def _script_tracks_itself(self) -> None:
+        """gpuwatch.track() began: the script's own calls count its steps, so ours stand down."""
+        if not self._mine:  # (a forked child's hooks: the run is its parent's)
+            return
+        if self.run is not None:
+            self.run.abandon()
+        self.switch_off()
 
     def stand_aside(self, model=None, tally: StepTally | None = None, run=None) -> None:
         """A framework callback records the training of `model` (its own steps and loss): make
@@ -284,7 +286,7 @@ class AutoInstrument:
     # While a top-level forward runs, our global hooks are out of torch's tables and a one-shot
     # hook on the called module (under the same id) brings them back when it returns or raises.
     def _enter(self, module, args) -> None:
-        if self._compiling() or self._tracing() or not self._ours():
+        if self._compiling() or self._tracing() or not self._mine:
             return  # traced by dynamo, jit or export: a no-op, leaving nothing in the graph
         nn = self._nn
         post_id = self._post_id
@@ -301,28 +303,21 @@ class AutoInstrument:
                     self._aside_open = True
                 return
             if self._framework is not None:
-                if module is self._framework.model:
-                    self._training_began()
-                return
-            run = self.run
-            if run is None and (self.model is None or module is self.model):
+                if module is not self._framework.model:
+                    return
+            elif self.run is None and (self.model is None or module is self.model):
                 # opened before the first forward: an OOM in it gets its postmortem
-                run = self.ensure_run(module, args)
-            # A training forward of any module (a GAN's D first) begins the iteration's compute
-            # (the run keeps the first mark of an iteration).
-            if run is not None:
-                run.mark_compute()
-            self._training_began()
+                self.ensure_run(module, args)
+            # A training forward (of any module: a GAN's D first) begins the iteration's compute;
+            # the split's data wait, worked out off this thread, is the run's (see StepSplit).
+            self.split.compute_began()
+            if self._last_data is not None:
+                # The latest batch fetched was training data (a loader over another dataset,
+                # between steps, is an evaluation's).
+                self._training_data.add(self._last_data)
+                self._last_data = None
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
-
-    def _training_began(self) -> None:
-        """A training forward: the iteration's compute begins, and the latest batch fetched was
-        training data (a loader over another dataset, between steps, is an evaluation's)."""
-        self.split.compute_began()
-        if self._last_data is not None:
-            self._training_data.add(self._last_data)
-            self._last_data = None
 
     def _trains(self, module) -> bool:
         """Whether `module` is one the program trains (its model, a GAN's other module, the
@@ -525,7 +520,7 @@ class AutoInstrument:
                     self._unreached = True
             if not (through or self.model is not None or self._candidates):
                 through = True  # no training forward seen at all: see _step_unseen
-            if through and self._framework is None and self._ours():
+            if through and self._framework is None and self._mine:
                 try:
                     self._after_backward(loss)
                 except Exception as e:  # noqa: BLE001
@@ -660,7 +655,7 @@ class AutoInstrument:
         if len(args) < 2 and not kwargs:  # the usual step() (args[0]: the optimiser)
             return None
         closure = args[1] if len(args) > 1 else kwargs.get("closure")
-        if closure is None or not callable(closure) or self._framework is not None or not self._ours():
+        if closure is None or not callable(closure) or self._framework is not None or not self._mine:
             return None
         counted = self._closure = Closure()
 
@@ -683,7 +678,7 @@ class AutoInstrument:
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         if self._open is not None:
             self._unstrand()
-        if self._framework is not None or not self._ours():
+        if self._framework is not None or not self._mine:
             return
         try:
             self._optimizer_made = True
@@ -699,7 +694,10 @@ class AutoInstrument:
                 # the step's loss (the tally's are).
                 if self._segment:
                     self._segment = []
-                self._judge_iteration()
+                if self._clean >= TRUSTED_AFTER and self._backwards == self.tally.forwards:
+                    self._backwards = 0  # a trusted iteration like the others: nothing to judge
+                else:
+                    self._judge_iteration()
                 # (nothing of the cycle's to close: it learnt the sole optimiser)
                 self.run.step(*self.tally.take_args(), None, self.split.take())
                 return
@@ -732,7 +730,7 @@ class AutoInstrument:
         clock, split, get_ident = time.perf_counter, self.split, threading.get_ident
 
         def timed_next(iterator):
-            if get_ident() != self._thread or _forks != self._forks or self._off:
+            if get_ident() != self._thread or not self._mine:
                 return next_(iterator)
             data = id(getattr(iterator, "_dataset", iterator))
             # A batch of a dataset that never fed training, once training has: an evaluation's.
@@ -753,7 +751,7 @@ class AutoInstrument:
         """torch.save between steps: checkpoint time, apart from compute and data."""
 
         def timed_save(*args, **kwargs):
-            if get_ident() != self._thread or not self._ours() or not self.split.aside_begin():
+            if get_ident() != self._thread or not self._mine or not self.split.aside_begin():
                 return save(*args, **kwargs)
             try:
                 return save(*args, **kwargs)
@@ -771,7 +769,7 @@ class AutoInstrument:
         import time
 
         def recorded_generate(model, *args, **kwargs):
-            if not self._ours():
+            if not self._mine:
                 return generate(model, *args, **kwargs)
             started = time.perf_counter()
             output = generate(model, *args, **kwargs)

@@ -144,13 +144,15 @@ class SplitReading(NamedTuple):
         fields: dict[str, float] = {}
         if now > since:
             to_pct = 100.0 / (now - since)
-            eval_pct = 0.0
+            aside_s = 0.0
             if aside is not None and aside[1]:
-                eval_pct = _pct((aside[1] - aside[0]) * to_pct)
+                aside_s = aside[1] - aside[0]
                 loader -= aside[3] - aside[2]  # the evaluation's own loader time
             if loader_seen:
                 fields["data_wait_pct"] = _pct(loader * to_pct)
-            fields["eval_pct"] = eval_pct
+            elif compute is not None:  # no DataLoader: the time before the compute began, less evaluations
+                fields["data_wait_pct"] = _pct((compute - since - aside_s) * to_pct)
+            fields["eval_pct"] = _pct(aside_s * to_pct)
             if compute is not None:
                 fields["compute_pct"] = _pct((now - compute) * to_pct)
         if closure_evals:
@@ -160,9 +162,10 @@ class SplitReading(NamedTuple):
 
 class StepSplit:
     """Where the host's time between two steps went: inside the data loader (on the training
-    thread), evaluation forwards and checkpoint saves before the iteration's training began
-    ("aside"; the loader's time inside that stretch is the evaluation's), compute (from the
-    iteration's first training forward to its step), and the rest."""
+    thread; with no DataLoader, the time before the compute began, less evaluations),
+    evaluation forwards and checkpoint saves before the iteration's training began ("aside";
+    the loader's time inside that stretch is the evaluation's), compute (from the iteration's
+    first training forward to its step), and the rest."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
