@@ -46,3 +46,23 @@ def test_run_ends_are_this_hosts_runs_once_each_never_a_wrappers_ranks(tmp_path)
     insert_rows(conn, "runs", [run("quick", "finished", started=NOW + 500, ended=NOW + 1500)])
     assert ends.ended(conn, NOW + 2000) == ["hostless", "quick", "wrapper"]
     assert ends.ended(conn, NOW + 4000) == []
+
+
+def test_a_new_pass_looks_back_only_at_ends_not_alerted_yet(tmp_path):
+    """Each `gpuwatch run` with no daemon starts the rules afresh: the runs of the last hours
+    whose end already has its alert are not built again (a sweep of short runs would make each
+    start pay for all of them)."""
+    from gpuwatch.alerts.run_rules import ended_alert
+    from gpuwatch.store import alerts as stored
+
+    conn = open_rw(tmp_path / "g.db")
+    insert_rows(
+        conn,
+        "runs",
+        [run(f"r{i}", "finished", ended=NOW - 60_000 * (i + 1)) for i in range(3)],
+    )
+    first = RunEnds("h1").ended(conn, NOW)
+    assert first == ["r0", "r1", "r2"]
+    for run_id in first[:2]:
+        stored.record(conn, ended_alert(conn, run_id))
+    assert RunEnds("h1").ended(conn, NOW) == ["r2"]

@@ -13,11 +13,14 @@ _OURS = "(host = ? OR host IS NULL) AND parent_run_id IS NULL"
 
 
 def ended_since(conn: sqlite3.Connection, host: str, since_ms: int) -> list[str]:
-    """Ids of the host's runs that ended at or after since_ms."""
+    """Ids of the host's runs that ended at or after since_ms and have no alert for their end
+    yet (its incident is the run's id): each start of the rules looks back hours, and a sweep
+    of short runs would otherwise build every one's alert again, to be ignored."""
     return [
         r
         for (r,) in conn.execute(
-            f"SELECT run_id FROM runs WHERE status != 'running' AND ended_ms >= ? AND {_OURS}",
+            f"SELECT run_id FROM runs WHERE status != 'running' AND ended_ms >= ? AND {_OURS} "
+            "AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.run_id = runs.run_id AND a.incident = runs.run_id)",
             (since_ms, host),
         )
     ]
