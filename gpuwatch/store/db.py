@@ -15,9 +15,10 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from gpuwatch.base.clock import now_ms as now_ms  # re-exported: the store stamps rows with it
+from gpuwatch.store import fresh_schema
 from gpuwatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
@@ -61,23 +62,40 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         version = _check_version(conn, path)
-        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            if callable(script):  # a change SQL alone cannot make (sqlite-utils, in this transaction)
-                script(conn)
-            else:
-                for statement in _statements(script):
-                    conn.execute(statement)
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS migrations "
-                "(version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)"
-            )
-            conn.execute("INSERT INTO migrations VALUES (?, ?)", (number, now_ms()))
-            conn.execute(f"PRAGMA user_version = {number}")
+        empty = version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+        if empty and fresh_schema.VERSION == SCHEMA_VERSION:
+            # A new database: what the migrations would build, in one script (see schema_dump).
+            for statement in fresh_schema.STATEMENTS:
+                conn.execute(statement)
+            _applied(conn, range(1, SCHEMA_VERSION + 1))
+        else:
+            apply_migrations(conn, version)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:  # some errors (a full disk) end the transaction themselves
             conn.execute("ROLLBACK")
         raise
+
+
+def apply_migrations(conn: sqlite3.Connection, version: int) -> None:
+    """The migrations after `version`, one by one, inside the caller's transaction."""
+    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+        if callable(script):  # a change SQL alone cannot make (sqlite-utils, in this transaction)
+            script(conn)
+        else:
+            for statement in _statements(script):
+                conn.execute(statement)
+        _applied(conn, [number])
+
+
+def _applied(conn: sqlite3.Connection, numbers: Iterable[int]) -> None:
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)"
+    )
+    applied_ms = now_ms()
+    for number in numbers:
+        conn.execute("INSERT INTO migrations VALUES (?, ?)", (number, applied_ms))
+        conn.execute(f"PRAGMA user_version = {number}")
 
 
 def _statements(script: str) -> Iterator[str]:
