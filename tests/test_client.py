@@ -394,6 +394,7 @@ BESIDE = """
 import os, sqlite3, sys, threading, time
 import gpuwatch
 from gpuwatch.base import paths
+from gpuwatch.base.config import load
 from gpuwatch.client import helpers
 
 def sampled():
@@ -413,7 +414,7 @@ with gpuwatch.track(name="beside") as run:
         time.sleep(0.05)
     helper = helpers.recorder_pid()
     print(os.getpid(), helper, os.getpriority(os.PRIO_PROCESS, helper) - os.getpriority(os.PRIO_PROCESS, 0),
-          ",".join(t.name for t in threading.enumerate()), flush=True)
+          ",".join(t.name for t in threading.enumerate()), helpers.recorder_socket(load()).parent, flush=True)
     if sys.argv[1] == "wait":
         time.sleep(600)  # until the test kills it
 """
@@ -432,7 +433,7 @@ def _gone(pid: int) -> bool:
 def test_with_no_daemon_a_low_priority_helper_samples_beside_the_program_and_ends_with_it(end):
     """track() with no daemon: the GPU/host samples (fake NVML, 2 GPUs) come from a helper
     process at nice +10, not from a thread of the program; the helper ends when the program
-    does, also when the program is SIGKILLed."""
+    does, also when the program is SIGKILLed, and leaves nothing behind in the temp folder."""
     env = dict(
         os.environ,
         FAKE_NVML_GPUS="2",
@@ -449,7 +450,8 @@ def test_with_no_daemon_a_low_priority_helper_samples_beside_the_program_and_end
         text=True,
     )
     try:
-        pid, helper, nicer, threads = program.stdout.readline().split()
+        pid, helper, nicer, threads, private = program.stdout.readline().split()
+        assert os.path.exists(os.path.join(private, "sock"))
         assert int(pid) == program.pid and int(helper) != program.pid
         assert int(nicer) >= min(10, 19 - os.getpriority(os.PRIO_PROCESS, 0))
         assert "gpuwatch-sampler" not in threads.split(",")  # nothing samples inside the program
@@ -458,6 +460,7 @@ def test_with_no_daemon_a_low_priority_helper_samples_beside_the_program_and_end
             program.kill()
         assert program.wait(60) in (0, -signal.SIGKILL), program.stderr.read()
         assert wait_for(lambda: _gone(int(helper)), timeout=30)
+        assert not os.path.exists(private)  # its socket's private folder
     finally:
         program.kill()
         program.wait()

@@ -13,6 +13,7 @@ helper at nice +10 that serves SOCKET until the process that started it has exit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import resource
@@ -88,11 +89,12 @@ def _main(socket_path: str) -> None:
         ingest.close()
     finally:
         transport.close()
-        try:
+        # The server removed its socket when it stopped (unless it never started): then the
+        # private directory helpers.recorder_socket made for it.
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(socket_path)
+        with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(socket_path))
-        except OSError:
-            pass
 
 
 if __name__ == "__main__":
