@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -92,6 +93,10 @@ def main() -> None:
         f"  reference job (not gpuwatch): back to back {reference(5000, 0.0):.1f} µs, "
         f"paced {reference(1000, 0.001):.1f} µs"
     )
+    from gpuwatch.client import helpers
+
+    helpers.stop_recorder()  # it holds the database in `tmp`
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
