@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -163,6 +164,50 @@ def test_sigterm_records_killed_then_dies_by_sigterm():
     assert proc.wait(timeout=30) == -signal.SIGTERM
     r = the_run()
     assert (r["name"], r["status"], r["signal"]) == ("victim", "killed", signal.SIGTERM)
+
+
+THREAD_MASKS = """
+import json, signal, threading, time
+import gpuwatch
+from gpuwatch.base.config import load
+from gpuwatch.client.transport import EmbeddedTransport
+
+
+def blocks_kill_and_ctrl_c(thread):
+    status = open(f"/proc/self/task/{thread.native_id}/status").read()
+    mask = int(next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
+    return all(mask >> (s - 1) & 1 for s in (signal.SIGTERM, signal.SIGINT))
+
+
+with gpuwatch.track(name="masks") as run:
+    run.step(tokens=8)
+    # What a run records through when its helper cannot start: a writer and a sampler in here.
+    embedded = EmbeddedTransport(load())
+    while not any(t.name == "gpuwatch-sampler" for t in threading.enumerate()):
+        time.sleep(0.05)
+    print(json.dumps({t.name: blocks_kill_and_ctrl_c(t) for t in threading.enumerate()}), flush=True)
+    embedded.close()
+"""
+
+
+def test_our_threads_in_a_program_leave_its_signals_to_its_main_thread():
+    """A `kill` or a Ctrl-C goes to any thread that does not block it, and Python runs the
+    handler in the main thread only, without waking it from the call it is blocked in: a
+    tracked program asleep when a thread of ours took its SIGTERM lived on until its sleep
+    ended (1 kill in ~180 under load). Every thread gpuwatch starts in the program blocks them."""
+    done = subprocess.run(
+        [PY, "-c", THREAD_MASKS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, GPUWATCH_INTERVAL="0.2", GPUWATCH_HOST_INTERVAL="0.2"),
+    )
+    assert done.returncode == 0, done.stderr
+    masks = json.loads(done.stdout.splitlines()[-1])
+    assert masks.pop("MainThread") is False
+    ours = {name for name in masks if name.startswith("gpuwatch")}
+    assert {"gpuwatch-steps", "gpuwatch-sender", "gpuwatch-writer", "gpuwatch-sampler"} <= ours, masks
+    assert all(masks[name] for name in ours), masks
 
 
 def test_user_sigterm_handler_is_left_alone():

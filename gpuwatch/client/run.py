@@ -17,6 +17,7 @@ from types import FrameType, ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 from gpuwatch.base import config as config_mod
+from gpuwatch.base import threads
 from gpuwatch.base.clock import elapsed_end_ms, now_ms
 from gpuwatch.base.diskfull import free_bytes, show_bytes
 from gpuwatch.client import flops, fold, metadata, oom, profiling, torch_stats
@@ -204,7 +205,7 @@ class _Drainer:
         self._wake.set()
 
     def start(self) -> None:
-        threading.Thread(target=self._loop, name="gpuwatch-steps", daemon=True).start()
+        threads.start(threading.Thread(target=self._loop, name="gpuwatch-steps", daemon=True))
 
     def stop(self) -> None:
         self._stopped = True

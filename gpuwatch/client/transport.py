@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from gpuwatch import protocol
-from gpuwatch.base import paths, spool
+from gpuwatch.base import paths, spool, threads
 from gpuwatch.base.config import Config
 from gpuwatch.base.diskfull import FullDisk, no_space
 from gpuwatch.client.attach import ENV_RUN_ID
@@ -171,8 +171,7 @@ class DaemonTransport(Transport):
         # Set by an urgent event, flush() or close(): someone waits, so the sender stops
         # gathering a burst.
         self._waited_for = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-sender", daemon=True)
-        self._thread.start()
+        self._thread = threads.start(threading.Thread(target=self._run, name="gpuwatch-sender", daemon=True))
 
     # --- caller side ---
 
@@ -541,12 +540,12 @@ class EmbeddedTransport(Transport):
             target=self._start_sampler, name="gpuwatch-sampler-start", daemon=True
         )
         if sample_now:
-            self._starting.start()
+            threads.start(self._starting)
 
     def start_sampler(self) -> None:
         """Start what sample_now=False held back: `gpuwatch run` does once its threads yield the
         CPU to its program, so the sampler's set-up does not slow the program's start."""
-        self._starting.start()
+        threads.start(self._starting)
 
     def _start_sampler(self) -> None:
         from gpuwatch.monitor.runs_watch import RunsWatch

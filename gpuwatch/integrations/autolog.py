@@ -19,6 +19,7 @@ import threading
 import time
 
 from gpuwatch.base import config as config_mod
+from gpuwatch.base import threads
 from gpuwatch.client import helpers
 from gpuwatch.client.transport import daemon_answers
 from gpuwatch.integrations import autohook
@@ -105,8 +106,9 @@ class _IdleWatch:
         self.timeout = timeout
         self.name = name
         self._cancelled = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="gpuwatch-autolog-idle", daemon=True)
-        self._thread.start()
+        self._thread = threads.start(
+            threading.Thread(target=self._watch, name="gpuwatch-autolog-idle", daemon=True)
+        )
 
     def cancel(self) -> None:
         self._cancelled.set()

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from gpuwatch.base import threads
+
 log = logging.getLogger(__name__)
 
 
@@ -86,8 +88,7 @@ class Scheduler:
                 setup()
             self.run()
 
-        self._thread = threading.Thread(target=thread, name=name, daemon=True)
-        self._thread.start()
+        self._thread = threads.start(threading.Thread(target=thread, name=name, daemon=True))
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

@@ -22,6 +22,7 @@ import time
 from concurrent.futures import Future, wait
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
+from gpuwatch.base import threads
 from gpuwatch.base.diskfull import free_bytes
 from gpuwatch.base.diskfull import show_bytes as _bytes
 from gpuwatch.store.db import StoreError, now_ms, open_rw
@@ -130,8 +131,7 @@ class Writer:
         self._housekept_at = time.monotonic()
         self.wal_pinned_bytes = 0  # WAL size when a pinned reader was reported; 0 = not pinned
         self._hurry = threading.Event()  # a flush or close is waiting: cut the linger short
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-writer", daemon=True)
-        self._thread.start()
+        self._thread = threads.start(threading.Thread(target=self._run, name="gpuwatch-writer", daemon=True))
 
     def submit(
         self,
