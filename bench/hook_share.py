@@ -45,6 +45,13 @@ def _timed(fn):
         finally:
             _spent[0] += _clock() - started
             _depth.in_hook = False
+            if getattr(_depth, "stepped", False):
+                # A step recorded inside this hook is marked as it ends, with all of its time
+                # counted: marked inside, a backward wrapper (where a loop with no optimiser
+                # steps) would have had its torch call taken out and not yet its own time
+                # added, and the window would gain or lose one backward's time.
+                _depth.stepped = False
+                _steps.append((_clock(), _spent[0]))
 
     return timed
 
@@ -72,7 +79,7 @@ def _timed_wrapper(wrap):
 def _marking_steps(step):
     def marked(*args, **kwargs):
         result = step(*args, **kwargs)
-        _steps.append((_clock(), _spent[0]))  # read in the outer hook: this step's own cost is in the next
+        _depth.stepped = True  # marked by the outermost hook of ours as it ends (see _timed)
         return result
 
     return marked
