@@ -9,7 +9,9 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from systools import wait_for
@@ -523,3 +525,25 @@ def test_with_no_daemon_every_line_of_ours_on_the_programs_stderr_says_it_is_our
     assert done.returncode == 0, done.stderr
     ours = [line for line in done.stderr.splitlines() if line.strip()]
     assert ours and all(line.startswith("gpuwatch: ") for line in ours), done.stderr
+
+
+class _Split(NamedTuple):
+    """A caller's split readings, as the zero-code hooks hand them to step()."""
+
+    now: float
+
+    def fields(self) -> dict:
+        return {}
+
+
+def test_a_cpu_steps_time_ends_where_its_split_ended():
+    """On the CPU a step given its split's readings ends where the split's interval ended: one
+    clock reading for both, so step() handing the GIL away before it reads a clock (a loss's
+    .item() can, for up to 5 ms) cannot move time between the step's time and its split's."""
+    with gpuwatch.track(name="split-clock") as run:
+        start = time.perf_counter()
+        run.step(tokens=1, split=_Split(start))
+        time.sleep(0.05)
+        run.step(tokens=1, split=_Split(start + 0.010))  # the caller's interval: 10 ms
+    times = [ms for (ms,) in db().execute("SELECT step_time_ms FROM steps ORDER BY step")]
+    assert times[1] == pytest.approx(10.0, abs=0.01)

@@ -54,6 +54,8 @@ class Readings(Protocol):
     """A step's split as the caller's raw readings, worked out into step fields by the drainer
     thread: off the training loop."""
 
+    now: float  # where the split's interval ended, on time.perf_counter: on the CPU, the step's end
+
     def fields(self) -> Mapping[str, Any]: ...
 
 
@@ -369,6 +371,12 @@ class Run:
         thread (see iteration.StepSplit); a data_wait_pct there replaces mark_compute()'s."""
         if not self._step:
             self._clock = self._choose_clock()
+        clock = self._clock
+        # On the CPU the step ends where the caller's split ended (one clock reading for both:
+        # the GIL handed to another thread in between would move up to 5 ms from one step to
+        # the next in one of them only), else here, before a loss's .item() below can hand it
+        # away. On a GPU the event comes after the copies queued below.
+        mark: Any = clock.mark(getattr(split, "now", None)) if type(clock) is torch_stats.CpuClock else None
         self._step += 1
         if type(samples) is not int or type(seq_len) is not int:  # _whole() only when needed: every step
             samples, seq_len = _whole(samples), _whole(seq_len)
@@ -381,7 +389,8 @@ class Run:
         if losses is not None:
             losses = {str(name): torch_stats.capture_loss(value) for name, value in losses.items()}
         compute, self._compute_mark = self._compute_mark, None
-        mark = self._clock.mark()
+        if mark is None:
+            mark = clock.mark()
         alloc: int | None  # (annotations of locals: no work at run time)
         reserved: int | None
         peak: int | None

@@ -30,8 +30,10 @@ class CpuClock:
     def __init__(self) -> None:
         self._last = time.perf_counter()
 
-    def mark(self) -> float:
-        now = time.perf_counter()
+    def mark(self, now: float | None = None) -> float:
+        """Ms since the previous mark; `now`: a time.perf_counter() reading already taken."""
+        if now is None:
+            now = time.perf_counter()
         elapsed_ms = (now - self._last) * 1000.0
         self._last = now
         return elapsed_ms
