@@ -200,9 +200,7 @@ class _Drainer:
         self.due = False
 
     def wake(self) -> None:
-        """A step waits: drain within DRAIN_EVERY_MS."""
-        if self.due:
-            return
+        """A step waits and this thread is not `due`: drain within DRAIN_EVERY_MS."""
         self.due = True
         self._wake.set()
 

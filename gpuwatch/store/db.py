@@ -15,7 +15,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator, Sequence
 
 from gpuwatch.base.clock import now_ms as now_ms  # re-exported: the store stamps rows with it
 from gpuwatch.store import fresh_schema
@@ -88,14 +88,14 @@ def apply_migrations(conn: sqlite3.Connection, version: int) -> None:
         _applied(conn, [number])
 
 
-def _applied(conn: sqlite3.Connection, numbers: Iterable[int]) -> None:
+def _applied(conn: sqlite3.Connection, numbers: Sequence[int]) -> None:
+    """Record migrations `numbers` (in order) as applied: the schema's version is the last."""
     conn.execute(
         "CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)"
     )
     applied_ms = now_ms()
-    for number in numbers:
-        conn.execute("INSERT INTO migrations VALUES (?, ?)", (number, applied_ms))
-        conn.execute(f"PRAGMA user_version = {number}")
+    conn.executemany("INSERT INTO migrations VALUES (?, ?)", [(number, applied_ms) for number in numbers])
+    conn.execute(f"PRAGMA user_version = {numbers[-1]}")
 
 
 def _statements(script: str) -> Iterator[str]:
