@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import sqlite3
 import subprocess
@@ -241,17 +242,27 @@ def test_the_hugging_face_callback_without_gpuwatch_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_unmodified_ddp_script_under_torchrun_is_one_job_with_two_ranks():
+def test_an_unmodified_ddp_script_under_torchrun_is_one_job_of_two_ranks_named_after_it():
     torchrun = str(Path(PY).with_name("torchrun"))
-    done = gw_run(torchrun, "--standalone", "--nproc_per_node=2", str(SCRIPTS / "ddp.py"))
+    done = gw_run(
+        torchrun, "--standalone", "--nproc_per_node=2", str(SCRIPTS / "ddp.py"), flags=("--name", "ddp2")
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     wrapper = the_run()
     ranks = query("SELECT * FROM runs WHERE parent_run_id = ? ORDER BY rank", wrapper["run_id"])
     assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
     assert ranks[0]["job_id"] and ranks[0]["job_id"] == ranks[1]["job_id"]
     assert {r["status"] for r in ranks} == {"finished"}
+    assert [r["name"] for r in ranks] == ["ddp2/rank0", "ddp2/rank1"]
+    # two ranks print at once: their lines may interleave, so the number ends at its last digit
+    ages = {int(m[0]): float(m[1]) for m in re.findall(r"rank (\d) age_s (\d+\.\d+)", done.stdout)}
     for rank in ranks:  # the torchrun launcher imports torch too, but trains nothing: no run
         assert [(s["step"], s["tokens"]) for s in steps_of(rank["run_id"])] == [(1, 16), (2, 16), (3, 16)]
+        # from the process's start to its end: at least its age when it printed it
+        lived_ms = rank["ended_ms"] - rank["started_ms"]
+        assert ages[rank["rank"]] * 1000 - 50 <= lived_ms <= ages[rank["rank"]] * 1000 + 5000, dict(rank)
+    listed = subprocess.run([GPUWATCH, "runs"], capture_output=True, text=True, timeout=60).stdout
+    assert "ddp2/rank0" in listed and "ddp2/rank1" in listed
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the daemon fixture runs in system mode")

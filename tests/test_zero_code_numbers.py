@@ -153,24 +153,6 @@ def test_our_stderr_lines_say_they_are_ours_and_there_is_at_most_one(gan):
 
 
 @pytest.mark.slow
-def test_torchrun_ranks_are_named_after_the_job_and_last_as_long_as_their_process():
-    torchrun = str(Path(PY).with_name("torchrun"))
-    done = gw_run(
-        torchrun, "--standalone", "--nproc_per_node=2", str(SCRIPTS / "ddp.py"), flags=("--name", "ddp2")
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    # two ranks print at once: their lines may interleave, so the number ends at its last digit
-    ages = {int(m[0]): float(m[1]) for m in re.findall(r"rank (\d) age_s (\d+\.\d+)", done.stdout)}
-    ranks = query("SELECT * FROM runs WHERE parent_run_id = ? ORDER BY rank", the_run()["run_id"])
-    assert [r["name"] for r in ranks] == ["ddp2/rank0", "ddp2/rank1"]
-    for rank in ranks:  # from the process's start to its end: at least its age when it printed it
-        lived_ms = rank["ended_ms"] - rank["started_ms"]
-        assert ages[rank["rank"]] * 1000 - 50 <= lived_ms <= ages[rank["rank"]] * 1000 + 5000, dict(rank)
-    listed = subprocess.run([GPUWATCH, "runs"], capture_output=True, text=True, timeout=60).stdout
-    assert "ddp2/rank0" in listed and "ddp2/rank1" in listed
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("how", ["gpuwatch run", "callback"])
 def test_a_lightning_validation_loop_is_the_next_steps_evaluation_time(how):
     script = str(SCRIPTS / "lightning_validation.py")
