@@ -181,13 +181,24 @@ def blocks_kill_and_ctrl_c(thread):
     return all(mask >> (s - 1) & 1 for s in (signal.SIGTERM, signal.SIGINT))
 
 
+# Each thread's, once the sampler runs; a thread still starting has no id yet, and one that
+# ended between the listing and the read has no status: look again.
+def masks():
+    while True:
+        threads = threading.enumerate()
+        if all(t.native_id is not None for t in threads) and any(t.name == "gpuwatch-sampler" for t in threads):
+            try:
+                return {t.name: blocks_kill_and_ctrl_c(t) for t in threads}
+            except FileNotFoundError:
+                pass
+        time.sleep(0.05)
+
+
 with gpuwatch.track(name="masks") as run:
     run.step(tokens=8)
     # What a run records through when its helper cannot start: a writer and a sampler in here.
     embedded = EmbeddedTransport(load())
-    while not any(t.name == "gpuwatch-sampler" for t in threading.enumerate()):
-        time.sleep(0.05)
-    print(json.dumps({t.name: blocks_kill_and_ctrl_c(t) for t in threading.enumerate()}), flush=True)
+    print(json.dumps(masks()), flush=True)
     embedded.close()
 """
 
