@@ -142,11 +142,12 @@ def test_a_hung_gpu_is_shown_not_responding_while_the_others_and_the_host_keep_t
             )
         ]
         assert ticks == host
-    # No tick waited for GPU 3: that one would come a read deadline (1 s) late. A loaded machine
-    # may starve the sampler of a tick now and then (skipped, not bunched), hung GPU or not.
+    # No tick waited for GPU 3: that one would come a read deadline (1 s) late, and the ticks would
+    # be a sixth of the cadence's. A loaded machine may starve the sampler of a tick now and then
+    # (skipped, not bunched: two of 22 at load 4), hung GPU or not.
     gaps = [b - a for a, b in zip(host, host[1:])]
     assert max(gaps) < nvml_collector.DEADLINE_S * 1000, gaps
-    assert len(host) >= (host[-1] - host[0]) / (INTERVAL * 1000)
+    assert len(host) >= 0.8 * (host[-1] - host[0]) / (INTERVAL * 1000), gaps
 
     # One warning when it starts, one when it ends; nothing else about it, no traceback.
     about = [line for line in stderr.splitlines() if f"GPU {HUNG_GPU}" in line]
