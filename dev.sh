@@ -19,14 +19,14 @@ what=${1:-demo}
 shift || true
 case "$what" in
   demo) exec .venv/bin/gpuwatch demo "$@" ;;
-  # One worker more than the cores (a third of the suite's time is tests waiting on a server's
-  # cadence: that core goes to another worker), each handed a whole test file at a time, the
+  # Two workers more than the cores (a third of the suite's time is tests waiting on a server's
+  # cadence: those cores go to other workers), each handed a whole test file at a time, the
   # longest files first (tests/conftest.py orders them by their `slow` marks). `-n 0`: one
   # process. Byte-code is written (whatever PYTHONDONTWRITEBYTECODE says): the hundreds of
   # gpuwatch processes the tests start would otherwise each compile our modules again.
   test)
     unset PYTHONDONTWRITEBYTECODE
-    exec .venv/bin/python -m pytest -q -n "$(($(nproc) + 1))" --dist loadscope --no-loadscope-reorder "$@" ;;
+    exec .venv/bin/python -m pytest -q -n "$(($(nproc) + 2))" --dist loadscope --no-loadscope-reorder "$@" ;;
   lint)
     export PATH="$PWD/.venv/bin:$PATH"
     ruff check .
