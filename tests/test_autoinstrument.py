@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from systools import NO_GPU_LINE
 from test_profiling import _db_rows, daemon  # noqa: F401 — a real daemon for profile/stacks
+from test_tensorboard import assert_beside_the_trainers_own_logs
 
 from gpuwatch.base import paths
 
@@ -27,7 +28,12 @@ SCRIPTS = Path(__file__).parent / "autorun_scripts"
 
 
 def gw_run(
-    *command: str, flags: tuple = (), env: dict | None = None, timeout: float = 180, preexec_fn=None
+    *command: str,
+    flags: tuple = (),
+    env: dict | None = None,
+    timeout: float = 180,
+    preexec_fn=None,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
         [GPUWATCH, "run", *flags, "--", *command],
@@ -36,6 +42,7 @@ def gw_run(
         timeout=timeout,
         env=env,
         preexec_fn=preexec_fn,
+        cwd=cwd,
     )
 
 
@@ -80,8 +87,16 @@ def test_a_hand_written_loop_with_grad_accumulation_two_optimisers_and_eval():
 
 
 @pytest.mark.slow
-def test_the_real_hugging_face_trainer_unchanged(tmp_path):
-    done = gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "out"), "--pad")
+def test_the_real_hugging_face_trainer_unchanged_with_our_tensorboard_logs_beside_its_own(tmp_path):
+    done = gw_run(
+        PY,
+        str(SCRIPTS / "hf_trainer.py"),
+        str(tmp_path / "out"),
+        "--pad",
+        "--tensorboard",
+        flags=("--tensorboard", "auto"),
+        cwd=tmp_path,  # where `auto` looks for the program's own logs
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("GPUWATCH_TEST "))
     trainer = json.loads(line.removeprefix("GPUWATCH_TEST "))
@@ -118,6 +133,10 @@ def test_the_real_hugging_face_trainer_unchanged(tmp_path):
     # The callback's config: the TrainingArguments and the model's config.
     assert config["model"]["n_layer"] == 2 and config["model"]["model_type"] == "gpt2"
     assert config["training_args"]["gradient_accumulation_steps"] == 2
+    # Its TensorBoard logs, and ours beside them (`--tensorboard auto`).
+    assert_beside_the_trainers_own_logs(
+        tmp_path, "out/runs/*/events.out.tfevents.*", done.stderr, run["run_id"]
+    )
 
 
 def test_a_script_that_tracks_itself_is_counted_once_by_its_own_calls():
@@ -206,12 +225,22 @@ def _assert_lightning_run(steps, lightning: dict) -> None:
 
 
 @pytest.mark.slow
-def test_the_real_lightning_trainer_unchanged():
-    lightning = _trainer_figures(gw_run(PY, str(SCRIPTS / "lightning_trainer.py")))
+def test_the_real_lightning_trainer_unchanged_with_our_tensorboard_logs_beside_its_own(tmp_path):
+    done = gw_run(
+        PY,
+        str(SCRIPTS / "lightning_trainer.py"),
+        "--tensorboard",
+        flags=("--tensorboard", "auto"),
+        cwd=tmp_path,
+    )
+    lightning = _trainer_figures(done)
     assert lightning["callbacks"].count("gpuwatch.integrations.lightning") == 1  # added by the bootstrap
     run = the_run()
     assert run["status"] == "finished"
     _assert_lightning_run(steps_of(run["run_id"]), lightning)
+    assert_beside_the_trainers_own_logs(
+        tmp_path, "lightning_logs/version_*/events.out.tfevents.*", done.stderr, run["run_id"]
+    )
 
 
 @pytest.mark.slow

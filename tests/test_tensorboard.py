@@ -261,35 +261,17 @@ def test_the_live_mirror_grows_while_the_run_runs_and_ends_with_it(tmp_path):
     assert "finished" in text(events, "gpuwatch/run/summary")
 
 
-def _trainer_logs(root: Path, pattern: str) -> Path:
+def assert_beside_the_trainers_own_logs(root: Path, pattern: str, stderr: str, run_id: str) -> None:
+    """`gpuwatch run --tensorboard auto` over a real trainer that writes its own TensorBoard logs
+    (`pattern`, under `root`): ours went beside them, in a `gpuwatch` directory of their own, hold
+    the run's steps, and theirs are untouched. The trainer tests of test_autoinstrument.py call
+    this on their own run: one trainer process checks both."""
     (theirs,) = {p.parent for p in root.glob(pattern) if "gpuwatch" not in p.parts}
-    return theirs
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("trainer", ["hf", "lightning"])
-def test_auto_writes_beside_a_real_trainers_own_tensorboard_logs(tmp_path, trainer):
-    if trainer == "hf":
-        command = [PY, str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "out"), "--tensorboard"]
-        pattern = "out/runs/*/events.out.tfevents.*"
-    else:
-        command = [PY, str(SCRIPTS / "lightning_trainer.py"), "--tensorboard"]
-        pattern = "lightning_logs/version_*/events.out.tfevents.*"
-    done = subprocess.run(
-        [GPUWATCH, "run", "--name", f"tb-{trainer}", "--tensorboard", "auto", "--", *command],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    theirs = _trainer_logs(tmp_path, pattern)
     (ours,) = (theirs / "gpuwatch").iterdir()
-    assert f"beside the program's own logs, in {theirs / 'gpuwatch'}" in done.stderr
+    assert f"beside the program's own logs, in {theirs / 'gpuwatch'}" in stderr
     events = read_back(ours)
     with db() as conn:
-        run = the_run(conn, f"tb-{trainer}")
-        assert assert_steps_match(events, conn, run["run_id"]) >= 2
+        assert assert_steps_match(events, conn, run_id) >= 2
     assert [s for s, _ in scalars(events, "gpuwatch/step/loss")] == list(range(1, 13))
     # The trainer's own curves are untouched, in their own directory.
     assert any(tag.startswith(("train", "loss", "epoch")) for tag in read_back(theirs).Tags()["scalars"])

@@ -229,11 +229,13 @@ def test_a_reference_workloads_profile_is_stored_with_htas_step_times(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_ddp_jobs_rank_traces_read_as_one_job(tmp_path, hta):
-    """workloads.ddp_train on two CPU ranks (gloo) under torchrun, a profile window each: the
-    traces, given in reverse order, come back ranked by their distributedInfo, each rank's step
-    time HTA's, and the slower rank named."""
+def test_the_ddp_workload_under_torchrun_is_one_job_of_two_ranks_whose_traces_read_as_one_job(tmp_path, hta):
+    """workloads.ddp_train on two CPU ranks (gloo) under torchrun, a profile window each: one job
+    of two finished ranks, each with every step and its own shard; the traces, given in reverse
+    order, come back ranked by their distributedInfo, each rank's step time HTA's, and the slower
+    rank named. (One torchrun for both: the job and its traces.)"""
     import os
+    import sqlite3
     import subprocess
     from pathlib import Path
 
@@ -269,6 +271,22 @@ def test_a_ddp_jobs_rank_traces_read_as_one_job(tmp_path, hta):
         timeout=180,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    assert "2 ranks" in done.stdout and "GPUWATCH_RESULT" in done.stdout
+    conn = sqlite3.connect(tmp_path / "gw.db")
+    conn.row_factory = sqlite3.Row
+    try:
+        runs = conn.execute(
+            "SELECT run_id, job_id, rank, world_size, status, config_json FROM runs ORDER BY rank"
+        ).fetchall()
+        assert [r["rank"] for r in runs] == [0, 1]
+        assert {r["world_size"] for r in runs} == {2} and {r["status"] for r in runs} == {"finished"}
+        assert runs[0]["job_id"] and runs[0]["job_id"] == runs[1]["job_id"]
+        assert {json.loads(r["config_json"])["shard_samples"] for r in runs} == {16}  # 32 samples / 2 ranks
+        for r in runs:
+            tokens = conn.execute("SELECT tokens FROM steps WHERE run_id = ? ORDER BY step", (r["run_id"],))
+            assert [t for (t,) in tokens] == [4 * 64] * 5
+    finally:
+        conn.close()
     files = sorted((tmp_path / "runs").rglob("*.json.gz"), key=lambda p: p.name[-13:], reverse=True)
     assert [f.name[-13:] for f in files] == ["rank1.json.gz", "rank0.json.gz"]
     res = analyse_files(files)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -158,33 +157,6 @@ def test_running_out_of_memory_ends_the_run_as_oom_with_a_result_line():
     assert "out of memory at batch 1 x seq 1000000" in done.stderr and "Traceback" not in done.stderr
     (run,) = query("SELECT status FROM runs")
     assert run["status"] == "oom"
-
-
-@pytest.mark.skipif(
-    shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
-    reason="torchrun is installed with torch next to the interpreter",
-)
-@pytest.mark.slow
-def test_ddp_under_torchrun_is_one_job_with_two_ranks():
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    out, _ = run_workload(
-        "ddp_train",
-        "--tiny",
-        "--steps",
-        "3",
-        "--device",
-        "cpu",
-        launcher=[torchrun, "--standalone", "--nproc_per_node=2", "-m"],
-    )
-    assert "2 ranks" in out and "GPUWATCH_RESULT" in out
-    runs = query("SELECT run_id, job_id, rank, world_size, status, config_json FROM runs ORDER BY rank")
-    assert [r["rank"] for r in runs] == [0, 1]
-    assert {r["world_size"] for r in runs} == {2} and {r["status"] for r in runs} == {"finished"}
-    assert runs[0]["job_id"] and runs[0]["job_id"] == runs[1]["job_id"]
-    assert {json.loads(r["config_json"])["shard_samples"] for r in runs} == {16}  # 32 samples / 2 ranks
-    for r in runs:
-        steps = query("SELECT tokens FROM steps WHERE run_id = ?", r["run_id"])
-        assert [s["tokens"] for s in steps] == [4 * 64] * 3
 
 
 # ---- the models themselves, in-process ---------------------------------------------------------
