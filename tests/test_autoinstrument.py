@@ -68,11 +68,23 @@ def steps_of(run_id: str) -> list[sqlite3.Row]:
     return query("SELECT * FROM steps WHERE run_id = ? ORDER BY step", run_id)
 
 
-def test_a_hand_written_loop_with_grad_accumulation_two_optimisers_and_eval():
-    done = gw_run(PY, str(SCRIPTS / "loop.py"))
+def users_sitecustomize(directory: Path) -> tuple[dict, Path]:
+    """An environment whose PYTHONPATH holds a user's own sitecustomize, and the log it writes:
+    each process it ran in, by its argv."""
+    ran = directory / "ran.log"
+    (directory / "sitecustomize.py").write_text(
+        f'import sys\nMARK = "the user\'s own"\nopen({str(ran)!r}, "a").write(" ".join(sys.argv) + "\\n")\n'
+    )
+    return dict(os.environ, PYTHONPATH=str(directory)), ran
+
+
+def test_a_hand_written_loop_with_grad_accumulation_two_optimisers_and_eval(tmp_path):
+    env, ran = users_sitecustomize(tmp_path)  # which still runs in the script (ours runs it)
+    done = gw_run(PY, str(SCRIPTS / "loop.py"), env=env)
     assert done.returncode == 0, done.stderr
     # Of ours on stderr, only the one line that this host has no GPU to sample.
     assert "trained 5 steps" in done.stdout and "gpuwatch:" not in done.stderr.replace(NO_GPU_LINE, "")
+    assert str(SCRIPTS / "loop.py") in ran.read_text().splitlines()  # the child: its argv is the script
     run = the_run()
     assert run["status"] == "finished"
     steps = steps_of(run["run_id"])
@@ -154,11 +166,8 @@ def test_no_instrument_flag_and_variable_leave_the_program_alone():
 
 
 def test_a_program_without_torch_and_the_users_own_sitecustomize_run_as_without_gpuwatch(tmp_path):
-    ran = tmp_path / "ran.log"  # the user's sitecustomize notes each process it ran in
-    (tmp_path / "sitecustomize.py").write_text(
-        f'import sys\nMARK = "the user\'s own"\nopen({str(ran)!r}, "a").write(" ".join(sys.argv) + "\\n")\n'
-    )
-    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    """(With torch, the hand-written loop's test above checks the user's sitecustomize too.)"""
+    env, _ = users_sitecustomize(tmp_path)
     script = [PY, str(SCRIPTS / "no_torch.py"), "a", "b"]
     wrapped, bare = gw_run(*script, env=env), plain(*script, env=env)
     assert (wrapped.returncode, wrapped.stdout) == (bare.returncode, bare.stdout)
@@ -166,11 +175,6 @@ def test_a_program_without_torch_and_the_users_own_sitecustomize_run_as_without_
     assert bare.stderr in wrapped.stderr and "Traceback" not in wrapped.stderr
     assert wrapped.returncode == 3 and "hooks seen: False" in wrapped.stdout
     assert "sitecustomize: the user's own" in wrapped.stdout
-    # With torch, the user's sitecustomize still runs in the script and the steps are recorded.
-    done = gw_run(PY, str(SCRIPTS / "loop.py"), env=env)
-    assert done.returncode == 0, done.stderr
-    assert str(SCRIPTS / "loop.py") in ran.read_text().splitlines()  # the child: its argv is the script
-    assert len(query("SELECT * FROM steps")) == 5
 
 
 @pytest.mark.slow
