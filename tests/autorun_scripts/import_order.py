@@ -26,12 +26,13 @@ def train(steps=3):
     from tiny_model import TinyLM, V
 
     model = TinyLM()
-    opt = torch.optim.SGD(model.parameters(), 0.1)
-    for _ in range(steps):
+    for _ in range(steps):  # updated by hand (torch.optim's first use imports dynamo: ~1 s a run)
         x = torch.randint(0, V, (2, 8))
+        model.zero_grad()
         torch.nn.functional.cross_entropy(model(x).view(-1, V), x.view(-1)).backward()
-        opt.step()
-        opt.zero_grad()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
 
 
 if __name__ == "__main__":
