@@ -18,7 +18,8 @@ class NaiveAttention(nn.Module):
 
 
 model = NaiveAttention()
-opt = torch.optim.SGD(model.parameters(), 0.1)
 loss = model(torch.randint(0, 32, (B, L)))
 loss.backward()
-opt.step()
+with torch.no_grad():  # (never reached) updated by hand: no torch.optim, whose first use imports dynamo
+    for p in model.parameters():
+        p -= 0.1 * p.grad
