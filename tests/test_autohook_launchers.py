@@ -21,13 +21,14 @@ from tiny_model import V, TinyLM, batch
 def main(steps=3):
     gen = torch.Generator().manual_seed(0)
     model = TinyLM()
-    opt = torch.optim.AdamW(model.parameters(), 1e-3)
     for step in range(1, steps + 1):
         x = batch(gen)
+        model.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x).view(-1, V), x.view(-1))
         loss.backward()
-        opt.step()
-        opt.zero_grad()
+        with torch.no_grad():  # updated by hand: torch.optim's first use imports dynamo (~1 CPU-s a program)
+            for p in model.parameters():
+                p -= 1e-3 * p.grad
         print(f"step {step} loss {loss.item():.6f}")
 """
 
