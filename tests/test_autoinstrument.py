@@ -100,6 +100,9 @@ def test_a_hand_written_loop_with_grad_accumulation_two_optimisers_and_eval(tmp_
 
 @pytest.mark.slow
 def test_the_real_hugging_face_trainer_unchanged_with_our_tensorboard_logs_beside_its_own(tmp_path):
+    # Its output_dir is not under the working directory: `auto` finds its logs from its config.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
     done = gw_run(
         PY,
         str(SCRIPTS / "hf_trainer.py"),
@@ -107,7 +110,7 @@ def test_the_real_hugging_face_trainer_unchanged_with_our_tensorboard_logs_besid
         "--pad",
         "--tensorboard",
         flags=("--tensorboard", "auto"),
-        cwd=tmp_path,  # where `auto` looks for the program's own logs
+        cwd=elsewhere,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("GPUWATCH_TEST "))

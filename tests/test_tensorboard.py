@@ -369,3 +369,23 @@ def test_nothing_of_tensorboard_is_imported_unless_asked():
     out = subprocess.run([PY, "-c", "import json; " + probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == []
+
+
+def test_auto_looks_under_an_output_dir_the_runs_config_names_outside_the_working_directory(tmp_path):
+    import gpuwatch
+    from gpuwatch.analysis.tensorboard import named_output_dirs
+
+    here = tmp_path / "here"
+    named = {
+        "outside": {"training_args": {"output_dir": str(tmp_path / "scratch" / "exp1")}},
+        "relative": {"training_args": {"output_dir": "out"}},  # under the working directory: walked anyway
+        "up": {"training_args": {"output_dir": "../up"}},
+        "odd": {"training_args": ["not", "a", "mapping"]},
+    }
+    ids = []
+    for name, config in named.items():
+        with gpuwatch.track(name=name, config=config) as run:
+            ids.append(run.run_id)
+    with db() as conn:
+        assert sorted(named_output_dirs(conn, ids, here)) == [tmp_path / "scratch" / "exp1", tmp_path / "up"]
+        assert named_output_dirs(conn, [], here) == []

@@ -419,6 +419,32 @@ def find_user_logdir(cwd: Path, since_ms: int, max_depth: int = 5) -> Path | Non
 _SKIP_DIRS = {"gpuwatch", "node_modules", "site-packages", "__pycache__", "wandb"}
 
 
+def named_output_dirs(conn: sqlite3.Connection, run_ids: list[str], cwd: Path) -> list[Path]:
+    """Output directories outside `cwd` that the runs' own configs name: a Hugging Face
+    Trainer's `training_args.output_dir` (its TensorBoard logs go under it, wherever it is), in
+    the config of a run it started or of the one it attached to (a relative one is cwd's)."""
+    marks = ",".join("?" * len(run_ids))
+    configs = [
+        json.loads(c)
+        for (c,) in conn.execute(f"SELECT config_json FROM runs WHERE run_id IN ({marks})", run_ids)
+        if c
+    ]
+    for (payload,) in conn.execute(
+        f"SELECT payload_json FROM run_events WHERE kind = 'attached' AND run_id IN ({marks})", run_ids
+    ):
+        event = json.loads(payload) if payload else None
+        configs.append(event.get("config") if isinstance(event, dict) else None)
+    here, found = cwd.resolve(), []
+    for config in configs:
+        args = config.get("training_args") if isinstance(config, dict) else None
+        named = args.get("output_dir") if isinstance(args, dict) else None
+        if isinstance(named, str) and named:
+            path = (cwd / named).resolve()
+            if not path.is_relative_to(here) and path not in found:
+                found.append(path)
+    return found
+
+
 @dataclass
 class Selection:
     """Which runs a live mirror follows: a `gpuwatch run` wrapper's run and its rank runs, or
@@ -465,8 +491,9 @@ def follow(
     """Mirror the selected runs into TensorBoard files while they run; returns their directories.
 
     target: a directory (files go to target/gpuwatch/...), or "auto": beside the logs the program
-    writes itself, once it has written some. Ends when every selected run has ended and the
-    wrapper's run (or, for a process's runs, the process) is over, or when `watch_pid` is gone."""
+    writes itself, once it has written some (under cwd, or under an output directory its runs'
+    configs name). Ends when every selected run has ended and the wrapper's run (or, for a
+    process's runs, the process) is over, or when `watch_pid` is gone."""
     root = None if target == "auto" else Path(target)
     mirrors: dict[str, RunMirror] = {}
     while True:
@@ -474,6 +501,12 @@ def follow(
         with closing(open_conn()) as conn:
             if root is None:
                 found = find_user_logdir(cwd, selection.since_ms)
+                for named in (
+                    [] if found else named_output_dirs(conn, [r for r, _ in selection.run_ids(conn)], cwd)
+                ):
+                    found = find_user_logdir(named, selection.since_ms)
+                    if found is not None:
+                        break
                 if found is not None:
                     root = found
                     say(
