@@ -27,7 +27,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from gpuwatch.analysis.postmortem_text import show_text
 from gpuwatch.analysis.rundata import run_gpus, run_window
@@ -423,17 +423,10 @@ def named_output_dirs(conn: sqlite3.Connection, run_ids: list[str], cwd: Path) -
     """Output directories outside `cwd` that the runs' own configs name: a Hugging Face
     Trainer's `training_args.output_dir` (its TensorBoard logs go under it, wherever it is), in
     the config of a run it started or of the one it attached to (a relative one is cwd's)."""
-    marks = ",".join("?" * len(run_ids))
-    configs = [
-        json.loads(c)
-        for (c,) in conn.execute(f"SELECT config_json FROM runs WHERE run_id IN ({marks})", run_ids)
-        if c
-    ]
-    for (payload,) in conn.execute(
-        f"SELECT payload_json FROM run_events WHERE kind = 'attached' AND run_id IN ({marks})", run_ids
-    ):
-        event = json.loads(payload) if payload else None
-        configs.append(event.get("config") if isinstance(event, dict) else None)
+    configs: list[Any] = []
+    for run_id in run_ids:
+        run = queries.run_by_id(conn, run_id)
+        configs += [run and run.config, queries.run_event_payload(conn, run_id).get("config")]
     here, found = cwd.resolve(), []
     for config in configs:
         args = config.get("training_args") if isinstance(config, dict) else None
