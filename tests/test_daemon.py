@@ -201,7 +201,9 @@ def test_process_samples_every_process_interval_at_once_on_change_and_tui_finds_
         with sqlite3.connect(db) as conn:
             shown = queries.gpu_processes(conn)
         # What the TUI's process table shows at 10 s: GPU 1's two processes, none on GPU 0.
-        assert sorted((p.gpu_index, p.pid, p.kind) for p in shown) == sorted([(1, b, "compute"), (1, c, "compute")])
+        assert sorted((p.gpu_index, p.pid, p.kind) for p in shown) == sorted(
+            [(1, b, "compute"), (1, c, "compute")]
+        )
     finally:
         for child in children:
             child.kill()
