@@ -117,7 +117,7 @@ class StepTally:
         self.samples = 0
         self.seq_len: int | None = None
         self._losses: list = []
-        self._roots: list = []
+        self.roots: list = []  # the scalars backward() was called on (see add_root)
         self._summed = False
 
     def add(self, ids, mask=None, seq_first: bool = False) -> None:
@@ -142,10 +142,10 @@ class StepTally:
 
     def add_root(self, loss) -> None:
         """A scalar the program called backward() on, after a forward of the model (detached)."""
-        self._roots.append(loss)
+        self.roots.append(loss)
 
     def forget_roots(self) -> None:
-        self._roots.clear()
+        self.roots.clear()
 
     def take_args(self) -> tuple:
         """(tokens, samples, seq_len, loss): the step's first arguments of Run.step() in order
@@ -154,7 +154,7 @@ class StepTally:
         micro-batches' (a tensor: read later, without a sync); roots are summed: a loop that
         divides by its accumulation count before backward() (nanoGPT, accelerate) gets the mean
         micro-batch loss."""
-        losses = self._losses or self._roots
+        losses = self._losses or self.roots
         if len(losses) < 2:
             loss = losses[0] if losses else None  # (not summed, not divided by 1: a tensor op each)
         else:
@@ -164,7 +164,7 @@ class StepTally:
         fields = self.tokens, self.samples or None, self.seq_len, loss
         # reset(), inlined: a call costs a µs or more with the caches a training step left cold
         self.forwards, self.tokens, self.samples, self.seq_len = 0, None, 0, None
-        self._losses, self._roots, self._summed = [], [], False
+        self._losses, self.roots, self._summed = [], [], False
         return fields
 
     def take(self) -> dict:
@@ -176,6 +176,12 @@ class StepTally:
 def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = False):
     """Add one training forward of the model: its token inputs and the loss it returned (which
     this returns, None when it returned none)."""
+    # The usual model(ids) returning logits, every forward: find_tokens' and loss_of's first
+    # cases, inlined (a call of ours costs about a µs with the caches a forward left cold).
+    ids = args[0] if args and not kwargs else None
+    if getattr(ids, "dtype", None) in _INT_DTYPES and ids.ndim >= 1 and getattr(output, "ndim", 0):
+        tally.add(ids, None, seq_first)
+        return None
     ids, mask = find_tokens(args, kwargs)
     tally.add(ids, mask, seq_first)
     loss = loss_of(output)

@@ -310,7 +310,9 @@ class AutoInstrument:
                 self.ensure_run(module, args)
             # A training forward (of any module: a GAN's D first) begins the iteration's compute;
             # the split's data wait, worked out off this thread, is the run's (see StepSplit).
-            self.split.compute_began()
+            split = self.split
+            if split.compute is None:  # split.compute_began(), inlined: every step
+                split.compute = split.clock()
             if self._last_data is not None:
                 # The latest batch fetched was training data (a loader over another dataset,
                 # between steps, is an evaluation's).
@@ -521,6 +523,9 @@ class AutoInstrument:
             if not (through or self.model is not None or self._candidates):
                 through = True  # no training forward seen at all: see _step_unseen
             if through and self._framework is None and self._mine:
+                if loss is not None and self._optimizer_made and self.model is not None:
+                    self.tally.roots.append(loss)  # the usual, every step: _after_backward's first case
+                    return result
                 try:
                     self._after_backward(loss)
                 except Exception as e:  # noqa: BLE001
@@ -698,8 +703,10 @@ class AutoInstrument:
                     self._backwards = 0  # a trusted iteration like the others: nothing to judge
                 else:
                     self._judge_iteration()
-                # (nothing of the cycle's to close: it learnt the sole optimiser)
-                self.run.step(*self.tally.take_args(), None, self.split.take())
+                # (nothing of the cycle's to close: it learnt the sole optimiser). Arguments by
+                # position, not *unpacked: a call with exact arguments costs less.
+                tokens, samples, seq_len, loss = self.tally.take_args()
+                self.run.step(tokens, samples, seq_len, loss, None, self.split.take())
                 return
             loss = self._segment_loss(closure)
             evals = closure.evals if closure is not None and closure.evals else None

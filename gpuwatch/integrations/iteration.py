@@ -168,16 +168,16 @@ class StepSplit:
     first training forward to its step), and the rest."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self._clock = clock
+        self.clock = clock
         self.loader_seen = False  # a DataLoader was iterated: data wait is the time inside it
         self.restart()
 
     def restart(self, now: float | None = None) -> None:
         """The interval of the next step begins now (`now`: a clock reading just taken)."""
-        self._since = self._clock() if now is None else now
+        self._since = self.clock() if now is None else now
         self._loader = 0.0
         self._aside: list[float] | None = None  # [start, end, loader time at start, at end]
-        self._compute: float | None = None
+        self.compute: float | None = None  # when the iteration's first training forward began
 
     def loader(self, seconds: float) -> None:
         self._loader += seconds
@@ -186,30 +186,30 @@ class StepSplit:
     def aside_begin(self) -> bool:
         """An evaluation forward or a save begins; False when the iteration's compute already
         has (then it is that compute's, and aside_end need not be called)."""
-        if self._compute is not None:
+        if self.compute is not None:
             return False
         if self._aside is None:
-            self._aside = [self._clock(), 0.0, self._loader, self._loader]
+            self._aside = [self.clock(), 0.0, self._loader, self._loader]
         return True
 
     def aside_end(self) -> None:
         if self._aside is not None:
-            self._aside[1], self._aside[3] = self._clock(), self._loader
+            self._aside[1], self._aside[3] = self.clock(), self._loader
 
     def compute_began(self) -> None:
-        if self._compute is None:
-            self._compute = self._clock()
+        if self.compute is None:
+            self.compute = self.clock()
 
     def take(self) -> SplitReading:
         """The readings of the interval now ended, for Run.step's split (its fields are worked
         out on the drainer thread); and a new interval."""
-        now = self._clock()
+        now = self.clock()
         # (tuple.__new__: SplitReading's own __new__ costs more, and this is every step)
         reading = _reading(
-            SplitReading, (self._since, now, self._loader, self._aside, self._compute, self.loader_seen, None)
+            SplitReading, (self._since, now, self._loader, self._aside, self.compute, self.loader_seen, None)
         )
         # restart(now), inlined: a call costs a µs or more with the caches a training step left cold
-        self._since, self._loader, self._aside, self._compute = now, 0.0, None, None
+        self._since, self._loader, self._aside, self.compute = now, 0.0, None, None
         return reading
 
 
