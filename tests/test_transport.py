@@ -185,10 +185,13 @@ def test_daemon_mode_round_trip_and_control(cfg):
         got = []
         t.control_handler = got.append
         assert t.request({"type": "events", "events": [run_start()]})["type"] == "ack"
-        for i in range(200):
+        for i in range(100):
             t.send(step(i))
+        t.send({"id": "bad", "kind": "step", "run_id": "r1", "ts_ms": 3, "step": -1})
+        t.send_many([step(i) for i in range(100, 200)])  # a drain's steps at once
         assert t.flush()
         assert rows(cfg, "SELECT count(*) FROM steps") == [(200,)]  # acked = committed
+        assert t.rejected == 1  # the daemon refused the bad one alone
         reply = t.request({"type": "control_request", "run_id": "r1", "action": "profile", "steps": 3})
         assert reply["type"] == "control_result"
         deadline = time.monotonic() + 5

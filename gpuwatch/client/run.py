@@ -473,8 +473,10 @@ class Run:
         # One pass per column for the whole drain; below, its columns are read by position (a
         # fold's slices of each, a step's row), whatever each column holds.
         g: tuple[Sequence[Any], ...] = self._read(raw)
-        send, prefix, ids, run_id = self._transport.send, self._id_prefix, self._id_count, self.run_id
+        prefix, ids, run_id = self._id_prefix, self._id_count, self.run_id
         peak = self._peak_flops  # none (no GPU): no MFU, and no call to work it out
+        events: list[dict[str, Any]] = []  # sent together: one lock of the transport a drain
+        send = events.append
         if size > 1:
             for start in range(0, len(raw), size):
                 part = fold.Steps(*(column[start : start + size] for column in g))
@@ -487,6 +489,7 @@ class Run:
                         **fold.folded(part, self._mfu),
                     }
                 )
+            self._transport.send_many(events)
             return
         for (
             step,
@@ -528,6 +531,7 @@ class Run:
                     **(split or {}),
                 }
             )
+        self._transport.send_many(events)
 
     def _read(self, group: list[Recorded]) -> fold.Steps:
         """Recorded steps a column at a time, their timings and tensors read (the GPU passed

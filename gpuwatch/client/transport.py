@@ -60,6 +60,8 @@ EMBEDDED_LINGER_S = 0.1
 SEND_LINGER_S = 0.05
 
 
+# One encoder for every event (json.dumps with separators= builds a new one each call).
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 _WAKE = object()  # put on the queue to wake the sender: for an urgent event, or close()
 
 
@@ -74,6 +76,11 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def send(self, event: dict[str, Any], urgent: bool = False) -> None:
         """Queue one event; never blocks the caller. Urgent: ahead of everything queued."""
+
+    @abc.abstractmethod
+    def send_many(self, events: list[dict[str, Any]]) -> None:
+        """Queue several events in order, as send() each would (a drain's steps: one lock, not
+        one per event)."""
 
     @abc.abstractmethod
     def request(self, msg: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
@@ -159,7 +166,9 @@ class DaemonTransport(Transport):
         self._spool_full = FullDisk(log, "gpuwatch: spool")
         self.spool_path = self.spool_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}{spool.SUFFIX}"
         self._link = link
-        self._queue: queue.Queue[dict[str, Any] | object] = queue.Queue(maxsize=queue_size)
+        self._queue: queue.Queue[dict[str, Any] | list[dict[str, Any]] | object] = queue.Queue(
+            maxsize=queue_size
+        )
         self._urgent: collections.deque[dict[str, Any]] = collections.deque()  # taken before the queue
         self._backoff = 0.0
         self._retry_at = 0.0
@@ -196,6 +205,21 @@ class DaemonTransport(Transport):
                 self.dropped += 1
                 return
             self._enqueued += 1
+
+    def send_many(self, events: list[dict[str, Any]]) -> None:
+        # One item of the queue (its size counts sends, not events): a lock and a wake-up of the
+        # sender a drain, not one an event.
+        with self._progress:
+            if self._closing or not events:
+                return
+            try:
+                self._queue.put_nowait(list(events))
+            except queue.Full:
+                if not self.dropped:
+                    log.warning("gpuwatch: event queue full; dropping events (counted in dropped)")
+                self.dropped += len(events)
+                return
+            self._enqueued += len(events)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything sent so far is acknowledged by the daemon or spooled."""
@@ -268,7 +292,7 @@ class DaemonTransport(Transport):
             self._link.close()
 
     def _collect(self) -> list[dict[str, Any]]:
-        queued: list[Any] = []  # events, and _WAKE
+        queued: list[Any] = []  # events, lists of them, and _WAKE
         if not self._urgent:
             try:
                 queued.append(self._queue.get(timeout=0.2))
@@ -284,7 +308,13 @@ class DaemonTransport(Transport):
                 queued.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        queued = [event for event in queued if event is not _WAKE]
+        # (send_many's lists, flattened)
+        queued = [
+            event
+            for item in queued
+            if item is not _WAKE
+            for event in (item if type(item) is list else (item,))
+        ]
         urgent = self._take_urgent()
         if not urgent:
             return queued
@@ -302,11 +332,13 @@ class DaemonTransport(Transport):
 
     def _dispatch(self, batch: list[dict[str, Any]]) -> None:
         encoded = []
+        # Not checked here: the daemon checks every frame, and a frame it calls invalid is sent
+        # again an event at a time (see _deliver), so a bad event costs only itself. (Checking
+        # here too cost as much CPU of the training process as its hooks, for every step.)
         for event in batch:
             try:
-                protocol.validate_event(event)
-                data = json.dumps(event, separators=(",", ":")).encode()
-            except (protocol.ProtocolError, TypeError, ValueError) as e:
+                data = _encode(event).encode()
+            except (TypeError, ValueError) as e:  # a value JSON cannot hold
                 self._reject(1, str(e))
                 continue
             if len(data) > protocol.MAX_FRAME_BYTES - 64:
@@ -568,16 +600,22 @@ class EmbeddedTransport(Transport):
 
     def send(self, event: dict[str, Any], urgent: bool = False) -> None:
         # The writer applies what is pending in order, in one transaction: an urgent event needs
-        # no lane of its own. One writer job per burst of events, not one per event: step() pays a list append, and
-        # the writer applies whatever piled up in one transaction, taking the GIL from the
-        # training loop once per burst instead of once per event.
+        # no lane of its own.
+        self.send_many([event])
+
+    def send_many(self, events: list[dict[str, Any]]) -> None:
+        # One writer job per burst of events, not one per event: the writer applies whatever
+        # piled up in one transaction, taking the GIL from the training loop once per burst.
         with self._pending_lock:
-            if len(self._pending) >= PENDING_MAX:
-                self.dropped += 1
+            pending = self._pending
+            room = PENDING_MAX - len(pending)
+            if room < len(events):
+                self.dropped += len(events) - max(room, 0)
+                events = events[: max(room, 0)]
+            queued = bool(pending)  # the job queued for the first pending event takes these too
+            pending += events
+            if queued or not pending:
                 return
-            self._pending.append(event)
-            if len(self._pending) > 1:
-                return  # the job queued for the first event takes this one too
         if self.writer.submit(self._apply_pending, block=False) is None:
             with self._pending_lock:
                 self.dropped += len(self._pending)
