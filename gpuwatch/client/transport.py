@@ -58,11 +58,9 @@ PENDING_MAX = 100_000
 REPLAY_CHUNK_BYTES = 1 << 20
 EMBEDDED_LINGER_S = 0.1
 # The sender gathers events this long before it encodes and sends them (not when someone waits:
-# an urgent event, flush(), close()). Each frame costs the training process a wake-up, a write
-# and an ack read whatever it holds: at 0.05 s these cost more of its CPU than the hooks' steps
-# (53 µs a step on the 203-module bench, 15 at 0.5 s). A live view refreshed each second still
-# sees a step within DRAIN_EVERY_MS + this.
-SEND_LINGER_S = 0.5
+# an urgent event, flush(), close()): a run's steps come a drain at a time (see run.py's
+# DRAIN_EVERY_MS), so a frame holds a drain's.
+SEND_LINGER_S = 0.05
 
 
 # One encoder for every event (json.dumps with separators= builds a new one each call).
