@@ -16,6 +16,7 @@ import time
 from types import FrameType, ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
+from gpuwatch.base import clock as clock_mod
 from gpuwatch.base import config as config_mod
 from gpuwatch.base import threads
 from gpuwatch.base.clock import elapsed_end_ms, now_ms
@@ -415,7 +416,7 @@ class Run:
                 Recorded,
                 (
                     self._step,
-                    now_ms(),
+                    clock_mod.wall_clock_ns() // 1_000_000,  # now_ms(), inlined: every step
                     mark,
                     compute,
                     tokens,

@@ -55,20 +55,6 @@ def find_tokens(args: tuple = (), kwargs: Mapping | None = None):
     return None, None
 
 
-def count(ids, mask=None, seq_first: bool = False) -> tuple[Any, int, int]:
-    """(tokens, samples, seq_len) of a (batch, seq_len) id tensor, or (seq_len, batch) with
-    `seq_first`: tokens are the unmasked ones when a mask of the same shape is given (a tensor,
-    summed on its device without waiting)."""
-    shape = ids.shape
-    if len(shape) == 1:
-        samples, seq_len = 1, shape[0]
-    else:
-        samples, seq_len = (shape[-1], shape[0]) if seq_first else (shape[0], shape[-1])
-    if mask is not None and getattr(mask, "shape", None) == shape:
-        return mask.sum(), samples, seq_len
-    return ids.numel(), samples, seq_len
-
-
 def loss_of(output):
     """The loss a model returned: a `.loss` attribute, a "loss" key, or the first 0-dim float
     tensor of a returned tuple; else None."""
@@ -121,10 +107,21 @@ class StepTally:
         self._summed = False
 
     def add(self, ids, mask=None, seq_first: bool = False) -> None:
+        """One forward's (batch, seq_len) id tensor, or (seq_len, batch) with `seq_first`:
+        tokens are the unmasked ones when a mask of the same shape is given (a tensor, summed on
+        its device without waiting)."""
         self.forwards += 1
         if ids is None:
             return
-        tokens, samples, seq_len = count(ids, mask, seq_first)
+        shape = ids.shape
+        if len(shape) == 1:
+            samples, seq_len = 1, shape[0]
+        else:
+            samples, seq_len = (shape[-1], shape[0]) if seq_first else (shape[0], shape[-1])
+        if mask is not None and getattr(mask, "shape", None) == shape:
+            tokens = mask.sum()
+        else:
+            tokens = ids.numel()
         if self.tokens is None:  # the step's first forward with token ids
             self.tokens, self.samples, self.seq_len = tokens, samples, seq_len
             return
@@ -215,7 +212,9 @@ def model_shape(model, ids=None, mask=None) -> dict:
     modules (nn.MultiheadAttention's num_heads): what an OOM postmortem's advice needs."""
     shape: dict = {}
     if ids is not None:
-        _, shape["batch"], shape["seq_len"] = count(ids, None, sequence_first(model))
+        tally = StepTally()
+        tally.add(ids, None, sequence_first(model))
+        shape["batch"], shape["seq_len"] = tally.samples, tally.seq_len
     config = getattr(model, "config", None)
     heads = next((getattr(config, k) for k in _HEADS if isinstance(getattr(config, k, None), int)), None)
     if heads is None:
