@@ -8,7 +8,9 @@
    on a loaded host, preemption and waits for the GIL are left out, as wall time cannot.
    `--bytecodes` counts instead the Python bytecodes our code executes a step, on the training
    thread and gpuwatch's drainer thread (a figure no load changes; a torch call counts as one).
-   Goals: <= 40 µs per step and <= 1 % of a 10 ms step.
+   Goals: <= 40 µs per step and <= 1 % of a 10 ms step. Beside them, the CPU time per step of
+   the thread that encodes the step events and sends them (its own clock: it never holds up a
+   step, but it takes the GIL and a core's time from the training process).
 2. `gpuwatch run -- true`'s wall time: what the wrapper alone adds to a program's.
 3. Tokens/s of an unmodified Hugging Face Trainer and Lightning script under `gpuwatch run` vs the
    framework's own figure over the same steps (the test scripts in tests/autorun_scripts).
