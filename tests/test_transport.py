@@ -265,11 +265,13 @@ def test_send_never_blocks_and_counts_what_it_drops(cfg):
         started = time.perf_counter()
         for i in range(5000):
             t.send(step(i))
+        for first in range(5000, 10_000, 100):  # a drain's steps at a time
+            t.send_many([step(i) for i in range(first, first + 100)])
         elapsed = time.perf_counter() - started
         t.close()
         stored = rows(cfg, "SELECT count(*) FROM steps")[0][0]
         assert t.dropped > 0
-        assert stored + t.dropped == 5000  # every event is either stored or counted as dropped
+        assert stored + t.dropped == 10_000  # every event is either stored or counted as dropped
         assert elapsed < 5  # a daemon round trip per event would take far longer
     finally:
         daemon.send_signal(signal.SIGTERM)
