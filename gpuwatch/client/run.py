@@ -221,6 +221,7 @@ class _Drainer:
     def stop(self) -> None:
         self._stopped = True
         self._wake.set()
+        self._hurry.set()  # (not left sleeping out its half second)
 
     def _loop(self) -> None:
         run = self._run
