@@ -491,7 +491,7 @@ class Run:
         # fold's slices of each, a step's row), whatever each column holds.
         g: tuple[Sequence[Any], ...] = self._read(raw)
         prefix, ids, run_id = self._id_prefix, self._id_count, self.run_id
-        peak = self._peak_flops  # none (no GPU): no MFU, and no call to work it out
+        peak_flops = self._peak_flops  # none (no GPU): no MFU, and no call to work it out
         events: list[dict[str, Any]] = []  # sent together: one lock of the transport a drain
         send = events.append
         if size > 1:
@@ -520,7 +520,7 @@ class Run:
             losses,
             alloc,
             reserved,
-            peak,
+            mem_peak,
             rss,
             split,
         ) in zip(*g):
@@ -540,10 +540,10 @@ class Run:
                     "step_time_ms": step_ms,
                     "data_wait_pct": wait_pct,
                     "tokens_per_s": tps,
-                    "mfu": self._mfu(tps, seq_len) if peak else None,
+                    "mfu": self._mfu(tps, seq_len) if peak_flops else None,
                     "mem_allocated_bytes": alloc,
                     "mem_reserved_bytes": reserved,
-                    "mem_peak_bytes": peak,
+                    "mem_peak_bytes": mem_peak,
                     "rss_bytes": rss,
                     **(split or {}),
                 }
