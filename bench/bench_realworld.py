@@ -552,6 +552,14 @@ def hook_share(row: Row, data_home: Path) -> str:
     except (OSError, ValueError):
         return "-"
     per_step = figures["hook_s"] / figures["steps"] * 1e6
+    by_hook = sorted(figures.get("by_hook", {}).items(), key=lambda item: -item[1])
+    print(
+        "      in the hooks per step: "
+        + ", ".join(
+            f"{name} {spent / figures['steps'] * 1e6:.1f} µs" for name, spent in by_hook if spent > 0
+        ),
+        flush=True,
+    )
     return f"{per_step:.0f} µs = {figures['hook_s'] / figures['wall_s'] * 100:.2f} %"
 
 

@@ -10,7 +10,8 @@ mark_compute, and the events built from steps on gpuwatch's own drainer thread)
 over the wall time. Timing a step in two separate processes cannot resolve a few per cent on a
 shared machine (two plain runs of one script differ more than that); this share can. A framework
 callback's own code (HF, Lightning) is not timed, only the Run.step it calls. Writes
-{"steps", "hook_s", "wall_s"} as JSON to $HOOK_SHARE_OUT at exit.
+{"steps", "hook_s", "wall_s", "by_hook"} as JSON to $HOOK_SHARE_OUT at exit (by_hook: the seconds
+of each outermost hook, so a row's cost can be traced to the hook that makes it).
 """
 
 from __future__ import annotations
@@ -30,20 +31,24 @@ WARM_UP = 10  # steps left out (at most a third of them): first calls, and the h
 # of the first iterations (see autohook.TRUSTED_AFTER)
 _clock = time.perf_counter
 _spent = [0.0]  # inside the hooks so far, on any thread
+_by_hook: dict[str, float] = {}  # the same, by the outermost hook timed
 _depth = threading.local()
-_steps: list[tuple[float, float]] = []  # (when a step was recorded, _spent then)
+_steps: list[tuple[float, float, dict]] = []  # (when a step was recorded, _spent then, _by_hook then)
 
 
-def _timed(fn):
+def _timed(fn, name: str):
     def timed(*args, **kwargs):
         if getattr(_depth, "in_hook", False):
             return fn(*args, **kwargs)
         _depth.in_hook = True
+        _depth.name = name
         started = _clock()
         try:
             return fn(*args, **kwargs)
         finally:
-            _spent[0] += _clock() - started
+            spent = _clock() - started
+            _spent[0] += spent
+            _by_hook[name] = _by_hook.get(name, 0.0) + spent
             _depth.in_hook = False
             if getattr(_depth, "stepped", False):
                 # A step recorded inside this hook is marked as it ends, with all of its time
@@ -51,12 +56,12 @@ def _timed(fn):
                 # steps) would have had its torch call taken out and not yet its own time
                 # added, and the window would gain or lose one backward's time.
                 _depth.stepped = False
-                _steps.append((_clock(), _spent[0]))
+                _steps.append((_clock(), _spent[0], dict(_by_hook)))
 
     return timed
 
 
-def _timed_wrapper(wrap):
+def _timed_wrapper(wrap, name: str):
     """One of our wrappers of a torch function (`wrap(hooks, original)`: backward, a DataLoader
     iterator's __next__, torch.save), timed less the torch call inside it (whose hooks are timed
     on their own)."""
@@ -64,14 +69,17 @@ def _timed_wrapper(wrap):
     def wrapping(hooks, original):
         def torch_call(*args, **kwargs):
             _depth.in_hook = False  # torch's code is not ours: hooks inside it count
+            name = _depth.name  # (a hook inside it names another)
             started = _clock()
             try:
                 return original(*args, **kwargs)
             finally:
-                _spent[0] -= _clock() - started
+                inside = _clock() - started
+                _spent[0] -= inside
+                _by_hook[name] = _by_hook.get(name, 0.0) - inside
                 _depth.in_hook = True
 
-        return _timed(wrap(hooks, torch_call))
+        return _timed(wrap(hooks, torch_call), name)
 
     return wrapping
 
@@ -89,18 +97,23 @@ def _report() -> None:
     first = min(WARM_UP, len(_steps) // 3)
     if len(_steps) - first < 2:
         return
-    (t0, s0), (t1, s1) = _steps[first], _steps[-1]
+    (t0, s0, by0), (t1, s1, by1) = _steps[first], _steps[-1]
+    by_hook = {name: spent - by0.get(name, 0.0) for name, spent in by1.items()}
     with open(os.environ["HOOK_SHARE_OUT"], "w") as out:
-        json.dump({"steps": len(_steps) - 1 - first, "hook_s": s1 - s0, "wall_s": t1 - t0}, out)
+        json.dump(
+            {"steps": len(_steps) - 1 - first, "hook_s": s1 - s0, "wall_s": t1 - t0, "by_hook": by_hook}, out
+        )
 
 
 for _name in ("_enter", "_leave", "_reached_model", "_before_optimizer_step", "_on_optimizer_step"):
-    setattr(AutoInstrument, _name, _timed(getattr(AutoInstrument, _name)))
+    setattr(AutoInstrument, _name, _timed(getattr(AutoInstrument, _name), _name.strip("_")))
 for _name in ("_wrap_backward", "_wrap_next", "_wrap_save"):
-    setattr(AutoInstrument, _name, _timed_wrapper(getattr(AutoInstrument, _name)))
-Run.mark_compute = _timed(Run.mark_compute)
-Run._drain = _timed(Run._drain)  # also where gpuwatch's drainer thread turns steps into events
-Run.step = _timed(_marking_steps(Run.step))
+    setattr(
+        AutoInstrument, _name, _timed_wrapper(getattr(AutoInstrument, _name), _name.removeprefix("_wrap_"))
+    )
+Run.mark_compute = _timed(Run.mark_compute, "mark_compute")
+Run._drain = _timed(Run._drain, "drain")  # also where gpuwatch's drainer thread turns steps into events
+Run.step = _timed(_marking_steps(Run.step), "step")
 atexit.register(_report)
 
 if __name__ == "__main__":
