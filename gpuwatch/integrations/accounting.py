@@ -62,6 +62,11 @@ def loss_of(output):
         return None
     if hasattr(output, "dtype"):  # a bare tensor: the loss itself, or logits
         return output if is_scalar_float(output) else None
+    if type(output) is tuple:  # (logits, loss), (output, hidden): before the costlier ABC check below
+        for value in output:
+            if is_scalar_float(value):
+                return value
+        return None
     if isinstance(output, Mapping):
         loss = output.get("loss")
     else:
@@ -173,14 +178,17 @@ class StepTally:
 def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = False):
     """Add one training forward of the model: its token inputs and the loss it returned (which
     this returns, None when it returned none)."""
-    # The usual model(ids) returning logits, every forward: find_tokens' and loss_of's first
-    # cases, inlined (a call of ours costs about a µs with the caches a forward left cold).
+    # The usual model(ids) (or model(ids, targets)) returning logits, every forward: find_tokens'
+    # and loss_of's first cases, inlined (a call of ours costs about a µs with the caches a forward
+    # left cold).
     ids = args[0] if args and not kwargs else None
-    if getattr(ids, "dtype", None) in _INT_DTYPES and ids.ndim >= 1 and getattr(output, "ndim", 0):
+    if getattr(ids, "dtype", None) in _INT_DTYPES and ids.ndim >= 1:
         tally.add(ids, None, seq_first)
-        return None
-    ids, mask = find_tokens(args, kwargs)
-    tally.add(ids, mask, seq_first)
+        if getattr(output, "ndim", 0):
+            return None
+    else:
+        ids, mask = find_tokens(args, kwargs)
+        tally.add(ids, mask, seq_first)
     loss = loss_of(output)
     if loss is not None:
         # Hugging Face passes num_items_in_batch when the model divides by the whole step's count.
