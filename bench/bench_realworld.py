@@ -27,7 +27,8 @@ For each: steps recorded / steps done (the script's own log), tokens per step re
 true count, the largest loss difference vs the script's own log, median step time (the
 script's own figure) and wall time under gpuwatch over plain, torch.compile recompilations
 (TORCH_LOGS=recompiles) with and without, exit status with and without, and whether the files
-the script wrote are byte-equal. OMP_NUM_THREADS=1 for both runs: on a shared machine torch's
+the script wrote are byte-equal. With --floor, also the share of the floor's hooks
+(bench/floor_hooks.py: the least any hooks that see a step cost) in ours' place, in the same sitting. OMP_NUM_THREADS=1 for both runs: on a shared machine torch's
 default thread pool makes timings meaningless (see bench_contention.py).
 
     .venv/bin/python bench/bench_realworld.py --nanogpt /tmp/nanoGPT --pytorch-examples /tmp/examples
@@ -537,14 +538,15 @@ def _digest(cwd: Path, names: list[str]) -> dict:
     return out
 
 
-def hook_share(row: Row, data_home: Path) -> str:
+def hook_share(row: Row, data_home: Path, floor: bool = False) -> str:
     """One more run under `gpuwatch run`, through bench/hook_share.py: the share of the wall time
-    between its first and last step spent inside gpuwatch's hooks."""
+    between its first and last step spent inside gpuwatch's hooks (with `floor`, inside the
+    floor's hooks, bench/floor_hooks.py, in their place)."""
     out = data_home / "hook-share.json"
     timed = replace(
         row,
         cmd=[PY, str(ROOT / "bench" / "hook_share.py"), *row.cmd[1:]],
-        env={**row.env, "HOOK_SHARE_OUT": str(out)},
+        env={**row.env, "HOOK_SHARE_OUT": str(out), **({"HOOK_SHARE_FLOOR": "1"} if floor else {})},
     )
     run_once(timed, True, data_home)
     try:
@@ -554,7 +556,7 @@ def hook_share(row: Row, data_home: Path) -> str:
     per_step = figures["hook_s"] / figures["steps"] * 1e6
     by_hook = sorted(figures.get("by_hook", {}).items(), key=lambda item: -item[1])
     print(
-        "      in the hooks per step: "
+        f"      in the {'floor' if floor else 'hooks'} per step: "
         + ", ".join(
             f"{name} {spent / figures['steps'] * 1e6:.1f} µs" for name, spent in by_hook if spent > 0
         ),
@@ -632,15 +634,16 @@ def per_step_check(row: Row, out: str, recorded_per_step: dict) -> str:
     return "; ".join(parts) or "none logged"
 
 
-def measure(row: Row, work: Path, repeat: int) -> dict:
+def measure(row: Row, work: Path, repeat: int, floor: bool = False) -> dict:
     """Plain and instrumented runs alternated `repeat` times; times are pooled, everything else
-    must hold in every pair."""
+    must hold in every pair. With `floor`, the floor's hooks' share too, beside ours."""
     pairs = []
     for n in range(repeat):
         plain = run_once(row, False, work / f"db-plain-{id(row)}-{n}")
         home = work / f"db-{id(row)}-{n}"
         pairs.append((plain, run_once(row, True, home), recorded(home)))
     share = hook_share(row, work / f"db-share-{id(row)}")
+    floor_share = hook_share(row, work / f"db-floor-{id(row)}", floor=True) if floor else "-"
     plain, instr, (n, tokens, losses, per_step) = pairs[0]
     common = [s for s in plain["losses"] if s in losses and losses[s] is not None]
     loss_diff = max((abs(plain["losses"][s] - losses[s]) for s in common), default=None)
@@ -669,6 +672,7 @@ def measure(row: Row, work: Path, repeat: int) -> dict:
         "step": f"{statistics.median(step):.3f} ({min(step):.2f}–{max(step):.2f})" if step else "-",
         "wall": f"{statistics.median(wall):.3f}",
         "share": share,
+        "floor": floor_share,
         "per_step": per_step_check(row, instr["stdout"], per_step),
         "recompiles": " ".join(f"{i['recompiles']} vs {p['recompiles']}" for p, i, _ in pairs[:1]),
         "exit": " ".join(f"{i['rc']} vs {p['rc']}" for p, i, _ in pairs[:1]),
@@ -684,6 +688,7 @@ COLUMNS = [
     "loss",
     "per_step",
     "share",
+    "floor",
     "step",
     "wall",
     "recompiles",
@@ -697,6 +702,7 @@ HEADERS = [
     "loss vs its log",
     "each optimiser's loss / closure evaluations vs its log",
     "in gpuwatch's hooks per step (share of step time)",
+    "in the floor's hooks (--floor: the least any hooks cost)",
     "step time ×",
     "wall ×",
     "recompiles (gw vs plain)",
@@ -715,6 +721,11 @@ def main() -> None:
         "--only", action="append", help="run only the rows whose name contains this (repeatable)"
     )
     parser.add_argument("--repeat", type=int, default=2, help="plain/instrumented pairs per script")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the floor's hooks (bench/floor_hooks.py: the least any hooks cost) in ours' place",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gw-realworld-") as tmp:
         work = Path(tmp)
@@ -732,7 +743,7 @@ def main() -> None:
         results = []
         for n, row in enumerate(rows, 1):
             print(f"[{n}/{len(rows)}] {row.name} ...", file=sys.stderr, flush=True)
-            results.append(measure(row, work, args.repeat))
+            results.append(measure(row, work, args.repeat, args.floor))
             if results[-1]["plain stderr"]:
                 print(f"  plain run failed: {results[-1]['plain stderr']}", file=sys.stderr)
     print(
@@ -740,10 +751,11 @@ def main() -> None:
         f"{args.repeat} plain/gpuwatch pairs per script, alternated; step time: the median over pairs of "
         f"each pair's median-step ratio (its range in brackets); wall: the median pair's ratio"
     )
-    print("| " + " | ".join(HEADERS) + " |")
-    print("|" + "---|" * len(HEADERS))
+    shown = [(c, h) for c, h in zip(COLUMNS, HEADERS) if args.floor or c != "floor"]
+    print("| " + " | ".join(h for _, h in shown) + " |")
+    print("|" + "---|" * len(shown))
     for r in results:
-        print("| " + " | ".join(str(r[c]) for c in COLUMNS) + " |")
+        print("| " + " | ".join(str(r[c]) for c, _ in shown) + " |")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ over the wall time. Timing a step in two separate processes cannot resolve a few
 shared machine (two plain runs of one script differ more than that); this share can. A framework
 callback's own code (HF, Lightning) is not timed, only the Run.step it calls. Writes
 {"steps", "hook_s", "wall_s", "by_hook"} as JSON to $HOOK_SHARE_OUT at exit (by_hook: the seconds
-of each outermost hook, so a row's cost can be traced to the hook that makes it).
+of each outermost hook, so a row's cost can be traced to the hook that makes it). With
+$HOOK_SHARE_FLOOR set, the same for the floor's hooks (floor_hooks.py) in place of ours, which
+only see a one-optimiser step: the least any hooks cost on this script.
 """
 
 from __future__ import annotations
@@ -105,6 +107,17 @@ def _report() -> None:
         )
 
 
+if os.environ.get("HOOK_SHARE_FLOOR"):
+    # The floor's hooks in place of ours (bench/floor_hooks.py): what any hooks cost on this script.
+    from floor_hooks import floor_hooks
+
+    from gpuwatch.integrations import autohook
+
+    _floor = floor_hooks(autohook)
+    for _name in ("_enter", "_leave", "_before_optimizer_step", "_wrap_backward"):
+        setattr(AutoInstrument, _name, _floor.__dict__[_name])
+    AutoInstrument._on_optimizer_step = _marking_steps(_floor._on_optimizer_step)  # (no Run.step)
+    AutoInstrument._wrap_next = AutoInstrument._wrap_save = lambda hooks, original: original
 for _name in ("_enter", "_leave", "_reached_model", "_before_optimizer_step", "_on_optimizer_step"):
     setattr(AutoInstrument, _name, _timed(getattr(AutoInstrument, _name), _name.strip("_")))
 for _name in ("_wrap_backward", "_wrap_next", "_wrap_save"):
