@@ -12,8 +12,8 @@ RECORDS: list = []  # the floor's one record a step
 
 def floor_hooks(autohook):
     """Hooks that do the least a step needs, as ours do it: take the global module hooks out for
-    a top-level forward and put them back after it, keep the forward's ids and the backward's
-    loss, append one record a step (its times, the ids' shape, the loss read). What any hooks in
+    a top-level forward and put them back after it, keep the forward's ids' shape and the backward's
+    loss, append one record a step (its times, that shape, the loss read). What any hooks in
     Python cost on this bench: ours are measured against them (--vs-floor)."""
 
     class FloorHooks(autohook.AutoInstrument):
@@ -36,7 +36,9 @@ def floor_hooks(autohook):
             nn = self._nn
             nn._global_forward_pre_hooks[self._pre_id] = self._enter_hook
             nn._global_forward_hooks[post_id] = self._leave_hook
-            self._ids = args[0]
+            # the shape, not the tensor: the first argument may be a model's output (a loss
+            # module's call), whose graph would then be freed inside a later hook
+            self._shape = getattr(args[0], "shape", None) if args else None
 
         def _wrap_backward(self, backward):
             def recorded_backward(tensors, *args, **kwargs):
@@ -50,6 +52,6 @@ def floor_hooks(autohook):
             return None
 
         def _on_optimizer_step(self, optimizer, args, kwargs):
-            RECORDS.append((time.perf_counter(), self._began, self._ids.shape, self._loss.item()))
+            RECORDS.append((time.perf_counter(), self._began, self._shape, self._loss.item()))
 
     return FloorHooks
