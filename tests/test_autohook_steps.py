@@ -89,6 +89,16 @@ def test_a_loss_outside_forward_stays_right_when_the_loop_changes_its_backward_p
     assert [s["loss"] for s in steps[13:]] == pytest.approx(logged[13:], rel=1e-5)
 
 
+def test_a_model_that_returns_its_loss_keeps_every_steps_loss_when_the_backward_pattern_changes():
+    """Its backward roots are not needed (nor detached: the step's loss is the one returned), so
+    the auxiliary backward of the last 6 iterations costs no step its loss."""
+    done = gw_run(PY, str(SCRIPTS / "loss_pattern_change.py"), "returned")
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = steps_of(the_run()["run_id"])
+    assert [s["tokens"] for s in steps] == [128] * 12 + [64] * 6
+    assert [s["loss"] for s in steps] == pytest.approx(_logged_losses(done.stdout), rel=1e-5)
+
+
 @pytest.mark.slow
 def test_an_oom_in_the_first_forward_under_the_hugging_face_trainer_gets_the_full_advice(tmp_path):
     """The Trainer's callback owns the steps; the hooks still give the run the first training

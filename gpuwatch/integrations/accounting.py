@@ -107,7 +107,7 @@ class StepTally:
         self.tokens: Any = None
         self.samples = 0
         self.seq_len: int | None = None
-        self._losses: list = []
+        self.losses: list = []  # the ones the model returned (see add_loss)
         self.roots: list = []  # the scalars backward() was called on (see add_root)
         self._summed = False
 
@@ -139,7 +139,7 @@ class StepTally:
         """normalised_over_step: the model already divided its loss by the whole step's item count
         (Hugging Face passes `num_items_in_batch`), so the step's loss is the sum, not the mean."""
         if loss is not None:
-            self._losses.append(loss.detach())
+            self.losses.append(loss.detach())
             self._summed = normalised_over_step
 
     def add_root(self, loss) -> None:
@@ -156,17 +156,17 @@ class StepTally:
         micro-batches' (a tensor: read later, without a sync); roots are summed: a loop that
         divides by its accumulation count before backward() (nanoGPT, accelerate) gets the mean
         micro-batch loss."""
-        losses = self._losses or self.roots
+        losses = self.losses or self.roots
         if len(losses) < 2:
             loss = losses[0] if losses else None  # (not summed, not divided by 1: a tensor op each)
         else:
             loss = sum_losses(losses)
-            if self._losses and not self._summed:
+            if self.losses and not self._summed:
                 loss = loss / len(losses)
         fields = self.tokens, self.samples or None, self.seq_len, loss
         # reset(), inlined: a call costs a µs or more with the caches a training step left cold
         self.forwards, self.tokens, self.samples, self.seq_len = 0, None, 0, None
-        self._losses, self.roots, self._summed = [], [], False
+        self.losses, self.roots, self._summed = [], [], False
         return fields
 
     def take(self) -> dict:

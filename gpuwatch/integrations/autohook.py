@@ -17,7 +17,8 @@ a hook on that output's graph node, which vanishes with the graph). The loss is 
 returned, else the scalar the program called backward() on, with AMP's GradScaler scale undone.
 With an optimiser, that hook is left off once TRUSTED_AFTER iterations in a row had one backward
 through the model per forward of it, until an iteration breaks that pattern (its loss is then
-not known, rather than wrong).
+not known, rather than wrong). A model that returns its loss needs neither the check nor its
+backward roots: the loss it returned is the step's.
 
 Any error in these hooks switches them all off with one warning line: the user's program must
 never break because of us.
@@ -504,7 +505,13 @@ class AutoInstrument:
             finally:
                 self._backward_depth = 0
             loss = None  # the root, detached and unscaled once: the segment's and the tally's
-            if self._framework is None and is_scalar_float(tensors):
+            if (
+                self._framework is None
+                # (read by nobody in a step of the sole optimiser whose model returned its loss, as
+                # nanoGPT's and Hugging Face's do: that loss is the step's)
+                and not (self.tally.losses and self._cycle.sole is not None and self._closure is None)
+                and is_scalar_float(tensors)
+            ):
                 loss = tensors.detach()
                 scaled = self._scaled
                 if scaled is not None and scaled.output() is tensors:
@@ -518,13 +525,14 @@ class AutoInstrument:
                 through = self._backwards <= self.tally.forwards
             else:
                 through = self._through_model
-                if not through:
+                if not (through or self.tally.losses):  # (a returned loss: no root to tell apart)
                     self._unreached = True
             if not (through or self.model is not None or self._candidates):
                 through = True  # no training forward seen at all: see _step_unseen
             if through and self._framework is None and self._mine:
-                if loss is not None and self._optimizer_made and self.model is not None:
-                    self.tally.roots.append(loss)  # the usual, every step: _after_backward's first case
+                if self._optimizer_made and self.model is not None:  # the usual, every step
+                    if loss is not None:
+                        self.tally.roots.append(loss)  # (_after_backward's first case)
                     return result
                 try:
                     self._after_backward(loss)
