@@ -18,7 +18,8 @@ returned, else the scalar the program called backward() on, with AMP's GradScale
 With an optimiser, that hook is left off once TRUSTED_AFTER iterations in a row had one backward
 through the model per forward of it, until an iteration breaks that pattern (its loss is then
 not known, rather than wrong). A model that returns its loss needs neither the check nor its
-backward roots: the loss it returned is the step's.
+backward roots: the loss it returned is the step's. Nor do several optimisers (a GAN): each
+one's loss is the roots backward() was called on since the previous optimiser step.
 
 Any error in these hooks switches them all off with one warning line: the user's program must
 never break because of us.
@@ -374,8 +375,11 @@ class AutoInstrument:
                 return
             if count_forward(tally, args, kwargs, output, seq_first) is not None and self._optimizer_made:
                 return  # the model's loss and the optimiser's steps: its backward tells nothing more
-            if self._clean >= TRUSTED_AFTER:
-                return  # each backward() runs through this model's output: no need to check
+            if self._clean >= TRUSTED_AFTER or self._cycle.several():
+                # each backward() runs through this model's output: no need to check; with several
+                # optimisers (a GAN), each one's loss is the roots backward() was called on since the
+                # previous step, whatever they ran through
+                return
             grad_fn = _first_grad_fn(output)
             if grad_fn is not None:  # the node dies with the graph: nothing stays behind
                 grad_fn.register_prehook(self._reached_model)
