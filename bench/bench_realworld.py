@@ -538,10 +538,10 @@ def _digest(cwd: Path, names: list[str]) -> dict:
     return out
 
 
-def hook_share(row: Row, data_home: Path, floor: bool = False) -> str:
-    """One more run under `gpuwatch run`, through bench/hook_share.py: the share of the wall time
-    between its first and last step spent inside gpuwatch's hooks (with `floor`, inside the
-    floor's hooks, bench/floor_hooks.py, in their place)."""
+def hook_share(row: Row, data_home: Path, floor: bool = False) -> tuple[float, float] | None:
+    """One more run under `gpuwatch run`, through bench/hook_share.py: the µs a step and the share
+    (%) of the wall time between its first and last step spent inside gpuwatch's hooks (with
+    `floor`, inside the floor's hooks, bench/floor_hooks.py, in their place); None if it has none."""
     out = data_home / "hook-share.json"
     timed = replace(
         row,
@@ -552,8 +552,7 @@ def hook_share(row: Row, data_home: Path, floor: bool = False) -> str:
     try:
         figures = json.loads(out.read_text())
     except (OSError, ValueError):
-        return "-"
-    per_step = figures["hook_s"] / figures["steps"] * 1e6
+        return None
     by_hook = sorted(figures.get("by_hook", {}).items(), key=lambda item: -item[1])
     print(
         f"      in the {'floor' if floor else 'hooks'} per step: "
@@ -562,7 +561,30 @@ def hook_share(row: Row, data_home: Path, floor: bool = False) -> str:
         ),
         flush=True,
     )
-    return f"{per_step:.0f} µs = {figures['hook_s'] / figures['wall_s'] * 100:.2f} %"
+    return figures["hook_s"] / figures["steps"] * 1e6, figures["hook_s"] / figures["wall_s"] * 100
+
+
+def shares(row: Row, work: Path, runs: int, floor: bool) -> tuple[str, str]:
+    """Ours' share, and with `floor` the floor's, over `runs` runs each (alternated): the medians,
+    and the range when there are several (one run's share moves by a third on a shared VM)."""
+    found: dict[bool, list] = {False: [], True: []}
+    for n in range(runs):
+        for which in (False, True) if floor else (False,):
+            figures = hook_share(row, work / f"db-{'floor' if which else 'share'}-{id(row)}-{n}", which)
+            if figures is not None:
+                found[which].append(figures)
+    return _share_cell(found[False]), _share_cell(found[True]) if floor else "-"
+
+
+def _share_cell(found: list[tuple[float, float]]) -> str:
+    if not found:
+        return "-"
+    cell = (
+        f"{statistics.median(us for us, _ in found):.0f} µs = {statistics.median(p for _, p in found):.2f} %"
+    )
+    if len(found) > 1:
+        cell += f" ({min(p for _, p in found):.2f}–{max(p for _, p in found):.2f} %)"
+    return cell
 
 
 def run_once(row: Row, instrumented: bool, data_home: Path) -> dict:
@@ -642,8 +664,7 @@ def measure(row: Row, work: Path, repeat: int, floor: bool = False) -> dict:
         plain = run_once(row, False, work / f"db-plain-{id(row)}-{n}")
         home = work / f"db-{id(row)}-{n}"
         pairs.append((plain, run_once(row, True, home), recorded(home)))
-    share = hook_share(row, work / f"db-share-{id(row)}")
-    floor_share = hook_share(row, work / f"db-floor-{id(row)}", floor=True) if floor else "-"
+    share, floor_share = shares(row, work, repeat, floor)
     plain, instr, (n, tokens, losses, per_step) = pairs[0]
     common = [s for s in plain["losses"] if s in losses and losses[s] is not None]
     loss_diff = max((abs(plain["losses"][s] - losses[s]) for s in common), default=None)
@@ -701,7 +722,7 @@ HEADERS = [
     "tokens/step",
     "loss vs its log",
     "each optimiser's loss / closure evaluations vs its log",
-    "in gpuwatch's hooks per step (share of step time)",
+    "in gpuwatch's hooks per step (share of step time; median of the runs, their range)",
     "in the floor's hooks (--floor: the least any hooks cost)",
     "step time ×",
     "wall ×",
@@ -720,7 +741,9 @@ def main() -> None:
     parser.add_argument(
         "--only", action="append", help="run only the rows whose name contains this (repeatable)"
     )
-    parser.add_argument("--repeat", type=int, default=2, help="plain/instrumented pairs per script")
+    parser.add_argument(
+        "--repeat", type=int, default=2, help="plain/instrumented pairs per script, and hook-share runs"
+    )
     parser.add_argument(
         "--floor",
         action="store_true",
