@@ -375,7 +375,7 @@ class AutoInstrument:
                 return
             if count_forward(tally, args, kwargs, output, seq_first) is not None and self._optimizer_made:
                 return  # the model's loss and the optimiser's steps: its backward tells nothing more
-            if self._clean >= TRUSTED_AFTER or self._cycle.several():
+            if self._clean >= TRUSTED_AFTER or (self._optimizer_made and self._cycle.several()):
                 # each backward() runs through this model's output: no need to check; with several
                 # optimisers (a GAN), each one's loss is the roots backward() was called on since the
                 # previous step, whatever they ran through
