@@ -395,10 +395,14 @@ class Run:
             # A tensor count (unmasked tokens summed on the GPU) is read later, like the loss.
             tokens = torch_stats.capture_loss(tokens) if hasattr(tokens, "detach") else _whole(tokens)
         self._seq_len, self._batch = seq_len, samples
+        given = loss
         if loss is not None and type(loss) is not float:
             loss = torch_stats.capture_loss(loss)  # queued before the event: ready with it
-        if losses is not None:
-            losses = {str(name): torch_stats.capture_loss(value) for name, value in losses.items()}
+        if losses is not None:  # (the step's loss is often one of them, a GAN's D's: read once)
+            losses = {
+                str(name): loss if value is given else torch_stats.capture_loss(value)
+                for name, value in losses.items()
+            }
         compute, self._compute_mark = self._compute_mark, None
         if mark is None:
             mark = clock.mark()
