@@ -1,7 +1,5 @@
-"""Hooks that do the least a step needs, the yardstick the zero-code hooks' cost is measured
-against (bench_autohook.py --vs-floor, bench_realworld.py --floor): no bookkeeping of ours, only
-what any hooks in Python must do to see a step.
-"""
+"""The yardstick the zero-code hooks' cost is measured against (bench_autohook.py --vs-floor,
+bench_realworld.py --floor): see floor_hooks."""
 
 from __future__ import annotations
 
