@@ -32,10 +32,9 @@ from gpuwatch.integrations.autohook import AutoInstrument
 WARM_UP = 10  # steps left out (at most a third of them): first calls, and the hooks' own checks
 # of the first iterations (see autohook.TRUSTED_AFTER)
 _clock = time.perf_counter
-_spent = [0.0]  # inside the hooks so far, on any thread
-_by_hook: dict[str, float] = {}  # the same, by the outermost hook timed
+_by_hook: dict[str, float] = {}  # inside the hooks so far, on any thread, by the outermost hook timed
 _depth = threading.local()
-_steps: list[tuple[float, float, dict]] = []  # (when a step was recorded, _spent then, _by_hook then)
+_steps: list[tuple[float, dict]] = []  # (when a step was recorded, _by_hook then)
 
 
 def _timed(fn, name: str):
@@ -48,9 +47,7 @@ def _timed(fn, name: str):
         try:
             return fn(*args, **kwargs)
         finally:
-            spent = _clock() - started
-            _spent[0] += spent
-            _by_hook[name] = _by_hook.get(name, 0.0) + spent
+            _by_hook[name] = _by_hook.get(name, 0.0) + _clock() - started
             _depth.in_hook = False
             if getattr(_depth, "stepped", False):
                 # A step recorded inside this hook is marked as it ends, with all of its time
@@ -58,7 +55,7 @@ def _timed(fn, name: str):
                 # steps) would have had its torch call taken out and not yet its own time
                 # added, and the window would gain or lose one backward's time.
                 _depth.stepped = False
-                _steps.append((_clock(), _spent[0], dict(_by_hook)))
+                _steps.append((_clock(), dict(_by_hook)))
 
     return timed
 
@@ -76,9 +73,7 @@ def _timed_wrapper(wrap, name: str):
             try:
                 return original(*args, **kwargs)
             finally:
-                inside = _clock() - started
-                _spent[0] -= inside
-                _by_hook[name] = _by_hook.get(name, 0.0) - inside
+                _by_hook[name] = _by_hook.get(name, 0.0) - (_clock() - started)
                 _depth.in_hook = True
 
         return _timed(wrap(hooks, torch_call), name)
@@ -99,12 +94,11 @@ def _report() -> None:
     first = min(WARM_UP, len(_steps) // 3)
     if len(_steps) - first < 2:
         return
-    (t0, s0, by0), (t1, s1, by1) = _steps[first], _steps[-1]
+    (t0, by0), (t1, by1) = _steps[first], _steps[-1]
     by_hook = {name: spent - by0.get(name, 0.0) for name, spent in by1.items()}
+    figures = {"steps": len(_steps) - 1 - first, "hook_s": sum(by_hook.values()), "wall_s": t1 - t0}
     with open(os.environ["HOOK_SHARE_OUT"], "w") as out:
-        json.dump(
-            {"steps": len(_steps) - 1 - first, "hook_s": s1 - s0, "wall_s": t1 - t0, "by_hook": by_hook}, out
-        )
+        json.dump({**figures, "by_hook": by_hook}, out)
 
 
 if os.environ.get("HOOK_SHARE_FLOOR"):
