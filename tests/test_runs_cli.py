@@ -225,7 +225,7 @@ def test_show_by_prefix_end_states_and_ranks(known_db):
     ddp = cli("show", "eeee5555", "--db", known_db).output
     assert "end       killed by SIGTERM" in ddp
     assert "rank      0/2 (local 0)   job torchrun-x" in ddp
-    assert "ranks\n  eeee6666eeee  rank 1 (local 1)  killed  node1" in ddp
+    assert "ranks\n  eeee6666eeee  ddp  rank 1 (local 1)  killed  node1" in ddp
     running = cli("show", "live", "--db", known_db).output
     assert "end       running" in running and "steps     none recorded" in running
 

@@ -327,6 +327,8 @@ def show_text(
         out.extend(loss_lines(run.run_id, steps, colour))
     elif not_instrumented:
         add(f"  steps     none: not instrumented: {not_instrumented}")
+    elif any(r.name and run.name and r.name.startswith(f"{run.name}/") for r in ranks):
+        add("  steps     none of its own: each process that trained has its run (below)")
     else:
         add("  steps     none recorded (not instrumented, or no step() yet)")
     if energy is not None:
@@ -350,10 +352,10 @@ def show_text(
             add(f"  {str(key).ljust(width)}  {json.dumps(value) if not isinstance(value, str) else value}")
     if ranks:
         add("")
-        add("ranks")
+        add("ranks" if all(r.rank is not None for r in ranks) else "processes of this job")
         for r in ranks:
             add(
-                f"  {r.run_id}  rank {'-' if r.rank is None else r.rank}"
+                f"  {r.run_id}  {r.name or '-'}  rank {'-' if r.rank is None else r.rank}"
                 f" (local {'-' if r.local_rank is None else r.local_rank})  {r.status}  {r.host or '-'}"
             )
     if notes:

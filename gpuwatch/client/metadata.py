@@ -98,6 +98,21 @@ def ranks(env: Mapping[str, str]) -> tuple[int | None, int | None, int | None]:
     )
 
 
+def process_ranks() -> tuple[int | None, int | None, int | None]:
+    """This process's ranks(): from its environment, else from torch.distributed once the
+    program initialised it (`torch.multiprocessing.spawn` sets no variable: each process passes
+    its rank to init_process_group)."""
+    rank, local_rank, world_size = ranks(os.environ)
+    dist = sys.modules.get("torch.distributed")  # never imported here: only a program's own
+    if world_size is None and dist is not None:
+        try:
+            if dist.is_available() and dist.is_initialized():
+                rank, world_size = dist.get_rank(), dist.get_world_size()
+        except Exception:  # noqa: BLE001 — a backend that cannot say: a lone process, as before
+            pass
+    return rank, local_rank, world_size
+
+
 def process_start_s() -> float | None:
     """When this process started (seconds since the epoch), or None where it cannot be read."""
     try:
@@ -178,8 +193,8 @@ def gpu_uuids(env: Mapping[str, str]) -> str | None:
 
 def collect(env: Mapping[str, str] | None = None, wrapper_run_id: str | None = None) -> dict[str, Any]:
     """The run_start fields that describe the process (not the user's name/config)."""
+    rank, local_rank, world_size = process_ranks() if env is None else ranks(env)
     env = os.environ if env is None else env
-    rank, local_rank, world_size = ranks(env)
     torch_version, cuda_version = torch_versions()
     cwd = os.getcwd()
     return {

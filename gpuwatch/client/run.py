@@ -315,9 +315,15 @@ class Run:
         self._saved_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
         atexit.register(self._at_exit)
+        multiprocessing = sys.modules.get("multiprocessing")
+        if multiprocessing is not None and multiprocessing.parent_process() is not None:
+            from multiprocessing import util
+
+            # (a forked worker leaves by os._exit, past atexit: its own exit hooks still run)
+            util.Finalize(None, self._at_worker_exit, exitpriority=100)
         oom.prepare(cfg)
         self._drainer.start()
-        self._profiling = profiling.Profiling(self.run_id, cfg, self._send, metadata.ranks(os.environ)[0])
+        self._profiling = profiling.Profiling(self.run_id, cfg, self._send, metadata.process_ranks()[0])
         transport.control_handler = self._profiling.on_control
         # The first step is timed from here: after our own set-up, not including it.
         cuda = torch_stats.cuda_torch()
@@ -779,6 +785,15 @@ class Run:
     def _at_exit(self) -> None:
         self._end("finished")
 
+    def _at_worker_exit(self) -> None:
+        """The end of a process that multiprocessing started, from its exit hooks: as the
+        exception its target raised says (they run in a `finally` around it), else finished."""
+        error = sys.exc_info()[1]
+        if error is None:
+            self._end("finished")
+        else:
+            self.end_from_exception(error)
+
     def _restore_hooks(self) -> None:
         if threading.current_thread() is threading.main_thread():
             for signum, handler in self._saved_handlers.items():
@@ -833,18 +848,25 @@ def start_run(
     flops_per_token: float | Callable[[int], float] | None = None,
     run_id: str | None = None,
     precision: str = "bf16",
+    process: str | None = None,
 ) -> Run:
-    """track() without marking the run as the script's own: for integrations and the hooks."""
+    """track() without marking the run as the script's own: for integrations and the hooks.
+    process: this process's name when it is one of several the program started (a
+    multiprocessing worker that trains, a fork): under `gpuwatch run` it then records a run of
+    its own in the wrapper's job, NAME/process, as a rank does, instead of joining the wrapper's
+    run, where its steps would mix with its siblings'."""
     from gpuwatch.client.helpers import connect
 
     cfg = config_mod.load()
     wrapper_id = os.environ.get(ENV_RUN_ID) if run_id is None else None
-    rank, _, world_size = metadata.ranks(os.environ)
-    attached = bool(wrapper_id) and (world_size or 1) == 1
+    rank, _, world_size = metadata.process_ranks()
+    if (world_size or 1) > 1:
+        process = None if rank is None else f"rank{rank}"
+    attached = bool(wrapper_id) and (world_size or 1) == 1 and process is None
     started_s = None
-    if wrapper_id and not attached:  # one rank of the wrapper's job: its name, its process's time
-        if name is None and rank is not None:
-            name = f"{os.environ.get(ENV_RUN_NAME) or 'rank'}/rank{rank}"
+    if wrapper_id and not attached:  # one process of the wrapper's job: its name, its process's time
+        if name is None and process is not None:
+            name = f"{os.environ.get(ENV_RUN_NAME) or 'job'}/{process}"
         started_s = metadata.process_start_s()
     transport = connect(cfg)
     return Run(

@@ -21,6 +21,11 @@ not known, rather than wrong). A model that returns its loss needs neither the c
 backward roots: the loss it returned is the step's. Nor do several optimisers (a GAN): each
 one's loss is the roots backward() was called on since the previous optimiser step.
 
+A process the program started (a multiprocessing worker, a fork) records nothing until its
+first training forward: it then trains beside its siblings (Hogwild, A3C, the ranks of
+torch.multiprocessing.spawn) and records a run of its own in the `gpuwatch run` job. A DataLoader
+worker never does: its transforms are module calls too.
+
 Any error in these hooks switches them all off with one warning line: the user's program must
 never break because of us.
 """
@@ -59,10 +64,9 @@ TRUSTED_AFTER = 8
 
 
 def _note_fork() -> None:
-    """Forked DataLoader workers inherit the hooks, not the run (a flag: cheaper than getpid()
-    at every call)."""
+    """A forked child inherits the hooks, not the run: see AutoInstrument.forked."""
     if _active is not None:
-        _active._mine = False
+        _active.forked()
 
 
 os.register_at_fork(after_in_child=_note_fork)
@@ -134,19 +138,31 @@ class AutoInstrument:
     def __init__(self, torch) -> None:
         self.torch = torch
         self._nn: Any = None  # torch.nn.modules.module, once installed
-        self.run: run_mod.Run | None = None
         self.name: str | None = None  # of the runs these hooks start (gpuwatch.autolog's name=)
+        self._pre_id = self._post_id = None
+        self._handles: list = []
+        self._off = False
+        # The hooks record this process's training: not after switch-off, in a child process
+        # until it trains (see _wake), or once the script tracks itself. An attribute, read at
+        # every hook: a call costs more.
+        self._mine = True
+        # In a process the program started (a multiprocessing worker, a fork), until its first
+        # training forward tells whether it trains or loads data (see _wake).
+        self._waiting = False
+        self._process: str | None = None  # that process's name, once it trains
+        self._patched: list[Patch] = []
+        self._out_of_dynamo = False  # our hooks run eagerly even when called from compiled code
+        self._optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimiser made since install
+        self._forget_training()
+
+    def _forget_training(self) -> None:
+        """No training seen yet: the state of the run these hooks record, and of its iteration."""
+        self.run: run_mod.Run | None = None
         self.model = None  # the outermost module, once found
         self.tally = StepTally()
         self._candidates: dict[int, Candidate] = {}  # by id(module), until the model is found
-        self._pre_id = self._post_id = None
         self._seq_first = False  # the model takes (seq_len, batch) inputs
-        self._handles: list = []
         self._fpt = None
-        self._off = False
-        # The hooks record this process's training: not after switch-off, in a forked child, or
-        # once the script tracks itself. An attribute, read at every hook: a call costs more.
-        self._mine = True
         self._framework: Framework | None = None  # a framework callback records this training
         self._optimizer_made: bool | None = None  # decided at the first backward through the model
         self._through_model = False  # the running backward reached the model's output
@@ -156,9 +172,6 @@ class AutoInstrument:
         self._clean = 0  # iterations in a row like TRUSTED_AFTER says; -1: one broke the pattern since
         self._open = None  # the module whose top-level forward is under way
         self._scaled: Scaled | None = None
-        self._patched: list[Patch] = []
-        self._out_of_dynamo = False  # our hooks run eagerly even when called from compiled code
-        self._optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimiser made since install
         self._cycle = OptimizerCycle()
         self._trained: list = []  # weakrefs to the top-level modules trained in the first iteration
         self._segment: list = []  # backward() roots since the last optimiser step (unscaled)
@@ -191,6 +204,11 @@ class AutoInstrument:
             optim_module.register_optimizer_step_post_hook(self._on_optimizer_step),
             optim_module.register_optimizer_step_pre_hook(self._before_optimizer_step),
         ]
+        from torch.utils.data import get_worker_info
+
+        self._worker_info = get_worker_info
+        if _started_by_multiprocessing():
+            self._mine, self._waiting = False, True  # see _wake
         self._patch(nn_module, "_has_any_global_hook", self._wrap_has_any_global_hook)
         self._patch(optim_module.Optimizer, "__init__", self._wrap_optimizer_init)
         self._patch(self.torch, "save", self._wrap_save)
@@ -230,9 +248,36 @@ class AutoInstrument:
                 flush=True,
             )
 
+    def forked(self) -> None:
+        """In a child forked from the program: the parent's run and iteration are not this
+        process's (it must never touch that run); it records nothing until it trains (_wake)."""
+        self._forget_training()
+        self._mine, self._waiting = False, not self._off
+
+    def _wake(self, module) -> bool:
+        """In a process the program started (a multiprocessing worker, a fork), at a module
+        call: whether this is its first training forward. It then trains beside its siblings (a
+        Hogwild or A3C worker, a rank of `torch.multiprocessing.spawn`): a run of its own, in the
+        wrapper's job. A DataLoader worker records nothing, for good: its transforms are
+        training-mode module calls too."""
+        if self._worker_info() is not None:
+            self._waiting = False
+            return False
+        if not (module.training and self._grad_enabled()):
+            return False
+        import multiprocessing
+
+        self._mine, self._waiting = True, False
+        self._thread = threading.get_ident()
+        ours = multiprocessing.parent_process() is not None  # (else a fork of the program's own)
+        self._process = multiprocessing.current_process().name if ours else f"pid{os.getpid()}"
+        return True
+
     def _script_tracks_itself(self) -> None:
         """gpuwatch.track() began: the script's own calls count its steps, so ours stand down."""
-        if not self._mine:  # (a forked child's hooks: the run is its parent's)
+        if self._waiting:  # a child process of the program tracks itself: ours stay out of it
+            self.switch_off()
+        if not self._mine:  # (a DataLoader worker, or hooks already off)
             return
         if self.run is not None:
             self.run.abandon()
@@ -245,6 +290,8 @@ class AutoInstrument:
         OOM postmortem). stand_aside() again when the training ends."""
         self._framework = None if model is None else Framework(model, tally)
         self._framework_run = run
+        if model is not None and self._waiting:  # a framework trains in this child process
+            self._mine, self._waiting = True, False
         self.split.restart()
         self._candidates.clear()
         self.tally.reset()
@@ -280,6 +327,7 @@ class AutoInstrument:
                 config=config,
                 precision=precision,
                 flops_per_token=lambda seq_len: self._fpt and self._fpt(seq_len),
+                process=self._process,
             )
             self.split.restart()  # the first step is timed from here, as the run times it
         return self.run
@@ -288,8 +336,10 @@ class AutoInstrument:
     # While a top-level forward runs, our global hooks are out of torch's tables and a one-shot
     # hook on the called module (under the same id) brings them back when it returns or raises.
     def _enter(self, module, args) -> None:
-        if self._compiling() or self._tracing() or not self._mine:
+        if self._compiling() or self._tracing():
             return  # traced by dynamo, jit or export: a no-op, leaving nothing in the graph
+        if not self._mine and not (self._waiting and self._wake(module)):
+            return
         nn = self._nn
         post_id = self._post_id
         nn._global_forward_pre_hooks.pop(self._pre_id, None)
@@ -809,6 +859,16 @@ class AutoInstrument:
         recorded_generate.__wrapped__ = generate
         recorded_generate.__doc__ = generate.__doc__
         return recorded_generate
+
+
+def _started_by_multiprocessing() -> bool:
+    """Whether Python's multiprocessing started this process, also while a spawned one still
+    imports the program's main module (before parent_process() knows, with the program's argv
+    in sys.argv: its own command line says it)."""
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is not None and multiprocessing.parent_process() is not None:
+        return True
+    return "--multiprocessing-fork" in getattr(sys, "orig_argv", ())
 
 
 def _never() -> bool:

@@ -681,6 +681,7 @@ def run_event_payload(conn: sqlite3.Connection, run_id: str, kind: str = "attach
 @dataclass(frozen=True)
 class RankRun:
     run_id: str
+    name: str | None
     rank: int | None
     local_rank: int | None
     status: str
@@ -688,7 +689,8 @@ class RankRun:
 
 
 def job_ranks(conn: sqlite3.Connection, run: Run) -> list[RankRun]:
-    """The other runs of `run`'s distributed job, or the rank runs under this wrapper."""
+    """The other runs of `run`'s distributed job, or the runs under this wrapper (its ranks, the
+    processes of the program that trained beside each other)."""
     rows = conn.execute(
         f"SELECT {columns_of(RankRun)} FROM runs WHERE run_id != ? AND "
         "((job_id IS NOT NULL AND job_id = ?) OR parent_run_id = ?) ORDER BY rank, started_ms",
