@@ -1,0 +1,96 @@
+"""Unmodified: training in processes the program starts itself. Arg:
+hogwild-fork | hogwild-spawn   two multiprocessing workers (worker1, worker2) train one shared
+                               model (Hogwild), 4 steps each; with "fails", worker2 raises after
+                               its 2nd step
+ddp-spawn                      torch.multiprocessing.spawn, two gloo DDP ranks, 3 steps each
+                               (no RANK or WORLD_SIZE in the environment)
+loader-fork | loader-spawn     the program trains 4 steps itself on a DataLoader whose 2 workers
+                               call a module transform (as torchvision's are nn.Modules)
+Prints "<who> step N loss X" for every step."""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from tiny_model import TinyLM, V, batch
+
+STEPS = 4
+
+
+def step(model, opt, x):
+    loss = nn.functional.cross_entropy(model(x).view(-1, V), x.view(-1))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def hogwild(worker, model, fails):
+    gen = torch.Generator().manual_seed(worker)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for n in range(1, STEPS + 1):
+        print(f"worker{worker} step {n} loss {step(model, opt, batch(gen)):.6f}", flush=True)
+        if fails and worker == 2 and n == 2:
+            raise RuntimeError("worker 2 gave up")
+
+
+def ddp(rank, world):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    gen = torch.Generator().manual_seed(rank)
+    model = nn.parallel.DistributedDataParallel(TinyLM())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for n in range(1, 4):
+        print(f"rank{rank} step {n} loss {step(model, opt, batch(gen)):.6f}", flush=True)
+    dist.destroy_process_group()
+
+
+class Jitter(nn.Module):
+    """A transform without parameters: a module call, in training mode, in every worker."""
+
+    def forward(self, ids):
+        return (ids + torch.randint(0, 2, ids.shape)) % V
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self):
+        self.transform = Jitter()
+
+    def __len__(self):
+        return 4 * STEPS
+
+    def __getitem__(self, i):
+        return self.transform(torch.arange(16) % V)
+
+
+def loader(context):
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.DataLoader(Tokens(), batch_size=4, num_workers=2, multiprocessing_context=context)
+    for n, x in enumerate(data, 1):
+        print(f"main step {n} loss {step(model, opt, x):.6f}", flush=True)
+
+
+if __name__ == "__main__":
+    how = sys.argv[1]
+    if how.startswith("hogwild"):
+        context = mp.get_context(how.split("-")[1])
+        torch.manual_seed(0)
+        shared = TinyLM()
+        shared.share_memory()
+        workers = [
+            context.Process(target=hogwild, args=(w, shared, "fails" in sys.argv), name=f"worker{w}")
+            for w in (1, 2)
+        ]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    elif how == "ddp-spawn":
+        mp.spawn(ddp, args=(2,), nprocs=2)
+    else:
+        loader(how.split("-")[1])
