@@ -41,6 +41,11 @@ def test_hogwild_workers_each_record_their_own_steps_and_losses(start):
     for worker in ("worker1", "worker2"):
         run = job[f"hog/{worker}"]
         assert run["status"] == "finished"
+        # its shape from its model's first forward, not from its loader's transform before it
+        assert {k: json.loads(run["config_json"])[k] for k in ("batch", "seq_len")} == {
+            "batch": 4,
+            "seq_len": 16,
+        }
         steps = steps_of(run["run_id"])
         assert [(s["step"], s["tokens"]) for s in steps] == [(n, 64) for n in range(1, 5)]
         assert [s["loss"] for s in steps] == pytest.approx(_logged(done.stdout, worker), rel=1e-5)

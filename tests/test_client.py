@@ -320,6 +320,16 @@ def test_metadata_ranks_job_ids_and_gpus():
     assert metadata.gpu_uuids({}) is None
 
 
+def test_a_process_knows_when_it_started_without_psutil(monkeypatch):
+    """A rank's or worker's run lasts as long as its process, also in the program's own
+    interpreter, which may lack psutil: /proc says what psutil would."""
+    import psutil
+
+    expected = psutil.Process().create_time()
+    monkeypatch.setitem(sys.modules, "psutil", None)  # `import psutil` raises ImportError
+    assert metadata.process_start_s() == pytest.approx(expected, abs=0.02)
+
+
 def _torchrun_env(node: int, local_rank: int, rdzv_id: str, **extra) -> dict:
     """What torchrun gives rank `local_rank` on node `node` of a 2-node x 4-GPU job."""
     return {

@@ -120,7 +120,21 @@ def process_start_s() -> float | None:
 
         started: float = psutil.Process().create_time()
         return started
-    except Exception:  # psutil missing or /proc hidden: the run is timed from its start instead
+    except ImportError:  # the program's own interpreter, without psutil: as psutil reads it
+        return _proc_start_s()
+    except Exception:  # /proc hidden: the run is timed from its start instead
+        return None
+
+
+def _proc_start_s() -> float | None:
+    """Linux's /proc: the boot time plus the process's start in clock ticks since boot."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22, starttime
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
         return None
 
 

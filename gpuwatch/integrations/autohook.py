@@ -265,6 +265,8 @@ class AutoInstrument:
             return False
         if not (module.training and self._grad_enabled()):
             return False
+        if not any(p.requires_grad for p in module.parameters()):
+            return False  # a transform, or a frozen module: not training
         import multiprocessing
 
         self._mine, self._waiting = True, False
@@ -805,9 +807,13 @@ class AutoInstrument:
             # A batch of a dataset that never fed training, once training has: an evaluation's.
             evaluation = bool(self._training_data) and data not in self._training_data and split.aside_begin()
             started = clock()
+            # Module calls inside the loader are data loading (torchvision's transforms are
+            # modules): neither a training forward, nor the iteration's compute begun.
+            self._mine = False
             try:
                 return next_(iterator)
             finally:
+                self._mine = not self._off
                 split.loader(clock() - started)
                 self._last_data = data
                 if evaluation:

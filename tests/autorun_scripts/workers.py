@@ -6,7 +6,7 @@ ddp-spawn                      torch.multiprocessing.spawn, two gloo DDP ranks, 
                                (no RANK or WORLD_SIZE in the environment)
 loader-fork | loader-spawn     the program trains 4 steps itself on a DataLoader whose 2 workers
                                call a module transform (as torchvision's are nn.Modules)
-Prints "<who> step N loss X" for every step."""
+Prints "<who> step N loss X" for every step, each line in one write (the processes share stdout)."""
 
 import os
 import sys
@@ -20,32 +20,16 @@ from tiny_model import TinyLM, V, batch
 STEPS = 4
 
 
+def say(line):
+    os.write(1, (line + "\n").encode())  # whole: print() may split it, between processes
+
+
 def step(model, opt, x):
     loss = nn.functional.cross_entropy(model(x).view(-1, V), x.view(-1))
     opt.zero_grad()
     loss.backward()
     opt.step()
     return loss.item()
-
-
-def hogwild(worker, model, fails):
-    gen = torch.Generator().manual_seed(worker)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for n in range(1, STEPS + 1):
-        print(f"worker{worker} step {n} loss {step(model, opt, batch(gen)):.6f}", flush=True)
-        if fails and worker == 2 and n == 2:
-            raise RuntimeError("worker 2 gave up")
-
-
-def ddp(rank, world):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    gen = torch.Generator().manual_seed(rank)
-    model = nn.parallel.DistributedDataParallel(TinyLM())
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for n in range(1, 4):
-        print(f"rank{rank} step {n} loss {step(model, opt, batch(gen)):.6f}", flush=True)
-    dist.destroy_process_group()
 
 
 class Jitter(nn.Module):
@@ -66,13 +50,34 @@ class Tokens(torch.utils.data.Dataset):
         return self.transform(torch.arange(16) % V)
 
 
+def hogwild(worker, model, fails):
+    torch.manual_seed(worker)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.DataLoader(Tokens(), batch_size=4)  # in this process: its transform too
+    for n, x in enumerate(data, 1):
+        say(f"worker{worker} step {n} loss {step(model, opt, x):.6f}")
+        if fails and worker == 2 and n == 2:
+            raise RuntimeError("worker 2 gave up")
+
+
+def ddp(rank, world):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    gen = torch.Generator().manual_seed(rank)
+    model = nn.parallel.DistributedDataParallel(TinyLM())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for n in range(1, 4):
+        say(f"rank{rank} step {n} loss {step(model, opt, batch(gen)):.6f}")
+    dist.destroy_process_group()
+
+
 def loader(context):
     torch.manual_seed(0)
     model = TinyLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = torch.utils.data.DataLoader(Tokens(), batch_size=4, num_workers=2, multiprocessing_context=context)
     for n, x in enumerate(data, 1):
-        print(f"main step {n} loss {step(model, opt, x):.6f}", flush=True)
+        say(f"main step {n} loss {step(model, opt, x):.6f}")
 
 
 if __name__ == "__main__":
