@@ -13,6 +13,9 @@
    Goals: <= 40 µs per step and <= 1 % of a 10 ms step. Beside them, the CPU time per step of
    the thread that encodes the step events and sends them (its own clock: it never holds up a
    step, but it takes the GIL and a core's time from the training process).
+   `--reinforce ROUNDS`: REINFORCE's shape instead (pytorch/examples reinforcement_learning's
+   policy, called 200 times an optimiser step, one per environment step): µs a forward with and
+   without the hooks, in blocks alternated in one process.
 2. `gpuwatch run -- true`'s wall time: what the wrapper alone adds to a program's.
 3. Tokens/s of an unmodified Hugging Face Trainer and Lightning script under `gpuwatch run` vs the
    framework's own figure over the same steps (the test scripts in tests/autorun_scripts).
@@ -20,6 +23,7 @@
 
     .venv/bin/python bench/bench_autohook.py [--steps 400] [--clock wall|cpu] [--bytecodes] [--skip-frameworks]
     .venv/bin/python bench/bench_autohook.py --vs-floor 6
+    .venv/bin/python bench/bench_autohook.py --reinforce 8
 """
 
 from __future__ import annotations
@@ -227,6 +231,53 @@ def vs_floor(steps: int, rounds: int) -> None:
     )
 
 
+def reinforce(rounds: int, forwards: int = 200, episodes: int = 10) -> None:
+    """µs a forward in REINFORCE's loop, with and without our hooks: blocks of `episodes`
+    episodes alternated, `rounds` of each; medians."""
+    import torch
+
+    from gpuwatch.integrations import autohook
+
+    nn, F = torch.nn, torch.nn.functional
+    policy = nn.Sequential(nn.Linear(4, 128), nn.Dropout(p=0.6), nn.ReLU(), nn.Linear(128, 2))
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+
+    def episode() -> None:
+        log_probs = []
+        for _ in range(forwards):
+            probs = F.softmax(policy(torch.randn(1, 4)), dim=1)
+            log_probs.append(torch.log(probs.gather(1, probs.multinomial(1))))
+        loss = -torch.cat(log_probs).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    def block_us() -> float:
+        started = time.perf_counter()
+        for _ in range(episodes):
+            episode()
+        return (time.perf_counter() - started) / (episodes * forwards) * 1e6
+
+    episode()
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for n in range(rounds):
+        for hooked in (True, False) if n % 2 else (False, True):
+            hooks = autohook.AutoInstrument(torch) if hooked else None
+            if hooks:
+                hooks.install()
+                episode()  # the model found
+            times[hooked].append(block_us())
+            if hooks:
+                hooks.switch_off()
+                hooks.run.finish()
+    plain, ours = statistics.median(times[False]), statistics.median(times[True])
+    print(
+        f"REINFORCE's shape, {forwards} forwards of a small policy an optimiser step, {rounds} alternated "
+        f"rounds: {plain:.1f} µs a forward without gpuwatch, {ours:.1f} µs with its hooks: "
+        f"+{ours - plain:.1f} µs = +{(ours / plain - 1) * 100:.1f} % (load average {os.getloadavg()[0]:.1f})"
+    )
+
+
 def bytecodes(steps: int) -> None:
     """Bytecodes executed in gpuwatch's own code per step (sys.settrace, opcode events)."""
     import torch
@@ -375,6 +426,7 @@ def main() -> None:
     parser.add_argument("--skip-frameworks", action="store_true")
     parser.add_argument("--hooks-only", action="store_true", help="only the time inside the hooks")
     parser.add_argument("--bytecodes", action="store_true", help="count our bytecodes a step, and stop")
+    parser.add_argument("--reinforce", type=int, metavar="ROUNDS", help="REINFORCE's loop shape, and stop")
     parser.add_argument(
         "--vs-floor",
         type=int,
@@ -388,6 +440,9 @@ def main() -> None:
         try:
             if args.bytecodes:
                 bytecodes(args.steps)
+                return
+            if args.reinforce:
+                reinforce(args.reinforce)
                 return
             if args.vs_floor:
                 vs_floor(args.steps, args.vs_floor)

@@ -126,3 +126,14 @@ def test_an_oom_in_the_first_forward_under_the_hugging_face_trainer_gets_the_ful
         "B·H·L² score tensor at L=8192 (B=8, H=8, 4 bytes each)" in shown and "SDPA/FlashAttention" in shown
     )
     assert "L ≤ " in shown and "batch 8 -> 4" in shown
+
+
+@pytest.mark.parametrize("how", ["all", "first-unused"])
+def test_reinforce_many_forwards_a_step_give_one_step_an_episode_and_its_loss(how):
+    """The autograd check sits on two forwards' outputs a backward, not on every one: the first
+    since the last backward and the latest; either reaching the model is enough."""
+    done = gw_run(PY, str(SCRIPTS / "reinforce_like.py"), how)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = steps_of(the_run()["run_id"])
+    assert [s["step"] for s in steps] == list(range(1, 13))
+    assert [s["loss"] for s in steps] == pytest.approx(_logged_losses(done.stdout), rel=1e-5)

@@ -182,8 +182,13 @@ def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = Fals
     # and loss_of's first cases, inlined (a call of ours costs about a µs with the caches a forward
     # left cold).
     ids = args[0] if args and not kwargs else None
-    if getattr(ids, "dtype", None) in _INT_DTYPES and ids.ndim >= 1:
+    dtype = getattr(ids, "dtype", None)
+    if dtype in _INT_DTYPES and ids.ndim >= 1:
         tally.add(ids, None, seq_first)
+        if getattr(output, "ndim", 0):
+            return None
+    elif dtype is not None and len(args) == 1 and _INT_DTYPES:
+        tally.add(None)  # model(x) of floats (images, an agent's state): no token ids
         if getattr(output, "ndim", 0):
             return None
     else:

@@ -166,6 +166,10 @@ class AutoInstrument:
         self._framework: Framework | None = None  # a framework callback records this training
         self._optimizer_made: bool | None = None  # decided at the first backward through the model
         self._through_model = False  # the running backward reached the model's output
+        # Training forwards since the last backward: the check of the line above sits on the
+        # 1st, 2nd, 4th, 8th… one's output, so REINFORCE's hundreds of forwards a backward (one
+        # per environment step) carry a handful of autograd hooks, not one each.
+        self._since_backward = 0
         self._backward_depth = 0  # reentrant checkpointing runs backward() inside a backward
         self._backwards = 0  # backward() calls in this iteration
         self._unreached = False  # one of them did not run through the model's output
@@ -432,6 +436,9 @@ class AutoInstrument:
                 # optimisers (a GAN), each one's loss is the roots backward() was called on since the
                 # previous step, whatever they ran through
                 return
+            since = self._since_backward = self._since_backward + 1
+            if since & (since - 1):
+                return  # (not a power of two: see _since_backward)
             grad_fn = _first_grad_fn(output)
             if grad_fn is not None:  # the node dies with the graph: nothing stays behind
                 grad_fn.register_prehook(self._reached_model)
@@ -554,6 +561,7 @@ class AutoInstrument:
             if self._open is not None:
                 self._unstrand()
             self._through_model = False
+            self._since_backward = 0
             self._backwards += 1
             self._backward_depth = 1
             try:
