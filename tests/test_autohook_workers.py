@@ -53,6 +53,18 @@ def test_hogwild_workers_each_record_their_own_steps_and_losses(start):
     assert "processes of this job" in shown and "hog/worker1" in shown and "hog/worker2" in shown
 
 
+@pytest.mark.slow(5)
+def test_workers_that_track_themselves_each_get_their_own_run():
+    done = gw_run(PY, WORKERS, "tracked-spawn", flags=("--name", "own"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = _job(the_run()["run_id"])
+    assert sorted(job) == ["own/worker1", "own/worker2"]
+    for worker in ("worker1", "worker2"):
+        steps = steps_of(job[f"own/{worker}"]["run_id"])
+        assert [(s["step"], s["tokens"]) for s in steps] == [(1, 64), (2, 64), (3, 64)]
+        assert [s["loss"] for s in steps] == pytest.approx(_logged(done.stdout, worker), rel=1e-5)
+
+
 @pytest.mark.slow(4)
 def test_a_worker_whose_target_raises_ends_its_run_failed_and_keeps_its_steps():
     done = gw_run(PY, WORKERS, "hogwild-fork", "fails", flags=("--name", "hog"))

@@ -113,6 +113,16 @@ def process_ranks() -> tuple[int | None, int | None, int | None]:
     return rank, local_rank, world_size
 
 
+def worker_name() -> str | None:
+    """This process's name when Python's multiprocessing started it (`Process-1`, or the one the
+    program gave it), else None."""
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is None or multiprocessing.parent_process() is None:
+        return None
+    name: str = multiprocessing.current_process().name
+    return name
+
+
 def process_start_s() -> float | None:
     """When this process started (seconds since the epoch), or None where it cannot be read."""
     try:

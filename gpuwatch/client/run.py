@@ -831,7 +831,8 @@ def track(
     flops_per_token: model FLOPs per token (see flops.transformer_flops_per_token), or a function
     of seq_len for runs whose sequence length varies; with it each step gets an MFU against the
     GPU's dense peak for `precision`. Under `gpuwatch run`, the run joins the wrapper's run
-    (single process), or becomes a rank run whose parent is the wrapper's (world_size > 1).
+    (single process), or becomes a run whose parent is the wrapper's: a rank's (world_size > 1),
+    or a worker's that the program started with multiprocessing (NAME/<process name>).
     """
     global explicit_track_started
     explicit_track_started = True
@@ -851,15 +852,16 @@ def start_run(
     process: str | None = None,
 ) -> Run:
     """track() without marking the run as the script's own: for integrations and the hooks.
-    process: this process's name when it is one of several the program started (a
-    multiprocessing worker that trains, a fork): under `gpuwatch run` it then records a run of
-    its own in the wrapper's job, NAME/process, as a rank does, instead of joining the wrapper's
-    run, where its steps would mix with its siblings'."""
+    process: this process's name when it is one of several the program started (by default a
+    multiprocessing worker's own; a fork's is the caller's to give): under `gpuwatch run` it
+    then records a run of its own in the wrapper's job, NAME/process, as a rank does, instead of
+    joining the wrapper's run, where its steps would mix with its siblings'."""
     from gpuwatch.client.helpers import connect
 
     cfg = config_mod.load()
     wrapper_id = os.environ.get(ENV_RUN_ID) if run_id is None else None
     rank, _, world_size = metadata.process_ranks()
+    process = process or metadata.worker_name()
     if (world_size or 1) > 1:
         process = None if rank is None else f"rank{rank}"
     attached = bool(wrapper_id) and (world_size or 1) == 1 and process is None

@@ -149,7 +149,7 @@ class AutoInstrument:
         # In a process the program started (a multiprocessing worker, a fork), until its first
         # training forward tells whether it trains or loads data (see _wake).
         self._waiting = False
-        self._process: str | None = None  # that process's name, once it trains
+        self._process: str | None = None  # a fork's name, once it trains (a worker has its own)
         self._patched: list[Patch] = []
         self._out_of_dynamo = False  # our hooks run eagerly even when called from compiled code
         self._optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimiser made since install
@@ -271,12 +271,10 @@ class AutoInstrument:
             return False
         if not any(p.requires_grad for p in module.parameters()):
             return False  # a transform, or a frozen module: not training
-        import multiprocessing
-
         self._mine, self._waiting = True, False
         self._thread = threading.get_ident()
-        ours = multiprocessing.parent_process() is not None  # (else a fork of the program's own)
-        self._process = multiprocessing.current_process().name if ours else f"pid{os.getpid()}"
+        if not _started_by_multiprocessing():  # a fork of the program's own (else: its worker name)
+            self._process = f"pid{os.getpid()}"
         return True
 
     def _script_tracks_itself(self) -> None:

@@ -2,6 +2,8 @@
 hogwild-fork | hogwild-spawn   two multiprocessing workers (worker1, worker2) train one shared
                                model (Hogwild), 4 steps each; with "fails", worker2 raises after
                                its 2nd step
+tracked-spawn                  two spawned workers that call gpuwatch.track() and run.step()
+                               themselves, 3 steps each
 ddp-spawn                      torch.multiprocessing.spawn, two gloo DDP ranks, 3 steps each
                                (no RANK or WORLD_SIZE in the environment)
 loader-fork | loader-spawn     the program trains 4 steps itself on a DataLoader whose 2 workers
@@ -60,6 +62,19 @@ def hogwild(worker, model, fails):
             raise RuntimeError("worker 2 gave up")
 
 
+def tracked(worker):
+    import gpuwatch
+
+    gen = torch.Generator().manual_seed(worker)
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with gpuwatch.track() as run:
+        for n in range(1, 4):
+            loss = step(model, opt, batch(gen))
+            run.step(tokens=64, loss=loss)
+            say(f"worker{worker} step {n} loss {loss:.6f}")
+
+
 def ddp(rank, world):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -90,6 +105,14 @@ if __name__ == "__main__":
         workers = [
             context.Process(target=hogwild, args=(w, shared, "fails" in sys.argv), name=f"worker{w}")
             for w in (1, 2)
+        ]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    elif how == "tracked-spawn":
+        workers = [
+            mp.get_context("spawn").Process(target=tracked, args=(w,), name=f"worker{w}") for w in (1, 2)
         ]
         for w in workers:
             w.start()
