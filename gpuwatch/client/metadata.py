@@ -115,9 +115,13 @@ def process_ranks() -> tuple[int | None, int | None, int | None]:
 
 def worker_name() -> str | None:
     """This process's name when Python's multiprocessing started it (`Process-1`, or the one the
-    program gave it), else None."""
+    program gave it), else None. Also while a spawned one still imports the program's main
+    module, before parent_process() knows: its own command line says it (sys.argv is the
+    program's by then)."""
     multiprocessing = sys.modules.get("multiprocessing")
-    if multiprocessing is None or multiprocessing.parent_process() is None:
+    if multiprocessing is None:
+        return None
+    if multiprocessing.parent_process() is None and "--multiprocessing-fork" not in sys.orig_argv:
         return None
     name: str = multiprocessing.current_process().name
     return name

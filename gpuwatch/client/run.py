@@ -315,8 +315,7 @@ class Run:
         self._saved_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
         atexit.register(self._at_exit)
-        multiprocessing = sys.modules.get("multiprocessing")
-        if multiprocessing is not None and multiprocessing.parent_process() is not None:
+        if metadata.worker_name() is not None:
             from multiprocessing import util
 
             # (a forked worker leaves by os._exit, past atexit: its own exit hooks still run)

@@ -40,6 +40,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from gpuwatch.client import metadata
 from gpuwatch.client import run as run_mod
 from gpuwatch.integrations.accounting import (
     StepTally,
@@ -211,7 +212,7 @@ class AutoInstrument:
         from torch.utils.data import get_worker_info
 
         self._worker_info = get_worker_info
-        if _started_by_multiprocessing():
+        if metadata.worker_name() is not None:  # a process multiprocessing started
             self._mine, self._waiting = False, True  # see _wake
         self._patch(nn_module, "_has_any_global_hook", self._wrap_has_any_global_hook)
         self._patch(optim_module.Optimizer, "__init__", self._wrap_optimizer_init)
@@ -273,7 +274,7 @@ class AutoInstrument:
             return False  # a transform, or a frozen module: not training
         self._mine, self._waiting = True, False
         self._thread = threading.get_ident()
-        if not _started_by_multiprocessing():  # a fork of the program's own (else: its worker name)
+        if metadata.worker_name() is None:  # a fork of the program's own (a worker has its name)
             self._process = f"pid{os.getpid()}"
         return True
 
@@ -871,16 +872,6 @@ class AutoInstrument:
         recorded_generate.__wrapped__ = generate
         recorded_generate.__doc__ = generate.__doc__
         return recorded_generate
-
-
-def _started_by_multiprocessing() -> bool:
-    """Whether Python's multiprocessing started this process, also while a spawned one still
-    imports the program's main module (before parent_process() knows, with the program's argv
-    in sys.argv: its own command line says it)."""
-    multiprocessing = sys.modules.get("multiprocessing")
-    if multiprocessing is not None and multiprocessing.parent_process() is not None:
-        return True
-    return "--multiprocessing-fork" in getattr(sys, "orig_argv", ())
 
 
 def _never() -> bool:
