@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from test_autohook_launchers import _attached
 from test_autoinstrument import GPUWATCH, PY, SCRIPTS, gw_run, query, steps_of, the_run
 
 pytest.importorskip("torch")
@@ -24,6 +25,14 @@ def _logged(stdout: str, who: str) -> list[float]:
     return [float(line.split()[-1]) for line in stdout.splitlines() if line.startswith(f"{who} step ")]
 
 
+def _run(name: str, *args: str):
+    """workers.py with `args` under `gpuwatch run --name NAME`, which must succeed; its output
+    and the wrapper's run."""
+    done = gw_run(PY, WORKERS, *args, flags=("--name", name))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, the_run()
+
+
 def _job(wrapper_id: str) -> dict[str, dict]:
     """The runs of the wrapper's job by name."""
     return {r["name"]: dict(r) for r in query("SELECT * FROM runs WHERE parent_run_id = ?", wrapper_id)}
@@ -32,9 +41,7 @@ def _job(wrapper_id: str) -> dict[str, dict]:
 @pytest.mark.slow(6)
 @pytest.mark.parametrize("start", ["fork", "spawn"])
 def test_hogwild_workers_each_record_their_own_steps_and_losses(start):
-    done = gw_run(PY, WORKERS, f"hogwild-{start}", flags=("--name", "hog"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    wrapper = the_run()
+    done, wrapper = _run("hog", f"hogwild-{start}")
     assert steps_of(wrapper["run_id"]) == []  # the program itself trains nothing
     job = _job(wrapper["run_id"])
     assert sorted(job) == ["hog/worker1", "hog/worker2"]
@@ -55,9 +62,8 @@ def test_hogwild_workers_each_record_their_own_steps_and_losses(start):
 
 @pytest.mark.slow(5)
 def test_workers_that_track_themselves_each_get_their_own_run():
-    done = gw_run(PY, WORKERS, "tracked-spawn", flags=("--name", "own"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    job = _job(the_run()["run_id"])
+    done, wrapper = _run("own", "tracked-spawn")
+    job = _job(wrapper["run_id"])
     assert sorted(job) == ["own/worker1", "own/worker2"]
     for worker in ("worker1", "worker2"):
         steps = steps_of(job[f"own/{worker}"]["run_id"])
@@ -81,9 +87,8 @@ def test_torch_multiprocessing_spawn_ranks_are_named_and_numbered_like_torchrun_
     with socket.socket() as s:  # a free port for the ranks' rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    done = gw_run(PY, WORKERS, "ddp-spawn", str(port), flags=("--name", "ddp"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    job = _job(the_run()["run_id"])
+    done, wrapper = _run("ddp", "ddp-spawn", str(port))
+    job = _job(wrapper["run_id"])
     assert sorted(job) == ["ddp/rank0", "ddp/rank1"]
     assert [(job[f"ddp/rank{r}"]["rank"], job[f"ddp/rank{r}"]["world_size"]) for r in (0, 1)] == [
         (0, 2),
@@ -99,18 +104,12 @@ def test_torch_multiprocessing_spawn_ranks_are_named_and_numbered_like_torchrun_
 @pytest.mark.slow(5)
 @pytest.mark.parametrize("start", ["fork", "spawn"])
 def test_dataloader_workers_that_call_module_transforms_leave_the_run_alone(start):
-    done = gw_run(PY, WORKERS, f"loader-{start}", flags=("--name", "loader"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    wrapper = the_run()
+    done, wrapper = _run("loader", f"loader-{start}")
     assert _job(wrapper["run_id"]) == {}
     steps = steps_of(wrapper["run_id"])
     assert [(s["step"], s["tokens"]) for s in steps] == [(n, 64) for n in range(1, 5)]
     assert [s["loss"] for s in steps] == pytest.approx(_logged(done.stdout, "main"), rel=1e-5)
     # one process joined the run, the program; its model's size, not a transform's 0
-    joined = [
-        json.loads(p)
-        for (p,) in query(
-            "SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'", wrapper["run_id"]
-        )
+    assert [j["config"]["n_params"] for j in _attached(wrapper["run_id"])] == [
+        sum(p.numel() for p in TinyLM().parameters())
     ]
-    assert [j["config"]["n_params"] for j in joined] == [sum(p.numel() for p in TinyLM().parameters())]
