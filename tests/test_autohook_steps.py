@@ -14,7 +14,7 @@ def _logged_losses(stdout: str) -> list[float]:
     return [float(line.split()[-1]) for line in stdout.splitlines() if line.startswith("step ")]
 
 
-@pytest.mark.parametrize("how", ["sgd", "scaler"])
+@pytest.mark.parametrize("how", ["sgd", "scaler", "one-element"])
 def test_hand_updates_and_a_loss_outside_forward_give_steps_and_the_unscaled_loss(how):
     done = gw_run(PY, str(SCRIPTS / "by_hand.py"), how)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -119,15 +119,15 @@ def capture_loss(loss: Any) -> Any:
     """
     if loss is None or isinstance(loss, (int, float)):
         return loss
-    is_cuda = getattr(loss, "is_cuda", None)
-    if is_cuda is None:  # not a tensor (a numpy scalar)
+    is_cpu = getattr(loss, "is_cpu", None)
+    if is_cpu is None:  # not a tensor (a numpy scalar)
         return float(loss)
-    if is_cuda:
-        return loss.detach().to("cpu", non_blocking=True)
-    if loss.is_cpu:
+    if is_cpu:
         # Read now: on gpuwatch's drainer thread it would hand the GIL to the training thread and
         # wait to get it back, which costs more than this.
         return loss.item()
+    if loss.is_cuda:
+        return loss.detach().to("cpu", non_blocking=True)
     return loss.detach()
 
 

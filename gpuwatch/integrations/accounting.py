@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from math import prod
 from typing import Any
 
 _TOKEN_KEYS = ("input_ids", "tokens", "idx")
@@ -119,6 +120,8 @@ class StepTally:
         if ids is None:
             return
         shape = ids.shape
+        if not shape:
+            return  # a 0-dim integer: not token ids
         if len(shape) == 1:
             samples, seq_len = 1, shape[0]
         else:
@@ -126,7 +129,7 @@ class StepTally:
         if mask is not None and getattr(mask, "shape", None) == shape:
             tokens = mask.sum()
         else:
-            tokens = ids.numel()
+            tokens = prod(shape)  # ids.numel(), without another tensor attribute read: every forward
         if self.tokens is None:  # the step's first forward with token ids
             self.tokens, self.samples, self.seq_len = tokens, samples, seq_len
             return
@@ -183,7 +186,7 @@ def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = Fals
     # left cold).
     ids = args[0] if args and not kwargs else None
     dtype = getattr(ids, "dtype", None)
-    if dtype in _INT_DTYPES and ids.ndim >= 1:
+    if dtype in _INT_DTYPES:
         tally.add(ids, None, seq_first)
         if getattr(output, "ndim", 0):
             return None

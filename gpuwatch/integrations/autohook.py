@@ -199,6 +199,7 @@ class AutoInstrument:
         self._compiling = self.torch.compiler.is_compiling
         self._tracing = self.torch._C._get_tracing_state
         self._grad_enabled = self.torch.is_grad_enabled
+        self._tensor = self.torch.Tensor
         self._enter_hook, self._leave_hook = self._enter, self._leave
         pre = nn_module.register_module_forward_pre_hook(self._enter_hook)
         post = nn_module.register_module_forward_hook(self._leave_hook, with_kwargs=True, always_call=True)
@@ -568,22 +569,24 @@ class AutoInstrument:
             finally:
                 self._backward_depth = 0
             loss = None  # the root, detached and unscaled once: the segment's and the tally's
-            if (
-                self._framework is None
+            if self._framework is None and not (
                 # (read by nobody in a step of the sole optimiser whose model returned its loss, as
                 # nanoGPT's and Hugging Face's do: that loss is the step's)
-                and not (self.tally.losses and self._cycle.sole is not None and self._closure is None)
-                and is_scalar_float(tensors)
+                self.tally.losses and self._cycle.sole is not None and self._closure is None
             ):
-                loss = tensors.detach()
-                scaled = self._scaled
-                if scaled is not None and scaled.output() is tensors:
-                    loss = loss / scaled.scale  # GradScaler's scale undone
-                if self._optimizer_made or self._optimizers:
-                    segment = self._segment
-                    segment.append(loss)
-                    if len(segment) > 64:  # a long accumulation: keep the sum, not every root
-                        segment[:] = [sum_losses(segment)]
+                # loss.backward() gave no gradient: autograd then took a one-element float tensor,
+                # no attribute of it to read (every step, with the caches the backward left cold)
+                gradient = args[0] if args else kwargs.get("grad_tensors", kwargs.get("grad_variables"))
+                if gradient is None and type(tensors) is self._tensor or is_scalar_float(tensors):
+                    loss = tensors.detach()
+                    scaled = self._scaled
+                    if scaled is not None and scaled.output() is tensors:
+                        loss = loss / scaled.scale  # GradScaler's scale undone
+                    if self._optimizer_made or self._optimizers:
+                        segment = self._segment
+                        segment.append(loss)
+                        if len(segment) > 64:  # a long accumulation: keep the sum, not every root
+                            segment[:] = [sum_losses(segment)]
             if self._clean >= TRUSTED_AFTER:  # unchecked: the root counts when a forward awaits it
                 through = self._backwards <= self.tally.forwards
             else:
