@@ -56,6 +56,8 @@ def test_hogwild_workers_each_record_their_own_steps_and_losses(start):
         steps = steps_of(run["run_id"])
         assert [(s["step"], s["tokens"]) for s in steps] == [(n, 64) for n in range(1, 5)]
         assert [s["loss"] for s in steps] == pytest.approx(_logged(done.stdout, worker), rel=1e-5)
+        # the time in its own loader (20 of ~50 ms), not the sleep after its step too
+        assert all(15 < s["data_wait_pct"] < 60 for s in steps[1:]), [s["data_wait_pct"] for s in steps]
     shown = subprocess.run([GPUWATCH, "show", "hog"], capture_output=True, text=True, timeout=60).stdout
     assert "processes of this job" in shown and "hog/worker1" in shown and "hog/worker2" in shown
 

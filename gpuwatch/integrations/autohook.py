@@ -179,6 +179,7 @@ class AutoInstrument:
         self._scaled: Scaled | None = None
         self._cycle = OptimizerCycle()
         self._trained: list = []  # weakrefs to the top-level modules trained in the first iteration
+        self._trained_parts: weakref.WeakSet | None = None  # their modules, once asked (see _trains)
         self._segment: list = []  # backward() roots since the last optimiser step (unscaled)
         self._closure: Closure | None = None
         self._reevaluating = False  # a closure optimiser's second or later evaluation runs
@@ -295,6 +296,7 @@ class AutoInstrument:
         callback then puts no hook on the model), and tell `run` the first one's shape (for an
         OOM postmortem). stand_aside() again when the training ends."""
         self._framework = None if model is None else Framework(model, tally)
+        self._trained_parts = None
         self._framework_run = run
         if model is not None and self._waiting:  # a framework trains in this child process
             self._mine, self._waiting = True, False
@@ -381,10 +383,17 @@ class AutoInstrument:
 
     def _trains(self, module) -> bool:
         """Whether `module` is one the program trains (its model, a GAN's other module, the
-        framework's model)."""
+        framework's model) or a part of one (x-transformers' generate() calls its wrapper's net)."""
         if module is self.model or (self._framework is not None and module is self._framework.model):
             return True
-        return any(ref() is module for ref in self._trained)
+        if self._trained_parts is None:
+            trained = [m for m in (ref() for ref in self._trained) if m is not None]
+            if self._framework is not None:
+                trained.append(self._framework.model)
+            if not trained:
+                return False  # (the first iteration: the model is not known yet)
+            self._trained_parts = weakref.WeakSet(m for t in trained for m in t.modules())
+        return module in self._trained_parts
 
     def _leave(self, module, args, kwargs, output) -> None:
         """Also called when the forward raised (output None): before an OOM reaches the run."""
@@ -545,6 +554,7 @@ class AutoInstrument:
             self._candidates.values(), key=lambda c: _n_params(c.module.parameters())
         )
         self._trained = [weakref.ref(c.module) for c in self._candidates.values()]
+        self._trained_parts = None
         self._candidates.clear()
         self.model, self.tally, self._seq_first = module, tally, seq_first
         self._fpt = flops_per_token(getattr(module, "_orig_mod", module))
@@ -808,11 +818,12 @@ class AutoInstrument:
 
     def _wrap_next(self, next_):
         """DataLoader iterators' __next__ on the training thread: the time inside is data wait."""
-        clock, split, get_ident = time.perf_counter, self.split, threading.get_ident
+        clock, get_ident = time.perf_counter, threading.get_ident
 
         def timed_next(iterator):
             if get_ident() != self._thread or not self._mine:
                 return next_(iterator)
+            split = self.split  # (a fork's is its own: see _forget_training)
             data = id(getattr(iterator, "_dataset", iterator))
             # A batch of a dataset that never fed training, once training has: an evaluation's.
             evaluation = bool(self._training_data) and data not in self._training_data and split.aside_begin()

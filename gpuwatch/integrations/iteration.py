@@ -135,12 +135,13 @@ class SplitReading(NamedTuple):
     loader: float
     aside: list[float] | None
     compute: float | None
+    loader_in_compute: float  # of `loader`, the part after the compute began (micro-batches' fetches)
     loader_seen: bool
     closure_evals: int | None = None  # a closure optimiser's evaluations of its closure
 
     def fields(self) -> dict[str, float]:
         """The shares (%) of the interval, as step fields."""
-        since, now, loader, aside, compute, loader_seen, closure_evals = self
+        since, now, loader, aside, compute, loader_in_compute, loader_seen, closure_evals = self
         fields: dict[str, float] = {}
         if now > since:
             to_pct = 100.0 / (now - since)
@@ -154,7 +155,7 @@ class SplitReading(NamedTuple):
                 fields["data_wait_pct"] = _pct((compute - since - aside_s) * to_pct)
             fields["eval_pct"] = _pct(aside_s * to_pct)
             if compute is not None:
-                fields["compute_pct"] = _pct((now - compute) * to_pct)
+                fields["compute_pct"] = _pct((now - compute - loader_in_compute) * to_pct)
         if closure_evals:
             fields["closure_evals"] = closure_evals
         return fields
@@ -165,7 +166,8 @@ class StepSplit:
     thread; with no DataLoader, the time before the compute began, less evaluations),
     evaluation forwards and checkpoint saves before the iteration's training began ("aside";
     the loader's time inside that stretch is the evaluation's), compute (from the iteration's
-    first training forward to its step), and the rest."""
+    first training forward to its step, less the fetches of later micro-batches: data), and the
+    rest."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
@@ -175,12 +177,14 @@ class StepSplit:
     def restart(self, now: float | None = None) -> None:
         """The interval of the next step begins now (`now`: a clock reading just taken)."""
         self._since = self.clock() if now is None else now
-        self._loader = 0.0
+        self._loader = self._loader_in_compute = 0.0
         self._aside: list[float] | None = None  # [start, end, loader time at start, at end]
         self.compute: float | None = None  # when the iteration's first training forward began
 
     def loader(self, seconds: float) -> None:
         self._loader += seconds
+        if self.compute is not None:  # a later micro-batch's: data, not compute
+            self._loader_in_compute += seconds
         self.loader_seen = True
 
     def aside_begin(self) -> bool:
@@ -206,10 +210,26 @@ class StepSplit:
         now = self.clock()
         # (tuple.__new__: SplitReading's own __new__ costs more, and this is every step)
         reading = _reading(
-            SplitReading, (self._since, now, self._loader, self._aside, self.compute, self.loader_seen, None)
+            SplitReading,
+            (
+                self._since,
+                now,
+                self._loader,
+                self._aside,
+                self.compute,
+                self._loader_in_compute,
+                self.loader_seen,
+                None,
+            ),
         )
         # restart(now), inlined: a call costs a µs or more with the caches a training step left cold
-        self._since, self._loader, self._aside, self.compute = now, 0.0, None, None
+        self._since, self._loader, self._loader_in_compute, self._aside, self.compute = (
+            now,
+            0.0,
+            0.0,
+            None,
+            None,
+        )
         return reading
 
 

@@ -1,7 +1,10 @@
 """Unmodified: epochs over a slow DataLoader (its dataset applies a module transform, as
 torchvision's are modules), each ending with an evaluation pass (eval mode,
 no_grad, its own loader) and a checkpoint (torch.save). Prints, per step, the milliseconds the
-program itself measured inside the training loader since its previous step."""
+program itself measured inside the training loader since its previous step.
+Args: CHECKPOINT [micro-batches] (two batches a step, a backward each, as gradient accumulation
+does; after the evaluation and checkpoint, a generation calls a part of the model with no
+loader, as x-transformers' generate() calls its wrapper's net)."""
 
 import sys
 import time
@@ -33,32 +36,43 @@ class Slow(Dataset):
         return self.transform(torch.full((8,), float(i)))
 
 
-class Model(nn.Module):
+class Body(nn.Module):
     def __init__(self):
         super().__init__()
-        self.body = nn.Linear(8, 8)
+        self.linear = nn.Linear(8, 8)
 
     def forward(self, x):
         time.sleep(COMPUTE_S)  # the model's compute
+        return self.linear(x)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = Body()
+
+    def forward(self, x):
         return self.body(x)
 
 
+micro = 2 if sys.argv[2:] == ["micro-batches"] else 1
 torch.manual_seed(0)
 model = Model()
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-train = DataLoader(Slow(16, DATA_S), batch_size=4)
+train = DataLoader(Slow(16 * micro, DATA_S), batch_size=4)
 val = DataLoader(Slow(16, DATA_S / 2), batch_size=4)  # its batches: the evaluation's time
 step = 0
 for epoch in range(3):
     it, in_loader = iter(train), 0.0
     while True:
-        started = time.perf_counter()
         try:
-            x = next(it)
+            for _ in range(micro):
+                started = time.perf_counter()
+                x = next(it)
+                in_loader += time.perf_counter() - started
+                model(x).square().mean().backward()
         except StopIteration:
             break
-        in_loader += time.perf_counter() - started
-        model(x).square().mean().backward()
         opt.step()
         opt.zero_grad()
         step += 1
@@ -70,5 +84,8 @@ for epoch in range(3):
         for x in val:
             model(x)
     torch.save(model.state_dict(), sys.argv[1])
+    with torch.no_grad():
+        for _ in range(4 if micro > 1 else 0):
+            x = model.body(x)
     model.train()
 print("epochs done")

@@ -1,7 +1,8 @@
 """Unmodified: training in processes the program starts itself. Arg:
 hogwild-fork | hogwild-spawn   two multiprocessing workers (worker1, worker2) train one shared
-                               model (Hogwild), 4 steps each; with "fails", worker2 raises after
-                               its 2nd step
+                               model (Hogwild), 4 steps each (20 ms in the loader, then 30 ms
+                               asleep after the step); with "fails", worker2 raises after its
+                               2nd step
 tracked-spawn                  two spawned workers that call gpuwatch.track() and run.step()
                                themselves, 3 steps each
 ddp-spawn                      torch.multiprocessing.spawn, two gloo DDP ranks, 3 steps each
@@ -12,6 +13,7 @@ Prints "<who> step N loss X" for every step, each line in one write (the process
 
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -49,6 +51,7 @@ class Tokens(torch.utils.data.Dataset):
         return 4 * STEPS
 
     def __getitem__(self, i):
+        time.sleep(0.005)  # 20 ms a batch of 4
         return self.transform(torch.arange(16) % V)
 
 
@@ -58,6 +61,7 @@ def hogwild(worker, model, fails):
     data = torch.utils.data.DataLoader(Tokens(), batch_size=4)  # in this process: its transform too
     for n, x in enumerate(data, 1):
         say(f"worker{worker} step {n} loss {step(model, opt, x):.6f}")
+        time.sleep(0.03)  # not data: what else a worker does between steps
         if fails and worker == 2 and n == 2:
             raise RuntimeError("worker 2 gave up")
 
