@@ -60,3 +60,16 @@ def test_with_no_data_loader_the_data_wait_is_the_time_before_compute_less_evalu
     assert split.take().fields() == {"data_wait_pct": 25.0, "eval_pct": 25.0, "compute_pct": 50.0}
     now[0] = 3.0
     assert split.take().fields() == {"eval_pct": 0.0}  # no training forward: nothing known
+
+
+def test_class_labels_and_timesteps_beside_a_float_input_are_not_token_ids():
+    from gpuwatch.integrations.accounting import find_tokens
+
+    images, labels, ids = torch.randn(8, 3, 4, 4), torch.randint(0, 4, (8,)), torch.randint(0, 9, (2, 5))
+    assert find_tokens((images, labels)) == (None, None)  # timm's task(input, target)
+    assert find_tokens((images, torch.randint(0, 1000, (8,))), {"context": None}) == (None, None)
+    assert find_tokens((), {"pixel_values": images, "labels": labels}) == (None, None)
+    assert find_tokens(({"pixel_values": images, "labels": labels},)) == (None, None)  # a batch
+    assert find_tokens((ids, labels))[0] is ids  # model(ids, targets)
+    assert find_tokens((), {"input_ids": ids, "labels": ids})[0] is ids
+    assert find_tokens((), {"decoder_input_ids": ids, "labels": ids})[0] is ids

@@ -111,6 +111,24 @@ def test_an_lbfgs_step_carries_the_closures_first_evaluation_and_the_evaluation_
 
 
 @pytest.mark.slow
+def test_a_timm_like_task_gets_its_loss_no_tokens_from_labels_and_only_the_trained_parameters():
+    """Its loss changed in place before each backward (the step's: the roots, the mean of the
+    micro-batches' losses as returned), its labels are not token ids, its EMA copy is not trained."""
+    done = gw_run(PY, str(SCRIPTS / "timm_like.py"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    logged = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step ")]
+    run = the_run()
+    steps = steps_of(run["run_id"])
+    assert [s["loss"] for s in steps] == [pytest.approx(x, rel=1e-5) for x in logged] and len(logged) == 6
+    assert {(s["tokens"], s["samples"], s["seq_len"]) for s in steps} == {(None, None, None)}
+    (attached,) = query(
+        "SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'", run["run_id"]
+    )
+    config = json.loads(attached["payload_json"])["config"]
+    assert config["n_params"] == int(done.stdout.split("params ")[-1]) and "seq_len" not in config
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [[], ["micro-batches"]], ids=["one batch a step", "micro-batches"])
 def test_data_wait_is_the_time_inside_the_loader_and_evaluation_and_checkpoints_are_named(tmp_path, args):
     """micro-batches: the second batch of a step is fetched after its compute began (data, not

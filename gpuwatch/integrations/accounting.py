@@ -13,6 +13,9 @@ from typing import Any
 
 _TOKEN_KEYS = ("input_ids", "tokens", "idx")
 _MASK_KEY = "attention_mask"
+# Integer inputs that are not token ids: an image classifier's class labels (`pixel_values=`,
+# `labels=`), wherever no key above holds the ids.
+_LABEL_KEYS = frozenset(("labels", "label", "targets", "target"))
 
 
 _INT_DTYPES: frozenset = frozenset()
@@ -33,7 +36,9 @@ def _is_int_tensor(value) -> bool:
 
 def find_tokens(args: tuple = (), kwargs: Mapping | None = None):
     """(token ids, attention mask or None) from a forward's arguments or a batch; (None, None)
-    when no integer tensor is there. A batch may be a tensor, a mapping or a tuple/list."""
+    when no integer tensor is there, or when the first argument is a float tensor (images and
+    their labels, a diffusion model's sample and timesteps). A batch may be a tensor, a mapping
+    or a tuple/list."""
     if not kwargs:  # the usual model(ids): its first argument, else the others
         if args and _is_int_tensor(args[0]):
             return args[0], None
@@ -42,7 +47,10 @@ def find_tokens(args: tuple = (), kwargs: Mapping | None = None):
         for key in _TOKEN_KEYS:
             if _is_int_tensor(kwargs.get(key)):
                 return kwargs[key], kwargs.get(_MASK_KEY)
-    for value in (*args, *kwargs.values()) if kwargs else args:
+    if args and getattr(getattr(args[0], "dtype", None), "is_floating_point", False):
+        return None, None
+    others = [v for k, v in kwargs.items() if k not in _LABEL_KEYS] if kwargs else ()
+    for value in (*args, *others):
         if _is_int_tensor(value):
             return value, kwargs.get(_MASK_KEY)
         if isinstance(value, Mapping):
@@ -142,7 +150,9 @@ class StepTally:
         """normalised_over_step: the model already divided its loss by the whole step's item count
         (Hugging Face passes `num_items_in_batch`), so the step's loss is the sum, not the mean."""
         if loss is not None:
-            self.losses.append(loss.detach())
+            # A copy, not the same storage: the program may change it in place before its
+            # backward (timm's `loss /= accum_steps`), and the step's loss is the one returned.
+            self.losses.append(loss.detach().clone())
             self._summed = normalised_over_step
 
     def add_root(self, loss) -> None:
@@ -190,8 +200,10 @@ def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = Fals
         tally.add(ids, None, seq_first)
         if getattr(output, "ndim", 0):
             return None
-    elif dtype is not None and len(args) == 1 and _INT_DTYPES:
-        tally.add(None)  # model(x) of floats (images, an agent's state): no token ids
+    elif dtype is not None and _INT_DTYPES:
+        # model(x) of floats (images, an agent's state), model(images, labels) (timm's task),
+        # model(x, timesteps): no token ids
+        tally.add(None)
         if getattr(output, "ndim", 0):
             return None
     else:

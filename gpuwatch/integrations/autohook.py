@@ -311,12 +311,15 @@ class AutoInstrument:
         `params` where no module was seen (module None: see _step_unseen)."""
         if self.run is None:
             config = {}
+            first = None  # the model's first parameter: its precision is the run's
             if module is not None:
                 inner = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model in it
                 config = plain_config(getattr(inner, "config", None)) or {}
                 # batch, seq_len, heads, attention: known before the first step, for an OOM postmortem
                 config.update(model_shape(inner, *find_tokens(args, kwargs)))
-                params = list(inner.parameters())
+                first = next(inner.parameters(), None)
+                # what it trains: not a frozen EMA copy it holds (timm's task), nor frozen layers
+                params = [p for p in inner.parameters() if p.requires_grad]
             # Every trained module counts (a GAN's D and G): the optimisers made so far hold them.
             params = list(
                 {
@@ -327,7 +330,7 @@ class AutoInstrument:
                     )
                 }.values()
             )
-            precision = _precision(self.torch, params[0] if params else None)
+            precision = _precision(self.torch, first if first is not None else next(iter(params), None))
             config.setdefault("precision", precision)  # what the OOM advice weighs activations in
             config.setdefault("n_params", _n_params(params))
             self.run = run_mod.start_run(
