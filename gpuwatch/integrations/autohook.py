@@ -318,18 +318,13 @@ class AutoInstrument:
                 # batch, seq_len, heads, attention: known before the first step, for an OOM postmortem
                 config.update(model_shape(inner, *find_tokens(args, kwargs)))
                 first = next(inner.parameters(), None)
-                # what it trains: not a frozen EMA copy it holds (timm's task), nor frozen layers
                 params = [p for p in inner.parameters() if p.requires_grad]
-            # Every trained module counts (a GAN's D and G): the optimisers made so far hold them.
-            params = list(
-                {
-                    id(p): p
-                    for p in (
-                        *params,
-                        *(p for opt in list(self._optimizers) for g in opt.param_groups for p in g["params"]),
-                    )
-                }.values()
-            )
+            # What the optimisers made so far train, where there are any: every trained module (a
+            # GAN's D and G), not an EMA copy the model holds (timm's task); else what requires grad.
+            trained = {
+                id(p): p for opt in list(self._optimizers) for g in opt.param_groups for p in g["params"]
+            }
+            params = list(trained.values()) or params
             precision = _precision(self.torch, first if first is not None else next(iter(params), None))
             config.setdefault("precision", precision)  # what the OOM advice weighs activations in
             config.setdefault("n_params", _n_params(params))

@@ -1,8 +1,9 @@
 """Unmodified, timm train.py's shape: a task module called as task(images, labels) returns the
-loss and holds the model beside a frozen EMA copy of it; two micro-batches a step, each loss
-divided in place before its backward (`loss /= accum_steps`). Prints each step's loss as timm
-logs it (the mean of its micro-batches' losses, read before the division) and the model's
-parameter count."""
+loss and holds the model beside an EMA copy of it (whose parameters still require grad, as
+timm's ModelEmaV3 leaves them: only the optimiser tells them apart); two micro-batches a step,
+each loss divided in place before its backward (`loss /= accum_steps`). Prints each step's loss
+as timm logs it (the mean of its micro-batches' losses, read before the division) and the
+model's parameter count."""
 
 import copy
 
@@ -16,7 +17,7 @@ class Task(nn.Module):
     def __init__(self, model):
         super().__init__()
         self.model = model
-        self.ema = copy.deepcopy(model).requires_grad_(False)
+        self.ema = copy.deepcopy(model).eval()
 
     def forward(self, images, labels):
         return nn.functional.cross_entropy(self.model(images), labels)
