@@ -150,9 +150,10 @@ class StepTally:
         """normalised_over_step: the model already divided its loss by the whole step's item count
         (Hugging Face passes `num_items_in_batch`), so the step's loss is the sum, not the mean."""
         if loss is not None:
-            # A copy, not the same storage: the program may change it in place before its
-            # backward (timm's `loss /= accum_steps`), and the step's loss is the one returned.
-            self.losses.append(loss.detach().clone())
+            # Its value now, not its storage: the program may change it in place before its
+            # backward (timm's `loss /= accum_steps`), and the step's loss is the one returned. On
+            # the CPU a read (no wait: the step reads it anyway); elsewhere a copy, read later.
+            self.losses.append(loss.item() if loss.is_cpu else loss.detach().clone())
             self._summed = normalised_over_step
 
     def add_root(self, loss) -> None:
