@@ -167,7 +167,7 @@ class StepTally:
         """(tokens, samples, seq_len, loss): the step's first arguments of Run.step() in order
         (positional: unpacking a dict into keywords costs more than the rest of a step's
         bookkeeping), and a fresh tally for the next step. The loss is the mean of the
-        micro-batches' (a tensor: read later, without a sync); roots are summed: a loop that
+        micro-batches' (a float on the CPU; elsewhere a tensor, read later without a sync); roots are summed: a loop that
         divides by its accumulation count before backward() (nanoGPT, accelerate) gets the mean
         micro-batch loss."""
         losses = self.losses or self.roots
