@@ -871,7 +871,14 @@ class AutoInstrument:
                 prompt = kwargs.get("input_ids", args[0] if args else None)
                 sequences = getattr(output, "sequences", output)
                 if hasattr(prompt, "shape") and hasattr(sequences, "shape"):
-                    new = (sequences.shape[-1] - prompt.shape[-1]) * sequences.shape[0]
+                    # A decoder-only model returns the prompt and what follows it; an encoder-decoder
+                    # one (T5) the decoder's sequence: its start token (or given ids), then the new ones.
+                    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+                        start = kwargs.get("decoder_input_ids")
+                        before = start.shape[-1] if hasattr(start, "shape") else 1
+                    else:
+                        before = prompt.shape[-1]
+                    new = max(sequences.shape[-1] - before, 0) * sequences.shape[0]
                     self.ensure_run(model).generation(
                         prompt_tokens=prompt.numel(),
                         new_tokens=new,
