@@ -879,8 +879,13 @@ class AutoInstrument:
                     else:
                         before = prompt.shape[-1]
                     new = max(sequences.shape[-1] - before, 0) * sequences.shape[0]
+                    # a padded prompt's padding is not its tokens (generate() has waited for the GPU)
+                    mask = kwargs.get("attention_mask")
+                    given = (
+                        int(mask.sum()) if getattr(mask, "shape", None) == prompt.shape else prompt.numel()
+                    )
                     self.ensure_run(model).generation(
-                        prompt_tokens=prompt.numel(),
+                        prompt_tokens=given,
                         new_tokens=new,
                         total_ms=(time.perf_counter() - started) * 1000.0,
                     )

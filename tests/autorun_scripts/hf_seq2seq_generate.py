@@ -1,6 +1,6 @@
 """Unmodified: generate() with a tiny encoder-decoder model (T5 from config): its output is the
-decoder's sequence (a start token, then 4 new tokens a row), shorter than its 12-token prompts.
-Prints the output's shape."""
+decoder's sequence (a start token, then 4 new tokens a row), shorter than its 12-token prompts,
+the second of which is padded by 3. Prints the output's shape."""
 
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
@@ -18,5 +18,9 @@ config = T5Config(
 )
 model = T5ForConditionalGeneration(config).eval()
 prompt = torch.randint(2, 32, (2, 12))
-out = model.generate(prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False, eos_token_id=1)
+mask = torch.ones_like(prompt)
+mask[1, -3:] = 0
+out = model.generate(
+    prompt, attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False, eos_token_id=1
+)
 print("generated", tuple(out.shape))
