@@ -167,9 +167,9 @@ class StepTally:
         """(tokens, samples, seq_len, loss): the step's first arguments of Run.step() in order
         (positional: unpacking a dict into keywords costs more than the rest of a step's
         bookkeeping), and a fresh tally for the next step. The loss is the mean of the
-        micro-batches' (a float on the CPU; elsewhere a tensor, read later without a sync); roots are summed: a loop that
-        divides by its accumulation count before backward() (nanoGPT, accelerate) gets the mean
-        micro-batch loss."""
+        micro-batches' (a float on the CPU; elsewhere a tensor, read later without a sync); roots
+        are summed: a loop that divides by its accumulation count before backward() (nanoGPT,
+        accelerate) gets the mean micro-batch loss."""
         losses = self.losses or self.roots
         if len(losses) < 2:
             loss = losses[0] if losses else None  # (not summed, not divided by 1: a tensor op each)
