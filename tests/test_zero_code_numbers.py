@@ -95,6 +95,17 @@ def test_the_run_of_a_gan_counts_the_parameters_of_both_modules(gan):
 
 
 @pytest.mark.slow
+def test_a_second_phases_optimiser_replacing_the_first_is_still_one_optimiser():
+    """Head only, then a new optimiser over the whole model: one loss a step, no named ones."""
+    done = gw_run(PY, str(SCRIPTS / "two_phases.py"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("phase ")]
+    steps = steps_of(the_run()["run_id"])
+    assert [s["loss"] for s in steps] == [pytest.approx(loss, rel=1e-5) for loss in printed]
+    assert [s["losses_json"] for s in steps] == [None] * 10
+
+
+@pytest.mark.slow
 def test_an_lbfgs_step_carries_the_closures_first_evaluation_and_the_evaluation_count():
     done = gw_run(PY, str(SCRIPTS / "lbfgs.py"))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -665,6 +665,9 @@ class AutoInstrument:
             for p in group["params"]
         )
 
+    def _live_optimizers(self) -> set[int]:
+        return {id(opt) for opt in list(self._optimizers)}
+
     def _name_optimizers(self, optimizer) -> None:
         """Name each optimiser of the cycle after the module it trains (see name_optimizers)."""
         known = {id(opt): opt for opt in (*self._optimizers, optimizer)}
@@ -795,7 +798,7 @@ class AutoInstrument:
             if self.model is None and not self._choose_model():
                 self._step_unseen(optimizer, loss, evals)
                 return
-            if not self._cycle.stepped(optimizer, loss, self._expected):
+            if not self._cycle.stepped(optimizer, loss, self._expected, self._live_optimizers):
                 return  # the iteration goes on: another optimiser of the cycle steps next
             if self.tally.forwards or self._cycle.several():
                 self._judge_iteration()

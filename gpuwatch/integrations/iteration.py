@@ -34,14 +34,22 @@ class OptimizerCycle:
         self._open: list[int] = []  # ids stepped in the iteration under way
         self._losses: dict[int, Any] = {}  # id -> the loss of its latest step in that iteration
 
-    def stepped(self, optimizer, loss, expected: Callable[[], bool]) -> bool:
+    def stepped(
+        self, optimizer, loss, expected: Callable[[], bool], alive: Callable[[], set[int]] | None = None
+    ) -> bool:
         """`optimizer` stepped with `loss` (None: none; a list: backward() roots, summed when
         read); whether the iteration ends here. `expected()`: an optimiser still to step before a
-        first cycle ends."""
+        first cycle ends; `alive()`: the ids of the optimisers the program still holds."""
         key = id(optimizer)
         if key not in self.order:
+            if alive is not None:
+                # A second phase's optimiser replacing the first's (head only, then the whole
+                # model): the one the program let go is out of the cycle, not a partner of it.
+                live = alive()
+                self.order = [k for k in self.order if k in live]
+                self.names = {k: name for k, name in self.names.items() if k in live}
             self.order.append(key)
-            self.sole = None
+            self._note_sole()
         self._open.append(key)
         if loss is not None:
             self._losses[key] = loss

@@ -1,0 +1,30 @@
+"""Unmodified: a fine-tuning in two phases, one optimiser at a time: the head alone, then a new
+optimiser over the whole model replaces the first (`opt` rebound). Prints each step's loss."""
+
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Linear(8, 8), nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
+model = Model()
+x, y = torch.randn(16, 8), torch.randn(16, 1)
+opt = torch.optim.Adam(model.head.parameters(), lr=1e-2)
+for phase in (1, 2):
+    if phase == 2:
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    for _ in range(5):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(f"phase {phase} loss {loss.item():.6f}")
