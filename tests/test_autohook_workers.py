@@ -115,3 +115,15 @@ def test_dataloader_workers_that_call_module_transforms_leave_the_run_alone(star
     assert [j["config"]["n_params"] for j in _attached(wrapper["run_id"])] == [
         sum(p.numel() for p in TinyLM().parameters())
     ]
+
+
+def test_pool_workers_that_only_call_the_model_leave_no_run():
+    """Forked workers call the model (in training mode) and never step: no run of theirs, where
+    one each used to end as killed (and alert) when the Pool ended them."""
+    done, wrapper = _run("pool", "pool-fork")
+    assert "scores [" in done.stdout
+    assert _job(wrapper["run_id"]) == {}
+    assert [s["loss"] for s in steps_of(wrapper["run_id"])] == pytest.approx(
+        _logged(done.stdout, "main"), rel=1e-5
+    )
+    assert wrapper["status"] == "finished"

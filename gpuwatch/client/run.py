@@ -261,6 +261,7 @@ class Run:
         attached: bool,
         parent_run_id: str | None,
         started_s: float | None = None,
+        began: float | None = None,
     ):
         self.run_id = run_id
         self.attached = attached  # True: steps go to the `gpuwatch run` wrapper's run
@@ -324,10 +325,11 @@ class Run:
         self._drainer.start()
         self._profiling = profiling.Profiling(self.run_id, cfg, self._send, metadata.process_ranks()[0])
         transport.control_handler = self._profiling.on_control
-        # The first step is timed from here: after our own set-up, not including it.
+        # The first step is timed from here (after our own set-up, not including it), or from
+        # `began`, a time.perf_counter() reading: where a run started at its first step began.
         cuda = torch_stats.cuda_torch()
         self._start_event = torch_stats.CudaClock.start_event(cuda) if cuda else None
-        self._cpu_start = torch_stats.CpuClock()
+        self._cpu_start = torch_stats.CpuClock(began)
         # The step clock: the CPU's until the first step finds the workload on CUDA (and while
         # no step came, which `_step` tells).
         self._clock: torch_stats.CpuClock | torch_stats.CudaClock = self._cpu_start
@@ -849,12 +851,14 @@ def start_run(
     run_id: str | None = None,
     precision: str = "bf16",
     process: str | None = None,
+    began: float | None = None,
 ) -> Run:
     """track() without marking the run as the script's own: for integrations and the hooks.
     process: this process's name when it is one of several the program started (by default a
     multiprocessing worker's own; a fork's is the caller's to give): under `gpuwatch run` it
     then records a run of its own in the wrapper's job, NAME/process, as a rank does, instead of
-    joining the wrapper's run, where its steps would mix with its siblings'."""
+    joining the wrapper's run, where its steps would mix with its siblings'.
+    began: a time.perf_counter() reading the first step is timed from (by default: now)."""
     from gpuwatch.client.helpers import connect
 
     cfg = config_mod.load()
@@ -881,4 +885,5 @@ def start_run(
         attached=attached,
         parent_run_id=None if attached else wrapper_id,
         started_s=started_s,
+        began=began,
     )

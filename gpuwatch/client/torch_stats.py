@@ -27,8 +27,8 @@ def cuda_torch() -> ModuleType | None:
 class CpuClock:
     """Step time = wall time between step() calls; on CPU the work is done when step() is called."""
 
-    def __init__(self) -> None:
-        self._last = time.perf_counter()
+    def __init__(self, since: float | None = None) -> None:
+        self._last = time.perf_counter() if since is None else since
 
     def mark(self, now: float | None = None) -> float:
         """Ms since the previous mark; `now`: a time.perf_counter() reading already taken."""

@@ -154,6 +154,7 @@ class AutoInstrument:
         self._patched: list[Patch] = []
         self._out_of_dynamo = False  # our hooks run eagerly even when called from compiled code
         self._optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimiser made since install
+        self._forked = False  # a child forked from the program: its run begins at its first step
         self._forget_training()
 
     def _forget_training(self) -> None:
@@ -189,6 +190,8 @@ class AutoInstrument:
         self._framework_run = None  # a framework callback's run, for its first forward's shape
         self._training_data: set[int] = set()  # id()s of datasets whose batches fed a training forward
         self._last_data: int | None = None  # the dataset of the latest batch fetched
+        self._began: float | None = None  # a fork's first training forward (its run's first step)
+        self._fork_shape: dict | None = None  # and that forward's shape, for its run
 
     # ---- set-up and tear-down ----------------------------------------------------------
     def install(self) -> None:
@@ -257,9 +260,12 @@ class AutoInstrument:
 
     def forked(self) -> None:
         """In a child forked from the program: the parent's run and iteration are not this
-        process's (it must never touch that run); it records nothing until it trains (_wake)."""
+        process's (it must never touch that run); it records nothing until it trains (_wake), and
+        its run begins at its first step: a Pool worker that only calls the model (left in
+        training mode) leaves no run, where one would end as killed when the Pool ends it."""
         self._forget_training()
         self._mine, self._waiting = False, not self._off
+        self._forked = True
 
     def _wake(self, module) -> bool:
         """In a process the program started (a multiprocessing worker, a fork), at a module
@@ -276,6 +282,9 @@ class AutoInstrument:
             return False  # a transform, or a frozen module: not training
         self._mine, self._waiting = True, False
         self._thread = threading.get_ident()
+        if self._forked:  # its first step is timed from here (see forked)
+            self._began = time.perf_counter()
+            self.split.restart(self._began)
         if metadata.worker_name() is None:  # a fork of the program's own (a worker has its name)
             self._process = f"pid{os.getpid()}"
         return True
@@ -316,7 +325,7 @@ class AutoInstrument:
                 inner = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model in it
                 config = plain_config(getattr(inner, "config", None)) or {}
                 # batch, seq_len, heads, attention: known before the first step, for an OOM postmortem
-                config.update(model_shape(inner, *find_tokens(args, kwargs)))
+                config.update(self._fork_shape or model_shape(inner, *find_tokens(args, kwargs)))
                 first = next(inner.parameters(), None)
                 params = [p for p in inner.parameters() if p.requires_grad]
             # What the optimisers made so far train, where there are any: every trained module (a
@@ -334,8 +343,10 @@ class AutoInstrument:
                 precision=precision,
                 flops_per_token=lambda seq_len: self._fpt and self._fpt(seq_len),
                 process=self._process,
+                began=self._began,
             )
-            self.split.restart()  # the first step is timed from here, as the run times it
+            if self._began is None:
+                self.split.restart()  # the first step is timed from here, as the run times it
         return self.run
 
     # ---- top-level module calls -------------------------------------------------------------
@@ -364,8 +375,10 @@ class AutoInstrument:
                 if module is not self._framework.model:
                     return
             elif self.run is None and (self.model is None or module is self.model):
-                # opened before the first forward: an OOM in it gets its postmortem
-                self.ensure_run(module, args)
+                if not self._forked:  # opened before the first forward: an OOM in it gets its postmortem
+                    self.ensure_run(module, args)
+                elif self._fork_shape is None:  # a fork's run begins at its first step (see forked)
+                    self._fork_shape = model_shape(getattr(module, "_orig_mod", module), *find_tokens(args, None))
             # A training forward (of any module: a GAN's D first) begins the iteration's compute;
             # the split's data wait, worked out off this thread, is the run's (see StepSplit).
             split = self.split
@@ -556,6 +569,8 @@ class AutoInstrument:
         self._candidates.clear()
         self.model, self.tally, self._seq_first = module, tally, seq_first
         self._fpt = flops_per_token(getattr(module, "_orig_mod", module))
+        if self.run is None:  # a fork's (see forked)
+            self.ensure_run(module)
         return True
 
     # ---- backward -------------------------------------------------------------------------

@@ -9,6 +9,9 @@ ddp-spawn                      torch.multiprocessing.spawn, two gloo DDP ranks, 
                                (no RANK or WORLD_SIZE in the environment)
 loader-fork | loader-spawn     the program trains 4 steps itself on a DataLoader whose 2 workers
                                call a module transform (as torchvision's are nn.Modules)
+pool-fork                      the program trains 4 steps, then a forked multiprocessing.Pool
+                               scores batches with its model, left in training mode (the Pool
+                               ends its workers with SIGTERM as the `with` block closes)
 Prints "<who> step N loss X" for every step, each line in one write (the processes share stdout)."""
 
 import os
@@ -99,6 +102,21 @@ def loader(context):
         say(f"main step {n} loss {step(model, opt, x):.6f}")
 
 
+def score(x):
+    return nn.functional.cross_entropy(pooled(x).view(-1, V), x.view(-1)).item()
+
+
+def pool(context):
+    global pooled
+    torch.manual_seed(0)
+    pooled = TinyLM()
+    opt = torch.optim.SGD(pooled.parameters(), lr=0.01)
+    for n in range(1, STEPS + 1):
+        say(f"main step {n} loss {step(pooled, opt, batch(torch.Generator().manual_seed(n))):.6f}")
+    with mp.get_context(context).Pool(2) as workers:
+        say(f"scores {workers.map(score, [batch(torch.Generator().manual_seed(n)) for n in range(4)])}")
+
+
 if __name__ == "__main__":
     how = sys.argv[1]
     if how.startswith("hogwild"):
@@ -124,5 +142,7 @@ if __name__ == "__main__":
             w.join()
     elif how == "ddp-spawn":
         mp.spawn(ddp, args=(2,), nprocs=2)
+    elif how.startswith("pool"):
+        pool(how.split("-")[1])
     else:
         loader(how.split("-")[1])
