@@ -378,7 +378,9 @@ class AutoInstrument:
                 if not self._forked:  # opened before the first forward: an OOM in it gets its postmortem
                     self.ensure_run(module, args)
                 elif self._fork_shape is None:  # a fork's run begins at its first step (see forked)
-                    self._fork_shape = model_shape(getattr(module, "_orig_mod", module), *find_tokens(args, None))
+                    self._fork_shape = model_shape(
+                        getattr(module, "_orig_mod", module), *find_tokens(args, None)
+                    )
             # A training forward (of any module: a GAN's D first) begins the iteration's compute;
             # the split's data wait, worked out off this thread, is the run's (see StepSplit).
             split = self.split
