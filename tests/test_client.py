@@ -109,6 +109,15 @@ def test_tensor_counts_and_flops_per_token_are_stored_as_plain_numbers():
     assert the_run()["flops_per_token"] == 1.5e9
 
 
+def test_the_stored_config_is_the_one_given_at_the_start_whatever_the_run_learns_later():
+    """note_shape() (the zero-code hooks' first forward) adds to the run's own copy, never to
+    the start event still waiting for the sender thread."""
+    with gpuwatch.track(config={"lr": 0.1, "batch": 4}) as run:
+        run.note_shape(4, 16, heads=8, attn="sdpa", precision="bf16")
+        run.step(tokens=64, loss=1.0)
+    assert json.loads(the_run()["config_json"]) == {"lr": 0.1, "batch": 4}
+
+
 def test_exception_marks_run_failed_with_type_and_message():
     with pytest.raises(ValueError, match="bad batch"):
         with gpuwatch.track(name="boom") as run:

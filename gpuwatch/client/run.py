@@ -290,7 +290,9 @@ class Run:
 
         fields = metadata.collect(wrapper_run_id=parent_run_id)
         plain = _plain_config(config)
-        self._config = plain or {}
+        # The run's own copy: note_shape() adds to it while the start event, sent off this thread,
+        # may not be encoded yet (a dict changed under the encoder: a config that varies, or fails).
+        self._config = dict(plain or {})
         fixed_flops = None if flops_per_token is None or callable(flops_per_token) else float(flops_per_token)
         if attached:
             # The wrapper sent run_start; record who joined and what it was told.
