@@ -106,6 +106,21 @@ def test_a_second_phases_optimiser_replacing_the_first_is_still_one_optimiser():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("how", ["shared", "bare", "in-backward"])
+def test_several_optimisers_after_one_backward_make_one_step_an_iteration_with_its_loss(how):
+    """nanochat's AdamW and Muon over one model (no losses to name: one backward), SAC's
+    temperature beside the model (no empty step of its own), an optimiser a parameter stepped
+    inside backward() (each step its own iteration's loss, not the one before)."""
+    done = gw_run(PY, str(SCRIPTS / "optimisers.py"), how)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step ")]
+    steps = steps_of(the_run()["run_id"])
+    assert [(s["step"], s["tokens"]) for s in steps] == [(n, 64) for n in range(1, 7)]
+    assert [s["loss"] for s in steps] == [pytest.approx(loss, rel=1e-5) for loss in printed]
+    assert [s["losses_json"] for s in steps] == [None] * 6
+
+
+@pytest.mark.slow
 def test_an_lbfgs_step_carries_the_closures_first_evaluation_and_the_evaluation_count():
     done = gw_run(PY, str(SCRIPTS / "lbfgs.py"))
     assert done.returncode == 0, done.stderr[-3000:]

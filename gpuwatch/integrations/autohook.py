@@ -173,6 +173,7 @@ class AutoInstrument:
         # per environment step) carry a handful of autograd hooks, not one each.
         self._since_backward = 0
         self._backward_depth = 0  # reentrant checkpointing runs backward() inside a backward
+        self._in_flight = None  # the running backward's root, until it ends or a step takes it
         self._backwards = 0  # backward() calls in this iteration
         self._unreached = False  # one of them did not run through the model's output
         self._clean = 0  # iterations in a row like TRUSTED_AFTER says; -1: one broke the pattern since
@@ -589,10 +590,6 @@ class AutoInstrument:
             self._since_backward = 0
             self._backwards += 1
             self._backward_depth = 1
-            try:
-                result = backward(tensors, *args, **kwargs)
-            finally:
-                self._backward_depth = 0
             loss = None  # the root, detached and unscaled once: the segment's and the tally's
             if self._framework is None and not (
                 # (read by nobody in a step of the sole optimiser whose model returned its loss, as
@@ -612,6 +609,12 @@ class AutoInstrument:
                         segment.append(loss)
                         if len(segment) > 64:  # a long accumulation: keep the sum, not every root
                             segment[:] = [sum_losses(segment)]
+            self._in_flight = loss  # taken by an optimiser that steps inside this backward
+            try:
+                result = backward(tensors, *args, **kwargs)
+            finally:
+                self._backward_depth = 0
+            loss, self._in_flight = self._in_flight, None  # (None: a step inside took it)
             if self._clean >= TRUSTED_AFTER:  # unchecked: the root counts when a forward awaits it
                 through = self._backwards <= self.tally.forwards
             else:
@@ -652,6 +655,14 @@ class AutoInstrument:
             and self.tally.forwards
         ):
             self.run.step(*self.tally.take_args(), None, self.split.take())
+
+    def _take_in_flight(self) -> None:
+        """An optimiser steps inside backward() (a hook a parameter: torchtune's optimizer_in_bwd,
+        PyTorch's tutorial on fusing the step into the backward): the running backward's root is
+        this iteration's loss, not the next one's."""
+        loss, self._in_flight = self._in_flight, None
+        if self._through_model or self._clean >= TRUSTED_AFTER:
+            self._after_backward(loss)
 
     def _segment_loss(self, closure: Closure | None):
         """The loss of the optimiser step that just ran: its closure's first evaluation (what
@@ -713,6 +724,10 @@ class AutoInstrument:
             losses = self._cycle.take() or None
             if losses:  # the step's loss is the first optimiser's of the cycle (a GAN's D)
                 step_loss = next(iter(losses.values()))
+                if len(losses) == 1:
+                    # One backward(), then every optimiser steps (nanochat's AdamW and Muon over
+                    # one model, an optimiser a layer): one loss, no losses of their own to name.
+                    losses = None
         else:
             self._cycle.next_iteration()
         self.run.step(tokens, samples, seq_len, step_loss, losses, split)
@@ -789,6 +804,8 @@ class AutoInstrument:
             return
         try:
             self._optimizer_made = True
+            if self._backward_depth and self._in_flight is not None:
+                self._take_in_flight()
             closure, self._closure = self._closure, None
             if (
                 closure is None
@@ -815,8 +832,15 @@ class AutoInstrument:
             if self.model is None and not self._choose_model():
                 self._step_unseen(optimizer, loss, evals)
                 return
+            # An optimiser first seen once the iteration was recorded, with no forward since: one
+            # over a tensor of no module (SAC's temperature) belongs to that iteration, not to one
+            # of its own (an empty step).
+            late = self._cycle.learnt and not self.tally.forwards and id(optimizer) not in self._cycle.order
             if not self._cycle.stepped(optimizer, loss, self._expected, self._live_optimizers):
                 return  # the iteration goes on: another optimiser of the cycle steps next
+            if late:
+                self._cycle.next_iteration()
+                return
             if self.tally.forwards or self._cycle.several():
                 self._judge_iteration()
                 self._close_step(optimizer, loss, evals)
