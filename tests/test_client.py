@@ -325,6 +325,10 @@ def test_metadata_ranks_job_ids_and_gpus():
     assert metadata.job_id({"TORCHELASTIC_RUN_ID": "none"}, wrapper_run_id="feedbeef0000") == "feedbeef0000"
     assert metadata.job_id({}) is None
     assert metadata.ranks({"SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4"}) == (2, 0, 4)
+    # Lightning's DDP launcher: no RANK; a second node's ranks are torch.distributed's to say
+    lightning = {"LOCAL_RANK": "1", "NODE_RANK": "0", "WORLD_SIZE": "2"}
+    assert metadata.ranks(lightning) == (1, 1, 2)
+    assert metadata.ranks({**lightning, "NODE_RANK": "1", "WORLD_SIZE": "4"}) == (None, 1, 4)
     assert metadata.gpu_uuids({"CUDA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}) == "GPU-aaa,GPU-bbb"
     assert metadata.gpu_uuids({}) is None
 

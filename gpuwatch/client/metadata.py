@@ -91,11 +91,12 @@ def _int_env(env: Mapping[str, str], *names: str) -> int | None:
 
 def ranks(env: Mapping[str, str]) -> tuple[int | None, int | None, int | None]:
     """(rank, local_rank, world_size) from torchrun, else from Slurm's task variables."""
-    return (
-        _int_env(env, "RANK", "SLURM_PROCID"),
-        _int_env(env, "LOCAL_RANK", "SLURM_LOCALID"),
-        _int_env(env, "WORLD_SIZE", "SLURM_NTASKS"),
-    )
+    rank = _int_env(env, "RANK", "SLURM_PROCID")
+    local_rank = _int_env(env, "LOCAL_RANK", "SLURM_LOCALID")
+    world_size = _int_env(env, "WORLD_SIZE", "SLURM_NTASKS")
+    if rank is None and local_rank is not None and world_size is not None and not _int_env(env, "NODE_RANK"):
+        rank = local_rank  # Lightning's launcher sets no RANK: on the first node, the local one
+    return rank, local_rank, world_size
 
 
 def process_ranks() -> tuple[int | None, int | None, int | None]:
@@ -104,7 +105,7 @@ def process_ranks() -> tuple[int | None, int | None, int | None]:
     its rank to init_process_group)."""
     rank, local_rank, world_size = ranks(os.environ)
     dist = sys.modules.get("torch.distributed")  # never imported here: only a program's own
-    if world_size is None and dist is not None:
+    if (world_size is None or rank is None) and dist is not None:
         try:
             if dist.is_available() and dist.is_initialized():
                 rank, world_size = dist.get_rank(), dist.get_world_size()
