@@ -167,6 +167,32 @@ def test_the_real_hugging_face_trainer_unchanged_with_our_tensorboard_logs_besid
     )
 
 
+@pytest.mark.slow
+def test_a_trainers_own_loss_is_the_steps_loss_and_its_run_counts_the_trained_parameters(tmp_path):
+    """compute_loss_func (as TRL's SFT and DPO losses, a subclass's compute_loss): the loss the
+    Trainer trains on and logs, which the model's output does not hold."""
+    done = gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "out"), "--loss-func")
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("GPUWATCH_TEST "))
+    logs = [entry for entry in json.loads(line.removeprefix("GPUWATCH_TEST "))["logged"] if "loss" in entry]
+    run = the_run()
+    steps = steps_of(run["run_id"])
+    assert [s["loss"] for s in steps] == [pytest.approx(entry["loss"], rel=1e-4) for entry in logs]
+    assert len(steps) == 12
+    # (the callback's config: generate() after training attaches the hooks' own too)
+    (config,) = [
+        c
+        for (payload,) in query(
+            "SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'", run["run_id"]
+        )
+        if "training_args" in (c := json.loads(payload)["config"] or {})
+    ]
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    assert config["n_params"] == sum(p.numel() for p in model.parameters())
+
+
 def test_a_script_that_tracks_itself_is_counted_once_by_its_own_calls():
     done = gw_run(PY, str(SCRIPTS / "own_track.py"))
     assert done.returncode == 0, done.stderr

@@ -7,7 +7,7 @@ a masked token count stays a tensor until the step is resolved, as a loss does.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from math import prod
 from typing import Any
 
@@ -256,6 +256,16 @@ def model_shape(model, ids=None, mask=None) -> dict:
     if attn:
         shape["attn"] = attn
     return shape
+
+
+def trained_params(optimizers: Iterable, model=None) -> int:
+    """The parameters the optimisers train, each once, leaving out the frozen ones an optimiser
+    was given with the rest (AdamW over all of a LoRA model's: its adapters alone train); with
+    no optimiser yet, the model's that require grad. What the OOM advice weighs as parameters,
+    gradients and optimiser state."""
+    trained = {id(p): p for opt in optimizers for group in opt.param_groups for p in group["params"]}
+    params = trained.values() if trained else (model.parameters() if model is not None else ())
+    return sum(p.numel() for p in params if p.requires_grad)
 
 
 def precision_of(text) -> str:

@@ -53,6 +53,7 @@ from gpuwatch.integrations.accounting import (
     precision_of,
     sequence_first,
     sum_losses,
+    trained_params,
 )
 from gpuwatch.integrations.iteration import OptimizerCycle, StepSplit, name_optimizers
 
@@ -321,23 +322,19 @@ class AutoInstrument:
         `params` where no module was seen (module None: see _step_unseen)."""
         if self.run is None:
             config = {}
-            first = None  # the model's first parameter: its precision is the run's
+            inner = None
             if module is not None:
                 inner = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model in it
                 config = plain_config(getattr(inner, "config", None)) or {}
                 # batch, seq_len, heads, attention: known before the first step, for an OOM postmortem
                 config.update(self._fork_shape or model_shape(inner, *find_tokens(args, kwargs)))
-                first = next(inner.parameters(), None)
-                params = [p for p in inner.parameters() if p.requires_grad]
-            # What the optimisers made so far train, where there are any: every trained module (a
-            # GAN's D and G), not an EMA copy the model holds (timm's task); else what requires grad.
-            trained = {
-                id(p): p for opt in list(self._optimizers) for g in opt.param_groups for p in g["params"]
-            }
-            params = list(trained.values()) or params
-            precision = _precision(self.torch, first if first is not None else next(iter(params), None))
+            # the model's first parameter (else an optimiser's): its precision is the run's
+            first = next(iter(params) if inner is None else inner.parameters(), None)
+            precision = _precision(self.torch, first)
             config.setdefault("precision", precision)  # what the OOM advice weighs activations in
-            config.setdefault("n_params", _n_params(params))
+            # What the optimisers made so far train: every trained module (a GAN's D and G), not an
+            # EMA copy the model holds (timm's task), nor a LoRA model's frozen weights.
+            config.setdefault("n_params", trained_params(list(self._optimizers), inner))
             self.run = run_mod.start_run(
                 name=self.name,
                 config=config,

@@ -3,8 +3,9 @@
 Hugging Face callbacks do not see the batches, so the callback hooks the model's forward (one
 hook, on the outermost model) for tokens and the loss, and steps at the Trainer's optimiser
 steps; the config is the TrainingArguments and the model's config. Under `gpuwatch run` the
-bootstrap adds this callback to every Trainer (`add_to_trainers`); the zero-code hooks then stand
-aside and count the forwards for it, so no hook is put on the model.
+bootstrap adds this callback to every Trainer (`add_to_trainers`), which also gives it the loss
+the Trainer trains on (see watch); the zero-code hooks then stand aside and count the forwards
+for it, so no hook is put on the model.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from gpuwatch.integrations.accounting import (
     flops_per_token,
     model_shape,
     plain_config,
+    sum_losses,
+    trained_params,
 )
 
 
@@ -31,11 +34,31 @@ class GpuwatchCallback(TrainerCallback):
         self._tally = StepTally()
         self._hook = None
         self._first = None  # a pre-hook of the first forward: its shape, before an OOM in it
+        self._trained: list = []  # the step's training_step() results, once watching a Trainer
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def watch(self, trainer) -> None:
+        """Take each step's loss from what `trainer.training_step` returns, summed over the step's
+        micro-batches (the loss the Trainer trains on and logs), not from the model's output:
+        TRL's SFT (its own normalisation) and DPO losses, a `compute_loss_func`, a subclass's
+        `compute_loss`. Wraps the method on this Trainer alone, the most derived one."""
+        training_step = trainer.training_step
+
+        def watched_training_step(*args, **kwargs):
+            loss = training_step(*args, **kwargs)
+            self._trained.append(loss)
+            return loss
+
+        watched_training_step.__wrapped__ = training_step
+        trainer.training_step = watched_training_step
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         if self.run is not None:
             return
-        config = {"training_args": plain_config(args), "model": plain_config(getattr(model, "config", None))}
+        config = {
+            "training_args": plain_config(args),
+            "model": plain_config(getattr(model, "config", None)),
+            "n_params": trained_params([optimizer] if optimizer is not None else [], model),
+        }
         self.run = start_run(
             name=self.name or args.run_name,
             config=config,
@@ -66,7 +89,10 @@ class GpuwatchCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.run is not None:
             hooks = autohook.active()  # where the hooks time the step: the data loader, evaluation
-            self.run.step(**self._tally.take(), split=hooks.split.take() if hooks is not None else None)
+            fields = self._tally.take()
+            if self._trained:
+                fields["loss"], self._trained = sum_losses(self._trained), []
+            self.run.step(**fields, split=hooks.split.take() if hooks is not None else None)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.run is not None:
@@ -88,8 +114,11 @@ def add_to_trainers(trainer_module) -> None:
 
     def init_with_gpuwatch(trainer, *args, **kwargs):
         init(trainer, *args, **kwargs)
-        if not any(isinstance(c, GpuwatchCallback) for c in trainer.callback_handler.callbacks):
-            trainer.add_callback(GpuwatchCallback())
+        ours = [c for c in trainer.callback_handler.callbacks if isinstance(c, GpuwatchCallback)]
+        if not ours:
+            ours.append(GpuwatchCallback())
+            trainer.add_callback(ours[0])
+        ours[0].watch(trainer)
 
     init_with_gpuwatch.__wrapped__ = init
     trainer_class.__init__ = init_with_gpuwatch

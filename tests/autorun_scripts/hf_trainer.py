@@ -3,7 +3,9 @@
 Prints the Trainer's own figures as one JSON line (GPUWATCH_TEST ...) for the test to compare.
 Args: OUTPUT_DIR [--pad] pads the last 4 positions of every sequence (attention_mask 0 there);
 [--callback] adds gpuwatch's Trainer callback (the explicit, one-line integration);
-[--tensorboard] has the Trainer write its own TensorBoard logs (output_dir/runs/...).
+[--tensorboard] has the Trainer write its own TensorBoard logs (output_dir/runs/...);
+[--loss-func] gives the Trainer its own loss (compute_loss_func: label-smoothed cross-entropy),
+which the model's output does not hold.
 """
 
 import json
@@ -44,12 +46,26 @@ args = TrainingArguments(
     disable_tqdm=True,
     include_num_input_tokens_seen="non_padding",
 )
+
+
+def smoothed(outputs, labels, num_items_in_batch=None):
+    logits, targets = outputs.logits[:, :-1].reshape(-1, 64), labels[:, 1:].reshape(-1)
+    summed = torch.nn.functional.cross_entropy(logits, targets, label_smoothing=0.1, reduction="sum")
+    return summed / (num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum())
+
+
 callbacks = []
 if "--callback" in sys.argv:
     from gpuwatch.integrations.hf import GpuwatchCallback
 
     callbacks.append(GpuwatchCallback(name="hf-explicit"))
-trainer = Trainer(model=model, args=args, train_dataset=Counting(), callbacks=callbacks)
+trainer = Trainer(
+    model=model,
+    args=args,
+    train_dataset=Counting(),
+    callbacks=callbacks,
+    compute_loss_func=smoothed if "--loss-func" in sys.argv else None,
+)
 result = trainer.train()
 prompt = torch.tensor([[1, 2, 3, 4]])
 generated = model.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
