@@ -121,6 +121,39 @@ def test_several_optimisers_after_one_backward_make_one_step_an_iteration_with_i
 
 
 @pytest.mark.slow
+def test_a_lightning_gan_stepping_by_hand_gets_each_optimisers_loss():
+    """Manual optimisation: training_step returns nothing; its backward()s are the losses."""
+    pytest.importorskip("lightning")
+    done = gw_run(PY, str(SCRIPTS / "lightning_shapes.py"), "manual-gan")
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [
+        tuple(map(float, line.split()[3::2])) for line in done.stdout.splitlines() if line.startswith("step ")
+    ]
+    steps = steps_of(the_run()["run_id"])
+    assert len(steps) == len(printed) == 6
+    for step, (g, d) in zip(steps, printed):
+        assert json.loads(step["losses_json"]) == {
+            "generator": pytest.approx(g, rel=1e-5),
+            "discriminator": pytest.approx(d, rel=1e-5),
+        }
+        assert step["loss"] == pytest.approx(g, rel=1e-5) and step["closure_evals"] is None
+
+
+@pytest.mark.slow
+def test_lightnings_shorter_last_accumulation_window_gets_its_micro_batches_mean():
+    pytest.importorskip("lightning")
+    done = gw_run(PY, str(SCRIPTS / "lightning_shapes.py"), "remainder")
+    assert done.returncode == 0, done.stderr[-3000:]
+    micro = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("micro ")]
+    windows: dict = {}
+    for epoch, batch, loss in micro:  # batches 0-3, then 4-5, each epoch
+        windows.setdefault((epoch, int(batch) // 4), []).append(float(loss))
+    steps = steps_of(the_run()["run_id"])
+    assert [s["loss"] for s in steps] == [pytest.approx(sum(w) / len(w), rel=1e-5) for w in windows.values()]
+    assert [len(w) for w in windows.values()] == [4, 2, 4, 2]
+
+
+@pytest.mark.slow
 def test_an_lbfgs_step_carries_the_closures_first_evaluation_and_the_evaluation_count():
     done = gw_run(PY, str(SCRIPTS / "lbfgs.py"))
     assert done.returncode == 0, done.stderr[-3000:]

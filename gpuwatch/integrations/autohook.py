@@ -316,6 +316,14 @@ class AutoInstrument:
         self.tally.reset()
         self._backwards, self._unreached = 0, False
 
+    def adopt(self, run) -> None:
+        """Make the steps of a framework callback's `run` (Lightning's manual optimisation: the
+        program's own optimiser steps, recorded as in a plain loop); None when its training ends."""
+        self._forget_training()
+        self.run = run
+        if run is not None and self._waiting:  # a framework trains in this child process
+            self._mine, self._waiting = True, False
+
     # ---- the run ------------------------------------------------------------------------
     def ensure_run(self, module, args=(), kwargs=None, params=()) -> run_mod.Run:
         """The run these hooks record, started from the trained module, or from an optimiser's
@@ -804,6 +812,8 @@ class AutoInstrument:
             if self._backward_depth and self._in_flight is not None:
                 self._take_in_flight()
             closure, self._closure = self._closure, None
+            if closure is not None and closure.first is None:
+                closure = None  # one that returned nothing (Lightning's, stepping by hand): not a loss
             if (
                 closure is None
                 and self._cycle.sole == id(optimizer)

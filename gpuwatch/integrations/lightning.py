@@ -4,7 +4,9 @@ Steps are Lightning's optimiser steps (gradient accumulation counted once), toke
 batches, the loss is what training_step returned, the config is the module's hyperparameters.
 A validation loop run between two steps is the next step's evaluation time (its eval_pct).
 Under `gpuwatch run` the bootstrap adds this callback to every Trainer (`add_to_trainers`) and
-the zero-code hooks stand aside while it records the fit (Fabric loops go through the hooks).
+the zero-code hooks stand aside while it records the fit (Fabric loops go through the hooks);
+under manual optimisation (a GAN's two optimisers, stepped by training_step itself) the hooks
+make this run's steps instead, as in a plain loop: each optimiser's loss from its backward().
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gpuwatch.integrations.accounting import (
     model_shape,
     plain_config,
     precision_of,
+    trained_params,
 )
 from gpuwatch.integrations.iteration import StepSplit
 
@@ -32,6 +35,7 @@ class GpuwatchCallback(pl.Callback):
         self._global_step = 0
         self._shaped = False  # the first batch's shape went to the run (for an OOM postmortem)
         self._own_split = StepSplit()  # where a step's time went, with no zero-code hooks to say
+        self._hooks_step = False  # manual optimisation under `gpuwatch run`: the hooks make the steps
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         config = dict(
@@ -40,6 +44,7 @@ class GpuwatchCallback(pl.Callback):
             accumulate_grad_batches=trainer.accumulate_grad_batches,
             precision=str(trainer.precision),
             world_size=trainer.world_size,
+            n_params=trained_params(trainer.optimizers, pl_module),
         )
         self.run = start_run(
             name=self.name,
@@ -48,8 +53,12 @@ class GpuwatchCallback(pl.Callback):
             precision=precision_of(trainer.precision),
         )
         self._global_step = trainer.global_step
-        if autohook.active() is not None:
-            autohook.active().stand_aside(pl_module)
+        hooks = autohook.active()
+        self._hooks_step = hooks is not None and not pl_module.automatic_optimization
+        if self._hooks_step:
+            hooks.adopt(self.run)
+        elif hooks is not None:
+            hooks.stand_aside(pl_module)
         self._split().restart()  # the first step is timed from here, as the run times it
 
     def _split(self) -> StepSplit:
@@ -69,14 +78,14 @@ class GpuwatchCallback(pl.Callback):
             )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.run is None:
+        if self.run is None or self._hooks_step:
             return
         ids, mask = find_tokens((batch,))
         self._tally.add(ids, mask)
-        # Lightning divides the returned loss by accumulate_grad_batches: the step's loss is their sum.
-        self._tally.add_loss(
-            outputs.get("loss") if isinstance(outputs, dict) else outputs, normalised_over_step=True
-        )
+        # Lightning divides the returned loss by accumulate_grad_batches, in an epoch's shorter last
+        # window too: undone, the step's loss is the mean of its micro-batches'.
+        loss, n = outputs.get("loss") if isinstance(outputs, dict) else outputs, trainer.accumulate_grad_batches
+        self._tally.add_loss(loss * n if loss is not None and n > 1 else loss)
         if trainer.global_step != self._global_step:  # an optimiser step ended this batch
             self._global_step = trainer.global_step
             self.run.step(**self._tally.take(), split=self._split().take())
@@ -101,10 +110,12 @@ class GpuwatchCallback(pl.Callback):
             self._stop_standing_aside()
             self.run.end_from_exception(exception)
 
-    @staticmethod
-    def _stop_standing_aside() -> None:
-        if autohook.active() is not None:
-            autohook.active().stand_aside()
+    def _stop_standing_aside(self) -> None:
+        hooks = autohook.active()
+        if hooks is not None and self._hooks_step:
+            hooks.adopt(None)
+        elif hooks is not None:
+            hooks.stand_aside()
 
 
 def add_to_trainers(trainer_module) -> None:
