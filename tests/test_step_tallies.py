@@ -73,3 +73,25 @@ def test_class_labels_and_timesteps_beside_a_float_input_are_not_token_ids():
     assert find_tokens((ids, labels))[0] is ids  # model(ids, targets)
     assert find_tokens((), {"input_ids": ids, "labels": ids})[0] is ids
     assert find_tokens((), {"decoder_input_ids": ids, "labels": ids})[0] is ids
+
+
+def test_a_padding_free_row_is_its_sequences_the_longest_of_them_and_all_their_tokens():
+    """TRL's padding-free and packing collators flatten a batch into one row, with Hugging Face's
+    flash-attention arguments saying where each sequence starts: 3 sequences of 5, 9 and 7 are
+    3 samples of at most 9 (what the OOM advice's B·H·L² weighs), not one of 21."""
+    from gpuwatch.integrations.accounting import count_forward, model_shape, packed
+
+    row = torch.randint(0, 64, (1, 21))
+    positions = torch.cat([torch.arange(n) for n in (5, 9, 7)])[None]
+    kwargs = {
+        "input_ids": row,
+        "position_ids": positions,
+        "cu_seq_lens_q": torch.tensor([0, 5, 14, 21]),
+        "max_length_q": 9,
+    }
+    tally = StepTally()
+    count_forward(tally, (), kwargs, torch.zeros(1, 21, 64))
+    assert tally.take_args()[:3] == (21, 3, 9)
+    assert model_shape(torch.nn.Linear(2, 2), row, None, packed(kwargs)) == {"batch": 3, "seq_len": 9}
+    count_forward(tally, (), {"input_ids": row, "position_ids": positions}, torch.zeros(1, 21, 64))
+    assert tally.take_args()[:3] == (21, 1, 21)  # (no starts given: one row of 21)

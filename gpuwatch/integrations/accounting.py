@@ -64,6 +64,20 @@ def find_tokens(args: tuple = (), kwargs: Mapping | None = None):
     return None, None
 
 
+def packed(kwargs: Mapping | None):
+    """(sequences, the longest or None) of a padding-free batch, several sequences flattened into
+    one row, as Hugging Face's flash-attention arguments tell them apart (`cu_seq_lens_q`: where
+    each one starts, `max_length_q`: the longest; TRL's padding-free and packing collators, and
+    DataCollatorWithFlattening, pass them); None for any other batch."""
+    if not kwargs:
+        return None
+    shape = getattr(kwargs.get("cu_seq_lens_q"), "shape", None)
+    if shape is None or len(shape) != 1 or shape[0] < 2:
+        return None
+    longest = kwargs.get("max_length_q")
+    return shape[0] - 1, longest if type(longest) is int else None
+
+
 def loss_of(output):
     """The loss a model returned: a `.loss` attribute, a "loss" key, or the first 0-dim float
     tensor of a returned tuple; else None."""
@@ -120,10 +134,10 @@ class StepTally:
         self.roots: list = []  # the scalars backward() was called on (see add_root)
         self._summed = False
 
-    def add(self, ids, mask=None, seq_first: bool = False) -> None:
+    def add(self, ids, mask=None, seq_first: bool = False, flattened=None) -> None:
         """One forward's (batch, seq_len) id tensor, or (seq_len, batch) with `seq_first`:
         tokens are the unmasked ones when a mask of the same shape is given (a tensor, summed on
-        its device without waiting)."""
+        its device without waiting); `flattened`: packed()'s sequences in a padding-free row."""
         self.forwards += 1
         if ids is None:
             return
@@ -134,6 +148,8 @@ class StepTally:
             samples, seq_len = 1, shape[0]
         else:
             samples, seq_len = (shape[-1], shape[0]) if seq_first else (shape[0], shape[-1])
+        if flattened is not None:  # (a padding-free row: its sequences, not its length, are the shape)
+            samples, seq_len = flattened[0], flattened[1] or seq_len
         if mask is not None and getattr(mask, "shape", None) == shape:
             tokens = mask.sum()
         else:
@@ -209,7 +225,7 @@ def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = Fals
             return None
     else:
         ids, mask = find_tokens(args, kwargs)
-        tally.add(ids, mask, seq_first)
+        tally.add(ids, mask, seq_first, packed(kwargs))
     loss = loss_of(output)
     if loss is not None:
         # Hugging Face passes num_items_in_batch when the model divides by the whole step's count.
@@ -235,14 +251,14 @@ _ATTN = {
 }
 
 
-def model_shape(model, ids=None, mask=None) -> dict:
+def model_shape(model, ids=None, mask=None, flattened=None) -> dict:
     """batch, seq_len, heads and attention implementation of a model's forward, from its inputs
     and config (Hugging Face's `num_attention_heads`, `_attn_implementation`) or its attention
     modules (nn.MultiheadAttention's num_heads): what an OOM postmortem's advice needs."""
     shape: dict = {}
     if ids is not None:
         tally = StepTally()
-        tally.add(ids, None, sequence_first(model))
+        tally.add(ids, None, sequence_first(model), flattened)
         shape["batch"], shape["seq_len"] = tally.samples, tally.seq_len
     config = getattr(model, "config", None)
     heads = next((getattr(config, k) for k in _HEADS if isinstance(getattr(config, k, None), int)), None)

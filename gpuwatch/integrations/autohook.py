@@ -49,6 +49,7 @@ from gpuwatch.integrations.accounting import (
     flops_per_token,
     is_scalar_float,
     model_shape,
+    packed,
     plain_config,
     precision_of,
     sequence_first,
@@ -335,7 +336,9 @@ class AutoInstrument:
                 inner = getattr(module, "_orig_mod", module)  # torch.compile's wrapper: the model in it
                 config = plain_config(getattr(inner, "config", None)) or {}
                 # batch, seq_len, heads, attention: known before the first step, for an OOM postmortem
-                config.update(self._fork_shape or model_shape(inner, *find_tokens(args, kwargs)))
+                config.update(
+                    self._fork_shape or model_shape(inner, *find_tokens(args, kwargs), packed(kwargs))
+                )
             # the model's first parameter (else an optimiser's): its precision is the run's
             first = next(iter(params) if inner is None else inner.parameters(), None)
             precision = _precision(self.torch, first)
@@ -443,7 +446,7 @@ class AutoInstrument:
                         run, self._framework_run = self._framework_run, None
                         inner = getattr(module, "_orig_mod", module)
                         run.note_shape(
-                            **model_shape(inner, *find_tokens(args, kwargs)),
+                            **model_shape(inner, *find_tokens(args, kwargs), packed(kwargs)),
                             precision=_precision(self.torch, next(inner.parameters(), None)),
                         )
                     if tally is not None:
@@ -479,7 +482,7 @@ class AutoInstrument:
         inner = getattr(module, "_orig_mod", module)
         candidate = self._candidates[id(module)] = Candidate(module, StepTally(), sequence_first(inner))
         if self.run is not None and len(self._candidates) == 1:
-            shape = model_shape(inner, *find_tokens(args, kwargs))
+            shape = model_shape(inner, *find_tokens(args, kwargs), packed(kwargs))
             self.run.note_shape(shape.get("batch"), shape.get("seq_len"))
         return candidate
 

@@ -21,6 +21,7 @@ from gpuwatch.integrations.accounting import (
     find_tokens,
     flops_per_token,
     model_shape,
+    packed,
     plain_config,
     sum_losses,
     trained_params,
@@ -76,7 +77,7 @@ class GpuwatchCallback(TrainerCallback):
         self._first.remove()
         self._first = None
         if self.run is not None:
-            self.run.note_shape(**model_shape(module, *find_tokens(args, kwargs)))
+            self.run.note_shape(**model_shape(module, *find_tokens(args, kwargs), packed(kwargs)))
 
     def _on_forward(self, module, args, kwargs, output) -> None:
         if module.training and torch.is_grad_enabled():

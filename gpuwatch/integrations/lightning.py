@@ -84,7 +84,10 @@ class GpuwatchCallback(pl.Callback):
         self._tally.add(ids, mask)
         # Lightning divides the returned loss by accumulate_grad_batches, in an epoch's shorter last
         # window too: undone, the step's loss is the mean of its micro-batches'.
-        loss, n = outputs.get("loss") if isinstance(outputs, dict) else outputs, trainer.accumulate_grad_batches
+        loss, n = (
+            outputs.get("loss") if isinstance(outputs, dict) else outputs,
+            trainer.accumulate_grad_batches,
+        )
         self._tally.add_loss(loss * n if loss is not None and n > 1 else loss)
         if trainer.global_step != self._global_step:  # an optimiser step ended this batch
             self._global_step = trainer.global_step
