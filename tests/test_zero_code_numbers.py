@@ -95,9 +95,11 @@ def test_the_run_of_a_gan_counts_the_parameters_of_both_modules(gan):
 
 
 @pytest.mark.slow
-def test_a_second_phases_optimiser_replacing_the_first_is_still_one_optimiser():
-    """Head only, then a new optimiser over the whole model: one loss a step, no named ones."""
-    done = gw_run(PY, str(SCRIPTS / "two_phases.py"))
+@pytest.mark.parametrize("made", ["at-each-phase", "--up-front"])
+def test_a_second_phases_optimiser_replacing_the_first_is_still_one_optimiser(made):
+    """Head only, then an optimiser over the whole model (made then, or before the first phase):
+    one step an iteration, one loss a step, no named ones."""
+    done = gw_run(PY, str(SCRIPTS / "two_phases.py"), made)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("phase ")]
     steps = steps_of(the_run()["run_id"])

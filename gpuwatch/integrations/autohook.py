@@ -685,7 +685,9 @@ class AutoInstrument:
 
     def _expected(self) -> bool:
         """Whether an optimiser over a module trained so far has not stepped yet (the first
-        iteration of D, G goes on after D's step)."""
+        iteration of D, G goes on after D's step), other than one over parameters an optimiser
+        stepped already: a later phase's (the whole model's, made up front beside its head's for
+        a warm-up), as no iteration updates a parameter twice."""
         trained = {
             id(p)
             for ref in (*self._trained, lambda: self.model)
@@ -693,12 +695,12 @@ class AutoInstrument:
             for p in ref().parameters()
         }
         stepped = set(self._cycle.order)
+        optimizers = [
+            (opt, {id(p) for g in opt.param_groups for p in g["params"]}) for opt in list(self._optimizers)
+        ]
+        done = set().union(*(params for opt, params in optimizers if id(opt) in stepped))
         return any(
-            id(p) in trained
-            for opt in list(self._optimizers)
-            if id(opt) not in stepped
-            for group in opt.param_groups
-            for p in group["params"]
+            params & trained and not params & done for opt, params in optimizers if id(opt) not in stepped
         )
 
     def _live_optimizers(self) -> set[int]:

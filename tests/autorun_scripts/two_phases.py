@@ -1,5 +1,9 @@
 """Unmodified: a fine-tuning in two phases, one optimiser at a time: the head alone, then a new
-optimiser over the whole model replaces the first (`opt` rebound). Prints each step's loss."""
+optimiser over the whole model replaces the first (`opt` rebound); with --up-front, both
+optimisers are made before the first phase (a transfer-learning script's warm-up). Prints each
+step's loss."""
+
+import sys
 
 import torch
 import torch.nn as nn
@@ -19,9 +23,10 @@ class Model(nn.Module):
 model = Model()
 x, y = torch.randn(16, 8), torch.randn(16, 1)
 opt = torch.optim.Adam(model.head.parameters(), lr=1e-2)
+whole = torch.optim.SGD(model.parameters(), lr=1e-2) if "--up-front" in sys.argv else None
 for phase in (1, 2):
     if phase == 2:
-        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        opt = whole or torch.optim.SGD(model.parameters(), lr=1e-2)
     for _ in range(5):
         loss = ((model(x) - y) ** 2).mean()
         opt.zero_grad()
