@@ -156,6 +156,18 @@ def test_lightnings_shorter_last_accumulation_window_gets_its_micro_batches_mean
 
 
 @pytest.mark.slow
+def test_a_dqns_acting_forwards_with_gradients_on_leave_every_steps_loss():
+    """The training forward after 2 acting ones (the 3rd since the backward) got no check of its
+    own: its backward, through it, is the step's loss all the same (was none on such steps)."""
+    done = gw_run(PY, str(SCRIPTS / "acting.py"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step ")]
+    steps = steps_of(the_run()["run_id"])
+    assert [s["loss"] for s in steps] == [pytest.approx(loss, rel=1e-5) for loss in printed]
+    assert len(steps) == 20
+
+
+@pytest.mark.slow
 def test_an_lbfgs_step_carries_the_closures_first_evaluation_and_the_evaluation_count():
     done = gw_run(PY, str(SCRIPTS / "lbfgs.py"))
     assert done.returncode == 0, done.stderr[-3000:]

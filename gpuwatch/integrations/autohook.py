@@ -174,6 +174,9 @@ class AutoInstrument:
         # 1st, 2nd, 4th, 8th… one's output, so REINFORCE's hundreds of forwards a backward (one
         # per environment step) carry a handful of autograd hooks, not one each.
         self._since_backward = 0
+        # The latest training forward's output when it got no check (not a power of two): the
+        # backward checks it then, as a DQN's training forward follows its acting ones.
+        self._unchecked = None
         self._backward_depth = 0  # reentrant checkpointing runs backward() inside a backward
         self._in_flight = None  # the running backward's root, until it ends or a step takes it
         self._backwards = 0  # backward() calls in this iteration
@@ -469,7 +472,9 @@ class AutoInstrument:
                 return
             since = self._since_backward = self._since_backward + 1
             if since & (since - 1):
+                self._unchecked = output
                 return  # (not a power of two: see _since_backward)
+            self._unchecked = None
             grad_fn = _first_grad_fn(output)
             if grad_fn is not None:  # the node dies with the graph: nothing stays behind
                 grad_fn.register_prehook(self._reached_model)
@@ -588,6 +593,16 @@ class AutoInstrument:
     def _reached_model(self, grad_outputs) -> None:
         self._through_model = True
 
+    def _check_unchecked(self) -> None:
+        """A backward after a forward that got no check: does it run through that one's output?"""
+        output, self._unchecked = self._unchecked, None
+        try:
+            grad_fn = _first_grad_fn(output)
+            if grad_fn is not None:
+                grad_fn.register_prehook(self._reached_model)
+        except Exception as e:  # noqa: BLE001
+            self.switch_off(e)
+
     def _wrap_backward(self, backward):
         def recorded_backward(tensors, *args, **kwargs):
             if self._backward_depth:  # a reentrant checkpoint's inner backward: not an iteration
@@ -596,6 +611,8 @@ class AutoInstrument:
                 self._unstrand()
             self._through_model = False
             self._since_backward = 0
+            if self._unchecked is not None:
+                self._check_unchecked()
             self._backwards += 1
             self._backward_depth = 1
             loss = None  # the root, detached and unscaled once: the segment's and the tally's
