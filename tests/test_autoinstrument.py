@@ -193,6 +193,19 @@ def test_a_trainers_own_loss_is_the_steps_loss_and_its_run_counts_the_trained_pa
     assert config["n_params"] == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.slow
+def test_a_trainer_trained_twice_under_gpuwatch_run_records_both_trainings_steps(tmp_path):
+    """Both train() calls join the wrapper's one run: the second's steps number on (they were
+    dropped, numbered from 1 again into steps the run already had)."""
+    done = gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "out"), "--twice")
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("GPUWATCH_TEST "))
+    second = [entry for entry in json.loads(line.removeprefix("GPUWATCH_TEST "))["logged"] if "loss" in entry]
+    steps = steps_of(the_run()["run_id"])
+    assert [s["step"] for s in steps] == list(range(1, 25))
+    assert [s["loss"] for s in steps[12:]] == [pytest.approx(entry["loss"], rel=1e-5) for entry in second]
+
+
 def test_a_script_that_tracks_itself_is_counted_once_by_its_own_calls():
     done = gw_run(PY, str(SCRIPTS / "own_track.py"))
     assert done.returncode == 0, done.stderr

@@ -54,6 +54,9 @@ _OOM_MESSAGES = (
 _PLAIN_COUNTS = {int, type(None)}
 _PLAIN_LOSSES = {float, int, type(None)}
 _record = tuple.__new__
+# Steps recorded so far in each run this process joined or started: a second Run of the same run
+# (the `gpuwatch run` wrapper's, joined again by a Trainer's second train()) numbers on from them.
+_steps_taken: dict[str, int] = {}
 
 
 class Readings(Protocol):
@@ -272,7 +275,8 @@ class Run:
         self._id_prefix = f"{os.urandom(4).hex()}-"  # event ids: unique per Run, cheap to make
         self._id_count = itertools.count()
         self._last_seq = 0
-        self._step = 0
+        self._step = _steps_taken.get(run_id, 0)  # the step number last recorded (see _steps_taken)
+        self._stepped = False  # a step came: the clock is chosen
         self._seq_len: int | None = None  # of the last step, for an OOM postmortem
         self._batch: int | None = None
         self._gen = 0
@@ -333,7 +337,7 @@ class Run:
         self._start_event = torch_stats.CudaClock.start_event(cuda) if cuda else None
         self._cpu_start = torch_stats.CpuClock(began)
         # The step clock: the CPU's until the first step finds the workload on CUDA (and while
-        # no step came, which `_step` tells).
+        # no step came, which `_stepped` tells).
         self._clock: torch_stats.CpuClock | torch_stats.CudaClock = self._cpu_start
 
     # ---- events -------------------------------------------------------------------------
@@ -369,7 +373,7 @@ class Run:
         step). Later calls before the next step() are ignored, so calling it before every
         micro-batch is fine; before the first step() it does nothing (that step includes the
         set-up). Costs one CUDA event record (no synchronize) or one clock read."""
-        if self._compute_mark is None and self._step:
+        if self._compute_mark is None and self._stepped:
             self._compute_mark = self._clock.compute_mark()
 
     def step(
@@ -389,7 +393,8 @@ class Run:
         split: step fields measured by the caller (data_wait_pct, compute_pct, eval_pct,
         closure_evals: the zero-code hooks'), or readings whose fields() works them out on our
         thread (see iteration.StepSplit); a data_wait_pct there replaces mark_compute()'s."""
-        if not self._step:
+        if not self._stepped:
+            self._stepped = True
             self._clock = self._choose_clock()
         clock = self._clock
         # On the CPU the step ends where the caller's split ended (one clock reading for both:
@@ -722,6 +727,7 @@ class Run:
         if self._ended:
             return
         self._ended = True
+        _steps_taken[self.run_id] = self._step
         deadline = time.monotonic() + END_WITHIN_S
         self._drainer.stop()
         try:

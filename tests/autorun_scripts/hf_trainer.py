@@ -5,7 +5,7 @@ Args: OUTPUT_DIR [--pad] pads the last 4 positions of every sequence (attention_
 [--callback] adds gpuwatch's Trainer callback (the explicit, one-line integration);
 [--tensorboard] has the Trainer write its own TensorBoard logs (output_dir/runs/...);
 [--loss-func] gives the Trainer its own loss (compute_loss_func: label-smoothed cross-entropy),
-which the model's output does not hold.
+which the model's output does not hold; [--twice] calls train() twice (its figures: the second's).
 """
 
 import json
@@ -67,6 +67,8 @@ trainer = Trainer(
     compute_loss_func=smoothed if "--loss-func" in sys.argv else None,
 )
 result = trainer.train()
+if "--twice" in sys.argv:
+    result = trainer.train()
 prompt = torch.tensor([[1, 2, 3, 4]])
 generated = model.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
 print(
