@@ -206,6 +206,21 @@ def test_a_trainer_trained_twice_under_gpuwatch_run_records_both_trainings_steps
     assert [s["loss"] for s in steps[12:]] == [pytest.approx(entry["loss"], rel=1e-5) for entry in second]
 
 
+@pytest.mark.slow
+def test_a_trainer_calling_its_model_inside_a_loss_module_gets_tokens_compute_and_checkpoints(tmp_path):
+    """sentence-transformers' losses call the model inside a module: its tokens and compute are
+    the model's all the same; a no-grad pass inside the step (KTO's) is compute, not evaluation;
+    the Trainer's checkpoints (safetensors, not torch.save) are checkpoint time."""
+    done = gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "out"), "--loss-module")
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = steps_of(the_run()["run_id"])
+    assert [(s["tokens"], s["samples"], s["seq_len"]) for s in steps] == [(8 * 32, 8, 32)] * 12
+    assert all(s["compute_pct"] > 0 for s in steps)
+    after_checkpoints = [s["step"] for s in steps if s["eval_pct"] > 0]
+    assert after_checkpoints == [5, 9], [(s["step"], s["eval_pct"]) for s in steps]
+    assert all(s["eval_pct"] > 30 for s in steps if s["step"] in (5, 9))
+
+
 def test_a_script_that_tracks_itself_is_counted_once_by_its_own_calls():
     done = gw_run(PY, str(SCRIPTS / "own_track.py"))
     assert done.returncode == 0, done.stderr

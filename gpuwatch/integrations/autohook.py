@@ -168,6 +168,7 @@ class AutoInstrument:
         self._seq_first = False  # the model takes (seq_len, batch) inputs
         self._fpt = None
         self._framework: Framework | None = None  # a framework callback records this training
+        self._holders: dict[int, bool] = {}  # see _calls_model
         self._optimizer_made: bool | None = None  # decided at the first backward through the model
         self._through_model = False  # the running backward reached the model's output
         # Training forwards since the last backward: the check of the line above sits on the
@@ -311,6 +312,7 @@ class AutoInstrument:
         callback then puts no hook on the model), and tell `run` the first one's shape (for an
         OOM postmortem). stand_aside() again when the training ends."""
         self._framework = None if model is None else Framework(model, tally)
+        self._holders: dict[int, bool] = {}  # see _calls_model
         self._trained_parts = None
         self._framework_run = run
         if model is not None and self._waiting:  # a framework trains in this child process
@@ -384,7 +386,10 @@ class AutoInstrument:
                     self._aside_open = True
                 return
             if self._framework is not None:
-                if module is not self._framework.model:
+                model = self._framework.model
+                if module is not model and getattr(module, "_orig_mod", None) is not model:
+                    if self._calls_model(module):  # (sentence-transformers' loss calls the model)
+                        self._unstrand()  # our hooks back for its length: the model's call is seen
                     return
             elif self.run is None and (self.model is None or module is self.model):
                 if not self._forked:  # opened before the first forward: an OOM in it gets its postmortem
@@ -405,6 +410,14 @@ class AutoInstrument:
                 self._last_data = None
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
+
+    def _calls_model(self, module) -> bool:
+        """Whether `module` holds the framework's model (a loss module that calls it inside:
+        sentence-transformers'), asked once a module."""
+        held = self._holders.get(id(module))
+        if held is None:
+            held = self._holders[id(module)] = any(m is self._framework.model for m in module.modules())
+        return held
 
     def _trains(self, module) -> bool:
         """Whether `module` is one the program trains (its model, a GAN's other module, the
@@ -444,7 +457,7 @@ class AutoInstrument:
         try:
             if self._framework is not None:  # the framework's steps: its callback reads this tally
                 model, tally = self._framework
-                if module is model:
+                if module is model or getattr(module, "_orig_mod", None) is model:  # (compiled)
                     if self._framework_run is not None:  # its first forward: before an OOM in it
                         run, self._framework_run = self._framework_run, None
                         inner = getattr(module, "_orig_mod", module)

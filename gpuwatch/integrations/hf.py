@@ -51,6 +51,9 @@ class GpuwatchCallback(TrainerCallback):
 
         watched_training_step.__wrapped__ = training_step
         trainer.training_step = watched_training_step
+        save = getattr(trainer, "_save_checkpoint", None)
+        if save is not None:
+            trainer._save_checkpoint = _timed_as_checkpoint(save)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         if self.run is not None:
@@ -86,6 +89,9 @@ class GpuwatchCallback(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         if self.run is not None:  # the batch is in hand: the time since the last step was data wait
             self.run.mark_compute()
+            hooks = autohook.active()
+            if hooks is not None:  # what the step does from here is compute, a no-grad pass too
+                hooks.split.compute_began()  # (KTO's KL pass, GRPO's rollouts: not evaluation)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.run is not None:
@@ -106,6 +112,23 @@ class GpuwatchCallback(TrainerCallback):
                 autohook.active().stand_aside()
             self.run.finish()
             self.run = None
+
+
+def _timed_as_checkpoint(save):
+    """The Trainer's checkpoint (its weights through safetensors, not torch.save; the optimiser's
+    state), timed as the step's checkpoint time when the zero-code hooks split the steps."""
+
+    def timed_save(*args, **kwargs):
+        hooks = autohook.active()
+        if hooks is None or not hooks.split.aside_begin():
+            return save(*args, **kwargs)
+        try:
+            return save(*args, **kwargs)
+        finally:
+            hooks.split.aside_end()
+
+    timed_save.__wrapped__ = save
+    return timed_save
 
 
 def add_to_trainers(trainer_module) -> None:

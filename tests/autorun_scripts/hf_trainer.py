@@ -5,7 +5,10 @@ Args: OUTPUT_DIR [--pad] pads the last 4 positions of every sequence (attention_
 [--callback] adds gpuwatch's Trainer callback (the explicit, one-line integration);
 [--tensorboard] has the Trainer write its own TensorBoard logs (output_dir/runs/...);
 [--loss-func] gives the Trainer its own loss (compute_loss_func: label-smoothed cross-entropy),
-which the model's output does not hold; [--twice] calls train() twice (its figures: the second's).
+which the model's output does not hold; [--twice] calls train() twice (its figures: the second's);
+[--loss-module] a Trainer whose compute_loss calls the model inside a loss module (as
+sentence-transformers' losses do), after a no-grad pass of the model (TRL's KTO: its KL pass),
+checkpointing every 4 steps.
 """
 
 import json
@@ -39,7 +42,8 @@ args = TrainingArguments(
     max_steps=STEPS,
     logging_steps=1,
     learning_rate=1e-3,
-    save_strategy="no",
+    save_strategy="steps" if "--loss-module" in sys.argv else "no",
+    save_steps=4,
     report_to=["tensorboard"] if "--tensorboard" in sys.argv else [],
     use_cpu=True,
     dataloader_num_workers=0,
@@ -54,12 +58,28 @@ def smoothed(outputs, labels, num_items_in_batch=None):
     return summed / (num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum())
 
 
+class LossModule(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs):
+        return self.model(**inputs).loss
+
+
+class LossModuleTrainer(Trainer):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        with torch.no_grad():
+            model(**inputs)  # a reference pass, not evaluation
+        return LossModule(model)(inputs)
+
+
 callbacks = []
 if "--callback" in sys.argv:
     from gpuwatch.integrations.hf import GpuwatchCallback
 
     callbacks.append(GpuwatchCallback(name="hf-explicit"))
-trainer = Trainer(
+trainer = (LossModuleTrainer if "--loss-module" in sys.argv else Trainer)(
     model=model,
     args=args,
     train_dataset=Counting(),
