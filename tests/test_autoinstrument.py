@@ -7,6 +7,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -220,6 +221,22 @@ def test_a_trainer_calling_its_model_inside_a_loss_module_gets_tokens_compute_an
     assert after_checkpoints == [5, 9], [(s["step"], s["eval_pct"]) for s in steps]
     # (the first checkpoint writes its files anew, ~70 ms against a step's few: the step is most of it)
     assert steps[4]["eval_pct"] > 30, steps[4]["eval_pct"]
+
+
+@pytest.mark.slow
+def test_a_trainer_resumed_from_a_checkpoint_numbers_its_steps_as_its_own_log(tmp_path):
+    out = tmp_path / "out"
+    assert gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(out), "--save").returncode == 0
+    for later in ("checkpoint-8", "checkpoint-12"):
+        shutil.rmtree(out / later)
+    done = gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(out), "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("GPUWATCH_TEST "))
+    logs = [entry for entry in json.loads(line.removeprefix("GPUWATCH_TEST "))["logged"] if "loss" in entry]
+    resumed = query("SELECT * FROM runs WHERE parent_run_id IS NULL ORDER BY started_ms")[-1]
+    steps = steps_of(resumed["run_id"])
+    assert [s["step"] for s in steps] == [entry["step"] for entry in logs][-8:] == list(range(5, 13))
+    assert [s["loss"] for s in steps] == [pytest.approx(entry["loss"], rel=1e-5) for entry in logs][-8:]
 
 
 def test_a_script_that_tracks_itself_is_counted_once_by_its_own_calls():

@@ -265,6 +265,7 @@ class Run:
         parent_run_id: str | None,
         started_s: float | None = None,
         began: float | None = None,
+        steps_before: int = 0,
     ):
         self.run_id = run_id
         self.attached = attached  # True: steps go to the `gpuwatch run` wrapper's run
@@ -275,7 +276,8 @@ class Run:
         self._id_prefix = f"{os.urandom(4).hex()}-"  # event ids: unique per Run, cheap to make
         self._id_count = itertools.count()
         self._last_seq = 0
-        self._step = _steps_taken.get(run_id, 0)  # the step number last recorded (see _steps_taken)
+        # the step number last recorded (see _steps_taken), or the steps a resumed training had
+        self._step = max(_steps_taken.get(run_id, 0), steps_before)
         self._stepped = False  # a step came: the clock is chosen
         self._seq_len: int | None = None  # of the last step, for an OOM postmortem
         self._batch: int | None = None
@@ -860,13 +862,16 @@ def start_run(
     precision: str = "bf16",
     process: str | None = None,
     began: float | None = None,
+    steps_before: int = 0,
 ) -> Run:
     """track() without marking the run as the script's own: for integrations and the hooks.
     process: this process's name when it is one of several the program started (by default a
     multiprocessing worker's own; a fork's is the caller's to give): under `gpuwatch run` it
     then records a run of its own in the wrapper's job, NAME/process, as a rank does, instead of
     joining the wrapper's run, where its steps would mix with its siblings'.
-    began: a time.perf_counter() reading the first step is timed from (by default: now)."""
+    began: a time.perf_counter() reading the first step is timed from (by default: now).
+    steps_before: the optimiser steps a training resumed from a checkpoint had taken: its first
+    step is numbered after them, as the framework numbers it."""
     from gpuwatch.client.helpers import connect
 
     cfg = config_mod.load()
@@ -894,4 +899,5 @@ def start_run(
         parent_run_id=None if attached else wrapper_id,
         started_s=started_s,
         began=began,
+        steps_before=steps_before,
     )

@@ -68,6 +68,7 @@ class GpuwatchCallback(TrainerCallback):
             config=config,
             flops_per_token=flops_per_token(model),
             precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+            steps_before=state.global_step,  # (resumed from a checkpoint: numbered as its log)
         )
         hooks = autohook.active()
         if hooks is not None:

@@ -51,6 +51,9 @@ class GpuwatchCallback(pl.Callback):
             config=config,
             flops_per_token=flops_per_token(pl_module),
             precision=precision_of(trainer.precision),
+            # resumed from a checkpoint: numbered as its log (stepping by hand, a GAN's global
+            # step counts each optimiser's steps)
+            steps_before=trainer.global_step if pl_module.automatic_optimization else 0,
         )
         self._global_step = trainer.global_step
         hooks = autohook.active()
