@@ -169,19 +169,21 @@ def test_the_real_hugging_face_trainer_unchanged_with_our_tensorboard_logs_besid
 
 
 @pytest.mark.slow
-def test_a_trainers_own_loss_is_the_steps_loss_and_its_run_counts_the_trained_parameters(tmp_path):
+def test_a_trainers_own_loss_over_two_trainings_and_its_run_counts_the_trained_parameters(tmp_path):
     """compute_loss_func (as TRL's SFT and DPO losses, a subclass's compute_loss): the loss the
-    Trainer trains on and logs, which the model's output does not hold."""
-    done = gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "out"), "--loss-func")
+    Trainer trains on and logs, which the model's output does not hold. Both train() calls join
+    the wrapper's one run: the second's steps number on (they were dropped, numbered from 1 again
+    into steps the run already had)."""
+    done = gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "out"), "--loss-func", "--twice")
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("GPUWATCH_TEST "))
-    logs = [entry for entry in json.loads(line.removeprefix("GPUWATCH_TEST "))["logged"] if "loss" in entry]
+    second = [entry for entry in json.loads(line.removeprefix("GPUWATCH_TEST "))["logged"] if "loss" in entry]
     run = the_run()
     steps = steps_of(run["run_id"])
-    assert [s["loss"] for s in steps] == [pytest.approx(entry["loss"], rel=1e-4) for entry in logs]
-    assert len(steps) == 12
+    assert [s["step"] for s in steps] == list(range(1, 25))
+    assert [s["loss"] for s in steps[12:]] == [pytest.approx(entry["loss"], rel=1e-4) for entry in second]
     # (the callback's config: generate() after training attaches the hooks' own too)
-    (config,) = [
+    configs = [
         c
         for (payload,) in query(
             "SELECT payload_json FROM run_events WHERE run_id = ? AND kind = 'attached'", run["run_id"]
@@ -191,27 +193,15 @@ def test_a_trainers_own_loss_is_the_steps_loss_and_its_run_counts_the_trained_pa
     from transformers import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
-    assert config["n_params"] == sum(p.numel() for p in model.parameters())
-
-
-@pytest.mark.slow
-def test_a_trainer_trained_twice_under_gpuwatch_run_records_both_trainings_steps(tmp_path):
-    """Both train() calls join the wrapper's one run: the second's steps number on (they were
-    dropped, numbered from 1 again into steps the run already had)."""
-    done = gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "out"), "--twice")
-    assert done.returncode == 0, done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("GPUWATCH_TEST "))
-    second = [entry for entry in json.loads(line.removeprefix("GPUWATCH_TEST "))["logged"] if "loss" in entry]
-    steps = steps_of(the_run()["run_id"])
-    assert [s["step"] for s in steps] == list(range(1, 25))
-    assert [s["loss"] for s in steps[12:]] == [pytest.approx(entry["loss"], rel=1e-5) for entry in second]
+    assert [c["n_params"] for c in configs] == [sum(p.numel() for p in model.parameters())] * 2
 
 
 @pytest.mark.slow
 def test_a_trainer_calling_its_model_inside_a_loss_module_gets_tokens_compute_and_checkpoints(tmp_path):
     """sentence-transformers' losses call the model inside a module: its tokens and compute are
     the model's all the same; a no-grad pass inside the step (KTO's) is compute, not evaluation;
-    the Trainer's checkpoints (safetensors, not torch.save) are checkpoint time."""
+    the Trainer's checkpoints (safetensors, not torch.save) are checkpoint time; resumed from one,
+    its steps are numbered as its log."""
     done = gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "out"), "--loss-module")
     assert done.returncode == 0, done.stderr[-3000:]
     steps = steps_of(the_run()["run_id"])
@@ -221,15 +211,10 @@ def test_a_trainer_calling_its_model_inside_a_loss_module_gets_tokens_compute_an
     assert after_checkpoints == [5, 9], [(s["step"], s["eval_pct"]) for s in steps]
     # (the first checkpoint writes its files anew, ~70 ms against a step's few: the step is most of it)
     assert steps[4]["eval_pct"] > 30, steps[4]["eval_pct"]
-
-
-@pytest.mark.slow
-def test_a_trainer_resumed_from_a_checkpoint_numbers_its_steps_as_its_own_log(tmp_path):
-    out = tmp_path / "out"
-    assert gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(out), "--save").returncode == 0
+    # Resumed from its step 4 checkpoint, its steps are numbered as its own log (were from 1).
     for later in ("checkpoint-8", "checkpoint-12"):
-        shutil.rmtree(out / later)
-    done = gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(out), "--resume")
+        shutil.rmtree(tmp_path / "out" / later)
+    done = gw_run(PY, str(SCRIPTS / "hf_trainer.py"), str(tmp_path / "out"), "--loss-module", "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("GPUWATCH_TEST "))
     logs = [entry for entry in json.loads(line.removeprefix("GPUWATCH_TEST "))["logged"] if "loss" in entry]

@@ -8,8 +8,7 @@ Args: OUTPUT_DIR [--pad] pads the last 4 positions of every sequence (attention_
 which the model's output does not hold; [--twice] calls train() twice (its figures: the second's);
 [--loss-module] a Trainer whose compute_loss calls the model inside a loss module (as
 sentence-transformers' losses do), after a no-grad pass of the model (TRL's KTO: its KL pass),
-checkpointing every 4 steps; [--save] checkpoints every 4 steps; [--resume] resumes from the
-latest checkpoint in OUTPUT_DIR.
+checkpointing every 4 steps; [--resume] resumes from the latest checkpoint in OUTPUT_DIR.
 """
 
 import json
@@ -43,7 +42,7 @@ args = TrainingArguments(
     max_steps=STEPS,
     logging_steps=1,
     learning_rate=1e-3,
-    save_strategy="steps" if {"--loss-module", "--save"} & set(sys.argv) else "no",
+    save_strategy="steps" if "--loss-module" in sys.argv else "no",
     save_steps=4,
     report_to=["tensorboard"] if "--tensorboard" in sys.argv else [],
     use_cpu=True,
