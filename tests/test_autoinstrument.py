@@ -149,7 +149,9 @@ def test_the_real_hugging_face_trainer_unchanged_with_our_tensorboard_logs_besid
         last["train_runtime"] - first["train_runtime"]
     )
     ours = sum(s["tokens"] for s in steps[1:]) / (sum(s["step_time_ms"] for s in steps[1:]) / 1000)
-    assert ours == pytest.approx(theirs, rel=0.05)
+    # (0.998-1.000 on a quiet machine; CI's 4 test workers on 2 cores can hold up one side's
+    # boundary: one such pause read 0.946)
+    assert ours == pytest.approx(theirs, rel=0.08)
     # generate() after training: one generation, 4 prompt tokens, 5 new ones.
     (gen,) = query("SELECT * FROM generations WHERE run_id = ?", run["run_id"])
     assert (gen["prompt_tokens"], gen["new_tokens"]) == (4, trainer["generated"]) == (4, 5)
