@@ -312,7 +312,7 @@ class AutoInstrument:
         callback then puts no hook on the model), and tell `run` the first one's shape (for an
         OOM postmortem). stand_aside() again when the training ends."""
         self._framework = None if model is None else Framework(model, tally)
-        self._holders: dict[int, bool] = {}  # see _calls_model
+        self._holders = {}
         self._trained_parts = None
         self._framework_run = run
         if model is not None and self._waiting:  # a framework trains in this child process
@@ -488,9 +488,7 @@ class AutoInstrument:
                 self._unchecked = output
                 return  # (not a power of two: see _since_backward)
             self._unchecked = None
-            grad_fn = _first_grad_fn(output)
-            if grad_fn is not None:  # the node dies with the graph: nothing stays behind
-                grad_fn.register_prehook(self._reached_model)
+            self._check_reaches(output)
         except Exception as e:  # noqa: BLE001 — never the user's problem
             self.switch_off(e)
 
@@ -606,13 +604,18 @@ class AutoInstrument:
     def _reached_model(self, grad_outputs) -> None:
         self._through_model = True
 
+    def _check_reaches(self, output) -> None:
+        """Whether the next backward runs through `output`: a hook on its autograd node (the node
+        dies with the graph: nothing stays behind)."""
+        grad_fn = _first_grad_fn(output)
+        if grad_fn is not None:
+            grad_fn.register_prehook(self._reached_model)
+
     def _check_unchecked(self) -> None:
         """A backward after a forward that got no check: does it run through that one's output?"""
         output, self._unchecked = self._unchecked, None
         try:
-            grad_fn = _first_grad_fn(output)
-            if grad_fn is not None:
-                grad_fn.register_prehook(self._reached_model)
+            self._check_reaches(output)
         except Exception as e:  # noqa: BLE001
             self.switch_off(e)
 
