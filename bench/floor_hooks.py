@@ -40,9 +40,11 @@ def floor_hooks(autohook):
 
         def _wrap_backward(self, backward):
             def recorded_backward(tensors, *args, **kwargs):
-                result = backward(tensors, *args, **kwargs)
-                self._loss = tensors.detach()
-                return result
+                # as ours: a CPU root read at once (one tensor op), another device's kept to read
+                if self._cpu_roots is None:
+                    self._cpu_roots = tensors.is_cpu
+                self._loss = tensors.item() if self._cpu_roots else tensors.detach()
+                return backward(tensors, *args, **kwargs)
 
             return recorded_backward
 
@@ -50,6 +52,6 @@ def floor_hooks(autohook):
             return None
 
         def _on_optimizer_step(self, optimizer, args, kwargs):
-            RECORDS.append((time.perf_counter(), self._began, self._shape, self._loss.item()))
+            RECORDS.append((time.perf_counter(), self._began, self._shape, float(self._loss)))
 
     return FloorHooks

@@ -97,6 +97,14 @@ def test_a_hand_written_loop_with_grad_accumulation_two_optimisers_and_eval(tmp_
     # The model returns logits: the loss is what backward() was called on (loss / 4, summed).
     logged = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step ")]
     assert [s["loss"] for s in steps] == pytest.approx(logged, rel=1e-5)
+    # The hooks' config is the run's own (its column was empty: the wrapper starts the run and the
+    # child only attaches), so plain SQL reads it: 32*64 + 3*(32*32 + 32) + 32*64 + 64 parameters.
+    ((n_params, batch, seq_len),) = query(
+        "SELECT json_extract(config_json, '$.n_params'), json_extract(config_json, '$.batch'), "
+        "json_extract(config_json, '$.seq_len') FROM runs WHERE run_id = ?",
+        run["run_id"],
+    )
+    assert (n_params, batch, seq_len) == (64 * 32 + 3 * (32 * 32 + 32) + 32 * 64 + 64, 4, 16)
 
 
 @pytest.mark.slow

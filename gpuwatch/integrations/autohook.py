@@ -64,6 +64,9 @@ _active: "AutoInstrument | None" = None
 # Iterations in a row whose every backward() ran through the model's output, once per forward of
 # it, after which the hook that checks this (the costliest part of a step) is no longer put on.
 TRUSTED_AFTER = 8
+# A batch fetched at most this long before the first training forward is that forward's: the first
+# step begins as it was asked for, so a DataLoader's start (its workers, the first batch) is data.
+FIRST_BATCH_GAP_S = 1.0
 
 
 def _note_fork() -> None:
@@ -199,6 +202,7 @@ class AutoInstrument:
         self._training_data: set[int] = set()  # id()s of datasets whose batches fed a training forward
         self._last_data: int | None = None  # the dataset of the latest batch fetched
         self._began: float | None = None  # a fork's first training forward (its run's first step)
+        self._fetched: tuple[float, float] | None = None  # the latest batch fetch before the run began
         self._fork_shape: dict | None = None  # and that forward's shape, for its run
 
     # ---- set-up and tear-down ----------------------------------------------------------
@@ -352,16 +356,21 @@ class AutoInstrument:
             # What the optimisers made so far train: every trained module (a GAN's D and G), not an
             # EMA copy the model holds (timm's task), nor a LoRA model's frozen weights.
             config.setdefault("n_params", trained_params(list(self._optimizers), inner))
+            began, fetched = self._began, self._fetched
+            if began is None and fetched is not None and time.perf_counter() - fetched[1] < FIRST_BATCH_GAP_S:
+                began = fetched[0]  # the first step begins as its batch is asked for: its wait is data
             self.run = run_mod.start_run(
                 name=self.name,
                 config=config,
                 precision=precision,
                 flops_per_token=lambda seq_len: self._fpt and self._fpt(seq_len),
                 process=self._process,
-                began=self._began,
+                began=began,
             )
             if self._began is None:
-                self.split.restart()  # the first step is timed from here, as the run times it
+                self.split.restart(began)  # the first step is timed from here, as the run times it
+                if began is not None and fetched is not None:
+                    self.split.loader(fetched[1] - fetched[0])
         return self.run
 
     # ---- top-level module calls -------------------------------------------------------------
@@ -930,8 +939,11 @@ class AutoInstrument:
                 return next_(iterator)
             finally:
                 self._mine = not self._off
-                split.loader(clock() - started)
+                ended = clock()
+                split.loader(ended - started)
                 self._last_data = data
+                if self.run is None:  # (maybe the first training forward's batch: see ensure_run)
+                    self._fetched = (started, ended)
                 if evaluation:
                     split.aside_end()
 

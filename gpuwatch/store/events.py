@@ -245,6 +245,23 @@ class TableApplier:
         batch.add_rows(self.table, "IGNORE", tuple(columns), list(zip(*values)))
 
 
+class RunEventApplier(TableApplier):
+    """run_events rows. An `attached` event (a `gpuwatch run` child's: its hooks' or track()'s
+    config) also gives its run the config the wrapper's run_start could not: runs.config_json,
+    what SQL, search and every view read, is then there however the run started."""
+
+    def apply_many(self, batch: _Batch, events: list[dict[str, Any]], outcome: Outcome) -> None:
+        super().apply_many(batch, events, outcome)
+        for event in events:
+            payload = event.get("payload") if event.get("event_kind") == "attached" else None
+            config = payload.get("config") if payload else None
+            if config and type(config) is dict and batch.owner(event["run_id"]) == batch.peer.uid:
+                batch.conn.execute(
+                    "UPDATE runs SET config_json = ? WHERE run_id = ? AND config_json IS NULL",
+                    (json.dumps(config, separators=(",", ":")), event["run_id"]),
+                )
+
+
 NEIGHBOUR_SAMPLE_MAX_AGE_MS = 60_000  # older GPU process samples say nothing about the OOM moment
 
 
@@ -451,7 +468,7 @@ APPLIERS: dict[str, Callable[[_Batch, dict[str, Any]], None] | TableApplier] = {
     "step": TableApplier("steps", tracks_steps=True),
     "generation": TableApplier("generations"),
     "memory_stats": TableApplier("memory_stats"),
-    "run_event": TableApplier("run_events", {"event_kind": "kind"}),
+    "run_event": RunEventApplier("run_events", {"event_kind": "kind"}),
     "profile": _profile,
     "oom_postmortem": _oom_postmortem,
     "note": _note,

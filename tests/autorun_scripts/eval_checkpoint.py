@@ -1,7 +1,8 @@
 """Unmodified: epochs over a slow DataLoader (its dataset applies a module transform, as
 torchvision's are modules), each ending with an evaluation pass (eval mode,
 no_grad, its own loader) and a checkpoint (torch.save). Prints, per step, the milliseconds the
-program itself measured inside the training loader since its previous step.
+program itself measured inside the training loader since its previous step (the first: since
+the loop began).
 Args: CHECKPOINT [micro-batches] (two batches a step, a backward each, as gradient accumulation
 does; after the evaluation and checkpoint, a generation calls a part of the model with no
 loader, as x-transformers' generate() calls its wrapper's net)."""
@@ -76,8 +77,7 @@ for epoch in range(3):
         opt.step()
         opt.zero_grad()
         step += 1
-        if step > 1:
-            print(f"step {step} loader_ms {1000 * in_loader:.3f}")
+        print(f"step {step} loader_ms {1000 * in_loader:.3f}")
         in_loader = 0.0
     model.eval()
     with torch.no_grad():
