@@ -13,6 +13,9 @@
    Goals: <= 40 µs per step and <= 1 % of a 10 ms step. Beside them, the CPU time per step of
    the thread that encodes the step events and sends them (its own clock: it never holds up a
    step, but it takes the GIL and a core's time from the training process).
+   `--model gpt2`: a tiny Hugging Face GPT-2 in a plain loop instead of the 203-module model
+   (keyword inputs, a ModelOutput holding the loss: the shape most hand-written loops over a
+   Hugging Face model have).
    `--reinforce ROUNDS`: REINFORCE's shape instead (pytorch/examples reinforcement_learning's
    policy, called 200 times an optimiser step, one per environment step): µs a forward with and
    without the hooks, in blocks alternated in one process.
@@ -22,7 +25,7 @@
    Goal: within 2 %.
 
     .venv/bin/python bench/bench_autohook.py [--steps 400] [--clock wall|cpu] [--bytecodes] [--skip-frameworks]
-    .venv/bin/python bench/bench_autohook.py --vs-floor 6
+    .venv/bin/python bench/bench_autohook.py --vs-floor 6 [--model gpt2]
     .venv/bin/python bench/bench_autohook.py --reinforce 8
 """
 
@@ -46,7 +49,19 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "autorun_scripts"
 
 
+# The loop measured: "modules", the 203-module model called as model(ids) returning logits; or
+# "gpt2", a tiny Hugging Face GPT-2 called as model(input_ids=, labels=) returning its ModelOutput
+# and loss, as a plain loop over a Hugging Face model trains it (--model).
+MODEL = "modules"
+
+
 def model_and_optimizer(torch):
+    if MODEL == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=2)
+        model = GPT2LMHeadModel(config)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
     nn = torch.nn
     layers = [nn.Embedding(64, 16)]
     for _ in range(100):
@@ -60,7 +75,10 @@ def step_times_us(torch, model, opt, steps: int) -> list[float]:
     for _ in range(steps):
         x = torch.randint(0, 64, (4, 32))
         t0 = time.perf_counter_ns()
-        torch.nn.functional.cross_entropy(model(x).view(-1, 64), x.view(-1)).backward()
+        if MODEL == "gpt2":
+            model(input_ids=x, labels=x).loss.backward()
+        else:
+            torch.nn.functional.cross_entropy(model(x).view(-1, 64), x.view(-1)).backward()
         opt.step()
         opt.zero_grad()
         times.append((time.perf_counter_ns() - t0) / 1000)
@@ -439,7 +457,15 @@ def main() -> None:
         metavar="ROUNDS",
         help="ours against the least any hooks cost, alternated, and stop",
     )
+    parser.add_argument(
+        "--model",
+        choices=("modules", "gpt2"),
+        default="modules",
+        help="the 203-module model (default) or a tiny Hugging Face GPT-2 in a plain loop",
+    )
     args = parser.parse_args()
+    global MODEL
+    MODEL = args.model
     use_clock(args.clock)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.update(XDG_DATA_HOME=tmp, GPUWATCH_SOCKET=os.devnull)  # embedded mode, a fresh db
