@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpuwatch.integrations.accounting import StepTally
-from gpuwatch.integrations.iteration import StepSplit
+from gpuwatch.integrations.iteration import StepSplit, name_optimizers
 
 torch = pytest.importorskip("torch")
 
@@ -95,3 +95,23 @@ def test_a_padding_free_row_is_its_sequences_the_longest_of_them_and_all_their_t
     assert model_shape(torch.nn.Linear(2, 2), row, None, packed(kwargs)) == {"batch": 3, "seq_len": 9}
     count_forward(tally, (), {"input_ids": row, "position_ids": positions}, torch.zeros(1, 21, 64))
     assert tally.take_args()[:3] == (21, 1, 21)  # (no starts given: one row of 21)
+
+
+def test_optimisers_held_by_the_programs_modules_are_named_after_where_they_are_held():
+    """stable-baselines3 keeps each optimiser on the module it trains (`self.actor.optimizer`)
+    and calls those modules through methods of its own, so no module name is known: the name is
+    the path from the program's `self`, not opt0, opt1."""
+    torch = pytest.importorskip("torch")
+
+    class Algorithm:
+        def __init__(self):
+            self.actor, self.critic = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+            self.actor.optimizer = torch.optim.Adam(self.actor.parameters())
+            self.critic.optimizer = torch.optim.Adam(self.critic.parameters())
+            self.ent_coef_optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+
+        def train(self):
+            optimizers = [self.ent_coef_optimizer, self.critic.optimizer, self.actor.optimizer]
+            return name_optimizers(optimizers, lambda opt: None)
+
+    assert list(Algorithm().train().values()) == ["ent_coef_optimizer", "critic.optimizer", "actor.optimizer"]

@@ -94,8 +94,9 @@ def _summed(loss):
 
 
 def program_name(obj, skip: tuple[str, ...] = ("torch", "gpuwatch")) -> str | None:
-    """The name the program gave `obj`: a local or global variable, or an attribute of a `self`,
-    in the innermost frame of the program's own code (outside torch and gpuwatch) that holds it."""
+    """The name the program gave `obj`: a local or global variable, or an attribute of a `self`
+    (or of one of its attributes: stable-baselines3's `self.actor.optimizer`), in the innermost
+    frame of the program's own code (outside torch and gpuwatch) that holds it."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         module = frame.f_globals.get("__name__") or ""
@@ -104,7 +105,8 @@ def program_name(obj, skip: tuple[str, ...] = ("torch", "gpuwatch")) -> str | No
                 if value is obj:
                     return name
             owner = frame.f_locals.get("self")
-            for name, value in getattr(owner, "__dict__", {}).items():
+            attributes = getattr(owner, "__dict__", {})
+            for name, value in attributes.items():
                 if value is obj:
                     return name
             modules = getattr(owner, "_modules", None)  # an nn.Module's submodules
@@ -114,8 +116,21 @@ def program_name(obj, skip: tuple[str, ...] = ("torch", "gpuwatch")) -> str | No
             for name, value in frame.f_globals.items():
                 if value is obj:
                     return name
+            for name, value in attributes.items():
+                for inner, held in _attributes(value):
+                    if held is obj:
+                        return f"{name}.{inner}"
         frame = frame.f_back
     return None
+
+
+def _attributes(obj) -> list[tuple[str, Any]]:
+    """An object's own attributes, [] where it keeps none it will show (slots, a proxy)."""
+    try:
+        held = vars(obj)
+        return list(held.items()) if isinstance(held, dict) else []
+    except Exception:  # noqa: BLE001 — a third-party object's __dict__ is not ours to trust
+        return []
 
 
 def name_optimizers(optimizers: Iterable, module_of: Callable[[Any], Any]) -> dict[int, str]:
