@@ -659,7 +659,10 @@ class AutoInstrument:
                     elif self._cpu_roots:
                         # its value now (no wait on the CPU): one tensor op, where a detached
                         # copy read at the step would cost two, with the caches a step left cold
-                        loss = tensors.item()
+                        try:
+                            loss = tensors.item()
+                        except RuntimeError:  # not one element: torch's backward says so, as without us
+                            loss = None
                     else:
                         loss = tensors.detach()  # (read once the GPU passed the step: no sync)
                     if self._optimizer_made or self._optimizers:

@@ -42,3 +42,8 @@ left = [
     if m._forward_hooks or m._forward_pre_hooks
 ]
 print("hooks left on the model:", left)
+# torch's own error for backward() on a non-scalar with no gradient given, whatever hooks read it
+try:
+    (model(x) * 2).backward()
+except RuntimeError as e:
+    print("a non-scalar's backward:", e)
