@@ -661,7 +661,7 @@ class AutoInstrument:
                         # copy read at the step would cost two, with the caches a step left cold
                         try:
                             loss = tensors.item()
-                        except RuntimeError:  # not one element: torch's backward says so, as without us
+                        except Exception:  # noqa: BLE001 — not one element (torch's backward says so, as without us), or a subclass's own
                             loss = None
                     else:
                         loss = tensors.detach()  # (read once the GPU passed the step: no sync)
