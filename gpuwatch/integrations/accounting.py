@@ -93,11 +93,12 @@ def loss_of(output):
     # A Hugging Face ModelOutput's field, read as an attribute: its Mapping check and get() cost
     # 3-5 µs more every forward with the caches a forward left cold.
     loss = getattr(output, "loss", None)
-    if loss is None:
-        if isinstance(output, Mapping):
-            loss = output.get("loss")
-        elif isinstance(output, (tuple, list)):
-            loss = next((v for v in output if is_scalar_float(v)), None)
+    if is_scalar_float(loss):
+        return loss
+    if isinstance(output, Mapping):
+        loss = output.get("loss")
+    elif isinstance(output, (tuple, list)):
+        loss = next((v for v in output if is_scalar_float(v)), None)
     return loss if is_scalar_float(loss) else None
 
 
