@@ -188,7 +188,6 @@ class AutoInstrument:
         self._clean = 0  # iterations in a row like TRUSTED_AFTER says; -1: one broke the pattern since
         self._open = None  # the module whose top-level forward is under way
         self._scaled: Scaled | None = None
-        self._cpu_roots: bool | None = None  # backward() roots are on the CPU (the first one's says)
         self._cycle = OptimizerCycle()
         self._trained: list = []  # weakrefs to the top-level modules trained in the first iteration
         self._trained_parts: weakref.WeakSet | None = None  # their modules, once asked (see _trains)
@@ -652,11 +651,9 @@ class AutoInstrument:
                 gradient = args[0] if args else kwargs.get("grad_tensors", kwargs.get("grad_variables"))
                 if gradient is None and type(tensors) is self._tensor or is_scalar_float(tensors):
                     scaled = self._scaled
-                    if self._cpu_roots is None:
-                        self._cpu_roots = tensors.is_cpu
                     if scaled is not None and scaled.output() is tensors:
                         loss = tensors.detach() / scaled.scale  # GradScaler's scale undone
-                    elif self._cpu_roots:
+                    elif tensors.is_cpu:
                         # its value now (no wait on the CPU): one tensor op, where a detached
                         # copy read at the step would cost two, with the caches a step left cold
                         try:
