@@ -41,9 +41,7 @@ def floor_hooks(autohook):
         def _wrap_backward(self, backward):
             def recorded_backward(tensors, *args, **kwargs):
                 # as ours: a CPU root read at once (one tensor op), another device's kept to read
-                if self._cpu_roots is None:
-                    self._cpu_roots = tensors.is_cpu
-                self._loss = tensors.item() if self._cpu_roots else tensors.detach()
+                self._loss = tensors.item() if tensors.is_cpu else tensors.detach()
                 return backward(tensors, *args, **kwargs)
 
             return recorded_backward
