@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from collectors import processes
 from collectors.processes import ProcessCollector, ProcessInfo, container_id_from_cgroup
 
 NO_SUCH_PID = 2**22 + 123  # above Linux's largest pid_max
@@ -278,9 +279,12 @@ def test_a_process_quiet_for_walks_then_busy_gets_its_cpu(threaded):
         c.close()
 
 
-def test_a_walk_without_listing_proc_finds_a_new_process_and_takes_none_of_its_threads_for_one():
+def test_a_walk_without_listing_proc_finds_a_new_process_and_takes_none_of_its_threads_for_one(monkeypatch):
     """After the first walk, /proc is not listed while few pids were handed out: the known
-    processes and the new pids that are processes are looked at."""
+    processes and the new pids that are processes are looked at. (Whatever else this machine
+    starts meanwhile, the test suite's other workers included, counts as few here: over
+    NEW_PIDS_PROBED of them the walk would list /proc, rightly, and this test would not test.)"""
+    monkeypatch.setattr(processes, "NEW_PIDS_PROBED", 1 << 22)
     c = ProcessCollector()
     try:
         first = c.walk()
