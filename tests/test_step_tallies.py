@@ -75,6 +75,30 @@ def test_class_labels_and_timesteps_beside_a_float_input_are_not_token_ids():
     assert find_tokens((), {"decoder_input_ids": ids, "labels": ids})[0] is ids
 
 
+def test_token_ids_stay_counted_once_their_dtype_is_known_and_floats_never_count():
+    """After IDS_TRUSTED_AFTER forwards of token ids in a row, their dtype is not read again: each
+    later step's count is still its own ids' (lengths change); a model fed floats (an agent's
+    state) never gets there and counts no tokens."""
+    from gpuwatch.integrations.accounting import IDS_TRUSTED_AFTER, count_forward
+
+    tally, logits = StepTally(), torch.zeros(1, 1, 3)
+    lengths = [16] * IDS_TRUSTED_AFTER + [32, 8, 100]
+    for length in lengths:
+        count_forward(tally, (torch.ones(2, length, dtype=torch.long),), {}, logits)
+        assert tally.take_args()[:3] == (2 * length, 2, length)
+    assert tally.ids_type is torch.Tensor  # (the steps after the eighth took the known-dtype path)
+    states = StepTally()
+    for _ in lengths:
+        count_forward(states, (torch.randn(2, 16),), {}, logits)
+        assert states.take_args()[:3] == (None, None, None)
+    assert states.ids_type is None
+    # ids after floats: counted, and from the eighth in a row on, trusted
+    for length in lengths:
+        count_forward(states, (torch.ones(2, length, dtype=torch.long),), {}, logits)
+        assert states.take_args()[:3] == (2 * length, 2, length)
+    assert states.ids_type is torch.Tensor
+
+
 def test_a_padding_free_row_is_its_sequences_the_longest_of_them_and_all_their_tokens():
     """TRL's padding-free and packing collators flatten a batch into one row, with Hugging Face's
     flash-attention arguments saying where each sequence starts: 3 sequences of 5, 9 and 7 are

@@ -19,6 +19,7 @@ _LABEL_KEYS = frozenset(("labels", "label", "targets", "target"))
 
 
 _INT_DTYPES: frozenset = frozenset()
+IDS_TRUSTED_AFTER = 8  # forwards in a row of token ids, after which their dtype is not read
 
 
 def _is_int_tensor(value) -> bool:
@@ -125,6 +126,20 @@ class StepTally:
 
     def __init__(self) -> None:
         self.reset()
+        # The type of the first argument of the last IDS_TRUSTED_AFTER forwards in a row, given
+        # alone and token ids each time: from then on its dtype is not read (see count_forward).
+        self.ids_type: type | None = None
+        self._ids_in_row = 0
+
+    def ids_seen(self, ids) -> None:
+        """A forward's sole argument held token ids (an integer tensor)."""
+        self._ids_in_row += 1
+        if self._ids_in_row == IDS_TRUSTED_AFTER:
+            self.ids_type = type(ids)
+
+    def no_ids(self) -> None:
+        """A forward's sole argument held no token ids (floats): its dtype is read every forward."""
+        self._ids_in_row, self.ids_type = 0, None
 
     def reset(self) -> None:
         self.forwards = 0
@@ -213,20 +228,29 @@ def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = Fals
     # and loss_of's first cases, inlined (a call of ours costs about a µs with the caches a forward
     # left cold).
     ids = args[0] if args and not kwargs else None
-    dtype = getattr(ids, "dtype", None)
-    if dtype in _INT_DTYPES:
+    if type(ids) is tally.ids_type:
+        # A model fed token ids forward after forward: its input's dtype, a read that costs as
+        # much as the rest of the count with the caches a forward left cold, is known.
         tally.add(ids, None, seq_first)
         if getattr(output, "ndim", 0):
             return None
-    elif dtype is not None and _INT_DTYPES:
-        # model(x) of floats (images, an agent's state), model(images, labels) (timm's task),
-        # model(x, timesteps): no token ids
-        tally.add(None)
-        if getattr(output, "ndim", 0):
-            return None
     else:
-        ids, mask = find_tokens(args, kwargs)
-        tally.add(ids, mask, seq_first, packed(kwargs))
+        dtype = getattr(ids, "dtype", None)
+        if dtype in _INT_DTYPES:
+            tally.ids_seen(ids)
+            tally.add(ids, None, seq_first)
+            if getattr(output, "ndim", 0):
+                return None
+        elif dtype is not None and _INT_DTYPES:
+            # model(x) of floats (images, an agent's state), model(images, labels) (timm's task),
+            # model(x, timesteps): no token ids
+            tally.no_ids()
+            tally.add(None)
+            if getattr(output, "ndim", 0):
+                return None
+        else:
+            ids, mask = find_tokens(args, kwargs)
+            tally.add(ids, mask, seq_first, packed(kwargs))
     loss = loss_of(output)
     if loss is not None:
         # Hugging Face passes num_items_in_batch when the model divides by the whole step's count.
