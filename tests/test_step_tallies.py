@@ -99,6 +99,21 @@ def test_token_ids_stay_counted_once_their_dtype_is_known_and_floats_never_count
     assert states.ids_type is torch.Tensor
 
 
+def test_the_loss_a_tuple_returns_is_found_wherever_it_moves():
+    """(logits, loss) forward after forward, then a model returning (loss, logits), then none:
+    each forward's own loss, never the logits nor a stale place's."""
+    from gpuwatch.integrations.accounting import count_forward
+
+    tally, ids, logits = StepTally(), torch.ones(2, 4, dtype=torch.long), torch.zeros(2, 4, 9)
+    for value in (1.0, 2.0, 3.0):
+        assert float(count_forward(tally, (ids,), {}, (logits, torch.tensor(value)))) == value
+    assert float(count_forward(tally, (ids,), {}, (torch.tensor(4.0), logits))) == 4.0
+    assert float(count_forward(tally, (ids,), {}, (torch.tensor(5.0), logits))) == 5.0
+    assert count_forward(tally, (ids,), {}, (logits,)) is None
+    assert float(count_forward(tally, (ids,), {}, (logits, logits, torch.tensor(6.0)))) == 6.0
+    assert tally.take_args()[3] == 3.5  # the step's: the mean of the six returned
+
+
 def test_a_padding_free_row_is_its_sequences_the_longest_of_them_and_all_their_tokens():
     """TRL's padding-free and packing collators flatten a batch into one row, with Hugging Face's
     flash-attention arguments saying where each sequence starts: 3 sequences of 5, 9 and 7 are

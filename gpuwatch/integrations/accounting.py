@@ -130,6 +130,7 @@ class StepTally:
         # alone and token ids each time: from then on its dtype is not read (see count_forward).
         self.ids_type: type | None = None
         self._ids_in_row = 0
+        self.loss_at = 0  # where the loss was in the last tuple a forward returned ((logits, loss))
 
     def ids_seen(self, ids) -> None:
         """A forward's sole argument held token ids (an integer tensor)."""
@@ -251,7 +252,16 @@ def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = Fals
         else:
             ids, mask = find_tokens(args, kwargs)
             tally.add(ids, mask, seq_first, packed(kwargs))
-    loss = loss_of(output)
+    if type(output) is tuple:
+        # (logits, loss) every forward: the loss is looked for where it was, not behind the
+        # logits (a read of another tensor, with the caches a forward left cold)
+        at = tally.loss_at
+        loss = output[at] if at < len(output) else None
+        if not is_scalar_float(loss):
+            loss = loss_of(output)
+            tally.loss_at = next((i for i, value in enumerate(output) if value is loss), 0)
+    else:
+        loss = loss_of(output)
     if loss is not None:
         # Hugging Face passes num_items_in_batch when the model divides by the whole step's count.
         tally.add_loss(loss, normalised_over_step=kwargs.get("num_items_in_batch") is not None)
