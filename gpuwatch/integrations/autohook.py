@@ -634,10 +634,11 @@ class AutoInstrument:
                 return backward(tensors, *args, **kwargs)
             if self._open is not None:
                 self._unstrand()
-            self._through_model = False
-            self._since_backward = 0
-            if self._unchecked is not None:
-                self._check_unchecked()
+            if self._clean < TRUSTED_AFTER:  # (what checks an iteration: none once trusted)
+                self._through_model = False
+                self._since_backward = 0
+                if self._unchecked is not None:
+                    self._check_unchecked()
             self._backwards += 1
             self._backward_depth = 1
             loss = None  # the root, detached and unscaled once: the segment's and the tally's
