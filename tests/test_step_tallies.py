@@ -97,6 +97,15 @@ def test_token_ids_stay_counted_once_their_dtype_is_known_and_floats_never_count
         count_forward(states, (torch.ones(2, length, dtype=torch.long),), {}, logits)
         assert states.take_args()[:3] == (2 * length, 2, length)
     assert states.ids_type is torch.Tensor
+    # model(**batch): input_ids= and its attention mask (unmasked tokens), before and after trust
+    batches = StepTally()
+    for length in lengths:
+        ids, mask = torch.ones(2, length, dtype=torch.long), torch.ones(2, length, dtype=torch.long)
+        mask[1, length // 2 :] = 0
+        count_forward(batches, (), {"input_ids": ids, "attention_mask": mask, "labels": ids}, logits)
+        tokens, samples, seq_len, _ = batches.take_args()
+        assert (int(tokens), samples, seq_len) == (length + length // 2, 2, length)
+    assert batches.ids_type is torch.Tensor
 
 
 def test_the_loss_a_tuple_returns_is_found_wherever_it_moves():

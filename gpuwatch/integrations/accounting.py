@@ -126,8 +126,9 @@ class StepTally:
 
     def __init__(self) -> None:
         self.reset()
-        # The type of the first argument of the last IDS_TRUSTED_AFTER forwards in a row, given
-        # alone and token ids each time: from then on its dtype is not read (see count_forward).
+        # The type of the token ids of the last IDS_TRUSTED_AFTER forwards in a row, each the
+        # first argument (none by keyword) or `input_ids=`: from then on the dtype of a tensor of
+        # that type there is not read (see count_forward).
         self.ids_type: type | None = None
         self._ids_in_row = 0
         self.loss_at = 0  # where the loss was in the last tuple a forward returned ((logits, loss))
@@ -249,8 +250,12 @@ def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = Fals
             tally.add(None)
             if getattr(output, "ndim", 0):
                 return None
+        elif kwargs and type(kwargs.get("input_ids")) is tally.ids_type:  # model(**batch), trusted as above
+            tally.add(kwargs["input_ids"], kwargs.get(_MASK_KEY), seq_first, packed(kwargs))
         else:
             ids, mask = find_tokens(args, kwargs)
+            if ids is not None and kwargs and ids is kwargs.get("input_ids"):
+                tally.ids_seen(ids)
             tally.add(ids, mask, seq_first, packed(kwargs))
     if type(output) is tuple:
         # (logits, loss) every forward: the loss is looked for where it was, not behind the
