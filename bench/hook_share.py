@@ -5,7 +5,7 @@ take of its steps; for bench_realworld.py, under `gpuwatch run`:
 
 Between the WARM_UP-th and the last recorded step, the time inside the hooks (outermost calls only:
 the module-call enter/leave, our wrappers of backward, of DataLoader iterators' __next__ and of
-torch.save less the torch call inside each, the optimiser-step pre- and post-hooks, Run.step and
+torch.save and of GradScaler.scale less the torch call inside each, the optimiser-step pre- and post-hooks, Run.step and
 mark_compute, and the events built from steps on gpuwatch's own drainer thread)
 over the wall time. Timing a step in two separate processes cannot resolve a few per cent on a
 shared machine (two plain runs of one script differ more than that); this share can. A framework
@@ -111,10 +111,11 @@ if os.environ.get("HOOK_SHARE_FLOOR"):
     for _name in ("_enter", "_leave", "_before_optimizer_step", "_wrap_backward"):
         setattr(AutoInstrument, _name, _floor.__dict__[_name])
     AutoInstrument._on_optimizer_step = _marking_steps(_floor._on_optimizer_step)  # (no Run.step)
-    AutoInstrument._wrap_next = AutoInstrument._wrap_save = lambda hooks, original: original
+    for _name in ("_wrap_next", "_wrap_save", "_wrap_scale"):
+        setattr(AutoInstrument, _name, lambda hooks, original: original)
 for _name in ("_enter", "_leave", "_reached_model", "_before_optimizer_step", "_on_optimizer_step"):
     setattr(AutoInstrument, _name, _timed(getattr(AutoInstrument, _name), _name.strip("_")))
-for _name in ("_wrap_backward", "_wrap_next", "_wrap_save"):
+for _name in ("_wrap_backward", "_wrap_next", "_wrap_save", "_wrap_scale"):
     setattr(
         AutoInstrument, _name, _timed_wrapper(getattr(AutoInstrument, _name), _name.removeprefix("_wrap_"))
     )

@@ -823,7 +823,8 @@ class AutoInstrument:
         def recorded_scale(scaler, outputs):
             scaled = scale(scaler, outputs)
             try:
-                if is_scalar_float(scaled) and getattr(scaler, "_scale", None) is not None:
+                # (a disabled scaler, as on the CPU, has no scale: then the loss is not read)
+                if getattr(scaler, "_scale", None) is not None and is_scalar_float(scaled):
                     self._scaled = Scaled(weakref.ref(scaled), scaler._scale.detach().clone())
             except Exception as e:  # noqa: BLE001
                 self.switch_off(e)
