@@ -132,15 +132,16 @@ class StepTally:
         self.ids_type: type | None = None
         self._ids_in_row = 0
         self.loss_at = 0  # where the loss was in the last tuple a forward returned ((logits, loss))
+        # (these three outlive a step: what the model's forwards are like, not what a step held)
 
     def ids_seen(self, ids) -> None:
-        """A forward's sole argument held token ids (an integer tensor)."""
+        """A forward's first argument (none by keyword), or its `input_ids=`, held token ids."""
         self._ids_in_row += 1
         if self._ids_in_row == IDS_TRUSTED_AFTER:
             self.ids_type = type(ids)
 
     def no_ids(self) -> None:
-        """A forward's sole argument held no token ids (floats): its dtype is read every forward."""
+        """A forward's first argument held floats: its dtype is read every forward again."""
         self._ids_in_row, self.ids_type = 0, None
 
     def reset(self) -> None:
