@@ -130,19 +130,19 @@ class StepTally:
         # first argument (none by keyword) or `input_ids=`: from then on the dtype of a tensor of
         # that type there is not read (see count_forward).
         self.ids_type: type | None = None
-        self._ids_in_row = 0
+        self.ids_in_row = 0
         self.loss_at = 0  # where the loss was in the last tuple a forward returned ((logits, loss))
         # (these three outlive a step: what the model's forwards are like, not what a step held)
 
     def ids_seen(self, ids) -> None:
         """A forward's first argument (none by keyword), or its `input_ids=`, held token ids."""
-        self._ids_in_row += 1
-        if self._ids_in_row == IDS_TRUSTED_AFTER:
+        self.ids_in_row += 1
+        if self.ids_in_row == IDS_TRUSTED_AFTER:
             self.ids_type = type(ids)
 
     def no_ids(self) -> None:
         """A forward's first argument held floats: its dtype is read every forward again."""
-        self._ids_in_row, self.ids_type = 0, None
+        self.ids_in_row, self.ids_type = 0, None
 
     def reset(self) -> None:
         self.forwards = 0
@@ -247,7 +247,8 @@ def count_forward(tally: StepTally, args, kwargs, output, seq_first: bool = Fals
         elif dtype is not None and _INT_DTYPES:
             # model(x) of floats (images, an agent's state), model(images, labels) (timm's task),
             # model(x, timesteps): no token ids
-            tally.no_ids()
+            if tally.ids_in_row:  # (a call only when there is a run of ids to end: every forward here)
+                tally.no_ids()
             tally.add(None)
             if getattr(output, "ndim", 0):
                 return None
